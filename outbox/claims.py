@@ -1,0 +1,230 @@
+"""Claims: a worker takes a due operation under a lease and a fresh fencing token.
+
+One statement per claim. On PostgreSQL the candidate rows are locked with ``FOR UPDATE SKIP
+LOCKED`` in a CTE so that concurrent workers never wait for each other; on SQLite (one writer at a
+time) a guarded UPDATE over a sub-select does the same. In both, the claim bumps the token, sets
+``dispatching`` with a lease from the database clock, counts the attempt and inserts the attempt
+row, all in the caller's transaction. The previous owner's token now matches no row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from outbox.clock import as_utc, db_now
+from outbox.db import is_postgres
+from outbox.models import Attempt, Operation, OperationEvent
+from outbox.states import AttemptClass, Status
+
+_OP = Operation.__table__
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker holds while its lease lasts: enough to call the downstream and finalize."""
+
+    operation_id: str
+    fencing_token: int
+    attempt_id: int
+    attempt_number: int  # of this kind: dispatch attempt n, or lookup n
+    kind: str  # "dispatch" (a worker will send the request) or "lookup" (the reconciler asks)
+    tenant: str
+    idempotency_key: str
+    action: str
+    args: str  # canonical JSON text
+    args_digest: str
+    subject: str
+    worker: str
+    lease_expires_at: dt.datetime
+    max_attempts: int
+    attempt_count: int  # dispatch attempts so far, this one included for a dispatch claim
+    deadline_at: Optional[dt.datetime]
+    created_at: dt.datetime
+    cancel_requested: bool
+    # An earlier dispatch attempt may have reached the provider and was never proven absent:
+    # this operation must not end failed_before_commit (DESIGN.md, failure classification).
+    open_ambiguity: bool
+
+
+_RETURNED = (
+    _OP.c.id,
+    _OP.c.fencing_token,
+    _OP.c.attempt_count,
+    _OP.c.tenant,
+    _OP.c.idempotency_key,
+    _OP.c.action,
+    _OP.c.args,
+    _OP.c.args_digest,
+    _OP.c.subject,
+    _OP.c.lease_expires_at,
+    _OP.c.max_attempts,
+    _OP.c.deadline_at,
+    _OP.c.created_at,
+    _OP.c.cancel_requested,
+    _OP.c.proven_absent_through,
+)
+
+
+def claim_due(
+    session: Session,
+    *,
+    worker: str,
+    lease_s: float,
+    limit: int = 1,
+    operation_id: Optional[str] = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` due ``not_dispatched`` operations (or exactly ``operation_id``).
+
+    Returns the claims made; an empty list when nothing was due (another worker won, the
+    operation is not due yet, or it is no longer ``not_dispatched``).
+    """
+    return _claim(session, "dispatch", worker=worker, lease_s=lease_s, limit=limit, operation_id=operation_id)
+
+
+def claim_unknown(
+    session: Session,
+    *,
+    worker: str,
+    lease_s: float,
+    limit: int = 1,
+    operation_id: Optional[str] = None,
+) -> list[Claim]:
+    """The reconciler's claim: a due ``outcome_unknown`` operation whose lease (if any) has expired.
+
+    The status stays ``outcome_unknown`` (nothing is re-sent); the token is bumped, a lease is taken
+    and a ``lookup`` attempt row is opened for what the provider will say.
+    """
+    return _claim(session, "lookup", worker=worker, lease_s=lease_s, limit=limit, operation_id=operation_id)
+
+
+def _claim(
+    session: Session,
+    kind: str,
+    *,
+    worker: str,
+    lease_s: float,
+    limit: int,
+    operation_id: Optional[str],
+) -> list[Claim]:
+    if limit < 1:
+        raise ValueError("limit must be >= 1")
+    pg = is_postgres(session)
+    source = Status.NOT_DISPATCHED if kind == "dispatch" else Status.OUTCOME_UNKNOWN
+    guard = [_OP.c.status == source.value, _OP.c.next_attempt_at <= db_now()]
+    if kind == "lookup":
+        guard.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
+    due = select(_OP.c.id).where(*guard)
+    if operation_id is not None:
+        due = due.where(_OP.c.id == operation_id)
+    due = due.order_by(_OP.c.next_attempt_at).limit(limit)
+    values: dict[str, Any] = dict(
+        fencing_token=_OP.c.fencing_token + 1,
+        lease_owner=worker,
+        lease_expires_at=db_now(lease_s),
+        updated_at=db_now(),
+    )
+    if kind == "dispatch":
+        values.update(status=Status.DISPATCHING.value, attempt_count=_OP.c.attempt_count + 1, reason="claimed")
+    stmt = update(_OP).values(**values)
+    if pg:
+        # SKIP LOCKED: concurrent workers take different rows instead of queueing on one.
+        due_cte = due.with_for_update(skip_locked=True).cte("due")
+        stmt = stmt.where(_OP.c.id.in_(select(due_cte.c.id)))
+    else:
+        # SQLite has one writer at a time (BEGIN IMMEDIATE); re-check the guard in the UPDATE.
+        stmt = stmt.where(_OP.c.id.in_(due.scalar_subquery()), *guard)
+    rows = session.execute(stmt.returning(*_RETURNED)).all()
+    return [_record_claim(session, row, worker, kind) for row in rows]
+
+
+def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Claim:
+    open_ambiguity = session.execute(
+        select(
+            exists().where(
+                and_(
+                    Attempt.operation_id == row.id,
+                    Attempt.kind == "dispatch",
+                    Attempt.attempt_number > row.proven_absent_through,
+                    Attempt.attempt_class.in_(
+                        [AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]
+                    ),
+                )
+            )
+        )
+    ).scalar_one()
+    if kind == "dispatch":
+        number = row.attempt_count
+    else:
+        number = 1 + session.execute(
+            select(func.count()).where(Attempt.operation_id == row.id, Attempt.kind == "lookup")
+        ).scalar_one()
+    attempt_id = session.execute(
+        insert(Attempt)
+        .values(
+            operation_id=row.id,
+            attempt_number=number,
+            kind=kind,
+            fencing_token=row.fencing_token,
+            worker=worker,
+            started_at=db_now(),
+            attempt_class=AttemptClass.PENDING.value,
+        )
+        .returning(Attempt.id)
+    ).scalar_one()
+    status = Status.DISPATCHING if kind == "dispatch" else Status.OUTCOME_UNKNOWN
+    session.execute(
+        insert(OperationEvent).values(
+            operation_id=row.id,
+            at=db_now(),
+            from_status=Status.NOT_DISPATCHED.value if kind == "dispatch" else status.value,
+            to_status=status.value,
+            fencing_token=row.fencing_token,
+            event="claim" if kind == "dispatch" else "reconcile claim",
+            reason=f"{kind} attempt {number}",
+            actor=worker,
+        )
+    )
+    lease = as_utc(row.lease_expires_at)
+    created = as_utc(row.created_at)
+    assert lease is not None and created is not None
+    return Claim(
+        operation_id=row.id,
+        fencing_token=row.fencing_token,
+        attempt_id=attempt_id,
+        attempt_number=number,
+        kind=kind,
+        tenant=row.tenant,
+        idempotency_key=row.idempotency_key,
+        action=row.action,
+        args=row.args or "{}",
+        args_digest=row.args_digest,
+        subject=row.subject,
+        worker=worker,
+        lease_expires_at=lease,
+        max_attempts=row.max_attempts,
+        attempt_count=row.attempt_count,
+        deadline_at=as_utc(row.deadline_at),
+        created_at=created,
+        cancel_requested=bool(row.cancel_requested),
+        open_ambiguity=bool(open_ambiguity),
+    )
+
+
+def extend_lease_if_fenced(session: Session, claim: Claim, *, lease_s: float) -> bool:
+    """Renew the lease of a live claim; False when the token is no longer current."""
+    stmt = (
+        update(_OP)
+        .where(
+            _OP.c.id == claim.operation_id,
+            _OP.c.status == (Status.DISPATCHING.value if claim.kind == "dispatch" else Status.OUTCOME_UNKNOWN.value),
+            _OP.c.fencing_token == claim.fencing_token,
+        )
+        .values(lease_expires_at=db_now(lease_s), updated_at=db_now())
+        .returning(_OP.c.id)
+    )
+    return session.execute(stmt).first() is not None

@@ -1,0 +1,67 @@
+"""Time from the database, never from a worker's clock.
+
+Leases, expiries and due times are computed by the database so that workers on machines with
+skewed clocks agree. ``db_now(plus_s)`` compiles to ``clock_timestamp() + interval`` on PostgreSQL and
+to a microsecond-formatted ``strftime`` on SQLite (stored in the same text format SQLAlchemy
+uses for DateTime on SQLite, so comparisons between bound and computed values stay correct).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import DateTime
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+UTC = dt.timezone.utc
+
+
+class db_now(FunctionElement[dt.datetime]):  # noqa: N801 - reads like the SQL function it is
+    """The database's current UTC time, optionally plus ``plus_s`` seconds (may be negative)."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+    name = "db_now"
+
+    def __init__(self, plus_s: float = 0.0) -> None:
+        super().__init__()
+        # Rounded so that equal offsets share one cached statement shape.
+        self.plus_s = round(float(plus_s), 6)
+
+    def _gen_cache_key(self, anon_map: Any, bindparams: Any) -> Any:  # pragma: no cover - trivial
+        return (self.__class__, self.plus_s)
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: Any, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is frozen at transaction start, and a long transaction
+    # would hand out leases that are already partly spent.
+    if element.plus_s:
+        return f"(clock_timestamp() + make_interval(secs => {element.plus_s!r}))"
+    return "clock_timestamp()"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
+    # '%f' gives SS.SSS; the literal '000' pads to the microsecond format SQLAlchemy writes.
+    if element.plus_s:
+        return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', '{element.plus_s:+.6f} seconds')"
+    return "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    """SQLite hands back naive datetimes (stored as UTC); make every datetime aware."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def to_db(value: dt.datetime) -> dt.datetime:
+    """Normalise a datetime we bind as a parameter: aware UTC (SQLite drops tzinfo on write)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: pass an aware datetime (UTC)")
+    return value.astimezone(UTC)

@@ -1,0 +1,62 @@
+"""Engines and sessions for the ledger, with the per-dialect settings it relies on.
+
+SQLite (the embedded default) is made safe for several processes: WAL journal, a busy timeout,
+and ``BEGIN IMMEDIATE`` for every transaction so that two writers never deadlock while upgrading
+a read lock (SQLite does not retry that case, the busy timeout only covers waiting for a lock).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+# Long enough to ride out another process's commit burst on a laptop disk; short enough that
+# a stuck writer surfaces as an error instead of a hang.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def is_postgres(engine_or_session: Engine | Session) -> bool:
+    bind = engine_or_session.get_bind() if isinstance(engine_or_session, Session) else engine_or_session
+    return bind.dialect.name == "postgresql"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine for the ledger; use it (or its settings) for the agent's own session too."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs
+        )
+        _make_sqlite_transactional(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def _make_sqlite_transactional(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        # WAL + NORMAL is durable against process crashes; only an OS crash may lose the last
+        # commits, which the embedded (laptop) mode accepts. Production runs PostgreSQL.
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)

@@ -1,0 +1,53 @@
+"""One root, few leaves: every error agent-outbox raises on purpose."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class for agent-outbox errors."""
+
+
+class ConfigError(OutboxError):
+    """A setting is missing or malformed; the message names the variable and the fix."""
+
+
+class InvalidIntent(OutboxError, ValueError):
+    """The intent cannot be accepted as given; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+class IdempotencyConflict(OutboxError):
+    """The key was already used for an intent with different arguments."""
+
+    def __init__(self, key: str, stored_digest: str, new_digest: str, operation_id: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was already used for operation {operation_id} "
+            "with different arguments; use a new key for a new intent"
+        )
+        self.key, self.stored_digest, self.new_digest = key, stored_digest, new_digest
+        self.operation_id = operation_id
+
+
+class StaleFence(OutboxError):
+    """Another worker owns this operation now (or it moved on); our write was refused."""
+
+    def __init__(self, operation_id: str, token: int, detail: str = "") -> None:
+        msg = f"operation {operation_id}: fencing token {token} is no longer current"
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+        self.operation_id, self.token = operation_id, token
+
+
+class IllegalTransition(OutboxError):
+    """The state machine does not allow this transition (see outbox/states.py)."""
+
+    def __init__(self, operation_id: str, current: str, new: str) -> None:
+        super().__init__(f"operation {operation_id}: {current} -> {new} is not an allowed transition")
+        self.operation_id, self.current, self.new = operation_id, current, new
+
+
+class OperationNotFound(OutboxError, LookupError):
+    """No operation has that id (or tenant + idempotency key)."""

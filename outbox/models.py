@@ -1,0 +1,165 @@
+"""The ledger's tables (SQLAlchemy 2.0 typed models).
+
+- ``operations``: one row per intent; the state machine's current position, lease and token.
+- ``attempts``: one row per transport attempt (or lookup); evidence, written once, never overwritten.
+- ``operation_events``: every transition with who and why, so any state can be explained.
+
+The alembic migration in ``migrations/versions`` creates exactly these tables; a test checks that
+the migrated schema and these models agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Optional
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from outbox.states import AttemptClass, Status
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATUS_VALUES = ", ".join(f"'{s.value}'" for s in Status)
+CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
+TS = DateTime(timezone=True)
+# BIGINT on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
+BIGID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Operation(Base):
+    __tablename__ = "operations"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(200))
+    # Canonical JSON text (exact decimals, sorted keys): what dispatch sends, byte-stable.
+    args: Mapped[Optional[str]] = mapped_column(Text)
+    args_digest: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(255))
+    run_id: Mapped[Optional[str]] = mapped_column(String(255))
+    tool_call_id: Mapped[Optional[str]] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[Optional[str]] = mapped_column(Text)
+    fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_owner: Mapped[Optional[str]] = mapped_column(String(255))
+    lease_expires_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    deadline_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(TS)
+    result_reference: Mapped[Optional[str]] = mapped_column(String(255))
+    result_digest: Mapped[Optional[str]] = mapped_column(String(64))
+    result: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
+    error_class: Mapped[Optional[str]] = mapped_column(String(32))
+    last_error: Mapped[Optional[str]] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Dispatch attempts numbered up to this one were proven not executed by a lookup or a
+    # person; only ambiguous attempts after it keep failed_before_commit out of reach.
+    proven_absent_through: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+    finished_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key"),
+        CheckConstraint(f"status IN ({STATUS_VALUES})", name="status"),
+        CheckConstraint(f"error_class IS NULL OR error_class IN ({CLASS_VALUES})", name="error_class"),
+        CheckConstraint("fencing_token >= 0", name="fencing_token"),
+        CheckConstraint("attempt_count >= 0 AND max_attempts >= 1", name="attempts"),
+        # What is due: only claimable rows are indexed, so the index stays small while the
+        # table grows to millions of finished operations.
+        Index(
+            "ix_operations_due",
+            "next_attempt_at",
+            postgresql_where=text("status = 'not_dispatched'"),
+            sqlite_where=text("status = 'not_dispatched'"),
+        ),
+        Index(
+            "ix_operations_leases",
+            "lease_expires_at",
+            postgresql_where=text("status = 'dispatching'"),
+            sqlite_where=text("status = 'dispatching'"),
+        ),
+        Index(
+            "ix_operations_unknown",
+            "next_attempt_at",
+            postgresql_where=text("status = 'outcome_unknown'"),
+            sqlite_where=text("status = 'outcome_unknown'"),
+        ),
+        Index("ix_operations_status_updated", "status", "updated_at"),
+    )
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"))
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    # dispatch = the business request; lookup = the reconciler asking the provider.
+    kind: Mapped[str] = mapped_column(String(16), default="dispatch")
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    worker: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[dt.datetime] = mapped_column(TS)
+    ended_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    request_digest: Mapped[Optional[str]] = mapped_column(String(64))
+    status_code: Mapped[Optional[int]] = mapped_column(Integer)
+    attempt_class: Mapped[str] = mapped_column(String(32), default=AttemptClass.PENDING.value)
+    provider_request_id: Mapped[Optional[str]] = mapped_column(String(255))
+    provider_reference: Mapped[Optional[str]] = mapped_column(String(255))
+    response_digest: Mapped[Optional[str]] = mapped_column(String(64))
+    retry_after_s: Mapped[Optional[float]] = mapped_column(Float)
+    latency_s: Mapped[Optional[float]] = mapped_column(Float)
+    error: Mapped[Optional[str]] = mapped_column(Text)
+    # True when this result arrived after the worker had lost the operation (a zombie's late
+    # answer): kept as evidence for the reconciler, never applied to the operation row.
+    stale: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (
+        UniqueConstraint("operation_id", "kind", "attempt_number"),
+        CheckConstraint(f"attempt_class IN ({CLASS_VALUES})", name="attempt_class"),
+        CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
+    )
+
+
+class OperationEvent(Base):
+    __tablename__ = "operation_events"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(
+        ForeignKey("operations.id", ondelete="CASCADE"), index=True
+    )
+    at: Mapped[dt.datetime] = mapped_column(TS)
+    from_status: Mapped[Optional[str]] = mapped_column(String(32))
+    to_status: Mapped[str] = mapped_column(String(32))
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    event: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[Optional[str]] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(255))

@@ -1,0 +1,159 @@
+"""Read-side queries: list and explain operations (the CLI and, later, the console use these)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from outbox.clock import as_utc
+from outbox.errors import InvalidIntent, OperationNotFound
+from outbox.models import Attempt, Operation, OperationEvent
+from outbox.states import Status
+
+
+def _iso(value: Optional[dt.datetime]) -> Optional[str]:
+    v = as_utc(value)
+    return v.isoformat() if v is not None else None
+
+
+def operation_json(op: Operation) -> dict[str, Any]:
+    """The stable JSON shape of an operation (documented in the README; scripts rely on it)."""
+    return {
+        "operation_id": op.id,
+        "tenant": op.tenant,
+        "idempotency_key": op.idempotency_key,
+        "action": op.action,
+        "subject": op.subject,
+        "status": op.status,
+        "reason": op.reason,
+        "attempts": op.attempt_count,
+        "max_attempts": op.max_attempts,
+        "fencing_token": op.fencing_token,
+        "result": (
+            {"reference": op.result_reference, "digest": op.result_digest, "response": op.result}
+            if op.result_reference is not None or op.result is not None
+            else None
+        ),
+        "error_class": op.error_class,
+        "last_error": op.last_error,
+        "cancel_requested": op.cancel_requested,
+        "args_digest": op.args_digest,
+        "run_id": op.run_id,
+        "tool_call_id": op.tool_call_id,
+        "lease_owner": op.lease_owner,
+        "lease_expires_at": _iso(op.lease_expires_at),
+        "next_attempt_at": _iso(op.next_attempt_at),
+        "deadline_at": _iso(op.deadline_at),
+        "created_at": _iso(op.created_at),
+        "updated_at": _iso(op.updated_at),
+        "finished_at": _iso(op.finished_at),
+    }
+
+
+def attempt_json(a: Attempt) -> dict[str, Any]:
+    return {
+        "attempt_number": a.attempt_number,
+        "kind": a.kind,
+        "fencing_token": a.fencing_token,
+        "worker": a.worker,
+        "class": a.attempt_class,
+        "status_code": a.status_code,
+        "provider_request_id": a.provider_request_id,
+        "provider_reference": a.provider_reference,
+        "retry_after_s": a.retry_after_s,
+        "latency_s": a.latency_s,
+        "request_digest": a.request_digest,
+        "response_digest": a.response_digest,
+        "error": a.error,
+        "stale": a.stale,
+        "started_at": _iso(a.started_at),
+        "ended_at": _iso(a.ended_at),
+    }
+
+
+def event_json(e: OperationEvent) -> dict[str, Any]:
+    return {
+        "at": _iso(e.at),
+        "event": e.event,
+        "from": e.from_status,
+        "to": e.to_status,
+        "fencing_token": e.fencing_token,
+        "reason": e.reason,
+        "actor": e.actor,
+    }
+
+
+@dataclass(frozen=True)
+class OperationDetail:
+    operation: Operation
+    attempts: list[Attempt]
+    events: list[OperationEvent]
+
+    def as_json(self) -> dict[str, Any]:
+        out = operation_json(self.operation)
+        out["attempt_log"] = [attempt_json(a) for a in self.attempts]
+        out["history"] = [event_json(e) for e in self.events]
+        return out
+
+
+def list_operations(
+    session: Session,
+    *,
+    status: Optional[str] = None,
+    tenant: Optional[str] = None,
+    action: Optional[str] = None,
+    limit: int = 100,
+) -> list[Operation]:
+    stmt = select(Operation)
+    if status is not None:
+        if status not in {s.value for s in Status}:
+            raise InvalidIntent("status", f"unknown status {status!r}; one of: " + ", ".join(s.value for s in Status))
+        stmt = stmt.where(Operation.status == status)
+    if tenant is not None:
+        stmt = stmt.where(Operation.tenant == tenant)
+    if action is not None:
+        stmt = stmt.where(Operation.action == action)
+    stmt = stmt.order_by(Operation.created_at.desc(), Operation.id).limit(limit)
+    return list(session.execute(stmt).scalars())
+
+
+def find_operation(session: Session, id_or_key: str, *, tenant: Optional[str] = None) -> Operation:
+    """By operation id, or by idempotency key (within ``tenant`` if given; must be unambiguous)."""
+    stmt = select(Operation).where(or_(Operation.id == id_or_key, Operation.idempotency_key == id_or_key))
+    if tenant is not None:
+        stmt = stmt.where(or_(Operation.id == id_or_key, Operation.tenant == tenant))
+    rows = list(session.execute(stmt.limit(3)).scalars())
+    exact = [r for r in rows if r.id == id_or_key]
+    if exact:
+        return exact[0]
+    if not rows:
+        raise OperationNotFound(f"no operation with id or idempotency key {id_or_key!r}")
+    if len(rows) > 1:
+        raise OperationNotFound(
+            f"idempotency key {id_or_key!r} exists in several tenants; pass --tenant"
+        )
+    return rows[0]
+
+
+def explain(session: Session, id_or_key: str, *, tenant: Optional[str] = None) -> OperationDetail:
+    op = find_operation(session, id_or_key, tenant=tenant)
+    attempts = list(
+        session.execute(
+            select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)
+        ).scalars()
+    )
+    events = list(
+        session.execute(
+            select(OperationEvent).where(OperationEvent.operation_id == op.id).order_by(OperationEvent.id)
+        ).scalars()
+    )
+    return OperationDetail(op, attempts, events)
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Operation.status, func.count()).group_by(Operation.status)).all()
+    return {status: int(n) for status, n in rows}

@@ -1,0 +1,115 @@
+"""Settling the unknown: the ledger side of reconciliation, handoff resolution and evidence backfill.
+
+The reconciler claims an ``outcome_unknown`` operation (``claims.claim_unknown``), asks the
+provider, and calls ``settle_if_fenced`` with what the lookup proved. Every move is guarded by
+the reconciler's token, and every lookup's answer is kept on its own attempt row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from sqlalchemy.orm import Session
+
+from outbox.claims import Claim
+from outbox.clock import db_now
+from outbox.errors import StaleFence
+from outbox.models import Operation
+from outbox.states import Status
+from outbox.transitions import AttemptReport, mark_attempt_stale, move, record_attempt
+
+_OP = Operation.__table__
+
+SETTLE_TARGETS = (
+    Status.SUCCEEDED,
+    Status.COMMITTED_EVIDENCE_DEGRADED,
+    Status.FAILED_BEFORE_COMMIT,
+    Status.NOT_DISPATCHED,
+    Status.OUTCOME_UNKNOWN,
+    Status.RECONCILIATION_REQUIRED,
+)
+
+
+def settle_if_fenced(
+    session: Session,
+    claim: Claim,
+    report: AttemptReport,
+    *,
+    to: Status,
+    reason: str,
+    recheck_in_s: float = 0.0,
+    result: Optional[dict[str, Any]] = None,
+) -> None:
+    """Apply what a lookup proved to a reconciler-claimed operation.
+
+    - succeeded / committed_evidence_degraded: the provider has the effect (reference kept);
+    - failed_before_commit: the provider holds it as failed or cancelled;
+    - not_dispatched: the lookup authoritatively proved "never executed" -> re-dispatch with the
+      SAME key; every dispatch attempt so far is marked proven absent;
+    - outcome_unknown: still unknown (pending, lookup down): re-check after ``recheck_in_s``;
+    - reconciliation_required: a person must decide (the handoff row is written by the caller).
+    """
+    if claim.kind != "lookup":
+        raise ValueError("settle_if_fenced takes a reconciler claim (claims.claim_unknown)")
+    if to not in SETTLE_TARGETS:
+        raise ValueError(f"cannot settle to {to.value}")
+    wrote = record_attempt(session, claim.attempt_id, report)
+    values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
+    if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
+        values.update(result_reference=report.provider_reference, result_digest=report.response_digest,
+                      result=result, error_class=None)
+    elif to is Status.NOT_DISPATCHED:
+        values.update(proven_absent_through=_OP.c.attempt_count, next_attempt_at=db_now())
+    elif to is Status.OUTCOME_UNKNOWN:
+        values.update(next_attempt_at=db_now(max(recheck_in_s, 0.0)))
+    try:
+        move(
+            session,
+            claim.operation_id,
+            sources=[Status.OUTCOME_UNKNOWN],
+            to=to,
+            event=f"lookup {claim.attempt_number}: {report.klass.value}",
+            actor=claim.worker,
+            reason=reason,
+            token=claim.fencing_token,
+            **values,
+        )
+    except StaleFence:
+        if wrote:
+            mark_attempt_stale(session, claim.attempt_id)
+        raise
+
+
+def resolve_by_person(
+    session: Session,
+    operation_id: str,
+    *,
+    outcome: str,
+    by: str,
+    note: str,
+    reference: Optional[str] = None,
+) -> Status:
+    """A person settles a ``reconciliation_required`` operation.
+
+    ``outcome``: ``succeeded`` (with the provider ``reference`` they found) or ``not-executed``
+    (they confirmed nothing happened: re-dispatch with the SAME key).
+    """
+    if outcome == "succeeded":
+        if not reference:
+            raise ValueError("a succeeded resolution needs the provider reference")
+        move(session, operation_id, sources=[Status.RECONCILIATION_REQUIRED], to=Status.SUCCEEDED,
+             event="resolved: succeeded", actor=by, reason=note, result_reference=reference,
+             error_class=None)
+        return Status.SUCCEEDED
+    if outcome == "not-executed":
+        move(session, operation_id, sources=[Status.RECONCILIATION_REQUIRED], to=Status.NOT_DISPATCHED,
+             event="resolved: not executed", actor=by, reason=note,
+             proven_absent_through=_OP.c.attempt_count, next_attempt_at=db_now())
+        return Status.NOT_DISPATCHED
+    raise ValueError(f"unknown resolution {outcome!r}: succeeded | not-executed")
+
+
+def evidence_backfilled(session: Session, operation_id: str, *, actor: str = "backfill") -> None:
+    """committed_evidence_degraded -> succeeded once the evidence record is written."""
+    move(session, operation_id, sources=[Status.COMMITTED_EVIDENCE_DEGRADED], to=Status.SUCCEEDED,
+         event="evidence backfilled", actor=actor, reason="evidence record written")

@@ -1,0 +1,106 @@
+"""The operation state machine: every state, what it means, and the allowed transitions.
+
+This module is the one place that says which status may follow which. The database holds the
+same set of states in a CHECK constraint (see ``models.py``), and every transition function in
+``transitions.py`` / ``claims.py`` is a guarded UPDATE that consults ``ALLOWED`` below.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(str, enum.Enum):
+    """The states of an operation (DESIGN.md, "Operation states")."""
+
+    AWAITING_APPROVAL = "awaiting_approval"
+    NOT_DISPATCHED = "not_dispatched"
+    DISPATCHING = "dispatching"
+    SUCCEEDED = "succeeded"
+    COMMITTED_EVIDENCE_DEGRADED = "committed_evidence_degraded"
+    FAILED_BEFORE_COMMIT = "failed_before_commit"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    RECONCILIATION_REQUIRED = "reconciliation_required"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MEANING: dict[Status, str] = {
+    Status.AWAITING_APPROVAL: "waiting for a person to approve the intent; nothing has been sent",
+    Status.NOT_DISPATCHED: "accepted and due at next_attempt_at; no request in flight",
+    Status.DISPATCHING: "a worker holds the lease and may be calling the downstream right now",
+    Status.SUCCEEDED: "the downstream confirmed the effect; evidence recorded",
+    Status.COMMITTED_EVIDENCE_DEGRADED: (
+        "the effect happened but its evidence record is being repaired; never retried"
+    ),
+    Status.FAILED_BEFORE_COMMIT: "ended with proof that no effect happened",
+    Status.OUTCOME_UNKNOWN: (
+        "a request may have reached the downstream and we lost the answer; "
+        "the reconciler asks the provider, nothing is re-sent without proof"
+    ),
+    Status.RECONCILIATION_REQUIRED: "automation could not settle it; a handoff waits for a person",
+    Status.CANCELLED: "cancelled before anything was sent",
+}
+
+TERMINAL: frozenset[Status] = frozenset(
+    {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.CANCELLED}
+)
+
+# States a worker may claim from. outcome_unknown rows are claimed by the reconciler, which
+# looks the effect up instead of sending the request again.
+DISPATCH_CLAIMABLE: frozenset[Status] = frozenset({Status.NOT_DISPATCHED})
+RECONCILE_CLAIMABLE: frozenset[Status] = frozenset({Status.OUTCOME_UNKNOWN})
+
+# (from, to) -> the event that causes it. Anything not listed is refused.
+ALLOWED: dict[tuple[Status, Status], str] = {
+    (Status.AWAITING_APPROVAL, Status.NOT_DISPATCHED): "approve",
+    (Status.AWAITING_APPROVAL, Status.CANCELLED): "cancel",
+    (Status.NOT_DISPATCHED, Status.DISPATCHING): "claim",
+    (Status.NOT_DISPATCHED, Status.CANCELLED): "cancel",
+    (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL): "approval expired",
+    (Status.DISPATCHING, Status.SUCCEEDED): "2xx with a provider reference",
+    (Status.DISPATCHING, Status.COMMITTED_EVIDENCE_DEGRADED): "2xx, evidence store down",
+    (Status.DISPATCHING, Status.FAILED_BEFORE_COMMIT): "rejected, or budget spent while provably not executed",
+    (Status.DISPATCHING, Status.NOT_DISPATCHED): "retry scheduled (provably not executed, budget left)",
+    (Status.DISPATCHING, Status.OUTCOME_UNKNOWN): "ambiguous result, or lease expired",
+    (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
+    (Status.OUTCOME_UNKNOWN, Status.OUTCOME_UNKNOWN): "reconciler claim / re-check later",
+    (Status.OUTCOME_UNKNOWN, Status.SUCCEEDED): "lookup found the effect",
+    (Status.OUTCOME_UNKNOWN, Status.FAILED_BEFORE_COMMIT): "lookup found it failed at the provider",
+    (Status.OUTCOME_UNKNOWN, Status.NOT_DISPATCHED): "lookup proved it never executed",
+    (Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED): "cannot settle within budget: handoff",
+    (Status.RECONCILIATION_REQUIRED, Status.SUCCEEDED): "person resolved: succeeded",
+    (Status.RECONCILIATION_REQUIRED, Status.NOT_DISPATCHED): "person resolved: not executed",
+    (Status.OUTCOME_UNKNOWN, Status.COMMITTED_EVIDENCE_DEGRADED): "lookup found the effect, evidence store down",
+}
+
+
+def is_allowed(current: Status, new: Status) -> bool:
+    return (current, new) in ALLOWED
+
+
+def sources_of(new: Status) -> frozenset[Status]:
+    """Every status from which ``new`` may be reached."""
+    return frozenset(src for (src, dst) in ALLOWED if dst == new)
+
+
+class AttemptClass(str, enum.Enum):
+    """What one transport attempt proved (DESIGN.md, "Failure classification")."""
+
+    NOT_SENT = "not_sent"  # failed before the request left: connect refused, breaker open
+    NOT_PROCESSED = "not_processed"  # 429 / 503: not processed by definition
+    REJECTED = "rejected"  # business rejection (4xx): provably no effect
+    AMBIGUOUS = "ambiguous"  # may have happened: timeout after send, reset, 500/502/504, bad 2xx
+    SUCCEEDED = "succeeded"  # 2xx with a provider reference
+    PENDING = "pending"  # attempt row open: the worker has not reported back (yet)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Classes that prove the downstream did NOT apply the effect.
+PROVABLY_NOT_EXECUTED: frozenset[AttemptClass] = frozenset(
+    {AttemptClass.NOT_SENT, AttemptClass.NOT_PROCESSED, AttemptClass.REJECTED}
+)

@@ -1,0 +1,169 @@
+"""Submit: write an intent into the outbox inside the caller's transaction.
+
+The point of an outbox is that the agent's own rows and its intent commit or roll back together, so
+``submit`` never commits: the caller does. Two concurrent submits of the same (tenant, key) produce
+one row: ``INSERT ... ON CONFLICT DO NOTHING`` lets exactly one win, the loser reads the winner's
+row and compares digests (same digest = the same intent, a different one = ``IdempotencyConflict``).
+On PostgreSQL the insert also queues a NOTIFY that the database delivers on commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sqlalchemy import insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from outbox.clock import db_now
+from outbox.db import is_postgres
+from outbox.envelope import build_envelope
+from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.models import Operation, OperationEvent
+from outbox.states import Status
+
+NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_DEADLINE_S = 3600.0  # an intent older than an hour is no longer what the agent meant
+MAX_KEY_LEN = 255
+
+_OP = Operation.__table__
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What submit hands back to the agent runtime."""
+
+    operation_id: str
+    tenant: str
+    idempotency_key: str
+    status: str
+    new: bool
+    args_digest: str
+    result_reference: Optional[str] = None
+    result: Optional[dict[str, Any]] = None
+    error_class: Optional[str] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "idempotency_key": self.idempotency_key,
+            "status": self.status,
+            "new": self.new,
+            "args_digest": self.args_digest,
+            "result": (
+                {"reference": self.result_reference, "response": self.result}
+                if self.result_reference is not None or self.result is not None
+                else None
+            ),
+            "error_class": self.error_class,
+        }
+
+
+def _validate_key(key: Any) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidIntent("idempotency_key", "required: a stable business key such as 'wf-81:invoice-17:refund-2:v1'")
+    if key != key.strip() or len(key) > MAX_KEY_LEN:
+        raise InvalidIntent("idempotency_key", f"must be 1-{MAX_KEY_LEN} characters without surrounding whitespace")
+    return key
+
+
+def submit(
+    session: Session,
+    *,
+    tenant: str,
+    idempotency_key: str,
+    action: str,
+    args: dict[str, Any],
+    subject: str,
+    run_id: Optional[str] = None,
+    tool_call_id: Optional[str] = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    deadline_s: Optional[float] = DEFAULT_DEADLINE_S,
+    delay_s: float = 0.0,
+    requires_approval: bool = False,
+) -> Receipt:
+    """Write one intent in the caller's transaction and return its receipt (never commits)."""
+    key = _validate_key(idempotency_key)
+    env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
+        raise InvalidIntent("max_attempts", "must be an integer >= 1")
+    if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
+        raise InvalidIntent("deadline_s", "must be a positive number of seconds (or None)")
+    if not isinstance(delay_s, (int, float)) or delay_s < 0:
+        raise InvalidIntent("delay_s", "must be >= 0")
+    for name, ref in (("run_id", run_id), ("tool_call_id", tool_call_id)):
+        if ref is not None and (not isinstance(ref, str) or len(ref) > 255):
+            raise InvalidIntent(name, "must be a string of at most 255 characters")
+
+    operation_id = str(uuid.uuid4())
+    status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
+    values = dict(
+        id=operation_id,
+        tenant=env.tenant,
+        idempotency_key=key,
+        action=env.action,
+        args=env.canonical_args,
+        args_digest=env.digest,
+        subject=env.subject,
+        run_id=run_id,
+        tool_call_id=tool_call_id,
+        status=status.value,
+        reason="submitted",
+        fencing_token=0,
+        attempt_count=0,
+        max_attempts=max_attempts,
+        deadline_at=db_now(deadline_s) if deadline_s is not None else None,
+        next_attempt_at=db_now(delay_s),
+        cancel_requested=False,
+        proven_absent_through=0,
+        created_at=db_now(),
+        updated_at=db_now(),
+    )
+    ins = pg_insert(_OP) if is_postgres(session) else sqlite_insert(_OP)
+    stmt = ins.values(**values).on_conflict_do_nothing(
+        index_elements=[_OP.c.tenant, _OP.c.idempotency_key]
+    ).returning(_OP.c.id)
+    inserted = session.execute(stmt).first()
+    if inserted is not None:
+        session.execute(
+            insert(OperationEvent).values(
+                operation_id=operation_id,
+                at=db_now(),
+                from_status=None,
+                to_status=status.value,
+                fencing_token=0,
+                event="submit",
+                reason=f"subject {env.subject}" + (f", run {run_id}" if run_id else ""),
+                actor=env.subject,
+            )
+        )
+        if is_postgres(session) and status is Status.NOT_DISPATCHED:
+            session.execute(text("SELECT pg_notify(:ch, :id)"), {"ch": NOTIFY_CHANNEL, "id": operation_id})
+        return Receipt(operation_id, env.tenant, key, status.value, True, env.digest)
+
+    existing = session.execute(
+        select(Operation).where(Operation.tenant == env.tenant, Operation.idempotency_key == key)
+    ).scalar_one()
+    if existing.args_digest != env.digest:
+        raise IdempotencyConflict(key, existing.args_digest, env.digest, existing.id)
+    return receipt_of(existing, new=False)
+
+
+def receipt_of(op: Operation, *, new: bool = False) -> Receipt:
+    return Receipt(
+        operation_id=op.id,
+        tenant=op.tenant,
+        idempotency_key=op.idempotency_key,
+        status=op.status,
+        new=new,
+        args_digest=op.args_digest,
+        result_reference=op.result_reference,
+        result=op.result,
+        error_class=op.error_class,
+    )
+

@@ -1,0 +1,298 @@
+"""Every transition of the state machine as one guarded UPDATE plus the row that records why.
+
+Worker-side transitions are fenced: ``WHERE id = ? AND status = ? AND fencing_token = ?``. A worker
+whose token is stale matches no row and gets ``StaleFence``; its attempt's evidence is still kept
+(``finalize_if_fenced`` writes the attempt row first and marks it stale). The caller owns the
+transaction: catch ``StaleFence`` inside ``with session.begin():`` to commit that evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from sqlalchemy import and_, exists, insert, select, update
+from sqlalchemy.orm import Session
+
+from outbox.claims import Claim
+from outbox.clock import db_now
+from outbox.errors import IllegalTransition, OperationNotFound, StaleFence
+from outbox.models import Attempt, Operation, OperationEvent
+from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
+
+_OP = Operation.__table__
+_AT = Attempt.__table__
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What one attempt proved, as the worker saw it. Written once to the attempt row."""
+
+    klass: AttemptClass
+    status_code: Optional[int] = None
+    request_digest: Optional[str] = None
+    provider_request_id: Optional[str] = None
+    provider_reference: Optional[str] = None
+    response_digest: Optional[str] = None
+    retry_after_s: Optional[float] = None
+    latency_s: Optional[float] = None
+    error: Optional[str] = None
+
+
+def _check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> None:
+    for src in sources:
+        if (src, to) not in ALLOWED:
+            raise IllegalTransition(operation_id, src.value, to.value)
+
+
+def _event(
+    session: Session,
+    operation_id: str,
+    *,
+    from_status: Optional[str],
+    to: Status,
+    token: int,
+    event: str,
+    reason: Optional[str],
+    actor: str,
+) -> None:
+    session.execute(
+        insert(OperationEvent).values(
+            operation_id=operation_id,
+            at=db_now(),
+            from_status=from_status,
+            to_status=to.value,
+            fencing_token=token,
+            event=event,
+            reason=reason,
+            actor=actor,
+        )
+    )
+
+
+def move(
+    session: Session,
+    operation_id: str,
+    *,
+    sources: Iterable[Status],
+    to: Status,
+    event: str,
+    actor: str,
+    reason: Optional[str] = None,
+    token: Optional[int] = None,
+    extra_where: Iterable[Any] = (),
+    **values: Any,
+) -> tuple[str, int]:
+    """Move one operation from one of ``sources`` to ``to`` if the guards hold.
+
+    Returns (previous status, token). Raises ``StaleFence`` when a token was given and the row does
+    not match it (or its status moved on), ``IllegalTransition``/``OperationNotFound`` otherwise.
+    """
+    srcs = list(sources)
+    _check_allowed(operation_id, srcs, to)
+    conds = [_OP.c.id == operation_id, _OP.c.status.in_([s.value for s in srcs]), *extra_where]
+    if token is not None:
+        conds.append(_OP.c.fencing_token == token)
+    values.setdefault("updated_at", db_now())
+    values.setdefault("reason", reason or event)
+    if to in TERMINAL:
+        values.setdefault("finished_at", db_now())
+    previous: Optional[str] = srcs[0].value if len(srcs) == 1 else None
+    if previous is None:
+        # Several possible sources (cancel, person's resolution): read which one, row locked.
+        lock = select(_OP.c.status).where(_OP.c.id == operation_id)
+        previous = session.execute(lock.with_for_update()).scalar_one_or_none()
+    row = session.execute(
+        update(_OP).where(*conds).values(status=to.value, **values).returning(_OP.c.fencing_token)
+    ).first()
+    if row is None:
+        current = session.execute(
+            select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == operation_id)
+        ).first()
+        if current is None:
+            raise OperationNotFound(operation_id)
+        if token is not None:
+            raise StaleFence(
+                operation_id, token, f"now {current.status} with token {current.fencing_token}"
+            )
+        raise IllegalTransition(operation_id, current.status, to.value)
+    _event(session, operation_id, from_status=previous, to=to, token=row.fencing_token,
+           event=event, reason=reason, actor=actor)
+    return previous, int(row.fencing_token)
+
+
+def record_attempt(session: Session, attempt_id: int, report: AttemptReport, *, stale: bool = False) -> bool:
+    """Write an attempt's result once. Returns False if it was already written (never overwrite)."""
+    row = session.execute(
+        update(_AT)
+        .where(_AT.c.id == attempt_id, _AT.c.ended_at.is_(None))
+        .values(
+            ended_at=db_now(),
+            attempt_class=report.klass.value,
+            status_code=report.status_code,
+            request_digest=report.request_digest,
+            provider_request_id=report.provider_request_id,
+            provider_reference=report.provider_reference,
+            response_digest=report.response_digest,
+            retry_after_s=report.retry_after_s,
+            latency_s=report.latency_s,
+            error=report.error,
+            stale=stale,
+        )
+        .returning(_AT.c.id)
+    ).first()
+    return row is not None
+
+
+def _no_open_ambiguity(operation_id: str) -> Any:
+    return ~exists().where(
+        and_(
+            _AT.c.operation_id == operation_id,
+            _AT.c.kind == "dispatch",
+            _AT.c.attempt_number > _OP.c.proven_absent_through,
+            _AT.c.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]),
+        )
+    )
+
+
+def finalize_if_fenced(
+    session: Session,
+    claim: Claim,
+    report: AttemptReport,
+    *,
+    to: Status,
+    reason: str,
+    delay_s: float = 0.0,
+    refund_attempt: bool = False,
+    result: Optional[dict[str, Any]] = None,
+) -> None:
+    """Record the attempt, then move the claimed operation to ``to`` under its token.
+
+    ``to`` is one of: succeeded, committed_evidence_degraded (2xx), not_dispatched (retry after
+    ``delay_s``; ``refund_attempt`` when nothing was sent, e.g. breaker open), failed_before_commit
+    (only with a provably-not-executed class and no open ambiguity), outcome_unknown (ambiguous).
+    """
+    wrote = record_attempt(session, claim.attempt_id, report)
+    values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
+    extra_where: list[Any] = []
+    if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
+        values.update(
+            result_reference=report.provider_reference,
+            result_digest=report.response_digest,
+            result=result,
+            error_class=None,
+        )
+    else:
+        values.update(error_class=report.klass.value, last_error=report.error)
+    if to is Status.NOT_DISPATCHED:
+        values["next_attempt_at"] = db_now(max(delay_s, 0.0))
+        if refund_attempt:
+            values["attempt_count"] = _OP.c.attempt_count - 1
+    elif to is Status.OUTCOME_UNKNOWN:
+        values["next_attempt_at"] = db_now(max(delay_s, 0.0))
+    elif to is Status.FAILED_BEFORE_COMMIT:
+        if report.klass not in PROVABLY_NOT_EXECUTED:
+            raise IllegalTransition(claim.operation_id, "dispatching/" + report.klass.value, to.value)
+        # The ledger itself refuses "failed" while an earlier attempt may have taken effect.
+        extra_where.append(_no_open_ambiguity(claim.operation_id))
+    try:
+        move(
+            session,
+            claim.operation_id,
+            sources=[Status.DISPATCHING],
+            to=to,
+            event=f"attempt {claim.attempt_number}: {report.klass.value}",
+            actor=claim.worker,
+            reason=reason,
+            token=claim.fencing_token,
+            extra_where=extra_where,
+            **values,
+        )
+    except StaleFence:
+        if wrote:
+            mark_attempt_stale(session, claim.attempt_id)
+        raise
+
+
+def mark_attempt_stale(session: Session, attempt_id: int) -> None:
+    """The attempt's result arrived after its worker lost the operation: evidence, not a verdict."""
+    session.execute(update(_AT).where(_AT.c.id == attempt_id).values(stale=True))
+
+
+def expire_leases(session: Session, *, limit: int = 500, actor: str = "sweep") -> list[str]:
+    """dispatching operations whose lease ran out -> outcome_unknown (never back to not_dispatched).
+
+    A crashed or frozen worker may have sent the request; only a lookup can tell.
+    """
+    rows = session.execute(
+        select(_OP.c.id, _OP.c.fencing_token)
+        .where(_OP.c.status == Status.DISPATCHING.value, _OP.c.lease_expires_at < db_now())
+        .order_by(_OP.c.lease_expires_at)
+        .limit(limit)
+    ).all()
+    moved = []
+    for row in rows:
+        try:
+            move(
+                session,
+                row.id,
+                sources=[Status.DISPATCHING],
+                to=Status.OUTCOME_UNKNOWN,
+                event="lease expired",
+                actor=actor,
+                reason="lease expired: the worker may have sent the request",
+                token=row.fencing_token,
+                extra_where=[_OP.c.lease_expires_at < db_now()],
+                lease_owner=None,
+                lease_expires_at=None,
+                error_class=AttemptClass.AMBIGUOUS.value,
+                last_error="lease expired before the worker reported a result",
+                next_attempt_at=db_now(),
+            )
+        except StaleFence:
+            continue  # the owner finished (or renewed) between our read and our write
+        moved.append(row.id)
+    return moved
+
+
+def request_cancel(session: Session, operation_id: str, *, actor: str, reason: str = "cancel requested") -> Status:
+    """Cancel before anything was sent; on a dispatching operation only keep the flag.
+
+    A request already in flight cannot be called back: a late success is recorded as success
+    ("completed after cancel requested"), never dropped.
+    """
+    try:
+        move(
+            session,
+            operation_id,
+            sources=[Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL],
+            to=Status.CANCELLED,
+            event="cancel",
+            actor=actor,
+            reason=reason,
+            cancel_requested=True,
+        )
+        return Status.CANCELLED
+    except IllegalTransition:
+        row = session.execute(
+            update(_OP)
+            .where(_OP.c.id == operation_id)
+            .values(cancel_requested=True, updated_at=db_now())
+            .returning(_OP.c.status)
+        ).first()
+        if row is None:
+            raise OperationNotFound(operation_id) from None
+        return Status(row.status)
+
+
+def approve(session: Session, operation_id: str, *, actor: str, reason: str = "approved") -> None:
+    move(
+        session,
+        operation_id,
+        sources=[Status.AWAITING_APPROVAL],
+        to=Status.NOT_DISPATCHED,
+        event="approve",
+        actor=actor,
+        reason=reason,
+        next_attempt_at=db_now(),
+    )

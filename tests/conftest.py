@@ -1,0 +1,145 @@
+"""Shared fixtures: real PostgreSQL (a fresh database per test run), real Redis, real SQLite files.
+
+Services:
+- PostgreSQL: ``OUTBOX_TEST_PG_URL`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``) is
+  the admin connection; every run creates its own database ``outbox_test_<unique>`` and drops it at
+  the end, so runs never share state.
+- Redis: ``OUTBOX_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``); tests use unique key
+  prefixes and never flush.
+On a laptop without them, the tests that need them are skipped and the summary says how to start
+them (``docker compose up -d postgres redis``). In CI (``CI`` set) a missing service is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox import migrate
+from outbox.db import make_engine, make_sessionmaker
+
+PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = bool(os.environ.get("CI"))
+RUN_ID = uuid.uuid4().hex[:10]
+TABLES = ("operation_events", "attempts", "operations")
+
+_skipped_services: dict[str, str] = {}
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def service_missing(name: str, why: str) -> None:
+    """Skip on a laptop, fail in CI: a missing service must never turn into a green CI run."""
+    if IN_CI:
+        pytest.fail(f"{name} is required in CI but unavailable: {why}", pytrace=False)
+    _skipped_services[name] = why
+    pytest.skip(f"{name} unavailable ({why}); start it with `docker compose up -d {name}`")
+
+
+@pytest.fixture(scope="session")
+def pg_database_url() -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this test run (dropped afterwards)."""
+    name = f"outbox_test_{RUN_ID}"
+    try:
+        admin = psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        service_missing("postgres", str(exc).strip().splitlines()[0])
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    yield url
+    with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def sqlite_database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path: Path = tmp_path_factory.mktemp("ledger") / "outbox.db"
+    url = f"sqlite:///{path}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+@dataclass
+class Ledger:
+    """A migrated, empty ledger on one backend."""
+
+    backend: str
+    url: str
+    engine: Engine
+    sessions: sessionmaker[Session]
+
+    def new_engine(self) -> Engine:
+        """A second engine (its own connections), e.g. for race tests."""
+        return make_engine(self.url)
+
+
+def _truncate(engine: Engine) -> None:
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # A test that leaked an open transaction must fail fast here, not hang the run.
+            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
+            conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY CASCADE"))
+        else:
+            for table in TABLES:
+                conn.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
+    """The same behaviour suite runs on the embedded default and on PostgreSQL."""
+    if request.param == "postgres":
+        url = request.getfixturevalue("pg_database_url")
+    else:
+        url = request.getfixturevalue("sqlite_database_url")
+    engine = make_engine(url)
+    _truncate(engine)
+    yield Ledger(request.param, url, engine, make_sessionmaker(engine))
+    engine.dispose()
+
+
+@pytest.fixture
+def pg_ledger(pg_database_url: str) -> Iterator[Ledger]:
+    engine = make_engine(pg_database_url)
+    _truncate(engine)
+    yield Ledger("postgres", pg_database_url, engine, make_sessionmaker(engine))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        service_missing("redis", str(exc))
+    return REDIS_URL
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _skipped_services:
+        terminalreporter.section("services not available: tests skipped")
+        for name, why in _skipped_services.items():
+            terminalreporter.write_line(f"{name}: {why}")
+        terminalreporter.write_line(
+            "The embedded (SQLite) suite ran. To run everything: `docker compose up -d postgres redis`, "
+            "then `make test` (or set OUTBOX_TEST_PG_URL / OUTBOX_TEST_REDIS_URL)."
+        )

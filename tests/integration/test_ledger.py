@@ -1,0 +1,265 @@
+"""The ledger's behaviour suite: runs on SQLite (embedded default) and real PostgreSQL alike."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, select, text, update
+
+from outbox.claims import claim_due, claim_unknown, extend_lease_if_fenced
+from outbox.clock import db_now
+from outbox.errors import IdempotencyConflict, IllegalTransition, InvalidIntent, StaleFence
+from outbox.models import Attempt, Operation, OperationEvent
+from outbox.queries import explain
+from outbox.settlement import resolve_by_person, settle_if_fenced
+from outbox.states import AttemptClass, Status
+from outbox.submit import submit
+from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced, request_cancel
+
+INTENT = dict(
+    tenant="acme",
+    idempotency_key="wf-81:invoice-17:refund-2:v1",
+    action="payments.refund.create",
+    args={"order_id": "o-17", "amount": Decimal("25.00"), "currency": "EUR"},
+    subject="agent:support-bot",
+)
+
+
+def _submit(ledger, **over):
+    with ledger.sessions.begin() as s:
+        return submit(s, **(INTENT | over))
+
+
+def _claim(ledger, worker="w1", lease_s=30.0, **kw):
+    with ledger.sessions.begin() as s:
+        return claim_due(s, worker=worker, lease_s=lease_s, **kw)
+
+
+def _op(ledger, op_id) -> Operation:
+    with ledger.sessions() as s:
+        return s.get(Operation, op_id)
+
+
+def _attempts(ledger, op_id) -> list[Attempt]:
+    with ledger.sessions() as s:
+        return list(s.execute(select(Attempt).where(Attempt.operation_id == op_id).order_by(Attempt.id)).scalars())
+
+
+def test_submit_is_idempotent_by_key_and_digest(ledger):
+    first = _submit(ledger)
+    assert first.new and first.status == "not_dispatched"
+    # Key order and number formatting do not change the intent.
+    again = _submit(ledger, args={"currency": "EUR", "amount": Decimal("25"), "order_id": "o-17"})
+    assert not again.new and again.operation_id == first.operation_id
+    with pytest.raises(IdempotencyConflict) as info:
+        _submit(ledger, args={"order_id": "o-17", "amount": Decimal("26.00"), "currency": "EUR"})
+    assert info.value.operation_id == first.operation_id
+    # Tenants are independent key spaces.
+    other = _submit(ledger, tenant="globex")
+    assert other.new and other.operation_id != first.operation_id
+    with ledger.sessions() as s:
+        assert s.execute(select(func.count()).select_from(Operation)).scalar_one() == 2
+
+
+def test_submit_in_the_callers_transaction_rolls_back_with_it(ledger):
+    steps = Table("agent_steps", MetaData(), Column("id", Integer, primary_key=True), Column("note", String(50)))
+    steps.create(ledger.engine, checkfirst=True)
+    try:
+        with pytest.raises(RuntimeError):
+            with ledger.sessions.begin() as s:
+                s.execute(steps.insert().values(note="refund requested"))
+                submit(s, **INTENT)
+                raise RuntimeError("agent crashed before commit")
+        with ledger.sessions() as s:
+            assert s.execute(select(func.count()).select_from(Operation)).scalar_one() == 0
+            assert s.execute(select(func.count()).select_from(steps)).scalar_one() == 0
+        with ledger.sessions.begin() as s:
+            s.execute(steps.insert().values(note="refund requested"))
+            receipt = submit(s, **INTENT)
+        assert _op(ledger, receipt.operation_id) is not None
+    finally:
+        steps.drop(ledger.engine)
+
+
+def test_bad_input_names_the_field_and_stores_nothing(ledger):
+    cases = [
+        (dict(idempotency_key=""), "idempotency_key"),
+        (dict(tenant=" "), "tenant"),
+        (dict(action="refund money"), "action"),
+        (dict(args=["not", "an", "object"]), "args"),
+        (dict(args={"amount": 25.0}), "args.amount"),
+        (dict(args={"nested": {"rate": 0.1}}), "args.nested.rate"),
+        (dict(subject=""), "subject"),
+        (dict(max_attempts=0), "max_attempts"),
+    ]
+    for over, field in cases:
+        with pytest.raises(InvalidIntent) as info:
+            _submit(ledger, **over)
+        assert info.value.field == field, over
+    with ledger.sessions() as s:
+        assert s.execute(select(func.count()).select_from(Operation)).scalar_one() == 0
+
+
+def test_claim_sets_lease_token_and_attempt_row_then_finalizes(ledger):
+    receipt = _submit(ledger)
+    [claim] = _claim(ledger)
+    assert claim.operation_id == receipt.operation_id
+    assert claim.fencing_token == 1 and claim.attempt_number == 1 and not claim.open_ambiguity
+    op = _op(ledger, receipt.operation_id)
+    assert op.status == "dispatching" and op.lease_owner == "w1" and op.attempt_count == 1
+    assert _claim(ledger, worker="w2") == []  # nothing else is due
+    [attempt] = _attempts(ledger, receipt.operation_id)
+    assert attempt.attempt_class == "pending" and attempt.fencing_token == 1
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(
+            s, claim, AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_1"),
+            to=Status.SUCCEEDED, reason="2xx", result={"id": "re_1"},
+        )
+    op = _op(ledger, receipt.operation_id)
+    assert op.status == "succeeded" and op.result_reference == "re_1" and op.finished_at is not None
+    assert op.lease_owner is None
+    # The receipt of a finished operation carries the stored result.
+    again = _submit(ledger)
+    assert again.status == "succeeded" and again.result_reference == "re_1"
+
+
+def test_stale_token_is_refused_but_its_evidence_is_kept(ledger):
+    receipt = _submit(ledger)
+    [old] = _claim(ledger, worker="zombie", lease_s=0.05)
+    time.sleep(0.1)
+    with ledger.sessions.begin() as s:
+        assert expire_leases(s) == [receipt.operation_id]
+    assert _op(ledger, receipt.operation_id).status == "outcome_unknown"  # never not_dispatched
+    with ledger.sessions.begin() as s:
+        [recon] = claim_unknown(s, worker="reconciler", lease_s=30)
+    assert recon.fencing_token == old.fencing_token + 1
+    # The zombie wakes up with a late 2xx: the operation row refuses it, its attempt row keeps it.
+    with ledger.sessions.begin() as s:
+        with pytest.raises(StaleFence):
+            finalize_if_fenced(s, old, AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_late"),
+                               to=Status.SUCCEEDED, reason="2xx")
+    op = _op(ledger, receipt.operation_id)
+    assert op.status == "outcome_unknown" and op.result_reference is None
+    zombie_attempt = [a for a in _attempts(ledger, receipt.operation_id) if a.kind == "dispatch"][0]
+    assert zombie_attempt.provider_reference == "re_late" and zombie_attempt.stale
+    # The current owner's write lands.
+    with ledger.sessions.begin() as s:
+        settle_if_fenced(s, recon, AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_late"),
+                         to=Status.SUCCEEDED, reason="reconciled")
+    assert _op(ledger, receipt.operation_id).status == "succeeded"
+
+
+def test_retry_waits_for_next_attempt_at_and_breaker_waits_cost_no_attempt(ledger):
+    receipt = _submit(ledger)
+    [c1] = _claim(ledger)
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=0.3),
+                           to=Status.NOT_DISPATCHED, reason="503", delay_s=0.3)
+    assert _claim(ledger) == []  # not due before Retry-After
+    time.sleep(0.35)
+    [c2] = _claim(ledger)
+    assert c2.attempt_number == 2 and c2.fencing_token == 2
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_SENT, error="breaker open"),
+                           to=Status.NOT_DISPATCHED, reason="breaker open", refund_attempt=True)
+    assert _op(ledger, receipt.operation_id).attempt_count == 1
+
+
+def test_failed_before_commit_needs_proof_after_an_ambiguous_attempt(ledger):
+    receipt = _submit(ledger)
+    [c1] = _claim(ledger)
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.AMBIGUOUS, status_code=502), to=Status.OUTCOME_UNKNOWN, reason="502")
+    with ledger.sessions.begin() as s:
+        [r1] = claim_unknown(s, worker="rec", lease_s=30)
+    with ledger.sessions.begin() as s:
+        settle_if_fenced(s, r1, AttemptReport(AttemptClass.NOT_SENT, status_code=404), to=Status.NOT_DISPATCHED,
+                         reason="authoritative 404 after settle window")
+    [c2] = _claim(ledger)
+    assert c2.idempotency_key == INTENT["idempotency_key"] and not c2.open_ambiguity
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422), to=Status.FAILED_BEFORE_COMMIT, reason="422")
+    assert _op(ledger, receipt.operation_id).status == "failed_before_commit"
+
+
+def test_failed_before_commit_is_refused_while_ambiguity_is_open(ledger):
+    receipt = _submit(ledger)
+    [c1] = _claim(ledger)
+    # on_ambiguous: replay -> the worker schedules a replay with the same key.
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.AMBIGUOUS, status_code=504), to=Status.NOT_DISPATCHED, reason="replay")
+    [c2] = _claim(ledger)
+    assert c2.open_ambiguity
+    with ledger.sessions.begin() as s:
+        with pytest.raises(StaleFence):
+            finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503),
+                               to=Status.FAILED_BEFORE_COMMIT, reason="budget spent")
+    assert _op(ledger, receipt.operation_id).status == "dispatching"
+    with pytest.raises(IllegalTransition):
+        with ledger.sessions.begin() as s:
+            finalize_if_fenced(s, c2, AttemptReport(AttemptClass.AMBIGUOUS), to=Status.FAILED_BEFORE_COMMIT, reason="x")
+
+
+def test_reconciliation_required_and_person_resolution(ledger):
+    receipt = _submit(ledger)
+    [c1] = _claim(ledger)
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.AMBIGUOUS, error="read timeout"), to=Status.OUTCOME_UNKNOWN, reason="timeout")
+    with ledger.sessions.begin() as s:
+        [r] = claim_unknown(s, worker="rec", lease_s=30)
+        assert claim_unknown(s, worker="rec2", lease_s=30) == []  # leased
+    with ledger.sessions.begin() as s:
+        settle_if_fenced(s, r, AttemptReport(AttemptClass.AMBIGUOUS, status_code=503), to=Status.RECONCILIATION_REQUIRED, reason="lookup down")
+    with ledger.sessions.begin() as s:
+        assert resolve_by_person(s, receipt.operation_id, outcome="not-executed", by="alice", note="checked dashboard") is Status.NOT_DISPATCHED
+    [c2] = _claim(ledger)
+    assert c2.attempt_number == 2 and not c2.open_ambiguity
+    with ledger.sessions() as s:
+        history = explain(s, receipt.operation_id).as_json()["history"]
+    assert any(e["actor"] == "alice" and e["reason"] == "checked dashboard" for e in history)
+
+
+def test_cancel(ledger):
+    r1 = _submit(ledger)
+    with ledger.sessions.begin() as s:
+        assert request_cancel(s, r1.operation_id, actor="bob") is Status.CANCELLED
+    assert _claim(ledger) == []
+    r2 = _submit(ledger, idempotency_key="k2")
+    [c] = _claim(ledger)
+    with ledger.sessions.begin() as s:
+        assert request_cancel(s, r2.operation_id, actor="bob") is Status.DISPATCHING
+    # A late success after a cancel request is still recorded as success.
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c, AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_9"), to=Status.SUCCEEDED, reason="2xx")
+    op = _op(ledger, r2.operation_id)
+    assert op.status == "succeeded" and op.cancel_requested
+
+
+def test_claims_in_batches_take_due_rows_in_order(ledger):
+    ids = [_submit(ledger, idempotency_key=f"k{i}").operation_id for i in range(5)]
+    with ledger.sessions.begin() as s:
+        s.execute(update(Operation).where(Operation.id == ids[4]).values(next_attempt_at=db_now(60)))
+    claims = _claim(ledger, limit=10)
+    assert sorted(c.operation_id for c in claims) == sorted(ids[:4])
+    with ledger.sessions.begin() as s:
+        assert extend_lease_if_fenced(s, claims[0], lease_s=60)
+
+
+def test_every_transition_is_in_the_history(ledger):
+    receipt = _submit(ledger)
+    [c] = _claim(ledger)
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, c, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=429), to=Status.NOT_DISPATCHED, reason="429")
+    with ledger.sessions() as s:
+        events = s.execute(select(OperationEvent.to_status).where(OperationEvent.operation_id == receipt.operation_id)
+                           .order_by(OperationEvent.id)).scalars().all()
+    assert events == ["not_dispatched", "dispatching", "not_dispatched"]
+
+
+def test_schema_refuses_unknown_status(ledger):
+    _submit(ledger)
+    with pytest.raises(Exception):
+        with ledger.sessions.begin() as s:
+            s.execute(text("UPDATE operations SET status = 'done'"))
