@@ -1,0 +1,7 @@
+"""The sandbox provider: a real HTTP business API (refunds, tickets, emails) for tests and demos.
+
+It behaves like a careful provider (Stripe-like idempotency keys, lookups, listings, fencing)
+and, on request, like a careless one (no idempotency, lost responses, outages). It imports
+nothing from the outbox, workers, producer or breaker packages: it plays the downstream.
+"""
+from __future__ import annotations

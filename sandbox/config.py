@@ -1,0 +1,88 @@
+"""Runtime settings of the sandbox and its clock."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A settings update named an unknown field or gave a bad value."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass
+class SandboxConfig:
+    """Settings that tests change at run time through `POST /admin/config`."""
+
+    idempotency: bool = True
+    # Stripe prunes keys "after they're at least 24 hours old"; we keep exactly that by default.
+    retention_s: float = 86400.0
+    # Search indexes of real providers lag their primary store; 0 means lookups see writes at once.
+    index_lag_s: float = 0.0
+    strict_fencing: bool = False
+    # Refunds above this amount are refused with 402 (a business limit, not a validation error).
+    over_limit_amount: Decimal = Decimal("10000.00")
+    # >0: objects are created "pending" and read as settled once this much time has passed.
+    processing_s: float = 0.0
+    # Bounds memory in long benchmarks; the oldest request-log entries are dropped first.
+    request_log_max: int = 100_000
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["over_limit_amount"] = str(self.over_limit_amount)
+        return data
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Validate every change first, then apply them all (no half-applied update)."""
+        known = {f.name: f for f in fields(self)}
+        parsed: dict[str, Any] = {}
+        for name, value in changes.items():
+            if name not in known:
+                raise ConfigError(name, "unknown setting")
+            parsed[name] = _parse(name, value)
+        for name, value in parsed.items():
+            setattr(self, name, value)
+
+
+def _parse(name: str, value: Any) -> Any:
+    if name in ("idempotency", "strict_fencing"):
+        if not isinstance(value, bool):
+            raise ConfigError(name, "must be true or false")
+        return value
+    if name == "over_limit_amount":
+        try:
+            amount = Decimal(str(value))
+        except InvalidOperation as exc:
+            raise ConfigError(name, "must be a decimal") from exc
+        if not amount.is_finite() or amount <= 0:
+            raise ConfigError(name, "must be a positive decimal")
+        return amount
+    if name == "request_log_max":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(name, "must be a positive integer")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(name, "must be a number >= 0")
+    return float(value)
+
+
+class Clock:
+    """Wall time plus an offset, so tests can jump past a 24 h retention without waiting.
+
+    Object times, key retention, index lag and processing use this clock. The request log uses
+    the real wall clock because tests compare it with their own clients' clocks (Retry-After).
+    """
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset_s
+
+    def advance(self, seconds: float) -> None:
+        self.offset_s += seconds

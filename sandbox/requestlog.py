@@ -1,0 +1,76 @@
+"""Every non-admin request the sandbox received, so tests can check timing and who got through.
+
+Examples: the next attempt came no earlier than Retry-After; only half-open probes reached the
+provider while a breaker was open. Times are real wall-clock epoch seconds (not the sandbox
+clock) so they compare with the test's own clock.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class RequestEntry:
+    seq: int
+    time: float
+    method: str
+    path: str
+    query: str
+    tenant: str
+    idempotency_key: str | None  # the header, or ?idempotency_key= on lookups
+    fencing_token: str | None
+    fault: str | None = None
+    fault_id: int | None = None
+    status: int | str | None = None  # HTTP status, "reset" or "stalled"; None while in progress
+    replayed: bool = False
+    object_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RequestLog:
+    def __init__(self, maxlen: int) -> None:
+        self.entries: deque[RequestEntry] = deque(maxlen=maxlen)
+        self._seq = itertools.count(1)
+
+    def resize(self, maxlen: int) -> None:
+        if maxlen != self.entries.maxlen:
+            self.entries = deque(self.entries, maxlen=maxlen)
+
+    def open(
+        self, method: str, path: str, query: str, tenant: str, key: str | None, token: str | None
+    ) -> RequestEntry:
+        entry = RequestEntry(next(self._seq), time.time(), method, path, query, tenant, key, token)
+        self.entries.append(entry)
+        return entry
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._seq = itertools.count(1)
+
+    def filter(self, filters: dict[str, str]) -> list[RequestEntry]:
+        """Filters: path, key, method, tenant, status, fault, since_seq (exclusive)."""
+        since = int(filters.get("since_seq", 0))
+        out = []
+        for e in self.entries:
+            if e.seq <= since:
+                continue
+            if "path" in filters and e.path != filters["path"]:
+                continue
+            if "key" in filters and e.idempotency_key != filters["key"]:
+                continue
+            if "method" in filters and e.method != filters["method"].upper():
+                continue
+            if "tenant" in filters and e.tenant != filters["tenant"]:
+                continue
+            if "status" in filters and str(e.status) != filters["status"]:
+                continue
+            if "fault" in filters and e.fault != filters["fault"]:
+                continue
+            out.append(e)
+        return out
