@@ -1,0 +1,350 @@
+"""The actions file: targets (downstream systems) and actions (named capabilities) in YAML.
+
+Operators add downstreams here without code (DESIGN.md, "Configuration"). The shape is a public
+interface: models forbid unknown fields so a typo fails at load time, with a message that names
+the file and the dotted path of the bad field, instead of silently using a default at 3 a.m.
+
+``${VAR}`` (or ``${VAR:-default}``) in any string value is read from the environment at load
+time, so secrets such as bearer tokens stay out of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from outbox.errors import ConfigError
+from outbox.states import AttemptClass
+
+ENV_VAR = "OUTBOX_ACTIONS_FILE"
+
+# Placeholders that are not arguments: the business key (lookups by key), and the list
+# request's window start and page cursor (reconciliation report).
+RESERVED_PLACEHOLDERS: frozenset[str] = frozenset({"idempotency_key"})
+LIST_PLACEHOLDERS: frozenset[str] = frozenset({"since", "cursor"})
+
+# Classes a status code may be mapped to. not_sent and pending make no sense for a response:
+# a response proves the request left.
+MAPPABLE_CLASSES: frozenset[AttemptClass] = frozenset(
+    {AttemptClass.NOT_PROCESSED, AttemptClass.REJECTED, AttemptClass.AMBIGUOUS, AttemptClass.SUCCEEDED}
+)
+_STATUS_KEY = re.compile(r"^[1-5](\d\d|xx)$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ActionsFileError(ConfigError, ValueError):
+    """The actions file is missing or malformed; the message names the file and each bad field."""
+
+    def __init__(self, path: str | os.PathLike[str], problems: list[tuple[str, str]]) -> None:
+        self.path = str(path)
+        self.problems = problems  # (dotted field path, message)
+        lines = "; ".join(f"{field}: {msg}" if field else msg for field, msg in problems)
+        super().__init__(f"{self.path}: {lines}")
+
+
+class UnknownAction(ConfigError, KeyError):
+    """No action of that name is declared in the actions file."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name, self.known = name, sorted(known)
+        super().__init__(f"unknown action {name!r}; known actions: {', '.join(self.known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return str(self.args[0])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BreakerConfig(_Strict):
+    fail_max: int = Field(default=5, gt=0)
+    reset_timeout_s: float = Field(default=30.0, gt=0)
+    success_threshold: int = Field(default=1, gt=0)
+
+
+class TargetConfig(_Strict):
+    base_url: str
+    timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    # repr=False: resolved headers usually carry secrets and must not reach logs via repr().
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    # Pool size per target; one pooled client per target is shared by a worker's threads.
+    max_connections: int = Field(default=20, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class RequestSpec(_Strict):
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    path: str
+    query: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        placeholders(value)  # raises on malformed braces
+        return value
+
+    def placeholder_names(self) -> set[str]:
+        names = placeholders(self.path)
+        for template in self.query.values():
+            names |= placeholders(template)
+        return names
+
+
+class ProviderIdempotency(_Strict):
+    header: str = "Idempotency-Key"
+    # How long the provider remembers a key; a replay after this window could run twice.
+    retention_s: float = Field(gt=0)
+
+
+class LookupSpec(_Strict):
+    request: RequestSpec
+    # Only an authoritative lookup's 404 counts as "never executed", and only after settle_s
+    # (the provider's index lag) has passed since the last attempt.
+    authoritative_not_found: bool = False
+    settle_s: float = Field(default=5.0, ge=0)
+    status_field: str = "status"
+    succeeded: list[str] = Field(default_factory=lambda: ["succeeded"])
+    pending: list[str] = Field(default_factory=lambda: ["pending", "processing"])
+    failed: list[str] = Field(default_factory=lambda: ["failed", "canceled"])
+    # Where a list-shaped lookup answer keeps its items; None tries data / items / results.
+    items_field: str | None = None
+    # Field of a found object holding our key; when set, objects with another key are ignored,
+    # so a provider that silently ignores the filter cannot make an unrelated effect "ours".
+    key_field: str | None = None
+
+
+class ListSpec(_Strict):
+    """A listing of recent effects at the provider, for the reconciliation report."""
+
+    request: RequestSpec
+    items_field: str = "data"
+    # Cursor pagination, two common shapes: the response names the next cursor
+    # (next_cursor_field), or the cursor is a field of the last item (Stripe's starting_after).
+    cursor_param: str | None = None
+    next_cursor_field: str | None = None
+    cursor_from_last_item: str | None = None
+    has_more_field: str | None = None
+    page_size_param: str | None = None
+    page_size: int = Field(default=100, gt=0)
+
+    @model_validator(mode="after")
+    def _cursor_source(self) -> ListSpec:
+        if self.cursor_param and not (self.next_cursor_field or self.cursor_from_last_item):
+            raise ValueError("cursor_param needs next_cursor_field or cursor_from_last_item")
+        return self
+
+
+class Budget(_Strict):
+    max_attempts: int = Field(default=5, gt=0)
+    deadline_s: float = Field(default=3600.0, gt=0)
+    base_delay_s: float = Field(default=0.5, gt=0)
+    max_delay_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Budget:
+        if self.base_delay_s > self.max_delay_s:
+            raise ValueError(f"base_delay_s ({self.base_delay_s}) must be <= max_delay_s ({self.max_delay_s})")
+        return self
+
+
+class ActionConfig(_Strict):
+    target: str
+    request: RequestSpec
+    provider_idempotency: ProviderIdempotency | None = None
+    fencing_header: str | None = None
+    on_ambiguous: Literal["lookup", "replay"] = "lookup"
+    lookup: LookupSpec | None = None
+    # YAML key `list` (alias: a field named `list` would shadow the builtin in this class).
+    listing: ListSpec | None = Field(default=None, alias="list")
+    # Response field (dotted path allowed) kept as evidence. None: any JSON object 2xx counts.
+    result_reference: str | None = "id"
+    # Declared argument names; when given, placeholders and *_args are checked against them.
+    args: list[str] | None = None
+    sensitive_args: list[str] = Field(default_factory=list)
+    decimal_args: list[str] = Field(default_factory=list)
+    # Per-action override of the failure table: {409: ambiguous, "5xx": ambiguous}.
+    status_map: dict[int | str, AttemptClass] = Field(default_factory=dict)
+    connector: str | None = None
+    budget: Budget = Field(default_factory=Budget)
+
+    @field_validator("status_map")
+    @classmethod
+    def _status_keys(cls, value: dict[int | str, AttemptClass]) -> dict[int | str, AttemptClass]:
+        out: dict[int | str, AttemptClass] = {}
+        for key, klass in value.items():
+            text = str(key).lower()
+            if not _STATUS_KEY.match(text):
+                raise ValueError(f"{key!r} is not a status code (100-599) or family like '5xx'")
+            if klass not in MAPPABLE_CLASSES:
+                raise ValueError(f"{key}: a response cannot be classed {klass.value!r}")
+            out[text if text.endswith("xx") else int(text)] = klass
+        return out
+
+    @field_validator("connector")
+    @classmethod
+    def _connector_ref(cls, value: str | None) -> str | None:
+        if value is not None and value.count(":") > 1:
+            raise ValueError("use 'module:callable' or a registered connector name")
+        return value
+
+    @model_validator(mode="after")
+    def _replay_needs_keys(self) -> ActionConfig:
+        # Replaying an ambiguous request is only safe if the provider deduplicates by our key.
+        if self.on_ambiguous == "replay" and self.provider_idempotency is None:
+            raise ValueError("on_ambiguous: replay requires provider_idempotency")
+        return self
+
+
+class ActionsConfig(_Strict):
+    targets: dict[str, TargetConfig]
+    actions: dict[str, ActionConfig]
+
+    def action(self, name: str) -> ActionConfig:
+        try:
+            return self.actions[name]
+        except KeyError:
+            raise UnknownAction(name, self.actions) from None
+
+    def target_of(self, action: str | ActionConfig) -> TargetConfig:
+        cfg = self.action(action) if isinstance(action, str) else action
+        return self.targets[cfg.target]
+
+
+def placeholders(template: str) -> set[str]:
+    """The ``{name}`` fields of a path or query template; raises ValueError if malformed."""
+    names: set[str] = set()
+    for _, field, spec, conv in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if not field.isidentifier() or spec or conv:
+            raise ValueError(f"placeholder {{{field}}} must be a plain argument name")
+        names.add(field)
+    return names
+
+
+def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: list[tuple[str, str]]) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
+    if isinstance(value, dict):
+        return {k: resolve_env(v, environ, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env(v, environ, f"{path}.{i}", problems) for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in environ:
+                return environ[name]
+            if default is not None:
+                return default
+            problems.append((path, f"environment variable {name} is not set"))
+            return ""
+
+        return _ENV_REF.sub(sub, value)
+    return value
+
+
+def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot see from inside one model."""
+    problems: list[tuple[str, str]] = []
+    for name, action in cfg.actions.items():
+        where = f"actions.{name}"
+        if action.target not in cfg.targets:
+            problems.append(
+                (f"{where}.target", f"unknown target {action.target!r}; known: {', '.join(sorted(cfg.targets))}")
+            )
+        declared = set(action.args) if action.args is not None else None
+        specs: list[tuple[str, RequestSpec, frozenset[str]]] = [("request", action.request, RESERVED_PLACEHOLDERS)]
+        if action.lookup:
+            specs.append(("lookup.request", action.lookup.request, RESERVED_PLACEHOLDERS))
+        if action.listing:
+            specs.append(("list.request", action.listing.request, RESERVED_PLACEHOLDERS | LIST_PLACEHOLDERS))
+        for label, spec, reserved in specs:
+            unknown = spec.placeholder_names() - reserved
+            if not unknown:
+                continue
+            if declared is None:
+                problems.append(
+                    (f"{where}.{label}", f"placeholders {sorted(unknown)} need the action's `args:` list to check them")
+                )
+            elif unknown - declared:
+                problems.append(
+                    (
+                        f"{where}.{label}.path",
+                        f"placeholder(s) {sorted(unknown - declared)} are not argument names "
+                        f"(args: {sorted(declared)}; reserved: {sorted(reserved)})",
+                    )
+                )
+        if declared is not None:
+            for field in ("sensitive_args", "decimal_args"):
+                missing = set(getattr(action, field)) - declared
+                if missing:
+                    problems.append((f"{where}.{field}", f"{sorted(missing)} are not in args {sorted(declared)}"))
+    return problems
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Validate an already-parsed YAML tree; ``source`` names it in error messages."""
+    if not isinstance(data, dict):
+        raise ActionsFileError(source, [("", "the file must be a mapping with `targets` and `actions`")])
+    problems: list[tuple[str, str]] = []
+    resolved = resolve_env(data, os.environ if environ is None else environ, "", problems)
+    if problems:
+        raise ActionsFileError(source, problems)
+    try:
+        cfg = ActionsConfig.model_validate(resolved)
+    except ValidationError as exc:
+        # Only loc + msg: the input value may be a resolved secret.
+        raise ActionsFileError(source, [(_dotted(e["loc"]), e["msg"]) for e in exc.errors()]) from exc
+    problems = _check_references(cfg)
+    if problems:
+        raise ActionsFileError(source, problems)
+    return cfg
+
+
+def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Read and validate the actions file; raises ActionsFileError naming the path and fields."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
+    return parse_actions(data, source=str(path), environ=environ)
+
+
+def load_actions_from_env(environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Load the file named by OUTBOX_ACTIONS_FILE."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_VAR)
+    if not path:
+        raise ConfigError(f"{ENV_VAR} is not set; point it at an actions file (see examples/actions.yaml)")
+    return load_actions(path, environ=env)

@@ -1,0 +1,326 @@
+"""Connectors: one attempt to a downstream, classified; lookups by key; Python-hook connectors.
+
+``HttpConnector`` never raises for transport errors: every attempt ends as an AttemptResult whose
+classification comes from the one failure table (classify.py). The idempotency key and the
+fencing token travel with every attempt (when the action declares their headers).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from outbox.errors import ConfigError
+from outbox.states import AttemptClass
+from workers.actions import ActionConfig, ActionsConfig, LookupSpec, TargetConfig
+from workers.classify import (
+    Classification,
+    LocalValidationError,
+    classify_exception,
+    classify_response,
+    extract,
+)
+from workers.http_request import prepare, request_digest
+
+# Enough of a failed response to explain it in a handoff, small enough for an attempt row.
+RAW_ERROR_EXCERPT_BYTES = 500
+# Usual shapes of "a list of matches" in lookup answers, tried when items_field is not set.
+LIST_FIELDS = ("data", "items", "results")
+
+LookupOutcome = Literal["found", "not_found", "unavailable"]
+LookupState = Literal["succeeded", "pending", "failed", "unknown"]
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    classification: Classification
+    request_digest: str  # "" when the request could not even be built
+    status_code: int | None
+    latency_s: float
+    raw_error: str | None  # repr of the exception, or a short excerpt of a non-success body
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    outcome: LookupOutcome
+    reason: str
+    state: LookupState | None = None  # set when found
+    obj: dict[str, Any] | None = None  # the provider's object, when found
+    provider_reference: str | None = None
+    status_code: int | None = None
+    latency_s: float = 0.0
+
+
+class LookupNotDeclared(ConfigError):
+    """The action has no lookup; an ambiguous attempt can only be settled by a person."""
+
+
+class Connector(Protocol):
+    def send(
+        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str, fencing_token: int
+    ) -> AttemptResult: ...
+
+    def lookup(
+        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str
+    ) -> LookupResult: ...
+
+    def close(self) -> None: ...
+
+
+class HttpConnector:
+    """HTTP to the targets of an actions file; one pooled client per target, thread-safe."""
+
+    def __init__(
+        self,
+        config: ActionsConfig,
+        *,
+        transport_factory: Callable[[TargetConfig], httpx.BaseTransport] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._transport_factory = transport_factory
+        self._clock = clock
+        self._clients: dict[str, httpx.Client] = {}
+        self._lock = threading.Lock()
+
+    def client_for(self, target_name: str) -> httpx.Client:
+        with self._lock:
+            client = self._clients.get(target_name)
+            if client is None:
+                target = self._config.targets[target_name]
+                client = httpx.Client(
+                    base_url=target.base_url,
+                    headers=target.headers,
+                    timeout=httpx.Timeout(target.timeout_s, connect=target.connect_timeout_s),
+                    limits=httpx.Limits(
+                        max_connections=target.max_connections,
+                        max_keepalive_connections=target.max_connections,
+                    ),
+                    # A redirect is an answer we classify (ambiguous), not a second request.
+                    follow_redirects=False,
+                    transport=self._transport_factory(target) if self._transport_factory else None,
+                )
+                self._clients[target_name] = client
+            return client
+
+    def send(
+        self,
+        action_name: str,
+        action_cfg: ActionConfig,
+        *,
+        args: dict[str, Any],
+        idempotency_key: str,
+        fencing_token: int,
+    ) -> AttemptResult:
+        started = self._clock()
+        try:
+            prepared = prepare(
+                action_cfg.request, args, idempotency_key=idempotency_key, decimal_args=action_cfg.decimal_args
+            )
+        except LocalValidationError as exc:
+            return AttemptResult(classify_exception(exc), "", None, 0.0, repr(exc))
+        headers = dict(prepared.headers)
+        if action_cfg.provider_idempotency is not None:
+            # The same key on every attempt: the provider's dedup is what makes a replay safe.
+            headers[action_cfg.provider_idempotency.header] = idempotency_key
+        if action_cfg.fencing_header is not None:
+            headers[action_cfg.fencing_header] = str(fencing_token)
+        client = self.client_for(action_cfg.target)
+        request = client.build_request(
+            prepared.method, prepared.path, params=prepared.query or None, content=prepared.body, headers=headers
+        )
+        digest = request_digest(request.method, str(request.url), prepared.body)
+        try:
+            response = client.send(request)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a classified attempt
+            return AttemptResult(classify_exception(exc), digest, None, self._clock() - started, repr(exc))
+        latency_s = self._clock() - started
+        classification = classify_response(
+            response.status_code,
+            response.headers,
+            response.content,
+            result_reference=action_cfg.result_reference,
+            status_map=action_cfg.status_map,
+        )
+        raw_error = None
+        if classification.klass is not AttemptClass.SUCCEEDED:
+            raw_error = response.content[:RAW_ERROR_EXCERPT_BYTES].decode("utf-8", errors="replace")
+        return AttemptResult(classification, digest, response.status_code, latency_s, raw_error)
+
+    def lookup(
+        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str
+    ) -> LookupResult:
+        spec = action_cfg.lookup
+        if spec is None:
+            raise LookupNotDeclared(f"action {action_name!r} declares no lookup")
+        started = self._clock()
+        try:
+            prepared = prepare(spec.request, args, idempotency_key=idempotency_key, send_rest=False)
+        except LocalValidationError as exc:
+            return LookupResult("unavailable", f"local_validation: {exc}")
+        client = self.client_for(action_cfg.target)
+        try:
+            response = client.request(
+                prepared.method, prepared.path, params=prepared.query or None, headers=prepared.headers
+            )
+        except Exception as exc:  # noqa: BLE001 - a lookup that fails proves nothing
+            return LookupResult("unavailable", classify_exception(exc).reason, latency_s=self._clock() - started)
+        latency_s = self._clock() - started
+        return interpret_lookup(
+            response.status_code, response.content, spec, action_cfg.result_reference, idempotency_key, latency_s
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    def __enter__(self) -> HttpConnector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def interpret_lookup(
+    status_code: int,
+    body: bytes,
+    spec: LookupSpec,
+    result_reference: str | None,
+    idempotency_key: str,
+    latency_s: float = 0.0,
+) -> LookupResult:
+    """Turn a lookup answer into found / not_found / unavailable.
+
+    Whether not_found proves "never executed" is the reconciler's call (authoritative_not_found
+    and settle_s); this only reports what the provider said.
+    """
+    def result(outcome: LookupOutcome, reason: str, **kw: Any) -> LookupResult:
+        return LookupResult(outcome, reason, status_code=status_code, latency_s=latency_s, **kw)
+
+    if status_code == 404:
+        return result("not_found", "http_404")
+    if not 200 <= status_code < 300:
+        # 429/5xx: try later. Other 4xx (auth, bad query) prove nothing about the effect either.
+        return result("unavailable", f"http_{status_code}")
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return result("unavailable", "unparseable lookup body")
+    items = _items(parsed, spec)
+    if items is None:
+        return result("unavailable", "lookup body is neither an object nor a list")
+    if spec.key_field is not None:
+        items = [i for i in items if not isinstance(i, dict) or extract(i, spec.key_field) in (None, idempotency_key)]
+    if not items:
+        return result("not_found", "empty result")
+    if len(items) > 1:
+        # Two objects for one key smell like two effects: a person must look, not a guess.
+        return result("unavailable", f"multiple_matches: {len(items)} objects for one key")
+    obj = items[0]
+    if not isinstance(obj, dict):
+        return result("unavailable", "found item is not an object")
+    status = extract(obj, spec.status_field)
+    state: LookupState = "unknown"
+    if status in spec.succeeded:
+        state = "succeeded"
+    elif status in spec.pending:
+        state = "pending"
+    elif status in spec.failed:
+        state = "failed"
+    reference = extract(obj, result_reference) if result_reference else None
+    return result(
+        "found",
+        f"{spec.status_field}={status!r}",
+        state=state,
+        obj=obj,
+        provider_reference=None if reference is None else str(reference),
+    )
+
+
+def _items(parsed: Any, spec: LookupSpec) -> list[Any] | None:
+    if isinstance(parsed, list):
+        return parsed
+    if not isinstance(parsed, dict):
+        return None
+    if spec.items_field is not None:
+        found = extract(parsed, spec.items_field)
+        return found if isinstance(found, list) else None
+    for name in LIST_FIELDS:
+        if isinstance(parsed.get(name), list):
+            return parsed[name]
+    return [parsed]  # a single object answer
+
+
+# --- Python-hook connectors -----------------------------------------------------------------
+
+ConnectorFactory = Callable[[ActionsConfig], Connector]
+_registry: dict[str, ConnectorFactory] = {}
+_registry_lock = threading.Lock()
+
+
+def register_connector(name_or_action: str, factory: ConnectorFactory) -> None:
+    """Register a connector factory under an action name, or a name actions refer to via
+    ``connector: name``. Registering the same name twice replaces the factory."""
+    with _registry_lock:
+        _registry[name_or_action] = factory
+
+
+def unregister_connector(name_or_action: str) -> None:
+    with _registry_lock:
+        _registry.pop(name_or_action, None)
+
+
+def resolve_factory(action_name: str, action_cfg: ActionConfig) -> ConnectorFactory | None:
+    """The custom factory for an action, or None for the HTTP connector.
+
+    Order: ``connector:`` (a registered name, else ``module:callable`` imported), then a
+    factory registered under the action's own name.
+    """
+    ref = action_cfg.connector
+    with _registry_lock:
+        if ref is not None and ref in _registry:
+            return _registry[ref]
+        if ref is None:
+            return _registry.get(action_name)
+    if ":" not in ref:
+        raise ConfigError(f"action {action_name!r}: connector {ref!r} is not registered")
+    module_name, _, attr = ref.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"action {action_name!r}: cannot load connector {ref!r}: {exc}") from exc
+    if not callable(factory):
+        raise ConfigError(f"action {action_name!r}: connector {ref!r} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+class ConnectorSet:
+    """The connector for each action: custom hooks where declared, one shared HttpConnector otherwise."""
+
+    def __init__(self, config: ActionsConfig, http: HttpConnector | None = None) -> None:
+        self._config = config
+        self.http = http or HttpConnector(config)
+        self._custom: dict[str, Connector] = {}
+        # Resolve all hooks now, so a typo in `connector:` stops the worker at start-up.
+        for name, action in config.actions.items():
+            factory = resolve_factory(name, action)
+            if factory is not None:
+                self._custom[name] = factory(config)
+
+    def for_action(self, action_name: str) -> Connector:
+        self._config.action(action_name)  # raises UnknownAction listing the known ones
+        return self._custom.get(action_name, self.http)
+
+    def close(self) -> None:
+        self.http.close()
+        for connector in {id(c): c for c in self._custom.values()}.values():
+            connector.close()
