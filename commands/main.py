@@ -19,6 +19,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 0, 1, 2, 3
 # is absent so that the ledger commands never depend on them.
 REGISTRARS: tuple[str, ...] = (
     "commands.ledger:register",
+    "commands.pipeline:register",
     "commands.demo:register",
     "sandbox.cli:register",
 )

@@ -41,7 +41,7 @@ class Claim:
     subject: str
     worker: str
     lease_expires_at: dt.datetime
-    max_attempts: int
+    max_attempts: Optional[int]  # None: the action's budget decides
     attempt_count: int  # dispatch attempts so far, this one included for a dispatch claim
     deadline_at: Optional[dt.datetime]
     created_at: dt.datetime

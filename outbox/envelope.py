@@ -26,6 +26,9 @@ from outbox.errors import InvalidIntent
 
 MAX_ARGS_BYTES = 256 * 1024  # an intent is a command, not a document store
 MAX_DEPTH = 32
+# No amount or identifier needs more digits; the bound keeps hostile input such as 1E+100000000
+# from costing minutes (and gigabytes) to canonicalise.
+MAX_NUMBER_DIGITS = 1000
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ def loads_exact(text: str, *, field: str = "args") -> Any:
         return json.loads(text, parse_float=Decimal, parse_int=int, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise InvalidIntent(field, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    except InvalidIntent:
+        raise
+    except ValueError as exc:  # an integer literal longer than Python's int conversion limit
+        raise InvalidIntent(field, f"a number longer than {MAX_NUMBER_DIGITS} digits") from exc
 
 
 def _refuse_constant(name: str) -> Any:
@@ -57,6 +64,8 @@ def canonical_value(value: Any, path: str = "args", depth: int = 0) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
+        if value.bit_length() > MAX_NUMBER_DIGITS * 10 // 3:  # ~ MAX_NUMBER_DIGITS decimal digits
+            raise InvalidIntent(path, f"a number longer than {MAX_NUMBER_DIGITS} digits")
         return value
     if isinstance(value, float):
         hint = "" if not math.isfinite(value) else f" {value!r}"
@@ -68,6 +77,8 @@ def canonical_value(value: Any, path: str = "args", depth: int = 0) -> Any:
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise InvalidIntent(path, f"{value} is not a finite number")
+        if value and abs(value.adjusted()) > MAX_NUMBER_DIGITS:
+            raise InvalidIntent(path, f"a number longer than {MAX_NUMBER_DIGITS} digits")
         return _normal_decimal(value)
     if isinstance(value, dict):
         out: dict[str, Any] = {}

@@ -71,7 +71,8 @@ class Operation(Base):
     lease_owner: Mapped[Optional[str]] = mapped_column(String(255))
     lease_expires_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
-    max_attempts: Mapped[int] = mapped_column(Integer)
+    # NULL = the action's budget (actions file) decides; set = this intent's own cap.
+    max_attempts: Mapped[Optional[int]] = mapped_column(Integer)
     deadline_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
     next_attempt_at: Mapped[dt.datetime] = mapped_column(TS)
     result_reference: Mapped[Optional[str]] = mapped_column(String(255))
@@ -83,6 +84,9 @@ class Operation(Base):
     # Dispatch attempts numbered up to this one were proven not executed by a lookup or a
     # person; only ambiguous attempts after it keep failed_before_commit out of reach.
     proven_absent_through: Mapped[int] = mapped_column(Integer, default=0)
+    # When the relay last rang the doorbell for this row; a row due again (retry) or whose
+    # doorbell is older than republish_after_s gets a new one. Lost messages are thus harmless.
+    published_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
     finished_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
@@ -92,7 +96,7 @@ class Operation(Base):
         CheckConstraint(f"status IN ({STATUS_VALUES})", name="status"),
         CheckConstraint(f"error_class IS NULL OR error_class IN ({CLASS_VALUES})", name="error_class"),
         CheckConstraint("fencing_token >= 0", name="fencing_token"),
-        CheckConstraint("attempt_count >= 0 AND max_attempts >= 1", name="attempts"),
+        CheckConstraint("attempt_count >= 0 AND (max_attempts IS NULL OR max_attempts >= 1)", name="attempts"),
         # What is due: only claimable rows are indexed, so the index stays small while the
         # table grows to millions of finished operations.
         Index(

@@ -7,6 +7,7 @@ needs no server. Production sets ``OUTBOX_DATABASE_URL=postgresql+psycopg://...`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,16 +29,47 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=60.0, gt=0)
     default_tenant: str = Field(default="default", min_length=1)
 
+    # Workers (workers/). Empty broker URL = the embedded broker (kombu's SQLAlchemy transport on
+    # a SQLite file next to the ledger): no server needed. Production: redis://...
+    broker_url: str = Field(default="", description="Celery broker URL")
+    # Shared circuit-breaker state; empty = process-local breakers (embedded default).
+    redis_url: str = Field(default="", description="Redis URL for breaker state")
+    actions_file: Optional[Path] = Field(default=None, description="YAML actions/targets file")
+    worker_concurrency: int = Field(default=2, ge=1, le=64)
+    # soft < hard < lease < visibility (checked at worker start-up): Celery kills a stuck task
+    # before its lease can expire, and Redis redelivers only after the lease has expired.
+    soft_time_limit_s: float = Field(default=30.0, gt=0)
+    time_limit_s: float = Field(default=45.0, gt=0)
+    visibility_timeout_s: float = Field(default=3600.0, gt=0)
+    # The relay wakes on NOTIFY (PostgreSQL); this poll is the backstop and SQLite's only signal.
+    relay_poll_s: float = Field(default=0.5, gt=0)
+    # A published doorbell not acted on for this long is assumed lost and published again.
+    republish_after_s: float = Field(default=30.0, gt=0)
+
     @field_validator("database_url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
+        if value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("use postgresql+psycopg://... (the psycopg 3 driver)")
         if value and value.split("://", 1)[0] not in SUPPORTED_SCHEMES:
             raise ValueError(
                 f"unsupported scheme {value.split('://', 1)[0]!r}; use one of "
                 + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
             )
-        if value.startswith("postgresql://") or value.startswith("postgres://"):
-            raise ValueError("use postgresql+psycopg:// (psycopg 3 driver)")
+        return value
+
+    @field_validator("broker_url", "redis_url")
+    @classmethod
+    def _broker_scheme(cls, value: str) -> str:
+        if value and value.split("://", 1)[0] not in ("redis", "rediss", "sqla+sqlite", "memory"):
+            raise ValueError("use redis://host:port/db (or leave empty for the embedded default)")
+        return value
+
+    @field_validator("actions_file")
+    @classmethod
+    def _readable(cls, value: Optional[Path]) -> Optional[Path]:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
         return value
 
     @property
@@ -45,6 +77,16 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'outbox.db').resolve()}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        if self.broker_url:
+            return self.broker_url
+        return f"sqla+sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.resolved_broker_url.startswith("sqla+")
 
 
 def load_settings() -> Settings:

@@ -61,6 +61,7 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (Status.NOT_DISPATCHED, Status.CANCELLED): "cancel",
     (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL): "approval expired",
     (Status.DISPATCHING, Status.SUCCEEDED): "2xx with a provider reference",
+    (Status.DISPATCHING, Status.CANCELLED): "cancel requested, seen by the worker before sending",
     (Status.DISPATCHING, Status.COMMITTED_EVIDENCE_DEGRADED): "2xx, evidence store down",
     (Status.DISPATCHING, Status.FAILED_BEFORE_COMMIT): "rejected, or budget spent while provably not executed",
     (Status.DISPATCHING, Status.NOT_DISPATCHED): "retry scheduled (provably not executed, budget left)",

@@ -26,8 +26,6 @@ from outbox.models import Operation, OperationEvent
 from outbox.states import Status
 
 NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
-DEFAULT_MAX_ATTEMPTS = 5
-DEFAULT_DEADLINE_S = 3600.0  # an intent older than an hour is no longer what the agent meant
 MAX_KEY_LEN = 255
 
 _OP = Operation.__table__
@@ -82,16 +80,22 @@ def submit(
     subject: str,
     run_id: Optional[str] = None,
     tool_call_id: Optional[str] = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    deadline_s: Optional[float] = DEFAULT_DEADLINE_S,
+    max_attempts: Optional[int] = None,
+    deadline_s: Optional[float] = None,
     delay_s: float = 0.0,
     requires_approval: bool = False,
 ) -> Receipt:
-    """Write one intent in the caller's transaction and return its receipt (never commits)."""
+    """Write one intent in the caller's transaction and return its receipt (never commits).
+
+    ``max_attempts`` / ``deadline_s`` cap this intent's retry budget; None leaves it to the
+    action's budget in the actions file. The tighter of the two applies.
+    """
     key = _validate_key(idempotency_key)
     env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
-    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
-        raise InvalidIntent("max_attempts", "must be an integer >= 1")
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+    ):
+        raise InvalidIntent("max_attempts", "must be an integer >= 1 (or None: the action's budget)")
     if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
         raise InvalidIntent("deadline_s", "must be a positive number of seconds (or None)")
     if not isinstance(delay_s, (int, float)) or delay_s < 0:

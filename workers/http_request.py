@@ -7,7 +7,6 @@ table classes as not_sent (nothing left the machine).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
+from outbox.envelope import canonical_value, dumps_canonical
+from outbox.errors import InvalidIntent
 from workers.actions import RequestSpec, placeholders
 from workers.classify import LocalValidationError
 
@@ -36,8 +37,9 @@ class PreparedRequest:
 def canonical_json(value: Any) -> bytes:
     """Sorted keys, no whitespace, no NaN: the same arguments always give the same bytes."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
+        # The ledger's canonical form: exact decimals stay exact on the wire.
+        return dumps_canonical(canonical_value(value)).encode()
+    except (InvalidIntent, TypeError, ValueError) as exc:
         raise LocalValidationError(f"arguments are not JSON-serialisable: {exc}") from exc
 
 

@@ -1,0 +1,152 @@
+"""Running the pipeline: ``relay``, ``worker``, ``sweep --once`` and ``run`` (relay + workers).
+
+``agent-outbox run`` starts the same pieces production runs as separate processes: a Celery
+worker process (its prefork children do dispatch and reconcile) and the relay (which also sweeps
+expired leases and re-publishes lost doorbells). Configuration comes from ``OUTBOX_*`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Optional
+
+from commands.ledger import open_engine
+from outbox.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+def worker_command(settings: Settings, *, concurrency: Optional[int] = None, queues: str = "dispatch,outcome_unknown",
+                   loglevel: str = "INFO", name: Optional[str] = None) -> list[str]:
+    cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
+           "-c", str(concurrency or settings.worker_concurrency), "--loglevel", loglevel,
+           "-n", name or f"outbox-{os.getpid()}@%h"]
+    if settings.embedded_broker:
+        # Broadcast features need fanout exchanges, which the SQLAlchemy transport lacks.
+        cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    return cmd
+
+
+def build_relay(settings: Settings):  # type: ignore[no-untyped-def]
+    """The relay on the configured ledger and broker."""
+    from workers.doorbell import Doorbell
+    from workers.embedded_broker import cleanup
+    from workers.relay import Relay
+
+    engine = open_engine(settings)
+    url = settings.resolved_broker_url
+    return Relay(engine, Doorbell.from_current_app(), poll_s=settings.relay_poll_s,
+                 republish_after_s=settings.republish_after_s,
+                 embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None)
+
+
+class Pipeline:
+    """Relay in a thread of this process + one Celery worker subprocess."""
+
+    def __init__(self, settings: Settings, *, concurrency: Optional[int] = None, loglevel: str = "WARNING",
+                 env: Optional[dict[str, str]] = None, worker_output: Optional[int] = None) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self.loglevel = loglevel
+        self.env = env
+        self.worker_output = worker_output
+        self.worker: Optional[subprocess.Popen[bytes]] = None
+        self.relay_thread: Optional[threading.Thread] = None
+        self.relay = None
+
+    def start(self) -> None:
+        from workers.runtime import load_actions_for
+
+        load_actions_for(self.settings)  # a malformed actions file fails here, with its path
+        self.relay = build_relay(self.settings)
+        self.worker = subprocess.Popen(
+            worker_command(self.settings, concurrency=self.concurrency, loglevel=self.loglevel),
+            env=self.env, stdout=self.worker_output, stderr=self.worker_output,
+        )
+        self.relay_thread = threading.Thread(target=self.relay.run_forever, name="relay", daemon=True)
+        self.relay_thread.start()
+
+    def alive(self) -> bool:
+        return self.worker is not None and self.worker.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)  # warm shutdown: finish the current task
+            try:
+                self.worker.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+                self.worker.wait()
+        if self.relay_thread is not None:
+            self.relay_thread.join(timeout_s)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="run relay + workers with the OUTBOX_* configuration (Ctrl-C stops)")
+    p.add_argument("--concurrency", type=int, help="worker processes (default OUTBOX_WORKER_CONCURRENCY)")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("relay", help="run the relay (publishes due operations; sweeps expired leases)")
+    p.add_argument("--once", action="store_true", help="one tick, then exit (prints what it did)")
+    p.set_defaults(func=cmd_relay)
+    p = sub.add_parser("sweep", help="expire leases and re-publish lost doorbells")
+    p.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
+    p.set_defaults(func=cmd_relay)
+    p = sub.add_parser("worker", help="run a Celery worker (same as `celery -A workers worker ...`)")
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--queues", default="dispatch,outcome_unknown")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    relay = build_relay(settings)
+    if args.once:
+        relay._last_sweep = -1e9  # a one-shot sweep always sweeps
+        tick = relay.run_once()
+        print(f"expired leases: {tick.expired}; dispatch doorbells: {tick.dispatch}; "
+              f"reconcile doorbells: {tick.reconcile}")
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+    try:
+        relay.run_forever()
+    except KeyboardInterrupt:
+        relay.stop()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    from workers.runtime import load_actions_for
+
+    load_actions_for(settings)
+    cmd = worker_command(settings, concurrency=args.concurrency, queues=args.queues, loglevel=args.loglevel)
+    os.execv(cmd[0], cmd)
+    return 0  # pragma: no cover
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=args.loglevel)
+    pipeline.start()
+    print(f"agent-outbox running: ledger {settings.resolved_database_url}, broker {settings.resolved_broker_url}; "
+          "Ctrl-C stops", file=sys.stderr)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set() and pipeline.alive():
+            stop.wait(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        pipeline.stop()
+    return 0 if stop.is_set() or not pipeline.alive() else 1

@@ -1,0 +1,175 @@
+"""Dispatch: claim -> budget check -> breaker -> one attempt -> classify -> one guarded finalize.
+
+The retry loop is outside (the ledger's next_attempt_at + the relay); the breaker wraps exactly
+one HTTP attempt. A read timeout may come after the provider committed: never resend, park in
+outcome_unknown and let the reconciler ask the provider by key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from breaker import Open, counts_as_failure
+from outbox.claims import Claim, claim_due
+from outbox.envelope import loads_exact
+from outbox.errors import StaleFence
+from outbox.states import AttemptClass, Status
+from outbox.transitions import AttemptReport, finalize_if_fenced
+from workers.actions import ActionConfig
+from workers.connectors import AttemptResult
+from workers.outcomes import (
+    Ambiguous,
+    Cancelled,
+    Outcome,
+    Rejected,
+    RetryAt,
+    Succeeded,
+    before_send,
+    breaker_open,
+    decide,
+)
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def dispatch_operation(rt: Runtime, operation_id: str) -> Optional[Outcome]:
+    """Handle one doorbell. Returns the outcome applied, or None when there was nothing to claim."""
+    with rt.sessions.begin() as session:
+        claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
+    if not claims:
+        # Duplicate doorbell, not due yet, or already taken: the database decides, nothing to do.
+        log.debug("nothing to claim", extra={"operation_id": operation_id})
+        return None
+    claim = claims[0]
+    try:
+        action = rt.actions.action(claim.action)
+    except KeyError as exc:
+        report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
+        return apply(rt, claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"))
+    report, outcome = attempt(rt, claim, action)
+    return apply(rt, claim, report, outcome, action=action)
+
+
+def attempt(rt: Runtime, claim: Claim, action: ActionConfig) -> tuple[AttemptReport, Outcome]:
+    """One attempt of a claimed operation: nothing here writes to the ledger."""
+    early = before_send(claim, action, now=_now())
+    if early is not None:
+        return AttemptReport(AttemptClass.NOT_SENT, error=_why(early)), early
+    decision = rt.breakers.before_call(action.target)
+    if isinstance(decision, Open):
+        outcome = breaker_open(claim, action, reopens_at=decision.reopens_at, now=_now())
+        return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"), outcome
+    connector = rt.connectors.for_action(claim.action)
+    result = connector.send(
+        claim.action,
+        action,
+        args=loads_exact(claim.args),
+        idempotency_key=claim.idempotency_key,
+        fencing_token=claim.fencing_token,
+    )
+    c = result.classification
+    # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
+    rt.breakers.record(decision, failure=counts_as_failure(c.status_code, transport_error=_is_transport(result)))
+    return _report(result), decide(claim, action, c, now=_now())
+
+
+def _is_transport(result: AttemptResult) -> bool:
+    # A failure with no HTTP status is a transport failure, except local validation (our bug).
+    return result.status_code is None and not result.classification.reason.startswith("local_validation")
+
+
+def _report(result: AttemptResult) -> AttemptReport:
+    c = result.classification
+    digest = None
+    if c.body is not None:
+        digest = hashlib.sha256(json.dumps(c.body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return AttemptReport(
+        klass=c.klass,
+        status_code=result.status_code,
+        request_digest=result.request_digest or None,
+        provider_request_id=c.provider_request_id,
+        provider_reference=c.provider_reference,
+        response_digest=digest,
+        retry_after_s=c.retry_after_s,
+        latency_s=result.latency_s,
+        error=None if c.klass is AttemptClass.SUCCEEDED else f"{c.reason}: {result.raw_error or ''}"[:2000],
+    )
+
+
+def _why(outcome: Outcome) -> str:
+    return getattr(outcome, "why", "") or ""
+
+
+def apply(
+    rt: Runtime,
+    claim: Claim,
+    report: AttemptReport,
+    outcome: Outcome,
+    *,
+    action: Optional[ActionConfig] = None,
+) -> Outcome:
+    """Turn an outcome into exactly one guarded transition (evidence is kept even when stale)."""
+    to: Status
+    kw: dict[str, Any] = {}
+    if isinstance(outcome, Succeeded):
+        to, reason = Status.SUCCEEDED, "provider confirmed" + (" (completed after cancel requested)" if claim.cancel_requested else "")
+        kw["result"] = outcome.result
+    elif isinstance(outcome, RetryAt):
+        to, reason = Status.NOT_DISPATCHED, outcome.why
+        kw.update(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt)
+    elif isinstance(outcome, Rejected):
+        to, reason = Status.FAILED_BEFORE_COMMIT, outcome.why
+    elif isinstance(outcome, Cancelled):
+        to, reason = Status.CANCELLED, outcome.why
+    else:
+        to, reason = Status.OUTCOME_UNKNOWN, outcome.why
+    fields = {
+        "operation_id": claim.operation_id,
+        "idempotency_key": claim.idempotency_key,
+        "attempt": claim.attempt_number,
+        "fencing_token": claim.fencing_token,
+        "target": action.target if action else None,
+        "class": report.klass.value,
+    }
+    try:
+        with rt.sessions.begin() as session:
+            try:
+                finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+            except StaleFence as exc:
+                # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
+                log.info("stale fence: result kept as evidence only (%s)", exc, extra=fields)
+                return outcome
+    except Exception:
+        log.warning("finalize failed; the lease will expire and the reconciler will settle it",
+                    extra=fields, exc_info=True)
+        raise
+    _log_outcome(outcome, reason, fields)
+    if isinstance(outcome, Ambiguous):
+        rt.doorbell.ring_reconcile([claim.operation_id])
+    elif isinstance(outcome, RetryAt) and outcome.delay_s <= 0:
+        rt.doorbell.ring_dispatch([claim.operation_id])
+    return outcome
+
+
+def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
+    if isinstance(outcome, Succeeded):
+        log.info("succeeded", extra=fields | {"reference": outcome.reference})
+    elif isinstance(outcome, RetryAt):
+        log.info("retry scheduled in %.3fs: %s", outcome.delay_s, reason, extra=fields | {"delay_s": outcome.delay_s})
+    elif isinstance(outcome, Ambiguous):
+        log.info("parked in outcome_unknown: %s", reason, extra=fields)
+    elif isinstance(outcome, Cancelled):
+        log.info("cancelled before send", extra=fields)
+    else:
+        # The only ERROR of the normal path: a final failure, with proof that nothing happened.
+        log.error("failed_before_commit: %s", reason, extra=fields)

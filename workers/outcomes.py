@@ -1,0 +1,134 @@
+"""What one dispatch attempt leads to, as values; ``decide`` is the policy, pure and testable.
+
+Workers return an outcome, not a boolean. ``dispatch.apply`` turns it into exactly one guarded
+transition of the ledger.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Optional, Union
+
+from outbox.claims import Claim
+from outbox.states import AttemptClass
+from workers.actions import ActionConfig
+from workers.classify import Classification
+from workers.retry import Budget, BudgetSpent, Rng, plan_retry
+
+A = AttemptClass
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    reference: Optional[str]
+    result: Optional[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RetryAt:
+    """Provably not executed (or a replay that is safe): try again after ``delay_s``."""
+
+    delay_s: float
+    why: str
+    refund_attempt: bool = False  # nothing was sent (breaker open): the attempt costs nothing
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Ends failed_before_commit: provably no effect, and no further attempt allowed or useful."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    """May have happened: parked in outcome_unknown for the reconciler. Never re-sent blindly."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    why: str
+
+
+Outcome = Union[Succeeded, RetryAt, Rejected, Ambiguous, Cancelled]
+
+
+def effective_budget(claim: Claim, action: ActionConfig) -> Budget:
+    """The action's budget, tightened by the intent's own cap (if it set one)."""
+    b = action.budget
+    max_attempts = b.max_attempts if claim.max_attempts is None else min(b.max_attempts, claim.max_attempts)
+    deadline_s = b.deadline_s
+    if claim.deadline_at is not None:
+        deadline_s = min(deadline_s, (claim.deadline_at - claim.created_at).total_seconds())
+    return Budget(max_attempts=max_attempts, deadline_s=max(deadline_s, 0.0),
+                  base_delay_s=b.base_delay_s, max_delay_s=b.max_delay_s)
+
+
+def deadline_of(claim: Claim, action: ActionConfig) -> datetime:
+    return claim.created_at + timedelta(seconds=effective_budget(claim, action).deadline_s)
+
+
+def _spent(claim: Claim, why: str) -> Outcome:
+    # Budget exhausted: failed only if every attempt so far is provably not executed.
+    if claim.open_ambiguity:
+        return Ambiguous(f"{why}; an earlier attempt may have taken effect")
+    return Rejected(why)
+
+
+def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Optional[Outcome]:
+    """Checks made after the claim and before anything is sent (None = go ahead)."""
+    if claim.cancel_requested and not claim.open_ambiguity:
+        return Cancelled("cancel requested before the request was sent")
+    budget = effective_budget(claim, action)
+    if claim.attempt_number > budget.max_attempts:
+        return _spent(claim, f"attempts used up ({claim.attempt_number - 1}/{budget.max_attempts})")
+    if now >= deadline_of(claim, action):
+        return _spent(claim, f"deadline passed before attempt {claim.attempt_number} ({budget.deadline_s:g}s)")
+    return None
+
+
+def breaker_open(claim: Claim, action: ActionConfig, *, reopens_at: datetime, now: datetime) -> Outcome:
+    """Breaker open: not sent, wait for the reopen time without spending an attempt."""
+    if reopens_at > deadline_of(claim, action):
+        return _spent(claim, f"breaker for {action.target} stays open past the deadline")
+    delay_s = max((reopens_at - now).total_seconds(), 0.0)
+    return RetryAt(delay_s, f"breaker for {action.target} open until {reopens_at.isoformat()}", refund_attempt=True)
+
+
+def decide(
+    claim: Claim,
+    action: ActionConfig,
+    c: Classification,
+    *,
+    now: datetime,
+    rng: Optional[Rng] = None,
+) -> Outcome:
+    """The one policy: classification + budget -> outcome (DESIGN.md, failure classification)."""
+    if c.klass is A.SUCCEEDED:
+        return Succeeded(c.provider_reference, c.body)
+    budget = effective_budget(claim, action)
+    plan = plan_retry(attempt_number=claim.attempt_number, budget=budget, created_at=claim.created_at,
+                      now=now, retry_after_s=c.retry_after_s, rng=rng or random.Random())
+    if c.klass is A.AMBIGUOUS:
+        if action.on_ambiguous == "replay" and _inside_retention(claim, action, now) and not isinstance(plan, BudgetSpent):
+            return RetryAt(plan.delay_s, f"{c.reason}: replay with the same key ({plan.reason})")
+        return Ambiguous(c.reason)
+    if c.klass is A.REJECTED:
+        if claim.open_ambiguity:
+            return Ambiguous(f"{c.reason} now, but an earlier attempt may have taken effect")
+        return Rejected(c.reason)
+    if isinstance(plan, BudgetSpent):
+        return _spent(claim, f"budget spent: {plan.reason} (last: {c.reason})")
+    return RetryAt(plan.delay_s, f"{c.reason}; {plan.reason}")
+
+
+def _inside_retention(claim: Claim, action: ActionConfig, now: datetime) -> bool:
+    keys = action.provider_idempotency
+    if keys is None:
+        return False
+    # The provider forgets keys after retention_s; a replay after that would create a second effect.
+    return (now - claim.created_at).total_seconds() < keys.retention_s

@@ -1,0 +1,103 @@
+"""Per-process resources of a worker: ledger engine, actions, connectors, breakers, doorbell.
+
+Built lazily in each process (Celery's prefork children must not share a parent's connections),
+and rebuilt when the process id changes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from breaker import BreakerConfig as BreakerSettings
+from breaker import BreakerRegistry
+from outbox.db import make_engine, make_sessionmaker
+from outbox.errors import ConfigError
+from outbox.settings import Settings, load_settings
+from workers.actions import ActionsConfig, load_actions
+from workers.celery_app import check_time_limits
+from workers.connectors import ConnectorSet
+from workers.doorbell import Doorbell
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    actions: ActionsConfig
+    connectors: ConnectorSet
+    breakers: BreakerRegistry
+    doorbell: Doorbell
+    worker_id: str
+
+    def close(self) -> None:
+        self.connectors.close()
+        self.breakers.close()
+        self.engine.dispose()
+
+
+def load_actions_for(settings: Settings) -> ActionsConfig:
+    if settings.actions_file is None:
+        raise ConfigError(
+            "OUTBOX_ACTIONS_FILE is not set: workers need the actions/targets file "
+            "(see examples/actions.yaml)"
+        )
+    return load_actions(settings.actions_file)
+
+
+def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegistry:
+    configs = {
+        name: BreakerSettings(
+            fail_max=t.breaker.fail_max,
+            reset_timeout_s=t.breaker.reset_timeout_s,
+            success_threshold=t.breaker.success_threshold,
+        )
+        for name, t in actions.targets.items()
+    }
+    return BreakerRegistry(configs, redis_url=settings.redis_url or None)
+
+
+def build_runtime(settings: Optional[Settings] = None) -> Runtime:
+    settings = settings or load_settings()
+    actions = load_actions_for(settings)
+    longest = max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
+    check_time_limits(settings, longest_call_s=longest)
+    engine = make_engine(settings.resolved_database_url)
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        sessions=make_sessionmaker(engine),
+        actions=actions,
+        connectors=ConnectorSet(actions),
+        breakers=breaker_registry(settings, actions),
+        doorbell=Doorbell.from_current_app(),
+        worker_id=f"{socket.gethostname()}:{os.getpid()}",
+    )
+
+
+_lock = threading.Lock()
+_runtime: Optional[Runtime] = None
+_pid: Optional[int] = None
+
+
+def get_runtime() -> Runtime:
+    global _runtime, _pid
+    with _lock:
+        if _runtime is None or _pid != os.getpid():
+            _runtime, _pid = build_runtime(), os.getpid()
+        return _runtime
+
+
+def reset_runtime() -> None:
+    global _runtime, _pid
+    with _lock:
+        if _runtime is not None and _pid == os.getpid():
+            _runtime.close()
+        _runtime, _pid = None, None

@@ -1,0 +1,44 @@
+"""Celery tasks. Each takes only an operation id (Flower and the broker see nothing else)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, make_app
+
+log = logging.getLogger(__name__)
+
+app = make_app()
+
+
+@worker_process_init.connect
+def _fresh_runtime(**_: object) -> None:
+    # A forked child must not reuse its parent's database or HTTP connections.
+    from workers.runtime import reset_runtime
+
+    reset_runtime()
+
+
+@worker_process_shutdown.connect
+def _close_runtime(**_: object) -> None:
+    from workers.runtime import reset_runtime
+
+    reset_runtime()
+
+
+@app.task(name=DISPATCH_TASK, ignore_result=True)
+def dispatch(operation_id: str) -> None:
+    from workers.dispatch import dispatch_operation
+    from workers.runtime import get_runtime
+
+    dispatch_operation(get_runtime(), operation_id)
+
+
+@app.task(name=RECONCILE_TASK, ignore_result=True)
+def reconcile(operation_id: str) -> None:
+    from workers.reconcile import reconcile_operation
+    from workers.runtime import get_runtime
+
+    reconcile_operation(get_runtime(), operation_id)
