@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     # Workers (workers/). Empty broker URL = the embedded broker (kombu's SQLAlchemy transport on
     # a SQLite file next to the ledger): no server needed. Production: redis://...
     broker_url: str = Field(default="", description="Celery broker URL")
+    # Prefix for every broker key in Redis: several deployments (or test runs) share one Redis.
+    broker_key_prefix: str = Field(default="", description="kombu global_keyprefix for Redis")
     # Shared circuit-breaker state; empty = process-local breakers (embedded default).
     redis_url: str = Field(default="", description="Redis URL for breaker state")
     actions_file: Optional[Path] = Field(default=None, description="YAML actions/targets file")

@@ -16,7 +16,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -143,3 +143,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "The embedded (SQLite) suite ran. To run everything: `docker compose up -d postgres redis`, "
             "then `make test` (or set OUTBOX_TEST_PG_URL / OUTBOX_TEST_REDIS_URL)."
         )
+
+
+@pytest.fixture(scope="session")
+def sandbox_server() -> Iterator[Any]:
+    from sandbox.testing import SandboxServer
+
+    with SandboxServer(seed=1) as server:
+        yield server
+
+
+@pytest.fixture
+def sandbox(sandbox_server: Any) -> Any:
+    """The sandbox provider over real HTTP, reset (objects, keys, faults, request log) per test."""
+    sandbox_server.reset()
+    return sandbox_server
+
+
+@pytest.fixture
+def pipe(pg_ledger: Ledger, redis_url: str, sandbox: Any, tmp_path: Path) -> Iterator[Any]:
+    """PostgreSQL ledger + Redis broker + sandbox; start workers/relay with pipe.start_worker()/start_relay()."""
+    from tests.harness import pipeline
+
+    with pipeline(db_url=pg_ledger.url, sessions=pg_ledger.sessions, redis_url=redis_url, tmp=tmp_path,
+                  sandbox_url=sandbox.url) as p:
+        yield p

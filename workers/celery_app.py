@@ -75,7 +75,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         worker_cancel_long_running_tasks_on_connection_loss=True,
         # The SQLAlchemy transport passes its options to create_engine: only Redis gets these.
         broker_transport_options=(
-            {} if settings.embedded_broker else {"visibility_timeout": settings.visibility_timeout_s}
+            {} if settings.embedded_broker else _redis_options(settings)
         ),
         task_default_queue=DISPATCH_QUEUE,
         task_routes={
@@ -87,6 +87,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         task_send_sent_event=True,
         enable_utc=True,
     )
+
+
+def _redis_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {"visibility_timeout": settings.visibility_timeout_s}
+    if settings.broker_key_prefix:
+        options["global_keyprefix"] = settings.broker_key_prefix
+    return options
 
 
 def make_app(settings: Settings | None = None) -> Celery:

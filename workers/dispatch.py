@@ -19,6 +19,7 @@ from outbox.envelope import loads_exact
 from outbox.errors import StaleFence
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, finalize_if_fenced
+from workers import failpoints
 from workers.actions import ActionConfig
 from workers.connectors import AttemptResult
 from workers.outcomes import (
@@ -51,12 +52,14 @@ def dispatch_operation(rt: Runtime, operation_id: str) -> Optional[Outcome]:
         log.debug("nothing to claim", extra={"operation_id": operation_id})
         return None
     claim = claims[0]
+    failpoints.hit("dispatch.after_claim", claim.idempotency_key)
     try:
         action = rt.actions.action(claim.action)
     except KeyError as exc:
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
         return apply(rt, claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"))
     report, outcome = attempt(rt, claim, action)
+    failpoints.hit("dispatch.after_response", claim.idempotency_key)
     return apply(rt, claim, report, outcome, action=action)
 
 

@@ -27,6 +27,7 @@ from outbox.models import Attempt
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport
+from workers import failpoints
 from workers.actions import ActionConfig
 from workers.connectors import LookupResult
 from workers.runtime import Runtime
@@ -144,6 +145,7 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
     found = rt.connectors.for_action(claim.action).lookup(
         claim.action, action, args=loads_exact(claim.args), idempotency_key=claim.idempotency_key
     )
+    failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
     unavailable = found.outcome == "unavailable"
     rt.breakers.record(decision, failure=unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None))
     target = rt.actions.target_of(action)

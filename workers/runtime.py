@@ -61,7 +61,8 @@ def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegis
         )
         for name, t in actions.targets.items()
     }
-    return BreakerRegistry(configs, redis_url=settings.redis_url or None)
+    # The broker key prefix doubles as the breaker namespace: one Redis, several deployments.
+    return BreakerRegistry(configs, redis_url=settings.redis_url or None, namespace=settings.broker_key_prefix or "default")
 
 
 def build_runtime(settings: Optional[Settings] = None) -> Runtime:

@@ -1,0 +1,31 @@
+"""The pipeline end to end: real Celery worker processes, relay, PostgreSQL, Redis, sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+def test_intent_reaches_the_provider_once(pipe, sandbox):
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("k-happy")
+    op = pipe.wait_status(r.operation_id, "succeeded")
+    effects = sandbox.effects()
+    assert [e["idempotency_key"] for e in effects] == ["k-happy"]
+    assert op.result_reference == effects[0]["object_id"]
+
+
+def test_commit_then_drop_is_parked_and_reconciled(pipe, sandbox):
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("k-drop")
+    op = pipe.wait_status(r.operation_id, "succeeded")
+    assert op.reason.startswith("reconciled")
+    effects = sandbox.effects()
+    assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+    # Exactly one business request was sent: the reconciler asked, it did not re-send.
+    posts = sandbox.requests(method="POST", key="k-drop")
+    assert len(posts) == 1
