@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
 from outbox.claims import Claim
 from outbox.states import AttemptClass
@@ -57,7 +57,18 @@ class Cancelled:
 Outcome = Union[Succeeded, RetryAt, Rejected, Ambiguous, Cancelled]
 
 
-def effective_budget(claim: Claim, action: ActionConfig) -> Budget:
+class BudgetFields(Protocol):
+    """What the budget needs from an operation: a Claim, or a row read before claiming."""
+
+    @property
+    def max_attempts(self) -> Optional[int]: ...
+    @property
+    def deadline_at(self) -> Optional[datetime]: ...
+    @property
+    def created_at(self) -> datetime: ...
+
+
+def effective_budget(claim: BudgetFields, action: ActionConfig) -> Budget:
     """The action's budget, tightened by the intent's own cap (if it set one)."""
     b = action.budget
     max_attempts = b.max_attempts if claim.max_attempts is None else min(b.max_attempts, claim.max_attempts)
@@ -68,7 +79,7 @@ def effective_budget(claim: Claim, action: ActionConfig) -> Budget:
                   base_delay_s=b.base_delay_s, max_delay_s=b.max_delay_s)
 
 
-def deadline_of(claim: Claim, action: ActionConfig) -> datetime:
+def deadline_of(claim: BudgetFields, action: ActionConfig) -> datetime:
     return claim.created_at + timedelta(seconds=effective_budget(claim, action).deadline_s)
 
 
@@ -95,6 +106,11 @@ def breaker_open(claim: Claim, action: ActionConfig, *, reopens_at: datetime, no
     """Breaker open: not sent, wait for the reopen time without spending an attempt."""
     if reopens_at > deadline_of(claim, action):
         return _spent(claim, f"breaker for {action.target} stays open past the deadline")
+    return breaker_wait(action, reopens_at=reopens_at, now=now)
+
+
+def breaker_wait(action: ActionConfig, *, reopens_at: datetime, now: datetime) -> RetryAt:
+    """The wait for an open breaker (the reason starts with "breaker": operators' reset finds it)."""
     delay_s = max((reopens_at - now).total_seconds(), 0.0)
     return RetryAt(delay_s, f"breaker for {action.target} open until {reopens_at.isoformat()}", refund_attempt=True)
 
@@ -114,8 +130,10 @@ def decide(
     plan = plan_retry(attempt_number=claim.attempt_number, budget=budget, created_at=claim.created_at,
                       now=now, retry_after_s=c.retry_after_s, rng=rng or random.Random())
     if c.klass is A.AMBIGUOUS:
-        if action.on_ambiguous == "replay" and _inside_retention(claim, action, now) and not isinstance(plan, BudgetSpent):
-            return RetryAt(plan.delay_s, f"{c.reason}: replay with the same key ({plan.reason})")
+        if action.on_ambiguous == "replay" and not isinstance(plan, BudgetSpent):
+            # The replay must reach the provider while it still remembers the key.
+            if _inside_retention(claim, action, now + timedelta(seconds=plan.delay_s)):
+                return RetryAt(plan.delay_s, f"{c.reason}: replay with the same key ({plan.reason})")
         return Ambiguous(c.reason)
     if c.klass is A.REJECTED:
         if claim.open_ambiguity:
