@@ -20,7 +20,9 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 0, 1, 2, 3
 REGISTRARS: tuple[str, ...] = (
     "commands.ledger:register",
     "commands.pipeline:register",
+    "commands.handoffs:register",
     "commands.demo:register",
+    "commands.breakers:register",
     "sandbox.cli:register",
 )
 

@@ -37,13 +37,15 @@ def build_relay(settings: Settings):  # type: ignore[no-untyped-def]
     """The relay on the configured ledger and broker."""
     from workers.doorbell import Doorbell
     from workers.embedded_broker import cleanup
+    from outbox.evidence import EvidenceSink
     from workers.relay import Relay
 
     engine = open_engine(settings)
     url = settings.resolved_broker_url
     return Relay(engine, Doorbell.from_current_app(), poll_s=settings.relay_poll_s,
                  republish_after_s=settings.republish_after_s,
-                 embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None)
+                 embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None,
+                 evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None)
 
 
 class Pipeline:

@@ -167,3 +167,49 @@ class OperationEvent(Base):
     event: Mapped[str] = mapped_column(String(64))
     reason: Mapped[Optional[str]] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(255))
+
+
+class Handoff(Base):
+    """The packet a person needs to take over an operation automation could not settle."""
+
+    __tablename__ = "handoffs"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    opened_at: Mapped[dt.datetime] = mapped_column(TS)
+    reason: Mapped[str] = mapped_column(Text)
+    # The five items of DESIGN.md: ids and key; every attempt; the raw last error and its class;
+    # the suggested next step; the original intent with sensitive fields masked.
+    packet: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    resolution: Mapped[Optional[str]] = mapped_column(String(32))
+    resolved_reference: Mapped[Optional[str]] = mapped_column(String(255))
+    resolved_by: Mapped[Optional[str]] = mapped_column(String(255))
+    resolved_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    note: Mapped[Optional[str]] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint("status IN ('open', 'resolved')", name="status"),
+        CheckConstraint(
+            "resolution IS NULL OR resolution IN ('succeeded', 'not-executed', 'abandoned')", name="resolution"
+        ),
+        Index("ix_handoffs_open", "opened_at", postgresql_where=text("status = 'open'"),
+              sqlite_where=text("status = 'open'")),
+    )
+
+
+class Evidence(Base):
+    """Append-only proof that an effect happened (the default evidence sink)."""
+
+    __tablename__ = "evidence"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(String(36), index=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(200))
+    args_digest: Mapped[str] = mapped_column(String(64))
+    provider_reference: Mapped[Optional[str]] = mapped_column(String(255))
+    response_digest: Mapped[Optional[str]] = mapped_column(String(64))
+    attempt_log_digest: Mapped[str] = mapped_column(String(64))
+    recorded_at: Mapped[dt.datetime] = mapped_column(TS)

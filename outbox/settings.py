@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     broker_key_prefix: str = Field(default="", description="kombu global_keyprefix for Redis")
     # Shared circuit-breaker state; empty = process-local breakers (embedded default).
     redis_url: str = Field(default="", description="Redis URL for breaker state")
+    # Evidence sink; empty = the ledger's own evidence table, written with the success itself.
+    evidence_url: str = Field(default="", description="separate database for evidence records")
     actions_file: Optional[Path] = Field(default=None, description="YAML actions/targets file")
     worker_concurrency: int = Field(default=2, ge=1, le=64)
     # soft < hard < lease < visibility (checked at worker start-up): Celery kills a stuck task
@@ -48,7 +50,7 @@ class Settings(BaseSettings):
     # A published doorbell not acted on for this long is assumed lost and published again.
     republish_after_s: float = Field(default=30.0, gt=0)
 
-    @field_validator("database_url")
+    @field_validator("database_url", "evidence_url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
         if value.startswith(("postgresql://", "postgres://")):

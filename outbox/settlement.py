@@ -58,6 +58,10 @@ def settle_if_fenced(
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
         values.update(result_reference=report.provider_reference, result_digest=report.response_digest,
                       result=result, error_class=None)
+    elif to is Status.FAILED_BEFORE_COMMIT:
+        # The provider's own record says no effect: that is the proof failed_before_commit needs
+        # for every attempt so far, written down so the row explains itself.
+        values.update(proven_absent_through=_OP.c.attempt_count)
     elif to is Status.NOT_DISPATCHED:
         values.update(proven_absent_through=_OP.c.attempt_count, next_attempt_at=db_now())
     elif to is Status.OUTCOME_UNKNOWN:

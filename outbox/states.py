@@ -74,6 +74,8 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED): "cannot settle within budget: handoff",
     (Status.RECONCILIATION_REQUIRED, Status.SUCCEEDED): "person resolved: succeeded",
     (Status.RECONCILIATION_REQUIRED, Status.NOT_DISPATCHED): "person resolved: not executed",
+    # Abandoned: a person closed the case without proof either way; the state stays honest.
+    (Status.RECONCILIATION_REQUIRED, Status.RECONCILIATION_REQUIRED): "person resolved: abandoned",
     (Status.OUTCOME_UNKNOWN, Status.COMMITTED_EVIDENCE_DEGRADED): "lookup found the effect, evidence store down",
 }
 

@@ -209,9 +209,21 @@ def finalize_if_fenced(
             **values,
         )
     except StaleFence:
+        if extra_where and _still_ours(session, claim):
+            # The token is current: the refusal is the ledger's own guard, not a lost lease.
+            raise IllegalTransition(
+                claim.operation_id, "dispatching with an unresolved ambiguous attempt", to.value
+            ) from None
         if wrote:
             mark_attempt_stale(session, claim.attempt_id)
         raise
+
+
+def _still_ours(session: Session, claim: Claim) -> bool:
+    row = session.execute(
+        select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == claim.operation_id)
+    ).first()
+    return row is not None and row.status == Status.DISPATCHING.value and row.fencing_token == claim.fencing_token
 
 
 def mark_attempt_stale(session: Session, attempt_id: int) -> None:

@@ -23,13 +23,17 @@ from outbox.claims import Claim, claim_unknown
 from outbox.clock import as_utc
 from outbox.envelope import loads_exact
 from outbox.errors import StaleFence
-from outbox.models import Attempt
+from outbox.evidence import finish_with_evidence
+from outbox.handoffs import open_handoff
+from outbox.models import Attempt, Operation
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport
 from workers import failpoints
 from workers.actions import ActionConfig
 from workers.connectors import LookupResult
+from workers.handoff_packet import build_packet
+from workers.outcomes import effective_budget
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -136,12 +140,14 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
                                                    f"unknown action {claim.action!r}: cannot look it up"))
     if action.lookup is None:
         return _settle(rt, claim, None, Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS,
-                                                   "no lookup declared for this action: a person must check the provider"))
+                                                   "no lookup declared for this action: a person must check the provider"),
+                       action)
     decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
         wait_s = max((decision.reopens_at - datetime.now(UTC)).total_seconds(), 0.0)
         return _settle(rt, claim, None, Settlement(Status.OUTCOME_UNKNOWN, AttemptClass.AMBIGUOUS,
-                                                   f"breaker for {action.target} open: lookup later", recheck_in_s=wait_s))
+                                                   f"breaker for {action.target} open: lookup later", recheck_in_s=wait_s),
+                       action)
     found = rt.connectors.for_action(claim.action).lookup(
         claim.action, action, args=loads_exact(claim.args), idempotency_key=claim.idempotency_key
     )
@@ -154,10 +160,39 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
             session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
         )
     verdict = judge(claim, action, found, now=datetime.now(UTC), last_activity=last_activity, rng=rng)
-    return _settle(rt, claim, found, verdict)
+    if verdict.to is Status.NOT_DISPATCHED:
+        verdict = _cap_redispatch(rt, claim, action, verdict)
+    return _settle(rt, claim, found, verdict, action)
 
 
-def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: Settlement) -> Settlement:
+def _cap_redispatch(rt: Runtime, claim: Claim, action: ActionConfig, verdict: Settlement) -> Settlement:
+    """Never executed, but the dispatch budget is spent and the last worker died after claiming.
+
+    A poison intent (its worker crashes on every claim, before it can send or report) would
+    otherwise cycle claim -> crash -> lease expiry -> lookup -> re-dispatch forever, killing a
+    worker each time: the claim past the cap is what dies, before the budget check can run.
+    """
+    max_attempts = effective_budget(claim, action).max_attempts
+    if claim.attempt_count < max_attempts:
+        return verdict
+    with rt.sessions() as session:
+        last = session.execute(
+            select(Attempt.attempt_class)
+            .where(Attempt.operation_id == claim.operation_id, Attempt.kind == "dispatch")
+            .order_by(Attempt.attempt_number.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+    if last != AttemptClass.PENDING.value:
+        return verdict  # a reported attempt: the next claim ends it failed_before_commit
+    return Settlement(
+        Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
+        f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{max_attempts}) and the "
+        "last worker died before reporting (poison intent?): a person must decide",
+    )
+
+
+def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: Settlement,
+            action: Optional[ActionConfig] = None) -> Settlement:
     report = AttemptReport(
         klass=verdict.klass,
         status_code=found.status_code if found else None,
@@ -167,18 +202,38 @@ def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: S
     )
     fields = {"operation_id": claim.operation_id, "idempotency_key": claim.idempotency_key,
               "fencing_token": claim.fencing_token, "lookup": claim.attempt_number}
-    with rt.sessions.begin() as session:
-        try:
-            settle_if_fenced(session, claim, report, to=verdict.to, reason=verdict.reason,
-                             recheck_in_s=verdict.recheck_in_s,
-                             result=found.obj if found and verdict.to is Status.SUCCEEDED else None)
-        except StaleFence as exc:
-            log.info("stale fence: lookup kept as evidence only (%s)", exc, extra=fields)
-            return verdict
-    if verdict.to is Status.RECONCILIATION_REQUIRED:
+    result = found.obj if found and verdict.to is Status.SUCCEEDED else None
+
+    def settle(session: Session, to: Status) -> None:
+        settle_if_fenced(session, claim, report, to=to, reason=verdict.reason,
+                         recheck_in_s=verdict.recheck_in_s, result=result)
+        if to is Status.RECONCILIATION_REQUIRED:
+            op = session.get(Operation, claim.operation_id)
+            assert op is not None
+            packet = build_packet(session, op, reason=verdict.reason, action=action, actions=rt.actions)
+            open_handoff(session, claim.operation_id, reason=verdict.reason, packet=packet)
+
+    applied = verdict.to
+    try:
+        if verdict.to is Status.SUCCEEDED:
+            applied = finish_with_evidence(rt.sessions, rt.evidence, claim, report, settle)
+        else:
+            stale: Optional[StaleFence] = None
+            with rt.sessions.begin() as session:
+                try:
+                    settle(session, verdict.to)
+                except StaleFence as exc:
+                    stale = exc
+            if stale is not None:
+                raise stale
+    except StaleFence as exc:
+        log.info("stale fence: lookup kept as evidence only (%s)", exc, extra=fields)
+        return verdict
+    if applied is Status.RECONCILIATION_REQUIRED:
+        # A handoff to a person is one of the two ERRORs of the normal path (DESIGN.md, Logging).
         log.error("handed to a person: %s", verdict.reason, extra=fields)
     else:
-        log.info("reconcile: %s -> %s", verdict.reason, verdict.to.value, extra=fields)
-    if verdict.to is Status.NOT_DISPATCHED:
+        log.info("reconcile: %s -> %s", verdict.reason, applied.value, extra=fields)
+    if applied is Status.NOT_DISPATCHED:
         rt.doorbell.ring_dispatch([claim.operation_id])
     return verdict

@@ -19,7 +19,7 @@ import select as select_mod
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import psycopg
 from sqlalchemy import Engine, or_, select, update
@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from outbox.clock import db_now
 from outbox.db import is_postgres, make_sessionmaker
+from outbox.evidence import EvidenceSink, backfill
 from outbox.models import Operation
 from outbox.states import Status
 from outbox.submit import NOTIFY_CHANNEL
@@ -36,6 +37,7 @@ from workers.doorbell import Doorbell
 log = logging.getLogger(__name__)
 _OP = Operation.__table__
 
+BACKFILL_EVERY_S = 5.0  # evidence repair is not urgent, but an operator watches the degraded count
 BATCH = 500  # rows per statement: one commit marks a whole burst of submits
 
 
@@ -59,7 +61,8 @@ class Relay:
         poll_s: float = 0.5,
         republish_after_s: float = 30.0,
         sweep_every_s: float = 1.0,
-        embedded_broker_cleanup: Optional[callable] = None,  # type: ignore[valid-type]
+        embedded_broker_cleanup: Optional[Callable[[], object]] = None,
+        evidence_sink: Optional[EvidenceSink] = None,
     ) -> None:
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
@@ -70,6 +73,9 @@ class Relay:
         self._last_sweep = 0.0
         self._cleanup = embedded_broker_cleanup
         self._last_cleanup = 0.0
+        # Only a separate evidence database can be down while the ledger is up.
+        self._evidence = evidence_sink if evidence_sink is not None and evidence_sink.separate else None
+        self._last_backfill = 0.0
         self.stop_event = threading.Event()
 
     # -- one tick ---------------------------------------------------------------------------
@@ -109,6 +115,12 @@ class Relay:
         reconcile_ids = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
         if reconcile_ids:
             self.doorbell.ring_reconcile(reconcile_ids)
+        if self._evidence is not None and now - self._last_backfill >= BACKFILL_EVERY_S:
+            self._last_backfill = now
+            with self.sessions.begin() as session:
+                written, failing = backfill(session, self._evidence)
+            if written:
+                log.info("evidence backfilled for %d operation(s)", written)
         if self._cleanup is not None and now - self._last_cleanup >= 10:
             self._last_cleanup = now
             self._cleanup()

@@ -19,6 +19,7 @@ from breaker import BreakerConfig as BreakerSettings
 from breaker import BreakerRegistry
 from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import ConfigError
+from outbox.evidence import EvidenceSink
 from outbox.settings import Settings, load_settings
 from workers.actions import ActionsConfig, load_actions
 from workers.celery_app import check_time_limits
@@ -36,8 +37,10 @@ class Runtime:
     breakers: BreakerRegistry
     doorbell: Doorbell
     worker_id: str
+    evidence: EvidenceSink
 
     def close(self) -> None:
+        self.evidence.close()
         self.connectors.close()
         self.breakers.close()
         self.engine.dispose()
@@ -80,6 +83,7 @@ def build_runtime(settings: Optional[Settings] = None) -> Runtime:
         breakers=breaker_registry(settings, actions),
         doorbell=Doorbell.from_current_app(),
         worker_id=f"{socket.gethostname()}:{os.getpid()}",
+        evidence=EvidenceSink.from_url(settings.evidence_url),
     )
 
 

@@ -193,7 +193,7 @@ def test_failed_before_commit_is_refused_while_ambiguity_is_open(ledger):
     [c2] = _claim(ledger)
     assert c2.open_ambiguity
     with ledger.sessions.begin() as s:
-        with pytest.raises(StaleFence):
+        with pytest.raises(IllegalTransition):
             finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503),
                                to=Status.FAILED_BEFORE_COMMIT, reason="budget spent")
     assert _op(ledger, receipt.operation_id).status == "dispatching"

@@ -1,0 +1,161 @@
+"""Evidence: the auditable record that an effect happened (provider reference, digests).
+
+The default sink is the ``evidence`` table of the ledger, written in the same transaction as the
+success itself (it cannot fail on its own). ``OUTBOX_EVIDENCE_URL`` moves it to a separate
+database, which can: then a success whose evidence could not be written becomes
+``committed_evidence_degraded`` (never retried: the effect happened) and ``backfill`` writes the
+record when the sink is back, moving the operation to ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
+
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.claims import Claim
+from outbox.clock import db_now
+from outbox.errors import StaleFence
+from outbox.db import make_engine
+from outbox.models import Attempt, Evidence, Operation
+from outbox.settlement import evidence_backfilled
+from outbox.states import Status
+from outbox.transitions import AttemptReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvidenceRecord:
+    operation_id: str
+    tenant: str
+    idempotency_key: str
+    action: str
+    args_digest: str
+    provider_reference: Optional[str]
+    response_digest: Optional[str]
+    attempt_log_digest: str
+
+
+def attempt_log_digest(session: Session, operation_id: str, *, current: Optional[tuple[int, AttemptReport]] = None) -> str:
+    """sha256 over every attempt of the operation (the current one as reported, if not yet written)."""
+    rows = session.execute(
+        select(Attempt).where(Attempt.operation_id == operation_id).order_by(Attempt.id)
+    ).scalars()
+    log_items: list[dict[str, Any]] = []
+    for a in rows:
+        item = dict(n=a.attempt_number, kind=a.kind, token=a.fencing_token, cls=a.attempt_class,
+                    status=a.status_code, sent=a.request_digest, got=a.response_digest, ref=a.provider_reference)
+        if current is not None and a.id == current[0]:
+            r = current[1]
+            item.update(cls=r.klass.value, status=r.status_code, sent=r.request_digest, got=r.response_digest,
+                        ref=r.provider_reference)
+        log_items.append(item)
+    return hashlib.sha256(json.dumps(log_items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def record_for(session: Session, op: Operation, *, reference: Optional[str], response_digest: Optional[str],
+               current: Optional[tuple[int, AttemptReport]] = None) -> EvidenceRecord:
+    return EvidenceRecord(op.id, op.tenant, op.idempotency_key, op.action, op.args_digest, reference,
+                          response_digest, attempt_log_digest(session, op.id, current=current))
+
+
+class EvidenceSink:
+    """Where evidence goes. ``separate`` sinks are written in their own transaction and may fail."""
+
+    def __init__(self, engine: Optional[Engine] = None) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_url(cls, url: str) -> "EvidenceSink":
+        if not url:
+            return cls(None)
+        engine = make_engine(url)
+        Evidence.__table__.create(engine, checkfirst=True)
+        return cls(engine)
+
+    @property
+    def separate(self) -> bool:
+        return self.engine is not None
+
+    def write(self, record: EvidenceRecord, *, session: Optional[Session] = None) -> None:
+        """Append the record: in ``session`` (same-database sink) or in the sink's own transaction."""
+        stmt = insert(Evidence).values(**asdict(record), recorded_at=db_now())
+        if self.engine is None:
+            if session is None:
+                raise ValueError("the default evidence sink writes in the ledger transaction: pass session")
+            session.execute(stmt)
+            return
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.dispose()
+
+
+def backfill(ledger: Session, sink: EvidenceSink, *, limit: int = 100, actor: str = "backfill") -> tuple[int, int]:
+    """Write evidence for committed_evidence_degraded operations; returns (written, still failing)."""
+    ops = list(ledger.execute(
+        select(Operation).where(Operation.status == Status.COMMITTED_EVIDENCE_DEGRADED.value).limit(limit)
+    ).scalars())
+    written = failing = 0
+    for op in ops:
+        record = record_for(ledger, op, reference=op.result_reference, response_digest=op.result_digest)
+        try:
+            sink.write(record, session=ledger)
+        except Exception as exc:  # noqa: BLE001 - the sink is allowed to be down; try again later
+            failing += 1
+            log.warning("evidence sink still unavailable: %s", exc, extra={"operation_id": op.id})
+            continue
+        evidence_backfilled(ledger, op.id, actor=actor)
+        written += 1
+    return written, failing
+
+
+def finish_with_evidence(
+    sessions: sessionmaker[Session],
+    sink: EvidenceSink,
+    claim: Claim,
+    report: AttemptReport,
+    finalize: Callable[[Session, Status], None],
+) -> Status:
+    """Record a confirmed effect: evidence + the guarded move to succeeded (or degraded).
+
+    ``finalize(session, to)`` performs the fenced transition. A separate sink is written first, in
+    its own transaction; if it fails the effect is still recorded, as committed_evidence_degraded.
+    A stale token raises StaleFence after the attempt's evidence has been committed.
+    """
+    to = Status.SUCCEEDED
+    if sink.separate:
+        with sessions() as s:
+            op = s.get(Operation, claim.operation_id)
+            assert op is not None
+            record = record_for(s, op, reference=report.provider_reference, response_digest=report.response_digest,
+                                current=(claim.attempt_id, report))
+        try:
+            sink.write(record)
+        except Exception as exc:  # noqa: BLE001 - the effect happened; never lose that fact
+            log.warning("evidence sink unavailable; recording committed_evidence_degraded: %s", exc,
+                        extra={"operation_id": claim.operation_id})
+            to = Status.COMMITTED_EVIDENCE_DEGRADED
+    stale: Optional[StaleFence] = None
+    with sessions.begin() as s:
+        try:
+            finalize(s, to)
+        except StaleFence as exc:
+            stale = exc
+        else:
+            if not sink.separate:
+                op = s.get(Operation, claim.operation_id)
+                assert op is not None
+                sink.write(record_for(s, op, reference=report.provider_reference,
+                                      response_digest=report.response_digest), session=s)
+    if stale is not None:
+        raise stale
+    return to

@@ -1,0 +1,56 @@
+"""The handoff packet: everything a person needs to settle an operation (DESIGN.md, five items)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from outbox.models import Attempt, Operation
+from outbox.queries import attempt_json
+from workers.actions import ActionConfig, ActionsConfig
+
+MASK = "***"
+
+
+def masked_args(args_text: Optional[str], sensitive: list[str]) -> Any:
+    args = json.loads(args_text or "{}")
+    if isinstance(args, dict):
+        return {k: (MASK if k in sensitive else v) for k, v in args.items()}
+    return args
+
+
+def next_step(op: Operation, action: Optional[ActionConfig], actions: Optional[ActionsConfig]) -> str:
+    where = "the provider's dashboard or API"
+    if action is not None and actions is not None:
+        target = actions.targets.get(action.target)
+        base = target.base_url if target else action.target
+        if action.lookup is not None:
+            req = action.lookup.request
+            query = "&".join(f"{k}={v}" for k, v in (req.query or {}).items()).replace("{idempotency_key}", op.idempotency_key)
+            where = f"{req.method} {base}{req.path}" + (f"?{query}" if query else "")
+        else:
+            where = f"{base} (this action declares no lookup)"
+    return (
+        f"Look for idempotency key {op.idempotency_key!r} (tenant {op.tenant}) at {where}. "
+        f"If the effect exists: agent-outbox handoffs resolve ID --as succeeded --reference <provider id> "
+        f"--by NAME --note TEXT. If the provider confirms it never happened: --as not-executed (re-dispatched "
+        f"with the same key). If neither can be established: --as abandoned with a note."
+    )
+
+
+def build_packet(session: Session, op: Operation, *, reason: str, action: Optional[ActionConfig],
+                 actions: Optional[ActionsConfig]) -> dict[str, Any]:
+    attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
+    sensitive = list(action.sensitive_args) if action is not None else []
+    return {
+        "operation": {"operation_id": op.id, "idempotency_key": op.idempotency_key, "tenant": op.tenant,
+                      "action": op.action, "target": action.target if action else None},
+        "attempts": [attempt_json(a) for a in attempts],
+        "last_error": {"class": op.error_class, "raw": op.last_error, "why_handed_off": reason},
+        "next_step": next_step(op, action, actions),
+        "intent": {"args": masked_args(op.args, sensitive), "args_digest": op.args_digest, "subject": op.subject,
+                   "run_id": op.run_id, "tool_call_id": op.tool_call_id, "approval": None},
+    }
