@@ -1,0 +1,69 @@
+"""The transition table in outbox/states.py is the one place that says which status may follow which."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from outbox.models import STATUS_VALUES, Operation
+from outbox.states import ALLOWED, MEANING, TERMINAL, Status, is_allowed, sources_of
+
+
+def test_every_status_takes_part_in_the_table():
+    # A status that no transition reaches or leaves is either dead code or a missing edge.
+    mentioned = {s for pair in ALLOWED for s in pair}
+    assert mentioned == set(Status)
+
+
+def test_every_status_has_a_meaning():
+    # `ops show` prints MEANING[status]; a missing entry would crash the CLI.
+    assert set(MEANING) == set(Status)
+    assert all(MEANING[s].strip() for s in Status)
+
+
+@pytest.mark.parametrize("terminal", sorted(TERMINAL))
+def test_terminal_states_have_no_outgoing_transitions(terminal):
+    assert [dst for (src, dst) in ALLOWED if src is terminal] == []
+    assert not any(is_allowed(terminal, other) for other in Status)
+
+
+def test_terminal_set_is_what_the_design_says():
+    assert TERMINAL == {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.CANCELLED}
+
+
+def test_failed_before_commit_only_after_a_dispatch_or_a_lookup():
+    # Failure needs proof that nothing happened: only a worker's attempt or a reconciler's lookup gives it.
+    assert sources_of(Status.FAILED_BEFORE_COMMIT) == {Status.DISPATCHING, Status.OUTCOME_UNKNOWN}
+
+
+def test_outcome_unknown_never_returns_to_dispatching_directly():
+    # Nothing is re-sent without proof: the only way back to a dispatch goes through not_dispatched.
+    assert not is_allowed(Status.OUTCOME_UNKNOWN, Status.DISPATCHING)
+    assert sources_of(Status.DISPATCHING) == {Status.NOT_DISPATCHED}
+
+
+def test_cancel_only_before_anything_was_sent():
+    # dispatching -> cancelled is the worker that saw the cancel flag before sending; never after a
+    # possible effect (outcome_unknown, reconciliation_required) and never from a terminal state.
+    assert sources_of(Status.CANCELLED) <= {Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL, Status.DISPATCHING}
+    assert {Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL} <= sources_of(Status.CANCELLED)
+
+
+def test_committed_evidence_degraded_is_never_retried():
+    outgoing = {dst for (src, dst) in ALLOWED if src is Status.COMMITTED_EVIDENCE_DEGRADED}
+    assert outgoing == {Status.SUCCEEDED}
+
+
+def test_every_transition_names_its_event():
+    assert all(isinstance(why, str) and why.strip() for why in ALLOWED.values())
+
+
+def test_db_check_constraint_lists_exactly_the_enum():
+    values = re.findall(r"'([a-z_]+)'", STATUS_VALUES)
+    assert sorted(values) == sorted(s.value for s in Status)
+    assert len(values) == len(set(values))
+    checks = [str(c.sqltext) for c in Operation.__table__.constraints if getattr(c, "name", None) and "status" in str(c.name)
+              and hasattr(c, "sqltext")]
+    status_checks = [c for c in checks if c.startswith("status IN")]
+    assert status_checks == [f"status IN ({STATUS_VALUES})"]
