@@ -18,6 +18,9 @@ DISPATCH_QUEUE = "dispatch"
 UNKNOWN_QUEUE = "outcome_unknown"
 DISPATCH_TASK = "outbox.dispatch"
 RECONCILE_TASK = "outbox.reconcile"
+SWEEP_TASK = "outbox.sweep"
+# Beat runs the sweep this often in case no relay is running; the relay itself sweeps every second.
+SWEEP_EVERY_S = 15.0
 
 # The embedded broker (kombu's SQLAlchemy transport) polls; its interval can only be set on the
 # transport class (transport options are passed to create_engine). 50 ms keeps the demo snappy
@@ -81,7 +84,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         task_routes={
             DISPATCH_TASK: {"queue": DISPATCH_QUEUE},
             RECONCILE_TASK: {"queue": UNKNOWN_QUEUE},
+            SWEEP_TASK: {"queue": DISPATCH_QUEUE},
         },
+        beat_schedule={"sweep": {"task": SWEEP_TASK, "schedule": SWEEP_EVERY_S,
+                                 # A sweep that waited longer than its period is superseded.
+                                 "options": {"expires": SWEEP_EVERY_S}}},
         worker_hijack_root_logger=False,
         worker_send_task_events=True,  # Flower shows tasks (args are operation ids only)
         task_send_sent_event=True,

@@ -6,7 +6,7 @@ import logging
 
 from celery.signals import worker_process_init, worker_process_shutdown
 
-from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, make_app
+from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
 
 log = logging.getLogger(__name__)
 
@@ -42,3 +42,17 @@ def reconcile(operation_id: str) -> None:
     from workers.runtime import get_runtime
 
     reconcile_operation(get_runtime(), operation_id)
+
+
+@app.task(name=SWEEP_TASK, ignore_result=True)
+def sweep() -> None:
+    """Beat's backstop for the relay: expired leases -> outcome_unknown, lost doorbells re-published."""
+    from workers.relay import Relay
+    from workers.runtime import get_runtime
+
+    rt = get_runtime()
+    relay = Relay(rt.engine, rt.doorbell, republish_after_s=rt.settings.republish_after_s, evidence_sink=rt.evidence)
+    tick = relay.run_once()
+    if tick.busy:
+        log.info("sweep: %d lease(s) expired, %d dispatch and %d reconcile doorbell(s) re-published",
+                 tick.expired, tick.dispatch, tick.reconcile)

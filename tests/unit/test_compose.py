@@ -22,7 +22,7 @@ SERVICES = COMPOSE["services"]
 
 
 def test_expected_services_exist():
-    assert {"postgres", "redis", "migrate", "relay", "worker", "reconciler", "flower", "sandbox"} <= set(SERVICES)
+    assert {"postgres", "redis", "migrate", "relay", "worker", "reconciler", "beat", "flower", "sandbox"} <= set(SERVICES)
 
 
 def test_redis_keeps_queues_across_restarts():
