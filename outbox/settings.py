@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     # Evidence sink; empty = the ledger's own evidence table, written with the success itself.
     evidence_url: str = Field(default="", description="separate database for evidence records")
     actions_file: Optional[Path] = Field(default=None, description="YAML actions/targets file")
+    task_events: bool = Field(default=False, description="Celery task events from the start (Flower)")
     worker_concurrency: int = Field(default=2, ge=1, le=64)
     # soft < hard < lease < visibility (checked at worker start-up): Celery kills a stuck task
     # before its lease can expire, and Redis redelivers only after the lease has expired.
@@ -49,6 +50,11 @@ class Settings(BaseSettings):
     relay_poll_s: float = Field(default=0.5, gt=0)
     # A published doorbell not acted on for this long is assumed lost and published again.
     republish_after_s: float = Field(default=30.0, gt=0)
+    # The reconciler's own budget (lookups are cheap and safe): this many lookups, re-checks
+    # backing off up to reconcile_max_delay_s, before a person is asked. 12 lookups with a 60 s
+    # cap is about ten minutes of provider outage; tests shrink both to stay fast.
+    reconcile_max_lookups: int = Field(default=12, ge=1)
+    reconcile_max_delay_s: float = Field(default=60.0, gt=0)
 
     @field_validator("database_url", "evidence_url")
     @classmethod

@@ -148,14 +148,17 @@ class Pipeline:
             raise AssertionError(f"worker {name} exited: {worker.log()[-3000:]}")
         return worker
 
-    def start_relay(self, *, poll_s: float = 0.1, republish_after_s: float = 2.0) -> Any:
+    def start_relay(self, *, poll_s: float = 0.1, republish_after_s: float = 2.0, evidence_sink: Any = None) -> Any:
+        """evidence_sink: an outbox.evidence.EvidenceSink on a separate database, so the relay
+        backfills committed_evidence_degraded operations (as the real relay does when
+        OUTBOX_EVIDENCE_URL is set)."""
         from workers.doorbell import Doorbell
         from workers.relay import Relay
         from workers.celery_app import make_app
 
         app = make_app(self.settings())
         self._relay = Relay(self.sessions.kw["bind"], Doorbell(app), poll_s=poll_s,
-                            republish_after_s=republish_after_s, sweep_every_s=0.2)
+                            republish_after_s=republish_after_s, sweep_every_s=0.2, evidence_sink=evidence_sink)
         self._relay_thread = threading.Thread(target=self._relay.run_forever, daemon=True)
         self._relay_thread.start()
         return self._relay
@@ -232,3 +235,47 @@ def _clear_prefix(redis_url: str, prefix: str) -> None:
     keys = list(r.scan_iter(match=f"{prefix}*", count=500)) + list(r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=500))
     if keys:
         r.delete(*keys)
+
+
+class PrivateRedis:
+    """A redis-server of the test's own (no persistence) on a free port: safe to SIGKILL and restart.
+
+    The shared Redis on 6379 serves other runs; broker-restart tests point OUTBOX_BROKER_URL here.
+    """
+
+    def __init__(self, tmp: Path, port: Optional[int] = None) -> None:
+        from sandbox.testing import free_port
+
+        self.tmp = tmp
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+
+    def start(self) -> "PrivateRedis":
+        import redis
+
+        log = open(self.tmp / f"redis-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--daemonize", "no", "--dir", str(self.tmp)],
+            stdout=log, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            try:
+                return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping())
+            except redis.RedisError:
+                return False
+
+        wait_for(up, 10, what=f"private redis on {self.port}")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: queued messages are gone (no AOF, no RDB)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.url)

@@ -90,8 +90,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                                  # A sweep that waited longer than its period is superseded.
                                  "options": {"expires": SWEEP_EVERY_S}}},
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,  # Flower shows tasks (args are operation ids only)
-        task_send_sent_event=True,
+        # Task events cost three extra publishes per task; Flower turns them on when it connects
+        # (enable_events), and OUTBOX_TASK_EVENTS=true keeps them on from the start.
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         enable_utc=True,
     )
 

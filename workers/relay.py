@@ -100,18 +100,18 @@ class Relay:
             return list(session.execute(stmt.values(published_at=db_now()).returning(_OP.c.id)).scalars())
 
     def run_once(self) -> Tick:
+        # Doorbells first: they are what a waiting agent's latency is made of; the sweep can wait.
+        dispatch_ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
+        if dispatch_ids:
+            self.doorbell.ring_dispatch(dispatch_ids)
         expired = 0
         now = time.monotonic()
         if now - self._last_sweep >= self.sweep_every_s:
             self._last_sweep = now
             with self.sessions.begin() as session:
-                expired_ids = expire_leases(session)
-            expired = len(expired_ids)
+                expired = len(expire_leases(session))
             if expired:
                 log.info("leases expired: %d operation(s) parked in outcome_unknown", expired)
-        dispatch_ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
-        if dispatch_ids:
-            self.doorbell.ring_dispatch(dispatch_ids)
         reconcile_ids = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
         if reconcile_ids:
             self.doorbell.ring_reconcile(reconcile_ids)

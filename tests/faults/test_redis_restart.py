@@ -1,0 +1,64 @@
+"""F12: the broker (Redis) is SIGKILLed with doorbells queued and restarts empty; no intent is lost.
+
+The test runs its own redis-server (never the shared one on 6379): the relay publishes, nobody
+consumes, Redis dies and comes back without persistence, and only then do workers start. The
+relay's re-publishing (republish_after_s) must bring every intent to an end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+from sqlalchemy import func, select
+
+from outbox.models import Operation
+from outbox.states import Status
+from tests.harness import PrivateRedis, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+N = 20
+
+
+@pytest.fixture
+def private_redis(tmp_path: Any) -> Iterator[PrivateRedis]:
+    # Requested before `pipe`, so it is torn down after the workers and the relay.
+    server = PrivateRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe, sandbox):
+    pipe.env["OUTBOX_BROKER_URL"] = private_redis.url
+    pipe.env["OUTBOX_REDIS_URL"] = private_redis.url
+    queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "dispatch"
+    keys = [f"f12-{i:02d}" for i in range(N)]
+    op_ids = [pipe.submit(k).operation_id for k in keys]
+
+    pipe.start_relay()  # no worker yet: the doorbells pile up in Redis
+
+    def published() -> bool:
+        with pipe.sessions() as s:
+            n = s.execute(select(func.count()).select_from(Operation)
+                          .where(Operation.published_at.is_not(None))).scalar_one()
+        return n == N and private_redis.client().llen(queue) >= N
+
+    wait_for(published, 10, what=f"{N} doorbells queued in the private Redis")
+
+    private_redis.kill()
+    private_redis.start()  # same port, empty: no RDB, no AOF
+    assert private_redis.client().llen(queue) == 0, "the restarted Redis must have lost the queue"
+
+    pipe.start_worker("w1")
+    pipe.start_worker("w2")
+    wait_for(lambda: pipe.count(Status.SUCCEEDED.value) == N, 30,
+             what=f"all {N} intents succeeded (now {pipe.count(Status.SUCCEEDED.value)})")
+
+    assert {pipe.op(i).status for i in op_ids} == {Status.SUCCEEDED.value}
+    effects = sandbox.effects()
+    assert Counter(e["idempotency_key"] for e in effects) == Counter(keys)  # one effect per key
+    assert sandbox.duplicates() == []
