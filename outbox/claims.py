@@ -31,7 +31,7 @@ class Claim:
     operation_id: str
     fencing_token: int
     attempt_id: int
-    attempt_number: int  # of this kind: dispatch attempt n, or lookup n
+    attempt_number: int  # row sequence of this kind: dispatch attempt n, or lookup n
     kind: str  # "dispatch" (a worker will send the request) or "lookup" (the reconciler asks)
     tenant: str
     idempotency_key: str
@@ -42,7 +42,7 @@ class Claim:
     worker: str
     lease_expires_at: dt.datetime
     max_attempts: Optional[int]  # None: the action's budget decides
-    attempt_count: int  # dispatch attempts so far, this one included for a dispatch claim
+    attempt_count: int  # budget-counted dispatch attempts so far, this one included (refunds excluded)
     deadline_at: Optional[dt.datetime]
     created_at: dt.datetime
     cancel_requested: bool
@@ -157,12 +157,13 @@ def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Cl
             )
         )
     ).scalar_one()
-    if kind == "dispatch":
-        number = row.attempt_count
-    else:
-        number = 1 + session.execute(
-            select(func.count()).where(Attempt.operation_id == row.id, Attempt.kind == "lookup")
-        ).scalar_one()
+    # Attempt rows are numbered in sequence per kind. Not attempt_count: a breaker-open wait
+    # refunds its attempt to the budget, but its row (evidence) keeps its number.
+    number = 1 + session.execute(
+        select(func.coalesce(func.max(Attempt.attempt_number), 0)).where(
+            Attempt.operation_id == row.id, Attempt.kind == kind
+        )
+    ).scalar_one()
     attempt_id = session.execute(
         insert(Attempt)
         .values(

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.errors import StaleFence
-from outbox.models import Operation
+from outbox.models import Attempt, Operation
 from outbox.states import Status
 from outbox.transitions import AttemptReport, mark_attempt_stale, move, record_attempt
 
 _OP = Operation.__table__
+_AT = Attempt.__table__
+
+
+def _last_dispatch_number(operation_id: str) -> Any:
+    """Every dispatch attempt so far (by row number, refunded ones included) is proven absent."""
+    return (
+        select(func.coalesce(func.max(_AT.c.attempt_number), 0))
+        .where(_AT.c.operation_id == operation_id, _AT.c.kind == "dispatch")
+        .scalar_subquery()
+    )
 
 SETTLE_TARGETS = (
     Status.SUCCEEDED,
@@ -61,9 +72,9 @@ def settle_if_fenced(
     elif to is Status.FAILED_BEFORE_COMMIT:
         # The provider's own record says no effect: that is the proof failed_before_commit needs
         # for every attempt so far, written down so the row explains itself.
-        values.update(proven_absent_through=_OP.c.attempt_count)
+        values.update(proven_absent_through=_last_dispatch_number(claim.operation_id))
     elif to is Status.NOT_DISPATCHED:
-        values.update(proven_absent_through=_OP.c.attempt_count, next_attempt_at=db_now())
+        values.update(proven_absent_through=_last_dispatch_number(claim.operation_id), next_attempt_at=db_now())
     elif to is Status.OUTCOME_UNKNOWN:
         values.update(next_attempt_at=db_now(max(recheck_in_s, 0.0)))
     try:
@@ -108,7 +119,7 @@ def resolve_by_person(
     if outcome == "not-executed":
         move(session, operation_id, sources=[Status.RECONCILIATION_REQUIRED], to=Status.NOT_DISPATCHED,
              event="resolved: not executed", actor=by, reason=note,
-             proven_absent_through=_OP.c.attempt_count, next_attempt_at=db_now())
+             proven_absent_through=_last_dispatch_number(operation_id), next_attempt_at=db_now())
         return Status.NOT_DISPATCHED
     raise ValueError(f"unknown resolution {outcome!r}: succeeded | not-executed")
 

@@ -95,10 +95,11 @@ def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Optiona
     if claim.cancel_requested and not claim.open_ambiguity:
         return Cancelled("cancel requested before the request was sent")
     budget = effective_budget(claim, action)
-    if claim.attempt_number > budget.max_attempts:
-        return _spent(claim, f"attempts used up ({claim.attempt_number - 1}/{budget.max_attempts})")
+    # attempt_count counts attempts that cost budget (breaker-open waits are refunded).
+    if claim.attempt_count > budget.max_attempts:
+        return _spent(claim, f"attempts used up ({claim.attempt_count - 1}/{budget.max_attempts})")
     if now >= deadline_of(claim, action):
-        return _spent(claim, f"deadline passed before attempt {claim.attempt_number} ({budget.deadline_s:g}s)")
+        return _spent(claim, f"deadline passed before attempt {claim.attempt_count} ({budget.deadline_s:g}s)")
     return None
 
 
@@ -106,12 +107,22 @@ def breaker_open(claim: Claim, action: ActionConfig, *, reopens_at: datetime, no
     """Breaker open: not sent, wait for the reopen time without spending an attempt."""
     if reopens_at > deadline_of(claim, action):
         return _spent(claim, f"breaker for {action.target} stays open past the deadline")
-    return breaker_wait(action, reopens_at=reopens_at, now=now)
+    return breaker_wait(action, reopens_at=reopens_at, now=now, spent_attempts=claim.attempt_count - 1)
 
 
-def breaker_wait(action: ActionConfig, *, reopens_at: datetime, now: datetime) -> RetryAt:
+# At the reopen time the parked operation with the most budget left is due first, so it is the
+# one that probes: an outage's probes rotate over the parked operations instead of draining the
+# budget of whichever operation happened to probe last (it would be first in line again). 0.5 s
+# per spent attempt spaces the levels beyond the relay's poll interval (0.1-0.5 s); capped so a
+# recovered target costs at most 1 s of extra wait.
+PROBE_ORDER_STEP_S = 0.5
+PROBE_ORDER_MAX_S = 1.0
+
+
+def breaker_wait(action: ActionConfig, *, reopens_at: datetime, now: datetime, spent_attempts: int = 0) -> RetryAt:
     """The wait for an open breaker (the reason starts with "breaker": operators' reset finds it)."""
-    delay_s = max((reopens_at - now).total_seconds(), 0.0)
+    order_s = min(max(spent_attempts, 0) * PROBE_ORDER_STEP_S, PROBE_ORDER_MAX_S)
+    delay_s = max((reopens_at - now).total_seconds(), 0.0) + order_s
     return RetryAt(delay_s, f"breaker for {action.target} open until {reopens_at.isoformat()}", refund_attempt=True)
 
 
@@ -127,7 +138,7 @@ def decide(
     if c.klass is A.SUCCEEDED:
         return Succeeded(c.provider_reference, c.body)
     budget = effective_budget(claim, action)
-    plan = plan_retry(attempt_number=claim.attempt_number, budget=budget, created_at=claim.created_at,
+    plan = plan_retry(attempt_number=claim.attempt_count, budget=budget, created_at=claim.created_at,
                       now=now, retry_after_s=c.retry_after_s, rng=rng or random.Random())
     if c.klass is A.AMBIGUOUS:
         if action.on_ambiguous == "replay" and not isinstance(plan, BudgetSpent):

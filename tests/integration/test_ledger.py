@@ -165,6 +165,9 @@ def test_retry_waits_for_next_attempt_at_and_breaker_waits_cost_no_attempt(ledge
         finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_SENT, error="breaker open"),
                            to=Status.NOT_DISPATCHED, reason="breaker open", refund_attempt=True)
     assert _op(ledger, receipt.operation_id).attempt_count == 1
+    # The refunded attempt keeps its row (evidence); the next claim gets the next row number.
+    [c3] = _claim(ledger)
+    assert (c3.attempt_number, c3.attempt_count) == (3, 2)
 
 
 def test_failed_before_commit_needs_proof_after_an_ambiguous_attempt(ledger):
