@@ -24,6 +24,8 @@ def _free_port() -> int:
 
 def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, tmp_path):
     pytest.importorskip("flower")
+    # Deployments that run Flower turn task events on from the start (docker-compose.yml does).
+    pipe.env["OUTBOX_TASK_EVENTS"] = "true"
     worker = pipe.start_worker("flowerw")
     pipe.start_relay()
     port = _free_port()
