@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
+from sqlalchemy import Row, and_, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
@@ -114,6 +114,8 @@ def _claim(
     if limit < 1:
         raise ValueError("limit must be >= 1")
     pg = is_postgres(session)
+    if pg:
+        return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_id=operation_id)
     source = Status.NOT_DISPATCHED if kind == "dispatch" else Status.OUTCOME_UNKNOWN
     guard = [_OP.c.status == source.value, _OP.c.next_attempt_at <= db_now()]
     if kind == "lookup":
@@ -140,6 +142,67 @@ def _claim(
         stmt = stmt.where(_OP.c.id.in_(due.scalar_subquery()), *guard)
     rows = session.execute(stmt.returning(*_RETURNED)).all()
     return [_record_claim(session, row, worker, kind) for row in rows]
+
+
+# PostgreSQL: the whole claim in ONE statement (one round trip): lock due rows with SKIP LOCKED,
+# bump token and lease, number the attempt, open the attempt row and the event row. The CTEs
+# read attempts as of the statement's snapshot, so numbering and the ambiguity check see the
+# rows committed before this claim (the inserts of this statement are not visible to them).
+_PG_CLAIM = """
+WITH due AS (
+    SELECT id FROM operations
+    WHERE status = :source AND next_attempt_at <= clock_timestamp()
+      AND (:lookup = false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
+      AND (CAST(:operation_id AS varchar) IS NULL OR id = :operation_id)
+    ORDER BY next_attempt_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE operations o SET
+        fencing_token = o.fencing_token + 1,
+        lease_owner = :worker,
+        lease_expires_at = clock_timestamp() + make_interval(secs => :lease_s),
+        updated_at = clock_timestamp(),
+        status = CASE WHEN :lookup THEN o.status ELSE 'dispatching' END,
+        attempt_count = CASE WHEN :lookup THEN o.attempt_count ELSE o.attempt_count + 1 END,
+        reason = CASE WHEN :lookup THEN o.reason ELSE 'claimed' END
+    FROM due WHERE o.id = due.id
+    RETURNING o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.action, o.args,
+              o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
+              o.cancel_requested, o.proven_absent_through
+), numbered AS (
+    SELECT c.*,
+        (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
+          WHERE a.operation_id = c.id AND a.kind = :kind) AS number,
+        EXISTS (SELECT 1 FROM attempts a
+          WHERE a.operation_id = c.id AND a.kind = 'dispatch' AND a.attempt_number > c.proven_absent_through
+            AND a.attempt_class IN ('ambiguous', 'pending')) AS open_ambiguity
+    FROM claimed c
+), opened AS (
+    INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
+    SELECT id, number, :kind, fencing_token, :worker, clock_timestamp(), 'pending', false FROM numbered
+    RETURNING id AS attempt_id, operation_id
+), logged AS (
+    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    SELECT id, clock_timestamp(), :source, :target, fencing_token, :event, :kind || ' attempt ' || number, :worker
+    FROM numbered
+)
+SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id
+"""
+
+
+def _claim_pg(
+    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_id: Optional[str]
+) -> list[Claim]:
+    lookup = kind == "lookup"
+    source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
+    target = Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING
+    rows = session.execute(text(_PG_CLAIM), {
+        "source": source.value, "target": target.value, "lookup": lookup, "operation_id": operation_id,
+        "limit": limit, "worker": worker, "lease_s": float(lease_s), "kind": kind,
+        "event": "reconcile claim" if lookup else "claim",
+    }).all()
+    return [_claim_of(row, worker, kind, row.attempt_id, row.number, row.open_ambiguity) for row in rows]
 
 
 def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Claim:
@@ -190,6 +253,10 @@ def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Cl
             actor=worker,
         )
     )
+    return _claim_of(row, worker, kind, attempt_id, number, bool(open_ambiguity))
+
+
+def _claim_of(row: Row[Any], worker: str, kind: str, attempt_id: int, number: int, open_ambiguity: bool) -> Claim:
     lease = as_utc(row.lease_expires_at)
     created = as_utc(row.created_at)
     assert lease is not None and created is not None

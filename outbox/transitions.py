@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from sqlalchemy import and_, exists, insert, select, update
+from sqlalchemy import and_, exists, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from outbox.claims import Claim
 from outbox.clock import db_now
+from outbox.db import is_postgres
 from outbox.errors import IllegalTransition, OperationNotFound, StaleFence
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
@@ -123,7 +124,12 @@ def move(
 
 def record_attempt(session: Session, attempt_id: int, report: AttemptReport, *, stale: bool = False) -> bool:
     """Write an attempt's result once. Returns False if it was already written (never overwrite)."""
-    row = session.execute(
+    row = session.execute(_record_attempt_stmt(attempt_id, report, stale=stale)).first()
+    return row is not None
+
+
+def _record_attempt_stmt(attempt_id: int, report: AttemptReport, *, stale: bool = False) -> Any:
+    return (
         update(_AT)
         .where(_AT.c.id == attempt_id, _AT.c.ended_at.is_(None))
         .values(
@@ -140,14 +146,16 @@ def record_attempt(session: Session, attempt_id: int, report: AttemptReport, *, 
             stale=stale,
         )
         .returning(_AT.c.id)
-    ).first()
-    return row is not None
+    )
 
 
-def _no_open_ambiguity(operation_id: str) -> Any:
+def _no_open_ambiguity(operation_id: str, current_attempt_id: int) -> Any:
+    # The current attempt is excluded: its class is the report's (checked provably-not-executed),
+    # and a one-statement finalize still sees its row as pending.
     return ~exists().where(
         and_(
             _AT.c.operation_id == operation_id,
+            _AT.c.id != current_attempt_id,
             _AT.c.kind == "dispatch",
             _AT.c.attempt_number > _OP.c.proven_absent_through,
             _AT.c.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]),
@@ -172,7 +180,6 @@ def finalize_if_fenced(
     ``delay_s``; ``refund_attempt`` when nothing was sent, e.g. breaker open), failed_before_commit
     (only with a provably-not-executed class and no open ambiguity), outcome_unknown (ambiguous).
     """
-    wrote = record_attempt(session, claim.attempt_id, report)
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
     extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
@@ -194,20 +201,19 @@ def finalize_if_fenced(
         if report.klass not in PROVABLY_NOT_EXECUTED:
             raise IllegalTransition(claim.operation_id, "dispatching/" + report.klass.value, to.value)
         # The ledger itself refuses "failed" while an earlier attempt may have taken effect.
-        extra_where.append(_no_open_ambiguity(claim.operation_id))
+        extra_where.append(_no_open_ambiguity(claim.operation_id, claim.attempt_id))
+    event = f"attempt {claim.attempt_number}: {report.klass.value}"
+    wrote = False
     try:
-        move(
-            session,
-            claim.operation_id,
-            sources=[Status.DISPATCHING],
-            to=to,
-            event=f"attempt {claim.attempt_number}: {report.klass.value}",
-            actor=claim.worker,
-            reason=reason,
-            token=claim.fencing_token,
-            extra_where=extra_where,
-            **values,
-        )
+        if is_postgres(session):
+            wrote, refused = _finalize_in_one_statement(session, claim, report, to=to, event=event,
+                                                        reason=reason, extra_where=extra_where, values=values)
+            if refused is not None:
+                raise StaleFence(claim.operation_id, claim.fencing_token, refused)
+        else:
+            wrote = record_attempt(session, claim.attempt_id, report)
+            move(session, claim.operation_id, sources=[Status.DISPATCHING], to=to, event=event,
+                 actor=claim.worker, reason=reason, token=claim.fencing_token, extra_where=extra_where, **values)
     except StaleFence:
         if extra_where and _still_ours(session, claim):
             # The token is current: the refusal is the ledger's own guard, not a lost lease.
@@ -217,6 +223,64 @@ def finalize_if_fenced(
         if wrote:
             mark_attempt_stale(session, claim.attempt_id)
         raise
+
+
+def _finalize_in_one_statement(
+    session: Session,
+    claim: Claim,
+    report: AttemptReport,
+    *,
+    to: Status,
+    event: str,
+    reason: str,
+    extra_where: list[Any],
+    values: dict[str, Any],
+) -> tuple[bool, Optional[str]]:
+    """PostgreSQL: attempt row, fenced move and event row in ONE statement (one round trip).
+
+    Data-modifying CTEs all run once; the event is inserted only if the fenced UPDATE matched.
+    Returns (attempt row written, None) or, when the fenced move matched no row, (written, what
+    the row holds now) for the caller to raise StaleFence.
+    """
+    _check_allowed(claim.operation_id, [Status.DISPATCHING], to)
+    values = dict(values, status=to.value, updated_at=db_now(), reason=reason)
+    if to in TERMINAL:
+        values.setdefault("finished_at", db_now())
+    att = _record_attempt_stmt(claim.attempt_id, report).cte("att")
+    moved = (
+        update(_OP)
+        .where(_OP.c.id == claim.operation_id, _OP.c.status == Status.DISPATCHING.value,
+               _OP.c.fencing_token == claim.fencing_token, *extra_where)
+        .values(**values)
+        .returning(_OP.c.id, _OP.c.fencing_token)
+        .cte("moved")
+    )
+    ev_table = OperationEvent.__table__
+    logged = (
+        insert(ev_table)
+        .from_select(
+            ["operation_id", "at", "from_status", "to_status", "fencing_token", "event", "reason", "actor"],
+            select(moved.c.id, db_now(), literal(Status.DISPATCHING.value), literal(to.value),
+                   moved.c.fencing_token, literal(event), literal(reason), literal(claim.worker)),
+        )
+        .returning(ev_table.c.id)
+        .cte("logged")
+    )
+    row = session.execute(
+        select(
+            select(func.count()).select_from(att).scalar_subquery().label("wrote"),
+            select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+            select(func.count()).select_from(logged).scalar_subquery().label("logged"),
+        )
+    ).one()
+    if not row.moved:
+        current = session.execute(
+            select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == claim.operation_id)
+        ).first()
+        if current is None:
+            raise OperationNotFound(claim.operation_id)
+        return bool(row.wrote), f"now {current.status} with token {current.fencing_token}"
+    return bool(row.wrote), None
 
 
 def _still_ours(session: Session, claim: Claim) -> bool:
