@@ -70,14 +70,24 @@ class EvidenceSink:
 
     def __init__(self, engine: Optional[Engine] = None) -> None:
         self.engine = engine
+        self._table_ready = engine is None
 
     @classmethod
     def from_url(cls, url: str) -> "EvidenceSink":
         if not url:
             return cls(None)
-        engine = make_engine(url)
-        Evidence.__table__.create(engine, checkfirst=True)
-        return cls(engine)
+        sink = cls(make_engine(url))
+        try:
+            sink._ensure_table()
+        except Exception as exc:  # noqa: BLE001 - a sink that is down at start-up must not stop workers
+            # Successes become committed_evidence_degraded until it is back; backfill repairs them.
+            log.warning("evidence sink unavailable at start-up: %s", exc)
+        return sink
+
+    def _ensure_table(self) -> None:
+        if not self._table_ready and self.engine is not None:
+            Evidence.__table__.create(self.engine, checkfirst=True)
+            self._table_ready = True
 
     @property
     def separate(self) -> bool:
@@ -91,6 +101,7 @@ class EvidenceSink:
                 raise ValueError("the default evidence sink writes in the ledger transaction: pass session")
             session.execute(stmt)
             return
+        self._ensure_table()
         with self.engine.begin() as conn:
             conn.execute(stmt)
 

@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 UTC = timezone.utc
 
 # The reconciler's own budget, separate from the dispatch budget: lookups are cheap and safe,
-# so it keeps asking for a while before it bothers a person.
+# so it keeps asking for a while before it bothers a person. Defaults of
+# Settings.reconcile_max_lookups / reconcile_max_delay_s (OUTBOX_RECONCILE_MAX_LOOKUPS,
+# OUTBOX_RECONCILE_MAX_DELAY_S), which the worker passes in.
 MAX_LOOKUPS = 12
 RECHECK_BASE_S = 1.0
 RECHECK_MAX_S = 60.0
@@ -77,8 +79,8 @@ def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_
     return started + timedelta(seconds=call_timeout_s)
 
 
-def recheck_delay_s(lookup_number: int, rng: random.Random) -> float:
-    window = min(RECHECK_MAX_S, RECHECK_BASE_S * 2 ** max(lookup_number - 1, 0))
+def recheck_delay_s(lookup_number: int, rng: random.Random, *, max_delay_s: float = RECHECK_MAX_S) -> float:
+    window = min(max_delay_s, RECHECK_BASE_S * 2 ** max(lookup_number - 1, 0))
     return rng.uniform(window / 2, window)
 
 
@@ -90,8 +92,14 @@ def judge(
     now: datetime,
     last_activity: Optional[datetime],
     rng: random.Random,
+    max_lookups: int = MAX_LOOKUPS,
+    max_delay_s: float = RECHECK_MAX_S,
 ) -> Settlement:
-    """Pure: what a lookup answer proves for this operation."""
+    """Pure: what a lookup answer proves for this operation.
+
+    ``max_lookups`` / ``max_delay_s``: the reconciler's budget (Settings.reconcile_max_lookups,
+    reconcile_max_delay_s).
+    """
     spec = action.lookup
     assert spec is not None
     if found.outcome == "found":
@@ -101,10 +109,12 @@ def judge(
         if found.state == "failed":
             return Settlement(Status.FAILED_BEFORE_COMMIT, AttemptClass.REJECTED,
                               "reconciled: the provider holds it as failed/cancelled")
-        return _recheck(claim, f"found, still {found.state}: re-check later", rng)
+        return _recheck(claim, f"found, still {found.state}: re-check later", rng,
+                        max_lookups=max_lookups, max_delay_s=max_delay_s)
     if found.outcome == "not_found":
         if not spec.authoritative_not_found:
-            return _recheck(claim, "not found, and this lookup is not authoritative", rng)
+            return _recheck(claim, "not found, and this lookup is not authoritative", rng,
+                            max_lookups=max_lookups, max_delay_s=max_delay_s)
         # "Not found" counts only once the provider's index lag has passed since the request
         # may last have landed.
         settled_at = (last_activity or now) + timedelta(seconds=spec.settle_s)
@@ -115,15 +125,16 @@ def judge(
                               recheck_in_s=wait_s)
         return Settlement(Status.NOT_DISPATCHED, AttemptClass.NOT_SENT,
                           f"authoritative not found after settle_s={spec.settle_s:g}s: re-dispatch with the same key")
-    return _recheck(claim, f"lookup unavailable: {found.reason}", rng)
+    return _recheck(claim, f"lookup unavailable: {found.reason}", rng,
+                    max_lookups=max_lookups, max_delay_s=max_delay_s)
 
 
-def _recheck(claim: Claim, reason: str, rng: random.Random) -> Settlement:
-    if claim.attempt_number >= MAX_LOOKUPS:
+def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:
+    if claim.attempt_number >= max_lookups:
         return Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS,
-                          f"{reason}; reconciler budget spent ({MAX_LOOKUPS} lookups): a person must decide")
+                          f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide")
     return Settlement(Status.OUTCOME_UNKNOWN, AttemptClass.AMBIGUOUS, reason,
-                      recheck_in_s=recheck_delay_s(claim.attempt_number, rng))
+                      recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s))
 
 
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.Random] = None) -> Optional[Settlement]:
@@ -159,7 +170,8 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
         last_activity = last_dispatch_activity(
             session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
         )
-    verdict = judge(claim, action, found, now=datetime.now(UTC), last_activity=last_activity, rng=rng)
+    verdict = judge(claim, action, found, now=datetime.now(UTC), last_activity=last_activity, rng=rng,
+                    max_lookups=rt.settings.reconcile_max_lookups, max_delay_s=rt.settings.reconcile_max_delay_s)
     if verdict.to is Status.NOT_DISPATCHED:
         verdict = _cap_redispatch(rt, claim, action, verdict)
     return _settle(rt, claim, found, verdict, action)

@@ -1,0 +1,181 @@
+"""The reconciliation report, ledger side: what the ledger claims happened, and how healthy it is.
+
+The provider side (listing what the downstream holds) lives in ``workers/report.py``; this module
+only reads the ledger, so it needs no actions file and no network.
+
+Health figures, over operations created since the window start:
+- failure attributability: of the operations that ended ``failed_before_commit`` or are parked in
+  ``reconciliation_required``, the share that carry both an error class and a reason;
+- auto-recovery rate: of the operations with at least one retryable failed dispatch attempt
+  (not_sent / not_processed / ambiguous), the share that later succeeded without a person;
+- handoffs opened in the window: open / resolved, and time to resolution (median, max);
+- retries: dispatch attempts beyond the first per operation, per action (the caller groups them by
+  target); ``billable`` leaves out not_sent attempts, which never left this machine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from outbox.clock import as_utc
+from outbox.models import Attempt, Handoff, Operation, OperationEvent
+from outbox.states import AttemptClass, Status
+
+# Statuses in which the ledger holds that the effect exists at the provider.
+EFFECT_STATUSES = (Status.SUCCEEDED.value, Status.COMMITTED_EVIDENCE_DEGRADED.value)
+ATTRIBUTABLE_STATUSES = (Status.FAILED_BEFORE_COMMIT.value, Status.RECONCILIATION_REQUIRED.value)
+RETRYABLE_CLASSES = (AttemptClass.NOT_SENT.value, AttemptClass.NOT_PROCESSED.value, AttemptClass.AMBIGUOUS.value)
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One operation, as much as the comparison with a provider listing needs."""
+
+    operation_id: str
+    tenant: str
+    idempotency_key: str
+    action: str
+    status: str
+    result_reference: Optional[str]
+    created_at: Optional[dt.datetime]
+    finished_at: Optional[dt.datetime]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "idempotency_key": self.idempotency_key,
+            "action": self.action,
+            "status": self.status,
+            "reference": self.result_reference,
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+def _iso(value: Optional[dt.datetime]) -> Optional[str]:
+    v = as_utc(value)
+    return v.isoformat() if v is not None else None
+
+
+def _record(op: Operation) -> LedgerRecord:
+    return LedgerRecord(op.id, op.tenant, op.idempotency_key, op.action, op.status, op.result_reference,
+                        as_utc(op.created_at), as_utc(op.finished_at))
+
+
+def records_with_effect(session: Session, *, actions: Iterable[str], since: dt.datetime) -> list[LedgerRecord]:
+    """Operations of ``actions`` the ledger holds as done at the provider, finished since ``since``."""
+    names = list(actions)
+    if not names:
+        return []
+    rows = session.execute(
+        select(Operation).where(Operation.action.in_(names), Operation.status.in_(EFFECT_STATUSES),
+                                Operation.finished_at >= since).order_by(Operation.finished_at)
+    ).scalars()
+    return [_record(op) for op in rows]
+
+
+def records_by_key(session: Session, *, actions: Iterable[str], keys: Iterable[str]) -> dict[str, list[LedgerRecord]]:
+    """Every operation (any age, any status) of ``actions`` with one of ``keys``, by key."""
+    names, wanted = list(actions), sorted(set(keys))
+    out: dict[str, list[LedgerRecord]] = defaultdict(list)
+    # Chunked IN lists: a listing can hold thousands of keys.
+    for i in range(0, len(wanted), 500):
+        rows = session.execute(
+            select(Operation).where(Operation.action.in_(names), Operation.idempotency_key.in_(wanted[i:i + 500]))
+        ).scalars()
+        for op in rows:
+            out[op.idempotency_key].append(_record(op))
+    return dict(out)
+
+
+def records_by_reference(session: Session, *, actions: Iterable[str], references: Iterable[str]) -> dict[str, LedgerRecord]:
+    """Operations of ``actions`` whose recorded provider reference is one of ``references``."""
+    names, wanted = list(actions), sorted(set(references))
+    out: dict[str, LedgerRecord] = {}
+    for i in range(0, len(wanted), 500):
+        rows = session.execute(
+            select(Operation).where(Operation.action.in_(names), Operation.result_reference.in_(wanted[i:i + 500]))
+        ).scalars()
+        for op in rows:
+            if op.result_reference is not None:
+                out[op.result_reference] = _record(op)
+    return out
+
+
+def failure_attributability(session: Session, *, since: dt.datetime) -> dict[str, Any]:
+    rows = session.execute(
+        select(Operation.error_class, Operation.reason, Operation.last_error)
+        .where(Operation.status.in_(ATTRIBUTABLE_STATUSES), Operation.created_at >= since)
+    ).all()
+    attributable = sum(1 for r in rows if r.error_class and (r.reason or "").strip())
+    return {"operations": len(rows), "attributable": attributable,
+            "share": round(attributable / len(rows), 4) if rows else None}
+
+
+def auto_recovery(session: Session, *, since: dt.datetime) -> dict[str, Any]:
+    retried = (
+        select(Attempt.operation_id)
+        .join(Operation, Operation.id == Attempt.operation_id)
+        .where(Attempt.kind == "dispatch", Attempt.attempt_class.in_(RETRYABLE_CLASSES),
+               Operation.created_at >= since)
+        .distinct()
+    )
+    ids = list(session.execute(retried).scalars())
+    if not ids:
+        return {"operations": 0, "recovered": 0, "rate": None}
+    by_person = set(session.execute(
+        select(OperationEvent.operation_id).where(OperationEvent.operation_id.in_(ids),
+                                                  OperationEvent.event.like("resolved:%")).distinct()
+    ).scalars())
+    succeeded = set(session.execute(
+        select(Operation.id).where(Operation.id.in_(ids), Operation.status.in_(EFFECT_STATUSES))
+    ).scalars())
+    recovered = len(succeeded - by_person)
+    return {"operations": len(ids), "recovered": recovered, "rate": round(recovered / len(ids), 4)}
+
+
+def handoff_figures(session: Session, *, since: dt.datetime) -> dict[str, Any]:
+    rows = session.execute(
+        select(Handoff.status, Handoff.opened_at, Handoff.resolved_at).where(Handoff.opened_at >= since)
+    ).all()
+    durations = []
+    for r in rows:
+        opened, resolved = as_utc(r.opened_at), as_utc(r.resolved_at)
+        if r.status == "resolved" and opened is not None and resolved is not None:
+            durations.append((resolved - opened).total_seconds())
+    return {
+        "open": sum(1 for r in rows if r.status == "open"),
+        "resolved": sum(1 for r in rows if r.status == "resolved"),
+        "time_to_resolution_s": {
+            "median": round(statistics.median(durations), 3) if durations else None,
+            "max": round(max(durations), 3) if durations else None,
+        },
+    }
+
+
+def retries_by_action(session: Session, *, since: dt.datetime) -> dict[str, dict[str, int]]:
+    """{action: {"retries": n, "billable": m}}: dispatch attempts numbered 2 and up."""
+    rows = session.execute(
+        select(Operation.action, Attempt.attempt_class, func.count())
+        .join(Operation, Operation.id == Attempt.operation_id)
+        .where(Attempt.kind == "dispatch", Attempt.attempt_number > 1, Operation.created_at >= since)
+        .group_by(Operation.action, Attempt.attempt_class)
+    ).all()
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"retries": 0, "billable": 0})
+    for action, klass, n in rows:
+        out[action]["retries"] += int(n)
+        if klass != AttemptClass.NOT_SENT.value:
+            out[action]["billable"] += int(n)
+    return dict(out)
+
+
+def operations_in_window(session: Session, *, since: dt.datetime) -> int:
+    return int(session.execute(select(func.count()).select_from(Operation).where(Operation.created_at >= since))
+               .scalar_one())

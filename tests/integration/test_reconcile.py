@@ -1,0 +1,228 @@
+"""Reconciliation end to end (FAULTS.md F02, F03, F05, F10): real worker processes, the relay,
+PostgreSQL, Redis and the sandbox. Faults are injected for real; effects are counted by the sandbox.
+
+The reconciler's budget is shrunk through OUTBOX_RECONCILE_MAX_LOOKUPS / _MAX_DELAY_S so the
+"lookup down" cases run in seconds.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+
+from outbox.evidence import EvidenceSink
+from outbox.models import Evidence, Handoff
+from outbox.queries import explain
+from tests.conftest import PG_ADMIN_URL
+from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+FAST_RECHECK = {"OUTBOX_RECONCILE_MAX_DELAY_S": "0.3"}
+
+
+def posts(sandbox, key):
+    return sandbox.requests(method="POST", key=key)
+
+
+def lookups(sandbox, key):
+    return sandbox.requests(method="GET", key=key)
+
+
+def test_commit_then_drop_reconciled_with_the_providers_id(pipe, sandbox):
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-drop")
+    op = pipe.wait_status(r.operation_id, "succeeded")
+    effects = sandbox.effects(key="rc-drop")
+    assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+    # Zero re-sends: the only POST is the one whose answer was dropped; then the lookup.
+    sent = posts(sandbox, "rc-drop")
+    assert [p["status"] for p in sent] == ["reset"]
+    found = [g for g in lookups(sandbox, "rc-drop") if g["status"] == 200]
+    assert found and found[0]["seq"] > sent[0]["seq"]
+    dispatches = pipe.attempts(r.operation_id, "dispatch")
+    assert [a.attempt_class for a in dispatches] == ["ambiguous"]
+    assert pipe.attempts(r.operation_id, "lookup")[-1].provider_reference == op.result_reference
+
+
+def test_lookup_down_for_a_while_then_back(pipe, sandbox):
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
+    down = sandbox.add_fault(mode="unavailable_503", method="GET", path="/v1/refunds")
+    pipe.env.update(FAST_RECHECK | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "100"})
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-down")
+    wait_for(lambda: len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3, 15,
+             what="three failed lookups")
+    assert pipe.op(r.operation_id).status == "outcome_unknown"
+    assert len(posts(sandbox, "rc-down")) == 1, "re-sent while the outcome was unknown"
+    sandbox.remove_fault(down["id"])
+    op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
+    assert len(posts(sandbox, "rc-down")) == 1
+    effects = sandbox.effects(key="rc-down")
+    assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+
+
+def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
+    doc = actions_doc(sandbox.url, actions={
+        "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], sensitive_args=["reason"]),
+    })
+    pipe.write_actions(doc)
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
+    sandbox.add_fault(mode="fail_before_commit", method="GET", path="/v1/refunds", status=500)
+    pipe.env.update(FAST_RECHECK | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "3"})
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-never")
+    op = pipe.wait_status(r.operation_id, "reconciliation_required", timeout_s=20)
+    assert len(posts(sandbox, "rc-never")) == 1
+    assert len(sandbox.effects(key="rc-never")) == 1  # the effect exists: only a person may say so
+    with pipe.sessions() as s:
+        handoff = s.execute(select(Handoff).where(Handoff.operation_id == op.id)).scalar_one()
+        packet = handoff.packet
+    # 1. ids, key, tenant, action, target
+    assert packet["operation"] == {"operation_id": op.id, "idempotency_key": "rc-never", "tenant": "t1",
+                                   "action": "payments.refund.create", "target": "sandbox"}
+    # 2. every attempt: the dispatch and the three lookups, with token, digest and class
+    kinds = [(a["kind"], a["class"]) for a in packet["attempts"]]
+    assert kinds[0] == ("dispatch", "ambiguous") and len([k for k in kinds if k[0] == "lookup"]) == 3
+    assert packet["attempts"][0]["request_digest"] and all(a["fencing_token"] for a in packet["attempts"])
+    assert all(a["error"] for a in packet["attempts"])
+    # 3. the raw last error and its class
+    assert packet["last_error"]["class"] == "ambiguous" and packet["last_error"]["raw"]
+    assert "budget spent (3 lookups)" in packet["last_error"]["why_handed_off"]
+    # 4. the next step
+    assert "rc-never" in packet["next_step"] and "handoffs resolve" in packet["next_step"]
+    # 5. the intent, sensitive fields masked
+    assert packet["intent"]["args"] == dict(REFUND_ARGS, reason="***")
+    assert packet["intent"]["args_digest"] == op.args_digest and packet["intent"]["subject"] == "test"
+
+
+def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pipe, sandbox):
+    # The request reaches the provider, is not committed, and the client sees a 500 (ambiguous).
+    # The provider's index lags, so a 404 inside settle_s proves nothing; after it, it does.
+    settle_s = 2.0
+    sandbox.configure(index_lag_s=1.0)
+    lookup = action("/v1/refunds")["lookup"] | {"settle_s": settle_s}
+    pipe.write_actions(actions_doc(sandbox.url, actions={
+        "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], lookup=lookup)}))
+    sandbox.add_fault(mode="fail_before_commit", method="POST", status=500, count=1)
+    pipe.env.update(FAST_RECHECK)
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-lag")
+    op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=20)
+    sent = posts(sandbox, "rc-lag")
+    assert [p["status"] for p in sent] == [500, 200]
+    assert sent[1]["fencing_token"] > sent[0]["fencing_token"]
+    assert sent[0]["idempotency_key"] == sent[1]["idempotency_key"] == "rc-lag"
+    gets = [g for g in lookups(sandbox, "rc-lag") if sent[0]["seq"] < g["seq"] < sent[1]["seq"]]
+    assert all(g["status"] == 404 for g in gets) and len(gets) >= 2
+    # An early 404 (inside the settle window) did not re-dispatch; the re-send waited for settle_s.
+    assert gets[0]["time"] - sent[0]["time"] < settle_s
+    assert sent[1]["time"] - sent[0]["time"] >= settle_s - 0.2
+    reasons = [a.error or "" for a in pipe.attempts(r.operation_id, "lookup")]
+    assert any("inside the settle window" in x for x in reasons)
+    assert any("authoritative not found" in x for x in reasons)
+    effects = sandbox.effects(key="rc-lag")
+    assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+
+
+def test_provider_without_idempotency_is_never_resent_without_proof(pipe, sandbox):
+    # The careless provider ignores Idempotency-Key for deduplication (a replay would create a
+    # second refund) but keeps it on the object, so the lookup can still find it by key.
+    sandbox.configure(idempotency=False)
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-careless")
+    op = pipe.wait_status(r.operation_id, "succeeded")
+    assert len(posts(sandbox, "rc-careless")) == 1
+    effects = sandbox.effects(key="rc-careless")
+    assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+    assert sandbox.duplicates() == []
+
+
+def test_worker_killed_after_the_provider_committed(pipe, sandbox):
+    # F03: the answer arrived, the worker died before storing it. Lease expiry -> outcome_unknown
+    # -> a second worker's lookup settles it; nothing is sent twice.
+    crashing = pipe.start_worker("crash", queues="dispatch",
+                                 extra_env={"OUTBOX_FAILPOINTS": "dispatch.after_response=exit"})
+    pipe.start_worker("reconciler", queues="outcome_unknown")
+    pipe.start_relay()
+    r = pipe.submit("rc-crash")
+    wait_for(lambda: crashing.proc.poll() is not None, 15, what="the worker to die at the failpoint")
+    assert crashing.proc.returncode == 137
+    op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=20)
+    assert op.reason.startswith("reconciled")
+    assert [p["status"] for p in posts(sandbox, "rc-crash")] == [200]
+    effects = sandbox.effects(key="rc-crash")
+    assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+    with pipe.sessions() as s:
+        events = [(e["from"], e["to"]) for e in explain(s, op.id).as_json()["history"]]
+    assert ("dispatching", "outcome_unknown") in events
+
+
+@pytest.fixture
+def evidence_db():
+    """A separate PostgreSQL database for the evidence sink, which the test can take down."""
+    name = f"outbox_evidence_{uuid.uuid4().hex[:8]}"
+    admin_url = make_url(PG_ADMIN_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+    admin = psycopg.connect(admin_url, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+    class Db:
+        def down(self) -> None:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+        def up(self) -> None:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+    db = Db()
+    db.url, db.name = url, name  # type: ignore[attr-defined]
+    try:
+        yield db
+    finally:
+        db.up()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sandbox, evidence_db):
+    pipe.env["OUTBOX_EVIDENCE_URL"] = evidence_db.url
+    sink = EvidenceSink.from_url(evidence_db.url)
+    try:
+        pipe.start_worker()
+        pipe.start_relay(evidence_sink=sink)
+        warm = pipe.submit("ev-warm")  # the sink works: evidence written with the success
+        pipe.wait_status(warm.operation_id, "succeeded")
+        evidence_db.down()
+        r = pipe.submit("ev-down")
+        op = pipe.wait_status(r.operation_id, "committed_evidence_degraded", "succeeded")
+        assert op.status == "committed_evidence_degraded"
+        assert op.result_reference == sandbox.effects(key="ev-down")[0]["object_id"]
+        # Never retried: the effect happened. Still degraded across a few backfill attempts.
+        time.sleep(6)  # > BACKFILL_EVERY_S: at least one backfill failed against the dead sink
+        assert pipe.op(r.operation_id).status == "committed_evidence_degraded"
+        assert len(posts(sandbox, "ev-down")) == 1
+        evidence_db.up()
+        op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
+        assert len(posts(sandbox, "ev-down")) == 1 and len(sandbox.effects(key="ev-down")) == 1
+        with sink.engine.connect() as conn:  # type: ignore[union-attr]
+            rows = conn.execute(select(Evidence.operation_id, Evidence.provider_reference)).all()
+        assert sorted(rows) == sorted([(warm.operation_id, pipe.op(warm.operation_id).result_reference),
+                                       (op.id, op.result_reference)])
+        with pipe.sessions() as s:
+            events = [e["event"] for e in explain(s, op.id).as_json()["history"]]
+        assert "evidence backfilled" in events
+    finally:
+        sink.close()

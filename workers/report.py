@@ -1,0 +1,268 @@
+"""The reconciliation report: the ledger compared with what each provider lists.
+
+For every action that declares a ``list`` request (``ListSpec``), page through the provider's
+listing since the window start (through the target's pooled httpx client) and compare:
+
+- record_without_document: the ledger says succeeded (or committed_evidence_degraded), the
+  provider lists no object with that idempotency key or reference;
+- document_without_record: a provider object whose key has no operation in the ledger, or no
+  operation that holds the effect as done;
+- duplicates: more than one provider object for one business key (two effects for one intent).
+
+Plus the health figures of ``outbox/report.py``. ``{since}`` in a list request is the window
+start in epoch seconds (with LISTING_SLACK_S of slack); ``{cursor}`` is the page cursor ("" on the
+first page), or name the cursor's query parameter with ``cursor_param``.
+
+The JSON object (``REPORT_VERSION`` 1; fields are only ever added):
+
+    {"version": 1, "generated_at": ISO, "since": ISO,
+     "discrepancy_count": int, "complete": bool,
+     "discrepancies": {
+        "record_without_document": [{"operation_id", "tenant", "idempotency_key", "action", "status",
+                                     "reference", "finished_at", "target"}],
+        "document_without_record": [{"target", "actions", "idempotency_key", "reference", "status",
+                                     "why", "ledger": [operation, ...]}],
+        "duplicates": [{"target", "actions", "idempotency_key", "count", "references"}]},
+     "listings": [{"target", "actions", "request", "documents", "pages", "error"}],
+     "actions_without_listing": [name, ...],
+     "too_recent": int,   # successes younger than the lookup's settle_s: not compared (index lag)
+     "health": {"operations": int, "duplicate_effects": int,
+                "failure_attributability": {"operations", "attributable", "share"},
+                "auto_recovery": {"operations", "recovered", "rate"},
+                "handoffs": {"open", "resolved", "time_to_resolution_s": {"median", "max"}},
+                "retries_by_target": {target: {"retries", "billable"}}}}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import httpx
+from sqlalchemy.orm import Session
+
+from outbox import report as ledger
+from workers.actions import ActionConfig, ActionsConfig, ListSpec
+from workers.classify import LocalValidationError, extract
+from workers.connectors import HttpConnector
+from workers.http_request import prepare
+
+REPORT_VERSION = 1
+# Provider clocks and ours differ, and an object is created before our success is recorded:
+# list from a little before the earliest operation compared, so none falls off the edge.
+LISTING_SLACK_S = 60.0
+# A listing that never ends (a provider bug, a cursor that does not advance) must not hang the
+# report: 1,000 pages of 100 is far beyond one day of a busy action.
+MAX_PAGES = 1000
+# Where the idempotency key sits in a listed object when the lookup does not say (key_field).
+DEFAULT_KEY_FIELD = "idempotency_key"
+
+
+class ListingUnavailable(Exception):
+    """The provider's listing could not be read completely; the report is incomplete."""
+
+
+@dataclass
+class Listing:
+    """One provider listing (actions sharing the same request share one listing)."""
+
+    target: str
+    actions: list[str]
+    spec: ListSpec
+    documents: list[dict[str, Any]] = field(default_factory=list)
+    pages: int = 0
+    error: Optional[str] = None
+
+    def describe(self) -> dict[str, Any]:
+        req = self.spec.request
+        return {"target": self.target, "actions": self.actions, "request": f"{req.method} {req.path}",
+                "documents": len(self.documents), "pages": self.pages, "error": self.error}
+
+
+def group_listings(actions: ActionsConfig) -> tuple[list[Listing], list[str]]:
+    """Listings to read (one per distinct target + list request), and actions without a listing."""
+    groups: dict[tuple[str, str], Listing] = {}
+    unlisted: list[str] = []
+    for name, action in sorted(actions.actions.items()):
+        if action.listing is None:
+            unlisted.append(name)
+            continue
+        ident = (action.target, action.listing.model_dump_json())
+        if ident not in groups:
+            groups[ident] = Listing(action.target, [], action.listing)
+        groups[ident].actions.append(name)
+    return list(groups.values()), unlisted
+
+
+def read_listing(client: httpx.Client, listing: Listing, *, since_epoch_s: float) -> None:
+    """Page through the listing into ``listing.documents``; raises ListingUnavailable."""
+    spec = listing.spec
+    cursor: Optional[str] = None
+    for _ in range(MAX_PAGES):
+        try:
+            prepared = prepare(spec.request, {}, idempotency_key="", send_rest=False,
+                               extra={"since": int(since_epoch_s), "cursor": cursor or ""})
+        except LocalValidationError as exc:
+            raise ListingUnavailable(f"cannot build the list request: {exc}") from exc
+        query: dict[str, Any] = dict(prepared.query)
+        if spec.page_size_param:
+            query[spec.page_size_param] = spec.page_size
+        if spec.cursor_param and cursor is not None:
+            query[spec.cursor_param] = cursor
+        try:
+            response = client.request(prepared.method, prepared.path, params=query or None, headers=prepared.headers)
+        except httpx.HTTPError as exc:
+            raise ListingUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if not 200 <= response.status_code < 300:
+            raise ListingUnavailable(f"http_{response.status_code}: {response.text[:200]}")
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise ListingUnavailable("unparseable listing body") from exc
+        items = extract(body, spec.items_field) if isinstance(body, dict) else body
+        if not isinstance(items, list):
+            raise ListingUnavailable(f"the listing has no list at {spec.items_field!r}")
+        listing.pages += 1
+        listing.documents.extend(i for i in items if isinstance(i, dict))
+        if spec.next_cursor_field:
+            nxt = extract(body, spec.next_cursor_field)
+        elif spec.cursor_from_last_item and items:
+            nxt = extract(items[-1], spec.cursor_from_last_item)
+        else:
+            nxt = None
+        has_more = bool(extract(body, spec.has_more_field)) if spec.has_more_field else nxt is not None
+        if not has_more or nxt is None or not items or str(nxt) == cursor:
+            return
+        cursor = str(nxt)
+    raise ListingUnavailable(f"more than {MAX_PAGES} pages: listing cut short")
+
+
+def _key_field(action: ActionConfig) -> str:
+    return (action.lookup.key_field if action.lookup and action.lookup.key_field else None) or DEFAULT_KEY_FIELD
+
+
+def _doc_status(action: ActionConfig, doc: dict[str, Any]) -> Any:
+    return extract(doc, action.lookup.status_field if action.lookup else "status")
+
+
+def compare(session: Session, actions: ActionsConfig, listing: Listing, *, since: dt.datetime,
+            now: dt.datetime) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """Discrepancies between one listing and the ledger; also how many successes were too recent."""
+    first = actions.action(listing.actions[0])
+    key_field, ref_field = _key_field(first), first.result_reference or "id"
+    out: dict[str, list[dict[str, Any]]] = {"record_without_document": [], "document_without_record": [],
+                                            "duplicates": []}
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    refs: set[str] = set()
+    unkeyed: list[dict[str, Any]] = []
+    for doc in listing.documents:
+        key, ref = extract(doc, key_field), extract(doc, ref_field)
+        if ref is not None:
+            refs.add(str(ref))
+        if key is None:
+            unkeyed.append(doc)
+        else:
+            by_key[str(key)].append(doc)
+
+    # Ledger -> provider: every success must have its document.
+    too_recent = 0
+    lookups = [actions.action(a).lookup for a in listing.actions]
+    settle_s = max((spec.settle_s for spec in lookups if spec is not None), default=0.0)
+    for rec in ledger.records_with_effect(session, actions=listing.actions, since=since):
+        if rec.idempotency_key in by_key or (rec.result_reference is not None and rec.result_reference in refs):
+            continue
+        if rec.finished_at is not None and (now - rec.finished_at).total_seconds() < settle_s:
+            too_recent += 1  # inside the provider's index lag: absence proves nothing yet
+            continue
+        out["record_without_document"].append(rec.as_json() | {"target": listing.target})
+
+    # Provider -> ledger: every document must belong to an operation that holds the effect.
+    known = ledger.records_by_key(session, actions=listing.actions, keys=by_key)
+    by_ref = ledger.records_by_reference(session, actions=listing.actions, references=refs)
+    for key, docs in sorted(by_key.items()):
+        records = known.get(key, [])
+        for doc in docs:
+            ref = extract(doc, ref_field)
+            mine = [r for r in records if r.status in ledger.EFFECT_STATUSES]
+            if mine or (ref is not None and str(ref) in by_ref):
+                continue
+            why = ("no operation with this key" if not records
+                   else "no succeeded operation: " + ", ".join(sorted({r.status for r in records})))
+            out["document_without_record"].append({
+                "target": listing.target, "actions": listing.actions, "idempotency_key": key,
+                "reference": None if ref is None else str(ref), "status": _doc_status(first, doc), "why": why,
+                "ledger": [r.as_json() for r in records]})
+        if len(docs) > 1:
+            out["duplicates"].append({
+                "target": listing.target, "actions": listing.actions, "idempotency_key": key, "count": len(docs),
+                "references": [None if extract(d, ref_field) is None else str(extract(d, ref_field)) for d in docs]})
+    for doc in unkeyed:
+        ref = extract(doc, ref_field)
+        if ref is not None and str(ref) in by_ref:
+            continue
+        out["document_without_record"].append({
+            "target": listing.target, "actions": listing.actions, "idempotency_key": None,
+            "reference": None if ref is None else str(ref), "status": _doc_status(first, doc),
+            "why": f"the document carries no {key_field}", "ledger": []})
+    return out, too_recent
+
+
+def build_report(session: Session, actions: ActionsConfig, *, since: dt.datetime, now: dt.datetime,
+                 http: Optional[HttpConnector] = None) -> dict[str, Any]:
+    """The whole report as the documented JSON object (see the module docstring)."""
+    listings, unlisted = group_listings(actions)
+    own_http = http is None
+    connector = http or HttpConnector(actions)
+    discrepancies: dict[str, list[dict[str, Any]]] = {"record_without_document": [], "document_without_record": [],
+                                                      "duplicates": []}
+    too_recent = 0
+    try:
+        for listing in listings:
+            oldest = ledger.records_with_effect(session, actions=listing.actions, since=since)
+            start = min([since] + [r.created_at for r in oldest if r.created_at is not None])
+            try:
+                read_listing(connector.client_for(listing.target), listing,
+                             since_epoch_s=start.timestamp() - LISTING_SLACK_S)
+            except ListingUnavailable as exc:
+                listing.error = str(exc)
+                continue
+            found, recent = compare(session, actions, listing, since=since, now=now)
+            too_recent += recent
+            for kind, items in found.items():
+                discrepancies[kind].extend(items)
+    finally:
+        if own_http:
+            connector.close()
+
+    retries: dict[str, dict[str, int]] = defaultdict(lambda: {"retries": 0, "billable": 0})
+    for action_name, counts in ledger.retries_by_action(session, since=since).items():
+        cfg = actions.actions.get(action_name)
+        target = cfg.target if cfg is not None else f"(unknown action {action_name})"
+        for k, v in counts.items():
+            retries[target][k] += v
+    return {
+        "version": REPORT_VERSION,
+        "generated_at": now.isoformat(),
+        "since": since.isoformat(),
+        "discrepancy_count": sum(len(v) for v in discrepancies.values()),
+        "complete": all(listing.error is None for listing in listings),
+        "discrepancies": discrepancies,
+        "listings": [listing.describe() for listing in listings],
+        "actions_without_listing": unlisted,
+        "too_recent": too_recent,
+        "health": {
+            "operations": ledger.operations_in_window(session, since=since),
+            "duplicate_effects": sum(d["count"] - 1 for d in discrepancies["duplicates"]),
+            "failure_attributability": ledger.failure_attributability(session, since=since),
+            "auto_recovery": ledger.auto_recovery(session, since=since),
+            "handoffs": ledger.handoff_figures(session, since=since),
+            "retries_by_target": dict(sorted(retries.items())),
+        },
+    }
+
+
+def dumps(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=True, default=str)
