@@ -1,0 +1,77 @@
+"""Where one dispatch's time goes: ``dispatch_operation`` in-process under cProfile, no Celery.
+
+Throwaway database + ``python -m sandbox`` subprocess; N intents submitted first, then each is
+dispatched in this process exactly as a worker's task body would (``get_runtime()`` +
+``dispatch_operation``). Prints wall time per operation and the top functions by cumulative time.
+
+    .venv/bin/python -m bench.dispatch_profile [--ops 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+import yaml
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", type=int, default=200)
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args(argv)
+    from bench.pipeline_bench import REDIS_URL, actions_doc
+    from bench.scratch_database import ScratchDatabase
+    from sandbox.testing import SandboxProcess
+
+    prefix = f"bench-dprof-{uuid.uuid4().hex[:8]}:"
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        with tempfile.TemporaryDirectory() as tmp, ScratchDatabase() as db, SandboxProcess() as sandbox:
+            actions = Path(tmp) / "actions.yaml"
+            actions.write_text(yaml.safe_dump(actions_doc(sandbox.url), sort_keys=False))
+            os.environ.update({"OUTBOX_DATABASE_URL": db.url, "OUTBOX_BROKER_URL": REDIS_URL,
+                               "OUTBOX_REDIS_URL": REDIS_URL, "OUTBOX_BROKER_KEY_PREFIX": prefix,
+                               "OUTBOX_ACTIONS_FILE": str(actions), "OUTBOX_DATA_DIR": str(Path(tmp) / "data")})
+            from outbox.submit import submit
+            from workers.dispatch import dispatch_operation
+            from workers.runtime import get_runtime
+
+            rt = get_runtime()
+            ids = []
+            for i in range(args.ops + 10):
+                with rt.sessions.begin() as s:
+                    ids.append(submit(s, tenant="prof", idempotency_key=f"k{i}", action="payments.refund.create",
+                                      args={"order_id": "o", "amount": "12.50", "currency": "EUR"},
+                                      subject="bench").operation_id)
+            for op_id in ids[:10]:  # warm-up
+                dispatch_operation(rt, op_id)
+            prof = cProfile.Profile()
+            started = time.perf_counter()
+            prof.enable()
+            for op_id in ids[10:]:
+                dispatch_operation(rt, op_id)
+            prof.disable()
+            wall = time.perf_counter() - started
+            print(f"{args.ops} dispatches in-process: {wall / args.ops * 1000:.2f} ms each "
+                  f"({args.ops / wall:.0f}/s in one process); effects {len(sandbox.effects())}")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
+            rt.close()
+    finally:
+        keys = list(r.scan_iter(match=f"{prefix}*", count=1000)) + \
+            list(r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""End-to-end pipeline throughput (submit -> succeeded) beside bare Celery, same broker, same run.
+
+For each repeat, pool (prefork: one worker with ``-c W``; solo: W worker processes) and worker
+count W, in this order so that both sides see the same machine noise:
+
+1. **outbox**: the sandbox provider (``python -m sandbox``, plain path, no faults) as a subprocess,
+   a throwaway PostgreSQL database (created, migrated, dropped), the relay in a thread of this
+   process (``Relay(engine, Doorbell(make_app(settings))).run_forever()``, LISTEN/NOTIFY), and W
+   real Celery worker processes (``celery -A workers worker``). After a warm-up (2*W operations,
+   then the sandbox is reset), N intents are **submitted while everything runs**, one intent per
+   transaction from this process (``--submit-batch`` to change), and the clock runs from the first
+   submit to the moment all N are ``succeeded`` (polled every 10 ms). Checks: sandbox effects == N,
+   no duplicate keys.
+2. **bare Celery** (``bench/bare_celery.py``): same Redis, its own key prefix, JSON, acks_late,
+   prefetch 1, results ignored, same pool and worker count; a no-op task that INCRs a counter;
+   N tasks published from this process, clock from the first publish to counter == N.
+
+Reports ops/s (median and range over repeats), the ratio outbox/bare, and the RSS of each worker
+process after the run. Writes bench/results/pipeline-<date>.json.
+
+    .venv/bin/python -m bench.pipeline_bench [--quick] [--ops N] [--workers 2,4] [--pools prefork,solo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import redis
+import yaml
+from sqlalchemy import text
+
+from bench.celery_workers import Workers
+from bench.scratch_database import ScratchDatabase
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+ARGS = {"order_id": "ord-bench", "amount": "12.50", "currency": "EUR", "reason": "bench"}
+
+
+def actions_doc(base_url: str) -> dict[str, Any]:
+    """The shape of tests/harness.py ``actions_doc``: one refund action on the sandbox."""
+    return {
+        "targets": {"sandbox": {"base_url": base_url, "timeout_s": 2.0, "connect_timeout_s": 0.5,
+                                "breaker": {"fail_max": 1000, "reset_timeout_s": 5}}},
+        "actions": {
+            "payments.refund.create": {
+                "target": "sandbox",
+                "request": {"method": "POST", "path": "/v1/refunds"},
+                "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
+                "fencing_header": "X-Fencing-Token",
+                "lookup": {
+                    "request": {"method": "GET", "path": "/v1/refunds",
+                                "query": {"idempotency_key": "{idempotency_key}"}},
+                    "authoritative_not_found": True, "settle_s": 0.5,
+                    "succeeded": ["succeeded"], "pending": ["pending"], "failed": ["failed"],
+                },
+                "result_reference": "id",
+                "decimal_args": ["amount"],
+                "budget": {"max_attempts": 4, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 1},
+            }
+        },
+    }
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, interval_s: float = 0.01, what: str = "") -> float:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(interval_s)
+    return time.perf_counter()
+
+
+# ---- the outbox pipeline ------------------------------------------------------------------------
+
+class Outbox:
+    """Sandbox + database + relay thread for the whole run; workers per measurement."""
+
+    def __init__(self, db_url: str, sandbox_url: str, tmp: Path, prefix: str) -> None:
+        from outbox.db import make_engine, make_sessionmaker
+        from outbox.settings import Settings
+
+        actions = tmp / "actions.yaml"
+        actions.write_text(yaml.safe_dump(actions_doc(sandbox_url), sort_keys=False))
+        self.env = {
+            "OUTBOX_DATABASE_URL": db_url, "OUTBOX_BROKER_URL": REDIS_URL, "OUTBOX_REDIS_URL": REDIS_URL,
+            "OUTBOX_BROKER_KEY_PREFIX": prefix, "OUTBOX_ACTIONS_FILE": str(actions),
+            "OUTBOX_DATA_DIR": str(tmp / "data"),
+        }
+        self.settings = Settings(database_url=db_url, broker_url=REDIS_URL, redis_url=REDIS_URL,
+                                 broker_key_prefix=prefix, actions_file=actions, data_dir=tmp / "data")
+        self.engine = make_engine(db_url, pool_size=2)
+        self.sessions = make_sessionmaker(self.engine)
+        self.tmp = tmp
+        self.relay: Any = None
+        self.thread: threading.Thread | None = None
+
+    def start_relay(self) -> None:
+        from outbox.db import make_engine
+        from workers.celery_app import make_app
+        from workers.doorbell import Doorbell
+        from workers.relay import Relay
+
+        self.relay = Relay(make_engine(self.settings.database_url), Doorbell(make_app(self.settings)),
+                           poll_s=self.settings.relay_poll_s, republish_after_s=self.settings.republish_after_s)
+        self.thread = threading.Thread(target=self.relay.run_forever, name="relay", daemon=True)
+        self.thread.start()
+
+    def stop_relay(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+            assert self.thread is not None
+            self.thread.join(10)
+            self.relay.engine.dispose()
+
+    def submit_all(self, tenant: str, n: int, batch: int) -> None:
+        batch = max(1, batch)
+        from outbox.submit import submit
+
+        for first in range(0, n, batch):
+            with self.sessions.begin() as s:
+                for i in range(first, min(first + batch, n)):
+                    submit(s, tenant=tenant, idempotency_key=f"{tenant}:refund-{i}",
+                           action="payments.refund.create", args=ARGS, subject="bench")
+
+    def count(self, tenant: str, status: str = "succeeded") -> int:
+        with self.engine.connect() as c:
+            return int(c.execute(text("SELECT count(*) FROM operations WHERE tenant = :t AND status = :s"),
+                                 {"t": tenant, "s": status}).scalar_one())
+
+    def statuses(self, tenant: str) -> dict[str, int]:
+        with self.engine.connect() as c:
+            rows = c.execute(text("SELECT status, count(*) FROM operations WHERE tenant = :t GROUP BY status"),
+                             {"t": tenant}).all()
+        return {r[0]: int(r[1]) for r in rows}
+
+
+def run_outbox(ob: Outbox, sandbox: Any, pool: str, w: int, n: int, batch: int, timeout_s: float,
+               presubmit: bool = False) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown") as workers:
+        warm = f"warm-{tag}"
+        ob.submit_all(warm, 2 * w, 1)
+        wait_until(lambda: ob.count(warm) == 2 * w, 60, 0.02, "warm-up")
+        sandbox.reset()
+        tenant = f"run-{tag}"
+        if presubmit:  # relay stopped while N intents are written; the clock starts with the relay
+            ob.stop_relay()
+            ob.submit_all(tenant, n, 100)
+            started = time.perf_counter()
+            ob.start_relay()
+        else:
+            started = time.perf_counter()
+            ob.submit_all(tenant, n, batch)
+        submitted = time.perf_counter()
+        try:
+            ended = wait_until(lambda: ob.count(tenant) >= n, timeout_s, 0.01, "all succeeded")
+        except TimeoutError:
+            raise RuntimeError(f"not all succeeded: {ob.statuses(tenant)}") from None
+        rss = workers.rss_kib()
+    effects = sandbox.effects()
+    dups = sandbox.duplicates(by="key")
+    seconds = ended - started
+    return {"side": "outbox", "pool": pool, "workers": w, "ops": n, "seconds": seconds,
+            "ops_per_s": n / seconds, "submit_s": submitted - started, "submit_batch": batch, "presubmit": presubmit,
+            "effects": len(effects), "duplicates": len(dups), "rss_kib": rss}
+
+
+# ---- bare Celery ---------------------------------------------------------------------------------
+
+def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_s: float) -> dict[str, Any]:
+    from bench import bare_celery
+
+    r = redis.Redis.from_url(REDIS_URL)
+    key = bare_celery.counter_key()
+    app = bare_celery.app
+    with Workers("bench.bare_celery", pool, w, env, tmp, queues=bare_celery.QUEUE) as workers:
+        def publish(k: int) -> None:
+            with app.producer_or_acquire() as producer:
+                for i in range(k):
+                    app.send_task("bench.noop", args=[i], queue=bare_celery.QUEUE, producer=producer)
+
+        r.set(key, 0)
+        publish(2 * w)
+        wait_until(lambda: int(r.get(key) or 0) >= 2 * w, 60, 0.02, "bare warm-up")
+        r.set(key, 0)
+        started = time.perf_counter()
+        publish(n)
+        published = time.perf_counter()
+        ended = wait_until(lambda: int(r.get(key) or 0) >= n, timeout_s, 0.01, "bare executed")
+        rss = workers.rss_kib()
+    seconds = ended - started
+    return {"side": "bare", "pool": pool, "workers": w, "ops": n, "seconds": seconds,
+            "ops_per_s": n / seconds, "publish_s": published - started, "executed": int(r.get(key) or 0),
+            "rss_kib": rss}
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+def environment(db: ScratchDatabase) -> dict[str, Any]:
+    from bench.ledger_bench import machine
+
+    info = machine(db)
+    info["redis"] = redis.Redis.from_url(REDIS_URL).info("server").get("redis_version")
+    info["date"] = subprocess.run(["date"], capture_output=True, text=True).stdout.strip()
+    import celery
+    info["celery"] = celery.__version__
+    return info
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for pool, w in sorted({(r["pool"], r["workers"]) for r in runs}):
+        row: dict[str, Any] = {"pool": pool, "workers": w}
+        for side in ("outbox", "bare"):
+            rates = [r["ops_per_s"] for r in runs if (r["side"], r["pool"], r["workers"]) == (side, pool, w)]
+            row[side] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+        row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
+        ours = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w)]
+        row["rss_mib_executing"] = statistics.median(
+            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in ours if r["rss_kib"]["executing"]] or [0])
+        bare = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("bare", pool, w)]
+        row["rss_mib_bare_executing"] = statistics.median(
+            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in bare if r["rss_kib"]["executing"]] or [0])
+        row["effects_ok"] = all(r["effects"] == r["ops"] and r["duplicates"] == 0 for r in ours)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], n: int, repeats: int) -> None:
+    print(f"\nsubmit -> succeeded, N={n}, {repeats} run(s) each: median ops/s [min-max]")
+    print(f"{'pool':8} {'W':>2} {'outbox ops/s':>24} {'bare Celery ops/s':>24} {'ratio':>6} "
+          f"{'RSS/proc MiB':>13} {'effects==N':>10}")
+    for r in rows:
+        o, b = r["outbox"], r["bare"]
+        print(f"{r['pool']:8} {r['workers']:>2} {o['median']:>8.0f} [{o['min']:.0f}-{o['max']:.0f}]".ljust(36)
+              + f"{b['median']:>8.0f} [{b['min']:.0f}-{b['max']:.0f}]".ljust(25)
+              + f"{r['ratio']:>6.2f} {r['rss_mib_executing']:>6.1f} ({r['rss_mib_bare_executing']:.1f})"
+              + f" {str(r['effects_ok']):>10}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="N=300, one run, workers 2, prefork only")
+    p.add_argument("--ops", type=int, default=None, help="operations per measurement (default 1000)")
+    p.add_argument("--workers", default=None, help="comma-separated worker counts (default 2,4)")
+    p.add_argument("--pools", default=None, help="prefork,solo (default both)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 3)")
+    p.add_argument("--submit-batch", type=int, default=1, help="intents per submit transaction")
+    p.add_argument("--presubmit", action="store_true",
+                   help="write the N intents before starting the clock (relay stopped meanwhile): "
+                        "measures relay + workers without the submitter")
+    p.add_argument("--bare-events", action="store_true", help="bare Celery also sends task events")
+    p.add_argument("--timeout", type=float, default=300)
+    args = p.parse_args(argv)
+    n = args.ops or (300 if args.quick else 1000)
+    counts = [int(x) for x in (args.workers or ("2" if args.quick else "2,4")).split(",")]
+    pools = (args.pools or ("prefork" if args.quick else "prefork,solo")).split(",")
+    repeats = args.repeats or (1 if args.quick else 3)
+
+    from sandbox.testing import SandboxProcess
+
+    root = f"bench-pipe-{uuid.uuid4().hex[:8]}:"
+    bare_env = {"BENCH_BARE_BROKER_URL": REDIS_URL, "BENCH_BARE_PREFIX": root + "bare:",
+                "BENCH_BARE_EVENTS": "1" if args.bare_events else "0"}
+    os.environ.update(bare_env)  # bench.bare_celery reads them at import, here and in its workers
+    runs: list[dict[str, Any]] = []
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmpdir, \
+                ScratchDatabase() as db, SandboxProcess() as sandbox:
+            tmp = Path(tmpdir)
+            sandbox.configure(request_log_max=1_000_000)
+            env = environment(db)
+            ob = Outbox(db.url, sandbox.url, tmp, root + "ours:")
+            ob.start_relay()
+            try:
+                for rep in range(repeats):
+                    for pool in pools:
+                        for w in counts:
+                            res = run_outbox(ob, sandbox, pool, w, n, args.submit_batch, args.timeout, args.presubmit)
+                            runs.append(res)
+                            print(f"[{rep + 1}/{repeats}] outbox {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
+                                  f"(submit {res['submit_s']:.2f}s of {res['seconds']:.2f}s; effects {res['effects']}, "
+                                  f"dups {res['duplicates']}; RSS {res['rss_kib']})", flush=True)
+                            res = run_bare(bare_env, tmp, pool, w, n, args.timeout)
+                            runs.append(res)
+                            print(f"[{rep + 1}/{repeats}] bare   {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
+                                  f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']})", flush=True)
+            finally:
+                ob.stop_relay()
+                ob.engine.dispose()
+    finally:
+        keys = list(r.scan_iter(match=f"{root}*", count=1000)) + \
+            list(r.scan_iter(match=f"agent-outbox:breaker:{root}*", count=1000))
+        if keys:
+            r.delete(*keys)
+    rows = summarise(runs)
+    print_table(rows, n, repeats)
+    print("(RSS = median VmRSS of each task-executing process after the run; bare Celery's in brackets)")
+    out = {"benchmark": "pipeline", "command": "python -m bench.pipeline_bench " + " ".join(argv or sys.argv[1:]),
+           "ops": n, "repeats": repeats, "submit_batch": args.submit_batch, "presubmit": args.presubmit, "bare_events": args.bare_events,
+           "environment": env, "summary": rows, "runs": runs}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    suffix = ("-quick" if args.quick else "") + ("-presubmit" if args.presubmit else "") + ("-bare-events" if args.bare_events else "")
+    path = RESULTS_DIR / f"pipeline-{dt.date.today().isoformat()}{suffix}.json"
+    path.write_text(json.dumps(out, indent=2))
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0 if all(r["effects_ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The relay's commit-to-publish latency, LISTEN/NOTIFY vs polling, on PostgreSQL.
+
+The relay runs in a thread of this process against a throwaway database and the real Redis broker
+(its own key prefix, deleted afterwards; no worker consumes, the doorbells are just counted). The
+main thread submits one intent per transaction, spaced ``--gap-ms`` apart, and notes
+``time.perf_counter()`` when COMMIT returns; a ``Doorbell`` subclass notes the time when
+``ring_dispatch`` has published each operation id. Latency = published - committed. Nothing in
+``workers/`` is changed: polling is forced with a ``Relay`` subclass that calls ``_poll_loop``.
+
+Modes: ``listen`` (``run_forever`` on PostgreSQL: LISTEN/NOTIFY + 0.5 s backstop poll),
+``poll-0.5`` and ``poll-0.05``; with ``--variants`` also two candidate improvements measured by
+subclass: ``listen-nopreping`` (relay engine without ``pool_pre_ping``) and ``listen-ring-first``
+(a tick publishes due rows before the lease sweep and the outcome_unknown query).
+
+With ``--profile`` the listen mode also reports where a tick's time goes (sweep, mark-due UPDATE,
+publish, second mark-due).
+
+    .venv/bin/python -m bench.relay_latency [--quick] [--samples 300] [--repeats 3] [--variants] [--profile]
+
+Writes bench/results/relay-latency-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import redis
+
+from bench.scratch_database import ScratchDatabase
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+ARGS = {"order_id": "ord-bench", "amount": "12.50", "currency": "EUR"}
+
+
+def _classes() -> dict[str, Any]:
+    from workers.doorbell import Doorbell
+    from workers.relay import Relay, Tick
+    from outbox.states import Status
+    from outbox.transitions import expire_leases
+
+    class RecordingDoorbell(Doorbell):
+        """Notes when each operation id has been published (after send_task returned)."""
+
+        def __init__(self, app: Any) -> None:
+            super().__init__(app)
+            self.published: dict[str, float] = {}
+
+        def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
+            ids = list(operation_ids)
+            n = super().ring_dispatch(ids)
+            now = time.perf_counter()
+            for op_id in ids:
+                self.published.setdefault(op_id, now)
+            return n
+
+    class PollingRelay(Relay):
+        def run_forever(self) -> None:
+            self._poll_loop()
+
+    class ProfiledRelay(Relay):
+        """run_once with a stopwatch per phase (same statements, same order)."""
+
+        phases: list[dict[str, float]]
+
+        def run_once(self) -> Tick:
+            t0 = time.perf_counter()
+            expired = 0
+            now = time.monotonic()
+            swept = False
+            if now - self._last_sweep >= self.sweep_every_s:
+                self._last_sweep, swept = now, True
+                with self.sessions.begin() as session:
+                    expired = len(expire_leases(session))
+            t1 = time.perf_counter()
+            ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
+            t2 = time.perf_counter()
+            if ids:
+                self.doorbell.ring_dispatch(ids)
+            t3 = time.perf_counter()
+            rec = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
+            if rec:
+                self.doorbell.ring_reconcile(rec)
+            t4 = time.perf_counter()
+            if ids:
+                self.phases.append({"sweep": t1 - t0, "swept": float(swept), "mark_due": t2 - t1,
+                                    "publish": t3 - t2, "mark_unknown": t4 - t3})
+            return Tick(expired, len(ids), len(rec))
+
+    class RingFirstRelay(Relay):
+        """Candidate: publish due rows first; the sweep and outcome_unknown query come after."""
+
+        def run_once(self) -> Tick:
+            ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
+            if ids:
+                self.doorbell.ring_dispatch(ids)
+            expired = 0
+            now = time.monotonic()
+            if now - self._last_sweep >= self.sweep_every_s:
+                self._last_sweep = now
+                with self.sessions.begin() as session:
+                    expired = len(expire_leases(session))
+            rec = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
+            if rec:
+                self.doorbell.ring_reconcile(rec)
+            return Tick(expired, len(ids), len(rec))
+
+    return dict(RecordingDoorbell=RecordingDoorbell, Relay=Relay, PollingRelay=PollingRelay,
+                ProfiledRelay=ProfiledRelay, RingFirstRelay=RingFirstRelay)
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> dict[str, Any]:
+    from outbox.db import make_engine, make_sessionmaker
+    from outbox.settings import Settings
+    from outbox.submit import submit
+    from workers.celery_app import make_app
+
+    c = _classes()
+    settings = Settings(database_url=db_url, broker_url=REDIS_URL, broker_key_prefix=prefix)
+    doorbell = c["RecordingDoorbell"](make_app(settings))
+    relay_engine = make_engine(db_url, pool_pre_ping=(mode != "listen-nopreping"))
+    cls = {"listen": c["Relay"], "listen-profile": c["ProfiledRelay"], "listen-nopreping": c["Relay"],
+           "listen-ring-first": c["RingFirstRelay"], "poll-0.5": c["PollingRelay"],
+           "poll-0.05": c["PollingRelay"]}[mode]
+    poll_s = 0.05 if mode == "poll-0.05" else 0.5
+    relay = cls(relay_engine, doorbell, poll_s=poll_s)
+    relay.phases = []
+    thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
+    engine = make_engine(db_url, pool_size=1)
+    sessions = make_sessionmaker(engine)
+    tenant = f"lat-{uuid.uuid4().hex[:8]}"
+    committed: dict[str, float] = {}
+    try:
+        thread.start()
+        time.sleep(0.3)  # LISTEN is set up, first tick done
+        for i in range(-10, samples):  # 10 warm-up submits (connections, statement caches)
+            with sessions.begin() as s:
+                receipt = submit(s, tenant=tenant, idempotency_key=f"k{i}", action="payments.refund.create",
+                                 args=ARGS, subject="bench")
+            t = time.perf_counter()
+            if i >= 0:
+                committed[receipt.operation_id] = t
+            time.sleep(gap_s)
+        deadline = time.monotonic() + 5
+        while not all(k in doorbell.published for k in committed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        relay.stop()
+        thread.join(10)
+        relay_engine.dispose()
+        engine.dispose()
+    lat = [(doorbell.published[k] - t) * 1000 for k, t in committed.items() if k in doorbell.published]
+    out: dict[str, Any] = {"mode": mode, "samples": len(lat), "missing": samples - len(lat),
+                           "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": max(lat),
+                           "mean_ms": statistics.fmean(lat)}
+    if relay.phases:
+        ph = relay.phases
+        out["phases_ms"] = {k: {"p50": pct([p[k] * 1000 for p in ph], 50), "p99": pct([p[k] * 1000 for p in ph], 99)}
+                            for k in ("sweep", "mark_due", "publish", "mark_unknown")}
+        swept = [p["sweep"] * 1000 for p in ph if p["swept"]]
+        out["phases_ms"]["sweep_when_run"] = {"count": len(swept), "p50": pct(swept, 50) if swept else 0,
+                                              "max": max(swept) if swept else 0}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="60 samples, one run, listen + poll-0.05")
+    p.add_argument("--samples", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--gap-ms", type=float, default=15)
+    p.add_argument("--variants", action="store_true", help="also measure candidate improvements")
+    p.add_argument("--profile", action="store_true", help="also a listen run with per-phase timings")
+    p.add_argument("--modes", default=None)
+    args = p.parse_args(argv)
+    samples = args.samples or (60 if args.quick else 300)
+    repeats = args.repeats or (1 if args.quick else 3)
+    modes = args.modes.split(",") if args.modes else (
+        ["listen", "poll-0.05"] if args.quick else ["listen", "poll-0.5", "poll-0.05"])
+    if args.variants:
+        modes += ["listen-nopreping", "listen-ring-first"]
+    if args.profile:
+        modes += ["listen-profile"]
+    prefix = f"bench-relay-{uuid.uuid4().hex[:8]}:"
+    r = redis.Redis.from_url(REDIS_URL)
+    runs: list[dict[str, Any]] = []
+    try:
+        with ScratchDatabase() as db:
+            from bench.pipeline_bench import environment
+
+            env = environment(db)
+            for rep in range(repeats):
+                for mode in modes:
+                    res = measure(db.url, prefix, mode, samples, args.gap_ms / 1000)
+                    runs.append(res)
+                    print(f"[{rep + 1}/{repeats}] {mode:18} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
+                          f"max {res['max_ms']:7.2f} ms  (n={res['samples']}, missing {res['missing']})", flush=True)
+                    if "phases_ms" in res:
+                        print("    phases (ms): " + json.dumps(res["phases_ms"]), flush=True)
+    finally:
+        keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            r.delete(*keys)
+    summary = []
+    print(f"\ncommit -> doorbell published, {samples} samples x {repeats} run(s): median [min-max] over runs")
+    for mode in modes:
+        rs = [x for x in runs if x["mode"] == mode]
+        row = {"mode": mode}
+        for k in ("p50_ms", "p99_ms", "max_ms"):
+            v = [x[k] for x in rs]
+            row[k] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
+        summary.append(row)
+        print(f"{mode:18} " + "  ".join(f"{k[:-3]} {row[k]['median']:7.2f} [{row[k]['min']:.2f}-{row[k]['max']:.2f}]"
+                                         for k in ("p50_ms", "p99_ms", "max_ms")))
+    out = {"benchmark": "relay-latency", "command": "python -m bench.relay_latency " + " ".join(argv or sys.argv[1:]),
+           "samples": samples, "repeats": repeats, "gap_ms": args.gap_ms, "environment": env,
+           "summary": summary, "runs": runs}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"relay-latency-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(out, indent=2))
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

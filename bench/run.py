@@ -1,0 +1,45 @@
+"""``make bench``: every benchmark once, quickly.
+
+1. the ledger (``bench.ledger_bench --quick``: submit, claim+finalize beside the bare loop, commits);
+2. the sandbox's plain path (``bench.sandbox_rps`` for 5 s), driven by wrk when it is installed,
+   else by its aiohttp client fallback (``sandbox_rps`` picks that itself);
+3. the pipeline end to end (``bench.pipeline_bench --quick``: 300 operations submit -> succeeded
+   with 2 prefork workers, beside bare Celery no-op tasks on the same broker);
+4. the relay's commit-to-publish latency (``bench.relay_latency --quick``: LISTEN/NOTIFY and
+   polling at 0.05 s, 60 samples each).
+
+Exits non-zero if any benchmark does. Full runs: see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BENCHMARKS = [
+    [sys.executable, "-m", "bench.ledger_bench", "--quick"],
+    [sys.executable, "-m", "bench.sandbox_rps", "--seconds", "5",
+     "--client", "wrk" if shutil.which("wrk") else "aiohttp"],
+    [sys.executable, "-m", "bench.pipeline_bench", "--quick"],
+    [sys.executable, "-m", "bench.relay_latency", "--quick"],
+]
+
+
+def main() -> int:
+    failed = []
+    for cmd in BENCHMARKS:
+        print(f"\n$ {' '.join(cmd[1:])}", flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            failed.append(cmd[2])
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
