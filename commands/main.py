@@ -21,6 +21,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.ledger:register",
     "commands.pipeline:register",
     "commands.handoffs:register",
+    "commands.report:register",
     "commands.demo:register",
     "commands.breakers:register",
     "sandbox.cli:register",
