@@ -215,6 +215,19 @@ class ActionConfig(_Strict):
         # Replaying an ambiguous request is only safe if the provider deduplicates by our key.
         if self.on_ambiguous == "replay" and self.provider_idempotency is None:
             raise ValueError("on_ambiguous: replay requires provider_idempotency")
+        # A lookup by our key can only find what carried our key: if the key is never sent, its
+        # 404 is no proof of "never executed", and re-dispatching on it makes a second effect.
+        if (
+            self.lookup is not None
+            and self.lookup.authoritative_not_found
+            and self.provider_idempotency is None
+            and "idempotency_key" in self.lookup.request.placeholder_names()
+        ):
+            raise ValueError(
+                "lookup.authoritative_not_found: a lookup by {idempotency_key} proves nothing when the key "
+                "is never sent; declare provider_idempotency (the header that carries it) or set "
+                "authoritative_not_found: false"
+            )
         return self
 
 

@@ -163,3 +163,19 @@ def test_load_from_env() -> None:
     assert load_actions_from_env({"OUTBOX_ACTIONS_FILE": str(EXAMPLE)}).actions
     with pytest.raises(ConfigError, match="OUTBOX_ACTIONS_FILE"):
         load_actions_from_env({})
+
+
+def test_authoritative_lookup_by_a_key_that_is_never_sent_is_refused():
+    # Found by a reconcile test: the provider never saw the key, so its 404 proved nothing and
+    # the re-dispatch made a second refund.
+    from workers.actions import ActionsFileError, parse_actions
+
+    doc = {"targets": {"p": {"base_url": "http://127.0.0.1:1"}},
+           "actions": {"a": {"target": "p", "request": {"method": "POST", "path": "/r"},
+                             "lookup": {"request": {"method": "GET", "path": "/r",
+                                                    "query": {"idempotency_key": "{idempotency_key}"}},
+                                        "authoritative_not_found": True}}}}
+    with pytest.raises(ActionsFileError, match="authoritative_not_found"):
+        parse_actions(doc)
+    doc["actions"]["a"]["lookup"]["authoritative_not_found"] = False
+    parse_actions(doc)
