@@ -81,6 +81,14 @@ class LocalBreakerStorage(CircuitMemoryStorage):
                 return self._settled("closed")
             return self._settled(None)
 
+    def release(self, probe_token: str) -> bool:
+        """Give back a probe that sent nothing; the state stays half-open for the next caller."""
+        with self._lock:
+            if self._probe_token != probe_token:
+                return False
+            self._probe_token = None
+            return True
+
     def reset(self, by: str, now_ms: int) -> StateName:
         with self._lock:
             previous: StateName = self._state  # type: ignore[assignment]

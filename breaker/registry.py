@@ -166,6 +166,23 @@ class BreakerRegistry:
         self._log_transition(decision.target, settled.transition, settled.failures, "local",
                              decision.probe)
 
+    def release(self, decision: Decision) -> None:
+        """The admitted attempt was not sent (nothing to claim, cancelled, budget spent).
+
+        Nothing to do unless ``decision`` holds the half-open probe: then the probe is handed
+        back so the next caller probes now, instead of every caller waiting for the probe lock
+        to expire (probe_timeout_s) with no request in flight. The breaker state is unchanged.
+        """
+        if not isinstance(decision, Allowed) or decision.probe_token is None:
+            return
+        if decision.storage == "redis":
+            try:
+                self._shared[decision.target].release(decision.probe_token)
+            except _STORAGE_ERRORS as exc:
+                self._enter_degraded(exc)  # the lock expires on its own after probe_timeout_s
+            return
+        self._local[decision.target].release(decision.probe_token)
+
     # -- operators ---------------------------------------------------------------------------
 
     def status(self, targets: Sequence[str] | None = None) -> list[BreakerStatus]:

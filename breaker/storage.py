@@ -117,6 +117,13 @@ return previous
 """
 
 
+# KEYS: probe. ARGV: token -> 1 if this token held the probe and let it go
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 def _ms_arg(now_ms: int | None) -> str:
     return "" if now_ms is None else str(now_ms)
 
@@ -140,6 +147,7 @@ class RedisBreakerStorage(CircuitBreakerStorage):
         self._admit = client.register_script(_ADMIT)
         self._settle = client.register_script(_SETTLE)
         self._reset = client.register_script(_RESET)
+        self._release = client.register_script(_RELEASE)
 
     def admit(self, config: BreakerConfig, now_ms: int | None) -> Admission:
         token = uuid.uuid4().hex
@@ -181,6 +189,10 @@ class RedisBreakerStorage(CircuitBreakerStorage):
             failures=int(failures),
             successes=int(successes),
         )
+
+    def release(self, probe_token: str) -> bool:
+        """Give back a probe that sent nothing (compare-and-delete: never someone else's)."""
+        return bool(self._release(keys=[self.probe_key], args=[probe_token]))
 
     def reset(self, by: str, now_ms: int | None) -> StateName:
         return _str(self._reset(keys=self._keys, args=[_ms_arg(now_ms), by]))  # type: ignore[return-value]

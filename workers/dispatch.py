@@ -10,13 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from breaker import Open, counts_as_failure
+from sqlalchemy import insert, select, update
+
+from breaker import Decision, Open, counts_as_failure
 from outbox.claims import Claim, claim_due
+from outbox.clock import as_utc, db_now
 from outbox.envelope import loads_exact
 from outbox.errors import StaleFence
+from outbox.evidence import finish_with_evidence
+from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, finalize_if_fenced
 from workers import failpoints
@@ -31,6 +37,8 @@ from workers.outcomes import (
     Succeeded,
     before_send,
     breaker_open,
+    breaker_wait,
+    deadline_of,
     decide,
 )
 from workers.runtime import Runtime
@@ -44,11 +52,28 @@ def _now() -> datetime:
 
 
 def dispatch_operation(rt: Runtime, operation_id: str) -> Optional[Outcome]:
-    """Handle one doorbell. Returns the outcome applied, or None when there was nothing to claim."""
+    """Handle one doorbell. Returns the outcome applied, or None when there was nothing to claim.
+
+    The breaker is asked before the claim: while it is open the operation is not claimed at all
+    (no fencing token, no attempt number) and stays not_dispatched until the reopen time.
+    """
+    due = _read_due(rt, operation_id)
+    if due is None:
+        # Duplicate doorbell, not due yet, or already taken: the database decides, nothing to do.
+        log.debug("nothing to claim", extra={"operation_id": operation_id})
+        return None
+    decision: Optional[Decision] = None
+    known = rt.actions.actions.get(due.action)
+    if known is not None:
+        decision = rt.breakers.before_call(known.target)
+        # Past the deadline the claim below ends it (breaker_open -> budget spent).
+        if isinstance(decision, Open) and decision.reopens_at <= deadline_of(due, known):
+            return park_while_open_if_due(rt, operation_id, known, decision, spent_attempts=due.attempt_count)
     with rt.sessions.begin() as session:
         claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
     if not claims:
-        # Duplicate doorbell, not due yet, or already taken: the database decides, nothing to do.
+        if decision is not None:
+            rt.breakers.release(decision)  # a probe we will not send: the next caller probes
         log.debug("nothing to claim", extra={"operation_id": operation_id})
         return None
     claim = claims[0]
@@ -58,17 +83,80 @@ def dispatch_operation(rt: Runtime, operation_id: str) -> Optional[Outcome]:
     except KeyError as exc:
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
         return apply(rt, claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"))
-    report, outcome = attempt(rt, claim, action)
+    report, outcome = attempt(rt, claim, action, decision)
     failpoints.hit("dispatch.after_response", claim.idempotency_key)
     return apply(rt, claim, report, outcome, action=action)
 
 
-def attempt(rt: Runtime, claim: Claim, action: ActionConfig) -> tuple[AttemptReport, Outcome]:
-    """One attempt of a claimed operation: nothing here writes to the ledger."""
+@dataclass(frozen=True)
+class _Due:
+    """A not_dispatched, due operation as read before claiming (enough for the deadline)."""
+
+    action: str
+    created_at: datetime
+    deadline_at: Optional[datetime]
+    max_attempts: Optional[int]
+    attempt_count: int
+
+
+def _read_due(rt: Runtime, operation_id: str) -> Optional[_Due]:
+    with rt.sessions() as session:
+        row = session.execute(
+            select(Operation.action, Operation.created_at, Operation.deadline_at, Operation.max_attempts,
+                   Operation.attempt_count)
+            .where(Operation.id == operation_id, Operation.status == Status.NOT_DISPATCHED.value,
+                   Operation.next_attempt_at <= db_now())
+        ).first()
+    if row is None:
+        return None
+    created = as_utc(row.created_at)
+    assert created is not None
+    return _Due(row.action, created, as_utc(row.deadline_at), row.max_attempts, row.attempt_count)
+
+
+def park_while_open_if_due(
+    rt: Runtime, operation_id: str, action: ActionConfig, decision: Open, *, spent_attempts: int
+) -> Optional[RetryAt]:
+    """Breaker open: not sent, not claimed; the operation stays not_dispatched until the reopen time.
+
+    No claim means no attempt row and no attempt number, so the wait costs no attempt budget (the
+    deadline still applies: the caller checked it). Guarded like a claim: only a not_dispatched,
+    due row moves, so a concurrent claim or park by another worker wins and we do nothing.
+    """
+    wait = breaker_wait(action, reopens_at=decision.reopens_at, now=_now(), spent_attempts=spent_attempts)
+    with rt.sessions.begin() as session:
+        row = session.execute(
+            update(Operation)
+            .where(Operation.id == operation_id, Operation.status == Status.NOT_DISPATCHED.value,
+                   Operation.next_attempt_at <= db_now())
+            .values(next_attempt_at=db_now(wait.delay_s), reason=wait.why, updated_at=db_now())
+            .returning(Operation.fencing_token)
+        ).first()
+        if row is None:
+            return None
+        session.execute(insert(OperationEvent).values(
+            operation_id=operation_id, at=db_now(), from_status=Status.NOT_DISPATCHED.value,
+            to_status=Status.NOT_DISPATCHED.value, fencing_token=row.fencing_token,
+            event="breaker open", reason=wait.why, actor=rt.worker_id))
+    log.info("breaker open: parked for %.3fs", wait.delay_s,
+             extra={"operation_id": operation_id, "target": action.target, "delay_s": wait.delay_s})
+    return wait
+
+
+def attempt(
+    rt: Runtime, claim: Claim, action: ActionConfig, decision: Optional[Decision] = None
+) -> tuple[AttemptReport, Outcome]:
+    """One attempt of a claimed operation: nothing here writes to the ledger.
+
+    decision: the breaker's answer taken before the claim (None: ask now).
+    """
     early = before_send(claim, action, now=_now())
     if early is not None:
+        if decision is not None:
+            rt.breakers.release(decision)
         return AttemptReport(AttemptClass.NOT_SENT, error=_why(early)), early
-    decision = rt.breakers.before_call(action.target)
+    if decision is None:
+        decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
         outcome = breaker_open(claim, action, reopens_at=decision.reopens_at, now=_now())
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"), outcome
@@ -144,14 +232,25 @@ def apply(
         "target": action.target if action else None,
         "class": report.klass.value,
     }
+    stale: Optional[StaleFence] = None
     try:
-        with rt.sessions.begin() as session:
-            try:
-                finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
-            except StaleFence as exc:
-                # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
-                log.info("stale fence: result kept as evidence only (%s)", exc, extra=fields)
-                return outcome
+        if isinstance(outcome, Succeeded):
+            to = finish_with_evidence(
+                rt.sessions, rt.evidence, claim, report,
+                lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
+            )
+        else:
+            with rt.sessions.begin() as session:
+                try:
+                    finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+                except StaleFence as exc:
+                    stale = exc  # commit the attempt's evidence, then report the refusal
+            if stale is not None:
+                raise stale
+    except StaleFence as exc:
+        # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
+        log.info("stale fence: result kept as evidence only (%s)", exc, extra=fields)
+        return outcome
     except Exception:
         log.warning("finalize failed; the lease will expire and the reconciler will settle it",
                     extra=fields, exc_info=True)

@@ -1,0 +1,215 @@
+"""Breakers in dispatch, end to end: real solo Celery workers, relay, PostgreSQL, Redis, sandbox.
+
+Effects are counted by the sandbox (request log, effects ledger) and the ledger, not by log lines;
+worker logs are only read to check the degraded-mode WARNING is logged once, not per call.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from breaker import BreakerStatus, status
+from outbox.models import OperationEvent
+from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+DOWN = {"mode": "unavailable_503", "method": "POST", "path": "/v1/*"}
+
+
+def _actions(sandbox_url: str, *, fail_max: int, reset_s: float, max_attempts: int) -> dict[str, Any]:
+    budget = {"max_attempts": max_attempts, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 0.5}
+    return actions_doc(sandbox_url, breaker={"fail_max": fail_max, "reset_timeout_s": reset_s},
+                       actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"], budget=budget)})
+
+
+def _breaker(pipe: Any) -> BreakerStatus:
+    return status(pipe.env["OUTBOX_REDIS_URL"], ["sandbox"], namespace=pipe.env["OUTBOX_BROKER_KEY_PREFIX"])[0]
+
+
+def _submit(pipe: Any, prefix: str, n: int) -> list[str]:
+    return [pipe.submit(f"{prefix}-{i}", dict(REFUND_ARGS, order_id=f"o-{i}")).operation_id for i in range(n)]
+
+
+def _statuses(pipe: Any, ids: list[str]) -> Counter[str]:
+    return Counter(pipe.op(i).status for i in ids)
+
+
+def _why_failed(pipe: Any, ids: list[str]) -> list[Any]:
+    with pipe.sessions() as s:
+        out = []
+        for i in ids:
+            op = pipe.op(i)
+            if op.status == "failed_before_commit":
+                events = s.execute(select(OperationEvent.event, OperationEvent.reason, OperationEvent.at)
+                                   .where(OperationEvent.operation_id == i).order_by(OperationEvent.id)).all()
+                out.append((op.reason, op.attempt_count, [f"{e[2].time()} {e[0]}: {e[1]}" for e in events]))
+        return out
+
+
+def _parks(pipe: Any, ids: list[str]) -> dict[str, int]:
+    with pipe.sessions() as s:
+        rows = s.execute(select(OperationEvent.operation_id, func.count())
+                         .where(OperationEvent.operation_id.in_(ids), OperationEvent.event == "breaker open")
+                         .group_by(OperationEvent.operation_id)).all()
+    return {i: 0 for i in ids} | {r[0]: int(r[1]) for r in rows}
+
+
+def _assert_clean_logs(workers: list[Any]) -> None:
+    for w in workers:
+        text = w.log()
+        assert "Traceback" not in text and "IntegrityError" not in text, text[-3000:]
+        assert ": ERROR/" not in text and ": CRITICAL/" not in text, text[-3000:]
+
+
+def _assert_done_once(pipe: Any, sandbox: Any, ids: list[str], max_attempts: int) -> None:
+    for op_id in ids:
+        op = pipe.op(op_id)
+        assert op.status == "succeeded", (op.status, op.reason)
+        assert 1 <= op.attempt_count <= max_attempts, (op.attempt_count, op.reason)
+        # No claim while open: every dispatch attempt row is a request that was really sent.
+        assert len(pipe.attempts(op_id, kind="dispatch")) == op.attempt_count
+        assert len(sandbox.effects(key=op.idempotency_key)) == 1
+    assert sandbox.duplicates() == []
+
+
+def test_open_breaker_is_shared_parks_without_spending_attempts_and_recovers(pipe, sandbox):
+    fail_max, reset_s, max_attempts, n = 3, 2.0, 4, 10
+    pipe.write_actions(_actions(sandbox.url, fail_max=fail_max, reset_s=reset_s, max_attempts=max_attempts))
+    sandbox.add_fault(**DOWN)
+    workers = [pipe.start_worker(), pipe.start_worker()]
+    pipe.start_relay()
+    ids = _submit(pipe, "k-out", n)
+
+    opened = wait_for(lambda: (st := _breaker(pipe)).state == "open" and st, 20, what="breaker open")
+    assert opened.failures == fail_max and opened.opened_at is not None and opened.reopens_at is not None
+    first_open = opened.opened_at.timestamp()
+    # More than max_attempts reset windows of outage: waits that cost attempts would fail every op.
+    windows = max_attempts + 1
+    outage_end = first_open + windows * reset_s + 0.5
+    while time.time() < outage_end:
+        assert _statuses(pipe, ids)["failed_before_commit"] == 0, _why_failed(pipe, ids)
+        time.sleep(0.25)
+
+    posts = sorted(p["time"] for p in sandbox.requests(method="POST"))
+    assert len(posts) >= fail_max
+    # fail_max failures open it for every process; each other worker may have had one attempt
+    # admitted (while closed) in flight at that moment. After that, only probes reach the sandbox:
+    # at most one per reset window, all processes together.
+    grace_s = 0.5
+    early = [t for t in posts if t <= first_open + grace_s]
+    probes = [t for t in posts if t > first_open + grace_s]
+    assert fail_max <= len(early) <= fail_max + len(workers) - 1, (first_open, posts)
+    assert probes, "no half-open probe during the outage"
+    assert probes[0] >= first_open + reset_s - 0.1, (first_open, probes)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert all(g >= reset_s - 0.1 for g in gaps), gaps
+    assert len(probes) <= math.ceil((outage_end - first_open) / reset_s), probes
+
+    # Parked without a claim: each operation waited for the breaker more often than its budget.
+    parks = _parks(pipe, ids)
+    assert max(parks.values()) > max_attempts, parks
+    assert all(pipe.op(i).attempt_count <= max_attempts for i in ids)
+
+    # Recovery: one probe closes the breaker, every parked operation completes, one effect each.
+    last_seq = max(p["seq"] for p in sandbox.requests(method="POST"))
+    sandbox.clear_faults()
+    wait_for(lambda: _statuses(pipe, ids)["succeeded"] == n, 20, what="all succeeded after recovery")
+    after = [p for p in sandbox.requests(method="POST") if p["seq"] > last_seq]
+    # One request per operation (a probe already in flight at the switch may still get its 503).
+    assert Counter(p["status"] for p in after)[200] == n and len(after) <= n + 1, after
+    assert _breaker(pipe).state == "closed" and _breaker(pipe).failures == 0
+    _assert_done_once(pipe, sandbox, ids, max_attempts)
+    _assert_clean_logs(workers)
+
+
+def test_business_rejections_never_open_the_breaker(pipe, sandbox):
+    fail_max, n = 3, 20
+    pipe.write_actions(_actions(sandbox.url, fail_max=fail_max, reset_s=30, max_attempts=4))
+    # Two counted failures first (one short of opening), then 422 for everything: the 422s are
+    # answers from a healthy downstream, so they reset the consecutive-failure count.
+    sandbox.add_fault(mode="unavailable_503", method="POST", count=fail_max - 1)
+    sandbox.add_fault(mode="reject_422", method="POST")
+    workers = [pipe.start_worker()]
+    pipe.start_relay()
+    ids = _submit(pipe, "k-422", n)
+
+    wait_for(lambda: _statuses(pipe, ids)["failed_before_commit"] == n, 30, what="all rejected")
+    st = _breaker(pipe)
+    assert (st.state, st.failures) == ("closed", 0)
+    posts = sandbox.requests(method="POST")
+    assert len(posts) == n + fail_max - 1
+    assert Counter(p["status"] for p in posts) == {422: n, 503: fail_max - 1}
+    assert sandbox.effects() == []
+    assert _parks(pipe, ids) == {i: 0 for i in ids}
+    assert "breaker opened" not in workers[0].log()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of our own for breaker state, so stopping it never touches the shared one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+
+    def up() -> bool:
+        try:
+            return bool(redis.Redis.from_url(url, socket_connect_timeout=0.2).ping())
+        except redis.RedisError:
+            return False
+
+    try:
+        wait_for(up, 10, what="private redis-server up")
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+DEGRADED = "breaker storage unreachable, using process-local breakers"
+
+
+def test_breaker_storage_stopped_degrades_to_local_breakers_and_loses_nothing(pipe, sandbox, private_redis):
+    url, redis_proc = private_redis
+    pipe.env["OUTBOX_REDIS_URL"] = url  # breaker state only; the broker stays on the shared Redis
+    fail_max, reset_s, max_attempts, n = 3, 2.0, 12, 6
+    pipe.write_actions(_actions(sandbox.url, fail_max=fail_max, reset_s=reset_s, max_attempts=max_attempts))
+    sandbox.add_fault(**DOWN)
+    workers = [pipe.start_worker(), pipe.start_worker()]
+    pipe.start_relay()
+    ids = _submit(pipe, "k-redis", n)
+    wait_for(lambda: _breaker(pipe).state == "open", 20, what="shared breaker open")
+
+    redis_proc.terminate()  # breaker storage stopped mid-outage
+    redis_proc.wait(10)
+    killed_at = time.time()
+    wait_for(lambda: all(DEGRADED in w.log() for w in workers), 20, what="every worker degraded")
+    time.sleep(2 * reset_s)  # let the local breakers trip and probe for a while
+
+    # Local breakers still trip: at most fail_max failures per process, then one probe per process
+    # per reset window (plus one attempt in flight at the switch).
+    elapsed = time.time() - killed_at
+    during = [p for p in sandbox.requests(method="POST") if p["time"] > killed_at]
+    assert len(during) <= len(workers) * (fail_max + 1 + math.ceil(elapsed / reset_s)), (elapsed, len(during))
+    assert _statuses(pipe, ids)["failed_before_commit"] == 0
+
+    sandbox.clear_faults()
+    wait_for(lambda: _statuses(pipe, ids)["succeeded"] == n, 30, what="all succeeded after recovery")
+    _assert_done_once(pipe, sandbox, ids, max_attempts)
+    for w in workers:
+        # One WARNING on entering degraded mode, not one per call.
+        assert w.log().count(DEGRADED) == 1, w.log()[-3000:]
+    _assert_clean_logs(workers)
