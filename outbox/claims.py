@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from sqlalchemy import Row, and_, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
@@ -77,13 +77,23 @@ def claim_due(
     lease_s: float,
     limit: int = 1,
     operation_id: Optional[str] = None,
+    operation_ids: Optional[Sequence[str]] = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` due ``not_dispatched`` operations (or exactly ``operation_id``).
+    """Claim up to ``limit`` due ``not_dispatched`` operations (only ``operation_id(s)`` if given).
 
     Returns the claims made; an empty list when nothing was due (another worker won, the
     operation is not due yet, or it is no longer ``not_dispatched``).
     """
-    return _claim(session, "dispatch", worker=worker, lease_s=lease_s, limit=limit, operation_id=operation_id)
+    ids = _ids(operation_id, operation_ids)
+    return _claim(session, "dispatch", worker=worker, lease_s=lease_s, limit=limit, operation_ids=ids)
+
+
+def _ids(operation_id: Optional[str], operation_ids: Optional[Sequence[str]]) -> Optional[list[str]]:
+    if operation_id is not None and operation_ids is not None:
+        raise ValueError("pass operation_id or operation_ids, not both")
+    if operation_id is not None:
+        return [operation_id]
+    return list(operation_ids) if operation_ids is not None else None
 
 
 def claim_unknown(
@@ -99,7 +109,8 @@ def claim_unknown(
     The status stays ``outcome_unknown`` (nothing is re-sent); the token is bumped, a lease is taken
     and a ``lookup`` attempt row is opened for what the provider will say.
     """
-    return _claim(session, "lookup", worker=worker, lease_s=lease_s, limit=limit, operation_id=operation_id)
+    return _claim(session, "lookup", worker=worker, lease_s=lease_s, limit=limit,
+                  operation_ids=_ids(operation_id, None))
 
 
 def _claim(
@@ -109,20 +120,20 @@ def _claim(
     worker: str,
     lease_s: float,
     limit: int,
-    operation_id: Optional[str],
+    operation_ids: Optional[list[str]],
 ) -> list[Claim]:
     if limit < 1:
         raise ValueError("limit must be >= 1")
     pg = is_postgres(session)
     if pg:
-        return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_id=operation_id)
+        return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids)
     source = Status.NOT_DISPATCHED if kind == "dispatch" else Status.OUTCOME_UNKNOWN
     guard = [_OP.c.status == source.value, _OP.c.next_attempt_at <= db_now()]
     if kind == "lookup":
         guard.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
     due = select(_OP.c.id).where(*guard)
-    if operation_id is not None:
-        due = due.where(_OP.c.id == operation_id)
+    if operation_ids is not None:
+        due = due.where(_OP.c.id.in_(operation_ids))
     due = due.order_by(_OP.c.next_attempt_at).limit(limit)
     values: dict[str, Any] = dict(
         fencing_token=_OP.c.fencing_token + 1,
@@ -153,7 +164,7 @@ WITH due AS (
     SELECT id FROM operations
     WHERE status = :source AND next_attempt_at <= clock_timestamp()
       AND (:lookup = false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
-      AND (CAST(:operation_id AS varchar) IS NULL OR id = :operation_id)
+      AND (CAST(:operation_ids AS varchar[]) IS NULL OR id = ANY(CAST(:operation_ids AS varchar[])))
     ORDER BY next_attempt_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -192,13 +203,13 @@ SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id
 
 
 def _claim_pg(
-    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_id: Optional[str]
+    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]]
 ) -> list[Claim]:
     lookup = kind == "lookup"
     source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
     target = Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING
     rows = session.execute(text(_PG_CLAIM), {
-        "source": source.value, "target": target.value, "lookup": lookup, "operation_id": operation_id,
+        "source": source.value, "target": target.value, "lookup": lookup, "operation_ids": operation_ids,
         "limit": limit, "worker": worker, "lease_s": float(lease_s), "kind": kind,
         "event": "reconcile claim" if lookup else "claim",
     }).all()

@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     # Evidence sink; empty = the ledger's own evidence table, written with the success itself.
     evidence_url: str = Field(default="", description="separate database for evidence records")
     actions_file: Optional[Path] = Field(default=None, description="YAML actions/targets file")
+    # Operation ids per dispatch doorbell. More = fewer messages and commits per operation (the
+    # batch is claimed in one statement, called concurrently, finalized in one transaction); the
+    # cost: a worker that crashes mid-batch sends the whole batch through lease expiry and
+    # reconciliation instead of one operation.
+    doorbell_batch: int = Field(default=10, ge=1, le=100)
     task_events: bool = Field(default=False, description="Celery task events from the start (Flower)")
     worker_concurrency: int = Field(default=2, ge=1, le=64)
     # soft < hard < lease < visibility (checked at worker start-up): Celery kills a stuck task

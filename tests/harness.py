@@ -157,7 +157,7 @@ class Pipeline:
         from workers.celery_app import make_app
 
         app = make_app(self.settings())
-        self._relay = Relay(self.sessions.kw["bind"], Doorbell(app), poll_s=poll_s,
+        self._relay = Relay(self.sessions.kw["bind"], Doorbell(app, batch=self.settings().doorbell_batch), poll_s=poll_s,
                             republish_after_s=republish_after_s, sweep_every_s=0.2, evidence_sink=evidence_sink)
         self._relay_thread = threading.Thread(target=self._relay.run_forever, daemon=True)
         self._relay_thread.start()

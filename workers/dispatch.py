@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from sqlalchemy import insert, select, update
 
@@ -20,8 +20,8 @@ from breaker import Decision, Open, counts_as_failure
 from outbox.claims import Claim, claim_due
 from outbox.clock import as_utc, db_now
 from outbox.envelope import loads_exact
-from outbox.errors import StaleFence
-from outbox.evidence import finish_with_evidence
+from outbox.errors import IllegalTransition, StaleFence
+from outbox.evidence import finish_with_evidence, record_for
 from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, finalize_if_fenced
@@ -52,40 +52,72 @@ def _now() -> datetime:
 
 
 def dispatch_operation(rt: Runtime, operation_id: str) -> Optional[Outcome]:
-    """Handle one doorbell. Returns the outcome applied, or None when there was nothing to claim.
+    """Handle one doorbell for one operation (see dispatch_batch)."""
+    return dispatch_batch(rt, [operation_id]).get(operation_id)
 
-    The breaker is asked before the claim: while it is open the operation is not claimed at all
-    (no fencing token, no attempt number) and stays not_dispatched until the reopen time.
+
+def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outcome]:
+    """Handle one doorbell carrying one or more operation ids. Returns the outcomes applied.
+
+    The breaker is asked before the claim: while it is open an operation is not claimed at all
+    (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest
+    are claimed in one statement, called concurrently (one thread each: a batch costs the time of
+    its slowest call, which the lease covers) and finalized in one transaction.
     """
-    due = _read_due(rt, operation_id)
-    if due is None:
+    dues = _read_due(rt, operation_ids)
+    if not dues:
         # Duplicate doorbell, not due yet, or already taken: the database decides, nothing to do.
-        log.debug("nothing to claim", extra={"operation_id": operation_id})
-        return None
-    decision: Optional[Decision] = None
-    known = rt.actions.actions.get(due.action)
-    if known is not None:
+        log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
+        return {}
+    outcomes: dict[str, Outcome] = {}
+    decisions: dict[str, Decision] = {}
+    for op_id, due in dues.items():
+        known = rt.actions.actions.get(due.action)
+        if known is None:
+            continue
         decision = rt.breakers.before_call(known.target)
         # Past the deadline the claim below ends it (breaker_open -> budget spent).
         if isinstance(decision, Open) and decision.reopens_at <= deadline_of(due, known):
-            return park_while_open_if_due(rt, operation_id, known, decision, spent_attempts=due.attempt_count)
-    with rt.sessions.begin() as session:
-        claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
-    if not claims:
-        if decision is not None:
+            parked = park_while_open_if_due(rt, op_id, known, decision, spent_attempts=due.attempt_count)
+            if parked is not None:
+                outcomes[op_id] = parked
+            continue
+        decisions[op_id] = decision
+    wanted = [op_id for op_id in dues if op_id not in outcomes]
+    claims: list[Claim] = []
+    if wanted:
+        with rt.sessions.begin() as session:
+            claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s,
+                               operation_ids=wanted, limit=len(wanted))
+    claimed = {c.operation_id for c in claims}
+    for op_id, decision in decisions.items():
+        if op_id not in claimed:
             rt.breakers.release(decision)  # a probe we will not send: the next caller probes
-        log.debug("nothing to claim", extra={"operation_id": operation_id})
-        return None
-    claim = claims[0]
-    failpoints.hit("dispatch.after_claim", claim.idempotency_key)
+    for claim in claims:
+        failpoints.hit("dispatch.after_claim", claim.idempotency_key)
+    if len(claims) == 1:
+        results = [_attempt_claimed(rt, claims[0], decisions.get(claims[0].operation_id))]
+    else:
+        results = list(rt.pool.map(lambda c: _attempt_claimed(rt, c, decisions.get(c.operation_id)), claims))
+    for claim, _, _, _ in results:
+        failpoints.hit("dispatch.after_response", claim.idempotency_key)
+    outcomes.update(apply_many(rt, results))
+    return outcomes
+
+
+Attempted = tuple[Claim, AttemptReport, Outcome, Optional[ActionConfig]]
+
+
+def _attempt_claimed(rt: Runtime, claim: Claim, decision: Optional[Decision]) -> Attempted:
     try:
         action = rt.actions.action(claim.action)
     except KeyError as exc:
+        if decision is not None:
+            rt.breakers.release(decision)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
-        return apply(rt, claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"))
+        return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
     report, outcome = attempt(rt, claim, action, decision)
-    failpoints.hit("dispatch.after_response", claim.idempotency_key)
-    return apply(rt, claim, report, outcome, action=action)
+    return claim, report, outcome, action
 
 
 @dataclass(frozen=True)
@@ -99,19 +131,20 @@ class _Due:
     attempt_count: int
 
 
-def _read_due(rt: Runtime, operation_id: str) -> Optional[_Due]:
+def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
     with rt.sessions() as session:
-        row = session.execute(
-            select(Operation.action, Operation.created_at, Operation.deadline_at, Operation.max_attempts,
-                   Operation.attempt_count)
-            .where(Operation.id == operation_id, Operation.status == Status.NOT_DISPATCHED.value,
+        rows = session.execute(
+            select(Operation.id, Operation.action, Operation.created_at, Operation.deadline_at,
+                   Operation.max_attempts, Operation.attempt_count)
+            .where(Operation.id.in_(list(operation_ids)), Operation.status == Status.NOT_DISPATCHED.value,
                    Operation.next_attempt_at <= db_now())
-        ).first()
-    if row is None:
-        return None
-    created = as_utc(row.created_at)
-    assert created is not None
-    return _Due(row.action, created, as_utc(row.deadline_at), row.max_attempts, row.attempt_count)
+        ).all()
+    dues = {}
+    for row in rows:
+        created = as_utc(row.created_at)
+        assert created is not None
+        dues[row.id] = _Due(row.action, created, as_utc(row.deadline_at), row.max_attempts, row.attempt_count)
+    return dues
 
 
 def park_while_open_if_due(
@@ -201,6 +234,32 @@ def _why(outcome: Outcome) -> str:
     return getattr(outcome, "why", "") or ""
 
 
+def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
+    kw: dict[str, Any] = {}
+    if isinstance(outcome, Succeeded):
+        reason = "provider confirmed" + (" (completed after cancel requested)" if claim.cancel_requested else "")
+        kw["result"] = outcome.result
+        return Status.SUCCEEDED, reason, kw
+    if isinstance(outcome, RetryAt):
+        return Status.NOT_DISPATCHED, outcome.why, dict(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt)
+    if isinstance(outcome, Rejected):
+        return Status.FAILED_BEFORE_COMMIT, outcome.why, kw
+    if isinstance(outcome, Cancelled):
+        return Status.CANCELLED, outcome.why, kw
+    return Status.OUTCOME_UNKNOWN, outcome.why, kw
+
+
+def _fields(claim: Claim, report: AttemptReport, action: Optional[ActionConfig]) -> dict[str, Any]:
+    return {
+        "operation_id": claim.operation_id,
+        "idempotency_key": claim.idempotency_key,
+        "attempt": claim.attempt_number,
+        "fencing_token": claim.fencing_token,
+        "target": action.target if action else None,
+        "class": report.klass.value,
+    }
+
+
 def apply(
     rt: Runtime,
     claim: Claim,
@@ -210,32 +269,51 @@ def apply(
     action: Optional[ActionConfig] = None,
 ) -> Outcome:
     """Turn an outcome into exactly one guarded transition (evidence is kept even when stale)."""
-    to: Status
-    kw: dict[str, Any] = {}
-    if isinstance(outcome, Succeeded):
-        to, reason = Status.SUCCEEDED, "provider confirmed" + (" (completed after cancel requested)" if claim.cancel_requested else "")
-        kw["result"] = outcome.result
-    elif isinstance(outcome, RetryAt):
-        to, reason = Status.NOT_DISPATCHED, outcome.why
-        kw.update(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt)
-    elif isinstance(outcome, Rejected):
-        to, reason = Status.FAILED_BEFORE_COMMIT, outcome.why
-    elif isinstance(outcome, Cancelled):
-        to, reason = Status.CANCELLED, outcome.why
-    else:
-        to, reason = Status.OUTCOME_UNKNOWN, outcome.why
-    fields = {
-        "operation_id": claim.operation_id,
-        "idempotency_key": claim.idempotency_key,
-        "attempt": claim.attempt_number,
-        "fencing_token": claim.fencing_token,
-        "target": action.target if action else None,
-        "class": report.klass.value,
-    }
+    return apply_many(rt, [(claim, report, outcome, action)])[claim.operation_id]
+
+
+def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
+    """Finalize a batch: one transaction for all (each move still guarded by its own token).
+
+    A stale token refuses only its own operation (its attempt evidence is kept); a separate
+    evidence database needs its own write before each success, so that case goes one by one.
+    """
+    if rt.evidence.separate:
+        return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
+    applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
+    try:
+        with rt.sessions.begin() as session:
+            for claim, report, outcome, action in items:
+                to, reason, kw = _transition_of(claim, outcome)
+                fields = _fields(claim, report, action)
+                try:
+                    finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+                except (StaleFence, IllegalTransition) as exc:
+                    # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
+                    log.info("refused: result kept as evidence only (%s)", exc, extra=fields)
+                    continue
+                if to is Status.SUCCEEDED:
+                    op = session.get(Operation, claim.operation_id)
+                    assert op is not None
+                    rt.evidence.write(record_for(session, op, reference=report.provider_reference,
+                                                 response_digest=report.response_digest), session=session)
+                applied.append((claim, outcome, reason, fields))
+    except Exception:
+        log.warning("finalize failed; the leases will expire and the reconciler will settle them",
+                    extra={"operation_ids": [c.operation_id for c, _, _, _ in items]}, exc_info=True)
+        raise
+    _after(rt, applied)
+    return {c.operation_id: o for c, _, o, _ in items}
+
+
+def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outcome,
+                 action: Optional[ActionConfig]) -> Outcome:
+    to, reason, kw = _transition_of(claim, outcome)
+    fields = _fields(claim, report, action)
     stale: Optional[StaleFence] = None
     try:
         if isinstance(outcome, Succeeded):
-            to = finish_with_evidence(
+            finish_with_evidence(
                 rt.sessions, rt.evidence, claim, report,
                 lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
             )
@@ -248,19 +326,29 @@ def apply(
             if stale is not None:
                 raise stale
     except StaleFence as exc:
-        # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
         log.info("stale fence: result kept as evidence only (%s)", exc, extra=fields)
         return outcome
     except Exception:
         log.warning("finalize failed; the lease will expire and the reconciler will settle it",
                     extra=fields, exc_info=True)
         raise
-    _log_outcome(outcome, reason, fields)
-    if isinstance(outcome, Ambiguous):
-        rt.doorbell.ring_reconcile([claim.operation_id])
-    elif isinstance(outcome, RetryAt) and outcome.delay_s <= 0:
-        rt.doorbell.ring_dispatch([claim.operation_id])
+    _after(rt, [(claim, outcome, reason, fields)])
     return outcome
+
+
+def _after(rt: Runtime, applied: Sequence[tuple[Claim, Outcome, str, dict[str, Any]]]) -> None:
+    """After the commit: one log line per operation, then the doorbells that follow from it."""
+    reconcile, redispatch = [], []
+    for claim, outcome, reason, fields in applied:
+        _log_outcome(outcome, reason, fields)
+        if isinstance(outcome, Ambiguous):
+            reconcile.append(claim.operation_id)
+        elif isinstance(outcome, RetryAt) and outcome.delay_s <= 0:
+            redispatch.append(claim.operation_id)
+    if reconcile:
+        rt.doorbell.ring_reconcile(reconcile)
+    if redispatch:
+        rt.doorbell.ring_dispatch(redispatch)
 
 
 def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:

@@ -21,23 +21,27 @@ log = logging.getLogger(__name__)
 @dataclass
 class Doorbell:
     app: Celery
+    # Dispatch doorbells carry up to this many ids: one message, one claim statement and one
+    # finalize transaction serve them all. Reconcile doorbells carry one (lookups are rare).
+    batch: int = 1
 
     @classmethod
-    def from_current_app(cls) -> "Doorbell":
+    def from_current_app(cls, batch: int = 1) -> "Doorbell":
         from workers.tasks import app
 
-        return cls(app)
+        return cls(app, batch=batch)
 
     def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
-        return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, operation_ids)
+        return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, list(operation_ids), self.batch)
 
     def ring_reconcile(self, operation_ids: Iterable[str]) -> int:
-        return self._ring(RECONCILE_TASK, UNKNOWN_QUEUE, operation_ids)
+        return self._ring(RECONCILE_TASK, UNKNOWN_QUEUE, list(operation_ids), 1)
 
-    def _ring(self, task: str, queue: str, operation_ids: Iterable[str]) -> int:
-        n = 0
+    def _ring(self, task: str, queue: str, operation_ids: list[str], batch: int) -> int:
+        """Publish; returns the number of messages. A message's argument is one id or a list."""
+        chunks = [operation_ids[i:i + batch] for i in range(0, len(operation_ids), max(batch, 1))]
         with self.app.producer_or_acquire() as producer:
-            for op_id in operation_ids:
-                self.app.send_task(task, args=[op_id], queue=queue, producer=producer)
-                n += 1
-        return n
+            for chunk in chunks:
+                arg: str | list[str] = chunk[0] if len(chunk) == 1 else chunk
+                self.app.send_task(task, args=[arg], queue=queue, producer=producer)
+        return len(chunks)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Optional
 
 from sqlalchemy import Engine
@@ -38,8 +39,11 @@ class Runtime:
     doorbell: Doorbell
     worker_id: str
     evidence: EvidenceSink
+    # Calls of one doorbell batch run concurrently, one thread each (httpx clients are thread-safe).
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="dispatch"))
 
     def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.evidence.close()
         self.connectors.close()
         self.breakers.close()
@@ -83,9 +87,10 @@ def build_runtime(settings: Optional[Settings] = None) -> Runtime:
         actions=actions,
         connectors=ConnectorSet(actions),
         breakers=breaker_registry(settings, actions),
-        doorbell=Doorbell.from_current_app(),
+        doorbell=Doorbell.from_current_app(batch=settings.doorbell_batch),
         worker_id=f"{socket.gethostname()}:{os.getpid()}",
         evidence=EvidenceSink.from_url(settings.evidence_url),
+        pool=ThreadPoolExecutor(max_workers=settings.doorbell_batch, thread_name_prefix="dispatch"),
     )
 
 

@@ -29,11 +29,12 @@ def _close_runtime(**_: object) -> None:
 
 
 @app.task(name=DISPATCH_TASK, ignore_result=True)
-def dispatch(operation_id: str) -> None:
-    from workers.dispatch import dispatch_operation
+def dispatch(operation_ids: str | list[str]) -> None:
+    """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH)."""
+    from workers.dispatch import dispatch_batch
     from workers.runtime import get_runtime
 
-    dispatch_operation(get_runtime(), operation_id)
+    dispatch_batch(get_runtime(), [operation_ids] if isinstance(operation_ids, str) else operation_ids)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)

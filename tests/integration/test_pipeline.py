@@ -29,3 +29,16 @@ def test_commit_then_drop_is_parked_and_reconciled(pipe, sandbox):
     # Exactly one business request was sent: the reconciler asked, it did not re-send.
     posts = sandbox.requests(method="POST", key="k-drop")
     assert len(posts) == 1
+
+
+def test_one_doorbell_carries_a_batch(pipe, sandbox):
+    pipe.env["OUTBOX_DOORBELL_BATCH"] = "10"
+    ids = [pipe.submit(f"k-batch-{i}").operation_id for i in range(30)]
+    pipe.start_relay()  # publishes the 30 due ids as 3 doorbells before any worker listens
+    worker = pipe.start_worker()
+    for op_id in ids:
+        pipe.wait_status(op_id, "succeeded")
+    effects = sandbox.effects()
+    assert sorted(e["idempotency_key"] for e in effects) == sorted(f"k-batch-{i}" for i in range(30))
+    received = worker.log().count("outbox.dispatch[")
+    assert received <= 2 * 3, worker.log()[-2000:]  # 3 doorbells (a line for received, one for done)
