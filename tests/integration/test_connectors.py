@@ -179,7 +179,8 @@ def test_digest_is_stable_across_attempts_and_token(server: str) -> None:
 
 def test_headers_omitted_when_not_declared(server: str) -> None:
     Handler.seen.clear()
-    send(config(server, provider_idempotency=None, fencing_header=None))
+    # Without the key header a lookup by key proves nothing, so this action declares none.
+    send(config(server, provider_idempotency=None, fencing_header=None, lookup=None))
     headers = Handler.seen[-1]["headers"]
     assert "Idempotency-Key" not in headers and "X-Fencing-Token" not in headers
 
