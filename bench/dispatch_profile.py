@@ -2,7 +2,7 @@
 
 Throwaway database + ``python -m sandbox`` subprocess; N intents submitted first, then each is
 dispatched in this process exactly as a worker's task body would (``get_runtime()`` +
-``dispatch_operation``). Prints wall time per operation and the top functions by cumulative time.
+``dispatch_batch``, ``--batch`` ids per doorbell). Prints wall time per operation and the top functions by cumulative time.
 
     .venv/bin/python -m bench.dispatch_profile [--ops 200]
 """
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--batch", type=int, default=1, help="ids per doorbell (dispatch_batch)")
     args = p.parse_args(argv)
     from bench.pipeline_bench import REDIS_URL, actions_doc
     from bench.scratch_database import ScratchDatabase
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                                "OUTBOX_REDIS_URL": REDIS_URL, "OUTBOX_BROKER_KEY_PREFIX": prefix,
                                "OUTBOX_ACTIONS_FILE": str(actions), "OUTBOX_DATA_DIR": str(Path(tmp) / "data")})
             from outbox.submit import submit
-            from workers.dispatch import dispatch_operation
+            from workers.dispatch import dispatch_batch, dispatch_operation
             from workers.runtime import get_runtime
 
             rt = get_runtime()
@@ -57,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
             prof = cProfile.Profile()
             started = time.perf_counter()
             prof.enable()
-            for op_id in ids[10:]:
-                dispatch_operation(rt, op_id)
+            rest = ids[10:]
+            for i in range(0, len(rest), args.batch):
+                dispatch_batch(rt, rest[i:i + args.batch])
             prof.disable()
             wall = time.perf_counter() - started
             print(f"{args.ops} dispatches in-process: {wall / args.ops * 1000:.2f} ms each "
                   f"({args.ops / wall:.0f}/s in one process); effects {len(sandbox.effects())}")
-            pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
+            pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.top)
             rt.close()
     finally:
         keys = list(r.scan_iter(match=f"{prefix}*", count=1000)) + \

@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,19 +44,35 @@ class EvidenceRecord:
 
 def attempt_log_digest(session: Session, operation_id: str, *, current: Optional[tuple[int, AttemptReport]] = None) -> str:
     """sha256 over every attempt of the operation (the current one as reported, if not yet written)."""
+    return attempt_log_digests(session, [operation_id], current=dict([current]) if current else None)[operation_id]
+
+
+def attempt_log_digests(
+    session: Session, operation_ids: Sequence[str], *, current: Optional[dict[int, AttemptReport]] = None
+) -> dict[str, str]:
+    """attempt_log_digest for several operations in one query (a doorbell batch)."""
     rows = session.execute(
-        select(Attempt).where(Attempt.operation_id == operation_id).order_by(Attempt.id)
+        select(Attempt).where(Attempt.operation_id.in_(list(operation_ids))).order_by(Attempt.id)
     ).scalars()
-    log_items: list[dict[str, Any]] = []
+    logs: dict[str, list[dict[str, Any]]] = {op_id: [] for op_id in operation_ids}
     for a in rows:
         item = dict(n=a.attempt_number, kind=a.kind, token=a.fencing_token, cls=a.attempt_class,
                     status=a.status_code, sent=a.request_digest, got=a.response_digest, ref=a.provider_reference)
-        if current is not None and a.id == current[0]:
-            r = current[1]
+        if current and a.id in current:
+            r = current[a.id]
             item.update(cls=r.klass.value, status=r.status_code, sent=r.request_digest, got=r.response_digest,
                         ref=r.provider_reference)
-        log_items.append(item)
-    return hashlib.sha256(json.dumps(log_items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        logs[a.operation_id].append(item)
+    return {op_id: hashlib.sha256(json.dumps(items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+            for op_id, items in logs.items()}
+
+
+def records_for_claims(session: Session, finished: Sequence[tuple[Claim, AttemptReport]]) -> list[EvidenceRecord]:
+    """Evidence for claims whose success was just written in ``session`` (one query for all)."""
+    digests = attempt_log_digests(session, [c.operation_id for c, _ in finished])
+    return [EvidenceRecord(c.operation_id, c.tenant, c.idempotency_key, c.action, c.args_digest,
+                           r.provider_reference, r.response_digest, digests[c.operation_id])
+            for c, r in finished]
 
 
 def record_for(session: Session, op: Operation, *, reference: Optional[str], response_digest: Optional[str],
@@ -95,7 +111,12 @@ class EvidenceSink:
 
     def write(self, record: EvidenceRecord, *, session: Optional[Session] = None) -> None:
         """Append the record: in ``session`` (same-database sink) or in the sink's own transaction."""
-        stmt = insert(Evidence).values(**asdict(record), recorded_at=db_now())
+        self.write_many([record], session=session)
+
+    def write_many(self, records: Sequence[EvidenceRecord], *, session: Optional[Session] = None) -> None:
+        if not records:
+            return
+        stmt = insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records])
         if self.engine is None:
             if session is None:
                 raise ValueError("the default evidence sink writes in the ledger transaction: pass session")

@@ -21,7 +21,7 @@ from outbox.claims import Claim, claim_due
 from outbox.clock import as_utc, db_now
 from outbox.envelope import loads_exact
 from outbox.errors import IllegalTransition, StaleFence
-from outbox.evidence import finish_with_evidence, record_for
+from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, finalize_if_fenced
@@ -281,6 +281,7 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
     if rt.evidence.separate:
         return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
     applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
+    succeeded: list[tuple[Claim, AttemptReport]] = []
     try:
         with rt.sessions.begin() as session:
             for claim, report, outcome, action in items:
@@ -293,11 +294,10 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
                     log.info("refused: result kept as evidence only (%s)", exc, extra=fields)
                     continue
                 if to is Status.SUCCEEDED:
-                    op = session.get(Operation, claim.operation_id)
-                    assert op is not None
-                    rt.evidence.write(record_for(session, op, reference=report.provider_reference,
-                                                 response_digest=report.response_digest), session=session)
+                    succeeded.append((claim, report))
                 applied.append((claim, outcome, reason, fields))
+            # Evidence with the successes themselves: same transaction, one query, one insert.
+            rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
     except Exception:
         log.warning("finalize failed; the leases will expire and the reconciler will settle them",
                     extra={"operation_ids": [c.operation_id for c, _, _, _ in items]}, exc_info=True)
