@@ -24,6 +24,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.report:register",
     "commands.demo:register",
     "commands.breakers:register",
+    "commands.metrics:register",
     "sandbox.cli:register",
 )
 

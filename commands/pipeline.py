@@ -119,6 +119,10 @@ def cmd_relay(args: argparse.Namespace) -> int:
               f"reconcile doorbells: {tick.reconcile}")
         return 0
     signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+    if settings.metrics_port:
+        from workers import metrics
+
+        metrics.serve(settings.metrics_port)
     try:
         relay.run_forever()
     except KeyboardInterrupt:
@@ -139,6 +143,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings()
     pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=args.loglevel)
+    from workers import metrics
+
+    metrics.wipe_multiproc_dir()
     pipeline.start()
     print(f"agent-outbox running: ledger {settings.resolved_database_url}, broker {settings.resolved_broker_url}; "
           "Ctrl-C stops", file=sys.stderr)

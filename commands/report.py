@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,6 +16,7 @@ from rich.table import Table
 from commands.ledger import open_engine
 from outbox.db import make_sessionmaker
 from outbox.errors import InvalidIntent
+from outbox.report_summary import summary_path, write_summary
 from outbox.settings import load_settings
 from workers.report import build_report, dumps
 from workers.runtime import load_actions_for
@@ -65,11 +70,20 @@ def cmd_report(args: argparse.Namespace) -> int:
             report = build_report(session, actions, since=since, now=now)
     finally:
         engine.dispose()
+    _keep_summary(settings.data_dir, report)
     if args.json:
         print(dumps(report))
     else:
         render(report)
     return 1 if report["discrepancy_count"] or not report["complete"] else 0
+
+
+def _keep_summary(data_dir: Path, report: dict[str, Any]) -> None:
+    """The headline figures for the metrics exporter (outbox/report_summary.py); never fails the report."""
+    try:
+        write_summary(summary_path(data_dir), report, finished_at_s=time.time())
+    except OSError as exc:
+        print(f"agent-outbox: report summary not kept for metrics ({exc}); check OUTBOX_DATA_DIR", file=sys.stderr)
 
 
 def render(report: dict[str, object]) -> None:

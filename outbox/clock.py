@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import DateTime
+from sqlalchemy import DateTime, Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -65,3 +65,31 @@ def to_db(value: dt.datetime) -> dt.datetime:
     if value.tzinfo is None:
         raise ValueError("naive datetime: pass an aware datetime (UTC)")
     return value.astimezone(UTC)
+
+
+class db_age_s(FunctionElement[float]):  # noqa: N801 - reads like the SQL function it is
+    """Seconds from ``expr`` (a stored timestamp) to the database's current time, as a float.
+
+    Ages are measured on the database clock that wrote the timestamps, so a metrics exporter or
+    a relay on a host with a skewed clock still reports true ages. NULL in, NULL out.
+    """
+
+    type = Float()
+    inherit_cache = True
+    name = "db_age_s"
+
+    def __init__(self, expr: Any) -> None:
+        super().__init__(expr)
+
+
+@compiles(db_age_s, "postgresql")
+def _pg_age(element: db_age_s, compiler: Any, **kw: Any) -> str:
+    (expr,) = element.clauses
+    return f"EXTRACT(EPOCH FROM (clock_timestamp() - {compiler.process(expr, **kw)}))::float8"
+
+
+@compiles(db_age_s, "sqlite")
+def _sqlite_age(element: db_age_s, compiler: Any, **kw: Any) -> str:
+    (expr,) = element.clauses
+    # Stored as UTC text; julianday() reads the fractional seconds (ms precision is plenty here).
+    return f"((julianday('now') - julianday({compiler.process(expr, **kw)})) * 86400.0)"

@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     # cap is about ten minutes of provider outage; tests shrink both to stay fast.
     reconcile_max_lookups: int = Field(default=12, ge=1)
     reconcile_max_delay_s: float = Field(default=60.0, gt=0)
+    # Metrics (README, "Metrics"). metrics_port: a worker's main process (or the relay) serves
+    # its own process metrics on this port; 0 = off (``agent-outbox metrics`` serves them when
+    # every process shares one PROMETHEUS_MULTIPROC_DIR on one host).
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    # Terminal operations are counted over this window only: an exact count of all succeeded
+    # rows is a scan of the whole table at every scrape; a window is a range of the
+    # (status, updated_at) index. One hour matches a typical dashboard range.
+    metrics_terminal_window_s: float = Field(default=3600.0, gt=0)
 
     @field_validator("database_url", "evidence_url")
     @classmethod

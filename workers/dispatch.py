@@ -25,7 +25,7 @@ from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, finalize_if_fenced
-from workers import failpoints
+from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import AttemptResult
 from workers.outcomes import (
@@ -187,11 +187,13 @@ def attempt(
     if early is not None:
         if decision is not None:
             rt.breakers.release(decision)
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=_why(early)), early
     if decision is None:
         decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
         outcome = breaker_open(claim, action, reopens_at=decision.reopens_at, now=_now())
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"), outcome
     connector = rt.connectors.for_action(claim.action)
     result = connector.send(
@@ -204,6 +206,7 @@ def attempt(
     c = result.classification
     # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
     rt.breakers.record(decision, failure=counts_as_failure(c.status_code, transport_error=_is_transport(result)))
+    metrics.record_attempt(action.target, c.klass, result.latency_s)
     return _report(result), decide(claim, action, c, now=_now())
 
 
@@ -257,6 +260,7 @@ def _fields(claim: Claim, report: AttemptReport, action: Optional[ActionConfig])
         "fencing_token": claim.fencing_token,
         "target": action.target if action else None,
         "class": report.klass.value,
+        "retry_after_s": report.retry_after_s,
     }
 
 
@@ -341,6 +345,9 @@ def _after(rt: Runtime, applied: Sequence[tuple[Claim, Outcome, str, dict[str, A
     reconcile, redispatch = [], []
     for claim, outcome, reason, fields in applied:
         _log_outcome(outcome, reason, fields)
+        metrics.record_outcome(_transition_of(claim, outcome)[0])
+        if isinstance(outcome, RetryAt):
+            metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
         if isinstance(outcome, Ambiguous):
             reconcile.append(claim.operation_id)
         elif isinstance(outcome, RetryAt) and outcome.delay_s <= 0:

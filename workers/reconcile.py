@@ -29,7 +29,7 @@ from outbox.models import Attempt, Operation
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport
-from workers import failpoints
+from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import LookupResult
 from workers.handoff_packet import build_packet
@@ -246,6 +246,7 @@ def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: S
         log.error("handed to a person: %s", verdict.reason, extra=fields)
     else:
         log.info("reconcile: %s -> %s", verdict.reason, applied.value, extra=fields)
+    metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
         rt.doorbell.ring_dispatch([claim.operation_id])
     return verdict

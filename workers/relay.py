@@ -25,13 +25,14 @@ import psycopg
 from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.engine import make_url
 
-from outbox.clock import db_now
+from outbox.clock import db_age_s, db_now
 from outbox.db import is_postgres, make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
 from outbox.models import Operation
 from outbox.states import Status
 from outbox.submit import NOTIFY_CHANNEL
 from outbox.transitions import expire_leases
+from workers import metrics
 from workers.doorbell import Doorbell
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,13 @@ class Relay:
             due = due.with_for_update(skip_locked=True)
         stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery() if not pg else select(due.cte("due").c.id)))
         with self.sessions.begin() as session:
-            return list(session.execute(stmt.values(published_at=db_now()).returning(_OP.c.id)).scalars())
+            rows = session.execute(
+                stmt.values(published_at=db_now()).returning(_OP.c.id, db_age_s(_OP.c.next_attempt_at))
+            ).all()
+        if status is Status.NOT_DISPATCHED:
+            # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
+            metrics.record_relay_lags(row[1] for row in rows)
+        return [row[0] for row in rows]
 
     def run_once(self) -> Tick:
         # Doorbells first: they are what a waiting agent's latency is made of; the sweep can wait.

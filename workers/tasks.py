@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+
+from workers import metrics
 
 from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
 
@@ -21,11 +23,17 @@ def _fresh_runtime(**_: object) -> None:
     reset_runtime()
 
 
+# Main process, before the pool forks: empty the multiprocess metrics dir, serve it if asked.
+worker_init.connect(metrics.on_worker_init)
+
+
 @worker_process_shutdown.connect
-def _close_runtime(**_: object) -> None:
+def _close_runtime(**kw: object) -> None:
     from workers.runtime import reset_runtime
 
     reset_runtime()
+    pid = kw.get("pid")
+    metrics.on_worker_process_shutdown(pid=pid if isinstance(pid, int) else None)
 
 
 @app.task(name=DISPATCH_TASK, ignore_result=True)

@@ -1,0 +1,188 @@
+"""``agent-outbox metrics`` as a subprocess: the ledger's figures, breaker state, the last report,
+and counters summed over prefork-like processes (prometheus_client multiprocess mode)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
+
+from breaker import BreakerConfig, BreakerRegistry
+from outbox.clock import db_now
+from outbox.handoffs import open_handoff
+from outbox.models import Operation
+from outbox.report_summary import summary_path, write_summary
+from outbox.submit import submit
+from tests.harness import REFUND_ARGS, actions_doc, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _samples(text: str) -> Samples:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@contextmanager
+def exporter(env: dict[str, str]) -> Iterator[str]:
+    port = _free_port()
+    # Only what the test passes decides whether the exporter reads a multiprocess directory.
+    base = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    proc = subprocess.Popen([sys.executable, "-m", "commands.main", "metrics", "--port", str(port)],
+                            cwd=ROOT, env=base | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read().decode() if proc.stdout else "exporter exited")
+        try:
+            return httpx.get(url, timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(up, 15, what="metrics exporter up")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def scrape(url: str) -> Samples:
+    response = httpx.get(url, timeout=5)
+    assert response.status_code == 200
+    return _samples(response.text)
+
+
+def _submit(session, key: str) -> str:
+    return submit(session, tenant="t1", idempotency_key=key, action="payments.refund.create",
+                  args=dict(REFUND_ARGS), subject="test").operation_id
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
+    with pg_ledger.sessions.begin() as s:
+        ids = [_submit(s, f"m-{i}") for i in range(7)]
+
+    def move(op_id: str, status: str, **values: object) -> None:
+        with pg_ledger.sessions.begin() as s:
+            s.execute(update(Operation).where(Operation.id == op_id).values(status=status, **values))
+
+    # 2 not_dispatched stay; 2 outcome_unknown (one submitted 5 minutes ago); 1 succeeded;
+    # 1 succeeded long ago (outside the terminal window); 1 reconciliation_required with a handoff.
+    move(ids[2], "outcome_unknown", created_at=db_now(-300))
+    move(ids[3], "outcome_unknown")
+    move(ids[4], "succeeded", updated_at=db_now(), finished_at=db_now())
+    move(ids[5], "succeeded", updated_at=db_now(-7200), finished_at=db_now(-7200))
+    move(ids[6], "reconciliation_required")
+    with pg_ledger.sessions.begin() as s:
+        open_handoff(s, ids[6], reason="lookup budget spent", packet={"operation_id": ids[6]})
+
+    # A breaker opened through the shared state, exactly as workers would.
+    prefix = f"metrics-{os.getpid()}-{time.monotonic_ns()}:"
+    actions = tmp_path / "actions.yaml"
+    actions.write_text(yaml.safe_dump(actions_doc("http://127.0.0.1:9")))
+    shared = BreakerRegistry({"sandbox": BreakerConfig(fail_max=1, reset_timeout_s=300)},
+                             redis_url=redis_url, namespace=prefix)
+    shared.record(shared.before_call("sandbox"), failure=True)
+    shared.close()
+
+    data_dir = tmp_path / "data"
+    write_summary(summary_path(data_dir), {"health": {"duplicate_effects": 2}, "discrepancy_count": 3,
+                                           "complete": True}, finished_at_s=1_800_000_000.0)
+    env = {"OUTBOX_DATABASE_URL": pg_ledger.url, "OUTBOX_DATA_DIR": str(data_dir),
+           "OUTBOX_REDIS_URL": redis_url, "OUTBOX_BROKER_KEY_PREFIX": prefix, "OUTBOX_ACTIONS_FILE": str(actions)}
+    with exporter(env) as url:
+        m = scrape(url)
+
+    def ops(status: str) -> float:
+        return m[("outbox_operations", (("status", status),))]
+
+    assert m[("outbox_ledger_up", ())] == 1
+    assert {st: ops(st) for st in ("not_dispatched", "outcome_unknown", "reconciliation_required", "dispatching",
+                                   "awaiting_approval", "committed_evidence_degraded")} == {
+        "not_dispatched": 2, "outcome_unknown": 2, "reconciliation_required": 1, "dispatching": 0,
+        "awaiting_approval": 0, "committed_evidence_degraded": 0}
+    assert m[("outbox_operations_finished_recent", (("status", "succeeded"),))] == 1  # the old one is outside
+    assert m[("outbox_operations_finished_recent", (("status", "failed_before_commit"),))] == 0
+    assert m[("outbox_outcome_unknown_backlog", ())] == 2
+    assert 299 < m[("outbox_outcome_unknown_oldest_age_seconds", ())] < 400
+    assert m[("outbox_handoffs_open", ())] == 1
+    assert 0 < m[("outbox_handoffs_oldest_open_age_seconds", ())] < 60
+    assert m[("outbox_breaker_storage_up", ())] == 1
+    assert m[("outbox_breaker_state", (("target", "sandbox"),))] == 2  # open
+    assert m[("outbox_report_duplicate_effects", ())] == 2
+    assert m[("outbox_report_discrepancies", ())] == 3
+    assert m[("outbox_report_last_run_timestamp_seconds", ())] == 1_800_000_000.0
+    # Labels are statuses, classes and targets only: never a key, tenant or operation id.
+    assert {name for (_, labels) in m for name, _ in labels} <= {"status", "target", "class", "le"}
+
+
+def test_counters_are_summed_across_processes(tmp_path):
+    """Two OS processes record with one PROMETHEUS_MULTIPROC_DIR; the exporter shows the sums."""
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    env = dict(os.environ) | {"PROMETHEUS_MULTIPROC_DIR": str(mp)}
+    code = ("from workers.metrics import record_attempt, record_retry, record_outcome\n"
+            "record_attempt('sandbox', 'succeeded', 0.2)\n"
+            "record_attempt('sandbox', 'not_processed', 0.05)\n"
+            "record_retry('sandbox', 3.0, 2.0)\n"
+            "record_outcome('succeeded')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env) for _ in range(2)]
+    assert [p.wait(30) for p in procs] == [0, 0]
+    assert len(list(mp.glob("*.db"))) >= 2  # one file per process and metric type
+
+    # The ledger part points at an empty embedded ledger here: only the process sums matter.
+    with exporter({"PROMETHEUS_MULTIPROC_DIR": str(mp), "OUTBOX_DATA_DIR": str(tmp_path / "data"),
+                   "OUTBOX_DATABASE_URL": "", "OUTBOX_REDIS_URL": ""}) as url:
+        m = scrape(url)
+    assert m[("outbox_ledger_up", ())] == 1  # the SQLite side of the same queries
+    assert m[("outbox_outcome_unknown_backlog", ())] == 0
+    assert m[("outbox_attempts_total", (("class", "succeeded"), ("target", "sandbox")))] == 2
+    assert m[("outbox_attempts_total", (("class", "not_processed"), ("target", "sandbox")))] == 2
+    assert m[("outbox_attempt_latency_seconds_count", (("class", "succeeded"), ("target", "sandbox")))] == 2
+    assert m[("outbox_retry_delay_seconds_count", (("target", "sandbox"),))] == 2
+    assert m[("outbox_retry_after_seconds_sum", (("target", "sandbox"),))] == 4.0
+    assert m[("outbox_outcomes_total", (("status", "succeeded"),))] == 2
+
+
+def test_a_real_worker_records_attempts_outcomes_and_retry_after(pipe, sandbox, tmp_path):
+    """A real Celery worker process writes to the multiprocess dir; the exporter reads the sums."""
+    multiproc = tmp_path / "prom"
+    multiproc.mkdir()
+    pipe.env["PROMETHEUS_MULTIPROC_DIR"] = str(multiproc)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(multiproc)  # the relay thread records too
+    try:
+        sandbox.add_fault(mode="unavailable_503", method="POST", count=1, retry_after_s=1)
+        pipe.start_worker()
+        pipe.start_relay()
+        op_id = pipe.submit("k-metrics").operation_id
+        pipe.wait_status(op_id, "succeeded")
+        with exporter(pipe.env) as url:
+            samples = wait_for(lambda: (s := scrape(url)).get(
+                ("outbox_outcomes_total", (("status", "succeeded"),))) and s, 15, what="outcome counted")
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    assert samples[("outbox_attempts_total", (("class", "not_processed"), ("target", "sandbox")))] == 1
+    assert samples[("outbox_attempts_total", (("class", "succeeded"), ("target", "sandbox")))] == 1
+    assert samples[("outbox_retry_after_seconds_count", (("target", "sandbox"),))] == 1
+    assert samples[("outbox_outcomes_total", (("status", "not_dispatched"),))] == 1
