@@ -6,7 +6,11 @@
 3. the pipeline end to end (``bench.pipeline_bench --quick``: 300 operations submit -> succeeded
    with 2 prefork workers, beside bare Celery no-op tasks on the same broker);
 4. the relay's commit-to-publish latency (``bench.relay_latency --quick``: LISTEN/NOTIFY and
-   polling at 0.05 s, 60 samples each).
+   polling at 0.05 s, 60 samples each);
+5. the scale-out proof (``bench.scale_proof --quick``: 300 intents, 4 workers + reconciler, seeded
+   faults, a private Redis restart and a worker SIGKILL mid-run; exits 1 on any invariant violation);
+6. claim latency beside a big table (``bench.claim_latency --quick``: 10k and 100k finished rows,
+   200 claims each).
 
 Exits non-zero if any benchmark does. Full runs: see bench/README.md.
 """
@@ -26,6 +30,8 @@ BENCHMARKS = [
      "--client", "wrk" if shutil.which("wrk") else "aiohttp"],
     [sys.executable, "-m", "bench.pipeline_bench", "--quick"],
     [sys.executable, "-m", "bench.relay_latency", "--quick"],
+    [sys.executable, "-m", "bench.scale_proof", "--quick", "-q"],
+    [sys.executable, "-m", "bench.claim_latency", "--quick"],
 ]
 
 

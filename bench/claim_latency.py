@@ -1,0 +1,202 @@
+"""Claim latency with a big table: claim_due(limit=1) + finalize at 10k and at 1M finished rows.
+
+For each size N, in its own throwaway database (``bench/scratch_database.py``: created, migrated,
+dropped even on Ctrl-C):
+
+1. bulk-load N finished operations (``INSERT ... SELECT generate_series``, status ``succeeded``)
+   with one dispatch attempt row each (``--no-attempts`` to skip those), then D due
+   ``not_dispatched`` rows (default 1000), then ``ANALYZE``;
+2. ``EXPLAIN`` the claim's due subquery (the statement ``outbox.claims`` sends, as a SELECT ... FOR
+   UPDATE SKIP LOCKED) and check that it reads the partial index ``ix_operations_due``;
+3. time K claims (default 500), each = ``claim_due(limit=1)`` in one transaction (SQLAlchemy
+   session, exactly as a worker does) + ``finalize_if_fenced(..., to=succeeded)`` in another;
+   report p50/p99/max of the claim and of claim+finalize, in ms, after a short warm-up.
+
+    .venv/bin/python -m bench.claim_latency [--rows 10000,1000000] [--due 1000] [--claims 500] [--quick]
+
+``--quick``: 10k and 100k rows, 200 claims. Writes bench/results/claim-latency-<date>[-quick].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.scratch_database import ScratchDatabase, libpq
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+_FINISHED = """
+INSERT INTO operations (
+    id, tenant, idempotency_key, action, args, args_digest, subject, status, reason,
+    fencing_token, attempt_count, max_attempts, deadline_at, next_attempt_at, result_reference,
+    cancel_requested, proven_absent_through, published_at, created_at, updated_at, finished_at)
+SELECT 'done-' || lpad(g::text, 10, '0'), 'bench', 'done-' || g, 'refund',
+       '{"amount":"12.50","currency":"eur","order_id":"ord-' || g || '"}',
+       md5(g::text) || md5(g::text), 'agent-bench', 'succeeded', 'bench',
+       1, 1, 5, now() - interval '1 day',
+       -- finished rows keep their old due time: spread over the past month
+       now() - interval '30 days' + g * interval '1 second',
+       're_' || g, false, 0, now() - interval '30 days', now() - interval '30 days',
+       now() - interval '30 days', now() - interval '30 days'
+FROM generate_series(1, %(n)s) AS g
+"""
+
+_FINISHED_ATTEMPTS = """
+INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, ended_at,
+                      status_code, attempt_class, provider_reference, latency_s, stale)
+SELECT 'done-' || lpad(g::text, 10, '0'), 1, 'dispatch', 1, 'bench', now() - interval '30 days',
+       now() - interval '30 days', 200, 'succeeded', 're_' || g, 0.01, false
+FROM generate_series(1, %(n)s) AS g
+"""
+
+_DUE = """
+INSERT INTO operations (
+    id, tenant, idempotency_key, action, args, args_digest, subject, status, reason,
+    fencing_token, attempt_count, max_attempts, deadline_at, next_attempt_at,
+    cancel_requested, proven_absent_through, created_at, updated_at)
+SELECT gen_random_uuid()::text, 'bench', 'due-' || g, 'refund',
+       '{"amount":"12.50","currency":"eur","order_id":"ord-' || g || '"}',
+       md5(g::text) || md5(g::text), 'agent-bench', 'not_dispatched', 'submitted',
+       0, 0, 5, now() + interval '1 hour', now() - interval '1 hour' + g * interval '1 millisecond',
+       false, 0, now(), now()
+FROM generate_series(1, %(d)s) AS g
+"""
+
+# The due subquery of outbox/claims.py _PG_CLAIM (dispatch kind, no operation id), bound.
+_EXPLAIN = """
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+SELECT id FROM operations
+WHERE status = 'not_dispatched' AND next_attempt_at <= clock_timestamp()
+  AND (false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
+  AND (CAST(NULL AS varchar) IS NULL OR id = NULL)
+ORDER BY next_attempt_at
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
+
+
+def load(url: str, rows: int, due: int, attempts: bool) -> dict[str, float]:
+    import psycopg
+
+    timings: dict[str, float] = {}
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        t = time.perf_counter()
+        conn.execute(_FINISHED, {"n": rows})
+        timings["load_operations_s"] = time.perf_counter() - t
+        if attempts:
+            t = time.perf_counter()
+            conn.execute(_FINISHED_ATTEMPTS, {"n": rows})
+            timings["load_attempts_s"] = time.perf_counter() - t
+        conn.execute(_DUE, {"d": due})
+        t = time.perf_counter()
+        conn.execute("VACUUM ANALYZE operations")
+        conn.execute("VACUUM ANALYZE attempts")
+        timings["vacuum_analyze_s"] = time.perf_counter() - t
+        timings["table_mb"] = float(conn.execute(
+            "SELECT pg_total_relation_size('operations') / 1048576.0").fetchone()[0])  # type: ignore[index]
+    return timings
+
+
+def explain(url: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(libpq(url)) as conn:
+        plan = [r[0] for r in conn.execute(_EXPLAIN).fetchall()]
+        conn.rollback()
+    return plan
+
+
+def measure(url: str, claims: int, warmup: int = 20) -> dict[str, Any]:
+    from outbox.claims import claim_due
+    from outbox.db import make_engine, make_sessionmaker
+    from outbox.states import AttemptClass, Status
+    from outbox.transitions import AttemptReport, finalize_if_fenced
+
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    sessions = make_sessionmaker(engine)
+    report = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_x")
+    claim_ms: list[float] = []
+    total_ms: list[float] = []
+    try:
+        for i in range(warmup + claims):
+            t0 = time.perf_counter()
+            with sessions.begin() as s:
+                got = claim_due(s, worker="bench", lease_s=60.0, limit=1)
+            t1 = time.perf_counter()
+            if not got:
+                raise RuntimeError(f"nothing due after {i} claims: raise --due")
+            with sessions.begin() as s:
+                finalize_if_fenced(s, got[0], report, to=Status.SUCCEEDED, reason="bench")
+            t2 = time.perf_counter()
+            if i >= warmup:
+                claim_ms.append((t1 - t0) * 1000)
+                total_ms.append((t2 - t0) * 1000)
+    finally:
+        engine.dispose()
+
+    def stats(v: list[float]) -> dict[str, float]:
+        return {"p50": statistics.median(v), "p99": pct(v, 99), "max": max(v), "mean": statistics.fmean(v)}
+
+    return {"claims": claims, "claim_ms": stats(claim_ms), "claim_finalize_ms": stats(total_ms)}
+
+
+def run_one(rows: int, due: int, claims: int, attempts: bool) -> dict[str, Any]:
+    with ScratchDatabase() as db:
+        result: dict[str, Any] = {"rows": rows, "due": due, "attempt_rows": attempts}
+        result["load"] = load(db.url, rows, due, attempts)
+        plan = explain(db.url)
+        result["explain"] = plan
+        result["uses_ix_operations_due"] = any("ix_operations_due" in line for line in plan)
+        result.update(measure(db.url, claims))
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default=None, help="comma-separated sizes (default 10000,1000000)")
+    parser.add_argument("--due", type=int, default=1000)
+    parser.add_argument("--claims", type=int, default=None)
+    parser.add_argument("--no-attempts", action="store_true", help="do not load attempt rows for finished operations")
+    parser.add_argument("--quick", action="store_true", help="10k and 100k rows, 200 claims")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in (args.rows or ("10000,100000" if args.quick else "10000,1000000")).split(",")]
+    claims = args.claims or (200 if args.quick else 500)
+    if claims + 20 > args.due:
+        args.due = claims + 20
+
+    results = []
+    for n in sizes:
+        r = run_one(n, args.due, claims, not args.no_attempts)
+        results.append(r)
+        load_s = r["load"]["load_operations_s"] + r["load"].get("load_attempts_s", 0.0)
+        c, cf = r["claim_ms"], r["claim_finalize_ms"]
+        print(f"claim-latency rows={n} due={args.due} claims={claims} load={load_s:.1f}s "
+              f"table={r['load']['table_mb']:.0f}MB claim p50={c['p50']:.2f}ms p99={c['p99']:.2f}ms "
+              f"max={c['max']:.2f}ms claim+finalize p50={cf['p50']:.2f}ms p99={cf['p99']:.2f}ms "
+              f"ix_operations_due={'yes' if r['uses_ix_operations_due'] else 'NO'}", flush=True)
+    biggest = results[-1]
+    print(f"\nEXPLAIN (ANALYZE) of the claim's due subquery at {biggest['rows']} rows:")
+    for line in biggest["explain"]:
+        print(f"  {line}")
+    out = args.out or RESULTS_DIR / f"claim-latency-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": dt.datetime.now(dt.timezone.utc).isoformat(), "results": results}, indent=2))
+    print(f"\nwrote {out}")
+    return 0 if all(r["uses_ix_operations_due"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
