@@ -178,7 +178,10 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
 
 
 def _cap_redispatch(rt: Runtime, claim: Claim, action: ActionConfig, verdict: Settlement) -> Settlement:
-    """Never executed, but the dispatch budget is spent and the last worker died after claiming.
+    """Never executed, but the dispatch budget is spent: end it instead of re-dispatching.
+
+    If the last attempt was reported, the proof of absence covers every attempt: failed_before_commit.
+    If its worker died after claiming, hand it to a person.
 
     A poison intent (its worker crashes on every claim, before it can send or report) would
     otherwise cycle claim -> crash -> lease expiry -> lookup -> re-dispatch forever, killing a
@@ -195,7 +198,12 @@ def _cap_redispatch(rt: Runtime, claim: Claim, action: ActionConfig, verdict: Se
             .limit(1)
         ).scalar_one_or_none()
     if last != AttemptClass.PENDING.value:
-        return verdict  # a reported attempt: the next claim ends it failed_before_commit
+        # Proven absent and no attempt left: end it here rather than claim once more only to
+        # find the budget spent (which also left attempt_count one above the cap).
+        return Settlement(
+            Status.FAILED_BEFORE_COMMIT, AttemptClass.NOT_SENT,
+            f"{verdict.reason}; attempts used up ({claim.attempt_count}/{max_attempts}): no effect, no attempt left",
+        )
     return Settlement(
         Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
         f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{max_attempts}) and the "
@@ -241,7 +249,9 @@ def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: S
     except StaleFence as exc:
         log.info("stale fence: lookup kept as evidence only (%s)", exc, extra=fields)
         return verdict
-    if applied is Status.RECONCILIATION_REQUIRED:
+    if applied is Status.FAILED_BEFORE_COMMIT:
+        log.error("failed_before_commit: %s", verdict.reason, extra=fields)  # a final failure
+    elif applied is Status.RECONCILIATION_REQUIRED:
         # A handoff to a person is one of the two ERRORs of the normal path (DESIGN.md, Logging).
         log.error("handed to a person: %s", verdict.reason, extra=fields)
     else:
