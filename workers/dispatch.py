@@ -95,10 +95,7 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
             rt.breakers.release(decision)  # a probe we will not send: the next caller probes
     for claim in claims:
         failpoints.hit("dispatch.after_claim", claim.idempotency_key)
-    if len(claims) == 1:
-        results = [_attempt_claimed(rt, claims[0], decisions.get(claims[0].operation_id))]
-    else:
-        results = list(rt.pool.map(lambda c: _attempt_claimed(rt, c, decisions.get(c.operation_id)), claims))
+    results = _attempt_all(rt, claims, decisions)
     for claim, _, _, _ in results:
         failpoints.hit("dispatch.after_response", claim.idempotency_key)
     outcomes.update(apply_many(rt, results))
@@ -106,6 +103,34 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
 
 
 Attempted = tuple[Claim, AttemptReport, Outcome, Optional[ActionConfig]]
+
+
+def _attempt_all(rt: Runtime, claims: Sequence[Claim], decisions: dict[str, Decision]) -> list[Attempted]:
+    """A batch's calls: concurrently while the target looks healthy, one by one once it does not.
+
+    The first call to each target goes alone (a canary). If it neither failed nor counted against
+    the breaker, the rest of that target's calls run concurrently; otherwise they run one at a time,
+    each asking the breaker again, so a batch never piles its whole width of calls onto a target
+    that is going down (the breaker opens after fail_max, not after fail_max + batch).
+    """
+    groups: dict[Optional[str], list[Claim]] = {}
+    for claim in claims:
+        known = rt.actions.actions.get(claim.action)
+        groups.setdefault(known.target if known else None, []).append(claim)
+    results: list[Attempted] = []
+    for group in groups.values():
+        first = _attempt_claimed(rt, group[0], decisions.get(group[0].operation_id))
+        results.append(first)
+        rest = group[1:]
+        if first[1].klass in (AttemptClass.SUCCEEDED, AttemptClass.REJECTED):
+            results.extend(rt.pool.map(lambda c: _attempt_claimed(rt, c, decisions.get(c.operation_id)), rest))
+            continue
+        for claim in rest:
+            held = decisions.pop(claim.operation_id, None)
+            if held is not None:
+                rt.breakers.release(held)
+            results.append(_attempt_claimed(rt, claim, None))
+    return results
 
 
 def _attempt_claimed(rt: Runtime, claim: Claim, decision: Optional[Decision]) -> Attempted:

@@ -41,13 +41,16 @@ def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe,
 
     pipe.start_relay()  # no worker yet: the doorbells pile up in Redis
 
+    # One doorbell carries up to OUTBOX_DOORBELL_BATCH ids.
+    messages = -(-N // pipe.settings().doorbell_batch)
+
     def published() -> bool:
         with pipe.sessions() as s:
             n = s.execute(select(func.count()).select_from(Operation)
                           .where(Operation.published_at.is_not(None))).scalar_one()
-        return n == N and private_redis.client().llen(queue) >= N
+        return n == N and private_redis.client().llen(queue) >= messages
 
-    wait_for(published, 10, what=f"{N} doorbells queued in the private Redis")
+    wait_for(published, 10, what=f"{N} intents' doorbells ({messages} messages) queued in the private Redis")
 
     private_redis.kill()
     private_redis.start()  # same port, empty: no RDB, no AOF
