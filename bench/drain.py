@@ -201,7 +201,7 @@ def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: boo
 
 
 def drain(url: str, loop: str, *, processes: int, claim_limit: int = 1,
-          pre_ping: bool = True) -> DrainResult:
+          pre_ping: bool = False) -> DrainResult:
     """Run ``processes`` workers of ``loop`` until nothing is due; ``pre_ping`` is the ledger's only."""
     target = {"ledger": _ledger_worker, "bare": _bare_worker, "bare_evidence": _bare_evidence_worker}[loop]
     ctx = mp.get_context("spawn")

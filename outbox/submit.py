@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import func, insert, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -128,26 +128,20 @@ def submit(
         created_at=db_now(),
         updated_at=db_now(),
     )
-    ins = pg_insert(_OP) if is_postgres(session) else sqlite_insert(_OP)
-    stmt = ins.values(**values).on_conflict_do_nothing(
-        index_elements=[_OP.c.tenant, _OP.c.idempotency_key]
-    ).returning(_OP.c.id)
-    inserted = session.execute(stmt).first()
-    if inserted is not None:
-        session.execute(
-            insert(OperationEvent).values(
-                operation_id=operation_id,
-                at=db_now(),
-                from_status=None,
-                to_status=status.value,
-                fencing_token=0,
-                event="submit",
-                reason=f"subject {env.subject}" + (f", run {run_id}" if run_id else ""),
-                actor=env.subject,
-            )
-        )
-        if is_postgres(session) and status is Status.NOT_DISPATCHED:
-            session.execute(text("SELECT pg_notify(:ch, :id)"), {"ch": NOTIFY_CHANNEL, "id": operation_id})
+    event = dict(operation_id=operation_id, at=db_now(), from_status=None, to_status=status.value,
+                 fencing_token=0, event="submit",
+                 reason=f"subject {env.subject}" + (f", run {run_id}" if run_id else ""), actor=env.subject)
+    if is_postgres(session):
+        inserted = _insert_pg(session, values, event, notify=status is Status.NOT_DISPATCHED)
+    else:
+        inserted = session.execute(
+            sqlite_insert(_OP).values(**values)
+            .on_conflict_do_nothing(index_elements=[_OP.c.tenant, _OP.c.idempotency_key])
+            .returning(_OP.c.id)
+        ).first() is not None
+        if inserted:
+            session.execute(insert(OperationEvent).values(**event))
+    if inserted:
         return Receipt(operation_id, env.tenant, key, status.value, True, env.digest)
 
     existing = session.execute(
@@ -156,6 +150,36 @@ def submit(
     if existing.args_digest != env.digest:
         raise IdempotencyConflict(key, existing.args_digest, env.digest, existing.id)
     return receipt_of(existing, new=False)
+
+
+def _insert_pg(session: Session, values: dict[str, Any], event: dict[str, Any], *, notify: bool) -> bool:
+    """PostgreSQL: intent row, its event row and the NOTIFY in ONE statement (one round trip).
+
+    The event and the notification come only from a row this statement inserted (ON CONFLICT DO
+    NOTHING inserts none for a replay); the NOTIFY is delivered when the caller commits.
+    """
+    ins = (
+        pg_insert(_OP).values(**values)
+        .on_conflict_do_nothing(index_elements=[_OP.c.tenant, _OP.c.idempotency_key])
+        .returning(_OP.c.id)
+        .cte("ins")
+    )
+    ev_table = OperationEvent.__table__
+    names = list(event)
+    logged = (
+        insert(ev_table)
+        .from_select(names, select(*[ins.c.id if n == "operation_id" else
+                                     (v if hasattr(v, "self_group") else literal(v, ev_table.c[n].type))
+                                     for n, v in event.items()]))
+        .returning(ev_table.c.id)
+        .cte("logged")
+    )
+    counts = [select(func.count()).select_from(ins).scalar_subquery().label("inserted"),
+              select(func.count()).select_from(logged).scalar_subquery().label("logged")]
+    if notify:
+        counts.append(select(func.count(func.pg_notify(NOTIFY_CHANNEL, ins.c.id))).select_from(ins)
+                      .scalar_subquery().label("notified"))
+    return bool(session.execute(select(*counts)).one().inserted)
 
 
 def receipt_of(op: Operation, *, new: bool = False) -> Receipt:

@@ -266,3 +266,24 @@ def test_schema_refuses_unknown_status(ledger):
     with pytest.raises(Exception):
         with ledger.sessions.begin() as s:
             s.execute(text("UPDATE operations SET status = 'done'"))
+
+
+def test_submit_notifies_the_relay_on_commit_only(pg_ledger):
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN outbox_due")
+        with pytest.raises(RuntimeError):
+            with pg_ledger.sessions.begin() as s:
+                submit(s, **(INTENT | {"idempotency_key": "rolled-back"}))
+                raise RuntimeError("agent crashed")
+        with pg_ledger.sessions.begin() as s:
+            receipt = submit(s, **INTENT)
+            assert not list(listener.notifies(timeout=0.2)), "NOTIFY must wait for the commit"
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        assert got == [receipt.operation_id]
+        with pg_ledger.sessions.begin() as s:
+            assert not submit(s, **INTENT).new  # a replay inserts nothing and notifies nothing
+        assert not list(listener.notifies(timeout=0.3))
