@@ -202,13 +202,17 @@ SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id
 """
 
 
+_PG_CLAIM_TEXT = text(_PG_CLAIM)
+
+
 def _claim_pg(
     session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]]
 ) -> list[Claim]:
     lookup = kind == "lookup"
     source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
     target = Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING
-    rows = session.execute(text(_PG_CLAIM), {
+    # Connection.execute: the ORM layer adds client CPU and nothing here needs it.
+    rows = session.connection().execute(_PG_CLAIM_TEXT, {
         "source": source.value, "target": target.value, "lookup": lookup, "operation_ids": operation_ids,
         "limit": limit, "worker": worker, "lease_s": float(lease_s), "kind": kind,
         "event": "reconcile claim" if lookup else "claim",
