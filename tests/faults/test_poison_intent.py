@@ -28,13 +28,13 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
         "payments.refund.create": action(REFUNDS, decimal_args=["amount"], budget={
             "max_attempts": MAX_ATTEMPTS, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 0.5}),
     }))
-    env = {"OUTBOX_FAILPOINTS": "dispatch.after_claim=exit@poison-*"}
-    pipe.start_worker("w1", extra_env=env)
-    pipe.start_worker("w2", extra_env=env)
     # One id per doorbell: a poison intent that kills its worker takes its whole doorbell batch
     # through lease expiry and reconciliation (documented cost of OUTBOX_DOORBELL_BATCH); this
     # test is about the poison intent's own cap.
     pipe.env["OUTBOX_DOORBELL_BATCH"] = "1"
+    env = {"OUTBOX_FAILPOINTS": "dispatch.after_claim=exit@poison-*"}
+    pipe.start_worker("w1", extra_env=env)
+    pipe.start_worker("w2", extra_env=env)
     pipe.start_relay()
     poison = pipe.submit("poison-1").operation_id
     good = [pipe.submit(f"good-{i}", args={"order_id": f"o-{i}", "amount": "1.00", "currency": "EUR"}).operation_id
