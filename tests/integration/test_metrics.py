@@ -111,8 +111,16 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
                                            "complete": True}, finished_at_s=1_800_000_000.0)
     env = {"OUTBOX_DATABASE_URL": pg_ledger.url, "OUTBOX_DATA_DIR": str(data_dir),
            "OUTBOX_REDIS_URL": redis_url, "OUTBOX_BROKER_KEY_PREFIX": prefix, "OUTBOX_ACTIONS_FILE": str(actions)}
-    with exporter(env) as url:
-        m = scrape(url)
+    try:
+        with exporter(env) as url:
+            m = scrape(url)
+    finally:
+        import redis
+
+        client = redis.Redis.from_url(redis_url)
+        keys = list(client.scan_iter(match=f"agent-outbox:breaker:{prefix}*"))
+        if keys:  # this test's breaker state only: the shared Redis is never flushed
+            client.delete(*keys)
 
     def ops(status: str) -> float:
         return m[("outbox_operations", (("status", status),))]
