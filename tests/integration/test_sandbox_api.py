@@ -14,16 +14,7 @@ from sandbox.testing import SandboxProcess, SandboxServer
 REFUND = {"order_id": "ord-17", "amount": "12.50", "currency": "EUR", "reason": "duplicate"}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[SandboxServer]:
-    with SandboxServer() as s:
-        yield s
-
-
-@pytest.fixture
-def sandbox(server: SandboxServer) -> Iterator[SandboxServer]:
-    server.reset()
-    yield server
+# `sandbox` (tests/conftest.py): one SandboxServer for the session, reset before each test.
 
 
 @pytest.fixture

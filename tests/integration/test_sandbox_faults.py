@@ -16,16 +16,7 @@ from sandbox.testing import SandboxServer
 REFUND = {"order_id": "ord-9", "amount": "40.00", "currency": "usd", "reason": "requested_by_customer"}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[SandboxServer]:
-    with SandboxServer(seed=1) as s:
-        yield s
-
-
-@pytest.fixture
-def sandbox(server: SandboxServer) -> Iterator[SandboxServer]:
-    server.reset()
-    yield server
+# `sandbox` (tests/conftest.py): one SandboxServer for the session, reset before each test.
 
 
 @pytest.fixture
