@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -66,23 +67,43 @@ def select_fault(
     return rule
 
 
-async def handle_create(request: web.Request) -> web.StreamResponse:
+@dataclass
+class Arrival:
+    """A business request as it arrives: logged, its fault (if any) chosen, not yet acted on."""
+
+    state: SandboxState
+    spec: Any
+    tenant: str
+    entry: Any
+    rid: str
+    rule: FaultRule | None
+
+
+async def arrive(request: web.Request, key: str | None, token_raw: str | None) -> Arrival | web.StreamResponse:
+    """The prelude every business endpoint shares; a fault before commit answers right here."""
     state = request.app[STATE]
     spec = RESOURCES.get(request.match_info["resource"])
     if spec is None:
         raise web.HTTPNotFound()
     tenant = tenant_of(request)
-    key = request.headers.get("Idempotency-Key")
-    token_raw = request.headers.get("X-Fencing-Token")
-    entry = state.requests.open("POST", request.path, request.query_string, tenant, key, token_raw)
+    entry = state.requests.open(request.method, request.path, request.query_string, tenant, key, token_raw)
     rid = new_request_id()
     rule = select_fault(request, state, key, tenant)
     if rule is not None:
         entry.fault, entry.fault_id = rule.mode, rule.id
         if rule.mode in BEFORE_COMMIT:
             return await fail_before_commit(request, entry, rule, rid)
-    outcome = await create(request, state, spec.name, tenant, key, token_raw, rule, rid)
-    return await deliver(request, entry, rule, outcome)
+    return Arrival(state, spec, tenant, entry, rid, rule)
+
+
+async def handle_create(request: web.Request) -> web.StreamResponse:
+    key = request.headers.get("Idempotency-Key")
+    token_raw = request.headers.get("X-Fencing-Token")
+    a = await arrive(request, key, token_raw)
+    if not isinstance(a, Arrival):
+        return a
+    outcome = await create(request, a.state, a.spec.name, a.tenant, key, token_raw, a.rule, a.rid)
+    return await deliver(request, a.entry, a.rule, outcome)
 
 
 async def create(
@@ -171,21 +192,13 @@ async def create(
 
 
 async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    spec = RESOURCES.get(request.match_info["resource"])
-    if spec is None:
-        raise web.HTTPNotFound()
-    tenant = tenant_of(request)
     q = request.query
     key = q.get("idempotency_key")
-    entry = state.requests.open("GET", request.path, request.query_string, tenant, key,
-                                request.headers.get("X-Fencing-Token"))
-    rid = new_request_id()
-    rule = select_fault(request, state, key, tenant)
+    a = await arrive(request, key, request.headers.get("X-Fencing-Token"))
+    if not isinstance(a, Arrival):
+        return a
+    state, spec, tenant, entry, rid, rule = a.state, a.spec, a.tenant, a.entry, a.rid, a.rule
     if rule is not None:
-        entry.fault, entry.fault_id = rule.mode, rule.id
-        if rule.mode in BEFORE_COMMIT:
-            return await fail_before_commit(request, entry, rule, rid)
         if rule.latency_ms:
             await asyncio.sleep(rule.latency_ms / 1000)
     config, now = state.config, state.clock.now()
@@ -213,18 +226,10 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_retrieve(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    spec = RESOURCES.get(request.match_info["resource"])
-    if spec is None:
-        raise web.HTTPNotFound()
-    tenant = tenant_of(request)
-    entry = state.requests.open("GET", request.path, request.query_string, tenant, None, None)
-    rid = new_request_id()
-    rule = select_fault(request, state, None, tenant)
-    if rule is not None:
-        entry.fault, entry.fault_id = rule.mode, rule.id
-        if rule.mode in BEFORE_COMMIT:
-            return await fail_before_commit(request, entry, rule, rid)
+    a = await arrive(request, None, None)
+    if not isinstance(a, Arrival):
+        return a
+    state, spec, tenant, entry, rid, rule = a.state, a.spec, a.tenant, a.entry, a.rid, a.rule
     now = state.clock.now()
     obj = state.objects.get(tenant, spec.name, request.match_info["id"], now, state.config.index_lag_s)
     if obj is None:
