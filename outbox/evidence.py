@@ -20,12 +20,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.errors import StaleFence
 from outbox.db import make_engine
 from outbox.models import Attempt, Evidence, Operation
 from outbox.settlement import evidence_backfilled
 from outbox.states import Status
-from outbox.transitions import AttemptReport
+from outbox.transitions import AttemptReport, commit_even_if_stale
 
 log = logging.getLogger(__name__)
 
@@ -176,18 +175,14 @@ def finish_with_evidence(
             log.warning("evidence sink unavailable; recording committed_evidence_degraded: %s", exc,
                         extra={"operation_id": claim.operation_id})
             to = Status.COMMITTED_EVIDENCE_DEGRADED
-    stale: Optional[StaleFence] = None
-    with sessions.begin() as s:
-        try:
-            finalize(s, to)
-        except StaleFence as exc:
-            stale = exc
-        else:
-            if not sink.separate:
-                op = s.get(Operation, claim.operation_id)
-                assert op is not None
-                sink.write(record_for(s, op, reference=report.provider_reference,
-                                      response_digest=report.response_digest), session=s)
-    if stale is not None:
-        raise stale
+
+    def write(s: Session) -> None:
+        finalize(s, to)
+        if not sink.separate:
+            op = s.get(Operation, claim.operation_id)
+            assert op is not None
+            sink.write(record_for(s, op, reference=report.provider_reference,
+                                  response_digest=report.response_digest), session=s)
+
+    commit_even_if_stale(sessions, write)
     return to

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from sqlalchemy import and_, exists, insert, select, text, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
@@ -320,6 +320,24 @@ def _still_ours(session: Session, claim: Claim) -> bool:
         select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == claim.operation_id)
     ).first()
     return row is not None and row.status == Status.DISPATCHING.value and row.fencing_token == claim.fencing_token
+
+
+T = TypeVar("T")
+
+
+def commit_even_if_stale(sessions: sessionmaker[Session], write: Callable[[Session], T]) -> T:
+    """Run ``write`` in one transaction; if it raises StaleFence, commit anyway, then re-raise.
+
+    A refused (stale) worker's attempt row already holds its result inside that transaction:
+    committing keeps that evidence while the refusal still reaches the caller.
+    """
+    stale: Optional[StaleFence] = None
+    with sessions.begin() as session:
+        try:
+            return write(session)
+        except StaleFence as exc:
+            stale = exc
+    raise stale
 
 
 def mark_attempt_stale(session: Session, attempt_id: int) -> None:

@@ -24,7 +24,7 @@ from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
-from outbox.transitions import AttemptReport, finalize_if_fenced
+from outbox.transitions import AttemptReport, commit_even_if_stale, finalize_if_fenced
 from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import AttemptResult
@@ -346,7 +346,6 @@ def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outc
                  action: Optional[ActionConfig]) -> Outcome:
     to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
-    stale: Optional[StaleFence] = None
     try:
         if isinstance(outcome, Succeeded):
             finish_with_evidence(
@@ -354,13 +353,9 @@ def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outc
                 lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
             )
         else:
-            with rt.sessions.begin() as session:
-                try:
-                    finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
-                except StaleFence as exc:
-                    stale = exc  # commit the attempt's evidence, then report the refusal
-            if stale is not None:
-                raise stale
+            commit_even_if_stale(
+                rt.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+            )
     except StaleFence as exc:
         log.info("stale fence: result kept as evidence only (%s)", exc, extra=fields)
         return outcome

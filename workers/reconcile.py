@@ -28,7 +28,7 @@ from outbox.handoffs import open_handoff
 from outbox.models import Attempt, Operation
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
-from outbox.transitions import AttemptReport
+from outbox.transitions import AttemptReport, commit_even_if_stale
 from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import LookupResult
@@ -238,14 +238,7 @@ def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: S
         if verdict.to is Status.SUCCEEDED:
             applied = finish_with_evidence(rt.sessions, rt.evidence, claim, report, settle)
         else:
-            stale: Optional[StaleFence] = None
-            with rt.sessions.begin() as session:
-                try:
-                    settle(session, verdict.to)
-                except StaleFence as exc:
-                    stale = exc
-            if stale is not None:
-                raise stale
+            commit_even_if_stale(rt.sessions, lambda session: settle(session, verdict.to))
     except StaleFence as exc:
         log.info("stale fence: lookup kept as evidence only (%s)", exc, extra=fields)
         return verdict
