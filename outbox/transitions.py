@@ -85,7 +85,7 @@ def move(
     token: Optional[int] = None,
     extra_where: Iterable[Any] = (),
     **values: Any,
-) -> tuple[str, int]:
+) -> tuple[Optional[str], int]:
     """Move one operation from one of ``sources`` to ``to`` if the guards hold.
 
     Returns (previous status, token). Raises ``StaleFence`` when a token was given and the row does
