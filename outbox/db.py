@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -62,3 +62,15 @@ def _make_sqlite_transactional(engine: Engine) -> None:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def driver_connection(bind: Session | Connection) -> Any:
+    """The DBAPI (psycopg) connection under a session's or connection's current transaction.
+
+    The hot path (submit, claim, finalize) sends its few fixed statements straight to the driver:
+    SQLAlchemy's per-execute work (result metadata, parameter processing) cost more client CPU than
+    PostgreSQL spent running them (bench/README.md). The statements still run inside the caller's
+    transaction: SQLAlchemy began it and will commit or roll it back.
+    """
+    conn = bind.connection() if isinstance(bind, Session) else bind
+    return conn.connection.driver_connection

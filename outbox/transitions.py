@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
-from sqlalchemy import and_, exists, insert, select, text, update
+from psycopg.rows import namedtuple_row
+from sqlalchemy import and_, exists, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.db import is_postgres
+from outbox.db import driver_connection, is_postgres
 from outbox.errors import IllegalTransition, OperationNotFound, StaleFence
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
@@ -229,11 +231,17 @@ def finalize_if_fenced(
         raise
 
 
+def _to_driver_params(sql: str) -> str:
+    """``:name`` parameters (as written here) to psycopg's ``%(name)s``."""
+    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
+
+
 @functools.lru_cache(maxsize=32)
 def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
     """The one-statement finalize for PostgreSQL, as SQL text built once per shape.
 
-    Text, not a Core construct: building the construct cost more client CPU per call than the
+    Text sent through the driver, not a Core construct: building the construct, and even
+    SQLAlchemy's per-execute result processing for text(), cost more client CPU per call than the
     database spent executing it (bench/README.md). It writes exactly what the portable path does.
     """
     sets = ["status = :to", "updated_at = clock_timestamp()", "reason = :reason",
@@ -254,7 +262,7 @@ def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
         where += """ AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = :operation_id
             AND a.id <> :attempt_id AND a.kind = 'dispatch' AND a.attempt_number > operations.proven_absent_through
             AND a.attempt_class IN ('ambiguous', 'pending'))"""
-    return text(f"""
+    return _to_driver_params(f"""
 WITH att AS (
     UPDATE attempts SET ended_at = clock_timestamp(), attempt_class = :klass, status_code = :status_code,
         request_digest = :request_digest, provider_request_id = :provider_request_id,
@@ -296,7 +304,8 @@ def _finalize_in_one_statement(
     the row holds now) for the caller to raise StaleFence.
     """
     _check_allowed(claim.operation_id, [Status.DISPATCHING], to)
-    row = session.connection().execute(_finalize_sql(to, refund, guard), {
+    cursor = driver_connection(session).cursor(row_factory=namedtuple_row)
+    row = cursor.execute(_finalize_sql(to, refund, guard), {
         "to": to.value, "reason": reason, "event": event, "actor": claim.worker,
         "operation_id": claim.operation_id, "token": claim.fencing_token, "attempt_id": claim.attempt_id,
         "klass": report.klass.value, "status_code": report.status_code, "request_digest": report.request_digest,
@@ -304,7 +313,7 @@ def _finalize_in_one_statement(
         "response_digest": report.response_digest, "retry_after_s": report.retry_after_s,
         "latency_s": report.latency_s, "error": report.error,
         "result": json.dumps(result) if result is not None else None, "delay_s": float(delay_s),
-    }).one()
+    }).fetchone()
     if not row.moved:
         current = session.execute(
             select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == claim.operation_id)
