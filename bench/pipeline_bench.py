@@ -42,6 +42,7 @@ import yaml
 from sqlalchemy import text
 
 from bench.celery_workers import Workers
+from bench.cpu_split import CpuSplit
 from bench.scratch_database import ScratchDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +103,7 @@ class Outbox:
         }
         self.settings = Settings(database_url=db_url, broker_url=REDIS_URL, redis_url=REDIS_URL,
                                  broker_key_prefix=prefix, actions_file=actions, data_dir=tmp / "data")
-        self.engine = make_engine(db_url, pool_size=2)
+        self.engine = make_engine(db_url, pool_size=8)
         self.sessions = make_sessionmaker(self.engine)
         self.tmp = tmp
         self.relay: Any = None
@@ -114,8 +115,10 @@ class Outbox:
         from workers.doorbell import Doorbell
         from workers.relay import Relay
 
-        self.relay = Relay(make_engine(self.settings.database_url), Doorbell(make_app(self.settings)),
-                           poll_s=self.settings.relay_poll_s, republish_after_s=self.settings.republish_after_s)
+        self.relay = Relay(make_engine(self.settings.database_url),
+                           Doorbell(make_app(self.settings), batch=self.settings.doorbell_batch),
+                           poll_s=self.settings.relay_poll_s, republish_after_s=self.settings.republish_after_s,
+                           linger_s=self.settings.relay_linger_s)
         self.thread = threading.Thread(target=self.relay.run_forever, name="relay", daemon=True)
         self.thread.start()
 
@@ -126,15 +129,26 @@ class Outbox:
             self.thread.join(10)
             self.relay.engine.dispose()
 
-    def submit_all(self, tenant: str, n: int, batch: int) -> None:
+    def submit_all(self, tenant: str, n: int, batch: int, submitters: int = 1) -> None:
+        """N intents, ``batch`` per transaction, from ``submitters`` concurrent threads (agents)."""
         batch = max(1, batch)
         from outbox.submit import submit
 
-        for first in range(0, n, batch):
-            with self.sessions.begin() as s:
-                for i in range(first, min(first + batch, n)):
-                    submit(s, tenant=tenant, idempotency_key=f"{tenant}:refund-{i}",
-                           action="payments.refund.create", args=ARGS, subject="bench")
+        def agent(k: int) -> None:
+            for first in range(k * batch, n, batch * submitters):
+                with self.sessions.begin() as s:
+                    for i in range(first, min(first + batch, n)):
+                        submit(s, tenant=tenant, idempotency_key=f"{tenant}:refund-{i}",
+                               action="payments.refund.create", args=ARGS, subject="bench")
+
+        if submitters == 1:
+            agent(0)
+            return
+        threads = [threading.Thread(target=agent, args=(k,)) for k in range(submitters)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def count(self, tenant: str, status: str = "succeeded") -> int:
         with self.engine.connect() as c:
@@ -149,7 +163,7 @@ class Outbox:
 
 
 def run_outbox(ob: Outbox, sandbox: Any, pool: str, w: int, n: int, batch: int, timeout_s: float,
-               presubmit: bool = False) -> dict[str, Any]:
+               presubmit: bool = False, submitters: int = 1) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown") as workers:
         warm = f"warm-{tag}"
@@ -157,26 +171,31 @@ def run_outbox(ob: Outbox, sandbox: Any, pool: str, w: int, n: int, batch: int, 
         wait_until(lambda: ob.count(warm) == 2 * w, 60, 0.02, "warm-up")
         sandbox.reset()
         tenant = f"run-{tag}"
+        split = CpuSplit()
         if presubmit:  # relay stopped while N intents are written; the clock starts with the relay
             ob.stop_relay()
             ob.submit_all(tenant, n, 100)
+            split.__enter__()
             started = time.perf_counter()
             ob.start_relay()
         else:
+            split.__enter__()
             started = time.perf_counter()
-            ob.submit_all(tenant, n, batch)
+            ob.submit_all(tenant, n, batch, submitters)
         submitted = time.perf_counter()
         try:
             ended = wait_until(lambda: ob.count(tenant) >= n, timeout_s, 0.01, "all succeeded")
         except TimeoutError:
             raise RuntimeError(f"not all succeeded: {ob.statuses(tenant)}") from None
+        split.__exit__()
         rss = workers.rss_kib()
     effects = sandbox.effects()
     dups = sandbox.duplicates(by="key")
     seconds = ended - started
     return {"side": "outbox", "pool": pool, "workers": w, "ops": n, "seconds": seconds,
-            "ops_per_s": n / seconds, "submit_s": submitted - started, "submit_batch": batch, "presubmit": presubmit,
-            "effects": len(effects), "duplicates": len(dups), "rss_kib": rss}
+            "ops_per_s": n / seconds, "submit_s": submitted - started, "submit_batch": batch, "submitters": submitters, "presubmit": presubmit,
+            "effects": len(effects), "duplicates": len(dups), "rss_kib": rss,
+            "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()}}
 
 
 # ---- bare Celery ---------------------------------------------------------------------------------
@@ -197,15 +216,16 @@ def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_
         publish(2 * w)
         wait_until(lambda: int(r.get(key) or 0) >= 2 * w, 60, 0.02, "bare warm-up")
         r.set(key, 0)
-        started = time.perf_counter()
-        publish(n)
-        published = time.perf_counter()
-        ended = wait_until(lambda: int(r.get(key) or 0) >= n, timeout_s, 0.01, "bare executed")
+        with CpuSplit() as split:
+            started = time.perf_counter()
+            publish(n)
+            published = time.perf_counter()
+            ended = wait_until(lambda: int(r.get(key) or 0) >= n, timeout_s, 0.01, "bare executed")
         rss = workers.rss_kib()
     seconds = ended - started
     return {"side": "bare", "pool": pool, "workers": w, "ops": n, "seconds": seconds,
             "ops_per_s": n / seconds, "publish_s": published - started, "executed": int(r.get(key) or 0),
-            "rss_kib": rss}
+            "rss_kib": rss, "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()}}
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -260,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pools", default=None, help="prefork,solo (default both)")
     p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 3)")
     p.add_argument("--submit-batch", type=int, default=1, help="intents per submit transaction")
+    p.add_argument("--submitters", type=int, default=1,
+                   help="concurrent submitting threads (agents), each one intent per transaction")
     p.add_argument("--presubmit", action="store_true",
                    help="write the N intents before starting the clock (relay stopped meanwhile): "
                         "measures relay + workers without the submitter")
@@ -291,15 +313,16 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(repeats):
                     for pool in pools:
                         for w in counts:
-                            res = run_outbox(ob, sandbox, pool, w, n, args.submit_batch, args.timeout, args.presubmit)
+                            res = run_outbox(ob, sandbox, pool, w, n, args.submit_batch, args.timeout, args.presubmit,
+                                             args.submitters)
                             runs.append(res)
                             print(f"[{rep + 1}/{repeats}] outbox {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
                                   f"(submit {res['submit_s']:.2f}s of {res['seconds']:.2f}s; effects {res['effects']}, "
-                                  f"dups {res['duplicates']}; RSS {res['rss_kib']})", flush=True)
+                                  f"dups {res['duplicates']}; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}", flush=True)
                             res = run_bare(bare_env, tmp, pool, w, n, args.timeout)
                             runs.append(res)
                             print(f"[{rep + 1}/{repeats}] bare   {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
-                                  f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']})", flush=True)
+                                  f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}", flush=True)
             finally:
                 ob.stop_relay()
                 ob.engine.dispose()
@@ -312,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, n, repeats)
     print("(RSS = median VmRSS of each task-executing process after the run; bare Celery's in brackets)")
     out = {"benchmark": "pipeline", "command": "python -m bench.pipeline_bench " + " ".join(argv or sys.argv[1:]),
-           "ops": n, "repeats": repeats, "submit_batch": args.submit_batch, "presubmit": args.presubmit, "bare_events": args.bare_events,
+           "ops": n, "repeats": repeats, "submit_batch": args.submit_batch, "submitters": args.submitters, "presubmit": args.presubmit, "bare_events": args.bare_events,
            "environment": env, "summary": rows, "runs": runs}
     RESULTS_DIR.mkdir(exist_ok=True)
     suffix = ("-quick" if args.quick else "") + ("-presubmit" if args.presubmit else "") + ("-bare-events" if args.bare_events else "")

@@ -7,15 +7,10 @@ main thread submits one intent per transaction, spaced ``--gap-ms`` apart, and n
 ``ring_dispatch`` has published each operation id. Latency = published - committed. Nothing in
 ``workers/`` is changed: polling is forced with a ``Relay`` subclass that calls ``_poll_loop``.
 
-Modes: ``listen`` (``run_forever`` on PostgreSQL: LISTEN/NOTIFY + 0.5 s backstop poll),
-``poll-0.5`` and ``poll-0.05``; with ``--variants`` also two candidate improvements measured by
-subclass: ``listen-nopreping`` (relay engine without ``pool_pre_ping``) and ``listen-ring-first``
-(a tick publishes due rows before the lease sweep and the outcome_unknown query).
+Modes: ``listen`` (``run_forever`` on PostgreSQL: doorbells rung from the NOTIFY payloads, ticks
+every 0.5 s as the backstop), ``poll-0.5`` and ``poll-0.05`` (ticks only).
 
-With ``--profile`` the listen mode also reports where a tick's time goes (sweep, mark-due UPDATE,
-publish, second mark-due).
-
-    .venv/bin/python -m bench.relay_latency [--quick] [--samples 300] [--repeats 3] [--variants] [--profile]
+    .venv/bin/python -m bench.relay_latency [--quick] [--samples 300] [--repeats 3]
 
 Writes bench/results/relay-latency-<date>.json.
 """
@@ -69,55 +64,7 @@ def _classes() -> dict[str, Any]:
         def run_forever(self) -> None:
             self._poll_loop()
 
-    class ProfiledRelay(Relay):
-        """run_once with a stopwatch per phase (same statements, same order)."""
-
-        phases: list[dict[str, float]]
-
-        def run_once(self) -> Tick:
-            t0 = time.perf_counter()
-            expired = 0
-            now = time.monotonic()
-            swept = False
-            if now - self._last_sweep >= self.sweep_every_s:
-                self._last_sweep, swept = now, True
-                with self.sessions.begin() as session:
-                    expired = len(expire_leases(session))
-            t1 = time.perf_counter()
-            ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
-            t2 = time.perf_counter()
-            if ids:
-                self.doorbell.ring_dispatch(ids)
-            t3 = time.perf_counter()
-            rec = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
-            if rec:
-                self.doorbell.ring_reconcile(rec)
-            t4 = time.perf_counter()
-            if ids:
-                self.phases.append({"sweep": t1 - t0, "swept": float(swept), "mark_due": t2 - t1,
-                                    "publish": t3 - t2, "mark_unknown": t4 - t3})
-            return Tick(expired, len(ids), len(rec))
-
-    class RingFirstRelay(Relay):
-        """Candidate: publish due rows first; the sweep and outcome_unknown query come after."""
-
-        def run_once(self) -> Tick:
-            ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
-            if ids:
-                self.doorbell.ring_dispatch(ids)
-            expired = 0
-            now = time.monotonic()
-            if now - self._last_sweep >= self.sweep_every_s:
-                self._last_sweep = now
-                with self.sessions.begin() as session:
-                    expired = len(expire_leases(session))
-            rec = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
-            if rec:
-                self.doorbell.ring_reconcile(rec)
-            return Tick(expired, len(ids), len(rec))
-
-    return dict(RecordingDoorbell=RecordingDoorbell, Relay=Relay, PollingRelay=PollingRelay,
-                ProfiledRelay=ProfiledRelay, RingFirstRelay=RingFirstRelay)
+    return dict(RecordingDoorbell=RecordingDoorbell, Relay=Relay, PollingRelay=PollingRelay)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -134,13 +81,10 @@ def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> 
     c = _classes()
     settings = Settings(database_url=db_url, broker_url=REDIS_URL, broker_key_prefix=prefix)
     doorbell = c["RecordingDoorbell"](make_app(settings))
-    relay_engine = make_engine(db_url, pool_pre_ping=(mode != "listen-nopreping"))
-    cls = {"listen": c["Relay"], "listen-profile": c["ProfiledRelay"], "listen-nopreping": c["Relay"],
-           "listen-ring-first": c["RingFirstRelay"], "poll-0.5": c["PollingRelay"],
-           "poll-0.05": c["PollingRelay"]}[mode]
+    relay_engine = make_engine(db_url)
+    cls = {"listen": c["Relay"], "poll-0.5": c["PollingRelay"], "poll-0.05": c["PollingRelay"]}[mode]
     poll_s = 0.05 if mode == "poll-0.05" else 0.5
-    relay = cls(relay_engine, doorbell, poll_s=poll_s)
-    relay.phases = []
+    relay = cls(relay_engine, doorbell, poll_s=poll_s, linger_s=settings.relay_linger_s)
     thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
     engine = make_engine(db_url, pool_size=1)
     sessions = make_sessionmaker(engine)
@@ -169,13 +113,6 @@ def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> 
     out: dict[str, Any] = {"mode": mode, "samples": len(lat), "missing": samples - len(lat),
                            "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": max(lat),
                            "mean_ms": statistics.fmean(lat)}
-    if relay.phases:
-        ph = relay.phases
-        out["phases_ms"] = {k: {"p50": pct([p[k] * 1000 for p in ph], 50), "p99": pct([p[k] * 1000 for p in ph], 99)}
-                            for k in ("sweep", "mark_due", "publish", "mark_unknown")}
-        swept = [p["sweep"] * 1000 for p in ph if p["swept"]]
-        out["phases_ms"]["sweep_when_run"] = {"count": len(swept), "p50": pct(swept, 50) if swept else 0,
-                                              "max": max(swept) if swept else 0}
     return out
 
 
@@ -185,18 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--gap-ms", type=float, default=15)
-    p.add_argument("--variants", action="store_true", help="also measure candidate improvements")
-    p.add_argument("--profile", action="store_true", help="also a listen run with per-phase timings")
     p.add_argument("--modes", default=None)
     args = p.parse_args(argv)
     samples = args.samples or (60 if args.quick else 300)
     repeats = args.repeats or (1 if args.quick else 3)
     modes = args.modes.split(",") if args.modes else (
         ["listen", "poll-0.05"] if args.quick else ["listen", "poll-0.5", "poll-0.05"])
-    if args.variants:
-        modes += ["listen-nopreping", "listen-ring-first"]
-    if args.profile:
-        modes += ["listen-profile"]
     prefix = f"bench-relay-{uuid.uuid4().hex[:8]}:"
     r = redis.Redis.from_url(REDIS_URL)
     runs: list[dict[str, Any]] = []
@@ -211,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(res)
                     print(f"[{rep + 1}/{repeats}] {mode:18} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
                           f"max {res['max_ms']:7.2f} ms  (n={res['samples']}, missing {res['missing']})", flush=True)
-                    if "phases_ms" in res:
-                        print("    phases (ms): " + json.dumps(res["phases_ms"]), flush=True)
     finally:
         keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
         if keys:

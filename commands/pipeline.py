@@ -43,7 +43,7 @@ def build_relay(settings: Settings):  # type: ignore[no-untyped-def]
     engine = open_engine(settings)
     url = settings.resolved_broker_url
     return Relay(engine, Doorbell.from_current_app(batch=settings.doorbell_batch), poll_s=settings.relay_poll_s,
-                 republish_after_s=settings.republish_after_s,
+                 republish_after_s=settings.republish_after_s, linger_s=settings.relay_linger_s,
                  embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None,
                  evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None)
 

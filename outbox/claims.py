@@ -80,14 +80,20 @@ def claim_due(
     limit: int = 1,
     operation_id: Optional[str] = None,
     operation_ids: Optional[Sequence[str]] = None,
+    also_due: int = 0,
 ) -> list[Claim]:
     """Claim up to ``limit`` due ``not_dispatched`` operations (only ``operation_id(s)`` if given).
 
-    Returns the claims made; an empty list when nothing was due (another worker won, the
-    operation is not due yet, or it is no longer ``not_dispatched``).
+    ``also_due``: with ids given, also claim up to this many other due operations, oldest first,
+    in the same statement (a doorbell's batch filled with whatever else is due).
+    Returns the claims made, the given ids first; an empty list when nothing was due (another
+    worker won, the operation is not due yet, or it is no longer ``not_dispatched``).
     """
     ids = _ids(operation_id, operation_ids)
-    return _claim(session, "dispatch", worker=worker, lease_s=lease_s, limit=limit, operation_ids=ids)
+    if also_due < 0:
+        raise ValueError("also_due must be >= 0")
+    return _claim(session, "dispatch", worker=worker, lease_s=lease_s, limit=limit, operation_ids=ids,
+                  also_due=also_due if ids is not None else 0)
 
 
 def _ids(operation_id: Optional[str], operation_ids: Optional[Sequence[str]]) -> Optional[list[str]]:
@@ -123,12 +129,25 @@ def _claim(
     lease_s: float,
     limit: int,
     operation_ids: Optional[list[str]],
+    also_due: int = 0,
 ) -> list[Claim]:
     if limit < 1:
         raise ValueError("limit must be >= 1")
     pg = is_postgres(session)
     if pg:
-        return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids)
+        return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids,
+                         also_due=also_due)
+    claims = _claim_portable(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids)
+    if also_due and claims:
+        # SQLite: one writer at a time (BEGIN IMMEDIATE), so a second statement sees the first.
+        claims += _claim_portable(session, kind, worker=worker, lease_s=lease_s, limit=also_due, operation_ids=None)
+    return claims
+
+
+def _claim_portable(
+    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]]
+) -> list[Claim]:
+    pg = False
     source = Status.NOT_DISPATCHED if kind == "dispatch" else Status.OUTCOME_UNKNOWN
     guard = [_OP.c.status == source.value, _OP.c.next_attempt_at <= db_now()]
     if kind == "lookup":
@@ -145,14 +164,8 @@ def _claim(
     )
     if kind == "dispatch":
         values.update(status=Status.DISPATCHING.value, attempt_count=_OP.c.attempt_count + 1, reason="claimed")
-    stmt = update(_OP).values(**values)
-    if pg:
-        # SKIP LOCKED: concurrent workers take different rows instead of queueing on one.
-        due_cte = due.with_for_update(skip_locked=True).cte("due")
-        stmt = stmt.where(_OP.c.id.in_(select(due_cte.c.id)))
-    else:
-        # SQLite has one writer at a time (BEGIN IMMEDIATE); re-check the guard in the UPDATE.
-        stmt = stmt.where(_OP.c.id.in_(due.scalar_subquery()), *guard)
+    # Re-check the guard in the UPDATE itself.
+    stmt = update(_OP).values(**values).where(_OP.c.id.in_(due.scalar_subquery()), *guard)
     rows = session.execute(stmt.returning(*_RETURNED)).all()
     return [_record_claim(session, row, worker, kind) for row in rows]
 
@@ -162,14 +175,24 @@ def _claim(
 # read attempts as of the statement's snapshot, so numbering and the ambiguity check see the
 # rows committed before this claim (the inserts of this statement are not visible to them).
 _PG_CLAIM = """
-WITH due AS (
+WITH wanted AS (
     SELECT id FROM operations
-    WHERE status = :source AND next_attempt_at <= clock_timestamp()
+    WHERE id = ANY(CAST(:operation_ids AS varchar[]))
+      AND status = :source AND next_attempt_at <= clock_timestamp()
       AND (:lookup = false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
-      AND (CAST(:operation_ids AS varchar[]) IS NULL OR id = ANY(CAST(:operation_ids AS varchar[])))
     ORDER BY next_attempt_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
+), others AS (
+    SELECT id FROM operations
+    WHERE status = :source AND next_attempt_at <= clock_timestamp()
+      AND (:lookup = false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
+      AND (CAST(:operation_ids AS varchar[]) IS NULL OR NOT (id = ANY(CAST(:operation_ids AS varchar[]))))
+    ORDER BY next_attempt_at
+    LIMIT :others
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id, 0 AS rank FROM wanted UNION ALL SELECT id, 1 FROM others
 ), claimed AS (
     UPDATE operations o SET
         fencing_token = o.fencing_token + 1,
@@ -180,7 +203,7 @@ WITH due AS (
         attempt_count = CASE WHEN :lookup THEN o.attempt_count ELSE o.attempt_count + 1 END,
         reason = CASE WHEN :lookup THEN o.reason ELSE 'claimed' END
     FROM due WHERE o.id = due.id
-    RETURNING o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.action, o.args,
+    RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.action, o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
               o.cancel_requested, o.proven_absent_through
 ), numbered AS (
@@ -200,7 +223,7 @@ WITH due AS (
     SELECT id, clock_timestamp(), :source, :target, fencing_token, :event, :kind || ' attempt ' || number, :worker
     FROM numbered
 )
-SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id
+SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
 """
 
 
@@ -210,7 +233,8 @@ _PG_CLAIM_SQL = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _PG_CLAIM)
 
 
 def _claim_pg(
-    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]]
+    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]],
+    also_due: int,
 ) -> list[Claim]:
     lookup = kind == "lookup"
     source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
@@ -218,7 +242,7 @@ def _claim_pg(
     cursor = driver_connection(session).cursor(row_factory=namedtuple_row)
     rows = cursor.execute(_PG_CLAIM_SQL, {
         "source": source.value, "target": target.value, "lookup": lookup, "operation_ids": operation_ids,
-        "limit": limit, "worker": worker, "lease_s": float(lease_s), "kind": kind,
+        "limit": limit, "others": limit if operation_ids is None else also_due, "worker": worker, "lease_s": float(lease_s), "kind": kind,
         "event": "reconcile claim" if lookup else "claim",
     }).fetchall()
     return [_claim_of(row, worker, kind, row.attempt_id, row.number, row.open_ambiguity) for row in rows]

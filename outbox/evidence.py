@@ -15,12 +15,13 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.db import make_engine
+from outbox.db import driver_connection, is_postgres, make_engine
 from outbox.models import Attempt, Evidence, Operation
 from outbox.settlement import evidence_backfilled
 from outbox.states import Status
@@ -41,6 +42,20 @@ class EvidenceRecord:
     attempt_log_digest: str
 
 
+# What the attempt log digest covers, per attempt row (in id order).
+_LOG_COLUMNS = ("id", "operation_id", "attempt_number", "kind", "fencing_token", "attempt_class", "status_code",
+                "request_digest", "response_digest", "provider_reference")
+_AT = Attempt.__table__
+_PG_ATTEMPT_LOG = (f"SELECT {', '.join(_LOG_COLUMNS)} FROM attempts WHERE operation_id = ANY(%(ids)s) "
+                   "ORDER BY id")
+_PG_EVIDENCE_INSERT = """
+INSERT INTO evidence (operation_id, tenant, idempotency_key, action, args_digest, provider_reference,
+                      response_digest, attempt_log_digest, recorded_at)
+VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_digest)s, %(provider_reference)s,
+        %(response_digest)s, %(attempt_log_digest)s, clock_timestamp())
+"""
+
+
 def attempt_log_digest(session: Session, operation_id: str, *, current: Optional[tuple[int, AttemptReport]] = None) -> str:
     """sha256 over every attempt of the operation (the current one as reported, if not yet written)."""
     return attempt_log_digests(session, [operation_id], current=dict([current]) if current else None)[operation_id]
@@ -50,9 +65,14 @@ def attempt_log_digests(
     session: Session, operation_ids: Sequence[str], *, current: Optional[dict[int, AttemptReport]] = None
 ) -> dict[str, str]:
     """attempt_log_digest for several operations in one query (a doorbell batch)."""
-    rows = session.execute(
-        select(Attempt).where(Attempt.operation_id.in_(list(operation_ids))).order_by(Attempt.id)
-    ).scalars()
+    if not operation_ids:
+        return {}
+    if is_postgres(session):
+        rows: Any = driver_connection(session).cursor(row_factory=namedtuple_row).execute(_PG_ATTEMPT_LOG, {
+            "ids": list(operation_ids)}).fetchall()
+    else:
+        rows = session.execute(select(*[_AT.c[name] for name in _LOG_COLUMNS])
+                               .where(_AT.c.operation_id.in_(list(operation_ids))).order_by(_AT.c.id)).all()
     logs: dict[str, list[dict[str, Any]]] = {op_id: [] for op_id in operation_ids}
     for a in rows:
         item = dict(n=a.attempt_number, kind=a.kind, token=a.fencing_token, cls=a.attempt_class,
@@ -115,12 +135,16 @@ class EvidenceSink:
     def write_many(self, records: Sequence[EvidenceRecord], *, session: Optional[Session] = None) -> None:
         if not records:
             return
-        stmt = insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records])
         if self.engine is None:
             if session is None:
                 raise ValueError("the default evidence sink writes in the ledger transaction: pass session")
-            session.execute(stmt)
+            if is_postgres(session):
+                # Straight to the driver (one pipelined round trip), like the rest of the hot path.
+                driver_connection(session).cursor().executemany(_PG_EVIDENCE_INSERT, [asdict(r) for r in records])
+                return
+            session.execute(insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records]))
             return
+        stmt = insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records])
         self._ensure_table()
         with self.engine.begin() as conn:
             conn.execute(stmt)

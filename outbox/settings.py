@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     visibility_timeout_s: float = Field(default=3600.0, gt=0)
     # The relay wakes on NOTIFY (PostgreSQL); this poll is the backstop and SQLite's only signal.
     relay_poll_s: float = Field(default=0.5, gt=0)
+    # A notified id is published at once when the relay has been quiet this long; under load the
+    # relay gathers the ids of this window into doorbells of up to doorbell_batch ids (fewer broker
+    # messages per operation, at most this much added latency). 0 = publish every wake-up at once.
+    relay_linger_s: float = Field(default=0.01, ge=0, le=1)
     # A published doorbell not acted on for this long is assumed lost and published again.
     republish_after_s: float = Field(default=30.0, gt=0)
     # The reconciler's own budget (lookups are cheap and safe): this many lookups, re-checks

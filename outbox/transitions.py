@@ -12,7 +12,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from psycopg.rows import namedtuple_row
 from sqlalchemy import and_, exists, insert, select, update
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.db import driver_connection, is_postgres
-from outbox.errors import IllegalTransition, OperationNotFound, StaleFence
+from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, StaleFence
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
 
@@ -183,52 +183,129 @@ def finalize_if_fenced(
     ``to`` is one of: succeeded, committed_evidence_degraded (2xx), not_dispatched (retry after
     ``delay_s``; ``refund_attempt`` when nothing was sent, e.g. breaker open), failed_before_commit
     (only with a provably-not-executed class and no open ambiguity), outcome_unknown (ambiguous).
+    Raises StaleFence (the attempt row still holds the result, marked stale) or IllegalTransition.
     """
+    (refused,) = finalize_many_if_fenced(session, [Finalize(claim, report, to, reason, delay_s, refund_attempt, result)])
+    if refused is not None:
+        raise refused
+
+
+@dataclass(frozen=True)
+class Finalize:
+    """One claimed attempt's end, for finalize_many_if_fenced (arguments as finalize_if_fenced)."""
+
+    claim: Claim
+    report: AttemptReport
+    to: Status
+    reason: str
+    delay_s: float = 0.0
+    refund_attempt: bool = False
+    result: Optional[dict[str, Any]] = None
+
+
+def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list[Optional[OutboxError]]:
+    """finalize_if_fenced for each item, in the caller's transaction; returns each item's refusal.
+
+    None = moved; otherwise the StaleFence or IllegalTransition that refused only that item's
+    operation (its attempt evidence is still written). On PostgreSQL the statements are sent in
+    one pipeline: one round trip for the whole doorbell batch instead of one per operation.
+    """
+    refusals: list[Optional[OutboxError]] = [None] * len(items)
+    ready: list[int] = []
+    for i, item in enumerate(items):
+        if (Status.DISPATCHING, item.to) not in ALLOWED:
+            refusals[i] = IllegalTransition(item.claim.operation_id, Status.DISPATCHING.value, item.to.value)
+        elif item.to is Status.FAILED_BEFORE_COMMIT and item.report.klass not in PROVABLY_NOT_EXECUTED:
+            refusals[i] = IllegalTransition(item.claim.operation_id, "dispatching/" + item.report.klass.value,
+                                            item.to.value)
+        else:
+            ready.append(i)
+    if is_postgres(session):
+        outcomes = _finalize_pg(session, [items[i] for i in ready])
+    else:
+        outcomes = [_finalize_portable(session, items[i]) for i in ready]
+    for i, (wrote, refused) in zip(ready, outcomes):
+        if refused is None:
+            continue
+        item = items[i]
+        if item.to is Status.FAILED_BEFORE_COMMIT and _still_ours(session, item.claim):
+            # The token is current: the refusal is the ledger's own guard, not a lost lease.
+            refusals[i] = IllegalTransition(
+                item.claim.operation_id, "dispatching with an unresolved ambiguous attempt", item.to.value)
+            continue
+        if wrote:
+            mark_attempt_stale(session, item.claim.attempt_id)
+        refusals[i] = refused
+    return refusals
+
+
+def _event_of(item: Finalize) -> str:
+    return f"attempt {item.claim.attempt_number}: {item.report.klass.value}"
+
+
+def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, Optional[OutboxError]]:
+    """SQLite: the attempt row, then the guarded move (with its event row)."""
+    claim, report, to = item.claim, item.report, item.to
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
     extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        values.update(
-            result_reference=report.provider_reference,
-            result_digest=report.response_digest,
-            result=result,
-            error_class=None,
-        )
+        values.update(result_reference=report.provider_reference, result_digest=report.response_digest,
+                      result=item.result, error_class=None)
     else:
         values.update(error_class=report.klass.value, last_error=report.error)
-    if to is Status.NOT_DISPATCHED:
-        values["next_attempt_at"] = db_now(max(delay_s, 0.0))
-        if refund_attempt:
+    if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
+        values["next_attempt_at"] = db_now(max(item.delay_s, 0.0))
+        if to is Status.NOT_DISPATCHED and item.refund_attempt:
             values["attempt_count"] = _OP.c.attempt_count - 1
-    elif to is Status.OUTCOME_UNKNOWN:
-        values["next_attempt_at"] = db_now(max(delay_s, 0.0))
     elif to is Status.FAILED_BEFORE_COMMIT:
-        if report.klass not in PROVABLY_NOT_EXECUTED:
-            raise IllegalTransition(claim.operation_id, "dispatching/" + report.klass.value, to.value)
         # The ledger itself refuses "failed" while an earlier attempt may have taken effect.
         extra_where.append(_no_open_ambiguity(claim.operation_id, claim.attempt_id))
-    event = f"attempt {claim.attempt_number}: {report.klass.value}"
-    wrote = False
+    wrote = record_attempt(session, claim.attempt_id, report)
     try:
-        if is_postgres(session):
-            wrote, refused = _finalize_in_one_statement(
-                session, claim, report, to=to, event=event, reason=reason, result=result,
-                delay_s=max(delay_s, 0.0), refund=refund_attempt and to is Status.NOT_DISPATCHED,
-                guard=bool(extra_where))
-            if refused is not None:
-                raise StaleFence(claim.operation_id, claim.fencing_token, refused)
-        else:
-            wrote = record_attempt(session, claim.attempt_id, report)
-            move(session, claim.operation_id, sources=[Status.DISPATCHING], to=to, event=event,
-                 actor=claim.worker, reason=reason, token=claim.fencing_token, extra_where=extra_where, **values)
-    except StaleFence:
-        if extra_where and _still_ours(session, claim):
-            # The token is current: the refusal is the ledger's own guard, not a lost lease.
-            raise IllegalTransition(
-                claim.operation_id, "dispatching with an unresolved ambiguous attempt", to.value
-            ) from None
-        if wrote:
-            mark_attempt_stale(session, claim.attempt_id)
-        raise
+        move(session, claim.operation_id, sources=[Status.DISPATCHING], to=to, event=_event_of(item),
+             actor=claim.worker, reason=item.reason, token=claim.fencing_token, extra_where=extra_where, **values)
+    except StaleFence as exc:
+        return wrote, exc
+    return wrote, None
+
+
+def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool, Optional[OutboxError]]]:
+    """PostgreSQL: one statement per item (attempt row, fenced move, event row), all pipelined."""
+    if not items:
+        return []
+    conn = driver_connection(session)
+    cursors = []
+    with conn.pipeline():
+        for item in items:
+            claim, report = item.claim, item.report
+            cursor = conn.cursor(row_factory=namedtuple_row)
+            refund = item.refund_attempt and item.to is Status.NOT_DISPATCHED
+            cursor.execute(_finalize_sql(item.to, refund, item.to is Status.FAILED_BEFORE_COMMIT), {
+                "to": item.to.value, "reason": item.reason, "event": _event_of(item), "actor": claim.worker,
+                "operation_id": claim.operation_id, "token": claim.fencing_token, "attempt_id": claim.attempt_id,
+                "klass": report.klass.value, "status_code": report.status_code,
+                "request_digest": report.request_digest, "provider_request_id": report.provider_request_id,
+                "provider_reference": report.provider_reference, "response_digest": report.response_digest,
+                "retry_after_s": report.retry_after_s, "latency_s": report.latency_s, "error": report.error,
+                "result": json.dumps(item.result) if item.result is not None else None,
+                "delay_s": float(max(item.delay_s, 0.0)),
+            })
+            cursors.append(cursor)
+    out: list[tuple[bool, Optional[OutboxError]]] = []
+    for item, cursor in zip(items, cursors):
+        row = cursor.fetchone()
+        if row.moved:
+            out.append((bool(row.wrote), None))
+            continue
+        current = session.execute(
+            select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == item.claim.operation_id)
+        ).first()
+        if current is None:
+            out.append((bool(row.wrote), OperationNotFound(item.claim.operation_id)))
+            continue
+        out.append((bool(row.wrote), StaleFence(item.claim.operation_id, item.claim.fencing_token,
+                                                f"now {current.status} with token {current.fencing_token}")))
+    return out
 
 
 def _to_driver_params(sql: str) -> str:
@@ -282,46 +359,6 @@ WITH att AS (
 SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved,
        (SELECT count(*) FROM logged) AS logged
 """)
-
-
-def _finalize_in_one_statement(
-    session: Session,
-    claim: Claim,
-    report: AttemptReport,
-    *,
-    to: Status,
-    event: str,
-    reason: str,
-    result: Optional[dict[str, Any]],
-    delay_s: float,
-    refund: bool,
-    guard: bool,
-) -> tuple[bool, Optional[str]]:
-    """PostgreSQL: attempt row, fenced move and event row in ONE statement (one round trip).
-
-    Data-modifying CTEs all run once; the event is inserted only if the fenced UPDATE matched.
-    Returns (attempt row written, None) or, when the fenced move matched no row, (written, what
-    the row holds now) for the caller to raise StaleFence.
-    """
-    _check_allowed(claim.operation_id, [Status.DISPATCHING], to)
-    cursor = driver_connection(session).cursor(row_factory=namedtuple_row)
-    row = cursor.execute(_finalize_sql(to, refund, guard), {
-        "to": to.value, "reason": reason, "event": event, "actor": claim.worker,
-        "operation_id": claim.operation_id, "token": claim.fencing_token, "attempt_id": claim.attempt_id,
-        "klass": report.klass.value, "status_code": report.status_code, "request_digest": report.request_digest,
-        "provider_request_id": report.provider_request_id, "provider_reference": report.provider_reference,
-        "response_digest": report.response_digest, "retry_after_s": report.retry_after_s,
-        "latency_s": report.latency_s, "error": report.error,
-        "result": json.dumps(result) if result is not None else None, "delay_s": float(delay_s),
-    }).fetchone()
-    if not row.moved:
-        current = session.execute(
-            select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == claim.operation_id)
-        ).first()
-        if current is None:
-            raise OperationNotFound(claim.operation_id)
-        return bool(row.wrote), f"now {current.status} with token {current.fencing_token}"
-    return bool(row.wrote), None
 
 
 def _still_ours(session: Session, claim: Claim) -> bool:

@@ -10,21 +10,29 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 
+from psycopg.rows import namedtuple_row
 from sqlalchemy import insert, select, update
 
-from breaker import Decision, Open, counts_as_failure
+from breaker import Allowed, Decision, Open, counts_as_failure
 from outbox.claims import Claim, claim_due
 from outbox.clock import as_utc, db_now
+from outbox.db import driver_connection, is_postgres
 from outbox.envelope import loads_exact
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
-from outbox.transitions import AttemptReport, commit_even_if_stale, finalize_if_fenced
+from outbox.transitions import (
+    AttemptReport,
+    Finalize,
+    commit_even_if_stale,
+    finalize_if_fenced,
+    finalize_many_if_fenced,
+)
 from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import AttemptResult
@@ -72,11 +80,15 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
         return {}
     outcomes: dict[str, Outcome] = {}
     decisions: dict[str, Decision] = {}
+    # A closed breaker admits every call: ask it once per target per doorbell, not once per call.
+    closed: dict[str, Allowed] = {}
     for op_id, due in dues.items():
         known = rt.actions.actions.get(due.action)
         if known is None:
             continue
-        decision = rt.breakers.before_call(known.target)
+        decision = closed.get(known.target) or rt.breakers.before_call(known.target)
+        if isinstance(decision, Allowed) and not decision.probe:
+            closed[known.target] = decision
         # Past the deadline the claim below ends it (breaker_open -> budget spent).
         if isinstance(decision, Open) and decision.reopens_at <= deadline_of(due, known):
             parked = park_while_open_if_due(rt, op_id, known, decision, spent_attempts=due.attempt_count)
@@ -86,23 +98,25 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
         decisions[op_id] = decision
     wanted = [op_id for op_id in dues if op_id not in outcomes]
     claims: list[Claim] = []
-    with rt.sessions.begin() as session:
-        if wanted:
-            claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s,
-                               operation_ids=wanted, limit=len(wanted))
-        room = rt.settings.doorbell_batch - len(claims)
-        if room > 0 and claims:
+    if wanted:
+        with rt.sessions.begin() as session:
             # A doorbell wakes a worker; the database says what is due. Under load the relay rings
-            # for one or two ids at a time (it publishes as commits arrive), so fill the batch
-            # with whatever else is due now; those ids' own doorbells will find nothing to claim.
-            claims += claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, limit=room)
+            # for one or two ids at a time (it publishes as commits arrive), so the same statement
+            # fills the batch with whatever else is due now; those ids' own doorbells will find
+            # nothing to claim.
+            claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_ids=wanted,
+                               limit=len(wanted), also_due=max(rt.settings.doorbell_batch - len(wanted), 0))
     claimed = {c.operation_id for c in claims}
     for op_id, decision in decisions.items():
         if op_id not in claimed:
             rt.breakers.release(decision)  # a probe we will not send: the next caller probes
     for claim in claims:
         failpoints.hit("dispatch.after_claim", claim.idempotency_key)
-    results = _attempt_all(rt, claims, decisions)
+    batch = _Batch(decisions, closed)
+    results = _attempt_all(rt, claims, batch)
+    for target, decision in batch.succeeded.items():
+        # One success per target per doorbell: each failure was recorded as it happened.
+        rt.breakers.record(decision, failure=False)
     for claim, _, _, _ in results:
         failpoints.hit("dispatch.after_response", claim.idempotency_key)
     outcomes.update(apply_many(rt, results))
@@ -112,7 +126,20 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
 Attempted = tuple[Claim, AttemptReport, Outcome, Optional[ActionConfig]]
 
 
-def _attempt_all(rt: Runtime, claims: Sequence[Claim], decisions: dict[str, Decision]) -> list[Attempted]:
+@dataclass
+class _Batch:
+    """A doorbell's breaker answers: per operation (asked before the claim), per closed target."""
+
+    decisions: dict[str, Decision]
+    closed: dict[str, Allowed]
+    succeeded: dict[str, Allowed] = field(default_factory=dict)  # targets whose success is not yet recorded
+
+    def decision_for(self, claim: Claim, target: Optional[str]) -> Optional[Decision]:
+        held = self.decisions.get(claim.operation_id)
+        return held if held is not None or target is None else self.closed.get(target)
+
+
+def _attempt_all(rt: Runtime, claims: Sequence[Claim], batch: _Batch) -> list[Attempted]:
     """A batch's calls: concurrently while the target looks healthy, one by one once it does not.
 
     The first call to each target goes alone (a canary). If it neither failed nor counted against
@@ -125,22 +152,24 @@ def _attempt_all(rt: Runtime, claims: Sequence[Claim], decisions: dict[str, Deci
         known = rt.actions.actions.get(claim.action)
         groups.setdefault(known.target if known else None, []).append(claim)
     results: list[Attempted] = []
-    for group in groups.values():
-        first = _attempt_claimed(rt, group[0], decisions.get(group[0].operation_id))
+    for target, group in groups.items():
+        first = _attempt_claimed(rt, group[0], batch.decision_for(group[0], target), batch)
         results.append(first)
         rest = group[1:]
         if first[1].klass in (AttemptClass.SUCCEEDED, AttemptClass.REJECTED):
-            results.extend(rt.pool.map(lambda c: _attempt_claimed(rt, c, decisions.get(c.operation_id)), rest))
+            results.extend(rt.pool.map(lambda c: _attempt_claimed(rt, c, batch.decision_for(c, target), batch), rest))
             continue
+        if target is not None:
+            batch.closed.pop(target, None)  # the canary failed: ask the breaker before each call
         for claim in rest:
-            held = decisions.pop(claim.operation_id, None)
+            held = batch.decisions.pop(claim.operation_id, None)
             if held is not None:
                 rt.breakers.release(held)
-            results.append(_attempt_claimed(rt, claim, None))
+            results.append(_attempt_claimed(rt, claim, None, batch))
     return results
 
 
-def _attempt_claimed(rt: Runtime, claim: Claim, decision: Optional[Decision]) -> Attempted:
+def _attempt_claimed(rt: Runtime, claim: Claim, decision: Optional[Decision], batch: Optional[_Batch] = None) -> Attempted:
     try:
         action = rt.actions.action(claim.action)
     except KeyError as exc:
@@ -148,7 +177,7 @@ def _attempt_claimed(rt: Runtime, claim: Claim, decision: Optional[Decision]) ->
             rt.breakers.release(decision)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
         return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
-    report, outcome = attempt(rt, claim, action, decision)
+    report, outcome = attempt(rt, claim, action, decision, batch)
     return claim, report, outcome, action
 
 
@@ -163,14 +192,27 @@ class _Due:
     attempt_count: int
 
 
+_PG_READ_DUE = """
+SELECT id, action, created_at, deadline_at, max_attempts, attempt_count FROM operations
+WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND next_attempt_at <= clock_timestamp()
+"""
+
+
 def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
     with rt.sessions() as session:
-        rows = session.execute(
-            select(Operation.id, Operation.action, Operation.created_at, Operation.deadline_at,
-                   Operation.max_attempts, Operation.attempt_count)
-            .where(Operation.id.in_(list(operation_ids)), Operation.status == Status.NOT_DISPATCHED.value,
-                   Operation.next_attempt_at <= db_now())
-        ).all()
+        if is_postgres(session):
+            # Every doorbell starts here, most of them (under load) for ids already taken: one
+            # plain statement through the driver, no SQLAlchemy construct to build.
+            rows: Any = driver_connection(session).cursor(row_factory=namedtuple_row).execute(
+                _PG_READ_DUE, {"ids": list(operation_ids)}).fetchall()
+            session.rollback()
+        else:
+            rows = session.execute(
+                select(Operation.id, Operation.action, Operation.created_at, Operation.deadline_at,
+                       Operation.max_attempts, Operation.attempt_count)
+                .where(Operation.id.in_(list(operation_ids)), Operation.status == Status.NOT_DISPATCHED.value,
+                       Operation.next_attempt_at <= db_now())
+            ).all()
     dues = {}
     for row in rows:
         created = as_utc(row.created_at)
@@ -209,11 +251,13 @@ def park_while_open_if_due(
 
 
 def attempt(
-    rt: Runtime, claim: Claim, action: ActionConfig, decision: Optional[Decision] = None
+    rt: Runtime, claim: Claim, action: ActionConfig, decision: Optional[Decision] = None,
+    batch: Optional[_Batch] = None,
 ) -> tuple[AttemptReport, Outcome]:
     """One attempt of a claimed operation: nothing here writes to the ledger.
 
-    decision: the breaker's answer taken before the claim (None: ask now).
+    decision: the breaker's answer taken before the claim (None: ask now). With ``batch``, a
+    success under a closed breaker is recorded once per target when the batch ends.
     """
     early = before_send(claim, action, now=_now())
     if early is not None:
@@ -237,7 +281,11 @@ def attempt(
     )
     c = result.classification
     # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
-    rt.breakers.record(decision, failure=counts_as_failure(c.status_code, transport_error=_is_transport(result)))
+    failure = counts_as_failure(c.status_code, transport_error=_is_transport(result))
+    if batch is not None and not failure and not decision.probe:
+        batch.succeeded[action.target] = decision
+    else:
+        rt.breakers.record(decision, failure=failure)
     metrics.record_attempt(action.target, c.klass, result.latency_s)
     return _report(result), decide(claim, action, c, now=_now())
 
@@ -318,20 +366,22 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
         return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
     applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
+    ends = []
+    for claim, report, outcome, _ in items:
+        to, reason, kw = _transition_of(claim, outcome)
+        ends.append(Finalize(claim, report, to, reason, **kw))
     try:
         with rt.sessions.begin() as session:
-            for claim, report, outcome, action in items:
-                to, reason, kw = _transition_of(claim, outcome)
+            refusals = finalize_many_if_fenced(session, ends)
+            for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
                 fields = _fields(claim, report, action)
-                try:
-                    finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
-                except (StaleFence, IllegalTransition) as exc:
+                if refused is not None:
                     # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
-                    log.info("refused: result kept as evidence only (%s)", exc, extra=fields)
+                    log.info("refused: result kept as evidence only (%s)", refused, extra=fields)
                     continue
-                if to is Status.SUCCEEDED:
+                if end.to is Status.SUCCEEDED:
                     succeeded.append((claim, report))
-                applied.append((claim, outcome, reason, fields))
+                applied.append((claim, outcome, end.reason, fields))
             # Evidence with the successes themselves: same transaction, one query, one insert.
             rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
     except Exception:

@@ -8,12 +8,18 @@ Each tick (``run_once``):
 Marking ``published_at`` and selecting happen in one statement (SKIP LOCKED on PostgreSQL), so two
 relays do not publish the same row in the same window; duplicates would be harmless anyway.
 
-On PostgreSQL it wakes on LISTEN/NOTIFY (submit notifies on commit) and polls as a backstop; on
-SQLite it polls.
+On PostgreSQL it also LISTENs: submit notifies on commit with the operation id as payload, and the
+relay rings the doorbell for those ids as they arrive, with no query and no write of its own (one
+relay per deployment does this: the holder of an advisory lock; others only poll). Their
+``published_at`` is written in bulk by the next tick, for the ids still waiting, so the tick
+does not ring them again. The ticks (every ``poll_s``) are the backstop for everything else:
+retries coming due, doorbells lost, notifications missed while the relay was away. On SQLite it
+polls.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import select as select_mod
 import threading
@@ -26,7 +32,7 @@ from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.engine import make_url
 
 from outbox.clock import db_age_s, db_now
-from outbox.db import is_postgres, make_sessionmaker
+from outbox.db import driver_connection, is_postgres, make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
 from outbox.models import Operation
 from outbox.states import Status
@@ -40,6 +46,35 @@ _OP = Operation.__table__
 
 BACKFILL_EVERY_S = 5.0  # evidence repair is not urgent, but an operator watches the degraded count
 BATCH = 500  # rows per statement: one commit marks a whole burst of submits
+# pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
+NOTIFY_LEADER_LOCK = 0x72656C6179
+
+
+_PG_MARK_RUNG = """
+UPDATE operations SET published_at = clock_timestamp()
+WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND published_at IS NULL
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def _pg_mark_due_sql(status: Status, leased_ok: bool) -> str:
+    # The status is a literal, not a parameter: a prepared statement's generic plan could not
+    # use the partial index of that status otherwise.
+    lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
+    return f"""
+WITH due AS (
+    SELECT id FROM operations
+    WHERE status = '{status.value}' AND next_attempt_at <= clock_timestamp()
+      AND (published_at IS NULL OR published_at < next_attempt_at
+           OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
+      {lease}
+    ORDER BY next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE operations o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
+RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8
+"""
 
 
 @dataclass(frozen=True)
@@ -62,6 +97,7 @@ class Relay:
         poll_s: float = 0.5,
         republish_after_s: float = 30.0,
         sweep_every_s: float = 1.0,
+        linger_s: float = 0.0,
         embedded_broker_cleanup: Optional[Callable[[], object]] = None,
         evidence_sink: Optional[EvidenceSink] = None,
     ) -> None:
@@ -71,6 +107,7 @@ class Relay:
         self.poll_s = poll_s
         self.republish_after_s = republish_after_s
         self.sweep_every_s = sweep_every_s
+        self.linger_s = linger_s
         self._last_sweep = 0.0
         self._cleanup = embedded_broker_cleanup
         self._last_cleanup = 0.0
@@ -78,10 +115,16 @@ class Relay:
         self._evidence = evidence_sink if evidence_sink is not None and evidence_sink.separate else None
         self._last_backfill = 0.0
         self.stop_event = threading.Event()
+        # Ids rung straight from NOTIFY since the last tick; the tick marks them published.
+        self._rung: set[str] = set()
+        self._rung_lock = threading.Lock()
+        self.leader = False  # holds NOTIFY_LEADER_LOCK: rings doorbells from notifications
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
         pg = is_postgres(self.engine)
+        if pg:
+            return self._mark_due_pg(status, leased_ok=leased_ok)
         conds = [
             _OP.c.status == status.value,
             _OP.c.next_attempt_at <= db_now(),
@@ -106,8 +149,44 @@ class Relay:
             metrics.record_relay_lags(row[1] for row in rows)
         return [row[0] for row in rows]
 
+    def _mark_due_pg(self, status: Status, *, leased_ok: bool) -> list[str]:
+        # Plain SQL through the driver: a tick runs beside the NOTIFY listener in this process, and
+        # building SQLAlchemy constructs held the GIL for milliseconds the listener then waited.
+        with self.engine.begin() as conn:
+            rows = driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
+                "republish_after_s": float(self.republish_after_s), "limit": BATCH}).fetchall()
+        if status is Status.NOT_DISPATCHED:
+            # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
+            metrics.record_relay_lags(row[1] for row in rows)
+        return [row[0] for row in rows]
+
+    def _mark_rung(self) -> None:
+        """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement)."""
+        with self._rung_lock:
+            rung, self._rung = list(self._rung), set()
+        if not rung:
+            return
+        with self.engine.begin() as conn:
+            if is_postgres(self.engine):
+                driver_connection(conn).execute(_PG_MARK_RUNG, {"ids": rung})
+                return
+            conn.execute(
+                update(_OP)
+                .where(_OP.c.id.in_(rung), _OP.c.status == Status.NOT_DISPATCHED.value, _OP.c.published_at.is_(None))
+                .values(published_at=db_now())
+            )
+
+    def ring_notified(self, operation_ids: list[str]) -> int:
+        """Ring the doorbell for ids that submit notified (committed, due now). Returns messages sent."""
+        fresh = list(dict.fromkeys(operation_ids))
+        sent = self.doorbell.ring_dispatch(fresh)
+        with self._rung_lock:
+            self._rung.update(fresh)
+        return sent
+
     def run_once(self) -> Tick:
         # Doorbells first: they are what a waiting agent's latency is made of; the sweep can wait.
+        self._mark_rung()
         dispatch_ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
         if dispatch_ids:
             self.doorbell.ring_dispatch(dispatch_ids)
@@ -159,21 +238,57 @@ class Relay:
                 self.stop_event.wait(self.poll_s)
 
     def _listen_loop(self) -> None:
+        # Ticks run in their own thread: a notification never waits for a tick's statements.
+        ticker = threading.Thread(target=self._poll_loop, name="relay-ticks", daemon=True)
+        ticker.start()
         url = make_url(self.engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                        self._listen(conn)
+                except psycopg.Error:
+                    log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
+                    self.leader = False
+                    self.stop_event.wait(1.0)
+        finally:
+            ticker.join(timeout=10)
+
+    def _listen(self, conn: psycopg.Connection) -> None:
+        """Ring doorbells for notified ids (leader only); retry leading every poll_s.
+
+        An id is published at once if nothing was published in the last linger_s; otherwise it
+        waits for the end of that window with the ids that arrive meanwhile (or until a full
+        doorbell's worth), so a burst costs one broker message per batch, not one per commit.
+        """
+        self._try_lead(conn)
+        last_try = time.monotonic()
+        pending: list[str] = []
+        last_publish = float("-inf")
         while not self.stop_event.is_set():
-            try:
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    self._safe_tick()  # anything committed before we listened
-                    while not self.stop_event.is_set():
-                        ready = select_mod.select([conn.fileno()], [], [], self.poll_s)[0]
-                        if ready:
-                            # Drain every pending notification; one tick publishes them all.
-                            for _ in conn.notifies(timeout=0):
-                                pass
-                        tick = self._safe_tick()
-                        while tick.dispatch >= BATCH and not self.stop_event.is_set():
-                            tick = self._safe_tick()
-            except psycopg.Error:
-                log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
-                self.stop_event.wait(1.0)
+            wait_s = self.poll_s if not pending else max(0.0, last_publish + self.linger_s - time.monotonic())
+            if select_mod.select([conn.fileno()], [], [], wait_s)[0]:
+                # Drain every pending notification.
+                pending += [n.payload for n in conn.notifies(timeout=0) if n.payload and self.leader]
+            now = time.monotonic()
+            if pending and (len(pending) >= self.doorbell.batch or now - last_publish >= self.linger_s):
+                self._safe_ring(pending)
+                pending, last_publish = [], now
+            if not self.leader and now - last_try >= self.poll_s:
+                self._try_lead(conn)
+                last_try = time.monotonic()
+
+    def _try_lead(self, conn: psycopg.Connection) -> None:
+        # Session-level lock: released when this connection ends, so a standby takes over.
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (NOTIFY_LEADER_LOCK,)).fetchone()
+        self.leader = bool(row and row[0])
+        if self.leader:
+            log.info("relay rings doorbells from NOTIFY (leader)")
+
+    def _safe_ring(self, ids: list[str]) -> None:
+        try:
+            self.ring_notified(ids)
+        except Exception:  # noqa: BLE001 - the next tick rings them (published_at is still empty)
+            log.warning("relay could not publish %d notified doorbell(s); the next tick retries", len(ids),
+                        exc_info=True)
