@@ -113,28 +113,33 @@ class DrainResult:
 
 
 def _ledger_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                   barrier: Any, results: Any) -> None:
-    from sqlalchemy import text
+                   barrier: Any, results: Any, loop: str = "ledger") -> None:
 
     from outbox.claims import claim_due
     from outbox.db import make_engine, make_sessionmaker
+    from outbox.ledger_connection import LedgerConnection
     from outbox.states import AttemptClass, Status
     from outbox.transitions import AttemptReport, finalize_if_fenced
 
-    engine = make_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=pre_ping)
-    sessions = make_sessionmaker(engine)
+    engine = make_engine(url, pool_size=1, max_overflow=1, pool_pre_ping=pre_ping)
     report = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_x")
-    with sessions.begin() as s:  # connect outside the measured span
-        s.execute(text("SELECT 1"))
+    if loop == "ledger (sessions)":
+        sessions = make_sessionmaker(engine)
+        claim_tx, finalize_tx = sessions.begin, sessions.begin
+    else:  # what a worker does (workers/dispatch.py): its own connection, one statement each
+        ledger = LedgerConnection(engine)
+        claim_tx, finalize_tx = ledger.one_statement, ledger.one_statement
+    with claim_tx() as s:  # connect outside the measured span
+        claim_due(s, worker=worker, lease_s=LEASE_S, operation_id="warm-up")
     barrier.wait()
     started, done = time.monotonic(), 0
     while True:
-        with sessions.begin() as s:
+        with claim_tx() as s:
             claims = claim_due(s, worker=worker, lease_s=LEASE_S, limit=claim_limit)
         if not claims:
             break
         for claim in claims:
-            with sessions.begin() as s:
+            with finalize_tx() as s:
                 finalize_if_fenced(s, claim, report, to=Status.SUCCEEDED, reason="bench")
         done += len(claims)
     results.put((done, started, time.monotonic()))
@@ -160,6 +165,32 @@ def _bare_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
             for op_id, token in rows:
                 conn.execute(BARE_FINALIZE, {"id": op_id, "token": token})
                 conn.commit()
+            done += len(rows)
+    results.put((done, started, time.monotonic()))
+
+
+def _ledger_sessions_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
+                            barrier: Any, results: Any) -> None:
+    _ledger_worker(url, worker, claim_limit, pre_ping, barrier, results, loop="ledger (sessions)")
+
+
+def _bare_autocommit_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
+                            barrier: Any, results: Any) -> None:
+    """The bare loop with each statement its own transaction (no BEGIN/COMMIT round trips)."""
+    import psycopg
+
+    from bench.scratch_database import libpq
+
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        barrier.wait()
+        started, done = time.monotonic(), 0
+        while True:
+            rows = conn.execute(BARE_CLAIM, {"limit": claim_limit, "worker": worker}).fetchall()
+            if not rows:
+                break
+            for op_id, token in rows:
+                conn.execute(BARE_FINALIZE, {"id": op_id, "token": token})
             done += len(rows)
     results.put((done, started, time.monotonic()))
 
@@ -203,7 +234,8 @@ def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: boo
 def drain(url: str, loop: str, *, processes: int, claim_limit: int = 1,
           pre_ping: bool = False) -> DrainResult:
     """Run ``processes`` workers of ``loop`` until nothing is due; ``pre_ping`` is the ledger's only."""
-    target = {"ledger": _ledger_worker, "bare": _bare_worker, "bare_evidence": _bare_evidence_worker}[loop]
+    target = {"ledger": _ledger_worker, "ledger (sessions)": _ledger_sessions_worker, "bare": _bare_worker,
+              "bare_autocommit": _bare_autocommit_worker, "bare_evidence": _bare_evidence_worker}[loop]
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()

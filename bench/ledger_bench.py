@@ -125,7 +125,7 @@ def conn_count(db: ScratchDatabase, sql: str) -> tuple[Any, ...]:
 
 def drain_once(db: ScratchDatabase, loop: str, m: int, processes: int, limit: int,
                pre_ping: bool, batch: str) -> DrainResult:
-    table = backlog.BARE_TABLE if loop == "bare" else backlog.LEDGER_TABLE
+    table = backlog.BARE_TABLE if loop.startswith("bare") and loop != "bare_evidence" else backlog.LEDGER_TABLE
     with psycopg.connect(libpq(db.url), autocommit=True) as conn:
         backlog.refill(conn, table, m, batch)
         conn.execute("CHECKPOINT")  # no checkpoint left over from filling lands inside a timing
@@ -175,11 +175,13 @@ def summarise(runs: list[DrainResult]) -> list[dict[str, Any]]:
     rows = []
     for (procs, limit), by_loop in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         bare = _median(by_loop.get("bare", []))
+        bare_ac = _median(by_loop.get("bare_autocommit", []))
         row: dict[str, Any] = {"processes": procs, "claim_limit": limit}
         for loop, values in by_loop.items():
             row[loop] = {"median_ops_per_s": round(_median(values), 1),
                          "runs": [round(v, 1) for v in values],
-                         "ratio_to_bare": round(_median(values) / bare, 3) if bare else None}
+                         "ratio_to_bare": round(_median(values) / bare, 3) if bare else None,
+                         "ratio_to_bare_autocommit": round(_median(values) / bare_ac, 3) if bare_ac else None}
         rows.append(row)
     return rows
 
@@ -188,17 +190,19 @@ def print_table(submit: dict[str, float], rows: list[dict[str, Any]], commits: l
     print("\nsubmit (one process, one connection)")
     for name, rate in submit.items():
         print(f"  {name:<34} {rate:>8.0f} intents/s")
-    print("\nclaim+finalize, ops/s (median; ratio = ledger / bare)")
-    loops = ["ledger", "ledger (pre_ping on)", "bare_evidence", "bare"]
-    print(f"  {'procs':>5} {'limit':>5}  " + "  ".join(f"{l:>21}" for l in loops) + f"  {'ledger/bare':>11}")
+    print("\nclaim+finalize, ops/s (median; ratios = ledger / bare, ledger / bare_autocommit)")
+    loops = ["ledger", "ledger (sessions)", "bare_evidence", "bare", "bare_autocommit"]
+    print(f"  {'procs':>5} {'limit':>5}  " + "  ".join(f"{l:>18}" for l in loops)
+          + f"  {'ledger/bare':>11} {'ledger/bare_ac':>14}")
     for row in rows:
         cells = []
         for loop in loops:
             cell = row.get(loop)
-            cells.append(f"{cell['median_ops_per_s']:>21.0f}" if cell else f"{'-':>21}")
+            cells.append(f"{cell['median_ops_per_s']:>18.0f}" if cell else f"{'-':>18}")
         ratio = row.get("ledger", {}).get("ratio_to_bare")
+        ratio_ac = row.get("ledger", {}).get("ratio_to_bare_autocommit")
         print(f"  {row['processes']:>5} {row['claim_limit']:>5}  " + "  ".join(cells)
-              + f"  {ratio if ratio is not None else '-':>11}")
+              + f"  {ratio if ratio is not None else '-':>11} {ratio_ac if ratio_ac is not None else '-':>14}")
     print("\ncommits per operation, submit -> claim -> finalize (pg_stat_database.xact_commit)")
     for c in commits:
         print(f"  pool_pre_ping={str(c['pool_pre_ping']):<5} commits/op={c['commits_per_op']:.2f} "
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit-ops", type=int, help="operations in the commit-count run")
     parser.add_argument("--repeats", type=int, help="runs per figure (the median is reported)")
     parser.add_argument("--variants", action=argparse.BooleanOptionalAction, default=None,
-                        help="also run the ledger with pool_pre_ping on and the bare_evidence loop")
+                        help="also run the ledger through SQLAlchemy sessions and the bare_evidence loop")
     parser.add_argument("--out", type=Path, help="JSON path (default bench/results/ledger-<date>[-quick].json)")
     args = parser.parse_args(argv)
     cfg: dict[str, Any] = dict(QUICK if args.quick else FULL)
@@ -247,11 +251,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"submit repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in submit_runs.items()), flush=True)
         submit = {k: _median(v) for k, v in submit_runs.items()}
 
-        loops: list[tuple[str, bool]] = [("ledger", False), ("bare", False)]
+        loops: list[tuple[str, bool]] = [("ledger", False), ("bare", False), ("bare_autocommit", False)]
         runs: list[DrainResult] = []
         for rep in range(cfg["repeats"]):
             for limit in cfg["claim_limits"]:
-                plan = loops + ([("ledger", True), ("bare_evidence", False)] if cfg["variants"] and limit == 1 else [])
+                plan = loops + ([("ledger (sessions)", False), ("bare_evidence", False)]
+                                if cfg["variants"] and limit == 1 else [])
                 # Rotate the order each repeat so that drift (cache, WAL, a noisy neighbour)
                 # does not always land on the same loop.
                 plan = plan[rep % len(plan):] + plan[: rep % len(plan)]

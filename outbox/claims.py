@@ -138,7 +138,7 @@ def _claim(
         return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids,
                          also_due=also_due)
     claims = _claim_portable(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids)
-    if also_due and claims:
+    if also_due:
         # SQLite: one writer at a time (BEGIN IMMEDIATE), so a second statement sees the first.
         claims += _claim_portable(session, kind, worker=worker, lease_s=lease_s, limit=also_due, operation_ids=None)
     return claims

@@ -19,8 +19,14 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def is_postgres(engine_or_session: Engine | Session) -> bool:
-    bind = engine_or_session.get_bind() if isinstance(engine_or_session, Session) else engine_or_session
+def is_postgres(bind: Any) -> bool:
+    """True for a PostgreSQL engine, session or connection (SQLAlchemy's or psycopg's own)."""
+    if isinstance(bind, Session):
+        bind = bind.get_bind()
+    elif isinstance(bind, Connection):
+        bind = bind.engine
+    elif not isinstance(bind, Engine):
+        return True  # a psycopg connection (outbox.ledger_connection)
     return bind.dialect.name == "postgresql"
 
 
@@ -64,7 +70,7 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
 
 
-def driver_connection(bind: Session | Connection) -> Any:
+def driver_connection(bind: Any) -> Any:
     """The DBAPI (psycopg) connection under a session's or connection's current transaction.
 
     The hot path (submit, claim, finalize) sends its few fixed statements straight to the driver:
@@ -72,5 +78,8 @@ def driver_connection(bind: Session | Connection) -> Any:
     PostgreSQL spent running them (bench/README.md). The statements still run inside the caller's
     transaction: SQLAlchemy began it and will commit or roll it back.
     """
-    conn = bind.connection() if isinstance(bind, Session) else bind
-    return conn.connection.driver_connection
+    if isinstance(bind, Session):
+        return bind.connection().connection.driver_connection
+    if isinstance(bind, Connection):
+        return bind.connection.driver_connection
+    return bind  # already the driver's connection

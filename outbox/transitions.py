@@ -297,9 +297,7 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
         if row.moved:
             out.append((bool(row.wrote), None))
             continue
-        current = session.execute(
-            select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == item.claim.operation_id)
-        ).first()
+        current = _current(session, item.claim.operation_id)
         if current is None:
             out.append((bool(row.wrote), OperationNotFound(item.claim.operation_id)))
             continue
@@ -361,10 +359,16 @@ SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS move
 """)
 
 
-def _still_ours(session: Session, claim: Claim) -> bool:
-    row = session.execute(
-        select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == claim.operation_id)
-    ).first()
+def _current(session: Any, operation_id: str) -> Any:
+    """(status, fencing_token) of the operation now, or None."""
+    if is_postgres(session):
+        return driver_connection(session).cursor(row_factory=namedtuple_row).execute(
+            "SELECT status, fencing_token FROM operations WHERE id = %(id)s", {"id": operation_id}).fetchone()
+    return session.execute(select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == operation_id)).first()
+
+
+def _still_ours(session: Any, claim: Claim) -> bool:
+    row = _current(session, claim.operation_id)
     return row is not None and row.status == Status.DISPATCHING.value and row.fencing_token == claim.fencing_token
 
 
@@ -386,8 +390,11 @@ def commit_even_if_stale(sessions: sessionmaker[Session], write: Callable[[Sessi
     raise stale
 
 
-def mark_attempt_stale(session: Session, attempt_id: int) -> None:
+def mark_attempt_stale(session: Any, attempt_id: int) -> None:
     """The attempt's result arrived after its worker lost the operation: evidence, not a verdict."""
+    if is_postgres(session):
+        driver_connection(session).execute("UPDATE attempts SET stale = true WHERE id = %(id)s", {"id": attempt_id})
+        return
     session.execute(update(_AT).where(_AT.c.id == attempt_id).values(stale=True))
 
 

@@ -99,7 +99,7 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     wanted = [op_id for op_id in dues if op_id not in outcomes]
     claims: list[Claim] = []
     if wanted:
-        with rt.sessions.begin() as session:
+        with rt.ledger.one_statement() as session:
             # A doorbell wakes a worker; the database says what is due. Under load the relay rings
             # for one or two ids at a time (it publishes as commits arrive), so the same statement
             # fills the batch with whatever else is due now; those ids' own doorbells will find
@@ -199,13 +199,12 @@ WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND next_attempt_at <= clo
 
 
 def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
-    with rt.sessions() as session:
+    with rt.ledger.one_statement() as session:
         if is_postgres(session):
             # Every doorbell starts here, most of them (under load) for ids already taken: one
             # plain statement through the driver, no SQLAlchemy construct to build.
             rows: Any = driver_connection(session).cursor(row_factory=namedtuple_row).execute(
                 _PG_READ_DUE, {"ids": list(operation_ids)}).fetchall()
-            session.rollback()
         else:
             rows = session.execute(
                 select(Operation.id, Operation.action, Operation.created_at, Operation.deadline_at,
@@ -371,7 +370,7 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
         to, reason, kw = _transition_of(claim, outcome)
         ends.append(Finalize(claim, report, to, reason, **kw))
     try:
-        with rt.sessions.begin() as session:
+        with rt.ledger.transaction() as session:
             refusals = finalize_many_if_fenced(session, ends)
             for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
                 fields = _fields(claim, report, action)

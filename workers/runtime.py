@@ -21,6 +21,7 @@ from breaker import BreakerRegistry
 from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import ConfigError
 from outbox.evidence import EvidenceSink
+from outbox.ledger_connection import LedgerConnection
 from outbox.settings import Settings, load_settings
 from workers.actions import ActionsConfig, load_actions
 from workers.celery_app import check_time_limits
@@ -39,12 +40,15 @@ class Runtime:
     doorbell: Doorbell
     worker_id: str
     evidence: EvidenceSink
+    # The hot path's own connection (claims, finalizes); everything else uses sessions.
+    ledger: LedgerConnection
     # Calls of one doorbell batch run concurrently, one thread each (httpx clients are thread-safe).
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="dispatch"))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.evidence.close()
+        self.ledger.close()
         self.connectors.close()
         self.breakers.close()
         self.engine.dispose()
@@ -80,16 +84,18 @@ def build_runtime(settings: Optional[Settings] = None) -> Runtime:
     # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
+    sessions = make_sessionmaker(engine)
     return Runtime(
         settings=settings,
         engine=engine,
-        sessions=make_sessionmaker(engine),
+        sessions=sessions,
         actions=actions,
         connectors=ConnectorSet(actions),
         breakers=breaker_registry(settings, actions),
         doorbell=Doorbell.from_current_app(batch=settings.doorbell_batch),
         worker_id=f"{socket.gethostname()}:{os.getpid()}",
         evidence=EvidenceSink.from_url(settings.evidence_url),
+        ledger=LedgerConnection(engine, sessions),
         pool=ThreadPoolExecutor(max_workers=settings.doorbell_batch, thread_name_prefix="dispatch"),
     )
 

@@ -1,0 +1,143 @@
+"""The hot path's shortcuts keep the ledger's guarantees: one-statement claims that fill a doorbell's
+batch, pipelined finalizes that refuse only the stale operation, the worker's own autocommit
+connection, and the relay ringing doorbells straight from NOTIFY (once, by one relay)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from sqlalchemy import select, text, update
+
+from outbox.claims import claim_due
+from outbox.clock import db_now
+from outbox.errors import StaleFence
+from outbox.ledger_connection import LedgerConnection
+from outbox.models import Attempt, Operation
+from outbox.states import AttemptClass, Status
+from outbox.submit import submit
+from outbox.transitions import AttemptReport, Finalize, finalize_if_fenced, finalize_many_if_fenced
+
+ARGS = {"order_id": "o-1", "amount": "10.00", "currency": "EUR"}
+OK = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_1")
+
+
+def _submit_many(ledger: Any, n: int, prefix: str = "k") -> list[str]:
+    with ledger.sessions.begin() as s:
+        return [submit(s, tenant="t", idempotency_key=f"{prefix}-{i}", action="payments.refund.create",
+                       args=ARGS, subject="agent").operation_id for i in range(n)]
+
+
+def test_a_doorbell_claim_takes_its_ids_first_then_fills_with_other_due_operations(ledger):
+    ids = _submit_many(ledger, 6)
+    with ledger.sessions.begin() as s:
+        # Make the doorbell's ids the newest due rows: the fill must still put them first.
+        s.execute(update(Operation).where(Operation.id.in_(ids[4:])).values(next_attempt_at=db_now(-0.5)))
+        s.execute(update(Operation).where(Operation.id.in_(ids[:4])).values(next_attempt_at=db_now(-10)))
+    with ledger.sessions.begin() as s:
+        claims = claim_due(s, worker="w", lease_s=30, operation_ids=[ids[5], ids[4]], limit=2, also_due=3)
+    got = [c.operation_id for c in claims]
+    assert sorted(got[:2]) == sorted([ids[4], ids[5]])
+    assert got[2:] == ids[:3], "the fill takes the oldest due operations, after the doorbell's own ids"
+    with ledger.sessions.begin() as s:
+        rest = claim_due(s, worker="w2", lease_s=30, operation_ids=[ids[4]], limit=1, also_due=10)
+    assert [c.operation_id for c in rest] == [ids[3]], "claimed ids are never claimed twice"
+
+
+def test_a_batch_finalize_refuses_only_the_operation_whose_token_is_stale(ledger):
+    ids = _submit_many(ledger, 3)
+    with ledger.sessions.begin() as s:
+        claims = claim_due(s, worker="w", lease_s=30, limit=3)
+    stale = claims[1]
+    with ledger.sessions.begin() as s:  # another worker took operation 2 after our lease ran out
+        s.execute(update(Operation).where(Operation.id == stale.operation_id)
+                  .values(lease_expires_at=db_now(-1)))
+    from outbox.transitions import expire_leases
+
+    with ledger.sessions.begin() as s:
+        assert expire_leases(s) == [stale.operation_id]
+    with ledger.sessions.begin() as s:
+        refusals = finalize_many_if_fenced(s, [Finalize(c, OK, Status.SUCCEEDED, "ok") for c in claims])
+    assert refusals[0] is None and refusals[2] is None
+    assert isinstance(refusals[1], StaleFence)
+    with ledger.sessions() as s:
+        rows = dict(s.execute(select(Operation.id, Operation.status)).all())
+        stale_row = s.execute(select(Attempt).where(Attempt.id == stale.attempt_id)).scalar_one()
+    assert rows[ids[0]] == rows[ids[2]] == "succeeded"
+    assert rows[stale.operation_id] == "outcome_unknown"
+    assert stale_row.attempt_class == "succeeded" and stale_row.stale, "the late result is kept as evidence"
+
+
+def test_the_worker_connection_commits_each_statement_and_reconnects_after_losing_its_backend(pg_ledger):
+    ids = _submit_many(pg_ledger, 2)
+    link = LedgerConnection(pg_ledger.engine)
+    try:
+        with link.one_statement() as conn:
+            [claim] = claim_due(conn, worker="w", lease_s=30, operation_id=ids[0])
+        with pg_ledger.sessions() as s:  # committed by itself: another connection sees it
+            assert s.execute(select(Operation.status).where(Operation.id == ids[0])).scalar_one() == "dispatching"
+        with link.one_statement() as conn:
+            pid = conn.info.backend_pid
+        with pg_ledger.engine.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(psycopg.OperationalError):
+            with link.one_statement() as conn:
+                conn.execute("SELECT 1")
+        with link.transaction() as conn:  # a new connection
+            assert conn.info.backend_pid != pid
+            finalize_if_fenced(conn, claim, OK, to=Status.SUCCEEDED, reason="ok")
+        with pg_ledger.sessions() as s:
+            assert s.execute(select(Operation.status).where(Operation.id == ids[0])).scalar_one() == "succeeded"
+    finally:
+        link.close()
+
+
+def _queued_ids(client: redis.Redis, queue: str) -> list[str]:
+    ids: list[str] = []
+    for raw in client.lrange(queue, 0, -1):
+        args = json.loads(base64.b64decode(json.loads(raw)["body"]))[0]
+        ids += args[0] if isinstance(args[0], list) else [args[0]]
+    return ids
+
+
+def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by_its_tick(pipe):
+    from workers.celery_app import make_app
+    from workers.doorbell import Doorbell
+    from workers.relay import Relay
+
+    client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])
+    queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "dispatch"
+    first = pipe.start_relay(poll_s=30.0)  # ticks are far apart: only NOTIFY can ring during the test
+    second = Relay(pipe.sessions.kw["bind"], Doorbell(make_app(pipe.settings()), batch=10), poll_s=30.0)
+    thread = threading.Thread(target=second.run_forever, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (first.leader or second.leader) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first.leader != second.leader, "exactly one relay rings doorbells from NOTIFY"
+        ids = [pipe.submit(f"k-notify-{i}").operation_id for i in range(12)]
+        deadline = time.monotonic() + 10
+        while len(_queued_ids(client, queue)) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # a duplicate from the standby would have arrived by now
+        queued = _queued_ids(client, queue)
+        assert sorted(queued) == sorted(ids), "every notified id rung exactly once"
+        with pipe.sessions() as s:
+            assert s.execute(select(Operation.published_at).where(Operation.id.in_(ids))).scalars().all() == [None] * 12
+        leader = first if first.leader else second
+        tick = leader.run_once()
+        assert tick.dispatch == 0, "the tick does not ring what NOTIFY already rang"
+        with pipe.sessions() as s:
+            marked = s.execute(select(Operation.published_at).where(Operation.id.in_(ids))).scalars().all()
+        assert all(m is not None for m in marked)
+        assert len(_queued_ids(client, queue)) == 12
+    finally:
+        second.stop()
+        thread.join(10)
