@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
            "ops": n, "repeats": repeats, "submit_batch": args.submit_batch, "submitters": args.submitters, "presubmit": args.presubmit, "bare_events": args.bare_events,
            "environment": env, "summary": rows, "runs": runs}
     RESULTS_DIR.mkdir(exist_ok=True)
-    suffix = ("-quick" if args.quick else "") + ("-presubmit" if args.presubmit else "") + ("-bare-events" if args.bare_events else "")
+    suffix = ("-quick" if args.quick else "") + ("-presubmit" if args.presubmit else "") + \
+        ("-bare-events" if args.bare_events else "") + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
     path = RESULTS_DIR / f"pipeline-{dt.date.today().isoformat()}{suffix}.json"
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path.relative_to(ROOT)}")
