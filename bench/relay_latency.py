@@ -41,9 +41,7 @@ ARGS = {"order_id": "ord-bench", "amount": "12.50", "currency": "EUR"}
 
 def _classes() -> dict[str, Any]:
     from workers.doorbell import Doorbell
-    from workers.relay import Relay, Tick
-    from outbox.states import Status
-    from outbox.transitions import expire_leases
+    from workers.relay import Relay
 
     class RecordingDoorbell(Doorbell):
         """Notes when each operation id has been published (after send_task returned)."""

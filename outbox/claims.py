@@ -147,7 +147,7 @@ def _claim(
 def _claim_portable(
     session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]]
 ) -> list[Claim]:
-    pg = False
+    """SQLite (one writer at a time, BEGIN IMMEDIATE): a guarded UPDATE, then the attempt rows."""
     source = Status.NOT_DISPATCHED if kind == "dispatch" else Status.OUTCOME_UNKNOWN
     guard = [_OP.c.status == source.value, _OP.c.next_attempt_at <= db_now()]
     if kind == "lookup":

@@ -177,18 +177,3 @@ def _insert_portable(session: Session, values: dict[str, Any], event: dict[str, 
     if inserted:
         session.execute(insert(OperationEvent).values(**event))
     return inserted
-
-
-def receipt_of(op: Operation, *, new: bool = False) -> Receipt:
-    return Receipt(
-        operation_id=op.id,
-        tenant=op.tenant,
-        idempotency_key=op.idempotency_key,
-        status=op.status,
-        new=new,
-        args_digest=op.args_digest,
-        result_reference=op.result_reference,
-        result=op.result,
-        error_class=op.error_class,
-    )
-

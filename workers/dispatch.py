@@ -22,7 +22,7 @@ from outbox.claims import Claim, claim_due
 from outbox.clock import as_utc, db_now
 from outbox.db import driver_connection, is_postgres
 from outbox.envelope import loads_exact
-from outbox.errors import IllegalTransition, StaleFence
+from outbox.errors import StaleFence
 from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status

@@ -25,7 +25,7 @@ import select as select_mod
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import psycopg
 from sqlalchemy import Engine, or_, select, update
@@ -122,9 +122,17 @@ class Relay:
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
-        pg = is_postgres(self.engine)
-        if pg:
-            return self._mark_due_pg(status, leased_ok=leased_ok)
+        if is_postgres(self.engine):
+            rows = self._mark_due_pg(status, leased_ok=leased_ok)
+        else:
+            rows = self._mark_due_portable(status, leased_ok=leased_ok)
+        if status is Status.NOT_DISPATCHED:
+            # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
+            metrics.record_relay_lags(row[1] for row in rows)
+        return [row[0] for row in rows]
+
+    def _mark_due_portable(self, status: Status, *, leased_ok: bool) -> Any:
+        """SQLite (one writer at a time): select due rows and mark them in one UPDATE."""
         conds = [
             _OP.c.status == status.value,
             _OP.c.next_attempt_at <= db_now(),
@@ -137,28 +145,21 @@ class Relay:
         if not leased_ok:
             conds.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
         due = select(_OP.c.id).where(*conds).order_by(_OP.c.next_attempt_at).limit(BATCH)
-        if pg:
-            due = due.with_for_update(skip_locked=True)
-        stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery() if not pg else select(due.cte("due").c.id)))
+        stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery()))
         with self.sessions.begin() as session:
-            rows = session.execute(
+            return session.execute(
                 stmt.values(published_at=db_now()).returning(_OP.c.id, db_age_s(_OP.c.next_attempt_at))
             ).all()
-        if status is Status.NOT_DISPATCHED:
-            # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
-            metrics.record_relay_lags(row[1] for row in rows)
-        return [row[0] for row in rows]
 
-    def _mark_due_pg(self, status: Status, *, leased_ok: bool) -> list[str]:
-        # Plain SQL through the driver: a tick runs beside the NOTIFY listener in this process, and
-        # building SQLAlchemy constructs held the GIL for milliseconds the listener then waited.
+    def _mark_due_pg(self, status: Status, *, leased_ok: bool) -> Any:
+        """PostgreSQL: SKIP LOCKED, so two relays never mark the same rows in the same window.
+
+        Plain SQL through the driver: a tick runs beside the NOTIFY listener in this process, and
+        building SQLAlchemy constructs held the GIL for milliseconds the listener then waited.
+        """
         with self.engine.begin() as conn:
-            rows = driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
+            return driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
                 "republish_after_s": float(self.republish_after_s), "limit": BATCH}).fetchall()
-        if status is Status.NOT_DISPATCHED:
-            # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
-            metrics.record_relay_lags(row[1] for row in rows)
-        return [row[0] for row in rows]
 
     def _mark_rung(self) -> None:
         """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement)."""
