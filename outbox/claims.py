@@ -10,7 +10,6 @@ row, all in the caller's transaction. The previous owner's token now matches no 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -19,7 +18,7 @@ from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
-from outbox.db import driver_connection, is_postgres
+from outbox.db import driver_connection, driver_sql, is_postgres
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.states import AttemptClass, Status
 
@@ -229,7 +228,7 @@ SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id 
 
 # Sent through the driver (psycopg's %(name)s parameters), not through SQLAlchemy's text():
 # its per-execute result processing cost more client CPU than the claim cost PostgreSQL.
-_PG_CLAIM_SQL = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", _PG_CLAIM)
+_PG_CLAIM_SQL = driver_sql(_PG_CLAIM)
 
 
 def _claim_pg(

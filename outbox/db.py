@@ -7,6 +7,7 @@ a read lock (SQLite does not retry that case, the busy timeout only covers waiti
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,8 @@ def driver_connection(bind: Any) -> Any:
     if isinstance(bind, Connection):
         return bind.connection.driver_connection
     return bind  # already the driver's connection
+
+
+def driver_sql(sql: str) -> str:
+    """SQL written with ``:name`` parameters, as psycopg wants them (``%(name)s``); ``::`` casts stay."""
+    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)

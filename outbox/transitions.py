@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
@@ -20,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.db import driver_connection, is_postgres
+from outbox.db import driver_connection, driver_sql, is_postgres
 from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, StaleFence
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
@@ -111,9 +110,7 @@ def move(
         update(_OP).where(*conds).values(status=to.value, **values).returning(_OP.c.fencing_token)
     ).first()
     if row is None:
-        current = session.execute(
-            select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == operation_id)
-        ).first()
+        current = _current(session, operation_id)
         if current is None:
             raise OperationNotFound(operation_id)
         if token is not None:
@@ -213,9 +210,12 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
     refusals: list[Optional[OutboxError]] = [None] * len(items)
     ready: list[int] = []
     for i, item in enumerate(items):
-        if (Status.DISPATCHING, item.to) not in ALLOWED:
-            refusals[i] = IllegalTransition(item.claim.operation_id, Status.DISPATCHING.value, item.to.value)
-        elif item.to is Status.FAILED_BEFORE_COMMIT and item.report.klass not in PROVABLY_NOT_EXECUTED:
+        try:
+            _check_allowed(item.claim.operation_id, [Status.DISPATCHING], item.to)
+        except IllegalTransition as exc:
+            refusals[i] = exc
+            continue
+        if item.to is Status.FAILED_BEFORE_COMMIT and item.report.klass not in PROVABLY_NOT_EXECUTED:
             refusals[i] = IllegalTransition(item.claim.operation_id, "dispatching/" + item.report.klass.value,
                                             item.to.value)
         else:
@@ -306,11 +306,6 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
     return out
 
 
-def _to_driver_params(sql: str) -> str:
-    """``:name`` parameters (as written here) to psycopg's ``%(name)s``."""
-    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
-
-
 @functools.lru_cache(maxsize=32)
 def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
     """The one-statement finalize for PostgreSQL, as SQL text built once per shape.
@@ -337,7 +332,7 @@ def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
         where += """ AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = :operation_id
             AND a.id <> :attempt_id AND a.kind = 'dispatch' AND a.attempt_number > operations.proven_absent_through
             AND a.attempt_class IN ('ambiguous', 'pending'))"""
-    return _to_driver_params(f"""
+    return driver_sql(f"""
 WITH att AS (
     UPDATE attempts SET ended_at = clock_timestamp(), attempt_class = :klass, status_code = :status_code,
         request_digest = :request_digest, provider_request_id = :provider_request_id,
