@@ -147,12 +147,13 @@ def _ledger_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
 
 
 def _bare_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                 barrier: Any, results: Any) -> None:
+                 barrier: Any, results: Any, autocommit: bool = False) -> None:
     import psycopg
 
     from bench.scratch_database import libpq
 
-    with psycopg.connect(libpq(url)) as conn:
+    # With autocommit the commit() calls below find no transaction open and send nothing.
+    with psycopg.connect(libpq(url), autocommit=autocommit) as conn:
         conn.execute("SELECT 1")
         conn.commit()
         barrier.wait()
@@ -177,22 +178,7 @@ def _ledger_sessions_worker(url: str, worker: str, claim_limit: int, pre_ping: b
 def _bare_autocommit_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
                             barrier: Any, results: Any) -> None:
     """The bare loop with each statement its own transaction (no BEGIN/COMMIT round trips)."""
-    import psycopg
-
-    from bench.scratch_database import libpq
-
-    with psycopg.connect(libpq(url), autocommit=True) as conn:
-        conn.execute("SELECT 1")
-        barrier.wait()
-        started, done = time.monotonic(), 0
-        while True:
-            rows = conn.execute(BARE_CLAIM, {"limit": claim_limit, "worker": worker}).fetchall()
-            if not rows:
-                break
-            for op_id, token in rows:
-                conn.execute(BARE_FINALIZE, {"id": op_id, "token": token})
-            done += len(rows)
-    results.put((done, started, time.monotonic()))
+    _bare_worker(url, worker, claim_limit, pre_ping, barrier, results, autocommit=True)
 
 
 def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import psycopg
 from sqlalchemy import Engine
@@ -51,23 +51,16 @@ class LedgerConnection:
             self._conn = conn
         return self._conn
 
-    @contextmanager
-    def one_statement(self) -> Iterator[Any]:
+    def one_statement(self) -> ContextManager[Any]:
         """A psycopg connection whose next statement commits by itself (SQLite: a session)."""
-        if not self.postgres:
-            with self.sessions.begin() as session:
-                yield session
-            return
-        with self._lock:
-            try:
-                yield self._connect()
-            except psycopg.OperationalError:
-                self._drop()
-                raise
+        return self._held(begin=False)
+
+    def transaction(self) -> ContextManager[Any]:
+        """Several statements committed together (SQLite: a session)."""
+        return self._held(begin=True)
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        """Several statements committed together (SQLite: a session)."""
+    def _held(self, *, begin: bool) -> Iterator[Any]:
         if not self.postgres:
             with self.sessions.begin() as session:
                 yield session
@@ -75,7 +68,10 @@ class LedgerConnection:
         with self._lock:
             conn = self._connect()
             try:
-                with conn.transaction():
+                if begin:
+                    with conn.transaction():
+                        yield conn
+                else:
                     yield conn
             except psycopg.OperationalError:
                 self._drop()
