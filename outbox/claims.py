@@ -10,6 +10,7 @@ row, all in the caller's transaction. The previous owner's token now matches no 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -173,34 +174,20 @@ def _claim_portable(
 # bump token and lease, number the attempt, open the attempt row and the event row. The CTEs
 # read attempts as of the statement's snapshot, so numbering and the ambiguity check see the
 # rows committed before this claim (the inserts of this statement are not visible to them).
+#
+# One text per shape (kind, with or without ids, limits), with the status, kind and limits
+# written in as literals: psycopg prepares a statement after a few executions, and only then can
+# PostgreSQL keep one generic plan for it instead of planning it again on every call. With the
+# status as a parameter the generic plan cannot use the partial index ``ix_operations_due``, and
+# with LIMIT as a parameter it is costed for 10% of the table, so PostgreSQL re-planned every
+# claim: planning cost as much as running it (bench/README.md).
 _PG_CLAIM = """
-WITH wanted AS (
-    SELECT id FROM operations
-    WHERE id = ANY(CAST(:operation_ids AS varchar[]))
-      AND status = :source AND next_attempt_at <= clock_timestamp()
-      AND (:lookup = false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
-    ORDER BY next_attempt_at
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-), others AS (
-    SELECT id FROM operations
-    WHERE status = :source AND next_attempt_at <= clock_timestamp()
-      AND (:lookup = false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
-      AND (CAST(:operation_ids AS varchar[]) IS NULL OR NOT (id = ANY(CAST(:operation_ids AS varchar[]))))
-    ORDER BY next_attempt_at
-    LIMIT :others
-    FOR UPDATE SKIP LOCKED
-), due AS (
-    SELECT id, 0 AS rank FROM wanted UNION ALL SELECT id, 1 FROM others
-), claimed AS (
+WITH {due_ctes}, claimed AS (
     UPDATE operations o SET
         fencing_token = o.fencing_token + 1,
         lease_owner = :worker,
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_s),
-        updated_at = clock_timestamp(),
-        status = CASE WHEN :lookup THEN o.status ELSE 'dispatching' END,
-        attempt_count = CASE WHEN :lookup THEN o.attempt_count ELSE o.attempt_count + 1 END,
-        reason = CASE WHEN :lookup THEN o.reason ELSE 'claimed' END
+        updated_at = clock_timestamp(){dispatch_sets}
     FROM due WHERE o.id = due.id
     RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.action, o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
@@ -208,42 +195,67 @@ WITH wanted AS (
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
-          WHERE a.operation_id = c.id AND a.kind = :kind) AS number,
+          WHERE a.operation_id = c.id AND a.kind = '{kind}') AS number,
         EXISTS (SELECT 1 FROM attempts a
           WHERE a.operation_id = c.id AND a.kind = 'dispatch' AND a.attempt_number > c.proven_absent_through
             AND a.attempt_class IN ('ambiguous', 'pending')) AS open_ambiguity
     FROM claimed c
 ), opened AS (
     INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
-    SELECT id, number, :kind, fencing_token, :worker, clock_timestamp(), 'pending', false FROM numbered
+    SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false FROM numbered
     RETURNING id AS attempt_id, operation_id
 ), logged AS (
     INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), :source, :target, fencing_token, :event, :kind || ' attempt ' || number, :worker
+    SELECT id, clock_timestamp(), '{source}', '{target}', fencing_token, '{event}', '{kind} attempt ' || number, :worker
     FROM numbered
 )
 SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
 """
 
+# Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
+_PG_DUE = """
+    SELECT id, {rank} AS rank FROM operations
+    WHERE status = '{source}' AND next_attempt_at <= clock_timestamp(){lease_free}{ids}
+    ORDER BY next_attempt_at
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED"""
 
-# Sent through the driver (psycopg's %(name)s parameters), not through SQLAlchemy's text():
-# its per-execute result processing cost more client CPU than the claim cost PostgreSQL.
-_PG_CLAIM_SQL = driver_sql(_PG_CLAIM)
+
+@functools.lru_cache(maxsize=64)
+def _pg_claim_sql(kind: str, with_ids: bool, limit: int, others: int) -> str:
+    """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows."""
+    lookup = kind == "lookup"
+    source = Status.OUTCOME_UNKNOWN.value if lookup else Status.NOT_DISPATCHED.value
+    due = functools.partial(_PG_DUE.format, source=source,
+                            lease_free=" AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
+                            if lookup else "")
+    if not with_ids:
+        ctes = f"due AS ({due(rank=1, ids='', limit=int(limit))}\n)"
+    else:
+        ctes = (f"wanted AS ({due(rank=0, ids=' AND id = ANY(CAST(:operation_ids AS varchar[]))', limit=int(limit))}\n)")
+        if others:
+            ctes += (f", others AS ({due(rank=1, ids=' AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))', limit=int(others))}\n)"
+                     ", due AS (SELECT id, rank FROM wanted UNION ALL SELECT id, rank FROM others)")
+        else:
+            ctes += ", due AS (SELECT id, rank FROM wanted)"
+    return driver_sql(_PG_CLAIM.format(
+        due_ctes=ctes, kind=kind, source=source,
+        target=Status.OUTCOME_UNKNOWN.value if lookup else Status.DISPATCHING.value,
+        event="reconcile claim" if lookup else "claim",
+        dispatch_sets="" if lookup else (",\n        status = 'dispatching', attempt_count = o.attempt_count + 1,"
+                                         " reason = 'claimed'"),
+    ))
 
 
 def _claim_pg(
     session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]],
     also_due: int,
 ) -> list[Claim]:
-    lookup = kind == "lookup"
-    source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
-    target = Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING
+    # Sent through the driver (psycopg's %(name)s parameters), not through SQLAlchemy's text():
+    # its per-execute result processing cost more client CPU than the claim cost PostgreSQL.
+    sql = _pg_claim_sql(kind, operation_ids is not None, limit, also_due)
     cursor = driver_connection(session).cursor(row_factory=namedtuple_row)
-    rows = cursor.execute(_PG_CLAIM_SQL, {
-        "source": source.value, "target": target.value, "lookup": lookup, "operation_ids": operation_ids,
-        "limit": limit, "others": limit if operation_ids is None else also_due, "worker": worker, "lease_s": float(lease_s), "kind": kind,
-        "event": "reconcile claim" if lookup else "claim",
-    }).fetchall()
+    rows = cursor.execute(sql, {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)}).fetchall()
     return [_claim_of(row, worker, kind, row.attempt_id, row.number, row.open_ambiguity) for row in rows]
 
 
