@@ -12,7 +12,10 @@ On PostgreSQL it also LISTENs: submit notifies on commit with the operation id a
 relay rings the doorbell for those ids as they arrive, with no query and no write of its own (one
 relay per deployment does this: the holder of an advisory lock; others only poll). Their
 ``published_at`` is written in bulk by the next tick, for the ids still waiting, so the tick
-does not ring them again. The ticks (every ``poll_s``) are the backstop for everything else:
+does not ring them again. While a relay listens, its ticks also leave never-published rows alone
+for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung but not yet
+marked): without that, under load the ticks raced the listener and rang ~40% of all ids twice
+(bench/README.md). The ticks (every ``poll_s``) are the backstop for everything else:
 retries coming due, doorbells lost, notifications missed while the relay was away. On SQLite it
 polls.
 """
@@ -48,6 +51,9 @@ BACKFILL_EVERY_S = 5.0  # evidence repair is not urgent, but an operator watches
 BATCH = 500  # rows per statement: one commit marks a whole burst of submits
 # pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
 NOTIFY_LEADER_LOCK = 0x72656C6179
+# While LISTENing, a tick rings a never-published row only once it has been due this long: the
+# NOTIFY path covers fresh rows; the tick is the backstop for notifications that were missed.
+NOTIFIED_GRACE_S = 2.0
 
 
 _PG_MARK_RUNG = """
@@ -58,18 +64,21 @@ WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND published_at IS NULL
 
 @functools.lru_cache(maxsize=4)
 def _pg_mark_due_sql(status: Status, leased_ok: bool) -> str:
-    # The status is a literal, not a parameter: a prepared statement's generic plan could not
-    # use the partial index of that status otherwise.
+    # %(fresh_grace_s)s: never-published rows younger than this are left to the NOTIFY path.
+    # The status and the limit are literals, not parameters: a prepared statement's generic plan
+    # could not use the partial index of that status otherwise, and with LIMIT a parameter it is
+    # costed for 10% of the table, so PostgreSQL would plan the statement again on every tick.
     lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
     return f"""
 WITH due AS (
     SELECT id FROM operations
     WHERE status = '{status.value}' AND next_attempt_at <= clock_timestamp()
-      AND (published_at IS NULL OR published_at < next_attempt_at
+      AND ((published_at IS NULL AND next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s))
+           OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
       {lease}
     ORDER BY next_attempt_at
-    LIMIT %(limit)s
+    LIMIT {BATCH}
     FOR UPDATE SKIP LOCKED
 )
 UPDATE operations o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
@@ -119,6 +128,7 @@ class Relay:
         self._rung: set[str] = set()
         self._rung_lock = threading.Lock()
         self.leader = False  # holds NOTIFY_LEADER_LOCK: rings doorbells from notifications
+        self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
@@ -159,7 +169,9 @@ class Relay:
         """
         with self.engine.begin() as conn:
             return driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
-                "republish_after_s": float(self.republish_after_s), "limit": BATCH}).fetchall()
+                "republish_after_s": float(self.republish_after_s),
+                "fresh_grace_s": NOTIFIED_GRACE_S if self.listening and status is Status.NOT_DISPATCHED else 0.0,
+            }).fetchall()
 
     def _mark_rung(self) -> None:
         """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement)."""
@@ -248,11 +260,13 @@ class Relay:
                 try:
                     with psycopg.connect(url, autocommit=True) as conn:
                         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                        self.listening = True
                         self._listen(conn)
                 except psycopg.Error:
                     log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
-                    self.leader = False
                     self.stop_event.wait(1.0)
+                finally:
+                    self.leader = self.listening = False
         finally:
             ticker.join(timeout=10)
 
