@@ -24,6 +24,9 @@ class Xacts:
     def __sub__(self, other: "Xacts") -> "Xacts":
         return Xacts(self.commits - other.commits, self.rollbacks - other.rollbacks)
 
+    def __add__(self, other: "Xacts") -> "Xacts":
+        return Xacts(self.commits + other.commits, self.rollbacks + other.rollbacks)
+
 
 def settled_xacts(admin: psycopg.Connection, dbname: str) -> Xacts:
     """The database's commit/rollback counters once no client is connected to it any more."""

@@ -60,6 +60,8 @@ def bench_submit(url: str, n: int, batch: int, run: str, pre_ping: bool = False,
 
     engine = make_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=pre_ping)
     sessions = make_sessionmaker(engine)
+    with engine.connect():  # the dialect's first-connect queries, also when nothing is submitted
+        pass
     for i in range(warmup):  # connect and warm the statement cache outside the measured span
         with sessions.begin() as s:
             submit(s, **_intent(i, f"{run}-warm"))
@@ -82,37 +84,52 @@ def _next_xid(admin: psycopg.Connection) -> int:
     return int(xid)
 
 
-def count_commits(db: ScratchDatabase, k: int, pre_ping: bool) -> dict[str, Any]:
-    """Submit k intents one per transaction, then claim+finalize them with one worker process."""
+def _commits_of_run(db: ScratchDatabase, admin: psycopg.Connection, k: int, pre_ping: bool) -> dict[str, Any]:
+    """Commits counted while k intents are submitted one per transaction, then drained by one worker."""
     with psycopg.connect(libpq(db.url), autocommit=True) as conn:
         backlog.refill(conn, backlog.LEDGER_TABLE, 0, "none")
+    x0, id0 = settled_xacts(admin, db.name), _next_xid(admin)
+    bench_submit(db.url, k, 1, f"commits-{pre_ping}-{k}", pre_ping=pre_ping, warmup=0)
+    x1, id1 = settled_xacts(admin, db.name), _next_xid(admin)
+    result = drain(db.url, "ledger", processes=1, claim_limit=1, pre_ping=pre_ping)
+    x2, id2 = settled_xacts(admin, db.name), _next_xid(admin)
+    (finished,) = conn_count(db, "SELECT count(*) FROM operations WHERE status = 'succeeded'")
+    if result.ops != k or finished != k:
+        raise RuntimeError(f"commit count run: drained {result.ops}, succeeded {finished}, expected {k}")
+    return {"submit": x1 - x0, "drain": x2 - x1, "xids_submit": id1 - id0, "xids_drain": id2 - id1, "end": x2}
+
+
+def count_commits(db: ScratchDatabase, k: int, pre_ping: bool) -> dict[str, Any]:
+    """Commits per operation, submit -> claim -> finalize: a run of 2k operations minus a run of k.
+
+    Each run also pays a few commits whatever its size: the engine's first connect, the worker's
+    warm-up claim and its last, empty claim, and one per statement psycopg prepares (a Parse
+    outside a transaction is a transaction of its own; each statement is prepared once per
+    connection, after 5 executions). The difference between two runs cancels those, so it counts
+    what each further operation costs; the fixed part is reported beside it.
+    """
     with db.admin() as admin:
-        x0, id0 = settled_xacts(admin, db.name), _next_xid(admin)
-        bench_submit(db.url, k, 1, f"commits-{pre_ping}", pre_ping=pre_ping, warmup=0)
-        x1, id1 = settled_xacts(admin, db.name), _next_xid(admin)
-        result = drain(db.url, "ledger", processes=1, claim_limit=1, pre_ping=pre_ping)
-        x2, id2 = settled_xacts(admin, db.name), _next_xid(admin)
+        fixed = _commits_of_run(db, admin, k, pre_ping)
+        run = _commits_of_run(db, admin, 2 * k, pre_ping)
         time.sleep(2.0)  # nothing runs now: anything counted is background noise
-        x3 = settled_xacts(admin, db.name)
-        (finished,) = conn_count(db, "SELECT count(*) FROM operations WHERE status = 'succeeded'")
-    # Raw counts over k operations, fixed costs included (the engine's first connect, the worker's
-    # warm-up SELECT and its last, empty claim: a handful over the whole run, < 0.01 per op).
-    submit_x, drain_x = x1 - x0, x2 - x1
+        idle = settled_xacts(admin, db.name) - run["end"]
+    submit_x, drain_x = run["submit"] - fixed["submit"], run["drain"] - fixed["drain"]
     return {
         "ops": k,
         "pool_pre_ping": pre_ping,
-        "finished": finished,
-        "drained": result.ops,
         "submit_commits_per_op": submit_x.commits / k,
         "claim_finalize_commits_per_op": drain_x.commits / k,
         "commits_per_op": (submit_x.commits + drain_x.commits) / k,
+        "fixed_commits_per_run": 2 * (fixed["submit"].commits + fixed["drain"].commits)
+        - (run["submit"].commits + run["drain"].commits),
         # Transaction ids are cluster-wide: other databases' writes land here too. Meaningful only
         # on an otherwise idle server; kept for that case, not reported in the table.
-        "cluster_write_xacts_per_op": (id2 - id0) / k,
-        "rollbacks": (x2 - x0).rollbacks,
-        "idle_commits_2s": (x3 - x2).commits,
-        "raw": {"submit": asdict(submit_x), "drain": asdict(drain_x),
-                "xids_submit": id1 - id0, "xids_drain": id2 - id1},
+        "cluster_write_xacts_per_op": (run["xids_submit"] + run["xids_drain"]
+                                       - fixed["xids_submit"] - fixed["xids_drain"]) / k,
+        "rollbacks_per_run": (run["submit"] + run["drain"]).rollbacks,
+        "idle_commits_2s": idle.commits,
+        "raw": {"run_2k": {"submit": asdict(run["submit"]), "drain": asdict(run["drain"])},
+                "half_run": {"submit": asdict(fixed["submit"]), "drain": asdict(fixed["drain"])}},
     }
 
 
@@ -207,7 +224,8 @@ def print_table(submit: dict[str, float], rows: list[dict[str, Any]], commits: l
     for c in commits:
         print(f"  pool_pre_ping={str(c['pool_pre_ping']):<5} commits/op={c['commits_per_op']:.2f} "
               f"(submit {c['submit_commits_per_op']:.2f} + claim/finalize "
-              f"{c['claim_finalize_commits_per_op']:.2f}); rollbacks={c['rollbacks']}; "
+              f"{c['claim_finalize_commits_per_op']:.2f}); rollbacks per run={c['rollbacks_per_run']}; "
+              f"fixed per run (connect, warm-up, last empty claim, prepares): {c['fixed_commits_per_run']}; "
               f"idle 2 s: {c['idle_commits_2s']} commits")
 
 
