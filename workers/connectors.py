@@ -27,12 +27,16 @@ from workers.classify import (
     classify_response,
     extract,
 )
-from workers.http_request import prepare, request_digest
+from workers.http_request import PreparedRequest, prepare, request_digest
 
 # Enough of a failed response to explain it in a handoff, small enough for an attempt row.
 RAW_ERROR_EXCERPT_BYTES = 500
 # Usual shapes of "a list of matches" in lookup answers, tried when items_field is not set.
 LIST_FIELDS = ("data", "items", "results")
+
+# No Accept-Encoding: answers are small JSON, and an uncompressed body is what the digest and the
+# raw-error excerpt should see.
+_DEFAULT_HEADERS = {"User-Agent": "agent-outbox", "Accept": "application/json"}
 
 LookupOutcome = Literal["found", "not_found", "unavailable"]
 LookupState = Literal["succeeded", "pending", "failed", "unknown"]
@@ -58,6 +62,10 @@ class LookupResult:
     latency_s: float = 0.0
 
 
+def _timeout(target: TargetConfig) -> httpx.Timeout:
+    return httpx.Timeout(target.timeout_s, connect=target.connect_timeout_s)
+
+
 class LookupNotDeclared(ConfigError):
     """The action has no lookup; an ambiguous attempt can only be settled by a person."""
 
@@ -75,7 +83,14 @@ class Connector(Protocol):
 
 
 class HttpConnector:
-    """HTTP to the targets of an actions file; one pooled client per target, thread-safe."""
+    """HTTP to the targets of an actions file; one connection pool per target, thread-safe.
+
+    Attempts and lookups go straight to the target's httpx transport (its pool) with a request
+    built here, not through ``httpx.Client.send``: the client would keep a cookie jar shared by
+    every tenant's operations (a provider's Set-Cookie would ride along on everyone's next
+    request), and its cookie, auth and redirect machinery cost about as much CPU per call as the
+    HTTP exchange itself (bench/README.md). Redirects are answers we classify, never followed.
+    """
 
     def __init__(
         self,
@@ -87,28 +102,52 @@ class HttpConnector:
         self._config = config
         self._transport_factory = transport_factory
         self._clock = clock
+        self._transports: dict[str, httpx.BaseTransport] = {}
         self._clients: dict[str, httpx.Client] = {}
         self._lock = threading.Lock()
 
+    def _transport_for(self, target_name: str) -> httpx.BaseTransport:
+        with self._lock:
+            transport = self._transports.get(target_name)
+            if transport is None:
+                target = self._config.targets[target_name]
+                if self._transport_factory is not None:
+                    transport = self._transport_factory(target)
+                else:
+                    transport = httpx.HTTPTransport(limits=httpx.Limits(
+                        max_connections=target.max_connections, max_keepalive_connections=target.max_connections))
+                self._transports[target_name] = transport
+            return transport
+
     def client_for(self, target_name: str) -> httpx.Client:
+        """An httpx client over the target's pool, for paged reads (the report's listings)."""
+        transport = self._transport_for(target_name)
         with self._lock:
             client = self._clients.get(target_name)
             if client is None:
                 target = self._config.targets[target_name]
-                client = httpx.Client(
-                    base_url=target.base_url,
-                    headers=target.headers,
-                    timeout=httpx.Timeout(target.timeout_s, connect=target.connect_timeout_s),
-                    limits=httpx.Limits(
-                        max_connections=target.max_connections,
-                        max_keepalive_connections=target.max_connections,
-                    ),
-                    # A redirect is an answer we classify (ambiguous), not a second request.
-                    follow_redirects=False,
-                    transport=self._transport_factory(target) if self._transport_factory else None,
-                )
+                client = httpx.Client(base_url=target.base_url, headers=target.headers, timeout=_timeout(target),
+                                      follow_redirects=False, transport=transport)
                 self._clients[target_name] = client
             return client
+
+    def _request(self, target_name: str, prepared: PreparedRequest, headers: dict[str, str]) -> httpx.Request:
+        target = self._config.targets[target_name]
+        return httpx.Request(
+            prepared.method, target.base_url + prepared.path, params=prepared.query or None,
+            headers={**_DEFAULT_HEADERS, **target.headers, **headers}, content=prepared.body,
+            extensions={"timeout": _timeout(target).as_dict()},
+        )
+
+    def _exchange(self, target_name: str, request: httpx.Request) -> httpx.Response:
+        """One request on the target's pool; the whole body read, the connection handed back."""
+        response = self._transport_for(target_name).handle_request(request)
+        response.request = request
+        try:
+            response.read()
+        finally:
+            response.close()
+        return response
 
     def send(
         self,
@@ -132,13 +171,10 @@ class HttpConnector:
             headers[action_cfg.provider_idempotency.header] = idempotency_key
         if action_cfg.fencing_header is not None:
             headers[action_cfg.fencing_header] = str(fencing_token)
-        client = self.client_for(action_cfg.target)
-        request = client.build_request(
-            prepared.method, prepared.path, params=prepared.query or None, content=prepared.body, headers=headers
-        )
+        request = self._request(action_cfg.target, prepared, headers)
         digest = request_digest(request.method, str(request.url), prepared.body)
         try:
-            response = client.send(request)
+            response = self._exchange(action_cfg.target, request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified attempt
             return AttemptResult(classify_exception(exc), digest, None, self._clock() - started, repr(exc))
         latency_s = self._clock() - started
@@ -165,11 +201,8 @@ class HttpConnector:
             prepared = prepare(spec.request, args, idempotency_key=idempotency_key, send_rest=False)
         except LocalValidationError as exc:
             return LookupResult("unavailable", f"local_validation: {exc}")
-        client = self.client_for(action_cfg.target)
         try:
-            response = client.request(
-                prepared.method, prepared.path, params=prepared.query or None, headers=prepared.headers
-            )
+            response = self._exchange(action_cfg.target, self._request(action_cfg.target, prepared, prepared.headers))
         except Exception as exc:  # noqa: BLE001 - a lookup that fails proves nothing
             return LookupResult("unavailable", classify_exception(exc).reason, latency_s=self._clock() - started)
         latency_s = self._clock() - started
@@ -180,8 +213,11 @@ class HttpConnector:
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+            transports, self._transports = list(self._transports.values()), {}
         for client in clients:
-            client.close()
+            client.close()  # closes its transport too; closing a transport twice is harmless
+        for transport in transports:
+            transport.close()
 
     def __enter__(self) -> HttpConnector:
         return self

@@ -69,9 +69,9 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
 
     The breaker is asked before the claim: while it is open an operation is not claimed at all
     (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest
-    are claimed, with whatever else is due up to OUTBOX_DOORBELL_BATCH, called concurrently (one
-    thread each: a batch costs the time of its slowest call, which the lease covers) and finalized
-    in one transaction.
+    are claimed, with whatever else is due up to OUTBOX_DOORBELL_BATCH, called (concurrently, one
+    thread each, unless the target answers within FAST_CALL_S: see _attempt_all; a batch costs
+    the time of its slowest call, which the lease covers) and finalized in one transaction.
     """
     dues = _read_due(rt, operation_ids)
     if not dues:
