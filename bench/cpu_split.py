@@ -19,7 +19,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def _kind(cmdline: str, pid: int) -> Optional[str]:
     if pid == os.getpid():
-        return "bench process (submitter, relay thread)"
+        return "bench process (submitters)"
     if cmdline.startswith("postgres"):
         return "postgres"
     if "redis-server" in cmdline:

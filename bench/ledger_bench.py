@@ -28,12 +28,12 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 
 from bench import backlog
-from bench.commit_count import Xacts, settled_xacts
+from bench.commit_count import settled_xacts
 from bench.drain import DrainResult, drain
 from bench.scratch_database import ScratchDatabase, libpq
 

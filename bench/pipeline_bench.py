@@ -4,9 +4,9 @@ For each repeat, pool (prefork: one worker with ``-c W``; solo: W worker process
 count W, in this order so that both sides see the same machine noise:
 
 1. **outbox**: the sandbox provider (``python -m sandbox``, plain path, no faults) as a subprocess,
-   a throwaway PostgreSQL database (created, migrated, dropped), the relay in a thread of this
-   process (``Relay(engine, Doorbell(make_app(settings))).run_forever()``, LISTEN/NOTIFY), and W
-   real Celery worker processes (``celery -A workers worker``). After a warm-up (2*W operations,
+   a throwaway PostgreSQL database (created, migrated, dropped), the relay as its own process
+   (``agent-outbox relay``, LISTEN/NOTIFY, as deployed; the clock starts only once it holds the
+   NOTIFY leader lock), and W real Celery worker processes (``celery -A workers worker``). After a warm-up (2*W operations,
    then the sandbox is reset), N intents are **submitted while everything runs**, one intent per
    transaction from this process (``--submit-batch`` to change), and the clock runs from the first
    submit to the moment all N are ``succeeded`` (polled every 10 ms). Checks: sandbox effects == N,
@@ -88,11 +88,10 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, interval_s: float = 0
 # ---- the outbox pipeline ------------------------------------------------------------------------
 
 class Outbox:
-    """Sandbox + database + relay thread for the whole run; workers per measurement."""
+    """Sandbox + database + relay process for the whole run; workers per measurement."""
 
     def __init__(self, db_url: str, sandbox_url: str, tmp: Path, prefix: str) -> None:
         from outbox.db import make_engine, make_sessionmaker
-        from outbox.settings import Settings
 
         actions = tmp / "actions.yaml"
         actions.write_text(yaml.safe_dump(actions_doc(sandbox_url), sort_keys=False))
@@ -101,33 +100,39 @@ class Outbox:
             "OUTBOX_BROKER_KEY_PREFIX": prefix, "OUTBOX_ACTIONS_FILE": str(actions),
             "OUTBOX_DATA_DIR": str(tmp / "data"),
         }
-        self.settings = Settings(database_url=db_url, broker_url=REDIS_URL, redis_url=REDIS_URL,
-                                 broker_key_prefix=prefix, actions_file=actions, data_dir=tmp / "data")
         self.engine = make_engine(db_url, pool_size=8)
         self.sessions = make_sessionmaker(self.engine)
         self.tmp = tmp
-        self.relay: Any = None
-        self.thread: threading.Thread | None = None
+        self.relay: subprocess.Popen[bytes] | None = None
 
-    def start_relay(self) -> None:
-        from outbox.db import make_engine
-        from workers.celery_app import make_app
-        from workers.doorbell import Doorbell
-        from workers.relay import Relay
+    def start_relay(self, timeout_s: float = 30.0) -> None:
+        """``agent-outbox relay`` as its own process (as deployed: no GIL shared with the agents)."""
+        from workers.relay import NOTIFY_LEADER_LOCK
 
-        self.relay = Relay(make_engine(self.settings.database_url),
-                           Doorbell(make_app(self.settings), batch=self.settings.doorbell_batch),
-                           poll_s=self.settings.relay_poll_s, republish_after_s=self.settings.republish_after_s,
-                           linger_s=self.settings.relay_linger_s)
-        self.thread = threading.Thread(target=self.relay.run_forever, name="relay", daemon=True)
-        self.thread.start()
+        exe = Path(sys.executable).with_name("agent-outbox")
+        self.relay = subprocess.Popen([str(exe), "relay"], env={**os.environ, **self.env},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Only the leader rings doorbells from NOTIFY; before it leads, ids wait for a tick.
+        leading = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                       "AND ((classid::bigint << 32) | objid::bigint) = :key")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.engine.connect() as c:
+                if c.execute(leading, {"key": NOTIFY_LEADER_LOCK}).scalar_one():
+                    return
+            if self.relay.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the relay did not start leading (exit code {self.relay.poll()})")
+            time.sleep(0.05)
 
     def stop_relay(self) -> None:
         if self.relay is not None:
-            self.relay.stop()
-            assert self.thread is not None
-            self.thread.join(10)
-            self.relay.engine.dispose()
+            self.relay.terminate()
+            try:
+                self.relay.wait(10)
+            except subprocess.TimeoutExpired:
+                self.relay.kill()
+                self.relay.wait(10)
+            self.relay = None
 
     def submit_all(self, tenant: str, n: int, batch: int, submitters: int = 1) -> None:
         """N intents, ``batch`` per transaction, from ``submitters`` concurrent threads (agents)."""
