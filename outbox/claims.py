@@ -224,6 +224,8 @@ _PG_DUE = """
 @functools.lru_cache(maxsize=64)
 def _pg_claim_sql(kind: str, with_ids: bool, limit: int, others: int) -> str:
     """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows."""
+    if kind not in ("dispatch", "lookup"):  # written into the SQL text
+        raise ValueError(f"unknown claim kind {kind!r}")
     lookup = kind == "lookup"
     source = Status.OUTCOME_UNKNOWN.value if lookup else Status.NOT_DISPATCHED.value
     due = functools.partial(_PG_DUE.format, source=source,

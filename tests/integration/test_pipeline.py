@@ -42,3 +42,26 @@ def test_one_doorbell_carries_a_batch(pipe, sandbox):
     assert sorted(e["idempotency_key"] for e in effects) == sorted(f"k-batch-{i}" for i in range(30))
     received = worker.log().count("outbox.dispatch[")
     assert received <= 2 * 3, worker.log()[-2000:]  # 3 doorbells (a line for received, one for done)
+
+
+def test_a_slow_targets_batch_is_called_concurrently_after_its_canary(pipe, sandbox):
+    """Calls to a target slower than FAST_CALL_S share the batch's time; fast ones run in turn."""
+    from workers.dispatch import FAST_CALL_S
+
+    latency_s = 0.3
+    assert latency_s > FAST_CALL_S
+    sandbox.add_fault(mode="latency", method="POST", latency_ms=latency_s * 1000)
+    pipe.env["OUTBOX_DOORBELL_BATCH"] = "10"
+    keys = [f"k-slow-{i}" for i in range(6)]
+    ids = [pipe.submit(k).operation_id for k in keys]
+    pipe.start_relay()  # one doorbell with the 6 ids before the worker listens
+    pipe.start_worker()
+    for op_id in ids:
+        pipe.wait_status(op_id, "succeeded")
+    assert sorted(e["idempotency_key"] for e in sandbox.effects()) == sorted(keys)
+    arrivals = sorted(r["time"] for r in sandbox.requests(method="POST"))
+    assert len(arrivals) == 6
+    # The canary alone, then the other five together: one after another they would arrive
+    # latency_s apart (>= 1.2 s from the second to the last).
+    assert arrivals[1] - arrivals[0] >= latency_s * 0.9
+    assert arrivals[-1] - arrivals[1] < latency_s, arrivals
