@@ -90,8 +90,9 @@ def test_keys_are_scoped_by_tenant(client: httpx.Client, sandbox: SandboxServer)
 
 
 def test_concurrent_same_key_creates_one_object(sandbox: SandboxServer) -> None:
-    # Processing takes 200 ms, so the others arrive while the first is in flight.
-    sandbox.add_fault(mode="latency", latency_ms=200, count=1)
+    # Processing takes 1 s, so the others arrive while the first is in flight (with 200 ms, on a
+    # loaded 2-core CI machine all seven others once came after it: replays, no 409).
+    sandbox.add_fault(mode="latency", latency_ms=1000, count=1)
     n = 8
     barrier = threading.Barrier(n)
     results: list[httpx.Response] = []
