@@ -42,7 +42,8 @@ class Runtime:
     evidence: EvidenceSink
     # The hot path's own connection (claims, finalizes); everything else uses sessions.
     ledger: LedgerConnection
-    # Calls of one doorbell batch run concurrently, one thread each (httpx clients are thread-safe).
+    # A doorbell batch's calls to a slow target run concurrently, one thread each (httpx transports
+    # are thread-safe); calls to a target faster than dispatch.FAST_CALL_S run in turn.
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="dispatch"))
 
     def close(self) -> None:
