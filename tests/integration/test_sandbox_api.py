@@ -90,9 +90,12 @@ def test_keys_are_scoped_by_tenant(client: httpx.Client, sandbox: SandboxServer)
 
 
 def test_concurrent_same_key_creates_one_object(sandbox: SandboxServer) -> None:
-    # Processing takes 1 s, so the others arrive while the first is in flight (with 200 ms, on a
-    # loaded 2-core CI machine all seven others once came after it: replays, no 409).
-    sandbox.add_fault(mode="latency", latency_ms=1000, count=1)
+    # Every request of the key is slow once it holds the key, so whichever wins it stays in flight
+    # for 1 s and the others get 409 key_in_use (refused before the wait). With count=1 the fault went
+    # to the first request to *arrive*, but the sandbox reads the body between picking the fault and
+    # taking the key: on a loaded CI machine another request once took the key first, ran without
+    # the wait, and all seven others were replays (no 409).
+    sandbox.add_fault(mode="latency", latency_ms=1000, key_pattern="k-race")
     n = 8
     barrier = threading.Barrier(n)
     results: list[httpx.Response] = []
