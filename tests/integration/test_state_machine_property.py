@@ -206,19 +206,26 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self.row(c.operation_id) == before
             return
         current = before["status"] == Status.DISPATCHING and before["fencing_token"] == c.fencing_token
-        lands = current and not (to is Status.FAILED_BEFORE_COMMIT and ambiguity)
+        guarded = current and to is Status.FAILED_BEFORE_COMMIT and ambiguity
+        lands = current and not guarded
         if lands:
             with self.sessions.begin() as s:
                 finalize_if_fenced(s, c, report, to=to, reason="worker")
             assert self.row(c.operation_id)["status"] == to
+        elif guarded:
+            # The token is current: the ledger's own guard refuses (an earlier attempt may have
+            # taken effect), not a lost lease; the operation stays with its owner.
+            self.expect_refused(c.operation_id, IllegalTransition,
+                                lambda s: finalize_if_fenced(s, c, report, to=to, reason="refused"))
         else:
             self.expect_refused(c.operation_id, StaleFence,
                                 lambda s: finalize_if_fenced(s, c, report, to=to, reason="refused"))
         if attempt_open:
-            # Evidence is never dropped: the attempt row holds what this worker saw, landed or not.
+            # Evidence is never dropped: the attempt row holds what this worker saw, landed or not;
+            # it is marked stale only when the worker's token was.
             with self.sessions() as s:
                 a = s.get(Attempt, c.attempt_id)
-                assert a.attempt_class == klass and a.stale == (not lands)
+                assert a.attempt_class == klass and a.stale == (not current)
 
     def dispatch_claims(self, live: bool) -> list[Claim]:
         latest: dict[str, Claim] = {}
