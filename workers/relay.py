@@ -15,7 +15,8 @@ relay per deployment does this: the holder of an advisory lock; others only poll
 does not ring them again. While a relay listens, its ticks also leave never-published rows alone
 for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung but not yet
 marked): without that, under load the ticks raced the listener and rang ~40% of all ids twice
-(bench/README.md). The ticks (every ``poll_s``) are the backstop for everything else:
+(bench/README.md). Rows that came due before the LISTEN began were never notified to this
+relay (submitted while it was down or reconnecting): the ticks ring those at once. The ticks (every ``poll_s``) are the backstop for everything else:
 retries coming due, doorbells lost, notifications missed while the relay was away. On SQLite it
 polls.
 """
@@ -28,6 +29,7 @@ import select as select_mod
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Callable, Optional
 
 import psycopg
@@ -53,6 +55,7 @@ BATCH = 500  # rows per statement: one commit marks a whole burst of submits
 NOTIFY_LEADER_LOCK = 0x72656C6179
 # While LISTENing, a tick rings a never-published row only once it has been due this long: the
 # NOTIFY path covers fresh rows; the tick is the backstop for notifications that were missed.
+# Rows due before the LISTEN began get no grace: their notification went to nobody.
 NOTIFIED_GRACE_S = 2.0
 
 
@@ -64,7 +67,8 @@ WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND published_at IS NULL
 
 @functools.lru_cache(maxsize=4)
 def _pg_mark_due_sql(status: Status, leased_ok: bool) -> str:
-    # %(fresh_grace_s)s: never-published rows younger than this are left to the NOTIFY path.
+    # %(fresh_grace_s)s: never-published rows younger than this are left to the NOTIFY path, unless
+    # they were due before %(listening_since)s (NULL when not listening: then the grace is 0).
     # The status and the limit are literals, not parameters: a prepared statement's generic plan
     # could not use the partial index of that status otherwise, and with LIMIT a parameter it is
     # costed for 10% of the table, so PostgreSQL would plan the statement again on every tick.
@@ -73,7 +77,8 @@ def _pg_mark_due_sql(status: Status, leased_ok: bool) -> str:
 WITH due AS (
     SELECT id FROM operations
     WHERE status = '{status.value}' AND next_attempt_at <= clock_timestamp()
-      AND ((published_at IS NULL AND next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s))
+      AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
+                                      OR next_attempt_at < %(listening_since)s::timestamptz))
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
       {lease}
@@ -128,7 +133,8 @@ class Relay:
         self._rung: set[str] = set()
         self._rung_lock = threading.Lock()
         self.leader = False  # holds NOTIFY_LEADER_LOCK: rings doorbells from notifications
-        self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
+        # Database time a LISTEN connection began, while it is up: rows due after it arrive by NOTIFY.
+        self.listening_since: Optional[datetime] = None
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
@@ -167,10 +173,12 @@ class Relay:
         Plain SQL through the driver: a tick runs beside the NOTIFY listener in this process, and
         building SQLAlchemy constructs held the GIL for milliseconds the listener then waited.
         """
+        since = self.listening_since if status is Status.NOT_DISPATCHED else None
         with self.engine.begin() as conn:
             return driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
                 "republish_after_s": float(self.republish_after_s),
-                "fresh_grace_s": NOTIFIED_GRACE_S if self.listening and status is Status.NOT_DISPATCHED else 0.0,
+                "fresh_grace_s": NOTIFIED_GRACE_S if since is not None else 0.0,
+                "listening_since": since,
             }).fetchall()
 
     def _mark_rung(self) -> None:
@@ -260,13 +268,15 @@ class Relay:
                 try:
                     with psycopg.connect(url, autocommit=True) as conn:
                         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                        self.listening = True
+                        # Read after LISTEN: a row due later than this commits later, so it is notified.
+                        row = conn.execute("SELECT clock_timestamp()").fetchone()
+                        self.listening_since = row[0] if row else None
                         self._listen(conn)
                 except psycopg.Error:
                     log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
                     self.stop_event.wait(1.0)
                 finally:
-                    self.leader = self.listening = False
+                    self.leader, self.listening_since = False, None
         finally:
             ticker.join(timeout=10)
 

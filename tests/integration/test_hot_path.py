@@ -144,7 +144,8 @@ def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by
 
 
 def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once_the_grace_is_over(pipe):
-    """Under load the ticks used to race the listener and ring fresh ids a second time."""
+    """Under load the ticks used to race the listener and ring fresh ids a second time; rows due
+    before the LISTEN began (submitted while the relay was away) are not left waiting."""
     from workers.celery_app import make_app
     from workers.doorbell import Doorbell
     from workers.relay import NOTIFIED_GRACE_S, Relay
@@ -152,16 +153,19 @@ def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once
     client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])
     queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "dispatch"
     relay = Relay(pipe.sessions.kw["bind"], Doorbell(make_app(pipe.settings()), batch=10), poll_s=30.0)
-    relay.listening = True  # as while its LISTEN connection is up; nobody listens: the NOTIFYs are missed
+    before = pipe.submit("k-grace-before").operation_id  # due before the LISTEN began: never notified to it
+    with pipe.sessions() as s:
+        # As while its LISTEN connection is up; nobody listens here: the NOTIFYs are missed.
+        relay.listening_since = s.execute(select(db_now())).scalar_one()
     ids = [pipe.submit(f"k-grace-{i}").operation_id for i in range(3)]
-    assert relay.run_once().dispatch == 0, "fresh rows are the NOTIFY path's"
-    assert _queued_ids(client, queue) == []
+    assert relay.run_once().dispatch == 1, "fresh rows are the NOTIFY path's; older ones the tick's at once"
+    assert _queued_ids(client, queue) == [before]
     with pipe.sessions.begin() as s:  # the notification was missed: the rows have waited past the grace
         s.execute(update(Operation).where(Operation.id.in_(ids))
                   .values(next_attempt_at=db_now(-(NOTIFIED_GRACE_S + 1))))
     assert relay.run_once().dispatch == 3
-    assert sorted(_queued_ids(client, queue)) == sorted(ids)
-    relay.listening = False  # polling only (SQLite, or the LISTEN connection is down): no grace
+    assert sorted(_queued_ids(client, queue)) == sorted([before, *ids])
+    relay.listening_since = None  # polling only (SQLite, or the LISTEN connection is down): no grace
     late = pipe.submit("k-grace-polling").operation_id
     assert relay.run_once().dispatch == 1
     assert _queued_ids(client, queue).count(late) == 1
