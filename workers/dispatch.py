@@ -222,7 +222,9 @@ def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
                        Operation.next_attempt_at <= db_now())
             ).all()
     dues = {}
-    for row in rows:
+    # Most budget left first: while a breaker is half-open, the first operation asked gets the
+    # probe, so an outage's probes rotate even when a lagging relay rings several at once.
+    for row in sorted(rows, key=lambda r: r.attempt_count):
         created = as_utc(row.created_at)
         assert created is not None
         dues[row.id] = _Due(row.action, created, as_utc(row.deadline_at), row.max_attempts, row.attempt_count)

@@ -44,7 +44,8 @@ def _statuses(pipe: Any, ids: list[str]) -> Counter[str]:
     return Counter(pipe.op(i).status for i in ids)
 
 
-def _why_failed(pipe: Any, ids: list[str]) -> list[Any]:
+def _why_failed(pipe: Any, ids: list[str]) -> str:
+    """Each failed operation's whole history, as text (pytest shortens a list message to ~240 chars)."""
     with pipe.sessions() as s:
         out = []
         for i in ids:
@@ -52,8 +53,12 @@ def _why_failed(pipe: Any, ids: list[str]) -> list[Any]:
             if op.status == "failed_before_commit":
                 events = s.execute(select(OperationEvent.event, OperationEvent.reason, OperationEvent.at)
                                    .where(OperationEvent.operation_id == i).order_by(OperationEvent.id)).all()
-                out.append((op.reason, op.attempt_count, [f"{e[2].time()} {e[0]}: {e[1]}" for e in events]))
-        return out
+                attempts = [f"  attempt {a.attempt_number} token {a.fencing_token} {a.started_at.time()}-"
+                            f"{a.ended_at and a.ended_at.time()} {a.worker} {a.attempt_class} {a.status_code} {a.error}"
+                            for a in pipe.attempts(i, kind="dispatch")]
+                out.append("\n".join([f"{i}: {op.reason} ({op.attempt_count} attempts)",
+                                      *(f"  {e[2].time()} {e[0]}: {e[1]}" for e in events), *attempts]))
+        return "\n".join(out)
 
 
 def _parks(pipe: Any, ids: list[str]) -> dict[str, int]:
@@ -217,3 +222,33 @@ def test_breaker_storage_stopped_degrades_to_local_breakers_and_loses_nothing(pi
         # One WARNING on entering degraded mode, not one per call.
         assert w.log().count(DEGRADED) == 1, w.log()[-3000:]
     _assert_clean_logs(workers)
+
+
+def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(pipe, sandbox):
+    """One doorbell can carry operations that spent different numbers of attempts (a lagging relay
+    rings several parking levels at once): the probe must not drain the one with the least left."""
+    from sqlalchemy import update
+
+    from outbox.models import Operation
+    from workers.dispatch import dispatch_batch
+    from workers.runtime import build_runtime
+
+    reset_s = 0.5
+    pipe.write_actions(_actions(sandbox.url, fail_max=1, reset_s=reset_s, max_attempts=6))
+    sandbox.add_fault(**DOWN)
+    spent, fresh = _submit(pipe, "k-probe", 2)  # the spent one first: first in the table, first rung
+    with pipe.sessions.begin() as s:
+        s.execute(update(Operation).where(Operation.id == spent).values(attempt_count=3))
+    rt = build_runtime(pipe.settings())
+    try:
+        tripping = rt.breakers.before_call("sandbox")
+        rt.breakers.record(tripping, failure=True)  # fail_max 1: open for reset_s
+        assert _breaker(pipe).state == "open"
+        time.sleep(reset_s + 0.1)  # half-open: the first operation asked gets the probe
+        outcomes = dispatch_batch(rt, [spent, fresh])
+    finally:
+        rt.close()
+    assert [p["idempotency_key"] for p in sandbox.requests(method="POST")] == ["k-probe-1"]
+    assert set(outcomes) == {spent, fresh}
+    assert (pipe.op(spent).attempt_count, pipe.op(fresh).attempt_count) == (3, 1)
+    assert _parks(pipe, [spent, fresh]) == {spent: 1, fresh: 0}
