@@ -113,6 +113,8 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     for claim in claims:
         failpoints.hit("dispatch.after_claim", claim.idempotency_key)
     batch = _Batch(decisions, closed)
+    # Most budget left first here too: after a failed canary each call asks the breaker in turn.
+    claims.sort(key=lambda c: c.attempt_count)
     results = _attempt_all(rt, claims, batch)
     for target, decision in batch.succeeded.items():
         # One success per target per doorbell: each failure was recorded as it happened.

@@ -15,8 +15,8 @@ relay per deployment does this: the holder of an advisory lock; others only poll
 does not ring them again. While a relay listens, its ticks also leave never-published rows alone
 for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung but not yet
 marked): without that, under load the ticks raced the listener and rang ~40% of all ids twice
-(bench/README.md). Rows that came due before the LISTEN began were never notified to this
-relay (submitted while it was down or reconnecting): the ticks ring those at once. The ticks (every ``poll_s``) are the backstop for everything else:
+(bench/README.md). The leading relay's ticks ring rows that came due before it began leading at
+once: nobody rang those from NOTIFY (submitted while no relay led, or while this one took over). The ticks (every ``poll_s``) are the backstop for everything else:
 retries coming due, doorbells lost, notifications missed while the relay was away. On SQLite it
 polls.
 """
@@ -55,7 +55,7 @@ BATCH = 500  # rows per statement: one commit marks a whole burst of submits
 NOTIFY_LEADER_LOCK = 0x72656C6179
 # While LISTENing, a tick rings a never-published row only once it has been due this long: the
 # NOTIFY path covers fresh rows; the tick is the backstop for notifications that were missed.
-# Rows due before the LISTEN began get no grace: their notification went to nobody.
+# Rows due before the leader began leading get no grace: their notification went to nobody.
 NOTIFIED_GRACE_S = 2.0
 
 
@@ -68,7 +68,7 @@ WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND published_at IS NULL
 @functools.lru_cache(maxsize=4)
 def _pg_mark_due_sql(status: Status, leased_ok: bool) -> str:
     # %(fresh_grace_s)s: never-published rows younger than this are left to the NOTIFY path, unless
-    # they were due before %(listening_since)s (NULL when not listening: then the grace is 0).
+    # they were due before %(leading_since)s (NULL unless this relay leads the NOTIFY path).
     # The status and the limit are literals, not parameters: a prepared statement's generic plan
     # could not use the partial index of that status otherwise, and with LIMIT a parameter it is
     # costed for 10% of the table, so PostgreSQL would plan the statement again on every tick.
@@ -78,7 +78,7 @@ WITH due AS (
     SELECT id FROM operations
     WHERE status = '{status.value}' AND next_attempt_at <= clock_timestamp()
       AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
-                                      OR next_attempt_at < %(listening_since)s::timestamptz))
+                                      OR next_attempt_at < %(leading_since)s::timestamptz))
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
       {lease}
@@ -133,8 +133,9 @@ class Relay:
         self._rung: set[str] = set()
         self._rung_lock = threading.Lock()
         self.leader = False  # holds NOTIFY_LEADER_LOCK: rings doorbells from notifications
-        # Database time a LISTEN connection began, while it is up: rows due after it arrive by NOTIFY.
-        self.listening_since: Optional[datetime] = None
+        self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
+        # Database time this relay took the lead (while it leads): it rings every row due later.
+        self.leading_since: Optional[datetime] = None
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
@@ -173,12 +174,12 @@ class Relay:
         Plain SQL through the driver: a tick runs beside the NOTIFY listener in this process, and
         building SQLAlchemy constructs held the GIL for milliseconds the listener then waited.
         """
-        since = self.listening_since if status is Status.NOT_DISPATCHED else None
+        grace = self.listening and status is Status.NOT_DISPATCHED
         with self.engine.begin() as conn:
             return driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
                 "republish_after_s": float(self.republish_after_s),
-                "fresh_grace_s": NOTIFIED_GRACE_S if since is not None else 0.0,
-                "listening_since": since,
+                "fresh_grace_s": NOTIFIED_GRACE_S if grace else 0.0,
+                "leading_since": self.leading_since if grace else None,
             }).fetchall()
 
     def _mark_rung(self) -> None:
@@ -259,26 +260,32 @@ class Relay:
                 self.stop_event.wait(self.poll_s)
 
     def _listen_loop(self) -> None:
-        # Ticks run in their own thread: a notification never waits for a tick's statements.
+        # Ticks run in their own thread: a notification never waits for a tick's statements. The
+        # first tick waits for the first LISTEN attempt, so it knows whether fresh rows are the
+        # NOTIFY path's (a standby that ticked before listening rang the leader's ids again).
         ticker = threading.Thread(target=self._poll_loop, name="relay-ticks", daemon=True)
-        ticker.start()
         url = make_url(self.engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
         try:
             while not self.stop_event.is_set():
                 try:
                     with psycopg.connect(url, autocommit=True) as conn:
                         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                        # Read after LISTEN: a row due later than this commits later, so it is notified.
-                        row = conn.execute("SELECT clock_timestamp()").fetchone()
-                        self.listening_since = row[0] if row else None
+                        self.listening = True
+                        self._try_lead(conn)
+                        if ticker.ident is None:  # not started yet
+                            ticker.start()
                         self._listen(conn)
                 except psycopg.Error:
                     log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
+                    if ticker.ident is None:
+                        ticker.start()  # no LISTEN: the ticks are the relay (they retry the database)
                     self.stop_event.wait(1.0)
                 finally:
-                    self.leader, self.listening_since = False, None
+                    self.leader = self.listening = False
+                    self.leading_since = None
         finally:
-            ticker.join(timeout=10)
+            if ticker.ident is not None:
+                ticker.join(timeout=10)
 
     def _listen(self, conn: psycopg.Connection) -> None:
         """Ring doorbells for notified ids (leader only); retry leading every poll_s.
@@ -287,7 +294,6 @@ class Relay:
         waits for the end of that window with the ids that arrive meanwhile (or until a full
         doorbell's worth), so a burst costs one broker message per batch, not one per commit.
         """
-        self._try_lead(conn)
         last_try = time.monotonic()
         pending: list[str] = []
         last_publish = float("-inf")
@@ -306,9 +312,11 @@ class Relay:
 
     def _try_lead(self, conn: psycopg.Connection) -> None:
         # Session-level lock: released when this connection ends, so a standby takes over.
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (NOTIFY_LEADER_LOCK,)).fetchone()
+        # The clock is read after LISTEN began: a row due later commits later, so it is notified.
+        row = conn.execute("SELECT pg_try_advisory_lock(%s), clock_timestamp()", (NOTIFY_LEADER_LOCK,)).fetchone()
         self.leader = bool(row and row[0])
-        if self.leader:
+        if self.leader and row:
+            self.leading_since = row[1]
             log.info("relay rings doorbells from NOTIFY (leader)")
 
     def _safe_ring(self, ids: list[str]) -> None:

@@ -145,7 +145,7 @@ def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by
 
 def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once_the_grace_is_over(pipe):
     """Under load the ticks used to race the listener and ring fresh ids a second time; rows due
-    before the LISTEN began (submitted while the relay was away) are not left waiting."""
+    before the relay began leading (nobody rang them from NOTIFY) are not left waiting."""
     from workers.celery_app import make_app
     from workers.doorbell import Doorbell
     from workers.relay import NOTIFIED_GRACE_S, Relay
@@ -153,10 +153,12 @@ def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once
     client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])
     queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "dispatch"
     relay = Relay(pipe.sessions.kw["bind"], Doorbell(make_app(pipe.settings()), batch=10), poll_s=30.0)
-    before = pipe.submit("k-grace-before").operation_id  # due before the LISTEN began: never notified to it
+    before = pipe.submit("k-grace-before").operation_id  # due before it led: no leader rang it
+    relay.listening = True  # a standby (another relay leads): every fresh row is the leader's
+    assert relay.run_once().dispatch == 0
     with pipe.sessions() as s:
-        # As while its LISTEN connection is up; nobody listens here: the NOTIFYs are missed.
-        relay.listening_since = s.execute(select(db_now())).scalar_one()
+        # As while it leads the NOTIFY path; nobody listens here: the NOTIFYs are missed.
+        relay.listening, relay.leading_since = True, s.execute(select(db_now())).scalar_one()
     ids = [pipe.submit(f"k-grace-{i}").operation_id for i in range(3)]
     assert relay.run_once().dispatch == 1, "fresh rows are the NOTIFY path's; older ones the tick's at once"
     assert _queued_ids(client, queue) == [before]
@@ -165,7 +167,7 @@ def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once
                   .values(next_attempt_at=db_now(-(NOTIFIED_GRACE_S + 1))))
     assert relay.run_once().dispatch == 3
     assert sorted(_queued_ids(client, queue)) == sorted([before, *ids])
-    relay.listening_since = None  # polling only (SQLite, or the LISTEN connection is down): no grace
+    relay.listening, relay.leading_since = False, None  # polling only (SQLite, or no LISTEN connection): no grace
     late = pipe.submit("k-grace-polling").operation_id
     assert relay.run_once().dispatch == 1
     assert _queued_ids(client, queue).count(late) == 1
