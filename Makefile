@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/agent-outbox demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
