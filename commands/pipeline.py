@@ -14,10 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from commands.ledger import open_engine
 from outbox.settings import Settings, load_settings
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
+    from workers.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ def worker_command(settings: Settings, *, concurrency: Optional[int] = None, que
     return cmd
 
 
-def build_relay(settings: Settings):  # type: ignore[no-untyped-def]
+def build_relay(settings: Settings) -> Relay:
     """The relay on the configured ledger and broker."""
     from workers.doorbell import Doorbell
     from workers.embedded_broker import cleanup
@@ -60,18 +63,18 @@ class Pipeline:
         self.worker_output = worker_output
         self.worker: Optional[subprocess.Popen[bytes]] = None
         self.relay_thread: Optional[threading.Thread] = None
-        self.relay = None
+        self.relay: Optional[Relay] = None
 
     def start(self) -> None:
         from workers.runtime import load_actions_for
 
         load_actions_for(self.settings)  # a malformed actions file fails here, with its path
-        self.relay = build_relay(self.settings)
+        self.relay = relay = build_relay(self.settings)
         self.worker = subprocess.Popen(
             worker_command(self.settings, concurrency=self.concurrency, loglevel=self.loglevel),
             env=self.env, stdout=self.worker_output, stderr=self.worker_output,
         )
-        self.relay_thread = threading.Thread(target=self.relay.run_forever, name="relay", daemon=True)
+        self.relay_thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
         self.relay_thread.start()
 
     def alive(self) -> bool:

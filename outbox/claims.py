@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
 from outbox.db import driver_connection, driver_sql, is_postgres
-from outbox.models import Attempt, Operation, OperationEvent
+from outbox.models import Attempt, Operation, OperationEvent, core_table
 from outbox.states import AttemptClass, Status
 
-_OP = Operation.__table__
+_OP = core_table(Operation)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def is_postgres(bind: Any) -> bool:
         bind = bind.engine
     elif not isinstance(bind, Engine):
         return True  # a psycopg connection (outbox.ledger_connection)
-    return bind.dialect.name == "postgresql"
+    return bool(bind.dialect.name == "postgresql")
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.db import driver_connection, is_postgres, make_engine
-from outbox.models import Attempt, Evidence, Operation
+from outbox.models import Attempt, Evidence, Operation, core_table
 from outbox.settlement import evidence_backfilled
 from outbox.states import Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
@@ -45,7 +45,7 @@ class EvidenceRecord:
 # What the attempt log digest covers, per attempt row (in id order).
 _LOG_COLUMNS = ("id", "operation_id", "attempt_number", "kind", "fencing_token", "attempt_class", "status_code",
                 "request_digest", "response_digest", "provider_reference")
-_AT = Attempt.__table__
+_AT = core_table(Attempt)
 _PG_ATTEMPT_LOG = (f"SELECT {', '.join(_LOG_COLUMNS)} FROM attempts WHERE operation_id = ANY(%(ids)s) "
                    "ORDER BY id")
 _PG_EVIDENCE_INSERT = """
@@ -121,7 +121,7 @@ class EvidenceSink:
 
     def _ensure_table(self) -> None:
         if not self._table_ready and self.engine is not None:
-            Evidence.__table__.create(self.engine, checkfirst=True)
+            core_table(Evidence).create(self.engine, checkfirst=True)
             self._table_ready = True
 
     @property

@@ -44,6 +44,7 @@ class LedgerConnection:
             # the pool neither resets nor hands this connection to anyone else.
             fairy = self.engine.raw_connection()
             conn = fairy.driver_connection
+            assert isinstance(conn, psycopg.Connection)
             fairy.detach()
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()

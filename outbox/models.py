@@ -25,6 +25,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -213,3 +214,11 @@ class Evidence(Base):
     response_digest: Mapped[Optional[str]] = mapped_column(String(64))
     attempt_log_digest: Mapped[str] = mapped_column(String(64))
     recorded_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+def core_table(model: type[Base]) -> Table:
+    """The Core Table behind a model, for statements built on it (typed: ``__table__`` is
+    declared as a FromClause)."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table

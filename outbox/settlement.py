@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session
 from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.errors import StaleFence
-from outbox.models import Attempt, Operation
+from outbox.models import Attempt, Operation, core_table
 from outbox.states import Status
 from outbox.transitions import AttemptReport, mark_attempt_stale, move, record_attempt
 
-_OP = Operation.__table__
-_AT = Attempt.__table__
+_OP = core_table(Operation)
+_AT = core_table(Attempt)
 
 
 def _last_dispatch_number(operation_id: str) -> Any:

@@ -21,13 +21,13 @@ from outbox.clock import db_now
 from outbox.db import driver_connection, is_postgres
 from outbox.envelope import build_envelope
 from outbox.errors import IdempotencyConflict, InvalidIntent
-from outbox.models import Operation, OperationEvent
+from outbox.models import Operation, OperationEvent, core_table
 from outbox.states import Status
 
 NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
 MAX_KEY_LEN = 255
 
-_OP = Operation.__table__
+_OP = core_table(Operation)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def submit(
             "reason": reason,
         }
         sql = _PG_SUBMIT_NOTIFY if status is Status.NOT_DISPATCHED else _PG_SUBMIT_QUIET
-        inserted = bool(driver_connection(session).execute(sql, params).fetchone()[0])  # type: ignore[index]
+        inserted = bool(driver_connection(session).execute(sql, params).fetchone()[0])
     else:
         inserted = _insert_portable(session, dict(
             id=operation_id, tenant=env.tenant, idempotency_key=key, action=env.action,

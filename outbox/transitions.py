@@ -21,11 +21,11 @@ from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.db import driver_connection, driver_sql, is_postgres
 from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, StaleFence
-from outbox.models import Attempt, Operation, OperationEvent
+from outbox.models import Attempt, Operation, OperationEvent, core_table
 from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
 
-_OP = Operation.__table__
-_AT = Attempt.__table__
+_OP = core_table(Operation)
+_AT = core_table(Attempt)
 
 
 @dataclass(frozen=True)

@@ -291,8 +291,9 @@ def _items(parsed: Any, spec: LookupSpec) -> list[Any] | None:
         found = extract(parsed, spec.items_field)
         return found if isinstance(found, list) else None
     for name in LIST_FIELDS:
-        if isinstance(parsed.get(name), list):
-            return parsed[name]
+        found = parsed.get(name)
+        if isinstance(found, list):
+            return found
     return [parsed]  # a single object answer
 
 

@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 from outbox.clock import db_age_s, db_now
 from outbox.db import driver_connection, is_postgres, make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
-from outbox.models import Operation
+from outbox.models import Operation, core_table
 from outbox.states import Status
 from outbox.submit import NOTIFY_CHANNEL
 from outbox.transitions import expire_leases
@@ -47,7 +47,7 @@ from workers import metrics
 from workers.doorbell import Doorbell
 
 log = logging.getLogger(__name__)
-_OP = Operation.__table__
+_OP = core_table(Operation)
 
 BACKFILL_EVERY_S = 5.0  # evidence repair is not urgent, but an operator watches the degraded count
 BATCH = 500  # rows per statement: one commit marks a whole burst of submits
