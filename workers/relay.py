@@ -16,9 +16,9 @@ does not ring them again. While a relay listens, its ticks also leave never-publ
 for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung but not yet
 marked): without that, under load the ticks raced the listener and rang ~40% of all ids twice
 (bench/README.md). The leading relay's ticks ring rows that came due before it began leading at
-once: nobody rang those from NOTIFY (submitted while no relay led, or while this one took over). The ticks (every ``poll_s``) are the backstop for everything else:
-retries coming due, doorbells lost, notifications missed while the relay was away. On SQLite it
-polls.
+once: nobody rang those from NOTIFY (submitted while no relay led, or while this one took over).
+The ticks (every ``poll_s``) are the backstop for everything else: retries coming due, doorbells
+lost, notifications missed while the relay was away. On SQLite it polls.
 """
 
 from __future__ import annotations
