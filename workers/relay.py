@@ -57,6 +57,9 @@ NOTIFY_LEADER_LOCK = 0x72656C6179
 # NOTIFY path covers fresh rows; the tick is the backstop for notifications that were missed.
 # Rows due before the leader began leading get no grace: their notification went to nobody.
 NOTIFIED_GRACE_S = 2.0
+# The listener waits for notifications at most this long before it looks at stop(): with a long
+# poll_s, a stopped relay went on ringing (into a dead deployment's queue) for up to poll_s.
+STOP_CHECK_S = 0.2
 
 
 _PG_MARK_RUNG = """
@@ -299,7 +302,7 @@ class Relay:
         last_publish = float("-inf")
         while not self.stop_event.is_set():
             wait_s = self.poll_s if not pending else max(0.0, last_publish + self.linger_s - time.monotonic())
-            if select_mod.select([conn.fileno()], [], [], wait_s)[0]:
+            if select_mod.select([conn.fileno()], [], [], min(wait_s, STOP_CHECK_S))[0]:
                 # Drain every pending notification.
                 pending += [n.payload for n in conn.notifies(timeout=0) if n.payload and self.leader]
             now = time.monotonic()

@@ -140,7 +140,9 @@ def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by
         assert len(_queued_ids(client, queue)) == 12
     finally:
         second.stop()
-        thread.join(10)
+        thread.join(3)
+    # Whatever its poll_s (30 s here): a relay left listening rang the next test's ids.
+    assert not thread.is_alive(), "a stopped relay stops promptly"
 
 
 def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once_the_grace_is_over(pipe):
