@@ -182,7 +182,7 @@ class Relay:
             return driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
                 "republish_after_s": float(self.republish_after_s),
                 "fresh_grace_s": NOTIFIED_GRACE_S if grace else 0.0,
-                "leading_since": self.leading_since if grace else None,
+                "leading_since": self.leading_since,  # None unless leading; moot without grace
             }).fetchall()
 
     def _mark_rung(self) -> None:
