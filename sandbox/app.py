@@ -162,6 +162,13 @@ async def create(
     try:
         if rule is not None and rule.latency_ms:
             await asyncio.sleep(rule.latency_ms / 1000)  # processing time: the key is in flight
+        if config.strict_fencing and key is not None and token is not None:
+            # Checked again at commit: a newer token may have arrived while this one was processed.
+            seen = state.fencing.stale(tenant, key, token)
+            if seen is not None:
+                return error(409, rid, "idempotency_error", "stale_token",
+                             f"Fencing token {token} is older than {seen} already seen for this key.",
+                             "X-Fencing-Token")
         try:
             if rule is not None and rule.mode == "reject_422":
                 raise invalid("invalid_amount", "amount", "amount is invalid (injected).")
@@ -198,10 +205,15 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
     if not isinstance(a, Arrival):
         return a
     state, spec, tenant, entry, rid, rule = a.state, a.spec, a.tenant, a.entry, a.rid, a.rule
+    config = state.config
+    token_raw = request.headers.get("X-Fencing-Token")
+    if config.strict_fencing and key is not None and token_raw is not None and token_raw.isdigit():
+        # A lookup that carries a token fences the key: older tokens are refused from now on.
+        state.fencing.observe(tenant, key, int(token_raw))
     if rule is not None:
         if rule.latency_ms:
             await asyncio.sleep(rule.latency_ms / 1000)
-    config, now = state.config, state.clock.now()
+    now = state.clock.now()
     if key is not None:
         obj = state.objects.find_by_key(tenant, spec.name, key, now, config.index_lag_s)
         if obj is None:

@@ -81,16 +81,27 @@ class KeyStore:
 class FencingBook:
     """Highest X-Fencing-Token seen per (tenant, key), for strict mode.
 
-    A zombie worker that lost its lease still holds its old token; once the successor's higher
-    token reached the provider, the zombie's request is refused with stale_token.
+    A zombie worker that lost its lease still holds its old token; once a higher token for the key
+    reached the provider (the successor's request, or the reconciler's lookup), the zombie's
+    request is refused with stale_token: on arrival, and again when it would commit, so a request
+    that was already being processed when the higher token arrived cannot land either.
     """
 
     highest: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def admit(self, tenant: str, key: str, token: int) -> int | None:
         """Record the token; return the higher token already seen if this one is stale."""
+        seen = self.stale(tenant, key, token)
+        if seen is None:
+            self.highest[(tenant, key)] = token
+        return seen
+
+    def stale(self, tenant: str, key: str, token: int) -> int | None:
+        """The higher token already seen for the key, if ``token`` is older; None otherwise."""
         seen = self.highest.get((tenant, key))
-        if seen is not None and token < seen:
-            return seen
-        self.highest[(tenant, key)] = token
-        return None
+        return seen if seen is not None and token < seen else None
+
+    def observe(self, tenant: str, key: str, token: int) -> None:
+        """A read (lookup) carried this token: older ones are refused from now on."""
+        if token > self.highest.get((tenant, key), -1):
+            self.highest[(tenant, key)] = token
