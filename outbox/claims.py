@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Row, and_, exists, func, insert, or_, select, update
+from sqlalchemy import Row, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
 from outbox.db import driver_connection, driver_sql, is_postgres
+from outbox.effect_guard import may_have_taken_effect
 from outbox.models import Attempt, Operation, OperationEvent, core_table
 from outbox.states import AttemptClass, Status
 
@@ -48,9 +49,13 @@ class Claim:
     deadline_at: Optional[dt.datetime]
     created_at: dt.datetime
     cancel_requested: bool
-    # An earlier dispatch attempt may have reached the provider and was never proven absent:
-    # this operation must not end failed_before_commit (DESIGN.md, failure classification).
+    # An earlier attempt may have taken effect (ambiguous or never reported, and not proven unable
+    # to land), or did (a confirmed success on record, even a stale worker's): this operation must
+    # not end failed_before_commit or cancelled (effect_guard.py).
     open_ambiguity: bool
+    # Dispatch attempts up to this number were proven unable to take effect (a fenced lookup, the
+    # provider's record, a person): before failing on budget, the reconciler looks once more.
+    proven_absent_through: int = 0
 
 
 _RETURNED = (
@@ -196,9 +201,7 @@ WITH {due_ctes}, claimed AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
           WHERE a.operation_id = c.id AND a.kind = '{kind}') AS number,
-        EXISTS (SELECT 1 FROM attempts a
-          WHERE a.operation_id = c.id AND a.kind = 'dispatch' AND a.attempt_number > c.proven_absent_through
-            AND a.attempt_class IN ('ambiguous', 'pending')) AS open_ambiguity
+        EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
     FROM claimed c
 ), opened AS (
     INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
@@ -243,7 +246,7 @@ def _pg_claim_sql(kind: str, with_ids: bool, limit: int, others: int) -> str:
     return driver_sql(_PG_CLAIM.format(
         due_ctes=ctes, kind=kind, source=source,
         target=Status.OUTCOME_UNKNOWN.value if lookup else Status.DISPATCHING.value,
-        event="reconcile claim" if lookup else "claim",
+        event="reconcile claim" if lookup else "claim", may_have_taken_effect=may_have_taken_effect("c"),
         dispatch_sets="" if lookup else (",\n        status = 'dispatching', attempt_count = o.attempt_count + 1,"
                                          " reason = 'claimed'"),
     ))
@@ -263,18 +266,8 @@ def _claim_pg(
 
 def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Claim:
     open_ambiguity = session.execute(
-        select(
-            exists().where(
-                and_(
-                    Attempt.operation_id == row.id,
-                    Attempt.kind == "dispatch",
-                    Attempt.attempt_number > row.proven_absent_through,
-                    Attempt.attempt_class.in_(
-                        [AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]
-                    ),
-                )
-            )
-        )
+        text(f"SELECT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
+             " FROM operations o WHERE o.id = :id"), {"id": row.id}
     ).scalar_one()
     # Attempt rows are numbered in sequence per kind. Not attempt_count: a breaker-open wait
     # refunds its attempt to the budget, but its row (evidence) keeps its number.
@@ -336,6 +329,7 @@ def _claim_of(row: Row[Any], worker: str, kind: str, attempt_id: int, number: in
         created_at=created,
         cancel_requested=bool(row.cancel_requested),
         open_ambiguity=bool(open_ambiguity),
+        proven_absent_through=int(row.proven_absent_through or 0),
     )
 
 

@@ -45,6 +45,8 @@ NAMING = {
 STATUS_VALUES = ", ".join(f"'{s.value}'" for s in Status)
 CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
 TS = DateTime(timezone=True)
+# The partial index's condition, spelled the same way by the query that must use it.
+UNAPPLIED_SUCCESS = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
 # BIGINT on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
 BIGID = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -144,13 +146,21 @@ class Attempt(Base):
     latency_s: Mapped[Optional[float]] = mapped_column(Float)
     error: Mapped[Optional[str]] = mapped_column(Text)
     # True when this result arrived after the worker had lost the operation (a zombie's late
-    # answer): kept as evidence for the reconciler, never applied to the operation row.
+    # answer): kept as evidence, never written over the operation row by its worker. A stale
+    # success still settles the operation: evidence wins (late_evidence.py).
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Bookkeeping, not evidence: when the ledger applied this stale success to its operation (or
+    # handed the contradiction to a person). NULL on a stale success = not yet applied.
+    applied_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
 
     __table_args__ = (
         UniqueConstraint("operation_id", "kind", "attempt_number"),
         CheckConstraint(f"attempt_class IN ({CLASS_VALUES})", name="attempt_class"),
         CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
+        # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (late_evidence.py).
+        # Only those rows are indexed, so the sweep stays cheap however large the table grows.
+        Index("ix_attempts_unapplied_successes", "id", postgresql_where=text(UNAPPLIED_SUCCESS),
+              sqlite_where=text(UNAPPLIED_SUCCESS)),
     )
 
 

@@ -11,6 +11,9 @@ Health figures, over operations created since the window start:
 - handoffs opened in the window: open / resolved, and time to resolution (median, max);
 - retries: dispatch attempts beyond the first per operation, per action (the caller groups them by
   target); ``billable`` leaves out not_sent attempts, which never left this machine.
+
+And the operations whose own attempts contradict their state (``state_contradictions``), over
+operations updated since the window start.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc
+from outbox.late_evidence import CONTRADICTION_EVENT
 from outbox.models import Attempt, Handoff, Operation, OperationEvent
-from outbox.states import AttemptClass, Status
+from outbox.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, AttemptClass, Status
 
 # Statuses in which the ledger holds that the effect exists at the provider.
 EFFECT_STATUSES = (Status.SUCCEEDED.value, Status.COMMITTED_EVIDENCE_DEGRADED.value)
@@ -179,3 +183,47 @@ def retries_by_action(session: Session, *, since: dt.datetime) -> dict[str, dict
 def operations_in_window(session: Session, *, since: dt.datetime) -> int:
     return int(session.execute(select(func.count()).select_from(Operation).where(Operation.created_at >= since))
                .scalar_one())
+
+
+_SUCCESS = Attempt.attempt_class == AttemptClass.SUCCEEDED.value
+_MAY_STILL_LAND = and_(Attempt.kind == "dispatch", Attempt.attempt_number > Operation.proven_absent_through,
+                       Attempt.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]))
+# (statuses, attempt condition, why): an attempt of the operation that its state denies.
+CONTRADICTIONS: tuple[tuple[frozenset[Status], Any, str], ...] = (
+    (NO_EFFECT, _SUCCESS, "the provider confirmed an effect on this attempt, the state says none happened"),
+    (NO_EFFECT, _MAY_STILL_LAND, "ended with no effect while this attempt may still take effect"),
+    (AWAITING_OUTCOME, and_(_SUCCESS, Attempt.stale.is_(True), Attempt.applied_at.is_(None)),
+     "the provider confirmed an effect on this attempt, not yet applied (the relay's sweep applies it)"),
+    (EFFECT, and_(_SUCCESS, Attempt.provider_reference.is_not(None), Operation.result_reference.is_not(None),
+                  Attempt.provider_reference != Operation.result_reference),
+     "this attempt's confirmation names another reference: a second effect at the provider?"),
+)
+
+
+def state_contradictions(session: Session, *, since: dt.datetime) -> list[dict[str, Any]]:
+    """Operations whose attempts contradict their state, and those flagged earlier for it.
+
+    Each item: the operation (as LedgerRecord.as_json), ``why``, and the ``attempt`` that
+    contradicts it (number, kind, token, class, reference, stale) or None for a flagged one
+    (``late evidence contradicts`` in its history: it once said "no effect" and then the provider
+    confirmed one; a person reviews it through its handoff).
+    """
+    out: list[dict[str, Any]] = []
+    for statuses, condition, why in CONTRADICTIONS:
+        rows = session.execute(
+            select(Operation, Attempt).join(Attempt, Attempt.operation_id == Operation.id)
+            .where(Operation.status.in_([s.value for s in statuses]), Operation.updated_at >= since, condition)
+            .order_by(Operation.updated_at, Attempt.id)
+        ).all()
+        for op, a in rows:
+            out.append(_record(op).as_json() | {"why": why, "attempt": {
+                "attempt_number": a.attempt_number, "kind": a.kind, "fencing_token": a.fencing_token,
+                "class": a.attempt_class, "reference": a.provider_reference, "stale": a.stale}})
+    flagged = session.execute(
+        select(Operation, OperationEvent.reason).join(OperationEvent, OperationEvent.operation_id == Operation.id)
+        .where(OperationEvent.event == CONTRADICTION_EVENT, or_(OperationEvent.at >= since, Operation.updated_at >= since))
+        .order_by(OperationEvent.at)
+    ).all()
+    for op, reason in flagged:
+        out.append(_record(op).as_json() | {"why": f"flagged: {reason}", "attempt": None})
+    return out

@@ -14,17 +14,19 @@ from sqlalchemy.orm import Session
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.errors import StaleFence
+from outbox.effect_guard import no_effect_confirmed
+from outbox.errors import IllegalTransition, StaleFence
 from outbox.models import Attempt, Operation, core_table
-from outbox.states import Status
-from outbox.transitions import AttemptReport, mark_attempt_stale, move, record_attempt
+from outbox.states import NO_EFFECT, Status
+from outbox.transitions import AttemptReport, current_row, mark_attempt_stale, move, record_attempt
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
 
 
 def _last_dispatch_number(operation_id: str) -> Any:
-    """Every dispatch attempt so far (by row number, refunded ones included) is proven absent."""
+    """Every dispatch attempt so far (by row number, refunded ones included) is proven unable to
+    take effect (effect_guard.py)."""
     return (
         select(func.coalesce(func.max(_AT.c.attempt_number), 0))
         .where(_AT.c.operation_id == operation_id, _AT.c.kind == "dispatch")
@@ -35,6 +37,7 @@ SETTLE_TARGETS = (
     Status.SUCCEEDED,
     Status.COMMITTED_EVIDENCE_DEGRADED,
     Status.FAILED_BEFORE_COMMIT,
+    Status.CANCELLED,
     Status.NOT_DISPATCHED,
     Status.OUTCOME_UNKNOWN,
     Status.RECONCILIATION_REQUIRED,
@@ -50,13 +53,20 @@ def settle_if_fenced(
     reason: str,
     recheck_in_s: float = 0.0,
     result: Optional[dict[str, Any]] = None,
+    cannot_land: bool = False,
 ) -> None:
     """Apply what a lookup proved to a reconciler-claimed operation.
 
     - succeeded / committed_evidence_degraded: the provider has the effect (reference kept);
-    - failed_before_commit: the provider holds it as failed or cancelled;
-    - not_dispatched: the lookup authoritatively proved "never executed" -> re-dispatch with the
-      SAME key; every dispatch attempt so far is marked proven absent;
+    - failed_before_commit / cancelled (cancel requested): no effect, and no attempt so far can
+      still take effect. The caller has that proof: the provider holds the key as failed, or its
+      lookup found nothing and carried our newer token to a provider that fences. Every dispatch
+      attempt so far is marked proven unable to land; refused (IllegalTransition) if an attempt
+      holds a confirmed success after all;
+    - not_dispatched: the lookup found nothing -> re-dispatch with the SAME key (the key makes a
+      late arrival of an earlier attempt harmless). ``cannot_land``: the lookup also fenced every
+      earlier attempt off, so they are marked proven unable to land; otherwise they stay able to,
+      and failed_before_commit stays out of reach until a fence, the provider or a person says so;
     - outcome_unknown: still unknown (pending, lookup down): re-check after ``recheck_in_s``;
     - reconciliation_required: a person must decide (the handoff row is written by the caller).
     """
@@ -66,15 +76,19 @@ def settle_if_fenced(
         raise ValueError(f"cannot settle to {to.value}")
     wrote = record_attempt(session, claim.attempt_id, report)
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
+    extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
         values.update(result_reference=report.provider_reference, result_digest=report.response_digest,
                       result=result, error_class=None)
-    elif to is Status.FAILED_BEFORE_COMMIT:
-        # The provider's own record says no effect: that is the proof failed_before_commit needs
-        # for every attempt so far, written down so the row explains itself.
+    elif to in NO_EFFECT:
+        # The proof that no attempt so far can take effect, written down so the row explains
+        # itself; only a confirmed success on some attempt can still contradict it.
         values.update(proven_absent_through=_last_dispatch_number(claim.operation_id))
+        extra_where.append(no_effect_confirmed(excluding_attempt=claim.attempt_id))
     elif to is Status.NOT_DISPATCHED:
-        values.update(proven_absent_through=_last_dispatch_number(claim.operation_id), next_attempt_at=db_now())
+        values.update(next_attempt_at=db_now())
+        if cannot_land:
+            values.update(proven_absent_through=_last_dispatch_number(claim.operation_id))
     elif to is Status.OUTCOME_UNKNOWN:
         values.update(next_attempt_at=db_now(max(recheck_in_s, 0.0)))
     try:
@@ -87,9 +101,16 @@ def settle_if_fenced(
             actor=claim.worker,
             reason=reason,
             token=claim.fencing_token,
+            extra_where=extra_where,
             **values,
         )
     except StaleFence:
+        current = current_row(session, claim.operation_id)
+        if extra_where and current is not None and current.status == Status.OUTCOME_UNKNOWN.value \
+                and current.fencing_token == claim.fencing_token:
+            # Still ours: the refusal is the guard (a success is on record), not a lost lease.
+            raise IllegalTransition(claim.operation_id, "outcome_unknown with a confirmed success on record",
+                                    to.value) from None
         if wrote:
             mark_attempt_stale(session, claim.attempt_id)
         raise

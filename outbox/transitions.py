@@ -14,15 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 from psycopg.rows import namedtuple_row
-from sqlalchemy import and_, exists, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.db import driver_connection, driver_sql, is_postgres
+from outbox.effect_guard import NO_EFFECT_POSSIBLE, no_effect_possible
 from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, StaleFence
 from outbox.models import Attempt, Operation, OperationEvent, core_table
-from outbox.states import ALLOWED, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
+from outbox.states import ALLOWED, NO_EFFECT, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -110,7 +111,7 @@ def move(
         update(_OP).where(*conds).values(status=to.value, **values).returning(_OP.c.fencing_token)
     ).first()
     if row is None:
-        current = _current(session, operation_id)
+        current = current_row(session, operation_id)
         if current is None:
             raise OperationNotFound(operation_id)
         if token is not None:
@@ -150,20 +151,6 @@ def _record_attempt_stmt(attempt_id: int, report: AttemptReport, *, stale: bool 
     )
 
 
-def _no_open_ambiguity(operation_id: str, current_attempt_id: int) -> Any:
-    # The current attempt is excluded: its class is the report's (checked provably-not-executed),
-    # and a one-statement finalize still sees its row as pending.
-    return ~exists().where(
-        and_(
-            _AT.c.operation_id == operation_id,
-            _AT.c.id != current_attempt_id,
-            _AT.c.kind == "dispatch",
-            _AT.c.attempt_number > _OP.c.proven_absent_through,
-            _AT.c.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]),
-        )
-    )
-
-
 def finalize_if_fenced(
     session: Session,
     claim: Claim,
@@ -179,7 +166,8 @@ def finalize_if_fenced(
 
     ``to`` is one of: succeeded, committed_evidence_degraded (2xx), not_dispatched (retry after
     ``delay_s``; ``refund_attempt`` when nothing was sent, e.g. breaker open), failed_before_commit
-    (only with a provably-not-executed class and no open ambiguity), outcome_unknown (ambiguous).
+    or cancelled (only with a provably-not-executed class, and only while no other attempt may
+    have taken effect: effect_guard.py), outcome_unknown (ambiguous).
     Raises StaleFence (the attempt row still holds the result, marked stale) or IllegalTransition.
     """
     (refused,) = finalize_many_if_fenced(session, [Finalize(claim, report, to, reason, delay_s, refund_attempt, result)])
@@ -215,7 +203,7 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
         except IllegalTransition as exc:
             refusals[i] = exc
             continue
-        if item.to is Status.FAILED_BEFORE_COMMIT and item.report.klass not in PROVABLY_NOT_EXECUTED:
+        if item.to in NO_EFFECT and item.report.klass not in PROVABLY_NOT_EXECUTED:
             refusals[i] = IllegalTransition(item.claim.operation_id, "dispatching/" + item.report.klass.value,
                                             item.to.value)
         else:
@@ -228,10 +216,10 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
         if refused is None:
             continue
         item = items[i]
-        if item.to is Status.FAILED_BEFORE_COMMIT and _still_ours(session, item.claim):
+        if item.to in NO_EFFECT and _still_ours(session, item.claim):
             # The token is current: the refusal is the ledger's own guard, not a lost lease.
             refusals[i] = IllegalTransition(
-                item.claim.operation_id, "dispatching with an unresolved ambiguous attempt", item.to.value)
+                item.claim.operation_id, "dispatching with an attempt that may have taken effect", item.to.value)
             continue
         if wrote:
             mark_attempt_stale(session, item.claim.attempt_id)
@@ -257,9 +245,9 @@ def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, Optional
         values["next_attempt_at"] = db_now(max(item.delay_s, 0.0))
         if to is Status.NOT_DISPATCHED and item.refund_attempt:
             values["attempt_count"] = _OP.c.attempt_count - 1
-    elif to is Status.FAILED_BEFORE_COMMIT:
-        # The ledger itself refuses "failed" while an earlier attempt may have taken effect.
-        extra_where.append(_no_open_ambiguity(claim.operation_id, claim.attempt_id))
+    elif to in NO_EFFECT:
+        # The ledger itself refuses "no effect" while an earlier attempt may have taken effect.
+        extra_where.append(no_effect_possible(excluding_attempt=claim.attempt_id))
     wrote = record_attempt(session, claim.attempt_id, report)
     try:
         move(session, claim.operation_id, sources=[Status.DISPATCHING], to=to, event=_event_of(item),
@@ -280,7 +268,7 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
             claim, report = item.claim, item.report
             cursor = conn.cursor(row_factory=namedtuple_row)
             refund = item.refund_attempt and item.to is Status.NOT_DISPATCHED
-            cursor.execute(_finalize_sql(item.to, refund, item.to is Status.FAILED_BEFORE_COMMIT), {
+            cursor.execute(_finalize_sql(item.to, refund, item.to in NO_EFFECT), {
                 "to": item.to.value, "reason": item.reason, "event": _event_of(item), "actor": claim.worker,
                 "operation_id": claim.operation_id, "token": claim.fencing_token, "attempt_id": claim.attempt_id,
                 "klass": report.klass.value, "status_code": report.status_code,
@@ -297,7 +285,7 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
         if row.moved:
             out.append((bool(row.wrote), None))
             continue
-        current = _current(session, item.claim.operation_id)
+        current = current_row(session, item.claim.operation_id)
         if current is None:
             out.append((bool(row.wrote), OperationNotFound(item.claim.operation_id)))
             continue
@@ -329,9 +317,7 @@ def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
         sets.append("finished_at = clock_timestamp()")
     where = "id = :operation_id AND status = 'dispatching' AND fencing_token = :token"
     if guard:
-        where += """ AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = :operation_id
-            AND a.id <> :attempt_id AND a.kind = 'dispatch' AND a.attempt_number > operations.proven_absent_through
-            AND a.attempt_class IN ('ambiguous', 'pending'))"""
+        where += " AND " + NO_EFFECT_POSSIBLE
     return driver_sql(f"""
 WITH att AS (
     UPDATE attempts SET ended_at = clock_timestamp(), attempt_class = :klass, status_code = :status_code,
@@ -354,7 +340,7 @@ SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS move
 """)
 
 
-def _current(session: Any, operation_id: str) -> Any:
+def current_row(session: Any, operation_id: str) -> Any:
     """(status, fencing_token) of the operation now, or None."""
     if is_postgres(session):
         return driver_connection(session).cursor(row_factory=namedtuple_row).execute(
@@ -363,7 +349,7 @@ def _current(session: Any, operation_id: str) -> Any:
 
 
 def _still_ours(session: Any, claim: Claim) -> bool:
-    row = _current(session, claim.operation_id)
+    row = current_row(session, claim.operation_id)
     return row is not None and row.status == Status.DISPATCHING.value and row.fencing_token == claim.fencing_token
 
 
@@ -430,10 +416,12 @@ def expire_leases(session: Session, *, limit: int = 500, actor: str = "sweep") -
 
 
 def request_cancel(session: Session, operation_id: str, *, actor: str, reason: str = "cancel requested") -> Status:
-    """Cancel before anything was sent; on a dispatching operation only keep the flag.
+    """Cancel before anything was sent; otherwise only keep the flag.
 
     A request already in flight cannot be called back: a late success is recorded as success
-    ("completed after cancel requested"), never dropped.
+    ("completed after cancel requested"), never dropped. The same holds for an operation waiting
+    for its next attempt while an earlier one may still land (effect_guard.py): it keeps the flag,
+    nothing more is sent, and the reconciler settles what the earlier attempt did.
     """
     try:
         move(
@@ -444,6 +432,7 @@ def request_cancel(session: Session, operation_id: str, *, actor: str, reason: s
             event="cancel",
             actor=actor,
             reason=reason,
+            extra_where=[no_effect_possible()],
             cancel_requested=True,
         )
         return Status.CANCELLED

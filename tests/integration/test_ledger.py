@@ -170,7 +170,8 @@ def test_retry_waits_for_next_attempt_at_and_breaker_waits_cost_no_attempt(ledge
     assert (c3.attempt_number, c3.attempt_count) == (3, 2)
 
 
-def test_failed_before_commit_needs_proof_after_an_ambiguous_attempt(ledger):
+def _ambiguous_then_not_found(ledger, *, cannot_land: bool):
+    """Attempt 1 ambiguous (502), then a lookup finds nothing: re-dispatched with the same key."""
     receipt = _submit(ledger)
     [c1] = _claim(ledger)
     with ledger.sessions.begin() as s:
@@ -179,12 +180,31 @@ def test_failed_before_commit_needs_proof_after_an_ambiguous_attempt(ledger):
         [r1] = claim_unknown(s, worker="rec", lease_s=30)
     with ledger.sessions.begin() as s:
         settle_if_fenced(s, r1, AttemptReport(AttemptClass.NOT_SENT, status_code=404), to=Status.NOT_DISPATCHED,
-                         reason="authoritative 404 after settle window")
+                         reason="authoritative 404 after settle window", cannot_land=cannot_land)
     [c2] = _claim(ledger)
-    assert c2.idempotency_key == INTENT["idempotency_key"] and not c2.open_ambiguity
+    assert c2.idempotency_key == INTENT["idempotency_key"]
+    return receipt, c2
+
+
+def test_not_found_fenced_off_proves_every_earlier_attempt_unable_to_land(ledger):
+    # The lookup carried a newer token to a provider that fences: attempt 1 can never land now.
+    receipt, c2 = _ambiguous_then_not_found(ledger, cannot_land=True)
+    assert not c2.open_ambiguity and c2.proven_absent_through == 1
     with ledger.sessions.begin() as s:
         finalize_if_fenced(s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422), to=Status.FAILED_BEFORE_COMMIT, reason="422")
     assert _op(ledger, receipt.operation_id).status == "failed_before_commit"
+
+
+def test_not_found_without_a_fence_proves_nothing_against_a_late_landing(ledger):
+    # A paused worker or the provider's queue can still deliver attempt 1 after the lookup: the
+    # same key makes re-sending safe, but "no effect" stays out of reach.
+    receipt, c2 = _ambiguous_then_not_found(ledger, cannot_land=False)
+    assert c2.open_ambiguity and c2.proven_absent_through == 0
+    with ledger.sessions.begin() as s:
+        with pytest.raises(IllegalTransition):
+            finalize_if_fenced(s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422),
+                               to=Status.FAILED_BEFORE_COMMIT, reason="422")
+    assert _op(ledger, receipt.operation_id).status == "dispatching"
 
 
 def test_failed_before_commit_is_refused_while_ambiguity_is_open(ledger):

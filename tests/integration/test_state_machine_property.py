@@ -5,9 +5,14 @@ The machine plays workers, the sweep, the reconciler, people and agents, includi
 every call it predicts from the database row whether the guarded UPDATE must land or be refused,
 and after every step it checks the invariants over every operation:
 
-- terminal states stay terminal (same status forever);
-- failed_before_commit never coexists with an ambiguous or pending dispatch attempt numbered after
-  proven_absent_through (an effect that may have happened is never called a failure);
+- terminal states stay terminal (same status forever), except that a "no effect" state
+  (failed_before_commit, cancelled) goes to reconciliation_required when a late success contradicts
+  it (and only then);
+- failed_before_commit and cancelled never coexist with an ambiguous or pending dispatch attempt
+  numbered after proven_absent_through (an effect that may have happened is never called a failure);
+- evidence wins: no operation keeps a state that claims no effect or no outcome yet beside an
+  attempt holding the provider's confirmation (stale successes, arriving at any point, even after
+  a terminal state), except while its worker "died" before applying it; the sweep then settles it;
 - the fencing token never decreases;
 - every status is in the Status enum;
 - every operation's events form a chain ending in its current status.
@@ -23,22 +28,30 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
-from sqlalchemy import and_, select, text, update
+from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim, claim_due, claim_unknown
 from outbox.clock import db_now
 from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import IdempotencyConflict, IllegalTransition, StaleFence
-from outbox.models import Attempt, Operation, OperationEvent
+from outbox.evidence import EvidenceSink
+from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied, unapplied
+from outbox.models import Attempt, Handoff, Operation, OperationEvent
 from outbox.settlement import evidence_backfilled, resolve_by_person, settle_if_fenced
-from outbox.states import PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
+from outbox.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status, is_allowed
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, approve, expire_leases, finalize_if_fenced, move, request_cancel
 
 LEASE_S = 600.0  # never runs out by itself during a run: expiry is an explicit event of the machine
-TABLES = ("operation_events", "attempts", "operations")
+TABLES = ("handoffs", "evidence", "operation_events", "attempts", "operations")
 OPEN = (AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value)
+SUCCESS = AttemptClass.SUCCEEDED.value
+SINK = EvidenceSink(None)  # the ledger's own evidence table
+
+
+def packet(session: Session, op: Operation, why: str) -> dict[str, Any]:
+    return {"why": why}
 ARGS = {"order_id": "o-1", "amount": Decimal("10.50"), "currency": "EUR"}
 
 index = st.integers(min_value=0, max_value=1_000)
@@ -56,6 +69,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.terminal: dict[str, str] = {}
         self.tokens: dict[str, int] = {}
         self.status: dict[str, str] = {}  # refreshed from the database after every step
+        # Operations with a late success written whose worker "died" before applying it.
+        self.unapplied: set[str] = set()
         self.n = 0
 
     # ---- helpers -------------------------------------------------------------------------
@@ -64,12 +79,15 @@ class LedgerMachine(RuleBasedStateMachine):
         with self.sessions() as s:
             return dict(s.execute(select(Operation.__table__).where(Operation.id == op_id)).mappings().one())
 
-    def open_ambiguity(self, s: Session, op_id: str, proven_absent_through: int, *, ignoring: Optional[int] = None) -> bool:
+    def open_ambiguity(self, s: Session, op_id: str, proven_absent_through: int, *, ignoring: Optional[int] = None,
+                       confirmed_only: bool = False) -> bool:
+        """An attempt that may have taken effect (effect_guard.py): confirmed (any kind), or an
+        ambiguous / unreported dispatch after proven_absent_through."""
+        may_land = and_(Attempt.kind == "dispatch", Attempt.attempt_number > proven_absent_through,
+                        Attempt.attempt_class.in_(OPEN))
         stmt = select(Attempt.id).where(
             Attempt.operation_id == op_id,
-            Attempt.kind == "dispatch",
-            Attempt.attempt_number > proven_absent_through,
-            Attempt.attempt_class.in_(OPEN),
+            Attempt.attempt_class == SUCCESS if confirmed_only else or_(Attempt.attempt_class == SUCCESS, may_land),
         )
         if ignoring is not None:
             stmt = stmt.where(Attempt.id != ignoring)
@@ -88,12 +106,19 @@ class LedgerMachine(RuleBasedStateMachine):
                 and self.status.get(c.operation_id) == (Status.DISPATCHING if kind == "dispatch" else Status.OUTCOME_UNKNOWN)]
 
     def expect_refused(self, op_id: str, exc_type: type[Exception], fn) -> None:
-        """A wrong move raises and leaves the operation row exactly as it was (transaction committed)."""
+        """A wrong move raises and leaves the operation row exactly as it was (transaction committed).
+
+        A refused success is still written to its attempt row (evidence is never dropped); the
+        caller here goes no further, like a worker that dies right after: the sweep applies it.
+        """
         before = self.row(op_id)
         with self.sessions.begin() as s:
             with pytest.raises(exc_type):
                 fn(s)
         assert self.row(op_id) == before
+        with self.sessions() as s:
+            if unapplied(s, operation_ids=[op_id]):
+                self.unapplied.add(op_id)
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -151,14 +176,16 @@ class LedgerMachine(RuleBasedStateMachine):
             return  # cancels are rare next to work; otherwise most runs would end before a dispatch
         op_id = self.pick(self.ops, i)
         before = self.row(op_id)
+        with self.sessions() as s:
+            in_doubt = self.open_ambiguity(s, op_id, before["proven_absent_through"])
         with self.sessions.begin() as s:
             got = request_cancel(s, op_id, actor="bob")
         after = self.row(op_id)
         assert after["cancel_requested"]
-        if before["status"] in (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL):
+        if before["status"] in (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL) and not in_doubt:
             assert got is Status.CANCELLED and after["status"] == Status.CANCELLED
         else:
-            # Nothing in flight can be called back: only the flag is kept.
+            # Nothing in flight (or possibly landing) can be called back: only the flag is kept.
             assert got.value == before["status"] == after["status"]
             assert after["fencing_token"] == before["fencing_token"]
 
@@ -199,7 +226,7 @@ class LedgerMachine(RuleBasedStateMachine):
             attempt_open = s.execute(select(Attempt.ended_at).where(Attempt.id == c.attempt_id)).scalar_one() is None
             ambiguity = self.open_ambiguity(s, c.operation_id, before["proven_absent_through"],
                                             ignoring=c.attempt_id if attempt_open else None)
-        if to is Status.FAILED_BEFORE_COMMIT and klass not in PROVABLY_NOT_EXECUTED:
+        if to in NO_EFFECT and klass not in PROVABLY_NOT_EXECUTED:
             # The worker's own evidence says "maybe": refused before anything is written.
             with pytest.raises(IllegalTransition):
                 with self.sessions.begin() as s:
@@ -207,7 +234,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self.row(c.operation_id) == before
             return
         current = before["status"] == Status.DISPATCHING and before["fencing_token"] == c.fencing_token
-        guarded = current and to is Status.FAILED_BEFORE_COMMIT and ambiguity
+        guarded = current and to in NO_EFFECT and ambiguity
         lands = current and not guarded
         if lands:
             with self.sessions.begin() as s:
@@ -315,40 +342,129 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.in_status(Status.OUTCOME_UNKNOWN))
     @rule(i=index, to=st.sampled_from([Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.NOT_DISPATCHED,
-                                        Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED]))
-    def reconciler_turn(self, i: int, to: Status) -> None:
+                                        Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED, Status.CANCELLED]),
+          cannot_land=st.booleans())
+    def reconciler_turn(self, i: int, to: Status, cannot_land: bool) -> None:
         """A whole reconciler turn: claim an unknown operation, settle it with what the lookup proved."""
         n = len(self.claims)
         self.reconciler_claims(i, anyone=False)
         if len(self.claims) > n:
-            self.settle(self.claims[-1], to)
+            self.settle(self.claims[-1], to, cannot_land)
 
     @precondition(lambda self: any(c.kind == "lookup" for c in self.claims))
     @rule(i=index, to=st.sampled_from([Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED, Status.FAILED_BEFORE_COMMIT,
                                         Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED]),
-          live=st.sampled_from([True, True, False]))
-    def reconciler_settles(self, i: int, to: Status, live: bool) -> None:
+          live=st.sampled_from([True, True, False]), cannot_land=st.booleans())
+    def reconciler_settles(self, i: int, to: Status, live: bool, cannot_land: bool) -> None:
         lookups = [c for c in self.claims if c.kind == "lookup"]
         c = self.pick(self.live_claims("lookup") if live and self.live_claims("lookup") else lookups, i)
-        self.settle(c, to)
+        self.settle(c, to, cannot_land)
 
-    def settle(self, c: Claim, to: Status) -> None:
+    def max_dispatch_number(self, op_id: str) -> int:
+        with self.sessions() as s:
+            numbers = s.execute(select(Attempt.attempt_number).where(
+                Attempt.operation_id == op_id, Attempt.kind == "dispatch")).scalars().all()
+        return max(numbers, default=0)
+
+    def settle(self, c: Claim, to: Status, cannot_land: bool = False) -> None:
+        """The lookup's verdict; ``cannot_land``: a 404 from a provider that fences (the reconciler
+        decides that; the ledger writes the proof)."""
         klass = {Status.SUCCEEDED: AttemptClass.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED: AttemptClass.SUCCEEDED,
-                 Status.FAILED_BEFORE_COMMIT: AttemptClass.REJECTED, Status.NOT_DISPATCHED: AttemptClass.NOT_SENT}.get(
-            to, AttemptClass.AMBIGUOUS)
+                 Status.FAILED_BEFORE_COMMIT: AttemptClass.REJECTED, Status.NOT_DISPATCHED: AttemptClass.NOT_SENT,
+                 Status.CANCELLED: AttemptClass.NOT_SENT}.get(to, AttemptClass.AMBIGUOUS)
         report = AttemptReport(klass, provider_reference="re_1" if klass is AttemptClass.SUCCEEDED else None)
         before = self.row(c.operation_id)
-        if before["status"] == Status.OUTCOME_UNKNOWN and before["fencing_token"] == c.fencing_token:
+        with self.sessions() as s:
+            confirmed = self.open_ambiguity(s, c.operation_id, before["proven_absent_through"], ignoring=c.attempt_id,
+                                            confirmed_only=True)
+        settle = lambda s: settle_if_fenced(s, c, report, to=to, reason="lookup", cannot_land=cannot_land)  # noqa: E731
+        current = before["status"] == Status.OUTCOME_UNKNOWN and before["fencing_token"] == c.fencing_token
+        if current and to in NO_EFFECT and confirmed:
+            # Evidence wins: a success on record refuses "no effect", whatever the lookup said.
+            self.expect_refused(c.operation_id, IllegalTransition, settle)
+        elif current:
             with self.sessions.begin() as s:
-                settle_if_fenced(s, c, report, to=to, reason="lookup")
+                settle(s)
             after = self.row(c.operation_id)
             assert after["status"] == to and after["lease_expires_at"] is None
-            if to is Status.NOT_DISPATCHED:
-                # Proven absent: the next claim may end failed_before_commit on its own evidence.
-                assert after["proven_absent_through"] == after["attempt_count"]
+            if to in NO_EFFECT or (to is Status.NOT_DISPATCHED and cannot_land):
+                # Proven unable to land: the next claim may end failed_before_commit on its own evidence.
+                assert after["proven_absent_through"] == self.max_dispatch_number(c.operation_id)
+            elif to is Status.NOT_DISPATCHED:
+                # "Not found" alone: a re-send with the same key is safe, "no effect" is not proven.
+                assert after["proven_absent_through"] == before["proven_absent_through"]
         else:
-            self.expect_refused(c.operation_id, StaleFence,
-                                lambda s: settle_if_fenced(s, c, report, to=to, reason="stale lookup"))
+            self.expect_refused(c.operation_id, StaleFence, settle)
+
+    # ---- late evidence: a worker that lost its lease gets the provider's 2xx -----------------
+
+    def late_candidates(self) -> list[Claim]:
+        """Claims whose token is no longer current and whose attempt row is still open."""
+        with self.sessions() as s:
+            open_rows = set(s.execute(select(Attempt.id).where(Attempt.ended_at.is_(None))).scalars())
+        return [c for c in self.claims if c.attempt_id in open_rows and self.tokens.get(c.operation_id) != c.fencing_token]
+
+    @precondition(lambda self: self.late_candidates())
+    @rule(i=index, dies=st.sampled_from([False, False, True]))
+    def late_success_arrives(self, i: int, dies: bool) -> None:
+        """At any point, even after a terminal state: the write is refused, the evidence is kept,
+        then applied (or, if the worker "dies" first, left for the sweep)."""
+        c = self.pick(self.late_candidates(), i)
+        report = AttemptReport(AttemptClass.SUCCEEDED, provider_reference=f"re_late_{c.attempt_id}")
+        before = self.row(c.operation_id)
+        review = self.in_review(c.operation_id)
+        with self.sessions.begin() as s:
+            with pytest.raises(StaleFence):
+                if c.kind == "dispatch":
+                    finalize_if_fenced(s, c, report, to=Status.SUCCEEDED, reason="late")
+                else:
+                    settle_if_fenced(s, c, report, to=Status.SUCCEEDED, reason="late")
+        with self.sessions() as s:
+            a = s.get(Attempt, c.attempt_id)
+            assert a.attempt_class == SUCCESS and a.stale
+        if dies:
+            if Status(before["status"]) not in EFFECT:
+                self.unapplied.add(c.operation_id)
+            return
+        moved = apply_unapplied(self.sessions, actor="zombie", sink=SINK, packet=packet, attempt_ids=[c.attempt_id])
+        self.check_applied(c.operation_id, before, moved.get(c.operation_id), in_review=review)
+        if moved.get(c.operation_id) is Status.SUCCEEDED:
+            assert self.row(c.operation_id)["result_reference"] == report.provider_reference
+
+    def in_review(self, op_id: str) -> bool:
+        """Handed to a person because a late success contradicted "no effect", still open."""
+        with self.sessions() as s:
+            flagged = s.execute(select(OperationEvent.id).where(
+                OperationEvent.operation_id == op_id, OperationEvent.event == CONTRADICTION_EVENT).limit(1)).first()
+            handoff = s.execute(select(Handoff.id).where(Handoff.operation_id == op_id, Handoff.status == "open")
+                                .limit(1)).first()
+        return flagged is not None and handoff is not None and self.row(op_id)["status"] == Status.RECONCILIATION_REQUIRED
+
+    def check_applied(self, op_id: str, before: dict[str, Any], moved: Optional[Status], *,
+                      in_review: bool = False) -> None:
+        was, after = Status(before["status"]), self.row(op_id)
+        if was in EFFECT or in_review:
+            # Nothing to settle; or a person reviews a contradiction and more evidence goes to them.
+            assert moved is None and after["status"] == was
+        elif was in NO_EFFECT:
+            # Contradicted: a person reviews, with a handoff; flagged in the history.
+            assert moved is Status.RECONCILIATION_REQUIRED and after["status"] == Status.RECONCILIATION_REQUIRED
+        else:
+            assert moved is Status.SUCCEEDED and after["status"] == Status.SUCCEEDED, (was, moved, after)
+        if moved is not None:
+            assert after["fencing_token"] == before["fencing_token"] + 1  # whoever held the lease is refused
+        self.unapplied.discard(op_id)
+
+    @precondition(lambda self: self.ops)
+    @rule()
+    def sweep_applies_late_evidence(self) -> None:
+        befores = {op_id: (self.row(op_id), self.in_review(op_id)) for op_id in self.unapplied}
+        moved = apply_unapplied(self.sessions, actor="sweep", sink=SINK, packet=packet)
+        assert set(moved) <= set(befores), "the sweep settled an operation with no late success pending"
+        for op_id, (before, review) in befores.items():
+            self.check_applied(op_id, before, moved.get(op_id), in_review=review)
+        with self.sessions() as s:
+            assert unapplied(s) == []
 
     # ---- people ----------------------------------------------------------------------------
 
@@ -396,6 +512,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def move_out_of_terminal(self, i: int, to: Status) -> None:
         op_id = self.pick(sorted(self.terminal), i)
         current = Status(self.row(op_id)["status"])
+        if is_allowed(current, to):
+            return  # no effect -> reconciliation_required: only late_evidence takes that edge
         self.expect_refused(op_id, IllegalTransition,
                             lambda s: move(s, op_id, sources=[current], to=to, event="wrong", actor="mallory"))
 
@@ -410,7 +528,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 events.setdefault(e.operation_id, []).append(e)
             failed_but_open = s.execute(
                 select(Operation.id).where(
-                    Operation.status == Status.FAILED_BEFORE_COMMIT.value,
+                    Operation.status.in_([st.value for st in NO_EFFECT]),
                     select(Attempt.id).where(and_(
                         Attempt.operation_id == Operation.id,
                         Attempt.kind == "dispatch",
@@ -419,14 +537,32 @@ class LedgerMachine(RuleBasedStateMachine):
                     )).exists(),
                 )
             ).scalars().all()
+            success_denied = set(s.execute(
+                select(Operation.id).where(
+                    Operation.status.in_([st.value for st in NO_EFFECT]),
+                    select(Attempt.id).where(Attempt.operation_id == Operation.id, Attempt.attempt_class == SUCCESS).exists(),
+                )
+            ).scalars()) | set(s.execute(
+                select(Operation.id).where(
+                    Operation.status.in_([st.value for st in AWAITING_OUTCOME]),
+                    select(Attempt.id).where(Attempt.operation_id == Operation.id, Attempt.attempt_class == SUCCESS,
+                                             Attempt.applied_at.is_(None)).exists(),
+                )
+            ).scalars())
         assert set(ops) == set(self.ops)
-        assert failed_but_open == [], "failed_before_commit while an attempt may have taken effect"
+        assert failed_but_open == [], "failed_before_commit/cancelled while an attempt may have taken effect"
+        assert success_denied <= self.unapplied, "a confirmed success left unapplied (evidence wins)"
         statuses = {s.value for s in Status}
         for op_id, op in ops.items():
             assert op.status in statuses
-            if op_id in self.terminal:
-                assert op.status == self.terminal[op_id], "left a terminal state"
-            elif op.status in {s.value for s in TERMINAL}:
+            if op_id in self.terminal and op.status != self.terminal[op_id]:
+                # Only a "no effect" state, contradicted by a late success, is ever left.
+                assert Status(self.terminal[op_id]) in NO_EFFECT, "left a terminal state"
+                assert op.status == Status.RECONCILIATION_REQUIRED
+                assert events[op_id][-1].event == CONTRADICTION_EVENT or any(
+                    e.event == CONTRADICTION_EVENT for e in events[op_id]), "left a terminal state without evidence"
+                del self.terminal[op_id]
+            if op.status in {s.value for s in TERMINAL}:
                 self.terminal[op_id] = op.status
             assert op.fencing_token >= self.tokens.get(op_id, 0), "fencing token went down"
             self.tokens[op_id] = op.fencing_token

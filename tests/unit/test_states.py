@@ -7,7 +7,7 @@ import re
 import pytest
 
 from outbox.models import STATUS_VALUES, Operation
-from outbox.states import ALLOWED, MEANING, TERMINAL, Status, is_allowed, sources_of
+from outbox.states import ALLOWED, AWAITING_OUTCOME, EFFECT, MEANING, NO_EFFECT, TERMINAL, Status, is_allowed, sources_of
 
 
 def test_every_status_takes_part_in_the_table():
@@ -22,10 +22,21 @@ def test_every_status_has_a_meaning():
     assert all(MEANING[s].strip() for s in Status)
 
 
-@pytest.mark.parametrize("terminal", sorted(TERMINAL))
-def test_terminal_states_have_no_outgoing_transitions(terminal):
-    assert [dst for (src, dst) in ALLOWED if src is terminal] == []
-    assert not any(is_allowed(terminal, other) for other in Status)
+def test_succeeded_has_no_outgoing_transitions():
+    assert [dst for (src, dst) in ALLOWED if src is Status.SUCCEEDED] == []
+
+
+@pytest.mark.parametrize("terminal", sorted(NO_EFFECT))
+def test_a_no_effect_state_is_left_only_for_a_person_when_evidence_contradicts_it(terminal):
+    # Evidence wins: a provider-confirmed success after "no effect" is never silently left as it
+    # was; the operation goes to a person (late_evidence.py), and nowhere else.
+    assert [dst for (src, dst) in ALLOWED if src is terminal] == [Status.RECONCILIATION_REQUIRED]
+    assert NO_EFFECT | {Status.SUCCEEDED} == TERMINAL
+
+
+def test_a_late_success_settles_every_state_that_claims_no_outcome_yet():
+    for src in AWAITING_OUTCOME:
+        assert all(is_allowed(src, dst) for dst in EFFECT), src
 
 
 def test_terminal_set_is_what_the_design_says():
@@ -44,10 +55,11 @@ def test_outcome_unknown_never_returns_to_dispatching_directly():
 
 
 def test_cancel_only_before_anything_was_sent():
-    # dispatching -> cancelled is the worker that saw the cancel flag before sending; never after a
-    # possible effect (outcome_unknown, reconciliation_required) and never from a terminal state.
-    assert sources_of(Status.CANCELLED) <= {Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL, Status.DISPATCHING}
-    assert {Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL} <= sources_of(Status.CANCELLED)
+    # dispatching -> cancelled is the worker that saw the cancel flag before sending; outcome_unknown
+    # -> cancelled the reconciler that proved no earlier attempt can still land. Never from a person's
+    # handoff, and never from a terminal state.
+    assert sources_of(Status.CANCELLED) == {Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL, Status.DISPATCHING,
+                                            Status.OUTCOME_UNKNOWN}
 
 
 def test_committed_evidence_degraded_is_never_retried():
