@@ -290,6 +290,11 @@ def cmd_ops_cancel(args: argparse.Namespace) -> int:
     if status is Status.CANCELLED:
         print(f"{op.id}: cancelled")
         return 0
+    if status in (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL):
+        print(f"{op.id}: is {status.value}; cancel requested is recorded and nothing more will be sent, but "
+              "an earlier attempt may still take effect: the reconciler looks it up, then it ends cancelled "
+              "(nothing can land), succeeded (it did) or with a person")
+        return 0
     print(f"{op.id}: is {status.value}; cancel requested is recorded, but a request already sent "
           "cannot be called back (a late success is still recorded as success)")
     return 1 if status in (Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT) else 0

@@ -42,13 +42,16 @@ def build_relay(settings: Settings) -> Relay:
     from workers.embedded_broker import cleanup
     from outbox.evidence import EvidenceSink
     from workers.relay import Relay
+    from workers.runtime import load_actions_for
 
     engine = open_engine(settings)
     url = settings.resolved_broker_url
     return Relay(engine, Doorbell.from_current_app(batch=settings.doorbell_batch), poll_s=settings.relay_poll_s,
                  republish_after_s=settings.republish_after_s, linger_s=settings.relay_linger_s,
                  embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None,
-                 evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None)
+                 evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None,
+                 # For handoff packets (what to mask); without the file every argument is masked.
+                 actions=load_actions_for(settings) if settings.actions_file else None)
 
 
 class Pipeline:

@@ -28,7 +28,8 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 EPILOG = """\
 Compares the ledger with what each provider lists (actions that declare a `list` request) and
 prints: record-without-document, document-without-record, duplicates (more than one document per
-business key), and the health figures (duplicate effects, failure attributability, auto-recovery
+business key), operations whose own attempts contradict their state (e.g. a confirmed success
+beside failed_before_commit), and the health figures (duplicate effects, failure attributability, auto-recovery
 rate, handoffs and time to resolution, retries per target).
 
 exit status:
@@ -122,6 +123,15 @@ def render(report: dict[str, object]) -> None:
         t.add_column(col, overflow="fold")
     for r in d["duplicates"]:
         t.add_row(r["target"], r["idempotency_key"], str(r["count"]), ", ".join(x or "?" for x in r["references"]))
+    console.print(t)
+    t = Table(title=f"state contradicted by the operation's own attempts ({len(d['state_contradictions'])})")
+    for col in ("operation", "key", "status", "attempt", "why"):
+        t.add_column(col, overflow="fold")
+    for r in d["state_contradictions"]:
+        a = r["attempt"]
+        t.add_row(r["operation_id"], r["idempotency_key"], r["status"],
+                  "" if a is None else f"{a['kind']} {a['attempt_number']} token {a['fencing_token']}: {a['class']}"
+                  + (f" {a['reference']}" if a["reference"] else ""), r["why"])
     console.print(t)
 
     h = report["health"]

@@ -175,6 +175,13 @@ class ActionConfig(_Strict):
     request: RequestSpec
     provider_idempotency: ProviderIdempotency | None = None
     fencing_header: str | None = None
+    # The provider refuses, for a key, every request whose fencing token is older than the newest
+    # it has seen for that key on any request, lookups included, checked when it commits. Then a
+    # lookup that found nothing (carrying the reconciler's newer token) proves every earlier
+    # attempt can no longer land, and an operation may end failed_before_commit after one. Without
+    # it, an attempt that may still land (a frozen worker, a provider's queue) keeps that state out
+    # of reach: when the budget ends, a person decides. Declare it only if the provider's docs say so.
+    provider_fencing: bool = False
     on_ambiguous: Literal["lookup", "replay"] = "lookup"
     lookup: LookupSpec | None = None
     # YAML key `list` (alias: a field named `list` would shadow the builtin in this class).
@@ -209,6 +216,12 @@ class ActionConfig(_Strict):
         if value is not None and value.count(":") > 1:
             raise ValueError("use 'module:callable' or a registered connector name")
         return value
+
+    @model_validator(mode="after")
+    def _fencing_needs_header(self) -> ActionConfig:
+        if self.provider_fencing and self.fencing_header is None:
+            raise ValueError("provider_fencing: true needs fencing_header (the header that carries the token)")
+        return self
 
     @model_validator(mode="after")
     def _replay_needs_keys(self) -> ActionConfig:

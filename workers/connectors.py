@@ -8,6 +8,7 @@ fencing token travel with every attempt (when the action declares their headers)
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import threading
 import time
@@ -76,7 +77,8 @@ class Connector(Protocol):
     ) -> AttemptResult: ...
 
     def lookup(
-        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str
+        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str,
+        fencing_token: int | None = None,
     ) -> LookupResult: ...
 
     def close(self) -> None: ...
@@ -191,8 +193,15 @@ class HttpConnector:
         return AttemptResult(classification, digest, response.status_code, latency_s, raw_error)
 
     def lookup(
-        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str
+        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str,
+        fencing_token: int | None = None,
     ) -> LookupResult:
+        """Ask the provider for the key's effect, carrying the reconciler's fencing token.
+
+        The token (in the action's ``fencing_header``) is newer than every dispatch attempt's: a
+        provider that fences refuses every older token for the key from this moment, so a frozen
+        worker's request cannot land after this lookup found nothing (``provider_fencing``).
+        """
         spec = action_cfg.lookup
         if spec is None:
             raise LookupNotDeclared(f"action {action_name!r} declares no lookup")
@@ -201,8 +210,11 @@ class HttpConnector:
             prepared = prepare(spec.request, args, idempotency_key=idempotency_key, send_rest=False)
         except LocalValidationError as exc:
             return LookupResult("unavailable", f"local_validation: {exc}")
+        headers = dict(prepared.headers)
+        if action_cfg.fencing_header is not None and fencing_token is not None:
+            headers[action_cfg.fencing_header] = str(fencing_token)
         try:
-            response = self._exchange(action_cfg.target, self._request(action_cfg.target, prepared, prepared.headers))
+            response = self._exchange(action_cfg.target, self._request(action_cfg.target, prepared, headers))
         except Exception as exc:  # noqa: BLE001 - a lookup that fails proves nothing
             return LookupResult("unavailable", classify_exception(exc).reason, latency_s=self._clock() - started)
         latency_s = self._clock() - started
@@ -316,6 +328,18 @@ def unregister_connector(name_or_action: str) -> None:
         _registry.pop(name_or_action, None)
 
 
+def _checked(action_name: str, connector: Connector) -> Connector:
+    """A hook's lookup must take the fencing token (lookups carry it): say so at start-up."""
+    try:
+        params = inspect.signature(connector.lookup).parameters.values()
+    except (TypeError, ValueError):
+        return connector  # not introspectable (a C callable): trust it
+    if not any(p.name == "fencing_token" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise ConfigError(f"action {action_name!r}: connector {type(connector).__name__}.lookup() must accept "
+                          "fencing_token= (the reconciler's token; send it in the action's fencing_header)")
+    return connector
+
+
 def resolve_factory(action_name: str, action_cfg: ActionConfig) -> ConnectorFactory | None:
     """The custom factory for an action, or None for the HTTP connector.
 
@@ -351,7 +375,7 @@ class ConnectorSet:
         for name, action in config.actions.items():
             factory = resolve_factory(name, action)
             if factory is not None:
-                self._custom[name] = factory(config)
+                self._custom[name] = _checked(name, factory(config))
 
     def for_action(self, action_name: str) -> Connector:
         self._config.action(action_name)  # raises UnknownAction listing the known ones

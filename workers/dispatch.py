@@ -49,6 +49,7 @@ from workers.outcomes import (
     deadline_of,
     decide,
 )
+from workers.reconcile import apply_late_successes
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ def attempt(
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"), outcome
     connector = rt.connectors.for_action(claim.action)
+    failpoints.hit("dispatch.before_send", claim.idempotency_key)
     result = connector.send(
         claim.action,
         action,
@@ -378,6 +380,7 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
         return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
     applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
+    late: dict[int, Optional[dict[str, Any]]] = {}  # refused successes: attempt id -> response body
     ends = []
     for claim, report, outcome, _ in items:
         to, reason, kw = _transition_of(claim, outcome)
@@ -389,7 +392,9 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
                 fields = _fields(claim, report, action)
                 if refused is not None:
                     # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
-                    log.info("refused: result kept as evidence only (%s)", refused, extra=fields)
+                    log.info("refused: result kept as evidence (%s)", refused, extra=fields)
+                    if report.klass is AttemptClass.SUCCEEDED:
+                        late[claim.attempt_id] = end.result
                     continue
                 if end.to is Status.SUCCEEDED:
                     succeeded.append((claim, report))
@@ -401,6 +406,9 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
                     extra={"operation_ids": [c.operation_id for c, _, _, _ in items]}, exc_info=True)
         raise
     _after(rt, applied)
+    if late:
+        # Committed above as evidence; now it settles its operation (evidence wins).
+        apply_late_successes(rt, late)
     return {c.operation_id: o for c, _, o, _ in items}
 
 
@@ -419,7 +427,9 @@ def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outc
                 rt.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
             )
     except StaleFence as exc:
-        log.info("stale fence: result kept as evidence only (%s)", exc, extra=fields)
+        log.info("stale fence: result kept as evidence (%s)", exc, extra=fields)
+        if isinstance(outcome, Succeeded):
+            apply_late_successes(rt, {claim.attempt_id: outcome.result})
         return outcome
     except Exception:
         log.warning("finalize failed; the lease will expire and the reconciler will settle it",

@@ -16,9 +16,10 @@ from typing import Optional
 
 log = logging.getLogger(__name__)
 
-# Where dispatch can be cut: after the claim committed / after the provider answered, before
-# the result was written back.
-NAMES = ("dispatch.after_claim", "dispatch.after_response", "reconcile.after_lookup")
+# Where dispatch can be cut: after the claim committed; after every check, as the request is
+# about to leave (a worker frozen here sends later, whatever the budget says by then); after the
+# provider answered, before the result was written back.
+NAMES = ("dispatch.after_claim", "dispatch.before_send", "dispatch.after_response", "reconcile.after_lookup")
 
 
 def _parse(spec: str) -> list[tuple[str, str, str]]:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from outbox.late_evidence import PacketBuilder
 from outbox.models import Attempt, Operation
 from outbox.queries import attempt_json
 from workers.actions import ActionConfig, ActionsConfig
@@ -15,11 +16,13 @@ from workers.actions import ActionConfig, ActionsConfig
 MASK = "***"
 
 
-def masked_args(args_text: Optional[str], sensitive: list[str]) -> Any:
+def masked_args(args_text: Optional[str], sensitive: Optional[list[str]]) -> Any:
+    """The arguments with sensitive fields masked; ``sensitive`` None (the action is not known
+    here, so neither is what it marks sensitive): every value masked."""
     args = json.loads(args_text or "{}")
     if isinstance(args, dict):
-        return {k: (MASK if k in sensitive else v) for k, v in args.items()}
-    return args
+        return {k: (MASK if sensitive is None or k in sensitive else v) for k, v in args.items()}
+    return MASK if sensitive is None else args
 
 
 def next_step(op: Operation, action: Optional[ActionConfig], actions: Optional[ActionsConfig]) -> str:
@@ -44,7 +47,7 @@ def next_step(op: Operation, action: Optional[ActionConfig], actions: Optional[A
 def build_packet(session: Session, op: Operation, *, reason: str, action: Optional[ActionConfig],
                  actions: Optional[ActionsConfig]) -> dict[str, Any]:
     attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
-    sensitive = list(action.sensitive_args) if action is not None else []
+    sensitive = list(action.sensitive_args) if action is not None else None
     return {
         "operation": {"operation_id": op.id, "idempotency_key": op.idempotency_key, "tenant": op.tenant,
                       "action": op.action, "target": action.target if action else None},
@@ -54,3 +57,14 @@ def build_packet(session: Session, op: Operation, *, reason: str, action: Option
         "intent": {"args": masked_args(op.args, sensitive), "args_digest": op.args_digest, "subject": op.subject,
                    "run_id": op.run_id, "tool_call_id": op.tool_call_id, "approval": None},
     }
+
+
+def packet_builder(actions: Optional[ActionsConfig]) -> PacketBuilder:
+    """build_packet for whatever operation comes up (late evidence), its action looked up in
+    ``actions``; without an actions file every argument is masked."""
+
+    def build(session: Session, op: Operation, reason: str) -> dict[str, Any]:
+        action = actions.actions.get(op.action) if actions is not None else None
+        return build_packet(session, op, reason=reason, action=action, actions=actions)
+
+    return build

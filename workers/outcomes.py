@@ -83,30 +83,42 @@ def deadline_of(claim: BudgetFields, action: ActionConfig) -> datetime:
     return claim.created_at + timedelta(seconds=effective_budget(claim, action).deadline_s)
 
 
-def _spent(claim: Claim, why: str) -> Outcome:
-    # Budget exhausted: failed only if every attempt so far is provably not executed.
+def _spent(claim: Claim, action: ActionConfig, why: str) -> Outcome:
+    """The budget (or the caller) ends the operation: failed only where nothing can have happened.
+
+    An earlier attempt that may still take effect (or did: a success on record) sends it to
+    outcome_unknown instead, where the reconciler asks the provider and decides with what it
+    finds (effect_guard.py). So does an earlier ambiguity that a lookup proved unable to land:
+    before failing, the ledger looks once more (the provider's index may have lagged).
+    """
     if claim.open_ambiguity:
-        return Ambiguous(f"{why}; an earlier attempt may have taken effect")
+        return Ambiguous(f"{why}; an earlier attempt may have taken effect: looking it up before ending")
+    if claim.proven_absent_through > 0 and action.lookup is not None:
+        return Ambiguous(f"{why}; an earlier attempt was in doubt: looking it up once more before ending")
     return Rejected(why)
 
 
 def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Optional[Outcome]:
     """Checks made after the claim and before anything is sent (None = go ahead)."""
-    if claim.cancel_requested and not claim.open_ambiguity:
+    if claim.cancel_requested:
+        # Nothing more is sent. If an earlier attempt may still take effect, the reconciler
+        # settles what it did: succeeded if found, cancelled only once it cannot land.
+        if claim.open_ambiguity:
+            return Ambiguous("cancel requested; an earlier attempt may have taken effect: looking it up, not sending")
         return Cancelled("cancel requested before the request was sent")
     budget = effective_budget(claim, action)
     # attempt_count counts attempts that cost budget (breaker-open waits are refunded).
     if claim.attempt_count > budget.max_attempts:
-        return _spent(claim, f"attempts used up ({claim.attempt_count - 1}/{budget.max_attempts})")
+        return _spent(claim, action, f"attempts used up ({claim.attempt_count - 1}/{budget.max_attempts})")
     if now >= deadline_of(claim, action):
-        return _spent(claim, f"deadline passed before attempt {claim.attempt_count} ({budget.deadline_s:g}s)")
+        return _spent(claim, action, f"deadline passed before attempt {claim.attempt_count} ({budget.deadline_s:g}s)")
     return None
 
 
 def breaker_open(claim: Claim, action: ActionConfig, *, reopens_at: datetime, now: datetime) -> Outcome:
     """Breaker open: not sent, wait for the reopen time without spending an attempt."""
     if reopens_at > deadline_of(claim, action):
-        return _spent(claim, f"breaker for {action.target} stays open past the deadline")
+        return _spent(claim, action, f"breaker for {action.target} stays open past the deadline")
     return breaker_wait(action, reopens_at=reopens_at, now=now, spent_attempts=claim.attempt_count - 1)
 
 
@@ -147,11 +159,9 @@ def decide(
                 return RetryAt(plan.delay_s, f"{c.reason}: replay with the same key ({plan.reason})")
         return Ambiguous(c.reason)
     if c.klass is A.REJECTED:
-        if claim.open_ambiguity:
-            return Ambiguous(f"{c.reason} now, but an earlier attempt may have taken effect")
-        return Rejected(c.reason)
+        return _spent(claim, action, f"{c.reason}")
     if isinstance(plan, BudgetSpent):
-        return _spent(claim, f"budget spent: {plan.reason} (last: {c.reason})")
+        return _spent(claim, action, f"budget spent: {plan.reason} (last: {c.reason})")
     return RetryAt(plan.delay_s, f"{c.reason}; {plan.reason}")
 
 

@@ -1,19 +1,25 @@
 """The reconciler: settle outcome_unknown by asking the provider, never by re-sending.
 
 found succeeded -> succeeded; found failed -> failed_before_commit; found pending -> re-check;
-not found -> "never executed" only if the lookup is authoritative and settle_s has passed since
-the last dispatch attempt (then back to not_dispatched with the SAME key); lookup unavailable ->
-re-check with backoff under the reconciler's own budget; no lookup / budget spent ->
-reconciliation_required (a person decides).
+not found -> counts only if the lookup is authoritative and settle_s has passed since the last
+dispatch attempt; then (``after_not_found``) back to not_dispatched with the SAME key, or, when
+the operation must end (budget spent, cancel requested, the provider rejected the key), ended:
+failed_before_commit / cancelled only if no attempt can still land, else a person decides;
+lookup unavailable -> re-check with backoff under the reconciler's own budget; no lookup /
+reconciler budget spent -> reconciliation_required (a person decides).
+
+Every lookup carries the reconciler's fencing token (newer than every dispatch attempt's): a
+provider that fences (``provider_fencing``) refuses the older ones from then on. Evidence wins: a
+success that a worker got after losing its lease settles the operation (apply_late_successes).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,7 +28,8 @@ from breaker import Open, counts_as_failure
 from outbox.claims import Claim, claim_unknown
 from outbox.clock import as_utc
 from outbox.envelope import loads_exact
-from outbox.errors import StaleFence
+from outbox import late_evidence
+from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import finish_with_evidence
 from outbox.handoffs import open_handoff
 from outbox.models import Attempt, Operation
@@ -32,8 +39,8 @@ from outbox.transitions import AttemptReport, commit_even_if_stale
 from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import LookupResult
-from workers.handoff_packet import build_packet
-from workers.outcomes import effective_budget
+from workers.handoff_packet import build_packet, packet_builder
+from workers.outcomes import deadline_of, effective_budget
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,8 @@ class Settlement:
     reason: str
     recheck_in_s: float = 0.0
     reference: Optional[str] = None
+    # not_dispatched: the lookup fenced every earlier attempt off (settle_if_fenced cannot_land).
+    cannot_land: bool = False
 
 
 def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_s: float) -> Optional[datetime]:
@@ -124,7 +133,7 @@ def judge(
                               f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
                               recheck_in_s=wait_s)
         return Settlement(Status.NOT_DISPATCHED, AttemptClass.NOT_SENT,
-                          f"authoritative not found after settle_s={spec.settle_s:g}s: re-dispatch with the same key")
+                          f"authoritative not found after settle_s={spec.settle_s:g}s")
     return _recheck(claim, f"lookup unavailable: {found.reason}", rng,
                     max_lookups=max_lookups, max_delay_s=max_delay_s)
 
@@ -139,6 +148,8 @@ def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int,
 
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.Random] = None) -> Optional[Settlement]:
     rng = rng or random.Random()
+    if apply_late_successes(rt, operation_ids=[operation_id]):
+        return None  # a late success settled it: nothing left to look up
     with rt.sessions.begin() as session:
         claims = claim_unknown(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
     if not claims:
@@ -160,7 +171,8 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
                                                    f"breaker for {action.target} open: lookup later", recheck_in_s=wait_s),
                        action)
     found = rt.connectors.for_action(claim.action).lookup(
-        claim.action, action, args=loads_exact(claim.args), idempotency_key=claim.idempotency_key
+        claim.action, action, args=loads_exact(claim.args), idempotency_key=claim.idempotency_key,
+        fencing_token=claim.fencing_token,
     )
     failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
     unavailable = found.outcome == "unavailable"
@@ -173,42 +185,107 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.
     verdict = judge(claim, action, found, now=datetime.now(UTC), last_activity=last_activity, rng=rng,
                     max_lookups=rt.settings.reconcile_max_lookups, max_delay_s=rt.settings.reconcile_max_delay_s)
     if verdict.to is Status.NOT_DISPATCHED:
-        verdict = _cap_redispatch(rt, claim, action, verdict)
+        with rt.sessions() as session:
+            attempts = _dispatch_attempts(session, claim.operation_id)
+        verdict = after_not_found(claim, action, verdict, attempts, now=datetime.now(UTC))
     return _settle(rt, claim, found, verdict, action)
 
 
-def _cap_redispatch(rt: Runtime, claim: Claim, action: ActionConfig, verdict: Settlement) -> Settlement:
-    """Never executed, but the dispatch budget is spent: end it instead of re-dispatching.
+@dataclass(frozen=True)
+class DispatchAttempt:
+    """What after_not_found needs of one dispatch attempt row."""
 
-    If the last attempt was reported, the proof of absence covers every attempt: failed_before_commit.
-    If its worker died after claiming, hand it to a person.
+    number: int
+    fencing_token: int
+    klass: AttemptClass
+    error: Optional[str] = None
 
-    A poison intent (its worker crashes on every claim, before it can send or report) would
-    otherwise cycle claim -> crash -> lease expiry -> lookup -> re-dispatch forever, killing a
-    worker each time: the claim past the cap is what dies, before the budget check can run.
+
+def _dispatch_attempts(session: Session, operation_id: str) -> list[DispatchAttempt]:
+    rows = session.execute(
+        select(Attempt.attempt_number, Attempt.fencing_token, Attempt.attempt_class, Attempt.error)
+        .where(Attempt.operation_id == operation_id, Attempt.kind == "dispatch")
+        .order_by(Attempt.attempt_number)
+    ).all()
+    return [DispatchAttempt(r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error) for r in rows]
+
+
+def after_not_found(claim: Claim, action: ActionConfig, verdict: Settlement, attempts: list[DispatchAttempt], *,
+                    now: datetime) -> Settlement:
+    """Pure: the provider has no record of the key. Send again with the same key, or end it?
+
+    What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
+    never reported (a frozen worker, a provider's queue) can take effect after this lookup; no
+    timeout bounds that. They cannot when the action declares ``provider_fencing`` (this lookup
+    carried a newer token, which the provider holds against every older one from now on), or
+    when none is open (``claim.open_ambiguity`` is false: every one was proven unable to land).
+
+    - Send again: the key makes a late landing of an earlier attempt harmless (one effect).
+    - End it, when the budget is spent, a cancel was requested, the provider rejected the last
+      attempt of the key, or an earlier attempt may still land at a provider that honours no keys
+      (a re-send could be a second effect): failed_before_commit (cancelled) only if nothing can land;
+      otherwise a person decides. A poison intent (its worker died after claiming, every time)
+      goes to a person too.
     """
-    max_attempts = effective_budget(claim, action).max_attempts
-    if claim.attempt_count < max_attempts:
-        return verdict
-    with rt.sessions() as session:
-        last = session.execute(
-            select(Attempt.attempt_class)
-            .where(Attempt.operation_id == claim.operation_id, Attempt.kind == "dispatch")
-            .order_by(Attempt.attempt_number.desc())
-            .limit(1)
-        ).scalar_one_or_none()
-    if last != AttemptClass.PENDING.value:
-        # Proven absent and no attempt left: end it here rather than claim once more only to
-        # find the budget spent (which also left attempt_count one above the cap).
+    fenced = action.provider_fencing
+    can_land = claim.open_ambiguity and not fenced
+    budget = effective_budget(claim, action)
+    last = attempts[-1] if attempts else None
+    if claim.cancel_requested:
+        ending = "cancel requested"
+    elif claim.attempt_count >= budget.max_attempts:
+        ending = f"attempts used up ({claim.attempt_count}/{budget.max_attempts})"
+    elif now >= deadline_of(claim, action):
+        ending = f"deadline passed ({budget.deadline_s:g}s)"
+    elif last is not None and last.klass is AttemptClass.REJECTED:
+        ending = f"the provider rejected attempt {last.number}: {last.error or 'rejected'}"
+    elif can_land and action.provider_idempotency is None:
+        # Without a key the provider cannot tell a late earlier request from a new one.
+        ending = "the provider does not honour idempotency keys, so sending again could make a second effect"
+    else:
+        fence_note = "; every earlier attempt fenced off by this lookup" if fenced else ""
+        return replace(verdict, reason=f"{verdict.reason}{fence_note}: re-dispatch with the same key",
+                       cannot_land=fenced)
+    if last is not None and last.klass is AttemptClass.PENDING and claim.attempt_count >= budget.max_attempts:
         return Settlement(
-            Status.FAILED_BEFORE_COMMIT, AttemptClass.NOT_SENT,
-            f"{verdict.reason}; attempts used up ({claim.attempt_count}/{max_attempts}): no effect, no attempt left",
+            Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
+            f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{budget.max_attempts}) and the "
+            "last worker died before reporting (poison intent?): a person must decide",
         )
-    return Settlement(
-        Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
-        f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{max_attempts}) and the "
-        "last worker died before reporting (poison intent?): a person must decide",
-    )
+    if can_land:
+        open_ones = [a for a in attempts if a.number > claim.proven_absent_through
+                     and a.klass in (AttemptClass.AMBIGUOUS, AttemptClass.PENDING)]
+        which = ", ".join(f"attempt {a.number} (token {a.fencing_token}, "
+                          f"{'never reported' if a.klass is AttemptClass.PENDING else 'ambiguous'})"
+                          for a in open_ones) or "an earlier attempt"
+        return Settlement(
+            Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
+            f"{verdict.reason}, and it must end ({ending}); but {which} may still take effect: a paused "
+            "worker or the provider's queue can deliver it after this lookup, and this action does not declare "
+            "provider_fencing. Only a person can rule it out",
+        )
+    to = Status.CANCELLED if claim.cancel_requested else Status.FAILED_BEFORE_COMMIT
+    why = "every earlier attempt fenced off by this lookup" if fenced and claim.open_ambiguity else (
+        "no earlier attempt can still take effect")
+    return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
+
+
+def apply_late_successes(rt: Runtime, attempt_results: Optional[dict[int, Optional[dict[str, Any]]]] = None, *,
+                         operation_ids: Optional[list[str]] = None) -> dict[str, Status]:
+    """Settle operations by late successes: the given attempts' (a worker's own, with the response
+    bodies it read), or any of ``operation_ids``'. Never raises: the relay's sweep is the backstop."""
+    try:
+        moved = late_evidence.apply_unapplied(
+            rt.sessions, actor=rt.worker_id, sink=rt.evidence, packet=packet_builder(rt.actions),
+            attempt_ids=list(attempt_results) if attempt_results is not None else None,
+            operation_ids=operation_ids,
+            results={k: v for k, v in (attempt_results or {}).items() if v is not None})
+    except Exception:  # noqa: BLE001 - the evidence is committed; the sweep applies it later
+        log.warning("applying late evidence failed; the relay's sweep will", exc_info=True)
+        return {}
+    for status in moved.values():
+        metrics.record_outcome(status)
+    return moved
 
 
 def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: Settlement,
@@ -226,7 +303,7 @@ def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: S
 
     def settle(session: Session, to: Status) -> None:
         settle_if_fenced(session, claim, report, to=to, reason=verdict.reason,
-                         recheck_in_s=verdict.recheck_in_s, result=result)
+                         recheck_in_s=verdict.recheck_in_s, result=result, cannot_land=verdict.cannot_land)
         if to is Status.RECONCILIATION_REQUIRED:
             op = session.get(Operation, claim.operation_id)
             assert op is not None
@@ -240,7 +317,15 @@ def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: S
         else:
             commit_even_if_stale(rt.sessions, lambda session: settle(session, verdict.to))
     except StaleFence as exc:
-        log.info("stale fence: lookup kept as evidence only (%s)", exc, extra=fields)
+        log.info("stale fence: lookup kept as evidence (%s)", exc, extra=fields)
+        if verdict.to is Status.SUCCEEDED:
+            apply_late_successes(rt, {claim.attempt_id: result})
+        return verdict
+    except IllegalTransition as exc:
+        # "No effect" refused by the ledger's guard: a success arrived on another attempt while
+        # we looked. It settles the operation instead.
+        log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=fields)
+        apply_late_successes(rt, operation_ids=[claim.operation_id])
         return verdict
     if applied is Status.FAILED_BEFORE_COMMIT:
         log.error("failed_before_commit: %s", verdict.reason, extra=fields)  # a final failure

@@ -1,7 +1,8 @@
 """The relay: rings the doorbell for due operations; the sweep's duties ride along.
 
 Each tick (``run_once``):
-1. expired leases on ``dispatching`` -> ``outcome_unknown`` (a crashed worker may have sent);
+1. expired leases on ``dispatching`` -> ``outcome_unknown`` (a crashed worker may have sent), and
+   late successes a worker wrote but did not live to apply -> settled (outbox/late_evidence.py);
 2. due ``not_dispatched`` rows never published, due again (a retry), or published longer ago than
    ``republish_after_s`` (the message was lost: broker restart, crashed consumer) -> ``dispatch``;
 3. the same for due ``outcome_unknown`` rows -> ``outcome_unknown`` queue (the reconciler).
@@ -38,13 +39,16 @@ from sqlalchemy.engine import make_url
 
 from outbox.clock import db_age_s, db_now
 from outbox.db import driver_connection, is_postgres, make_sessionmaker
+from outbox import late_evidence
 from outbox.evidence import EvidenceSink, backfill
 from outbox.models import Operation, core_table
 from outbox.states import Status
 from outbox.submit import NOTIFY_CHANNEL
 from outbox.transitions import expire_leases
 from workers import metrics
+from workers.actions import ActionsConfig
 from workers.doorbell import Doorbell
+from workers.handoff_packet import packet_builder
 
 log = logging.getLogger(__name__)
 _OP = core_table(Operation)
@@ -117,7 +121,10 @@ class Relay:
         linger_s: float = 0.0,
         embedded_broker_cleanup: Optional[Callable[[], object]] = None,
         evidence_sink: Optional[EvidenceSink] = None,
+        actions: Optional[ActionsConfig] = None,
     ) -> None:
+        """``actions``: the actions file, for handoff packets (what to mask, where to look) when a
+        late success contradicts a final state; without it every argument is masked."""
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.doorbell = doorbell
@@ -130,6 +137,8 @@ class Relay:
         self._last_cleanup = 0.0
         # Only a separate evidence database can be down while the ledger is up.
         self._evidence = evidence_sink if evidence_sink is not None and evidence_sink.separate else None
+        self._sink = evidence_sink or EvidenceSink(None)
+        self._packet = packet_builder(actions)
         self._last_backfill = 0.0
         self.stop_event = threading.Event()
         # Ids rung straight from NOTIFY since the last tick; the tick marks them published.
@@ -223,6 +232,9 @@ class Relay:
                 expired = len(expire_leases(session))
             if expired:
                 log.info("leases expired: %d operation(s) parked in outcome_unknown", expired)
+            settled = late_evidence.apply_unapplied(self.sessions, actor="sweep", sink=self._sink, packet=self._packet)
+            if settled:
+                log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))
         reconcile_ids = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
         if reconcile_ids:
             self.doorbell.ring_reconcile(reconcile_ids)

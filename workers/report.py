@@ -7,7 +7,10 @@ listing since the window start (through the target's pooled httpx client) and co
   provider lists no object with that idempotency key or reference;
 - document_without_record: a provider object whose key has no operation in the ledger, or no
   operation that holds the effect as done;
-- duplicates: more than one provider object for one business key (two effects for one intent).
+- duplicates: more than one provider object for one business key (two effects for one intent);
+- state_contradictions: operations whose own attempts contradict their state, read from the
+  ledger alone (outbox/report.py): a confirmed success beside failed_before_commit, an attempt
+  that may still land beside a "no effect" state, a success not yet applied, a second reference.
 
 Plus the health figures of ``outbox/report.py``. ``{since}`` in a list request is the window
 start in epoch seconds (with LISTING_SLACK_S of slack); ``{cursor}`` is the page cursor ("" on the
@@ -22,7 +25,11 @@ The JSON object (``REPORT_VERSION`` 1; fields are only ever added):
                                      "reference", "finished_at", "target"}],
         "document_without_record": [{"target", "actions", "idempotency_key", "reference", "status",
                                      "why", "ledger": [operation, ...]}],
-        "duplicates": [{"target", "actions", "idempotency_key", "count", "references"}]},
+        "duplicates": [{"target", "actions", "idempotency_key", "count", "references"}],
+        "state_contradictions": [{"operation_id", "tenant", "idempotency_key", "action", "status",
+                                  "reference", "finished_at", "why",
+                                  "attempt": {"attempt_number", "kind", "fencing_token", "class",
+                                              "reference", "stale"} | null}]},
      "listings": [{"target", "actions", "request", "documents", "pages", "error"}],
      "actions_without_listing": [name, ...],
      "too_recent": int,   # successes younger than the lookup's settle_s: not compared (index lag)
@@ -237,6 +244,7 @@ def build_report(session: Session, actions: ActionsConfig, *, since: dt.datetime
         if own_http:
             connector.close()
 
+    discrepancies["state_contradictions"] = ledger.state_contradictions(session, since=since)
     retries: dict[str, dict[str, int]] = defaultdict(lambda: {"retries": 0, "billable": 0})
     for action_name, counts in ledger.retries_by_action(session, since=since).items():
         cfg = actions.actions.get(action_name)

@@ -179,3 +179,14 @@ def test_authoritative_lookup_by_a_key_that_is_never_sent_is_refused():
         parse_actions(doc)
     doc["actions"]["a"]["lookup"]["authoritative_not_found"] = False
     parse_actions(doc)
+
+
+def test_provider_fencing_needs_the_header_that_carries_the_token(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["actions"]["payments.refund.create"]["provider_fencing"] = True
+    err = error_for(tmp_path, data)
+    assert "provider_fencing" in str(err) and "fencing_header" in str(err)
+    data["actions"]["payments.refund.create"]["fencing_header"] = "X-Fencing-Token"
+    assert load_actions(write(tmp_path, data), environ=ENV).action("payments.refund.create").provider_fencing
+    # Undeclared, a provider is assumed not to fence (the safe assumption).
+    assert not load_actions(EXAMPLE, environ=ENV).action("payments.refund.create").provider_fencing

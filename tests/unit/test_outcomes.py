@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -14,7 +15,7 @@ from workers.actions import parse_actions
 from workers.classify import Classification
 from workers.connectors import LookupResult
 from workers.outcomes import Ambiguous, Cancelled, Rejected, RetryAt, Succeeded, before_send, breaker_open, decide
-from workers.reconcile import MAX_LOOKUPS, judge
+from workers.reconcile import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 DOC = {
@@ -33,13 +34,17 @@ DOC = {
 CONFIG = parse_actions(DOC)
 ACTION = CONFIG.action("refund")
 REPLAY = parse_actions(DOC | {"actions": {"refund": DOC["actions"]["refund"] | {"on_ambiguous": "replay"}}}).action("refund")
+FENCED = parse_actions(DOC | {"actions": {"refund": DOC["actions"]["refund"] | {
+    "fencing_header": "X-Fencing-Token", "provider_fencing": True}}}).action("refund")
 
 
-def claim(n: int = 1, *, ambiguity: bool = False, cancel: bool = False, max_attempts=None, kind="dispatch") -> Claim:
+def claim(n: int = 1, *, ambiguity: bool = False, cancel: bool = False, max_attempts=None, kind="dispatch",
+          proven_absent_through: int = 0) -> Claim:
     return Claim(operation_id="op", fencing_token=n, attempt_id=n, attempt_number=n, kind=kind, tenant="t",
                  idempotency_key="k", action="refund", args="{}", args_digest="d", subject="s", worker="w",
                  lease_expires_at=T0 + timedelta(seconds=60), max_attempts=max_attempts, attempt_count=n,
-                 deadline_at=None, created_at=T0, cancel_requested=cancel, open_ambiguity=ambiguity)
+                 deadline_at=None, created_at=T0, cancel_requested=cancel, open_ambiguity=ambiguity,
+                 proven_absent_through=proven_absent_through)
 
 
 def c(klass, **kw) -> Classification:
@@ -84,6 +89,22 @@ def test_before_send_checks():
     assert isinstance(before_send(claim(2, ambiguity=True), ACTION, now=T0 + timedelta(seconds=61)), Ambiguous)
 
 
+def test_cancel_never_sends_and_never_hides_an_earlier_attempt():
+    # With an earlier attempt that may still land, a cancel sends nothing more and looks it up:
+    # cancelled only once nothing can land, succeeded if it did.
+    assert isinstance(before_send(claim(2, cancel=True, ambiguity=True), ACTION, now=T0), Ambiguous)
+
+
+def test_before_failing_on_budget_after_an_ambiguity_proven_absent_it_looks_once_more():
+    # Attempt 1 was ambiguous and a fenced lookup proved it unable to land (proven_absent_through 1):
+    # the budget ends on attempt 3, and the ledger asks the provider once more before failing.
+    again = decide(claim(3, proven_absent_through=1), ACTION, c(A.NOT_PROCESSED, status_code=503), now=T0)
+    assert isinstance(again, Ambiguous) and "once more" in again.why
+    # With no lookup to ask, the fence (or a person's word) is all there is.
+    no_lookup = ACTION.model_copy(update={"lookup": None})
+    assert isinstance(decide(claim(3, proven_absent_through=1), no_lookup, c(A.NOT_PROCESSED), now=T0), Rejected)
+
+
 def test_breaker_open_waits_without_spending_an_attempt():
     out = breaker_open(claim(), ACTION, reopens_at=T0 + timedelta(seconds=5), now=T0)
     assert isinstance(out, RetryAt) and out.refund_attempt and out.delay_s == pytest.approx(5)
@@ -110,3 +131,55 @@ def test_reconciler_judgement():
     assert down.to is Status.OUTCOME_UNKNOWN and down.recheck_in_s > 0
     last = judge(claim(MAX_LOOKUPS, kind="lookup"), ACTION, lookup("unavailable"), now=T0, last_activity=T0, rng=rng)
     assert last.to is Status.RECONCILIATION_REQUIRED
+
+
+NOT_FOUND = Settlement(Status.NOT_DISPATCHED, A.NOT_SENT, "authoritative not found after settle_s=5s")
+
+
+def attempts(*classes: A) -> list[DispatchAttempt]:
+    return [DispatchAttempt(n, n, k, None if k is not A.REJECTED else "http_422") for n, k in enumerate(classes, 1)]
+
+
+def test_not_found_with_budget_left_redispatches_with_the_same_key():
+    # The key makes a late landing of attempt 1 harmless; only a fence proves it can no longer land.
+    plain = after_not_found(claim(1, kind="lookup", ambiguity=True), ACTION, NOT_FOUND, attempts(A.PENDING), now=T0)
+    assert plain.to is Status.NOT_DISPATCHED and not plain.cannot_land
+    fenced = after_not_found(claim(1, kind="lookup", ambiguity=True), FENCED, NOT_FOUND, attempts(A.PENDING), now=T0)
+    assert fenced.to is Status.NOT_DISPATCHED and fenced.cannot_land and "fenced off" in fenced.reason
+
+
+@pytest.mark.parametrize("why,rc,tried", [
+    ("deadline", claim(2, kind="lookup", ambiguity=True), attempts(A.PENDING, A.NOT_SENT)),
+    ("attempts", claim(3, kind="lookup", ambiguity=True), attempts(A.AMBIGUOUS, A.NOT_PROCESSED, A.NOT_PROCESSED)),
+    ("rejected", claim(2, kind="lookup", ambiguity=True), attempts(A.PENDING, A.REJECTED)),
+    ("cancel", claim(2, kind="lookup", ambiguity=True, cancel=True), attempts(A.AMBIGUOUS, A.NOT_SENT)),
+])
+def test_not_found_when_it_must_end_fails_only_where_nothing_can_land(why, rc, tried):
+    now = T0 + timedelta(seconds=61 if why == "deadline" else 1)
+    # The issue-12 timeline: attempt 1 may still land (a frozen worker); not found proves nothing
+    # about it, so a person decides instead of failed_before_commit.
+    person = after_not_found(rc, ACTION, NOT_FOUND, tried, now=now)
+    assert person.to is Status.RECONCILIATION_REQUIRED, person
+    assert "attempt 1 (token 1" in person.reason and "provider_fencing" in person.reason
+    # The provider fences: this lookup's newer token locked attempt 1 out.
+    ended = after_not_found(rc, FENCED, NOT_FOUND, tried, now=now)
+    assert ended.to is (Status.CANCELLED if why == "cancel" else Status.FAILED_BEFORE_COMMIT), ended
+    # Nothing open (every earlier attempt proven unable to land): it ends without a fence too.
+    closed = after_not_found(replace(rc, open_ambiguity=False), ACTION, NOT_FOUND, tried, now=now)
+    assert closed.to is ended.to
+
+
+def test_a_poison_intent_at_its_cap_goes_to_a_person_even_when_fenced():
+    rc = claim(3, kind="lookup", ambiguity=True)
+    out = after_not_found(rc, FENCED, NOT_FOUND, attempts(A.PENDING, A.PENDING, A.PENDING), now=T0)
+    assert out.to is Status.RECONCILIATION_REQUIRED and "poison" in out.reason
+
+
+def test_not_found_at_a_provider_without_keys_never_resends_over_a_request_that_may_land():
+    no_keys = ACTION.model_copy(update={"provider_idempotency": None})
+    rc = claim(1, kind="lookup", ambiguity=True)
+    out = after_not_found(rc, no_keys, NOT_FOUND, attempts(A.PENDING), now=T0)
+    assert out.to is Status.RECONCILIATION_REQUIRED and "second effect" in out.reason
+    # Nothing open: a plain re-send is the only send there is.
+    assert after_not_found(replace(rc, open_ambiguity=False), no_keys, NOT_FOUND, attempts(A.NOT_SENT),
+                           now=T0).to is Status.NOT_DISPATCHED
