@@ -20,7 +20,9 @@ Set-up of one run:
 
 Mid-run (by progress, so it happens while work is in flight): when a quarter of the intents is
 settled the private Redis is SIGKILLed and restarted empty on the same port; at half, one
-dispatch worker (seeded choice) is SIGKILLed and a replacement is started.
+dispatch worker (seeded choice) is SIGKILLed and a replacement is started; at three quarters,
+another is frozen (SIGSTOP) for FREEZE_S, past its lease, so its operations are looked up and
+sent again by others, and then thawed (SIGCONT): whatever it was about to send or write arrives late.
 
 Quiet = no operation in ``not_dispatched``, ``dispatching``, ``outcome_unknown``,
 ``awaiting_approval`` or ``committed_evidence_degraded`` (``outcome_unknown`` being reconciled is
@@ -32,14 +34,15 @@ Invariants checked once quiet (each failure is one violation, described in ``vio
 - I2 zero lost intents: every submitted operation id exists, the count matches, every status is a
   ``Status``, and nothing is left un-quiet at the deadline;
 - I3 ``succeeded`` has exactly one effect with its key and ``result_reference`` = that effect's
-  object id; ``failed_before_commit`` has none;
+  object id; ``failed_before_commit`` has none; the ledger's own report finds no operation whose
+  attempts contradict its state (``outbox.report.state_contradictions``);
 - I5 every operation has a reason and an attempt history; every ``reconciliation_required`` one
   has an open handoff whose packet holds all five items (operation, attempts, last_error,
   next_step, intent), each non-empty;
 - I6 at most ``max_attempts`` dispatch attempts sent per operation (ledger) and at most
   ``max_attempts`` POSTs per key (provider); ``attempt_count`` may exceed the cap by one only when
   that last claim found the budget spent and ended the operation without sending (by design,
-  ``workers/reconcile.py`` ``_cap_redispatch``; counted as ``budget_end_claims``).
+  ``workers/outcomes.py`` ``before_send``; counted as ``budget_end_claims``).
 
     .venv/bin/python -m bench.scale_proof [--intents 3000] [--seed 7] [--workers 4] [--quick]
 
@@ -50,6 +53,7 @@ bench/results/; exits 1 on any violation.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import random
 import sys
@@ -69,6 +73,9 @@ if str(ROOT) not in sys.path:  # tests.harness is imported as a namespace packag
     sys.path.insert(0, str(ROOT))
 
 MAX_ATTEMPTS = 4
+# Longer than the harness's 3 s lease plus the sweep: the frozen worker's claims expire, are
+# looked up and re-sent by the others before it wakes up.
+FREEZE_S = 6.0
 NOT_QUIET = ("not_dispatched", "dispatching", "outcome_unknown", "awaiting_approval",
              "committed_evidence_degraded")
 PACKET_ITEMS = ("operation", "attempts", "last_error", "next_step", "intent")
@@ -122,6 +129,7 @@ class ScaleResult:
     lost: int = 0
     redis_restarts: int = 0
     worker_kills: int = 0
+    worker_freezes: int = 0
     faults_fired: dict[str, int] = field(default_factory=dict)
     budget_end_claims: int = 0  # claims past the cap that ended the operation without sending
     violations: list[str] = field(default_factory=list)
@@ -138,14 +146,14 @@ class ScaleResult:
                 f"reconciliation_required={s['reconciliation_required']} reconciled={self.reconciled} "
                 f"retries={self.retries} effects={self.effects} duplicates={self.duplicates} lost={self.lost} "
                 f"redis_restarts={self.redis_restarts} worker_kills={self.worker_kills} "
-                f"violations={len(self.violations)}")
+                f"worker_freezes={self.worker_freezes} violations={len(self.violations)}")
 
     def as_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "intents": self.intents, "workers": self.workers, "wall_s": self.wall_s,
                 "ops_per_s": self.ops_per_s, "statuses": dict(self.statuses), "reconciled": self.reconciled,
                 "retries": self.retries, "effects": self.effects, "duplicates": self.duplicates, "lost": self.lost,
                 "redis_restarts": self.redis_restarts, "worker_kills": self.worker_kills,
-                "faults_fired": self.faults_fired, "budget_end_claims": self.budget_end_claims,
+                "worker_freezes": self.worker_freezes, "faults_fired": self.faults_fired, "budget_end_claims": self.budget_end_claims,
                 "violations": self.violations}
 
 
@@ -211,6 +219,8 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
             submitter.start()
             deadline = started + deadline_s
             last_print = 0.0
+            frozen: Optional[Any] = None
+            thaw_at = 0.0
             while True:
                 counts = _status_counts(sessions)
                 busy = sum(counts[st] for st in NOT_QUIET)
@@ -229,7 +239,18 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
                     killed.append(victim)
                     result.worker_kills += 1
                     dispatchers.append(pipe.start_worker(f"d{workers + result.worker_kills}", queues="dispatch"))
-                if busy == 0 and not submitter.is_alive() and result.worker_kills:
+                elif result.worker_kills and result.worker_freezes == 0 and settled >= intents * 3 // 4:
+                    frozen = dispatchers[rng.randrange(len(dispatchers))]
+                    _log(f"SIGSTOP worker {frozen.name} (pid {frozen.pid}) for {FREEZE_S:g}s at "
+                         f"{settled}/{intents} settled", verbose)
+                    frozen.freeze()
+                    thaw_at = now + FREEZE_S
+                    result.worker_freezes += 1
+                if frozen is not None and now >= thaw_at:
+                    _log(f"SIGCONT worker {frozen.name}", verbose)
+                    frozen.thaw()
+                    frozen = None
+                if busy == 0 and not submitter.is_alive() and result.worker_freezes and frozen is None:
                     break
                 if now > deadline:
                     result.violations.append(f"I2: not quiet after {deadline_s:.0f}s: {dict(counts)}")
@@ -254,6 +275,7 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
 def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
            keys: dict[str, tuple[str, str]]) -> None:
     from outbox.models import Attempt, Handoff, Operation, OperationEvent
+    from outbox.report import state_contradictions
     from outbox.states import Status
 
     v = result.violations
@@ -284,6 +306,10 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
         result.reconciled = int(s.execute(
             select(func.count(func.distinct(OperationEvent.operation_id)))
             .where(OperationEvent.to_status == Status.OUTCOME_UNKNOWN.value)).scalar_one())
+        contradictions = state_contradictions(s, since=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
+    for c in contradictions[:20]:
+        v.append(f"I3: {c['operation_id']} key={c['idempotency_key']} status={c['status']}: {c['why']} "
+                 f"(attempt {c['attempt']})")
 
     result.statuses = Counter(op.status for op in ops.values())
     missing = [op_id for op_id in keys if op_id not in ops]
