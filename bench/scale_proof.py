@@ -106,11 +106,13 @@ def fault_mix(seed: int) -> list[dict[str, Any]]:
     return [dict(r, method="POST", path="/v1/*", seed=seed * 100 + n) for n, r in enumerate(rules)]
 
 
-def scale_actions_doc(sandbox_url: str) -> dict[str, Any]:
+def scale_actions_doc(sandbox_url: str, *, fencing: bool = False) -> dict[str, Any]:
+    """``fencing``: the actions declare provider_fencing (the sandbox then runs strict fencing)."""
     from tests.harness import action, actions_doc
 
     budget = {"max_attempts": MAX_ATTEMPTS, "deadline_s": 600, "base_delay_s": 0.1, "max_delay_s": 1}
-    actions = {name: action(path, budget=budget, **({"decimal_args": ["amount"]} if "refund" in name else {}))
+    extra = {"provider_fencing": True} if fencing else {}
+    actions = {name: action(path, budget=budget, **extra, **({"decimal_args": ["amount"]} if "refund" in name else {}))
                for name, (path, _, _) in ACTIONS.items()}
     return actions_doc(sandbox_url, actions=actions)
 
@@ -120,6 +122,7 @@ class ScaleResult:
     seed: int
     intents: int
     workers: int
+    fencing: bool = False
     wall_s: float = 0.0
     statuses: Counter[str] = field(default_factory=Counter)
     reconciled: int = 0  # operations that went through outcome_unknown
@@ -131,6 +134,8 @@ class ScaleResult:
     worker_kills: int = 0
     worker_freezes: int = 0
     faults_fired: dict[str, int] = field(default_factory=dict)
+    # Why operations went to a person (the reason up to its first ':', counted).
+    handoff_reasons: Counter[str] = field(default_factory=Counter)
     budget_end_claims: int = 0  # claims past the cap that ended the operation without sending
     violations: list[str] = field(default_factory=list)
 
@@ -141,6 +146,7 @@ class ScaleResult:
     def summary(self) -> str:
         s = self.statuses
         return (f"scale-proof seed={self.seed} intents={self.intents} workers={self.workers} "
+                f"fencing={'yes' if self.fencing else 'no'} "
                 f"wall={self.wall_s:.1f}s ops/s={self.ops_per_s:.1f} succeeded={s['succeeded']} "
                 f"failed_before_commit={s['failed_before_commit']} "
                 f"reconciliation_required={s['reconciliation_required']} reconciled={self.reconciled} "
@@ -149,7 +155,8 @@ class ScaleResult:
                 f"worker_freezes={self.worker_freezes} violations={len(self.violations)}")
 
     def as_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "intents": self.intents, "workers": self.workers, "wall_s": self.wall_s,
+        return {"seed": self.seed, "intents": self.intents, "workers": self.workers, "fencing": self.fencing,
+                "wall_s": self.wall_s, "handoff_reasons": dict(self.handoff_reasons),
                 "ops_per_s": self.ops_per_s, "statuses": dict(self.statuses), "reconciled": self.reconciled,
                 "retries": self.retries, "effects": self.effects, "duplicates": self.duplicates, "lost": self.lost,
                 "redis_restarts": self.redis_restarts, "worker_kills": self.worker_kills,
@@ -172,17 +179,20 @@ def _log(msg: str, verbose: bool) -> None:
 
 def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: Any, tmp: Path,
                     intents: int = 300, seed: int = 7, workers: int = 4,
-                    deadline_s: Optional[float] = None, verbose: bool = False) -> ScaleResult:
+                    deadline_s: Optional[float] = None, verbose: bool = False, fencing: bool = False) -> ScaleResult:
     """Run the scenario against an EMPTY migrated ledger (``db_url``/``sessions``) and a sandbox
-    (``SandboxServer``/``SandboxProcess``, reset here). Returns figures and violations."""
+    (``SandboxServer``/``SandboxProcess``, reset here). Returns figures and violations.
+
+    ``fencing``: the sandbox refuses older fencing tokens and the actions declare provider_fencing,
+    so a lookup's "not found" proves earlier attempts unable to land (fewer handoffs)."""
     from outbox.submit import submit
     from tests.harness import PrivateRedis, pipeline
 
-    result = ScaleResult(seed=seed, intents=intents, workers=workers)
+    result = ScaleResult(seed=seed, intents=intents, workers=workers, fencing=fencing)
     rng = random.Random(seed)
     deadline_s = deadline_s if deadline_s is not None else 180.0 + intents * 0.3
     sandbox.reset()
-    sandbox.configure(request_log_max=max(100_000, intents * 20))
+    sandbox.configure(request_log_max=max(100_000, intents * 20), strict_fencing=fencing)
     for rule in fault_mix(seed):
         sandbox.add_fault(**rule)
 
@@ -190,7 +200,7 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
     try:
         with pipeline(db_url=db_url, sessions=sessions, redis_url=redis.url, tmp=tmp, sandbox_url=sandbox.url,
                       env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url}) as pipe:
-            pipe.write_actions(scale_actions_doc(sandbox.url))
+            pipe.write_actions(scale_actions_doc(sandbox.url, fencing=fencing))
             dispatchers = [pipe.start_worker(f"d{i + 1}", queues="dispatch") for i in range(workers)]
             pipe.start_worker("reconciler", queues="outcome_unknown")
             pipe.start_relay()
@@ -343,6 +353,7 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
         if not dispatches:
             v.append(f"I5: {tag}: no dispatch attempt recorded")
         if op.status == Status.RECONCILIATION_REQUIRED.value:
+            result.handoff_reasons[(op.reason or "").split(":")[0][:80]] += 1
             open_ = [h for h in handoffs[op_id] if h.status == "open"]
             if not open_:
                 v.append(f"I5: {tag}: parked without an open handoff")
@@ -378,6 +389,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="300 intents (the CI-sized run)")
+    parser.add_argument("--fencing", action="store_true",
+                        help="the sandbox fences and the actions declare provider_fencing")
     parser.add_argument("--deadline-s", type=float, default=None)
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON figures (default bench/results/scale-proof-<date>-seed<S>-n<N>.json)")
@@ -397,18 +410,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             result = run_scale_proof(db_url=db.url, sessions=make_sessionmaker(engine), sandbox=sandbox,
                                      tmp=Path(tmp), intents=args.intents, seed=args.seed, workers=args.workers,
-                                     deadline_s=args.deadline_s, verbose=not args.quiet)
+                                     deadline_s=args.deadline_s, verbose=not args.quiet, fencing=args.fencing)
         finally:
             engine.dispose()
     print(result.summary(), flush=True)
     print("faults fired: " + ", ".join(f"{k}={n}" for k, n in result.faults_fired.items())
           + f"; budget_end_claims={result.budget_end_claims}")
+    for why, n in result.handoff_reasons.most_common():
+        print(f"handed to a person: {n} x {why}")
     for line in result.violations[:50]:
         print(f"VIOLATION {line}")
     if len(result.violations) > 50:
         print(f"... and {len(result.violations) - 50} more violations")
     out = args.out or (ROOT / "bench" / "results" /
-                       f"scale-proof-{time.strftime('%Y-%m-%d')}-seed{args.seed}-n{args.intents}.json")
+                       f"scale-proof-{time.strftime('%Y-%m-%d')}-seed{args.seed}-n{args.intents}"
+                       f"{'-fencing' if args.fencing else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result.as_json(), indent=2))
     print(f"wrote {out}")
