@@ -149,6 +149,17 @@ class EvidenceSink:
         with self.engine.begin() as conn:
             conn.execute(stmt)
 
+    def write_separately(self, record: EvidenceRecord) -> Status:
+        """A separate sink's write, before the success is recorded: succeeded, or
+        committed_evidence_degraded when the sink is down (the effect happened all the same)."""
+        try:
+            self.write(record)
+        except Exception as exc:  # noqa: BLE001 - the effect happened; never lose that fact
+            log.warning("evidence sink unavailable; recording committed_evidence_degraded: %s", exc,
+                        extra={"operation_id": record.operation_id})
+            return Status.COMMITTED_EVIDENCE_DEGRADED
+        return Status.SUCCEEDED
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.dispose()
@@ -193,12 +204,7 @@ def finish_with_evidence(
             assert op is not None
             record = record_for(s, op, reference=report.provider_reference, response_digest=report.response_digest,
                                 current=(claim.attempt_id, report))
-        try:
-            sink.write(record)
-        except Exception as exc:  # noqa: BLE001 - the effect happened; never lose that fact
-            log.warning("evidence sink unavailable; recording committed_evidence_degraded: %s", exc,
-                        extra={"operation_id": claim.operation_id})
-            to = Status.COMMITTED_EVIDENCE_DEGRADED
+        to = sink.write_separately(record)
 
     def write(s: Session) -> None:
         finalize(s, to)

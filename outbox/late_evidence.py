@@ -108,15 +108,8 @@ def apply(session: Session, late: LateSuccess, *, actor: str, sink: EvidenceSink
         # A person is reviewing a contradiction of this operation: more evidence goes to them (it
         # is in the attempt log they read), not around them.
         return None
-    to = Status.SUCCEEDED
     record = record_for(session, op, reference=late.provider_reference, response_digest=late.response_digest)
-    if sink.separate:
-        try:
-            sink.write(record)
-        except Exception as exc:  # noqa: BLE001 - the effect happened; never lose that fact
-            log.warning("evidence sink unavailable; recording committed_evidence_degraded: %s", exc,
-                        extra={"operation_id": op.id})
-            to = Status.COMMITTED_EVIDENCE_DEGRADED
+    to = sink.write_separately(record) if sink.separate else Status.SUCCEEDED
     reason = (f"{late.label} was confirmed by the provider after its worker had lost the lease: "
               "evidence wins" + (" (completed after cancel requested)" if op.cancel_requested else ""))
     move(session, op.id, sources=[status], to=to, event=LATE_EVIDENCE_EVENT, actor=actor, reason=reason,
@@ -171,9 +164,15 @@ def apply_unapplied(sessions: sessionmaker[Session], *, actor: str, sink: Eviden
     moved: dict[str, Status] = {}
     for late in found:
         # Two late successes for one operation: the first settles it, the second finds it done.
-        with sessions.begin() as session:
-            to = apply(session, late, actor=actor, sink=sink, packet=packet,
-                       result=(results or {}).get(late.attempt_id))
+        try:
+            with sessions.begin() as session:
+                to = apply(session, late, actor=actor, sink=sink, packet=packet,
+                           result=(results or {}).get(late.attempt_id))
+        except Exception:  # noqa: BLE001 - one that fails must not hold back the others
+            # Left unapplied: tried again next time, listed by the report meanwhile.
+            log.warning("late evidence not applied; will try again", exc_info=True,
+                        extra={"operation_id": late.operation_id, "attempt": late.attempt_number})
+            continue
         if to is not None:
             moved[late.operation_id] = to
     return moved

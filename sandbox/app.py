@@ -137,11 +137,9 @@ async def create(
     if not isinstance(body, dict):
         return error(400, rid, "invalid_request_error", "invalid_json", "Body must be a JSON object.")
     if config.strict_fencing and key is not None and token is not None:
-        seen = state.fencing.admit(tenant, key, token)
-        if seen is not None:
-            return error(409, rid, "idempotency_error", "stale_token",
-                         f"Fencing token {token} is older than {seen} already seen for this key.",
-                         "X-Fencing-Token")
+        refused = _stale_token(rid, token, state.fencing.admit(tenant, key, token))
+        if refused is not None:
+            return refused
     digest = params_digest("POST", request.path, body)
     use_keys = config.idempotency and key is not None
     now = clock.now()
@@ -164,11 +162,9 @@ async def create(
             await asyncio.sleep(rule.latency_ms / 1000)  # processing time: the key is in flight
         if config.strict_fencing and key is not None and token is not None:
             # Checked again at commit: a newer token may have arrived while this one was processed.
-            seen = state.fencing.stale(tenant, key, token)
-            if seen is not None:
-                return error(409, rid, "idempotency_error", "stale_token",
-                             f"Fencing token {token} is older than {seen} already seen for this key.",
-                             "X-Fencing-Token")
+            refused = _stale_token(rid, token, state.fencing.stale(tenant, key, token))
+            if refused is not None:
+                return refused
         try:
             if rule is not None and rule.mode == "reject_422":
                 raise invalid("invalid_amount", "amount", "amount is invalid (injected).")
@@ -196,6 +192,14 @@ async def create(
         if use_keys:
             assert key is not None
             keys.release(tenant, key)  # no-op once completed; frees the key if nothing was saved
+
+
+def _stale_token(rid: str, token: int, seen: int | None) -> Outcome | None:
+    """409 stale_token when a newer token than ``token`` was already seen for the key."""
+    if seen is None:
+        return None
+    return error(409, rid, "idempotency_error", "stale_token",
+                 f"Fencing token {token} is older than {seen} already seen for this key.", "X-Fencing-Token")
 
 
 async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
