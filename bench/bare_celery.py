@@ -38,7 +38,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 
-_redis: "redis.Redis | None" = None
+_redis: redis.Redis | None = None
 
 
 def counter_key() -> str:

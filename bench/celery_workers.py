@@ -16,13 +16,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_FLAGS = ["--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"]
 
 
-def _rss_kib(pid: int) -> Optional[int]:
+def _rss_kib(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -48,12 +47,12 @@ class Workers:
     count: int
     env: dict[str, str]
     tmp: Path
-    queues: Optional[str] = None
+    queues: str | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     ready_files: list[Path] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
-    def start(self, timeout_s: float = 60.0) -> "Workers":
+    def start(self, timeout_s: float = 60.0) -> Workers:
         n_procs, conc = (1, self.count) if self.pool == "prefork" else (self.count, 1)
         for i in range(n_procs):
             tag = f"{self.pool}{self.count}-{i}-{uuid.uuid4().hex[:6]}"
@@ -100,7 +99,7 @@ class Workers:
                 p.kill()
                 p.wait()
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         try:
             return self.start()
         except BaseException:

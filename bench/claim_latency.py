@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from bench.scratch_database import ScratchDatabase, libpq
 
@@ -163,7 +163,7 @@ def run_one(rows: int, due: int, claims: int, attempts: bool) -> dict[str, Any]:
     return result
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=None, help="comma-separated sizes (default 10000,1000000)")
     parser.add_argument("--due", type=int, default=1000)
@@ -193,7 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"  {line}")
     out = args.out or RESULTS_DIR / f"claim-latency-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"date": dt.datetime.now(dt.timezone.utc).isoformat(), "results": results}, indent=2))
+    out.write_text(json.dumps({"date": dt.datetime.now(dt.UTC).isoformat(), "results": results}, indent=2))
     print(f"\nwrote {out}")
     return 0 if all(r["uses_ix_operations_due"] for r in results) else 1
 

@@ -21,10 +21,10 @@ class Xacts:
     commits: int
     rollbacks: int
 
-    def __sub__(self, other: "Xacts") -> "Xacts":
+    def __sub__(self, other: Xacts) -> Xacts:
         return Xacts(self.commits - other.commits, self.rollbacks - other.rollbacks)
 
-    def __add__(self, other: "Xacts") -> "Xacts":
+    def __add__(self, other: Xacts) -> Xacts:
         return Xacts(self.commits + other.commits, self.rollbacks + other.rollbacks)
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _kind(cmdline: str, pid: int) -> Optional[str]:
+def _kind(cmdline: str, pid: int) -> str | None:
     if pid == os.getpid():
         return "bench process (submitters)"
     if cmdline.startswith("postgres"):
@@ -56,7 +55,7 @@ class CpuSplit:
         self.seconds: dict[str, float] = {}
         self._before: dict[int, tuple[str, float]] = {}
 
-    def __enter__(self) -> "CpuSplit":
+    def __enter__(self) -> CpuSplit:
         self._before = snapshot()
         return self
 

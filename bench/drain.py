@@ -241,7 +241,7 @@ def drain(url: str, loop: str, *, processes: int, claim_limit: int = 1,
             except queue_mod.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"{loop} worker failed: exit codes {[p.exitcode for p in procs]}")
+                    raise RuntimeError(f"{loop} worker failed: exit codes {[p.exitcode for p in procs]}") from None
         for p in procs:
             p.join(timeout=30)
     finally:

@@ -209,7 +209,7 @@ def print_table(submit: dict[str, float], rows: list[dict[str, Any]], commits: l
         print(f"  {name:<34} {rate:>8.0f} intents/s")
     print("\nclaim+finalize, ops/s (median; ratios = ledger / bare, ledger / bare_autocommit)")
     loops = ["ledger", "ledger (sessions)", "bare_evidence", "bare", "bare_autocommit"]
-    print(f"  {'procs':>5} {'limit':>5}  " + "  ".join(f"{l:>18}" for l in loops)
+    print(f"  {'procs':>5} {'limit':>5}  " + "  ".join(f"{name:>18}" for name in loops)
           + f"  {'ledger/bare':>11} {'ledger/bare_ac':>14}")
     for row in rows:
         cells = []
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg[key] = getattr(args, key)
 
     started = time.monotonic()
-    when = dt.datetime.now(dt.timezone.utc)
+    when = dt.datetime.now(dt.UTC)
     with ScratchDatabase() as db:
         print(f"database {db.name}; config {cfg}; processes {args.processes}", flush=True)
         with psycopg.connect(libpq(db.url), autocommit=True) as conn:

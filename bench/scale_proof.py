@@ -63,9 +63,9 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +179,7 @@ def _log(msg: str, verbose: bool) -> None:
 
 def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: Any, tmp: Path,
                     intents: int = 300, seed: int = 7, workers: int = 4,
-                    deadline_s: Optional[float] = None, verbose: bool = False, fencing: bool = False) -> ScaleResult:
+                    deadline_s: float | None = None, verbose: bool = False, fencing: bool = False) -> ScaleResult:
     """Run the scenario against an EMPTY migrated ledger (``db_url``/``sessions``) and a sandbox
     (``SandboxServer``/``SandboxProcess``, reset here). Returns figures and violations.
 
@@ -229,7 +229,7 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
             submitter.start()
             deadline = started + deadline_s
             last_print = 0.0
-            frozen: Optional[Any] = None
+            frozen: Any | None = None
             thaw_at = 0.0
             while True:
                 counts = _status_counts(sessions)
@@ -302,7 +302,7 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
     result.duplicates = len(dups) + sum(1 for lst in by_key.values() if len(lst) > 1 and not dups)
     for d in dups:
         v.append(f"I1: duplicate effects {json.dumps(d)[:300]}")
-    posts: Counter[tuple[str, Optional[str]]] = Counter(
+    posts: Counter[tuple[str, str | None]] = Counter(
         (r["path"], r["idempotency_key"]) for r in sandbox.requests(method="POST"))
 
     with sessions() as s:
@@ -316,7 +316,7 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
         result.reconciled = int(s.execute(
             select(func.count(func.distinct(OperationEvent.operation_id)))
             .where(OperationEvent.to_status == Status.OUTCOME_UNKNOWN.value)).scalar_one())
-        contradictions = state_contradictions(s, since=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
+        contradictions = state_contradictions(s, since=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
     for c in contradictions[:20]:
         v.append(f"I3: {c['operation_id']} key={c['idempotency_key']} status={c['status']}: {c['why']} "
                  f"(attempt {c['attempt']})")
@@ -383,7 +383,7 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
     result.faults_fired = {f"{r['mode']}": r["fired"] for r in sandbox.faults()}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--intents", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=7)
@@ -399,10 +399,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.quick:
         args.intents = 300
 
+    from bench.scratch_database import ScratchDatabase
     from outbox.db import make_engine, make_sessionmaker
     from sandbox.testing import SandboxProcess
-
-    from bench.scratch_database import ScratchDatabase
 
     with ScratchDatabase() as db, tempfile.TemporaryDirectory(prefix="scale-proof-") as tmp, \
             SandboxProcess("--seed", str(args.seed)) as sandbox:

@@ -11,7 +11,6 @@ import os
 import signal
 import uuid
 from types import FrameType, TracebackType
-from typing import Optional
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -27,7 +26,7 @@ def libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def _raise_exit(signum: int, _frame: Optional[FrameType]) -> None:
+def _raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
@@ -44,7 +43,7 @@ class ScratchDatabase:
         """An autocommit connection to the admin database: its own commits never count in ours."""
         return psycopg.connect(libpq(self.admin_url), autocommit=True, connect_timeout=5)
 
-    def __enter__(self) -> "ScratchDatabase":
+    def __enter__(self) -> ScratchDatabase:
         self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
         with self.admin() as admin:
             admin.execute(f'CREATE DATABASE "{self.name}"')
@@ -63,9 +62,9 @@ class ScratchDatabase:
 
     def __exit__(
         self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         # A second Ctrl-C during the drop would leave the database behind: ignore it meanwhile.
         previous_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)

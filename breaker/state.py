@@ -7,7 +7,7 @@ pybreaker listeners use the same words.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from pybreaker import STATE_CLOSED, STATE_HALF_OPEN, STATE_OPEN
@@ -33,7 +33,7 @@ __all__ = [
 def from_ms(epoch_ms: int | None) -> datetime | None:
     if epoch_ms is None:
         return None
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
 @dataclass(frozen=True)

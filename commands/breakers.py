@@ -20,7 +20,7 @@ import json
 import os
 import sys
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import insert, update
 
@@ -67,11 +67,11 @@ def _load() -> tuple[Settings, ActionsConfig, BreakerRegistry]:
     return settings, actions, breaker_registry(settings, actions)
 
 
-def _iso(value: Optional[datetime]) -> Optional[str]:
+def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _row(registry: BreakerRegistry, st: Optional[BreakerStatus], target: str) -> dict[str, Any]:
+def _row(registry: BreakerRegistry, st: BreakerStatus | None, target: str) -> dict[str, Any]:
     config = registry.configs[target]
     return {
         "target": target,

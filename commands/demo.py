@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import tempfile
 import time
 import uuid

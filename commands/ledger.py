@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import IO, Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -275,7 +276,7 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt_s(value: Optional[float]) -> str:
+def _fmt_s(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}s"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent, OperationNotFound, OutboxError
 
@@ -29,7 +29,7 @@ REGISTRARS: tuple[str, ...] = (
 )
 
 
-def _load(spec: str) -> Optional[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
+def _load(spec: str) -> Callable[[argparse._SubParsersAction], None] | None:  # type: ignore[type-arg]
     module_name, attr = spec.split(":")
     try:
         module = __import__(module_name, fromlist=[attr])
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)

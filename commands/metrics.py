@@ -22,8 +22,7 @@ import sys
 import threading
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client import multiprocess
+from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
 
 from commands.ledger import LedgerUnavailable, open_engine
 from outbox.ledger_metrics import LedgerCollector

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from commands.ledger import open_engine
 from outbox.settings import Settings, load_settings
@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
 log = logging.getLogger(__name__)
 
 
-def worker_command(settings: Settings, *, concurrency: Optional[int] = None, queues: str = "dispatch,outcome_unknown",
-                   loglevel: str = "INFO", name: Optional[str] = None) -> list[str]:
+def worker_command(settings: Settings, *, concurrency: int | None = None, queues: str = "dispatch,outcome_unknown",
+                   loglevel: str = "INFO", name: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
            "-c", str(concurrency or settings.worker_concurrency), "--loglevel", loglevel,
            "-n", name or f"outbox-{os.getpid()}@%h"]
@@ -38,9 +38,9 @@ def worker_command(settings: Settings, *, concurrency: Optional[int] = None, que
 
 def build_relay(settings: Settings) -> Relay:
     """The relay on the configured ledger and broker."""
+    from outbox.evidence import EvidenceSink
     from workers.doorbell import Doorbell
     from workers.embedded_broker import cleanup
-    from outbox.evidence import EvidenceSink
     from workers.relay import Relay
     from workers.runtime import load_actions_for
 
@@ -57,16 +57,16 @@ def build_relay(settings: Settings) -> Relay:
 class Pipeline:
     """Relay in a thread of this process + one Celery worker subprocess."""
 
-    def __init__(self, settings: Settings, *, concurrency: Optional[int] = None, loglevel: str = "WARNING",
-                 env: Optional[dict[str, str]] = None, worker_output: Optional[int] = None) -> None:
+    def __init__(self, settings: Settings, *, concurrency: int | None = None, loglevel: str = "WARNING",
+                 env: dict[str, str] | None = None, worker_output: int | None = None) -> None:
         self.settings = settings
         self.concurrency = concurrency
         self.loglevel = loglevel
         self.env = env
         self.worker_output = worker_output
-        self.worker: Optional[subprocess.Popen[bytes]] = None
-        self.relay_thread: Optional[threading.Thread] = None
-        self.relay: Optional[Relay] = None
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.relay_thread: threading.Thread | None = None
+        self.relay: Relay | None = None
 
     def start(self) -> None:
         from workers.runtime import load_actions_for

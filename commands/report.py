@@ -21,7 +21,7 @@ from outbox.settings import load_settings
 from workers.report import build_report, dumps
 from workers.runtime import load_actions_for
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Row, func, insert, or_, select, text, update
@@ -44,9 +45,9 @@ class Claim:
     subject: str
     worker: str
     lease_expires_at: dt.datetime
-    max_attempts: Optional[int]  # None: the action's budget decides
+    max_attempts: int | None  # None: the action's budget decides
     attempt_count: int  # budget-counted dispatch attempts so far, this one included (refunds excluded)
-    deadline_at: Optional[dt.datetime]
+    deadline_at: dt.datetime | None
     created_at: dt.datetime
     cancel_requested: bool
     # An earlier attempt may have taken effect (ambiguous or never reported, and not proven unable
@@ -83,8 +84,8 @@ def claim_due(
     worker: str,
     lease_s: float,
     limit: int = 1,
-    operation_id: Optional[str] = None,
-    operation_ids: Optional[Sequence[str]] = None,
+    operation_id: str | None = None,
+    operation_ids: Sequence[str] | None = None,
     also_due: int = 0,
 ) -> list[Claim]:
     """Claim up to ``limit`` due ``not_dispatched`` operations (only ``operation_id(s)`` if given).
@@ -101,7 +102,7 @@ def claim_due(
                   also_due=also_due if ids is not None else 0)
 
 
-def _ids(operation_id: Optional[str], operation_ids: Optional[Sequence[str]]) -> Optional[list[str]]:
+def _ids(operation_id: str | None, operation_ids: Sequence[str] | None) -> list[str] | None:
     if operation_id is not None and operation_ids is not None:
         raise ValueError("pass operation_id or operation_ids, not both")
     if operation_id is not None:
@@ -115,7 +116,7 @@ def claim_unknown(
     worker: str,
     lease_s: float,
     limit: int = 1,
-    operation_id: Optional[str] = None,
+    operation_id: str | None = None,
 ) -> list[Claim]:
     """The reconciler's claim: a due ``outcome_unknown`` operation whose lease (if any) has expired.
 
@@ -133,7 +134,7 @@ def _claim(
     worker: str,
     lease_s: float,
     limit: int,
-    operation_ids: Optional[list[str]],
+    operation_ids: list[str] | None,
     also_due: int = 0,
 ) -> list[Claim]:
     if limit < 1:
@@ -150,7 +151,7 @@ def _claim(
 
 
 def _claim_portable(
-    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]]
+    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: list[str] | None
 ) -> list[Claim]:
     """SQLite (one writer at a time, BEGIN IMMEDIATE): a guarded UPDATE, then the attempt rows."""
     source = Status.NOT_DISPATCHED if kind == "dispatch" else Status.OUTCOME_UNKNOWN
@@ -253,7 +254,7 @@ def _pg_claim_sql(kind: str, with_ids: bool, limit: int, others: int) -> str:
 
 
 def _claim_pg(
-    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: Optional[list[str]],
+    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: list[str] | None,
     also_due: int,
 ) -> list[Claim]:
     # Sent through the driver (psycopg's %(name)s parameters), not through SQLAlchemy's text():

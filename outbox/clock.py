@@ -15,7 +15,7 @@ from sqlalchemy import DateTime, Float
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 class db_now(FunctionElement[dt.datetime]):  # noqa: N801 - reads like the SQL function it is

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Engine, insert, select
@@ -37,8 +38,8 @@ class EvidenceRecord:
     idempotency_key: str
     action: str
     args_digest: str
-    provider_reference: Optional[str]
-    response_digest: Optional[str]
+    provider_reference: str | None
+    response_digest: str | None
     attempt_log_digest: str
 
 
@@ -56,13 +57,13 @@ VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_di
 """
 
 
-def attempt_log_digest(session: Session, operation_id: str, *, current: Optional[tuple[int, AttemptReport]] = None) -> str:
+def attempt_log_digest(session: Session, operation_id: str, *, current: tuple[int, AttemptReport] | None = None) -> str:
     """sha256 over every attempt of the operation (the current one as reported, if not yet written)."""
     return attempt_log_digests(session, [operation_id], current=dict([current]) if current else None)[operation_id]
 
 
 def attempt_log_digests(
-    session: Session, operation_ids: Sequence[str], *, current: Optional[dict[int, AttemptReport]] = None
+    session: Session, operation_ids: Sequence[str], *, current: dict[int, AttemptReport] | None = None
 ) -> dict[str, str]:
     """attempt_log_digest for several operations in one query (a doorbell batch)."""
     if not operation_ids:
@@ -94,8 +95,8 @@ def records_for_claims(session: Session, finished: Sequence[tuple[Claim, Attempt
             for c, r in finished]
 
 
-def record_for(session: Session, op: Operation, *, reference: Optional[str], response_digest: Optional[str],
-               current: Optional[tuple[int, AttemptReport]] = None) -> EvidenceRecord:
+def record_for(session: Session, op: Operation, *, reference: str | None, response_digest: str | None,
+               current: tuple[int, AttemptReport] | None = None) -> EvidenceRecord:
     return EvidenceRecord(op.id, op.tenant, op.idempotency_key, op.action, op.args_digest, reference,
                           response_digest, attempt_log_digest(session, op.id, current=current))
 
@@ -103,12 +104,12 @@ def record_for(session: Session, op: Operation, *, reference: Optional[str], res
 class EvidenceSink:
     """Where evidence goes. ``separate`` sinks are written in their own transaction and may fail."""
 
-    def __init__(self, engine: Optional[Engine] = None) -> None:
+    def __init__(self, engine: Engine | None = None) -> None:
         self.engine = engine
         self._table_ready = engine is None
 
     @classmethod
-    def from_url(cls, url: str) -> "EvidenceSink":
+    def from_url(cls, url: str) -> EvidenceSink:
         if not url:
             return cls(None)
         sink = cls(make_engine(url))
@@ -128,11 +129,11 @@ class EvidenceSink:
     def separate(self) -> bool:
         return self.engine is not None
 
-    def write(self, record: EvidenceRecord, *, session: Optional[Session] = None) -> None:
+    def write(self, record: EvidenceRecord, *, session: Session | None = None) -> None:
         """Append the record: in ``session`` (same-database sink) or in the sink's own transaction."""
         self.write_many([record], session=session)
 
-    def write_many(self, records: Sequence[EvidenceRecord], *, session: Optional[Session] = None) -> None:
+    def write_many(self, records: Sequence[EvidenceRecord], *, session: Session | None = None) -> None:
         if not records:
             return
         if self.engine is None:

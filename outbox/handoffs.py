@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
@@ -25,7 +25,7 @@ def open_handoff(session: Session, operation_id: str, *, reason: str, packet: di
     ).scalar_one())
 
 
-def list_handoffs(session: Session, *, status: Optional[str] = "open", limit: int = 100) -> list[Handoff]:
+def list_handoffs(session: Session, *, status: str | None = "open", limit: int = 100) -> list[Handoff]:
     stmt = select(Handoff)
     if status is not None:
         stmt = stmt.where(Handoff.status == status)
@@ -46,7 +46,7 @@ def resolve(
     resolution: str,
     by: str,
     note: str,
-    reference: Optional[str] = None,
+    reference: str | None = None,
 ) -> Status:
     """A person's decision, written back with who, when and why (also into the operation history).
 

@@ -27,8 +27,9 @@ success is applied once, and a person's later decision is not overridden by evid
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -62,16 +63,16 @@ class LateSuccess:
     kind: str
     attempt_number: int
     fencing_token: int
-    provider_reference: Optional[str]
-    response_digest: Optional[str]
+    provider_reference: str | None
+    response_digest: str | None
 
     @property
     def label(self) -> str:
         return f"{self.kind} attempt {self.attempt_number} (token {self.fencing_token})"
 
 
-def unapplied(session: Session, *, attempt_ids: Optional[Sequence[int]] = None,
-              operation_ids: Optional[Sequence[str]] = None, limit: int = 100) -> list[LateSuccess]:
+def unapplied(session: Session, *, attempt_ids: Sequence[int] | None = None,
+              operation_ids: Sequence[str] | None = None, limit: int = 100) -> list[LateSuccess]:
     """Stale successes not yet applied, oldest first (only those of ``attempt_ids`` /
     ``operation_ids`` if given: a worker's own, the operation a reconciler is about to look up).
 
@@ -94,7 +95,7 @@ def unapplied(session: Session, *, attempt_ids: Optional[Sequence[int]] = None,
 
 
 def apply(session: Session, late: LateSuccess, *, actor: str, sink: EvidenceSink, packet: PacketBuilder,
-          result: Optional[dict[str, Any]] = None) -> Optional[Status]:
+          result: dict[str, Any] | None = None) -> Status | None:
     """Settle one operation by its late success (see the module docstring). Returns the new status,
     or None when there was nothing to do (it already holds the effect)."""
     op = session.execute(select(Operation).where(Operation.id == late.operation_id).with_for_update()).scalar_one()
@@ -154,8 +155,8 @@ def _contradiction(session: Session, op: Operation, status: Status, late: LateSu
 
 
 def apply_unapplied(sessions: sessionmaker[Session], *, actor: str, sink: EvidenceSink, packet: PacketBuilder,
-                    attempt_ids: Optional[Sequence[int]] = None, operation_ids: Optional[Sequence[str]] = None,
-                    results: Optional[dict[int, dict[str, Any]]] = None) -> dict[str, Status]:
+                    attempt_ids: Sequence[int] | None = None, operation_ids: Sequence[str] | None = None,
+                    results: dict[int, dict[str, Any]] | None = None) -> dict[str, Status]:
     """Apply every unapplied late success (only those of ``attempt_ids`` / ``operation_ids`` if
     given), one transaction each, so one that fails does not hold back the others. Returns
     operation id -> the status it moved to."""

@@ -20,8 +20,9 @@ re-published by the relay, and an open lease expires into outcome_unknown as alw
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import Any, ContextManager, Iterator, Optional
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import psycopg
 from sqlalchemy import Engine
@@ -31,11 +32,11 @@ from outbox.db import is_postgres, make_sessionmaker
 
 
 class LedgerConnection:
-    def __init__(self, engine: Engine, sessions: Optional[sessionmaker[Session]] = None) -> None:
+    def __init__(self, engine: Engine, sessions: sessionmaker[Session] | None = None) -> None:
         self.engine = engine
         self.sessions = sessions or make_sessionmaker(engine)
         self.postgres = is_postgres(engine)
-        self._conn: Optional[psycopg.Connection[Any]] = None
+        self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()  # one statement at a time on the one connection
 
     def _connect(self) -> psycopg.Connection[Any]:
@@ -52,11 +53,11 @@ class LedgerConnection:
             self._conn = conn
         return self._conn
 
-    def one_statement(self) -> ContextManager[Any]:
+    def one_statement(self) -> AbstractContextManager[Any]:
         """A psycopg connection whose next statement commits by itself (SQLite: a session)."""
         return self._held(begin=False)
 
-    def transaction(self) -> ContextManager[Any]:
+    def transaction(self) -> AbstractContextManager[Any]:
         """Several statements committed together (SQLite: a session)."""
         return self._held(begin=True)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -51,7 +50,7 @@ STATEMENT_TIMEOUT_MS = 2000
 
 class LedgerCollector(Collector):
     def __init__(self, engine: Engine, *, terminal_window_s: float = 3600.0,
-                 report_summary: Optional[Path] = None) -> None:
+                 report_summary: Path | None = None) -> None:
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.terminal_window_s = terminal_window_s

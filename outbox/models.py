@@ -11,7 +11,7 @@ the migrated schema and these models agree.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -63,36 +63,36 @@ class Operation(Base):
     idempotency_key: Mapped[str] = mapped_column(String(255))
     action: Mapped[str] = mapped_column(String(200))
     # Canonical JSON text (exact decimals, sorted keys): what dispatch sends, byte-stable.
-    args: Mapped[Optional[str]] = mapped_column(Text)
+    args: Mapped[str | None] = mapped_column(Text)
     args_digest: Mapped[str] = mapped_column(String(64))
     subject: Mapped[str] = mapped_column(String(255))
-    run_id: Mapped[Optional[str]] = mapped_column(String(255))
-    tool_call_id: Mapped[Optional[str]] = mapped_column(String(255))
+    run_id: Mapped[str | None] = mapped_column(String(255))
+    tool_call_id: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[Optional[str]] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
     fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
-    lease_owner: Mapped[Optional[str]] = mapped_column(String(255))
-    lease_expires_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TS)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     # NULL = the action's budget (actions file) decides; set = this intent's own cap.
-    max_attempts: Mapped[Optional[int]] = mapped_column(Integer)
-    deadline_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
     next_attempt_at: Mapped[dt.datetime] = mapped_column(TS)
-    result_reference: Mapped[Optional[str]] = mapped_column(String(255))
-    result_digest: Mapped[Optional[str]] = mapped_column(String(64))
-    result: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
-    error_class: Mapped[Optional[str]] = mapped_column(String(32))
-    last_error: Mapped[Optional[str]] = mapped_column(Text)
+    result_reference: Mapped[str | None] = mapped_column(String(255))
+    result_digest: Mapped[str | None] = mapped_column(String(64))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error_class: Mapped[str | None] = mapped_column(String(32))
+    last_error: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Dispatch attempts numbered up to this one were proven not executed by a lookup or a
     # person; only ambiguous attempts after it keep failed_before_commit out of reach.
     proven_absent_through: Mapped[int] = mapped_column(Integer, default=0)
     # When the relay last rang the doorbell for this row; a row due again (retry) or whose
     # doorbell is older than republish_after_s gets a new one. Lost messages are thus harmless.
-    published_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    published_at: Mapped[dt.datetime | None] = mapped_column(TS)
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
-    finished_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key"),
@@ -135,23 +135,23 @@ class Attempt(Base):
     fencing_token: Mapped[int] = mapped_column(BigInteger)
     worker: Mapped[str] = mapped_column(String(255))
     started_at: Mapped[dt.datetime] = mapped_column(TS)
-    ended_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
-    request_digest: Mapped[Optional[str]] = mapped_column(String(64))
-    status_code: Mapped[Optional[int]] = mapped_column(Integer)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    request_digest: Mapped[str | None] = mapped_column(String(64))
+    status_code: Mapped[int | None] = mapped_column(Integer)
     attempt_class: Mapped[str] = mapped_column(String(32), default=AttemptClass.PENDING.value)
-    provider_request_id: Mapped[Optional[str]] = mapped_column(String(255))
-    provider_reference: Mapped[Optional[str]] = mapped_column(String(255))
-    response_digest: Mapped[Optional[str]] = mapped_column(String(64))
-    retry_after_s: Mapped[Optional[float]] = mapped_column(Float)
-    latency_s: Mapped[Optional[float]] = mapped_column(Float)
-    error: Mapped[Optional[str]] = mapped_column(Text)
+    provider_request_id: Mapped[str | None] = mapped_column(String(255))
+    provider_reference: Mapped[str | None] = mapped_column(String(255))
+    response_digest: Mapped[str | None] = mapped_column(String(64))
+    retry_after_s: Mapped[float | None] = mapped_column(Float)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
     # True when this result arrived after the worker had lost the operation (a zombie's late
     # answer): kept as evidence, never written over the operation row by its worker. A stale
     # success still settles the operation: evidence wins (late_evidence.py).
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
     # Bookkeeping, not evidence: when the ledger applied this stale success to its operation (or
     # handed the contradiction to a person). NULL on a stale success = not yet applied.
-    applied_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
+    applied_at: Mapped[dt.datetime | None] = mapped_column(TS)
 
     __table_args__ = (
         UniqueConstraint("operation_id", "kind", "attempt_number"),
@@ -172,11 +172,11 @@ class OperationEvent(Base):
         ForeignKey("operations.id", ondelete="CASCADE"), index=True
     )
     at: Mapped[dt.datetime] = mapped_column(TS)
-    from_status: Mapped[Optional[str]] = mapped_column(String(32))
+    from_status: Mapped[str | None] = mapped_column(String(32))
     to_status: Mapped[str] = mapped_column(String(32))
     fencing_token: Mapped[int] = mapped_column(BigInteger)
     event: Mapped[str] = mapped_column(String(64))
-    reason: Mapped[Optional[str]] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(255))
 
 
@@ -193,11 +193,11 @@ class Handoff(Base):
     # the suggested next step; the original intent with sensitive fields masked.
     packet: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="open")
-    resolution: Mapped[Optional[str]] = mapped_column(String(32))
-    resolved_reference: Mapped[Optional[str]] = mapped_column(String(255))
-    resolved_by: Mapped[Optional[str]] = mapped_column(String(255))
-    resolved_at: Mapped[Optional[dt.datetime]] = mapped_column(TS)
-    note: Mapped[Optional[str]] = mapped_column(Text)
+    resolution: Mapped[str | None] = mapped_column(String(32))
+    resolved_reference: Mapped[str | None] = mapped_column(String(255))
+    resolved_by: Mapped[str | None] = mapped_column(String(255))
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    note: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint("status IN ('open', 'resolved')", name="status"),
@@ -220,8 +220,8 @@ class Evidence(Base):
     idempotency_key: Mapped[str] = mapped_column(String(255))
     action: Mapped[str] = mapped_column(String(200))
     args_digest: Mapped[str] = mapped_column(String(64))
-    provider_reference: Mapped[Optional[str]] = mapped_column(String(255))
-    response_digest: Mapped[Optional[str]] = mapped_column(String(64))
+    provider_reference: Mapped[str | None] = mapped_column(String(255))
+    response_digest: Mapped[str | None] = mapped_column(String(64))
     attempt_log_digest: Mapped[str] = mapped_column(String(64))
     recorded_at: Mapped[dt.datetime] = mapped_column(TS)
 

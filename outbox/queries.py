@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -15,7 +15,7 @@ from outbox.models import Attempt, Operation, OperationEvent
 from outbox.states import Status
 
 
-def _iso(value: Optional[dt.datetime]) -> Optional[str]:
+def _iso(value: dt.datetime | None) -> str | None:
     v = as_utc(value)
     return v.isoformat() if v is not None else None
 
@@ -103,9 +103,9 @@ class OperationDetail:
 def list_operations(
     session: Session,
     *,
-    status: Optional[str] = None,
-    tenant: Optional[str] = None,
-    action: Optional[str] = None,
+    status: str | None = None,
+    tenant: str | None = None,
+    action: str | None = None,
     limit: int = 100,
 ) -> list[Operation]:
     stmt = select(Operation)
@@ -121,7 +121,7 @@ def list_operations(
     return list(session.execute(stmt).scalars())
 
 
-def find_operation(session: Session, id_or_key: str, *, tenant: Optional[str] = None) -> Operation:
+def find_operation(session: Session, id_or_key: str, *, tenant: str | None = None) -> Operation:
     """By operation id, or by idempotency key (within ``tenant`` if given; must be unambiguous)."""
     stmt = select(Operation).where(or_(Operation.id == id_or_key, Operation.idempotency_key == id_or_key))
     if tenant is not None:
@@ -139,7 +139,7 @@ def find_operation(session: Session, id_or_key: str, *, tenant: Optional[str] = 
     return rows[0]
 
 
-def explain(session: Session, id_or_key: str, *, tenant: Optional[str] = None) -> OperationDetail:
+def explain(session: Session, id_or_key: str, *, tenant: str | None = None) -> OperationDetail:
     op = find_operation(session, id_or_key, tenant=tenant)
     attempts = list(
         session.execute(

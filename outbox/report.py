@@ -21,8 +21,9 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -47,9 +48,9 @@ class LedgerRecord:
     idempotency_key: str
     action: str
     status: str
-    result_reference: Optional[str]
-    created_at: Optional[dt.datetime]
-    finished_at: Optional[dt.datetime]
+    result_reference: str | None
+    created_at: dt.datetime | None
+    finished_at: dt.datetime | None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -63,7 +64,7 @@ class LedgerRecord:
         }
 
 
-def _iso(value: Optional[dt.datetime]) -> Optional[str]:
+def _iso(value: dt.datetime | None) -> str | None:
     v = as_utc(value)
     return v.isoformat() if v is not None else None
 

@@ -17,7 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 FILE_NAME = "report-summary.json"
 
@@ -54,7 +54,7 @@ def write_summary(path: Path, report: dict[str, Any], *, finished_at_s: float) -
     return summary
 
 
-def read_summary(path: Path) -> Optional[ReportSummary]:
+def read_summary(path: Path) -> ReportSummary | None:
     """None when no report ran here yet (or the file is unreadable: the gauges are then absent)."""
     try:
         doc = json.loads(path.read_text())

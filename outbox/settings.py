@@ -7,7 +7,6 @@ needs no server. Production sets ``OUTBOX_DATABASE_URL=postgresql+psycopg://...`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,7 +37,7 @@ class Settings(BaseSettings):
     redis_url: str = Field(default="", description="Redis URL for breaker state")
     # Evidence sink; empty = the ledger's own evidence table, written with the success itself.
     evidence_url: str = Field(default="", description="separate database for evidence records")
-    actions_file: Optional[Path] = Field(default=None, description="YAML actions/targets file")
+    actions_file: Path | None = Field(default=None, description="YAML actions/targets file")
     # Operation ids per dispatch doorbell. More = fewer messages and commits per operation (the
     # batch is claimed in one statement, called concurrently, finalized in one transaction); the
     # cost: a worker that crashes mid-batch sends the whole batch through lease expiry and
@@ -94,7 +93,7 @@ class Settings(BaseSettings):
 
     @field_validator("actions_file")
     @classmethod
-    def _readable(cls, value: Optional[Path]) -> Optional[Path]:
+    def _readable(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
         return value

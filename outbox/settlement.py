@@ -7,7 +7,7 @@ the reconciler's token, and every lookup's answer is kept on its own attempt row
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -52,7 +52,7 @@ def settle_if_fenced(
     to: Status,
     reason: str,
     recheck_in_s: float = 0.0,
-    result: Optional[dict[str, Any]] = None,
+    result: dict[str, Any] | None = None,
     cannot_land: bool = False,
 ) -> None:
     """Apply what a lookup proved to a reconciler-claimed operation.
@@ -123,7 +123,7 @@ def resolve_by_person(
     outcome: str,
     by: str,
     note: str,
-    reference: Optional[str] = None,
+    reference: str | None = None,
 ) -> Status:
     """A person settles a ``reconciliation_required`` operation.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -40,9 +40,9 @@ class Receipt:
     status: str
     new: bool
     args_digest: str
-    result_reference: Optional[str] = None
-    result: Optional[dict[str, Any]] = None
-    error_class: Optional[str] = None
+    result_reference: str | None = None
+    result: dict[str, Any] | None = None
+    error_class: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -77,10 +77,10 @@ def submit(
     action: str,
     args: dict[str, Any],
     subject: str,
-    run_id: Optional[str] = None,
-    tool_call_id: Optional[str] = None,
-    max_attempts: Optional[int] = None,
-    deadline_s: Optional[float] = None,
+    run_id: str | None = None,
+    tool_call_id: str | None = None,
+    max_attempts: int | None = None,
+    deadline_s: float | None = None,
     delay_s: float = 0.0,
     requires_approval: bool = False,
 ) -> Receipt:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from psycopg.rows import namedtuple_row
 from sqlalchemy import insert, select, update
@@ -34,14 +35,14 @@ class AttemptReport:
     """What one attempt proved, as the worker saw it. Written once to the attempt row."""
 
     klass: AttemptClass
-    status_code: Optional[int] = None
-    request_digest: Optional[str] = None
-    provider_request_id: Optional[str] = None
-    provider_reference: Optional[str] = None
-    response_digest: Optional[str] = None
-    retry_after_s: Optional[float] = None
-    latency_s: Optional[float] = None
-    error: Optional[str] = None
+    status_code: int | None = None
+    request_digest: str | None = None
+    provider_request_id: str | None = None
+    provider_reference: str | None = None
+    response_digest: str | None = None
+    retry_after_s: float | None = None
+    latency_s: float | None = None
+    error: str | None = None
 
 
 def _check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> None:
@@ -54,11 +55,11 @@ def _event(
     session: Session,
     operation_id: str,
     *,
-    from_status: Optional[str],
+    from_status: str | None,
     to: Status,
     token: int,
     event: str,
-    reason: Optional[str],
+    reason: str | None,
     actor: str,
 ) -> None:
     session.execute(
@@ -83,11 +84,11 @@ def move(
     to: Status,
     event: str,
     actor: str,
-    reason: Optional[str] = None,
-    token: Optional[int] = None,
+    reason: str | None = None,
+    token: int | None = None,
     extra_where: Iterable[Any] = (),
     **values: Any,
-) -> tuple[Optional[str], int]:
+) -> tuple[str | None, int]:
     """Move one operation from one of ``sources`` to ``to`` if the guards hold.
 
     Returns (previous status, token). Raises ``StaleFence`` when a token was given and the row does
@@ -102,7 +103,7 @@ def move(
     values.setdefault("reason", reason or event)
     if to in TERMINAL:
         values.setdefault("finished_at", db_now())
-    previous: Optional[str] = srcs[0].value if len(srcs) == 1 else None
+    previous: str | None = srcs[0].value if len(srcs) == 1 else None
     if previous is None:
         # Several possible sources (cancel, person's resolution): read which one, row locked.
         lock = select(_OP.c.status).where(_OP.c.id == operation_id)
@@ -160,7 +161,7 @@ def finalize_if_fenced(
     reason: str,
     delay_s: float = 0.0,
     refund_attempt: bool = False,
-    result: Optional[dict[str, Any]] = None,
+    result: dict[str, Any] | None = None,
 ) -> None:
     """Record the attempt, then move the claimed operation to ``to`` under its token.
 
@@ -185,17 +186,17 @@ class Finalize:
     reason: str
     delay_s: float = 0.0
     refund_attempt: bool = False
-    result: Optional[dict[str, Any]] = None
+    result: dict[str, Any] | None = None
 
 
-def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list[Optional[OutboxError]]:
+def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list[OutboxError | None]:
     """finalize_if_fenced for each item, in the caller's transaction; returns each item's refusal.
 
     None = moved; otherwise the StaleFence or IllegalTransition that refused only that item's
     operation (its attempt evidence is still written). On PostgreSQL the statements are sent in
     one pipeline: one round trip for the whole doorbell batch instead of one per operation.
     """
-    refusals: list[Optional[OutboxError]] = [None] * len(items)
+    refusals: list[OutboxError | None] = [None] * len(items)
     ready: list[int] = []
     for i, item in enumerate(items):
         try:
@@ -231,7 +232,7 @@ def _event_of(item: Finalize) -> str:
     return f"attempt {item.claim.attempt_number}: {item.report.klass.value}"
 
 
-def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, Optional[OutboxError]]:
+def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, OutboxError | None]:
     """SQLite: the attempt row, then the guarded move (with its event row)."""
     claim, report, to = item.claim, item.report, item.to
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
@@ -257,7 +258,7 @@ def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, Optional
     return wrote, None
 
 
-def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool, Optional[OutboxError]]]:
+def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool, OutboxError | None]]:
     """PostgreSQL: one statement per item (attempt row, fenced move, event row), all pipelined."""
     if not items:
         return []
@@ -279,7 +280,7 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
                 "delay_s": float(max(item.delay_s, 0.0)),
             })
             cursors.append(cursor)
-    out: list[tuple[bool, Optional[OutboxError]]] = []
+    out: list[tuple[bool, OutboxError | None]] = []
     for item, cursor in zip(items, cursors):
         row = cursor.fetchone()
         if row.moved:
@@ -362,7 +363,7 @@ def commit_even_if_stale(sessions: sessionmaker[Session], write: Callable[[Sessi
     A refused (stale) worker's attempt row already holds its result inside that transaction:
     committing keeps that evidence while the refusal still reaches the caller.
     """
-    stale: Optional[StaleFence] = None
+    stale: StaleFence | None = None
     with sessions.begin() as session:
         try:
             return write(session)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,11 +21,11 @@ class Outbox:
         self.default_tenant = default_tenant
 
     @classmethod
-    def from_settings(cls, settings: Optional[Settings] = None) -> "Outbox":
+    def from_settings(cls, settings: Settings | None = None) -> Outbox:
         settings = settings or load_settings()
         return cls(make_engine(settings.resolved_database_url), default_tenant=settings.default_tenant)
 
-    def submit(self, *, tenant: Optional[str] = None, **intent: Any) -> Receipt:
+    def submit(self, *, tenant: str | None = None, **intent: Any) -> Receipt:
         with self.sessions.begin() as session:
             return submit(session, tenant=tenant or self.default_tenant, **intent)
 

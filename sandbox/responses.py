@@ -5,7 +5,7 @@ import email.utils
 import json
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -33,4 +33,4 @@ def retry_after_value(seconds: float, http_date: bool) -> str:
     if not http_date:
         return str(math.ceil(seconds))
     when = math.ceil(time.time() + seconds)
-    return email.utils.format_datetime(datetime.fromtimestamp(when, timezone.utc), usegmt=True)
+    return email.utils.format_datetime(datetime.fromtimestamp(when, UTC), usegmt=True)

@@ -14,10 +14,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import yaml
 from sqlalchemy import func, select
@@ -62,8 +63,8 @@ def action(path: str, **over: Any) -> dict[str, Any]:
     return doc
 
 
-def actions_doc(base_url: str, *, timeout_s: float = 1.0, breaker: Optional[dict[str, Any]] = None,
-                actions: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def actions_doc(base_url: str, *, timeout_s: float = 1.0, breaker: dict[str, Any] | None = None,
+                actions: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "targets": {"sandbox": {"base_url": base_url, "timeout_s": timeout_s, "connect_timeout_s": 0.5,
                                 "breaker": breaker or {"fail_max": 1000, "reset_timeout_s": 5}}},
@@ -120,7 +121,7 @@ class Pipeline:
     tmp: Path
     workers: list[WorkerProc] = field(default_factory=list)
     _relay: Any = None
-    _relay_thread: Optional[threading.Thread] = None
+    _relay_thread: threading.Thread | None = None
 
     def settings(self) -> Settings:
         return Settings(**{k[len("OUTBOX_"):].lower(): v for k, v in self.env.items()
@@ -131,8 +132,8 @@ class Pipeline:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.env["OUTBOX_ACTIONS_FILE"] = str(path)
 
-    def start_worker(self, name: Optional[str] = None, *, queues: str = "dispatch,outcome_unknown",
-                     extra_env: Optional[dict[str, str]] = None, ready_timeout_s: float = 30.0) -> WorkerProc:
+    def start_worker(self, name: str | None = None, *, queues: str = "dispatch,outcome_unknown",
+                     extra_env: dict[str, str] | None = None, ready_timeout_s: float = 30.0) -> WorkerProc:
         name = name or f"w{len(self.workers) + 1}"
         log_path = self.tmp / f"{name}.log"
         env = dict(os.environ) | self.env | (extra_env or {})
@@ -152,9 +153,9 @@ class Pipeline:
         """evidence_sink: an outbox.evidence.EvidenceSink on a separate database, so the relay
         backfills committed_evidence_degraded operations (as the real relay does when
         OUTBOX_EVIDENCE_URL is set)."""
+        from workers.celery_app import make_app
         from workers.doorbell import Doorbell
         from workers.relay import Relay
-        from workers.celery_app import make_app
 
         app = make_app(self.settings())
         self._relay = Relay(self.sessions.kw["bind"], Doorbell(app, batch=self.settings().doorbell_batch), poll_s=poll_s,
@@ -172,7 +173,7 @@ class Pipeline:
             w.stop()
 
     # -- the ledger, as a test sees it ----------------------------------------------------
-    def submit(self, key: str, args: Optional[dict[str, Any]] = None, *, action: str = "payments.refund.create",
+    def submit(self, key: str, args: dict[str, Any] | None = None, *, action: str = "payments.refund.create",
                tenant: str = "t1", **kw: Any) -> Receipt:
         with self.sessions.begin() as s:
             return submit(s, tenant=tenant, idempotency_key=key, action=action, args=args or dict(REFUND_ARGS),
@@ -184,7 +185,7 @@ class Pipeline:
             assert op is not None
             return op
 
-    def attempts(self, operation_id: str, kind: Optional[str] = None) -> list[Attempt]:
+    def attempts(self, operation_id: str, kind: str | None = None) -> list[Attempt]:
         with self.sessions() as s:
             stmt = select(Attempt).where(Attempt.operation_id == operation_id)
             if kind:
@@ -195,7 +196,7 @@ class Pipeline:
         return wait_for(lambda: (op := self.op(operation_id)).status in statuses and op, timeout_s,
                         what=f"{operation_id} in {statuses} (now {self.op(operation_id).status})")
 
-    def count(self, status: Optional[str] = None) -> int:
+    def count(self, status: str | None = None) -> int:
         with self.sessions() as s:
             stmt = select(func.count()).select_from(Operation)
             if status:
@@ -205,7 +206,7 @@ class Pipeline:
 
 @contextmanager
 def pipeline(*, db_url: str, sessions: sessionmaker[Session], redis_url: str, tmp: Path,
-             sandbox_url: str, env: Optional[dict[str, str]] = None) -> Iterator[Pipeline]:
+             sandbox_url: str, env: dict[str, str] | None = None) -> Iterator[Pipeline]:
     prefix = f"test-{uuid.uuid4().hex[:8]}:"
     base = {
         "OUTBOX_DATABASE_URL": db_url,
@@ -243,15 +244,15 @@ class PrivateRedis:
     The shared Redis on 6379 serves other runs; broker-restart tests point OUTBOX_BROKER_URL here.
     """
 
-    def __init__(self, tmp: Path, port: Optional[int] = None) -> None:
+    def __init__(self, tmp: Path, port: int | None = None) -> None:
         from sandbox.testing import free_port
 
         self.tmp = tmp
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "PrivateRedis":
+    def start(self) -> PrivateRedis:
         import redis
 
         log = open(self.tmp / f"redis-{self.port}.log", "ab")

@@ -7,12 +7,14 @@ outcome_unknown and let the reconciler ask the provider by key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Optional, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from psycopg.rows import namedtuple_row
 from sqlalchemy import insert, select, update
@@ -53,14 +55,14 @@ from workers.reconcile import apply_late_successes
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
-UTC = timezone.utc
+UTC = UTC
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def dispatch_operation(rt: Runtime, operation_id: str) -> Optional[Outcome]:
+def dispatch_operation(rt: Runtime, operation_id: str) -> Outcome | None:
     """Handle one doorbell for one operation (see dispatch_batch)."""
     return dispatch_batch(rt, [operation_id]).get(operation_id)
 
@@ -117,7 +119,7 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     # Most budget left first here too: after a failed canary each call asks the breaker in turn.
     claims.sort(key=lambda c: c.attempt_count)
     results = _attempt_all(rt, claims, batch)
-    for target, decision in batch.succeeded.items():
+    for decision in batch.succeeded.values():
         # One success per target per doorbell: each failure was recorded as it happened.
         rt.breakers.record(decision, failure=False)
     for claim, _, _, _ in results:
@@ -126,7 +128,7 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     return outcomes
 
 
-Attempted = tuple[Claim, AttemptReport, Outcome, Optional[ActionConfig]]
+Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
 # A batch's calls to a target that answers within this run one after another, not in threads:
 # a batch of 10 such calls takes < 50 ms, and in-process a thread per call cost ~40% more CPU per
 # operation than the calls themselves saved in waiting (bench/dispatch_profile.py, sandbox on
@@ -142,7 +144,7 @@ class _Batch:
     closed: dict[str, Allowed]
     succeeded: dict[str, Allowed] = field(default_factory=dict)  # targets whose success is not yet recorded
 
-    def decision_for(self, claim: Claim, target: Optional[str]) -> Optional[Decision]:
+    def decision_for(self, claim: Claim, target: str | None) -> Decision | None:
         held = self.decisions.get(claim.operation_id)
         return held if held is not None or target is None else self.closed.get(target)
 
@@ -157,7 +159,7 @@ def _attempt_all(rt: Runtime, claims: Sequence[Claim], batch: _Batch) -> list[At
     A target that answered the canary within FAST_CALL_S gets the rest one after another too:
     handing each call to a thread costs more CPU than such a call waits (bench/README.md).
     """
-    groups: dict[Optional[str], list[Claim]] = {}
+    groups: dict[str | None, list[Claim]] = {}
     for claim in claims:
         known = rt.actions.actions.get(claim.action)
         groups.setdefault(known.target if known else None, []).append(claim)
@@ -167,7 +169,7 @@ def _attempt_all(rt: Runtime, claims: Sequence[Claim], batch: _Batch) -> list[At
         results.append(first)
         rest = group[1:]
         if first[1].klass in (AttemptClass.SUCCEEDED, AttemptClass.REJECTED):
-            call = lambda c: _attempt_claimed(rt, c, batch.decision_for(c, target), batch)  # noqa: E731
+            call = functools.partial(_attempt_with_batch, rt, batch, target)
             fast = first[1].latency_s is not None and first[1].latency_s < FAST_CALL_S
             results.extend(map(call, rest) if fast else rt.pool.map(call, rest))
             continue
@@ -181,7 +183,11 @@ def _attempt_all(rt: Runtime, claims: Sequence[Claim], batch: _Batch) -> list[At
     return results
 
 
-def _attempt_claimed(rt: Runtime, claim: Claim, decision: Optional[Decision], batch: Optional[_Batch] = None) -> Attempted:
+def _attempt_with_batch(rt: Runtime, batch: _Batch, target: str | None, claim: Claim) -> Attempted:
+    return _attempt_claimed(rt, claim, batch.decision_for(claim, target), batch)
+
+
+def _attempt_claimed(rt: Runtime, claim: Claim, decision: Decision | None, batch: _Batch | None = None) -> Attempted:
     try:
         action = rt.actions.action(claim.action)
     except KeyError as exc:
@@ -199,8 +205,8 @@ class _Due:
 
     action: str
     created_at: datetime
-    deadline_at: Optional[datetime]
-    max_attempts: Optional[int]
+    deadline_at: datetime | None
+    max_attempts: int | None
     attempt_count: int
 
 
@@ -236,7 +242,7 @@ def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
 
 def park_while_open_if_due(
     rt: Runtime, operation_id: str, action: ActionConfig, decision: Open, *, spent_attempts: int
-) -> Optional[RetryAt]:
+) -> RetryAt | None:
     """Breaker open: not sent, not claimed; the operation stays not_dispatched until the reopen time.
 
     No claim means no attempt row and no attempt number, so the wait costs no attempt budget (the
@@ -264,8 +270,8 @@ def park_while_open_if_due(
 
 
 def attempt(
-    rt: Runtime, claim: Claim, action: ActionConfig, decision: Optional[Decision] = None,
-    batch: Optional[_Batch] = None,
+    rt: Runtime, claim: Claim, action: ActionConfig, decision: Decision | None = None,
+    batch: _Batch | None = None,
 ) -> tuple[AttemptReport, Outcome]:
     """One attempt of a claimed operation: nothing here writes to the ledger.
 
@@ -346,7 +352,7 @@ def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[st
     return Status.OUTCOME_UNKNOWN, outcome.why, kw
 
 
-def _fields(claim: Claim, report: AttemptReport, action: Optional[ActionConfig]) -> dict[str, Any]:
+def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) -> dict[str, Any]:
     return {
         "operation_id": claim.operation_id,
         "idempotency_key": claim.idempotency_key,
@@ -364,7 +370,7 @@ def apply(
     report: AttemptReport,
     outcome: Outcome,
     *,
-    action: Optional[ActionConfig] = None,
+    action: ActionConfig | None = None,
 ) -> Outcome:
     """Turn an outcome into exactly one guarded transition (evidence is kept even when stale)."""
     return apply_many(rt, [(claim, report, outcome, action)])[claim.operation_id]
@@ -380,7 +386,7 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
         return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
     applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
-    late: dict[int, Optional[dict[str, Any]]] = {}  # refused successes: attempt id -> response body
+    late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
     ends = []
     for claim, report, outcome, _ in items:
         to, reason, kw = _transition_of(claim, outcome)
@@ -413,7 +419,7 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
 
 
 def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outcome,
-                 action: Optional[ActionConfig]) -> Outcome:
+                 action: ActionConfig | None) -> Outcome:
     to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
     try:

@@ -8,8 +8,8 @@ ringing twice is harmless (the second finds nothing to claim).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from celery import Celery
 
@@ -26,7 +26,7 @@ class Doorbell:
     batch: int = 1
 
     @classmethod
-    def from_current_app(cls, batch: int = 1) -> "Doorbell":
+    def from_current_app(cls, batch: int = 1) -> Doorbell:
         from workers.tasks import app
 
         return cls(app, batch=batch)

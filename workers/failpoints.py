@@ -12,7 +12,6 @@ import fnmatch
 import logging
 import os
 import time
-from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ def _parse(spec: str) -> list[tuple[str, str, str]]:
     return points
 
 
-def hit(name: str, key: Optional[str] = None) -> None:
+def hit(name: str, key: str | None = None) -> None:
     spec = os.environ.get("OUTBOX_FAILPOINTS")
     if not spec:
         return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -16,7 +16,7 @@ from workers.actions import ActionConfig, ActionsConfig
 MASK = "***"
 
 
-def masked_args(args_text: Optional[str], sensitive: Optional[list[str]]) -> Any:
+def masked_args(args_text: str | None, sensitive: list[str] | None) -> Any:
     """The arguments with sensitive fields masked; ``sensitive`` None (the action is not known
     here, so neither is what it marks sensitive): every value masked."""
     args = json.loads(args_text or "{}")
@@ -25,7 +25,7 @@ def masked_args(args_text: Optional[str], sensitive: Optional[list[str]]) -> Any
     return MASK if sensitive is None else args
 
 
-def next_step(op: Operation, action: Optional[ActionConfig], actions: Optional[ActionsConfig]) -> str:
+def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> str:
     where = "the provider's dashboard or API"
     if action is not None and actions is not None:
         target = actions.targets.get(action.target)
@@ -44,8 +44,8 @@ def next_step(op: Operation, action: Optional[ActionConfig], actions: Optional[A
     )
 
 
-def build_packet(session: Session, op: Operation, *, reason: str, action: Optional[ActionConfig],
-                 actions: Optional[ActionsConfig]) -> dict[str, Any]:
+def build_packet(session: Session, op: Operation, *, reason: str, action: ActionConfig | None,
+                 actions: ActionsConfig | None) -> dict[str, Any]:
     attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
     sensitive = list(action.sensitive_args) if action is not None else None
     return {
@@ -59,7 +59,7 @@ def build_packet(session: Session, op: Operation, *, reason: str, action: Option
     }
 
 
-def packet_builder(actions: Optional[ActionsConfig]) -> PacketBuilder:
+def packet_builder(actions: ActionsConfig | None) -> PacketBuilder:
     """build_packet for whatever operation comes up (late evidence), its action looked up in
     ``actions``; without an actions file every argument is masked."""
 

@@ -28,11 +28,10 @@ import functools
 import glob
 import logging
 import os
-from collections.abc import Iterable
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client import multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
 from outbox.states import AttemptClass, Status
 
@@ -85,7 +84,7 @@ def _never_raises(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _target(target: Optional[str]) -> str:
+def _target(target: str | None) -> str:
     return target or "unknown"
 
 
@@ -96,7 +95,7 @@ def _klass(klass: Any) -> str:
 
 # -- recording ------------------------------------------------------------------------------
 @_never_raises
-def record_attempt(target: Optional[str], klass: AttemptClass | str, latency_s: Optional[float]) -> None:
+def record_attempt(target: str | None, klass: AttemptClass | str, latency_s: float | None) -> None:
     """One dispatch attempt that was classified (sent or not). latency_s None: nothing was timed."""
     k = _klass(klass)
     ATTEMPTS.labels(_target(target), k).inc()
@@ -105,7 +104,7 @@ def record_attempt(target: Optional[str], klass: AttemptClass | str, latency_s: 
 
 
 @_never_raises
-def record_retry(target: Optional[str], delay_s: float, retry_after_s: Optional[float]) -> None:
+def record_retry(target: str | None, delay_s: float, retry_after_s: float | None) -> None:
     """A retry was scheduled delay_s from now; retry_after_s: what the provider asked, if it did."""
     RETRY_DELAY.labels(_target(target)).observe(max(delay_s, 0.0))
     if retry_after_s is not None:
@@ -125,7 +124,7 @@ def record_relay_lag(lag_s: float) -> None:
 
 
 @_never_raises
-def record_relay_lags(lags_s: Iterable[Optional[float]]) -> None:
+def record_relay_lags(lags_s: Iterable[float | None]) -> None:
     """Every doorbell of one relay tick (lag computed by the database: ``db_age_s(next_attempt_at)``)."""
     for lag in lags_s:
         if lag is not None:
@@ -133,11 +132,11 @@ def record_relay_lags(lags_s: Iterable[Optional[float]]) -> None:
 
 
 # -- exporting ------------------------------------------------------------------------------
-def multiproc_dir() -> Optional[str]:
+def multiproc_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
-def multiprocess_registry(path: Optional[str] = None) -> CollectorRegistry:
+def multiprocess_registry(path: str | None = None) -> CollectorRegistry:
     """A registry that sums every process's files under ``path`` (default: the env variable)."""
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path or multiproc_dir())  # type: ignore[no-untyped-call]
@@ -149,7 +148,7 @@ def process_registry() -> CollectorRegistry:
     return multiprocess_registry() if multiproc_dir() else PROCESS_REGISTRY
 
 
-def wipe_multiproc_dir(path: Optional[str] = None) -> int:
+def wipe_multiproc_dir(path: str | None = None) -> int:
     """Remove the sample files of an earlier run; call before any process of the group records."""
     path = path or multiproc_dir()
     if not path:
@@ -190,5 +189,5 @@ def on_worker_init(**_: object) -> None:
     serve(port)
 
 
-def on_worker_process_shutdown(pid: Optional[int] = None, **_: object) -> None:
+def on_worker_process_shutdown(pid: int | None = None, **_: object) -> None:
     mark_process_dead(pid if pid is not None else os.getpid())

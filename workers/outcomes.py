@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Protocol
 
 from outbox.claims import Claim
 from outbox.states import AttemptClass
@@ -22,8 +22,8 @@ A = AttemptClass
 
 @dataclass(frozen=True)
 class Succeeded:
-    reference: Optional[str]
-    result: Optional[dict[str, Any]]
+    reference: str | None
+    result: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -54,16 +54,16 @@ class Cancelled:
     why: str
 
 
-Outcome = Union[Succeeded, RetryAt, Rejected, Ambiguous, Cancelled]
+Outcome = Succeeded | RetryAt | Rejected | Ambiguous | Cancelled
 
 
 class BudgetFields(Protocol):
     """What the budget needs from an operation: a Claim, or a row read before claiming."""
 
     @property
-    def max_attempts(self) -> Optional[int]: ...
+    def max_attempts(self) -> int | None: ...
     @property
-    def deadline_at(self) -> Optional[datetime]: ...
+    def deadline_at(self) -> datetime | None: ...
     @property
     def created_at(self) -> datetime: ...
 
@@ -98,7 +98,7 @@ def _spent(claim: Claim, action: ActionConfig, why: str) -> Outcome:
     return Rejected(why)
 
 
-def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Optional[Outcome]:
+def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Outcome | None:
     """Checks made after the claim and before anything is sent (None = go ahead)."""
     if claim.cancel_requested:
         # Nothing more is sent. If an earlier attempt may still take effect, the reconciler
@@ -144,7 +144,7 @@ def decide(
     c: Classification,
     *,
     now: datetime,
-    rng: Optional[Rng] = None,
+    rng: Rng | None = None,
 ) -> Outcome:
     """The one policy: classification + budget -> outcome (DESIGN.md, failure classification)."""
     if c.klass is A.SUCCEEDED:

@@ -18,17 +18,17 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from breaker import Open, counts_as_failure
+from outbox import late_evidence
 from outbox.claims import Claim, claim_unknown
 from outbox.clock import as_utc
 from outbox.envelope import loads_exact
-from outbox import late_evidence
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import finish_with_evidence
 from outbox.handoffs import open_handoff
@@ -44,7 +44,7 @@ from workers.outcomes import deadline_of, effective_budget
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
-UTC = timezone.utc
+UTC = UTC
 
 # The reconciler's own budget, separate from the dispatch budget: lookups are cheap and safe,
 # so it keeps asking for a while before it bothers a person. Defaults of
@@ -61,12 +61,12 @@ class Settlement:
     klass: AttemptClass
     reason: str
     recheck_in_s: float = 0.0
-    reference: Optional[str] = None
+    reference: str | None = None
     # not_dispatched: the lookup fenced every earlier attempt off (settle_if_fenced cannot_land).
     cannot_land: bool = False
 
 
-def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_s: float) -> Optional[datetime]:
+def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_s: float) -> datetime | None:
     """The latest moment the provider may have received our request.
 
     The end of the last dispatch attempt; if its worker never reported (crashed), its start plus
@@ -99,7 +99,7 @@ def judge(
     found: LookupResult,
     *,
     now: datetime,
-    last_activity: Optional[datetime],
+    last_activity: datetime | None,
     rng: random.Random,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
@@ -146,7 +146,7 @@ def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int,
                       recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s))
 
 
-def reconcile_operation(rt: Runtime, operation_id: str, *, rng: Optional[random.Random] = None) -> Optional[Settlement]:
+def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | None = None) -> Settlement | None:
     rng = rng or random.Random()
     if apply_late_successes(rt, operation_ids=[operation_id]):
         return None  # a late success settled it: nothing left to look up
@@ -198,7 +198,7 @@ class DispatchAttempt:
     number: int
     fencing_token: int
     klass: AttemptClass
-    error: Optional[str] = None
+    error: str | None = None
 
 
 def _dispatch_attempts(session: Session, operation_id: str) -> list[DispatchAttempt]:
@@ -270,8 +270,8 @@ def after_not_found(claim: Claim, action: ActionConfig, verdict: Settlement, att
     return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
 
 
-def apply_late_successes(rt: Runtime, attempt_results: Optional[dict[int, Optional[dict[str, Any]]]] = None, *,
-                         operation_ids: Optional[list[str]] = None) -> dict[str, Status]:
+def apply_late_successes(rt: Runtime, attempt_results: dict[int, dict[str, Any] | None] | None = None, *,
+                         operation_ids: list[str] | None = None) -> dict[str, Status]:
     """Settle operations by late successes: the given attempts' (a worker's own, with the response
     bodies it read), or any of ``operation_ids``'. Never raises: the relay's sweep is the backstop."""
     try:
@@ -288,8 +288,8 @@ def apply_late_successes(rt: Runtime, attempt_results: Optional[dict[int, Option
     return moved
 
 
-def _settle(rt: Runtime, claim: Claim, found: Optional[LookupResult], verdict: Settlement,
-            action: Optional[ActionConfig] = None) -> Settlement:
+def _settle(rt: Runtime, claim: Claim, found: LookupResult | None, verdict: Settlement,
+            action: ActionConfig | None = None) -> Settlement:
     report = AttemptReport(
         klass=verdict.klass,
         status_code=found.status_code if found else None,

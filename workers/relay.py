@@ -29,17 +29,18 @@ import logging
 import select as select_mod
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Optional
+from typing import Any
 
 import psycopg
 from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.engine import make_url
 
+from outbox import late_evidence
 from outbox.clock import db_age_s, db_now
 from outbox.db import driver_connection, is_postgres, make_sessionmaker
-from outbox import late_evidence
 from outbox.evidence import EvidenceSink, backfill
 from outbox.models import Operation, core_table
 from outbox.states import Status
@@ -119,9 +120,9 @@ class Relay:
         republish_after_s: float = 30.0,
         sweep_every_s: float = 1.0,
         linger_s: float = 0.0,
-        embedded_broker_cleanup: Optional[Callable[[], object]] = None,
-        evidence_sink: Optional[EvidenceSink] = None,
-        actions: Optional[ActionsConfig] = None,
+        embedded_broker_cleanup: Callable[[], object] | None = None,
+        evidence_sink: EvidenceSink | None = None,
+        actions: ActionsConfig | None = None,
     ) -> None:
         """``actions``: the actions file, for handoff packets (what to mask, where to look) when a
         late success contradicts a final state; without it every argument is masked."""
@@ -147,7 +148,7 @@ class Relay:
         self.leader = False  # holds NOTIFY_LEADER_LOCK: rings doorbells from notifications
         self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
         # Database time this relay took the lead (while it leads): it rings every row due later.
-        self.leading_since: Optional[datetime] = None
+        self.leading_since: datetime | None = None
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:

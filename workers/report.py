@@ -46,7 +46,7 @@ import datetime as dt
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session
@@ -81,7 +81,7 @@ class Listing:
     spec: ListSpec
     documents: list[dict[str, Any]] = field(default_factory=list)
     pages: int = 0
-    error: Optional[str] = None
+    error: str | None = None
 
     def describe(self) -> dict[str, Any]:
         req = self.spec.request
@@ -107,7 +107,7 @@ def group_listings(actions: ActionsConfig) -> tuple[list[Listing], list[str]]:
 def read_listing(client: httpx.Client, listing: Listing, *, since_epoch_s: float) -> None:
     """Page through the listing into ``listing.documents``; raises ListingUnavailable."""
     spec = listing.spec
-    cursor: Optional[str] = None
+    cursor: str | None = None
     for _ in range(MAX_PAGES):
         try:
             prepared = prepare(spec.request, {}, idempotency_key="", send_rest=False,
@@ -218,7 +218,7 @@ def compare(session: Session, actions: ActionsConfig, listing: Listing, *, since
 
 
 def build_report(session: Session, actions: ActionsConfig, *, since: dt.datetime, now: dt.datetime,
-                 http: Optional[HttpConnector] = None) -> dict[str, Any]:
+                 http: HttpConnector | None = None) -> dict[str, Any]:
     """The whole report as the documented JSON object (see the module docstring)."""
     listings, unlisted = group_listings(actions)
     own_http = http is None

@@ -11,7 +11,6 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -77,7 +76,7 @@ def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegis
     return BreakerRegistry(configs, redis_url=settings.redis_url or None, namespace=settings.broker_key_prefix or "default")
 
 
-def build_runtime(settings: Optional[Settings] = None) -> Runtime:
+def build_runtime(settings: Settings | None = None) -> Runtime:
     settings = settings or load_settings()
     actions = load_actions_for(settings)
     longest = max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
@@ -102,8 +101,8 @@ def build_runtime(settings: Optional[Settings] = None) -> Runtime:
 
 
 _lock = threading.Lock()
-_runtime: Optional[Runtime] = None
-_pid: Optional[int] = None
+_runtime: Runtime | None = None
+_pid: int | None = None
 
 
 def get_runtime() -> Runtime:

@@ -7,7 +7,6 @@ import logging
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
 from workers import metrics
-
 from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
 
 log = logging.getLogger(__name__)

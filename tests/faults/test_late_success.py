@@ -46,7 +46,7 @@ class LieWatch:
             if effects and status == Status.FAILED_BEFORE_COMMIT.value:
                 self.lies.append(f"failed_before_commit beside {effects} effect(s)")
 
-    def __enter__(self) -> "LieWatch":
+    def __enter__(self) -> LieWatch:
         self._thread.start()
         return self
 

@@ -68,6 +68,6 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
     # Never sent at all (it died before sending), so nothing to count but zero.
     assert sandbox.requests(method="POST", key="poison-1") == []
     assert sandbox.effects(key="poison-1") == []
-    for i, g in enumerate(good):
+    for i in range(len(good)):
         assert len(sandbox.effects(key=f"good-{i}")) == 1
     assert sandbox.duplicates() == []

@@ -8,7 +8,8 @@ relay's re-publishing (republish_after_s) must bring every intent to an end.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select

@@ -11,7 +11,8 @@ import socket
 import subprocess
 import time
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -28,7 +28,7 @@ class Cli:
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.cwd, self.env = cwd, env
 
-    def start(self, *args: str, env: Optional[dict[str, str]] = None, stdin: Optional[str] = None) -> Any:
+    def start(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Any:
         full_env = {k: v for k, v in (self.env | (env or {})).items() if v is not None}
         proc = subprocess.Popen([sys.executable, "-m", "commands.main", *args], cwd=self.cwd, env=full_env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

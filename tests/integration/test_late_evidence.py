@@ -115,7 +115,7 @@ def test_a_late_success_settles_a_handoff_and_closes_it(ledger):
     with ledger.sessions.begin() as s:
         [r] = claim_unknown(s, worker="reconciler", lease_s=30)
         settle_if_fenced(s, r, AttemptReport(AttemptClass.AMBIGUOUS), to=Status.RECONCILIATION_REQUIRED, reason="lookup down")
-        s.add(Handoff(operation_id=op_id, opened_at=dt.datetime.now(dt.timezone.utc), reason="lookup down", packet={},
+        s.add(Handoff(operation_id=op_id, opened_at=dt.datetime.now(dt.UTC), reason="lookup down", packet={},
                       status="open"))
     _thaw(ledger, c1)
     assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {op_id: Status.SUCCEEDED}
@@ -149,7 +149,7 @@ def test_a_late_success_after_failed_before_commit_goes_to_a_person_and_the_repo
     _lookup(ledger, op_id, Status.FAILED_BEFORE_COMMIT, klass=AttemptClass.REJECTED)
     assert _op(ledger, op_id).status == "failed_before_commit"
     _thaw(ledger, c1)
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
     with ledger.sessions() as s:
         [before] = state_contradictions(s, since=since)
     assert before["status"] == "failed_before_commit" and before["attempt"]["reference"] == "re_late"

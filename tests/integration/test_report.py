@@ -96,7 +96,7 @@ def test_report_finds_planted_duplicate_and_orphan(pipe, sandbox):
 
 
 def test_since_accepts_durations_and_timestamps():
-    now = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
     assert parse_since("24h", now=now) == now - dt.timedelta(hours=24)
     assert parse_since("30m", now=now) == now - dt.timedelta(minutes=30)
     assert parse_since("2026-11-29T10:00:00Z", now=now) == now - dt.timedelta(hours=2)

@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,7 +46,16 @@ from outbox.evidence import EvidenceSink
 from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied, unapplied
 from outbox.models import Attempt, Handoff, Operation, OperationEvent
 from outbox.settlement import evidence_backfilled, resolve_by_person, settle_if_fenced
-from outbox.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status, is_allowed
+from outbox.states import (
+    AWAITING_OUTCOME,
+    EFFECT,
+    NO_EFFECT,
+    PROVABLY_NOT_EXECUTED,
+    TERMINAL,
+    AttemptClass,
+    Status,
+    is_allowed,
+)
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, approve, expire_leases, finalize_if_fenced, move, request_cancel
 
@@ -79,7 +95,7 @@ class LedgerMachine(RuleBasedStateMachine):
         with self.sessions() as s:
             return dict(s.execute(select(Operation.__table__).where(Operation.id == op_id)).mappings().one())
 
-    def open_ambiguity(self, s: Session, op_id: str, proven_absent_through: int, *, ignoring: Optional[int] = None,
+    def open_ambiguity(self, s: Session, op_id: str, proven_absent_through: int, *, ignoring: int | None = None,
                        confirmed_only: bool = False) -> bool:
         """An attempt that may have taken effect (effect_guard.py): confirmed (any kind), or an
         ambiguous / unreported dispatch after proven_absent_through."""
@@ -197,7 +213,7 @@ class LedgerMachine(RuleBasedStateMachine):
         # Mostly what a relay would publish (a due operation); sometimes a duplicate or late message.
         self.claim_op(self.pick(self.ops if anyone else (self.in_status(Status.NOT_DISPATCHED) or self.ops), i))
 
-    def claim_op(self, op_id: str) -> Optional[Claim]:
+    def claim_op(self, op_id: str) -> Claim | None:
         before = self.row(op_id)
         with self.sessions.begin() as s:
             got = claim_due(s, worker=f"w{self.n}", lease_s=LEASE_S, operation_id=op_id)
@@ -440,7 +456,7 @@ class LedgerMachine(RuleBasedStateMachine):
                                 .limit(1)).first()
         return flagged is not None and handoff is not None and self.row(op_id)["status"] == Status.RECONCILIATION_REQUIRED
 
-    def check_applied(self, op_id: str, before: dict[str, Any], moved: Optional[Status], *,
+    def check_applied(self, op_id: str, before: dict[str, Any], moved: Status | None, *,
                       in_review: bool = False) -> None:
         was, after = Status(before["status"]), self.row(op_id)
         if was in EFFECT or in_review:

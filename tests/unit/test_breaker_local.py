@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pybreaker
 import pytest
@@ -79,7 +79,7 @@ def test_opens_after_fail_max_consecutive_failures_and_carries_reopen_time() -> 
     fail(registry, "payments", 3)
     decision = registry.before_call("payments")
     assert isinstance(decision, Open)
-    assert decision.reopens_at == datetime.fromtimestamp(T0 + 30, tz=timezone.utc)
+    assert decision.reopens_at == datetime.fromtimestamp(T0 + 30, tz=UTC)
     assert isinstance(registry.before_call("crm"), Allowed)  # targets are independent
 
 
@@ -103,7 +103,7 @@ def test_half_open_single_probe_among_threads_and_success_closes() -> None:
     probes = [d for d in decisions if isinstance(d, Allowed)]
     assert len(probes) == 1 and probes[0].probe
     waiting = [d for d in decisions if isinstance(d, Open)]
-    assert all(d.reopens_at == datetime.fromtimestamp(T0 + 31, tz=timezone.utc) for d in waiting)
+    assert all(d.reopens_at == datetime.fromtimestamp(T0 + 31, tz=UTC) for d in waiting)
     registry.record(probes[0], failure=False)
     after = registry.before_call("payments")
     assert isinstance(after, Allowed) and not after.probe
@@ -119,7 +119,7 @@ def test_failed_probe_reopens_with_fresh_timeout() -> None:
     registry.record(probe, failure=True)
     decision = registry.before_call("payments")
     assert isinstance(decision, Open)
-    assert decision.reopens_at == datetime.fromtimestamp(T0 + 70, tz=timezone.utc)
+    assert decision.reopens_at == datetime.fromtimestamp(T0 + 70, tz=UTC)
 
 
 def test_success_threshold_needs_that_many_probe_successes() -> None:
@@ -212,7 +212,7 @@ def test_operator_status_and_reset_on_a_local_registry(caplog: pytest.LogCapture
     fail(registry, "payments", 3)
     row = status(registry, ["payments"])[0]
     assert (row.state, row.failures, row.storage) == ("open", 3, "local")
-    assert row.reopens_at == datetime.fromtimestamp(T0 + 30, tz=timezone.utc)
+    assert row.reopens_at == datetime.fromtimestamp(T0 + 30, tz=UTC)
     caplog.set_level(logging.INFO, logger="breaker")
     reset(registry, "payments", by="alice")
     assert isinstance(registry.before_call("payments"), Allowed)

@@ -68,3 +68,15 @@ def test_every_command_is_a_real_entry_point(name, tmp_path):
     result = subprocess.run(_entry_point(command), cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env={"PATH": "/usr/bin:/bin", "OUTBOX_DATA_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_image_installs_flower_as_the_declared_extra():
+    # The Dockerfile and the README install Flower through the package's own `flower` extra, so its
+    # version range lives in one place (pyproject.toml).
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "flower" in project["optional-dependencies"]
+    assert "'.[flower]'" in (ROOT / "Dockerfile").read_text()
+    assert project["name"] != "agent-outbox"  # taken on PyPI by an unrelated project
+    assert project["scripts"]["agent-outbox"] == "commands.main:main"

@@ -87,7 +87,7 @@ def test_trailing_zeros_do_not_change_an_amount():
 
 @pytest.mark.parametrize("text", ["100", "100.0", "1E+2", "1e2", "100.000", "1.00E2"])
 def test_integral_numbers_are_one_number_however_written(text):
-    env = build_envelope(**BASE, args=loads_exact('{"n": %s}' % text))
+    env = build_envelope(**BASE, args=loads_exact(f'{{"n": {text}}}'))
     assert env.digest == digest({"n": 100})
     assert env.canonical_args == '{"n":100}'
 
@@ -193,7 +193,7 @@ def test_absurdly_long_numbers_are_refused_quickly(number):
     # Found by this suite: 1E+100000000 used to hang canonicalisation (an int with 10^8 digits)
     # and 5000-digit integers escaped as a bare ValueError (a traceback in the CLI).
     with pytest.raises(InvalidIntent):
-        build_envelope(**BASE, args=loads_exact('{"n": %s}' % number))
+        build_envelope(**BASE, args=loads_exact(f'{{"n": {number}}}'))
 
 
 def test_zero_with_any_exponent_is_zero():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,7 +17,7 @@ from workers.connectors import LookupResult
 from workers.outcomes import Ambiguous, Cancelled, Rejected, RetryAt, Succeeded, before_send, breaker_open, decide
 from workers.reconcile import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
 
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DOC = {
     "targets": {"p": {"base_url": "http://127.0.0.1:1"}},
     "actions": {

@@ -7,7 +7,17 @@ import re
 import pytest
 
 from outbox.models import STATUS_VALUES, Operation
-from outbox.states import ALLOWED, AWAITING_OUTCOME, EFFECT, MEANING, NO_EFFECT, TERMINAL, Status, is_allowed, sources_of
+from outbox.states import (
+    ALLOWED,
+    AWAITING_OUTCOME,
+    EFFECT,
+    MEANING,
+    NO_EFFECT,
+    TERMINAL,
+    Status,
+    is_allowed,
+    sources_of,
+)
 
 
 def test_every_status_takes_part_in_the_table():
