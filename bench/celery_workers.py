@@ -57,13 +57,28 @@ class Workers:
         for i in range(n_procs):
             tag = f"{self.pool}{self.count}-{i}-{uuid.uuid4().hex[:6]}"
             ready, log = self.tmp / f"{tag}.ready", self.tmp / f"{tag}.log"
-            cmd = [sys.executable, "-m", "bench.celery_workers", str(ready), "-A", self.app, "worker",
-                   "-P", self.pool, "-c", str(conc), "-n", f"{tag}@%h", *FAST_FLAGS]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.celery_workers",
+                str(ready),
+                "-A",
+                self.app,
+                "worker",
+                "-P",
+                self.pool,
+                "-c",
+                str(conc),
+                "-n",
+                f"{tag}@%h",
+                *FAST_FLAGS,
+            ]
             if self.queues:
                 cmd += ["-Q", self.queues]
             env = dict(os.environ) | self.env | {"PYTHONPATH": str(ROOT)}
-            self.procs.append(subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=open(log, "wb"),
-                                               stderr=subprocess.STDOUT))
+            self.procs.append(
+                subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+            )
             self.ready_files.append(ready)
             self.logs.append(log)
         deadline = time.monotonic() + timeout_s

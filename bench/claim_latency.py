@@ -104,8 +104,9 @@ def load(url: str, rows: int, due: int, attempts: bool) -> dict[str, float]:
         conn.execute("VACUUM ANALYZE operations")
         conn.execute("VACUUM ANALYZE attempts")
         timings["vacuum_analyze_s"] = time.perf_counter() - t
-        timings["table_mb"] = float(conn.execute(
-            "SELECT pg_total_relation_size('operations') / 1048576.0").fetchone()[0])  # type: ignore[index]
+        timings["table_mb"] = float(
+            conn.execute("SELECT pg_total_relation_size('operations') / 1048576.0").fetchone()[0]
+        )  # type: ignore[index]
     return timings
 
 
@@ -183,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         load_s = r["load"]["load_operations_s"] + r["load"].get("load_attempts_s", 0.0)
         c, cf = r["claim_ms"], r["claim_finalize_ms"]
-        print(f"claim-latency rows={n} due={args.due} claims={claims} load={load_s:.1f}s "
-              f"table={r['load']['table_mb']:.0f}MB claim p50={c['p50']:.2f}ms p99={c['p99']:.2f}ms "
-              f"max={c['max']:.2f}ms claim+finalize p50={cf['p50']:.2f}ms p99={cf['p99']:.2f}ms "
-              f"ix_operations_due={'yes' if r['uses_ix_operations_due'] else 'NO'}", flush=True)
+        print(
+            f"claim-latency rows={n} due={args.due} claims={claims} load={load_s:.1f}s "
+            f"table={r['load']['table_mb']:.0f}MB claim p50={c['p50']:.2f}ms p99={c['p99']:.2f}ms "
+            f"max={c['max']:.2f}ms claim+finalize p50={cf['p50']:.2f}ms p99={cf['p99']:.2f}ms "
+            f"ix_operations_due={'yes' if r['uses_ix_operations_due'] else 'NO'}",
+            flush=True,
+        )
     biggest = results[-1]
     print(f"\nEXPLAIN (ANALYZE) of the claim's due subquery at {biggest['rows']} rows:")
     for line in biggest["explain"]:

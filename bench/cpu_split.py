@@ -45,7 +45,7 @@ def snapshot() -> dict[int, tuple[str, float]]:
         kind = _kind(cmdline, int(entry.name))
         if kind is None:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         out[int(entry.name)] = (kind, (int(fields[11]) + int(fields[12])) / _TICK)  # utime + stime
     return out
 

@@ -28,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--batch", type=int, default=1, help="ids per doorbell (dispatch_batch)")
-    p.add_argument("--no-profile", action="store_true",
-                   help="no cProfile: report this process's CPU per operation (all its threads)")
+    p.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="no cProfile: report this process's CPU per operation (all its threads)",
+    )
     args = p.parse_args(argv)
     from bench.pipeline_bench import REDIS_URL, actions_doc
     from bench.scratch_database import ScratchDatabase
@@ -41,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp, ScratchDatabase() as db, SandboxProcess() as sandbox:
             actions = Path(tmp) / "actions.yaml"
             actions.write_text(yaml.safe_dump(actions_doc(sandbox.url), sort_keys=False))
-            os.environ.update({"OUTBOX_DATABASE_URL": db.url, "OUTBOX_BROKER_URL": REDIS_URL,
-                               "OUTBOX_REDIS_URL": REDIS_URL, "OUTBOX_BROKER_KEY_PREFIX": prefix,
-                               "OUTBOX_ACTIONS_FILE": str(actions), "OUTBOX_DATA_DIR": str(Path(tmp) / "data")})
+            os.environ.update(
+                {
+                    "OUTBOX_DATABASE_URL": db.url,
+                    "OUTBOX_BROKER_URL": REDIS_URL,
+                    "OUTBOX_REDIS_URL": REDIS_URL,
+                    "OUTBOX_BROKER_KEY_PREFIX": prefix,
+                    "OUTBOX_ACTIONS_FILE": str(actions),
+                    "OUTBOX_DATA_DIR": str(Path(tmp) / "data"),
+                }
+            )
             from outbox.submit import submit
             from workers.dispatch import dispatch_batch, dispatch_operation
             from workers.runtime import get_runtime
@@ -52,9 +62,16 @@ def main(argv: list[str] | None = None) -> int:
             ids = []
             for i in range(args.ops + 10):
                 with rt.sessions.begin() as s:
-                    ids.append(submit(s, tenant="prof", idempotency_key=f"k{i}", action="payments.refund.create",
-                                      args={"order_id": "o", "amount": "12.50", "currency": "EUR"},
-                                      subject="bench").operation_id)
+                    ids.append(
+                        submit(
+                            s,
+                            tenant="prof",
+                            idempotency_key=f"k{i}",
+                            action="payments.refund.create",
+                            args={"order_id": "o", "amount": "12.50", "currency": "EUR"},
+                            subject="bench",
+                        ).operation_id
+                    )
             for op_id in ids[:10]:  # warm-up
                 dispatch_operation(rt, op_id)
             prof = cProfile.Profile()
@@ -63,18 +80,21 @@ def main(argv: list[str] | None = None) -> int:
                 prof.enable()
             rest = ids[10:]
             for i in range(0, len(rest), args.batch):
-                dispatch_batch(rt, rest[i:i + args.batch])
+                dispatch_batch(rt, rest[i : i + args.batch])
             prof.disable()
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-            print(f"{args.ops} dispatches in-process: {wall / args.ops * 1000:.2f} ms each "
-                  f"({args.ops / wall:.0f}/s in one process), CPU {cpu / args.ops * 1000:.2f} ms each; "
-                  f"effects {len(sandbox.effects())}")
+            print(
+                f"{args.ops} dispatches in-process: {wall / args.ops * 1000:.2f} ms each "
+                f"({args.ops / wall:.0f}/s in one process), CPU {cpu / args.ops * 1000:.2f} ms each; "
+                f"effects {len(sandbox.effects())}"
+            )
             if not args.no_profile:
                 pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.top)
             rt.close()
     finally:
-        keys = list(r.scan_iter(match=f"{prefix}*", count=1000)) + \
-            list(r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=1000))
+        keys = list(r.scan_iter(match=f"{prefix}*", count=1000)) + list(
+            r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=1000)
+        )
         if keys:
             r.delete(*keys)
     return 0

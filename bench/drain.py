@@ -112,8 +112,9 @@ class DrainResult:
         return self.ops / self.seconds if self.seconds > 0 else 0.0
 
 
-def _ledger_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                   barrier: Any, results: Any, loop: str = "ledger") -> None:
+def _ledger_worker(
+    url: str, worker: str, claim_limit: int, pre_ping: bool, barrier: Any, results: Any, loop: str = "ledger"
+) -> None:
 
     from outbox.claims import claim_due
     from outbox.db import make_engine, make_sessionmaker
@@ -146,8 +147,9 @@ def _ledger_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
     engine.dispose()
 
 
-def _bare_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                 barrier: Any, results: Any, autocommit: bool = False) -> None:
+def _bare_worker(
+    url: str, worker: str, claim_limit: int, pre_ping: bool, barrier: Any, results: Any, autocommit: bool = False
+) -> None:
     import psycopg
 
     from bench.scratch_database import libpq
@@ -170,19 +172,20 @@ def _bare_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
     results.put((done, started, time.monotonic()))
 
 
-def _ledger_sessions_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                            barrier: Any, results: Any) -> None:
+def _ledger_sessions_worker(
+    url: str, worker: str, claim_limit: int, pre_ping: bool, barrier: Any, results: Any
+) -> None:
     _ledger_worker(url, worker, claim_limit, pre_ping, barrier, results, loop="ledger (sessions)")
 
 
-def _bare_autocommit_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                            barrier: Any, results: Any) -> None:
+def _bare_autocommit_worker(
+    url: str, worker: str, claim_limit: int, pre_ping: bool, barrier: Any, results: Any
+) -> None:
     """The bare loop with each statement its own transaction (no BEGIN/COMMIT round trips)."""
     _bare_worker(url, worker, claim_limit, pre_ping, barrier, results, autocommit=True)
 
 
-def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: bool,
-                          barrier: Any, results: Any) -> None:
+def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: bool, barrier: Any, results: Any) -> None:
     import psycopg
 
     from bench.scratch_database import libpq
@@ -197,11 +200,21 @@ def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: boo
             for row in conn.execute(EVIDENCE_CLAIM, {"limit": claim_limit, "worker": worker}).fetchall():
                 op_id, token, number = row[0], row[1], row[2]
                 conn.execute(EVIDENCE_AMBIGUITY, {"id": op_id, "through": row[14]}).fetchone()
-                (attempt,) = conn.execute(EVIDENCE_ATTEMPT, {"id": op_id, "number": number, "token": token,
-                                                             "worker": worker}).fetchone()  # type: ignore[misc]
-                conn.execute(EVIDENCE_EVENT, {"id": op_id, "src": "not_dispatched", "dst": "dispatching",
-                                              "token": token, "event": "claim",
-                                              "reason": f"dispatch attempt {number}", "worker": worker})
+                (attempt,) = conn.execute(
+                    EVIDENCE_ATTEMPT, {"id": op_id, "number": number, "token": token, "worker": worker}
+                ).fetchone()  # type: ignore[misc]
+                conn.execute(
+                    EVIDENCE_EVENT,
+                    {
+                        "id": op_id,
+                        "src": "not_dispatched",
+                        "dst": "dispatching",
+                        "token": token,
+                        "event": "claim",
+                        "reason": f"dispatch attempt {number}",
+                        "worker": worker,
+                    },
+                )
                 claims.append((op_id, token, attempt))
             conn.commit()
             if not claims:
@@ -209,25 +222,39 @@ def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: boo
             for op_id, token, attempt in claims:
                 conn.execute(EVIDENCE_RECORD, {"attempt": attempt}).fetchone()
                 conn.execute(EVIDENCE_FINALIZE, {"id": op_id, "token": token}).fetchone()
-                conn.execute(EVIDENCE_EVENT, {"id": op_id, "src": "dispatching", "dst": "succeeded",
-                                              "token": token, "event": "attempt 1: succeeded",
-                                              "reason": "bench", "worker": worker})
+                conn.execute(
+                    EVIDENCE_EVENT,
+                    {
+                        "id": op_id,
+                        "src": "dispatching",
+                        "dst": "succeeded",
+                        "token": token,
+                        "event": "attempt 1: succeeded",
+                        "reason": "bench",
+                        "worker": worker,
+                    },
+                )
                 conn.commit()
             done += len(claims)
     results.put((done, started, time.monotonic()))
 
 
-def drain(url: str, loop: str, *, processes: int, claim_limit: int = 1,
-          pre_ping: bool = False) -> DrainResult:
+def drain(url: str, loop: str, *, processes: int, claim_limit: int = 1, pre_ping: bool = False) -> DrainResult:
     """Run ``processes`` workers of ``loop`` until nothing is due; ``pre_ping`` is the ledger's only."""
-    target = {"ledger": _ledger_worker, "ledger (sessions)": _ledger_sessions_worker, "bare": _bare_worker,
-              "bare_autocommit": _bare_autocommit_worker, "bare_evidence": _bare_evidence_worker}[loop]
+    target = {
+        "ledger": _ledger_worker,
+        "ledger (sessions)": _ledger_sessions_worker,
+        "bare": _bare_worker,
+        "bare_autocommit": _bare_autocommit_worker,
+        "bare_evidence": _bare_evidence_worker,
+    }[loop]
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=target, name=f"{loop}-{i}",
-                    args=(url, f"bench-{loop}-{i}", claim_limit, pre_ping, barrier, results))
+        ctx.Process(
+            target=target, name=f"{loop}-{i}", args=(url, f"bench-{loop}-{i}", claim_limit, pre_ping, barrier, results)
+        )
         for i in range(processes)
     ]
     for p in procs:

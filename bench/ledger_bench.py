@@ -39,18 +39,25 @@ from bench.scratch_database import ScratchDatabase, libpq
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-QUICK: dict[str, Any] = dict(submit_single=400, submit_batched=1000, ops=1000, repeats=1, commit_ops=300,
-             claim_limits=[1], variants=False)
-FULL: dict[str, Any] = dict(submit_single=2000, submit_batched=10000, ops=1500, repeats=3, commit_ops=1000,
-            claim_limits=[1, 10], variants=True)
+QUICK: dict[str, Any] = dict(
+    submit_single=400, submit_batched=1000, ops=1000, repeats=1, commit_ops=300, claim_limits=[1], variants=False
+)
+FULL: dict[str, Any] = dict(
+    submit_single=2000, submit_batched=10000, ops=1500, repeats=3, commit_ops=1000, claim_limits=[1, 10], variants=True
+)
 
 
 # ---- submit -------------------------------------------------------------------------------------
 
+
 def _intent(i: int, run: str) -> dict[str, Any]:
-    return dict(tenant="bench", idempotency_key=f"{run}:refund-{i}", action="refund",
-                args={"order_id": f"ord-{i}", "amount": "12.50", "currency": "eur"},
-                subject="agent-bench")
+    return dict(
+        tenant="bench",
+        idempotency_key=f"{run}:refund-{i}",
+        action="refund",
+        args={"order_id": f"ord-{i}", "amount": "12.50", "currency": "eur"},
+        subject="agent-bench",
+    )
 
 
 def bench_submit(url: str, n: int, batch: int, run: str, pre_ping: bool = False, warmup: int = 20) -> float:
@@ -76,6 +83,7 @@ def bench_submit(url: str, n: int, batch: int, run: str, pre_ping: bool = False,
 
 
 # ---- commits ------------------------------------------------------------------------------------
+
 
 def _next_xid(admin: psycopg.Connection) -> int:
     # The next transaction id to be handed out; reading it assigns none. Cluster-wide: counts
@@ -124,12 +132,16 @@ def count_commits(db: ScratchDatabase, k: int, pre_ping: bool) -> dict[str, Any]
         - (run["submit"].commits + run["drain"].commits),
         # Transaction ids are cluster-wide: other databases' writes land here too. Meaningful only
         # on an otherwise idle server; kept for that case, not reported in the table.
-        "cluster_write_xacts_per_op": (run["xids_submit"] + run["xids_drain"]
-                                       - fixed["xids_submit"] - fixed["xids_drain"]) / k,
+        "cluster_write_xacts_per_op": (
+            run["xids_submit"] + run["xids_drain"] - fixed["xids_submit"] - fixed["xids_drain"]
+        )
+        / k,
         "rollbacks_per_run": (run["submit"] + run["drain"]).rollbacks,
         "idle_commits_2s": idle.commits,
-        "raw": {"run_2k": {"submit": asdict(run["submit"]), "drain": asdict(run["drain"])},
-                "half_run": {"submit": asdict(fixed["submit"]), "drain": asdict(fixed["drain"])}},
+        "raw": {
+            "run_2k": {"submit": asdict(run["submit"]), "drain": asdict(run["drain"])},
+            "half_run": {"submit": asdict(fixed["submit"]), "drain": asdict(fixed["drain"])},
+        },
     }
 
 
@@ -140,8 +152,10 @@ def conn_count(db: ScratchDatabase, sql: str) -> tuple[Any, ...]:
 
 # ---- claim + finalize ---------------------------------------------------------------------------
 
-def drain_once(db: ScratchDatabase, loop: str, m: int, processes: int, limit: int,
-               pre_ping: bool, batch: str) -> DrainResult:
+
+def drain_once(
+    db: ScratchDatabase, loop: str, m: int, processes: int, limit: int, pre_ping: bool, batch: str
+) -> DrainResult:
     table = backlog.BARE_TABLE if loop.startswith("bare") and loop != "bare_evidence" else backlog.LEDGER_TABLE
     with psycopg.connect(libpq(db.url), autocommit=True) as conn:
         backlog.refill(conn, table, m, batch)
@@ -160,6 +174,7 @@ def _label(loop: str, pre_ping: bool) -> str:
 
 # ---- machine, report ----------------------------------------------------------------------------
 
+
 def machine(db: ScratchDatabase) -> dict[str, Any]:
     def sh(cmd: str) -> str:
         try:
@@ -168,9 +183,10 @@ def machine(db: ScratchDatabase) -> dict[str, Any]:
             return ""
 
     with db.admin() as admin:
-        settings = {name: admin.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-                    for name in ("server_version", "synchronous_commit", "fsync", "shared_buffers",
-                                 "autovacuum", "wal_level")}
+        settings = {
+            name: admin.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in ("server_version", "synchronous_commit", "fsync", "shared_buffers", "autovacuum", "wal_level")
+        }
     return {
         "nproc": os.cpu_count(),
         "cpu": sh("lscpu | sed -n 's/^Model name: *//p'"),
@@ -187,18 +203,21 @@ def _median(values: list[float]) -> float:
 def summarise(runs: list[DrainResult]) -> list[dict[str, Any]]:
     groups: dict[tuple[int, int], dict[str, list[float]]] = {}
     for r in runs:
-        groups.setdefault((r.processes, r.claim_limit), {}).setdefault(
-            _label(r.loop, r.pre_ping), []).append(r.ops_per_s)
+        groups.setdefault((r.processes, r.claim_limit), {}).setdefault(_label(r.loop, r.pre_ping), []).append(
+            r.ops_per_s
+        )
     rows = []
     for (procs, limit), by_loop in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         bare = _median(by_loop.get("bare", []))
         bare_ac = _median(by_loop.get("bare_autocommit", []))
         row: dict[str, Any] = {"processes": procs, "claim_limit": limit}
         for loop, values in by_loop.items():
-            row[loop] = {"median_ops_per_s": round(_median(values), 1),
-                         "runs": [round(v, 1) for v in values],
-                         "ratio_to_bare": round(_median(values) / bare, 3) if bare else None,
-                         "ratio_to_bare_autocommit": round(_median(values) / bare_ac, 3) if bare_ac else None}
+            row[loop] = {
+                "median_ops_per_s": round(_median(values), 1),
+                "runs": [round(v, 1) for v in values],
+                "ratio_to_bare": round(_median(values) / bare, 3) if bare else None,
+                "ratio_to_bare_autocommit": round(_median(values) / bare_ac, 3) if bare_ac else None,
+            }
         rows.append(row)
     return rows
 
@@ -209,8 +228,11 @@ def print_table(submit: dict[str, float], rows: list[dict[str, Any]], commits: l
         print(f"  {name:<34} {rate:>8.0f} intents/s")
     print("\nclaim+finalize, ops/s (median; ratios = ledger / bare, ledger / bare_autocommit)")
     loops = ["ledger", "ledger (sessions)", "bare_evidence", "bare", "bare_autocommit"]
-    print(f"  {'procs':>5} {'limit':>5}  " + "  ".join(f"{name:>18}" for name in loops)
-          + f"  {'ledger/bare':>11} {'ledger/bare_ac':>14}")
+    print(
+        f"  {'procs':>5} {'limit':>5}  "
+        + "  ".join(f"{name:>18}" for name in loops)
+        + f"  {'ledger/bare':>11} {'ledger/bare_ac':>14}"
+    )
     for row in rows:
         cells = []
         for loop in loops:
@@ -218,18 +240,24 @@ def print_table(submit: dict[str, float], rows: list[dict[str, Any]], commits: l
             cells.append(f"{cell['median_ops_per_s']:>18.0f}" if cell else f"{'-':>18}")
         ratio = row.get("ledger", {}).get("ratio_to_bare")
         ratio_ac = row.get("ledger", {}).get("ratio_to_bare_autocommit")
-        print(f"  {row['processes']:>5} {row['claim_limit']:>5}  " + "  ".join(cells)
-              + f"  {ratio if ratio is not None else '-':>11} {ratio_ac if ratio_ac is not None else '-':>14}")
+        print(
+            f"  {row['processes']:>5} {row['claim_limit']:>5}  "
+            + "  ".join(cells)
+            + f"  {ratio if ratio is not None else '-':>11} {ratio_ac if ratio_ac is not None else '-':>14}"
+        )
     print("\ncommits per operation, submit -> claim -> finalize (pg_stat_database.xact_commit)")
     for c in commits:
-        print(f"  pool_pre_ping={str(c['pool_pre_ping']):<5} commits/op={c['commits_per_op']:.2f} "
-              f"(submit {c['submit_commits_per_op']:.2f} + claim/finalize "
-              f"{c['claim_finalize_commits_per_op']:.2f}); rollbacks per run={c['rollbacks_per_run']}; "
-              f"fixed per run (connect, warm-up, last empty claim, prepares): {c['fixed_commits_per_run']}; "
-              f"idle 2 s: {c['idle_commits_2s']} commits")
+        print(
+            f"  pool_pre_ping={str(c['pool_pre_ping']):<5} commits/op={c['commits_per_op']:.2f} "
+            f"(submit {c['submit_commits_per_op']:.2f} + claim/finalize "
+            f"{c['claim_finalize_commits_per_op']:.2f}); rollbacks per run={c['rollbacks_per_run']}; "
+            f"fixed per run (connect, warm-up, last empty claim, prepares): {c['fixed_commits_per_run']}; "
+            f"idle 2 s: {c['idle_commits_2s']} commits"
+        )
 
 
 # ---- main ---------------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -242,8 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100, help="intents per transaction when batched")
     parser.add_argument("--commit-ops", type=int, help="operations in the commit-count run")
     parser.add_argument("--repeats", type=int, help="runs per figure (the median is reported)")
-    parser.add_argument("--variants", action=argparse.BooleanOptionalAction, default=None,
-                        help="also run the ledger through SQLAlchemy sessions and the bare_evidence loop")
+    parser.add_argument(
+        "--variants",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run the ledger through SQLAlchemy sessions and the bare_evidence loop",
+    )
     parser.add_argument("--out", type=Path, help="JSON path (default bench/results/ledger-<date>[-quick].json)")
     args = parser.parse_args(argv)
     cfg: dict[str, Any] = dict(QUICK if args.quick else FULL)
@@ -265,25 +297,33 @@ def main(argv: list[str] | None = None) -> int:
                 backlog.refill(conn, backlog.LEDGER_TABLE, 0, "none")
             submit_runs["one per transaction"].append(bench_submit(db.url, cfg["submit_single"], 1, f"s{rep}"))
             submit_runs[f"batched ({args.batch} per transaction)"].append(
-                bench_submit(db.url, cfg["submit_batched"], args.batch, f"b{rep}"))
-            print(f"submit repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in submit_runs.items()), flush=True)
+                bench_submit(db.url, cfg["submit_batched"], args.batch, f"b{rep}")
+            )
+            print(
+                f"submit repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in submit_runs.items()),
+                flush=True,
+            )
         submit = {k: _median(v) for k, v in submit_runs.items()}
 
         loops: list[tuple[str, bool]] = [("ledger", False), ("bare", False), ("bare_autocommit", False)]
         runs: list[DrainResult] = []
         for rep in range(cfg["repeats"]):
             for limit in cfg["claim_limits"]:
-                plan = loops + ([("ledger (sessions)", False), ("bare_evidence", False)]
-                                if cfg["variants"] and limit == 1 else [])
+                plan = loops + (
+                    [("ledger (sessions)", False), ("bare_evidence", False)] if cfg["variants"] and limit == 1 else []
+                )
                 # Rotate the order each repeat so that drift (cache, WAL, a noisy neighbour)
                 # does not always land on the same loop.
-                plan = plan[rep % len(plan):] + plan[: rep % len(plan)]
+                plan = plan[rep % len(plan) :] + plan[: rep % len(plan)]
                 for procs in args.processes:
                     for loop, pre_ping in plan:
                         r = drain_once(db, loop, cfg["ops"], procs, limit, pre_ping, f"r{rep}")
                         runs.append(r)
-                        print(f"  repeat {rep + 1} limit {limit} procs {procs} {_label(loop, pre_ping):<22} "
-                              f"{r.ops_per_s:8.0f} ops/s ({r.ops} in {r.seconds:.2f} s)", flush=True)
+                        print(
+                            f"  repeat {rep + 1} limit {limit} procs {procs} {_label(loop, pre_ping):<22} "
+                            f"{r.ops_per_s:8.0f} ops/s ({r.ops} in {r.seconds:.2f} s)",
+                            flush=True,
+                        )
         rows = summarise(runs)
 
         commits = [count_commits(db, cfg["commit_ops"], pre_ping=False)]
@@ -295,17 +335,26 @@ def main(argv: list[str] | None = None) -> int:
     # A quick run never overwrites the day's full run.
     out = args.out or RESULTS_DIR / f"ledger-{when.date().isoformat()}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "date": when.isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python -m bench.ledger_bench", *(argv if argv is not None else sys.argv[1:])]),
-        "config": cfg | {"processes": args.processes, "batch": args.batch},
-        "machine": info,
-        "submit_intents_per_s": {k: {"median": round(v, 1), "runs": [round(x, 1) for x in submit_runs[k]]}
-                                 for k, v in submit.items()},
-        "claim_finalize": rows,
-        "commits": commits,
-        "elapsed_s": round(elapsed, 1),
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "date": when.isoformat(timespec="seconds"),
+                "command": " ".join(
+                    [".venv/bin/python -m bench.ledger_bench", *(argv if argv is not None else sys.argv[1:])]
+                ),
+                "config": cfg | {"processes": args.processes, "batch": args.batch},
+                "machine": info,
+                "submit_intents_per_s": {
+                    k: {"median": round(v, 1), "runs": [round(x, 1) for x in submit_runs[k]]} for k, v in submit.items()
+                },
+                "claim_finalize": rows,
+                "commits": commits,
+                "elapsed_s": round(elapsed, 1),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {out} ({elapsed:.0f} s)")
     return 0
 

@@ -55,8 +55,14 @@ ARGS = {"order_id": "ord-bench", "amount": "12.50", "currency": "EUR", "reason":
 def actions_doc(base_url: str) -> dict[str, Any]:
     """The shape of tests/harness.py ``actions_doc``: one refund action on the sandbox."""
     return {
-        "targets": {"sandbox": {"base_url": base_url, "timeout_s": 2.0, "connect_timeout_s": 0.5,
-                                "breaker": {"fail_max": 1000, "reset_timeout_s": 5}}},
+        "targets": {
+            "sandbox": {
+                "base_url": base_url,
+                "timeout_s": 2.0,
+                "connect_timeout_s": 0.5,
+                "breaker": {"fail_max": 1000, "reset_timeout_s": 5},
+            }
+        },
         "actions": {
             "payments.refund.create": {
                 "target": "sandbox",
@@ -64,10 +70,16 @@ def actions_doc(base_url: str) -> dict[str, Any]:
                 "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
                 "fencing_header": "X-Fencing-Token",
                 "lookup": {
-                    "request": {"method": "GET", "path": "/v1/refunds",
-                                "query": {"idempotency_key": "{idempotency_key}"}},
-                    "authoritative_not_found": True, "settle_s": 0.5,
-                    "succeeded": ["succeeded"], "pending": ["pending"], "failed": ["failed"],
+                    "request": {
+                        "method": "GET",
+                        "path": "/v1/refunds",
+                        "query": {"idempotency_key": "{idempotency_key}"},
+                    },
+                    "authoritative_not_found": True,
+                    "settle_s": 0.5,
+                    "succeeded": ["succeeded"],
+                    "pending": ["pending"],
+                    "failed": ["failed"],
                 },
                 "result_reference": "id",
                 "decimal_args": ["amount"],
@@ -88,6 +100,7 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, interval_s: float = 0
 
 # ---- the outbox pipeline ------------------------------------------------------------------------
 
+
 class Outbox:
     """Sandbox + database + relay process for the whole run; workers per measurement."""
 
@@ -97,8 +110,11 @@ class Outbox:
         actions = tmp / "actions.yaml"
         actions.write_text(yaml.safe_dump(actions_doc(sandbox_url), sort_keys=False))
         self.env = {
-            "OUTBOX_DATABASE_URL": db_url, "OUTBOX_BROKER_URL": REDIS_URL, "OUTBOX_REDIS_URL": REDIS_URL,
-            "OUTBOX_BROKER_KEY_PREFIX": prefix, "OUTBOX_ACTIONS_FILE": str(actions),
+            "OUTBOX_DATABASE_URL": db_url,
+            "OUTBOX_BROKER_URL": REDIS_URL,
+            "OUTBOX_REDIS_URL": REDIS_URL,
+            "OUTBOX_BROKER_KEY_PREFIX": prefix,
+            "OUTBOX_ACTIONS_FILE": str(actions),
             "OUTBOX_DATA_DIR": str(tmp / "data"),
         }
         self.engine = make_engine(db_url, pool_size=8)
@@ -111,11 +127,14 @@ class Outbox:
         from workers.relay import NOTIFY_LEADER_LOCK
 
         exe = Path(sys.executable).with_name("agent-outbox")
-        self.relay = subprocess.Popen([str(exe), "relay"], env={**os.environ, **self.env},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.relay = subprocess.Popen(
+            [str(exe), "relay"], env={**os.environ, **self.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         # Only the leader rings doorbells from NOTIFY; before it leads, ids wait for a tick.
-        leading = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                       "AND ((classid::bigint << 32) | objid::bigint) = :key")
+        leading = text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND ((classid::bigint << 32) | objid::bigint) = :key"
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             with self.engine.connect() as c:
@@ -144,8 +163,14 @@ class Outbox:
             for first in range(k * batch, n, batch * submitters):
                 with self.sessions.begin() as s:
                     for i in range(first, min(first + batch, n)):
-                        submit(s, tenant=tenant, idempotency_key=f"{tenant}:refund-{i}",
-                               action="payments.refund.create", args=ARGS, subject="bench")
+                        submit(
+                            s,
+                            tenant=tenant,
+                            idempotency_key=f"{tenant}:refund-{i}",
+                            action="payments.refund.create",
+                            args=ARGS,
+                            subject="bench",
+                        )
 
         if submitters == 1:
             agent(0)
@@ -158,18 +183,32 @@ class Outbox:
 
     def count(self, tenant: str, status: str = "succeeded") -> int:
         with self.engine.connect() as c:
-            return int(c.execute(text("SELECT count(*) FROM operations WHERE tenant = :t AND status = :s"),
-                                 {"t": tenant, "s": status}).scalar_one())
+            return int(
+                c.execute(
+                    text("SELECT count(*) FROM operations WHERE tenant = :t AND status = :s"),
+                    {"t": tenant, "s": status},
+                ).scalar_one()
+            )
 
     def statuses(self, tenant: str) -> dict[str, int]:
         with self.engine.connect() as c:
-            rows = c.execute(text("SELECT status, count(*) FROM operations WHERE tenant = :t GROUP BY status"),
-                             {"t": tenant}).all()
+            rows = c.execute(
+                text("SELECT status, count(*) FROM operations WHERE tenant = :t GROUP BY status"), {"t": tenant}
+            ).all()
         return {r[0]: int(r[1]) for r in rows}
 
 
-def run_outbox(ob: Outbox, sandbox: Any, pool: str, w: int, n: int, batch: int, timeout_s: float,
-               presubmit: bool = False, submitters: int = 1) -> dict[str, Any]:
+def run_outbox(
+    ob: Outbox,
+    sandbox: Any,
+    pool: str,
+    w: int,
+    n: int,
+    batch: int,
+    timeout_s: float,
+    presubmit: bool = False,
+    submitters: int = 1,
+) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown") as workers:
         warm = f"warm-{tag}"
@@ -198,13 +237,26 @@ def run_outbox(ob: Outbox, sandbox: Any, pool: str, w: int, n: int, batch: int, 
     effects = sandbox.effects()
     dups = sandbox.duplicates(by="key")
     seconds = ended - started
-    return {"side": "outbox", "pool": pool, "workers": w, "ops": n, "seconds": seconds,
-            "ops_per_s": n / seconds, "submit_s": submitted - started, "submit_batch": batch, "submitters": submitters, "presubmit": presubmit,
-            "effects": len(effects), "duplicates": len(dups), "rss_kib": rss,
-            "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()}}
+    return {
+        "side": "outbox",
+        "pool": pool,
+        "workers": w,
+        "ops": n,
+        "seconds": seconds,
+        "ops_per_s": n / seconds,
+        "submit_s": submitted - started,
+        "submit_batch": batch,
+        "submitters": submitters,
+        "presubmit": presubmit,
+        "effects": len(effects),
+        "duplicates": len(dups),
+        "rss_kib": rss,
+        "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
+    }
 
 
 # ---- bare Celery ---------------------------------------------------------------------------------
+
 
 def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_s: float) -> dict[str, Any]:
     from bench import bare_celery
@@ -213,6 +265,7 @@ def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_
     key = bare_celery.counter_key()
     app = bare_celery.app
     with Workers("bench.bare_celery", pool, w, env, tmp, queues=bare_celery.QUEUE) as workers:
+
         def publish(k: int) -> None:
             with app.producer_or_acquire() as producer:
                 for i in range(k):
@@ -229,12 +282,22 @@ def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_
             ended = wait_until(lambda: int(r.get(key) or 0) >= n, timeout_s, 0.01, "bare executed")
         rss = workers.rss_kib()
     seconds = ended - started
-    return {"side": "bare", "pool": pool, "workers": w, "ops": n, "seconds": seconds,
-            "ops_per_s": n / seconds, "publish_s": published - started, "executed": int(r.get(key) or 0),
-            "rss_kib": rss, "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()}}
+    return {
+        "side": "bare",
+        "pool": pool,
+        "workers": w,
+        "ops": n,
+        "seconds": seconds,
+        "ops_per_s": n / seconds,
+        "publish_s": published - started,
+        "executed": int(r.get(key) or 0),
+        "rss_kib": rss,
+        "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
+    }
 
 
 # ---- report --------------------------------------------------------------------------------------
+
 
 def environment(db: ScratchDatabase) -> dict[str, Any]:
     from bench.ledger_bench import machine
@@ -243,6 +306,7 @@ def environment(db: ScratchDatabase) -> dict[str, Any]:
     info["redis"] = redis.Redis.from_url(REDIS_URL).info("server").get("redis_version")
     info["date"] = subprocess.run(["date"], capture_output=True, text=True).stdout.strip()
     import celery
+
     info["celery"] = celery.__version__
     return info
 
@@ -257,10 +321,12 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
         ours = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w)]
         row["rss_mib_executing"] = statistics.median(
-            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in ours if r["rss_kib"]["executing"]] or [0])
+            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in ours if r["rss_kib"]["executing"]] or [0]
+        )
         bare = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("bare", pool, w)]
         row["rss_mib_bare_executing"] = statistics.median(
-            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in bare if r["rss_kib"]["executing"]] or [0])
+            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in bare if r["rss_kib"]["executing"]] or [0]
+        )
         row["effects_ok"] = all(r["effects"] == r["ops"] and r["duplicates"] == 0 for r in ours)
         rows.append(row)
     return rows
@@ -268,14 +334,18 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]], n: int, repeats: int) -> None:
     print(f"\nsubmit -> succeeded, N={n}, {repeats} run(s) each: median ops/s [min-max]")
-    print(f"{'pool':8} {'W':>2} {'outbox ops/s':>24} {'bare Celery ops/s':>24} {'ratio':>6} "
-          f"{'RSS/proc MiB':>13} {'effects==N':>10}")
+    print(
+        f"{'pool':8} {'W':>2} {'outbox ops/s':>24} {'bare Celery ops/s':>24} {'ratio':>6} "
+        f"{'RSS/proc MiB':>13} {'effects==N':>10}"
+    )
     for r in rows:
         o, b = r["outbox"], r["bare"]
-        print(f"{r['pool']:8} {r['workers']:>2} {o['median']:>8.0f} [{o['min']:.0f}-{o['max']:.0f}]".ljust(36)
-              + f"{b['median']:>8.0f} [{b['min']:.0f}-{b['max']:.0f}]".ljust(25)
-              + f"{r['ratio']:>6.2f} {r['rss_mib_executing']:>6.1f} ({r['rss_mib_bare_executing']:.1f})"
-              + f" {str(r['effects_ok']):>10}")
+        print(
+            f"{r['pool']:8} {r['workers']:>2} {o['median']:>8.0f} [{o['min']:.0f}-{o['max']:.0f}]".ljust(36)
+            + f"{b['median']:>8.0f} [{b['min']:.0f}-{b['max']:.0f}]".ljust(25)
+            + f"{r['ratio']:>6.2f} {r['rss_mib_executing']:>6.1f} ({r['rss_mib_bare_executing']:.1f})"
+            + f" {str(r['effects_ok']):>10}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,11 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pools", default=None, help="prefork,solo (default both)")
     p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 3)")
     p.add_argument("--submit-batch", type=int, default=1, help="intents per submit transaction")
-    p.add_argument("--submitters", type=int, default=1,
-                   help="concurrent submitting threads (agents), each one intent per transaction")
-    p.add_argument("--presubmit", action="store_true",
-                   help="write the N intents before starting the clock (relay stopped meanwhile): "
-                        "measures relay + workers without the submitter")
+    p.add_argument(
+        "--submitters",
+        type=int,
+        default=1,
+        help="concurrent submitting threads (agents), each one intent per transaction",
+    )
+    p.add_argument(
+        "--presubmit",
+        action="store_true",
+        help="write the N intents before starting the clock (relay stopped meanwhile): "
+        "measures relay + workers without the submitter",
+    )
     p.add_argument("--bare-events", action="store_true", help="bare Celery also sends task events")
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args(argv)
@@ -302,14 +379,20 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox.testing import SandboxProcess
 
     root = f"bench-pipe-{uuid.uuid4().hex[:8]}:"
-    bare_env = {"BENCH_BARE_BROKER_URL": REDIS_URL, "BENCH_BARE_PREFIX": root + "bare:",
-                "BENCH_BARE_EVENTS": "1" if args.bare_events else "0"}
+    bare_env = {
+        "BENCH_BARE_BROKER_URL": REDIS_URL,
+        "BENCH_BARE_PREFIX": root + "bare:",
+        "BENCH_BARE_EVENTS": "1" if args.bare_events else "0",
+    }
     os.environ.update(bare_env)  # bench.bare_celery reads them at import, here and in its workers
     runs: list[dict[str, Any]] = []
     r = redis.Redis.from_url(REDIS_URL)
     try:
-        with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmpdir, \
-                ScratchDatabase() as db, SandboxProcess() as sandbox:
+        with (
+            tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmpdir,
+            ScratchDatabase() as db,
+            SandboxProcess() as sandbox,
+        ):
             tmp = Path(tmpdir)
             sandbox.configure(request_log_max=1_000_000)
             env = environment(db)
@@ -319,33 +402,63 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(repeats):
                     for pool in pools:
                         for w in counts:
-                            res = run_outbox(ob, sandbox, pool, w, n, args.submit_batch, args.timeout, args.presubmit,
-                                             args.submitters)
+                            res = run_outbox(
+                                ob,
+                                sandbox,
+                                pool,
+                                w,
+                                n,
+                                args.submit_batch,
+                                args.timeout,
+                                args.presubmit,
+                                args.submitters,
+                            )
                             runs.append(res)
-                            print(f"[{rep + 1}/{repeats}] outbox {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
-                                  f"(submit {res['submit_s']:.2f}s of {res['seconds']:.2f}s; effects {res['effects']}, "
-                                  f"dups {res['duplicates']}; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}", flush=True)
+                            print(
+                                f"[{rep + 1}/{repeats}] outbox {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
+                                f"(submit {res['submit_s']:.2f}s of {res['seconds']:.2f}s; effects {res['effects']}, "
+                                f"dups {res['duplicates']}; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                flush=True,
+                            )
                             res = run_bare(bare_env, tmp, pool, w, n, args.timeout)
                             runs.append(res)
-                            print(f"[{rep + 1}/{repeats}] bare   {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
-                                  f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}", flush=True)
+                            print(
+                                f"[{rep + 1}/{repeats}] bare   {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
+                                f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                flush=True,
+                            )
             finally:
                 ob.stop_relay()
                 ob.engine.dispose()
     finally:
-        keys = list(r.scan_iter(match=f"{root}*", count=1000)) + \
-            list(r.scan_iter(match=f"agent-outbox:breaker:{root}*", count=1000))
+        keys = list(r.scan_iter(match=f"{root}*", count=1000)) + list(
+            r.scan_iter(match=f"agent-outbox:breaker:{root}*", count=1000)
+        )
         if keys:
             r.delete(*keys)
     rows = summarise(runs)
     print_table(rows, n, repeats)
     print("(RSS = median VmRSS of each task-executing process after the run; bare Celery's in brackets)")
-    out = {"benchmark": "pipeline", "command": "python -m bench.pipeline_bench " + " ".join(argv or sys.argv[1:]),
-           "ops": n, "repeats": repeats, "submit_batch": args.submit_batch, "submitters": args.submitters, "presubmit": args.presubmit, "bare_events": args.bare_events,
-           "environment": env, "summary": rows, "runs": runs}
+    out = {
+        "benchmark": "pipeline",
+        "command": "python -m bench.pipeline_bench " + " ".join(argv or sys.argv[1:]),
+        "ops": n,
+        "repeats": repeats,
+        "submit_batch": args.submit_batch,
+        "submitters": args.submitters,
+        "presubmit": args.presubmit,
+        "bare_events": args.bare_events,
+        "environment": env,
+        "summary": rows,
+        "runs": runs,
+    }
     RESULTS_DIR.mkdir(exist_ok=True)
-    suffix = ("-quick" if args.quick else "") + ("-presubmit" if args.presubmit else "") + \
-        ("-bare-events" if args.bare_events else "") + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
+    suffix = (
+        ("-quick" if args.quick else "")
+        + ("-presubmit" if args.presubmit else "")
+        + ("-bare-events" if args.bare_events else "")
+        + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
+    )
     path = RESULTS_DIR / f"pipeline-{dt.date.today().isoformat()}{suffix}.json"
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path.relative_to(ROOT)}")

@@ -94,8 +94,14 @@ def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> 
         time.sleep(0.3)  # LISTEN is set up, first tick done
         for i in range(-10, samples):  # 10 warm-up submits (connections, statement caches)
             with sessions.begin() as s:
-                receipt = submit(s, tenant=tenant, idempotency_key=f"k{i}", action="payments.refund.create",
-                                 args=ARGS, subject="bench")
+                receipt = submit(
+                    s,
+                    tenant=tenant,
+                    idempotency_key=f"k{i}",
+                    action="payments.refund.create",
+                    args=ARGS,
+                    subject="bench",
+                )
             t = time.perf_counter()
             if i >= 0:
                 committed[receipt.operation_id] = t
@@ -109,9 +115,15 @@ def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> 
         relay_engine.dispose()
         engine.dispose()
     lat = [(doorbell.published[k] - t) * 1000 for k, t in committed.items() if k in doorbell.published]
-    out: dict[str, Any] = {"mode": mode, "samples": len(lat), "missing": samples - len(lat),
-                           "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": max(lat),
-                           "mean_ms": statistics.fmean(lat)}
+    out: dict[str, Any] = {
+        "mode": mode,
+        "samples": len(lat),
+        "missing": samples - len(lat),
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "max_ms": max(lat),
+        "mean_ms": statistics.fmean(lat),
+    }
     return out
 
 
@@ -125,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     samples = args.samples or (60 if args.quick else 300)
     repeats = args.repeats or (1 if args.quick else 3)
-    modes = args.modes.split(",") if args.modes else (
-        ["listen", "poll-0.05"] if args.quick else ["listen", "poll-0.5", "poll-0.05"])
+    modes = (
+        args.modes.split(",")
+        if args.modes
+        else (["listen", "poll-0.05"] if args.quick else ["listen", "poll-0.5", "poll-0.05"])
+    )
     prefix = f"bench-relay-{uuid.uuid4().hex[:8]}:"
     r = redis.Redis.from_url(REDIS_URL)
     runs: list[dict[str, Any]] = []
@@ -139,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in modes:
                     res = measure(db.url, prefix, mode, samples, args.gap_ms / 1000)
                     runs.append(res)
-                    print(f"[{rep + 1}/{repeats}] {mode:18} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
-                          f"max {res['max_ms']:7.2f} ms  (n={res['samples']}, missing {res['missing']})", flush=True)
+                    print(
+                        f"[{rep + 1}/{repeats}] {mode:18} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
+                        f"max {res['max_ms']:7.2f} ms  (n={res['samples']}, missing {res['missing']})",
+                        flush=True,
+                    )
     finally:
         keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
         if keys:
@@ -154,11 +172,23 @@ def main(argv: list[str] | None = None) -> int:
             v = [x[k] for x in rs]
             row[k] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
         summary.append(row)
-        print(f"{mode:18} " + "  ".join(f"{k[:-3]} {row[k]['median']:7.2f} [{row[k]['min']:.2f}-{row[k]['max']:.2f}]"
-                                         for k in ("p50_ms", "p99_ms", "max_ms")))
-    out = {"benchmark": "relay-latency", "command": "python -m bench.relay_latency " + " ".join(argv or sys.argv[1:]),
-           "samples": samples, "repeats": repeats, "gap_ms": args.gap_ms, "environment": env,
-           "summary": summary, "runs": runs}
+        print(
+            f"{mode:18} "
+            + "  ".join(
+                f"{k[:-3]} {row[k]['median']:7.2f} [{row[k]['min']:.2f}-{row[k]['max']:.2f}]"
+                for k in ("p50_ms", "p99_ms", "max_ms")
+            )
+        )
+    out = {
+        "benchmark": "relay-latency",
+        "command": "python -m bench.relay_latency " + " ".join(argv or sys.argv[1:]),
+        "samples": samples,
+        "repeats": repeats,
+        "gap_ms": args.gap_ms,
+        "environment": env,
+        "summary": summary,
+        "runs": runs,
+    }
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"relay-latency-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(out, indent=2))

@@ -26,8 +26,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BENCHMARKS = [
     [sys.executable, "-m", "bench.ledger_bench", "--quick"],
-    [sys.executable, "-m", "bench.sandbox_rps", "--seconds", "5",
-     "--client", "wrk" if shutil.which("wrk") else "aiohttp"],
+    [
+        sys.executable,
+        "-m",
+        "bench.sandbox_rps",
+        "--seconds",
+        "5",
+        "--client",
+        "wrk" if shutil.which("wrk") else "aiohttp",
+    ],
     [sys.executable, "-m", "bench.pipeline_bench", "--quick"],
     [sys.executable, "-m", "bench.relay_latency", "--quick"],
     [sys.executable, "-m", "bench.scale_proof", "--quick", "-q"],

@@ -7,6 +7,7 @@ that the effects ledger counted one effect per successful request.
 
     .venv/bin/python -m bench.sandbox_rps [--seconds 10] [--connections 32] [--client wrk|aiohttp]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def run_wrk(url: str, seconds: float, connections: int, threads: int) -> tuple[f
     try:
         out = subprocess.run(
             ["wrk", f"-t{threads}", f"-c{connections}", f"-d{int(seconds)}s", "-s", script, url],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     finally:
         os.unlink(script)
@@ -102,9 +105,11 @@ def main() -> int:
         effects = len(sandbox.effects())
         ok = len(sandbox.requests(status=200))
     print(detail.rstrip())
-    print(f"sandbox plain-path POST /v1/refunds: {rps:.0f} req/s "
-          f"(client={args.client}, connections={args.connections}, {os.cpu_count()} cores); "
-          f"effects={effects}, 200s in request log={ok}")
+    print(
+        f"sandbox plain-path POST /v1/refunds: {rps:.0f} req/s "
+        f"(client={args.client}, connections={args.connections}, {os.cpu_count()} cores); "
+        f"effects={effects}, 200s in request log={ok}"
+    )
     if effects != ok:
         print("MISMATCH: effects ledger and request log disagree", file=sys.stderr)
         return 1

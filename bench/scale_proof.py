@@ -76,19 +76,26 @@ MAX_ATTEMPTS = 4
 # Longer than the harness's 3 s lease plus the sweep: the frozen worker's claims expire, are
 # looked up and re-sent by the others before it wakes up.
 FREEZE_S = 6.0
-NOT_QUIET = ("not_dispatched", "dispatching", "outcome_unknown", "awaiting_approval",
-             "committed_evidence_degraded")
+NOT_QUIET = ("not_dispatched", "dispatching", "outcome_unknown", "awaiting_approval", "committed_evidence_degraded")
 PACKET_ITEMS = ("operation", "attempts", "last_error", "next_step", "intent")
 
 # action -> (sandbox path, sandbox resource name, args for intent i)
 ACTIONS: dict[str, tuple[str, str, Any]] = {
-    "payments.refund.create": ("/v1/refunds", "refunds",
-                               lambda i: {"order_id": f"o-{i}", "amount": f"{1 + i % 90}.50",
-                                          "currency": "EUR", "reason": "damaged"}),
-    "support.ticket.create": ("/v1/tickets", "tickets",
-                              lambda i: {"subject": f"ticket {i}", "customer_id": f"c-{i}", "priority": "normal"}),
-    "notify.email.send": ("/v1/emails", "emails",
-                          lambda i: {"to": f"user{i}@example.com", "subject": f"mail {i}", "body": "hello"}),
+    "payments.refund.create": (
+        "/v1/refunds",
+        "refunds",
+        lambda i: {"order_id": f"o-{i}", "amount": f"{1 + i % 90}.50", "currency": "EUR", "reason": "damaged"},
+    ),
+    "support.ticket.create": (
+        "/v1/tickets",
+        "tickets",
+        lambda i: {"subject": f"ticket {i}", "customer_id": f"c-{i}", "priority": "normal"},
+    ),
+    "notify.email.send": (
+        "/v1/emails",
+        "emails",
+        lambda i: {"to": f"user{i}@example.com", "subject": f"mail {i}", "body": "hello"},
+    ),
 }
 
 
@@ -112,8 +119,10 @@ def scale_actions_doc(sandbox_url: str, *, fencing: bool = False) -> dict[str, A
 
     budget = {"max_attempts": MAX_ATTEMPTS, "deadline_s": 600, "base_delay_s": 0.1, "max_delay_s": 1}
     extra = {"provider_fencing": True} if fencing else {}
-    actions = {name: action(path, budget=budget, **extra, **({"decimal_args": ["amount"]} if "refund" in name else {}))
-               for name, (path, _, _) in ACTIONS.items()}
+    actions = {
+        name: action(path, budget=budget, **extra, **({"decimal_args": ["amount"]} if "refund" in name else {}))
+        for name, (path, _, _) in ACTIONS.items()
+    }
     return actions_doc(sandbox_url, actions=actions)
 
 
@@ -145,31 +154,48 @@ class ScaleResult:
 
     def summary(self) -> str:
         s = self.statuses
-        return (f"scale-proof seed={self.seed} intents={self.intents} workers={self.workers} "
-                f"fencing={'yes' if self.fencing else 'no'} "
-                f"wall={self.wall_s:.1f}s ops/s={self.ops_per_s:.1f} succeeded={s['succeeded']} "
-                f"failed_before_commit={s['failed_before_commit']} "
-                f"reconciliation_required={s['reconciliation_required']} reconciled={self.reconciled} "
-                f"retries={self.retries} effects={self.effects} duplicates={self.duplicates} lost={self.lost} "
-                f"redis_restarts={self.redis_restarts} worker_kills={self.worker_kills} "
-                f"worker_freezes={self.worker_freezes} violations={len(self.violations)}")
+        return (
+            f"scale-proof seed={self.seed} intents={self.intents} workers={self.workers} "
+            f"fencing={'yes' if self.fencing else 'no'} "
+            f"wall={self.wall_s:.1f}s ops/s={self.ops_per_s:.1f} succeeded={s['succeeded']} "
+            f"failed_before_commit={s['failed_before_commit']} "
+            f"reconciliation_required={s['reconciliation_required']} reconciled={self.reconciled} "
+            f"retries={self.retries} effects={self.effects} duplicates={self.duplicates} lost={self.lost} "
+            f"redis_restarts={self.redis_restarts} worker_kills={self.worker_kills} "
+            f"worker_freezes={self.worker_freezes} violations={len(self.violations)}"
+        )
 
     def as_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "intents": self.intents, "workers": self.workers, "fencing": self.fencing,
-                "wall_s": self.wall_s, "handoff_reasons": dict(self.handoff_reasons),
-                "ops_per_s": self.ops_per_s, "statuses": dict(self.statuses), "reconciled": self.reconciled,
-                "retries": self.retries, "effects": self.effects, "duplicates": self.duplicates, "lost": self.lost,
-                "redis_restarts": self.redis_restarts, "worker_kills": self.worker_kills,
-                "worker_freezes": self.worker_freezes, "faults_fired": self.faults_fired, "budget_end_claims": self.budget_end_claims,
-                "violations": self.violations}
+        return {
+            "seed": self.seed,
+            "intents": self.intents,
+            "workers": self.workers,
+            "fencing": self.fencing,
+            "wall_s": self.wall_s,
+            "handoff_reasons": dict(self.handoff_reasons),
+            "ops_per_s": self.ops_per_s,
+            "statuses": dict(self.statuses),
+            "reconciled": self.reconciled,
+            "retries": self.retries,
+            "effects": self.effects,
+            "duplicates": self.duplicates,
+            "lost": self.lost,
+            "redis_restarts": self.redis_restarts,
+            "worker_kills": self.worker_kills,
+            "worker_freezes": self.worker_freezes,
+            "faults_fired": self.faults_fired,
+            "budget_end_claims": self.budget_end_claims,
+            "violations": self.violations,
+        }
 
 
 def _status_counts(sessions: sessionmaker[Session]) -> Counter[str]:
     from outbox.models import Operation
 
     with sessions() as s:
-        return Counter({st: n for st, n in s.execute(
-            select(Operation.status, func.count()).group_by(Operation.status)).all()})
+        return Counter(
+            {st: n for st, n in s.execute(select(Operation.status, func.count()).group_by(Operation.status)).all()}
+        )
 
 
 def _log(msg: str, verbose: bool) -> None:
@@ -177,9 +203,19 @@ def _log(msg: str, verbose: bool) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: Any, tmp: Path,
-                    intents: int = 300, seed: int = 7, workers: int = 4,
-                    deadline_s: float | None = None, verbose: bool = False, fencing: bool = False) -> ScaleResult:
+def run_scale_proof(
+    *,
+    db_url: str,
+    sessions: sessionmaker[Session],
+    sandbox: Any,
+    tmp: Path,
+    intents: int = 300,
+    seed: int = 7,
+    workers: int = 4,
+    deadline_s: float | None = None,
+    verbose: bool = False,
+    fencing: bool = False,
+) -> ScaleResult:
     """Run the scenario against an EMPTY migrated ledger (``db_url``/``sessions``) and a sandbox
     (``SandboxServer``/``SandboxProcess``, reset here). Returns figures and violations.
 
@@ -198,8 +234,14 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
 
     redis = PrivateRedis(tmp).start()
     try:
-        with pipeline(db_url=db_url, sessions=sessions, redis_url=redis.url, tmp=tmp, sandbox_url=sandbox.url,
-                      env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url}) as pipe:
+        with pipeline(
+            db_url=db_url,
+            sessions=sessions,
+            redis_url=redis.url,
+            tmp=tmp,
+            sandbox_url=sandbox.url,
+            env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url},
+        ) as pipe:
             pipe.write_actions(scale_actions_doc(sandbox.url, fencing=fencing))
             dispatchers = [pipe.start_worker(f"d{i + 1}", queues="dispatch") for i in range(workers)]
             pipe.start_worker("reconciler", queues="outcome_unknown")
@@ -217,8 +259,14 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
                             for i in range(first, min(first + 100, intents)):
                                 name = names[i % len(names)]
                                 key = f"scale-{seed}-{i:06d}"
-                                r = submit(s, tenant="t1", idempotency_key=key, action=name,
-                                           args=ACTIONS[name][2](i), subject="scale-proof")
+                                r = submit(
+                                    s,
+                                    tenant="t1",
+                                    idempotency_key=key,
+                                    action=name,
+                                    args=ACTIONS[name][2](i),
+                                    subject="scale-proof",
+                                )
                                 keys[r.operation_id] = (name, key)
                     _log(f"submitted {intents} in {time.monotonic() - started:.1f}s", verbose)
                 except BaseException as exc:  # noqa: BLE001 - reported as a violation below
@@ -251,8 +299,11 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
                     dispatchers.append(pipe.start_worker(f"d{workers + result.worker_kills}", queues="dispatch"))
                 elif result.worker_kills and result.worker_freezes == 0 and settled >= intents * 3 // 4:
                     frozen = dispatchers[rng.randrange(len(dispatchers))]
-                    _log(f"SIGSTOP worker {frozen.name} (pid {frozen.pid}) for {FREEZE_S:g}s at "
-                         f"{settled}/{intents} settled", verbose)
+                    _log(
+                        f"SIGSTOP worker {frozen.name} (pid {frozen.pid}) for {FREEZE_S:g}s at "
+                        f"{settled}/{intents} settled",
+                        verbose,
+                    )
                     frozen.freeze()
                     thaw_at = now + FREEZE_S
                     result.worker_freezes += 1
@@ -282,8 +333,9 @@ def run_scale_proof(*, db_url: str, sessions: sessionmaker[Session], sandbox: An
     return result
 
 
-def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
-           keys: dict[str, tuple[str, str]]) -> None:
+def _check(
+    result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any, keys: dict[str, tuple[str, str]]
+) -> None:
     from outbox.models import Attempt, Handoff, Operation, OperationEvent
     from outbox.report import state_contradictions
     from outbox.states import Status
@@ -303,7 +355,8 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
     for d in dups:
         v.append(f"I1: duplicate effects {json.dumps(d)[:300]}")
     posts: Counter[tuple[str, str | None]] = Counter(
-        (r["path"], r["idempotency_key"]) for r in sandbox.requests(method="POST"))
+        (r["path"], r["idempotency_key"]) for r in sandbox.requests(method="POST")
+    )
 
     with sessions() as s:
         ops = {op.id: op for op in s.execute(select(Operation)).scalars()}
@@ -313,13 +366,19 @@ def _check(result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any,
         handoffs: dict[str, list[Handoff]] = defaultdict(list)
         for h in s.execute(select(Handoff)).scalars():
             handoffs[h.operation_id].append(h)
-        result.reconciled = int(s.execute(
-            select(func.count(func.distinct(OperationEvent.operation_id)))
-            .where(OperationEvent.to_status == Status.OUTCOME_UNKNOWN.value)).scalar_one())
+        result.reconciled = int(
+            s.execute(
+                select(func.count(func.distinct(OperationEvent.operation_id))).where(
+                    OperationEvent.to_status == Status.OUTCOME_UNKNOWN.value
+                )
+            ).scalar_one()
+        )
         contradictions = state_contradictions(s, since=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
     for c in contradictions[:20]:
-        v.append(f"I3: {c['operation_id']} key={c['idempotency_key']} status={c['status']}: {c['why']} "
-                 f"(attempt {c['attempt']})")
+        v.append(
+            f"I3: {c['operation_id']} key={c['idempotency_key']} status={c['status']}: {c['why']} "
+            f"(attempt {c['attempt']})"
+        )
 
     result.statuses = Counter(op.status for op in ops.values())
     missing = [op_id for op_id in keys if op_id not in ops]
@@ -389,11 +448,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="300 intents (the CI-sized run)")
-    parser.add_argument("--fencing", action="store_true",
-                        help="the sandbox fences and the actions declare provider_fencing")
+    parser.add_argument(
+        "--fencing", action="store_true", help="the sandbox fences and the actions declare provider_fencing"
+    )
     parser.add_argument("--deadline-s", type=float, default=None)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON figures (default bench/results/scale-proof-<date>-seed<S>-n<N>.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON figures (default bench/results/scale-proof-<date>-seed<S>-n<N>.json)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
@@ -403,27 +467,43 @@ def main(argv: list[str] | None = None) -> int:
     from outbox.db import make_engine, make_sessionmaker
     from sandbox.testing import SandboxProcess
 
-    with ScratchDatabase() as db, tempfile.TemporaryDirectory(prefix="scale-proof-") as tmp, \
-            SandboxProcess("--seed", str(args.seed)) as sandbox:
+    with (
+        ScratchDatabase() as db,
+        tempfile.TemporaryDirectory(prefix="scale-proof-") as tmp,
+        SandboxProcess("--seed", str(args.seed)) as sandbox,
+    ):
         engine = make_engine(db.url)
         try:
-            result = run_scale_proof(db_url=db.url, sessions=make_sessionmaker(engine), sandbox=sandbox,
-                                     tmp=Path(tmp), intents=args.intents, seed=args.seed, workers=args.workers,
-                                     deadline_s=args.deadline_s, verbose=not args.quiet, fencing=args.fencing)
+            result = run_scale_proof(
+                db_url=db.url,
+                sessions=make_sessionmaker(engine),
+                sandbox=sandbox,
+                tmp=Path(tmp),
+                intents=args.intents,
+                seed=args.seed,
+                workers=args.workers,
+                deadline_s=args.deadline_s,
+                verbose=not args.quiet,
+                fencing=args.fencing,
+            )
         finally:
             engine.dispose()
     print(result.summary(), flush=True)
-    print("faults fired: " + ", ".join(f"{k}={n}" for k, n in result.faults_fired.items())
-          + f"; budget_end_claims={result.budget_end_claims}")
+    print(
+        "faults fired: "
+        + ", ".join(f"{k}={n}" for k, n in result.faults_fired.items())
+        + f"; budget_end_claims={result.budget_end_claims}"
+    )
     for why, n in result.handoff_reasons.most_common():
         print(f"handed to a person: {n} x {why}")
     for line in result.violations[:50]:
         print(f"VIOLATION {line}")
     if len(result.violations) > 50:
         print(f"... and {len(result.violations) - 50} more violations")
-    out = args.out or (ROOT / "bench" / "results" /
-                       f"scale-proof-{time.strftime('%Y-%m-%d')}-seed{args.seed}-n{args.intents}"
-                       f"{'-fencing' if args.fencing else ''}.json")
+    out = args.out or (
+        ROOT / "bench" / "results" / f"scale-proof-{time.strftime('%Y-%m-%d')}-seed{args.seed}-n{args.intents}"
+        f"{'-fencing' if args.fencing else ''}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result.as_json(), indent=2))
     print(f"wrote {out}")

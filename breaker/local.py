@@ -50,9 +50,7 @@ class LocalBreakerStorage(CircuitMemoryStorage):
             wait_ms = min(int(config.probe_wait_s * 1000), self._probe_expires_ms - now_ms)
             return Admission(False, None, now_ms + wait_ms, transition, self._fail_counter)
 
-    def settle(
-        self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int
-    ) -> Settlement:
+    def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int) -> Settlement:
         with self._lock:
             if probe_token is None:
                 # A result of an attempt admitted while closed. If the breaker has opened
@@ -121,6 +119,5 @@ class LocalBreakerStorage(CircuitMemoryStorage):
         self._probe_token = None
 
     def _settled(self, transition: StateName | None) -> Settlement:
-        return Settlement(
-            self._state, transition, self._fail_counter, self._success_counter  # type: ignore[arg-type]
-        )
+        state: StateName = self._state  # type: ignore[assignment]
+        return Settlement(state, transition, self._fail_counter, self._success_counter)

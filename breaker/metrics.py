@@ -34,8 +34,9 @@ class BreakerCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("outbox_breaker_storage_up", "1 if the shared breaker state (Redis) was read, else 0")
-        state = GaugeMetricFamily("outbox_breaker_state", "Circuit breaker per target: 0 closed, 1 half-open, 2 open",
-                                  labels=["target"])
+        state = GaugeMetricFamily(
+            "outbox_breaker_state", "Circuit breaker per target: 0 closed, 1 half-open, 2 open", labels=["target"]
+        )
         try:
             rows = status(self.redis_url, self.targets, self.namespace) if self.targets else []
         except BreakerStorageUnavailable as exc:

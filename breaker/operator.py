@@ -21,9 +21,7 @@ from breaker.storage import RedisBreakerStorage
 log = logging.getLogger(__name__)
 
 
-def status(
-    source: BreakerRegistry | str, targets: Sequence[str], namespace: str = "default"
-) -> list[BreakerStatus]:
+def status(source: BreakerRegistry | str, targets: Sequence[str], namespace: str = "default") -> list[BreakerStatus]:
     """One row per target. Through a URL, a target never seen is closed with 0 failures.
 
     Raises BreakerStorageUnavailable if Redis cannot be read through a URL: the CLI has
@@ -36,9 +34,11 @@ def status(
         rows = []
         for target in targets:
             snap = RedisBreakerStorage(client, namespace, target).snapshot()
-            rows.append(BreakerStatus(target, snap.state, snap.failures,
-                                      from_ms(snap.opened_at_ms), from_ms(snap.reopens_at_ms),
-                                      "redis"))
+            rows.append(
+                BreakerStatus(
+                    target, snap.state, snap.failures, from_ms(snap.opened_at_ms), from_ms(snap.reopens_at_ms), "redis"
+                )
+            )
         return rows
     except RedisError as exc:
         raise BreakerStorageUnavailable(source, repr(exc)) from exc
@@ -46,9 +46,7 @@ def status(
         client.close()
 
 
-def reset(
-    source: BreakerRegistry | str, target: str, *, by: str, namespace: str = "default"
-) -> None:
+def reset(source: BreakerRegistry | str, target: str, *, by: str, namespace: str = "default") -> None:
     """Close ``target``'s breaker now, everywhere; logged at WARNING with who and when."""
     if isinstance(source, BreakerRegistry):
         source.reset(target, by)
@@ -62,6 +60,5 @@ def reset(
         client.close()
     log.warning(
         "breaker reset by operator",
-        extra={"target": target, "by": by, "previous_state": previous,
-               "namespace": namespace, "reset_at": time.time()},
+        extra={"target": target, "by": by, "previous_state": previous, "namespace": namespace, "reset_at": time.time()},
     )

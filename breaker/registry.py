@@ -129,14 +129,12 @@ class BreakerRegistry:
                 self._leave_degraded()
                 self._log_transition(target, admission.transition, admission.failures, "redis")
                 if admission.allowed:
-                    return Allowed(target, admission.probe_token is not None, "redis",
-                                   admission.probe_token)
+                    return Allowed(target, admission.probe_token is not None, "redis", admission.probe_token)
                 return Open(target, from_ms(admission.reopens_at_ms), "redis")  # type: ignore[arg-type]
         admission = self._local[target].admit(config, self._local_now_ms())
         self._log_transition(target, admission.transition, admission.failures, "local")
         if admission.allowed:
-            return Allowed(target, admission.probe_token is not None, "local",
-                           admission.probe_token)
+            return Allowed(target, admission.probe_token is not None, "local", admission.probe_token)
         return Open(target, from_ms(admission.reopens_at_ms), "local")  # type: ignore[arg-type]
 
     def record(self, decision: Allowed, failure: bool) -> None:
@@ -157,14 +155,10 @@ class BreakerRegistry:
                 # The attempt still happened: count it locally, as a plain (non-probe) result.
                 decision = Allowed(decision.target, False, "local")
             else:
-                self._log_transition(decision.target, settled.transition, settled.failures, "redis",
-                                     decision.probe)
+                self._log_transition(decision.target, settled.transition, settled.failures, "redis", decision.probe)
                 return
-        settled = self._local[decision.target].settle(
-            config, decision.probe_token, failure, self._local_now_ms()
-        )
-        self._log_transition(decision.target, settled.transition, settled.failures, "local",
-                             decision.probe)
+        settled = self._local[decision.target].settle(config, decision.probe_token, failure, self._local_now_ms())
+        self._log_transition(decision.target, settled.transition, settled.failures, "local", decision.probe)
 
     def release(self, decision: Decision) -> None:
         """The admitted attempt was not sent (nothing to claim, cancelled, budget spent).
@@ -196,14 +190,28 @@ class BreakerRegistry:
                     self._enter_degraded(exc)
                 else:
                     self._leave_degraded()
-                    rows.append(BreakerStatus(target, snap.state, snap.failures,
-                                              from_ms(snap.opened_at_ms),
-                                              from_ms(snap.reopens_at_ms), "redis"))
+                    rows.append(
+                        BreakerStatus(
+                            target,
+                            snap.state,
+                            snap.failures,
+                            from_ms(snap.opened_at_ms),
+                            from_ms(snap.reopens_at_ms),
+                            "redis",
+                        )
+                    )
                     continue
             snap = self._local[target].snapshot(self._local_now_ms())
-            rows.append(BreakerStatus(target, snap.state, snap.failures,
-                                      from_ms(snap.opened_at_ms), from_ms(snap.reopens_at_ms),
-                                      "degraded" if self._shared else "local"))
+            rows.append(
+                BreakerStatus(
+                    target,
+                    snap.state,
+                    snap.failures,
+                    from_ms(snap.opened_at_ms),
+                    from_ms(snap.reopens_at_ms),
+                    "degraded" if self._shared else "local",
+                )
+            )
         return rows
 
     def reset(self, target: str, by: str) -> None:
@@ -222,8 +230,7 @@ class BreakerRegistry:
                 raise BreakerStorageUnavailable(self.redis_url, repr(exc)) from exc
         log.warning(
             "breaker reset by operator",
-            extra={"target": target, "by": by, "previous_state": previous,
-                   "namespace": self.namespace},
+            extra={"target": target, "by": by, "previous_state": previous, "namespace": self.namespace},
         )
         self._notify(target, previous, "closed")
 
@@ -289,13 +296,22 @@ class BreakerRegistry:
         )
 
     def _log_transition(
-        self, target: str, transition: StateName | None, failures: int,
-        storage: Literal["redis", "local"], probe: bool = False,
+        self,
+        target: str,
+        transition: StateName | None,
+        failures: int,
+        storage: Literal["redis", "local"],
+        probe: bool = False,
     ) -> None:
         if transition is None:
             return
-        extra = {"target": target, "failures": failures, "state": transition,
-                 "storage": storage, "namespace": self.namespace}
+        extra = {
+            "target": target,
+            "failures": failures,
+            "state": transition,
+            "storage": storage,
+            "namespace": self.namespace,
+        }
         if transition == "open":
             log.warning("breaker opened", extra=extra)
             previous = "half-open" if probe else "closed"
@@ -311,6 +327,7 @@ class BreakerRegistry:
         breaker = self.breakers[target]
         if not breaker.listeners:
             return
+
         # notify=False: these state objects are only labels for listeners; with True,
         # pybreaker would reset counters in the storage as a side effect.
         def label(name: str) -> CircuitBreakerState:

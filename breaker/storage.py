@@ -45,7 +45,9 @@ end
 
 # KEYS: state, probe. ARGV: now_ms, reset_timeout_ms, probe_timeout_ms, token, probe_wait_ms
 # -> {allowed(0/1), token, reopens_at_ms, transition, failures}
-_ADMIT = _NOW + """
+_ADMIT = (
+    _NOW
+    + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'failures', 'reopens_at_ms')
 local state = st[1] or 'closed'
 local failures = tonumber(st[2]) or 0
@@ -65,10 +67,13 @@ local pttl = redis.call('PTTL', KEYS[2])
 if pttl > 0 and pttl < wait then wait = pttl end
 return {0, '', now + wait, transition, failures}
 """
+)
 
 # KEYS: state, probe. ARGV: now_ms, token ('' = not a probe), failure (0/1), fail_max,
 # reset_timeout_ms, success_threshold -> {state, transition, failures, successes}
-_SETTLE = _NOW + """
+_SETTLE = (
+    _NOW
+    + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'failures', 'successes')
 local state = st[1] or 'closed'
 local failures = tonumber(st[2]) or 0
@@ -105,9 +110,12 @@ if successes >= tonumber(ARGV[6]) then
 end
 return {'half-open', '', failures, successes}
 """
+)
 
 # KEYS: state, probe. ARGV: now_ms, by -> previous state
-_RESET = _NOW + """
+_RESET = (
+    _NOW
+    + """
 local previous = redis.call('HGET', KEYS[1], 'state') or 'closed'
 redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'successes', 0,
            'reset_by', ARGV[2], 'reset_at_ms', now)
@@ -115,6 +123,7 @@ redis.call('HDEL', KEYS[1], 'opened_at_ms', 'reopens_at_ms')
 redis.call('DEL', KEYS[2])
 return previous
 """
+)
 
 
 # KEYS: probe. ARGV: token -> 1 if this token held the probe and let it go
@@ -169,9 +178,7 @@ class RedisBreakerStorage(CircuitBreakerStorage):
             failures=int(failures),
         )
 
-    def settle(
-        self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int | None
-    ) -> Settlement:
+    def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int | None) -> Settlement:
         state, transition, failures, successes = self._settle(
             keys=self._keys,
             args=[

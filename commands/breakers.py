@@ -90,8 +90,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"namespace": registry.namespace, "shared": bool(registry.redis_url)}
     try:
         if not registry.redis_url:
-            doc |= {"storage": "process-local", "note": LOCAL_NOTE,
-                    "breakers": [_row(registry, None, t) for t in targets]}
+            doc |= {
+                "storage": "process-local",
+                "note": LOCAL_NOTE,
+                "breakers": [_row(registry, None, t) for t in targets],
+            }
         else:
             rows = breaker_status(registry.redis_url, targets, registry.namespace)
             doc |= {"storage": "redis", "breakers": [_row(registry, st, st.target) for st in rows]}
@@ -140,8 +143,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
     try:
         woken = wake_parked(settings, names, target=target, by=by)
     except Exception as exc:  # noqa: BLE001 - the reset itself is done; say what was not
-        print(f"agent-outbox: the breaker is closed, but parked operations could not be made due ({exc}); "
-              "they run at their reopen time", file=sys.stderr)
+        print(
+            f"agent-outbox: the breaker is closed, but parked operations could not be made due ({exc}); "
+            "they run at their reopen time",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print(f"{woken} parked operation(s) due now")
     return EXIT_OK
@@ -161,18 +167,28 @@ def wake_parked(settings: Settings, action_names: list[str], *, target: str, by:
         with make_sessionmaker(engine).begin() as session:
             rows = session.execute(
                 update(Operation)
-                .where(Operation.status == Status.NOT_DISPATCHED.value,
-                       Operation.action.in_(action_names),
-                       Operation.reason.like(PARKED_REASON),
-                       Operation.next_attempt_at > db_now())
+                .where(
+                    Operation.status == Status.NOT_DISPATCHED.value,
+                    Operation.action.in_(action_names),
+                    Operation.reason.like(PARKED_REASON),
+                    Operation.next_attempt_at > db_now(),
+                )
                 .values(next_attempt_at=db_now(), reason=why, updated_at=db_now())
                 .returning(Operation.id, Operation.fencing_token)
             ).all()
             for r in rows:
-                session.execute(insert(OperationEvent).values(
-                    operation_id=r.id, at=db_now(), from_status=Status.NOT_DISPATCHED.value,
-                    to_status=Status.NOT_DISPATCHED.value, fencing_token=r.fencing_token,
-                    event="breaker reset", reason=why, actor=by))
+                session.execute(
+                    insert(OperationEvent).values(
+                        operation_id=r.id,
+                        at=db_now(),
+                        from_status=Status.NOT_DISPATCHED.value,
+                        to_status=Status.NOT_DISPATCHED.value,
+                        fencing_token=r.fencing_token,
+                        event="breaker reset",
+                        reason=why,
+                        actor=by,
+                    )
+                )
     finally:
         engine.dispose()
     return len(rows)

@@ -34,13 +34,24 @@ from outbox.states import Status
 from outbox.submit import submit
 
 # Settled = nothing more will happen without a person (terminal, or handed off).
-SETTLED = {Status.SUCCEEDED.value, Status.FAILED_BEFORE_COMMIT.value, Status.CANCELLED.value,
-           Status.RECONCILIATION_REQUIRED.value, Status.COMMITTED_EVIDENCE_DEGRADED.value}
+SETTLED = {
+    Status.SUCCEEDED.value,
+    Status.FAILED_BEFORE_COMMIT.value,
+    Status.CANCELLED.value,
+    Status.RECONCILIATION_REQUIRED.value,
+    Status.COMMITTED_EVIDENCE_DEGRADED.value,
+}
 
 # The seeded fault mix on POST /v1/refunds (and friends): each rule fires on a share of calls.
 FAULTS: list[dict[str, Any]] = [
     {"mode": "unavailable_503", "method": "POST", "probability": 0.06, "retry_after_s": 1},
-    {"mode": "rate_limited_429", "method": "POST", "probability": 0.06, "retry_after_s": 1, "retry_after_http_date": True},
+    {
+        "mode": "rate_limited_429",
+        "method": "POST",
+        "probability": 0.06,
+        "retry_after_s": 1,
+        "retry_after_http_date": True,
+    },
     {"mode": "commit_then_drop", "method": "POST", "probability": 0.03},
     {"mode": "commit_then_502", "method": "POST", "probability": 0.03},
     {"mode": "truncated_body", "method": "POST", "probability": 0.02},
@@ -57,8 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _actions_file(base_url: str, folder: Path) -> Path:
-    target = {"base_url": base_url, "timeout_s": 2, "connect_timeout_s": 1,
-              "breaker": {"fail_max": 50, "reset_timeout_s": 5}}
+    target = {
+        "base_url": base_url,
+        "timeout_s": 2,
+        "connect_timeout_s": 1,
+        "breaker": {"fail_max": 50, "reset_timeout_s": 5},
+    }
     budget = {"max_attempts": 5, "deadline_s": 120, "base_delay_s": 0.2, "max_delay_s": 2}
 
     def action(path: str, args: list[str], **extra: Any) -> dict[str, Any]:
@@ -67,9 +82,14 @@ def _actions_file(base_url: str, folder: Path) -> Path:
             "request": {"method": "POST", "path": path},
             "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
             "fencing_header": "X-Fencing-Token",
-            "lookup": {"request": {"method": "GET", "path": path, "query": {"idempotency_key": "{idempotency_key}"}},
-                       "authoritative_not_found": True, "settle_s": 1,
-                       "succeeded": ["succeeded", "open", "sent"], "pending": ["pending"], "failed": ["failed"]},
+            "lookup": {
+                "request": {"method": "GET", "path": path, "query": {"idempotency_key": "{idempotency_key}"}},
+                "authoritative_not_found": True,
+                "settle_s": 1,
+                "succeeded": ["succeeded", "open", "sent"],
+                "pending": ["pending"],
+                "failed": ["failed"],
+            },
             "result_reference": "id",
             "args": args,
             "budget": budget,
@@ -79,10 +99,12 @@ def _actions_file(base_url: str, folder: Path) -> Path:
     doc = {
         "targets": {"sandbox": target},
         "actions": {
-            "payments.refund.create": action("/v1/refunds", ["order_id", "amount", "currency", "reason"],
-                                             decimal_args=["amount"]),
-            "support.ticket.create": action("/v1/tickets", ["subject", "body", "customer_id", "priority"],
-                                            sensitive_args=["customer_id"]),
+            "payments.refund.create": action(
+                "/v1/refunds", ["order_id", "amount", "currency", "reason"], decimal_args=["amount"]
+            ),
+            "support.ticket.create": action(
+                "/v1/tickets", ["subject", "body", "customer_id", "priority"], sensitive_args=["customer_id"]
+            ),
             "notify.email.send": action("/v1/emails", ["to", "subject", "body"], sensitive_args=["to"]),
         },
     }
@@ -96,14 +118,27 @@ def _intent(i: int, run: str, rng: random.Random) -> dict[str, Any]:
     key = f"demo-{run}:case-{i}"
     if kind < 0.6:
         amount = "0.00" if i % 97 == 13 else f"{rng.randint(1, 300)}.{rng.randint(0, 99):02d}"  # 0.00 -> 422
-        return dict(idempotency_key=key + ":refund:v1", action="payments.refund.create",
-                    args={"order_id": f"order-{i}", "amount": Decimal(amount), "currency": "EUR", "reason": "damaged"})
+        return dict(
+            idempotency_key=key + ":refund:v1",
+            action="payments.refund.create",
+            args={"order_id": f"order-{i}", "amount": Decimal(amount), "currency": "EUR", "reason": "damaged"},
+        )
     if kind < 0.8:
-        return dict(idempotency_key=key + ":ticket:v1", action="support.ticket.create",
-                    args={"subject": f"Case {i}", "body": "Customer reports a damaged item", "customer_id": f"cus-{i}",
-                          "priority": "normal"})
-    return dict(idempotency_key=key + ":email:v1", action="notify.email.send",
-                args={"to": f"customer{i}@example.com", "subject": "Your refund", "body": "It is on its way."})
+        return dict(
+            idempotency_key=key + ":ticket:v1",
+            action="support.ticket.create",
+            args={
+                "subject": f"Case {i}",
+                "body": "Customer reports a damaged item",
+                "customer_id": f"cus-{i}",
+                "priority": "normal",
+            },
+        )
+    return dict(
+        idempotency_key=key + ":email:v1",
+        action="notify.email.send",
+        args={"to": f"customer{i}@example.com", "subject": "Your refund", "body": "It is on its way."},
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -124,9 +159,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         settings = load_settings()
         engine = open_engine(settings)
         sessions = make_sessionmaker(engine)
-        console.print(f"ledger  {engine.url.render_as_string(hide_password=True)}\n"
-                      f"broker  {settings.resolved_broker_url}\n"
-                      f"sandbox {sandbox.url} with faults: " + ", ".join(f"{f['mode']} {f['probability']:.0%}" for f in FAULTS))
+        console.print(
+            f"ledger  {engine.url.render_as_string(hide_password=True)}\n"
+            f"broker  {settings.resolved_broker_url}\n"
+            f"sandbox {sandbox.url} with faults: " + ", ".join(f"{f['mode']} {f['probability']:.0%}" for f in FAULTS)
+        )
         log_path = Path(tmp) / "worker.log"
         with open(log_path, "wb") as worker_log:
             pipeline = Pipeline(settings, loglevel="INFO", worker_output=worker_log.fileno())
@@ -159,7 +196,11 @@ def _play_agent(sessions, tenant: str, n: int, rng: random.Random):  # type: ign
             resubmits += 1
     # A changed-argument resubmit with an old key: refused, never silently replayed.
     changed = dict(intents[0])
-    changed["args"] = dict(changed["args"]) | {"subject": "changed"} if "subject" in changed["args"] else dict(changed["args"]) | {"reason": "changed"}
+    changed["args"] = (
+        dict(changed["args"]) | {"subject": "changed"}
+        if "subject" in changed["args"]
+        else dict(changed["args"]) | {"reason": "changed"}
+    )
     try:
         with sessions.begin() as s:
             submit(s, tenant=tenant, subject="agent:support-bot", **changed)
@@ -171,21 +212,31 @@ def _play_agent(sessions, tenant: str, n: int, rng: random.Random):  # type: ign
 
 def _counts(sessions, tenant: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
     with sessions() as s:
-        rows = s.execute(select(Operation.status, func.count()).where(Operation.tenant == tenant)
-                         .group_by(Operation.status)).all()
+        rows = s.execute(
+            select(Operation.status, func.count()).where(Operation.tenant == tenant).group_by(Operation.status)
+        ).all()
     return {status: n for status, n in rows}
 
 
 def _wait(console: Console, sessions, tenant: str, total: int, timeout_s: float, pipeline: Pipeline) -> dict[str, int]:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
-    with Progress(TextColumn("[bold]pipeline"), BarColumn(), TextColumn("{task.completed}/{task.total} settled"),
-                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("[bold]pipeline"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} settled"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         task = progress.add_task("", total=total)
         while True:
             counts = _counts(sessions, tenant)
             settled = sum(n for st, n in counts.items() if st in SETTLED)
-            progress.update(task, completed=settled,
-                            description=" ".join(f"{st}={n}" for st, n in sorted(counts.items()) if st not in SETTLED))
+            progress.update(
+                task,
+                completed=settled,
+                description=" ".join(f"{st}={n}" for st, n in sorted(counts.items()) if st not in SETTLED),
+            )
             if settled >= total or time.monotonic() > deadline or not pipeline.alive():
                 return counts
             time.sleep(0.25)
@@ -193,11 +244,22 @@ def _wait(console: Console, sessions, tenant: str, total: int, timeout_s: float,
 
 def _summary(console: Console, sessions, tenant, submitted, resubmits, conflicts, ids, effects, counts) -> None:  # type: ignore[no-untyped-def]
     with sessions() as s:
-        attempts = list(s.execute(select(Attempt).join(Operation, Operation.id == Attempt.operation_id)
-                                  .where(Operation.tenant == tenant).order_by(Attempt.operation_id, Attempt.id)).scalars())
-        keys = dict(s.execute(select(Operation.idempotency_key, Operation.status).where(Operation.tenant == tenant)).all())
-        reconciled = s.execute(select(func.count(func.distinct(Attempt.operation_id))).join(Operation, Operation.id == Attempt.operation_id)
-                               .where(Operation.tenant == tenant, Attempt.kind == "lookup")).scalar_one()
+        attempts = list(
+            s.execute(
+                select(Attempt)
+                .join(Operation, Operation.id == Attempt.operation_id)
+                .where(Operation.tenant == tenant)
+                .order_by(Attempt.operation_id, Attempt.id)
+            ).scalars()
+        )
+        keys = dict(
+            s.execute(select(Operation.idempotency_key, Operation.status).where(Operation.tenant == tenant)).all()
+        )
+        reconciled = s.execute(
+            select(func.count(func.distinct(Attempt.operation_id)))
+            .join(Operation, Operation.id == Attempt.operation_id)
+            .where(Operation.tenant == tenant, Attempt.kind == "lookup")
+        ).scalar_one()
     dispatches = [a for a in attempts if a.kind == "dispatch"]
     honoured = violated = 0
     for prev, nxt in zip(dispatches, dispatches[1:]):
@@ -227,7 +289,10 @@ def _summary(console: Console, sessions, tenant, submitted, resubmits, conflicts
         ("parked in outcome_unknown at some point, reconciled by lookup", reconciled),
         ("still outcome_unknown", counts.get("outcome_unknown", 0)),
         ("reconciliation_required (handed to a person)", counts.get("reconciliation_required", 0)),
-        ("not settled yet (not_dispatched / dispatching)", counts.get("not_dispatched", 0) + counts.get("dispatching", 0)),
+        (
+            "not settled yet (not_dispatched / dispatching)",
+            counts.get("not_dispatched", 0) + counts.get("dispatching", 0),
+        ),
         ("dispatch attempts / retries", f"{len(dispatches)} / {len(dispatches) - len(ids)}"),
         ("Retry-After waits honoured / violated", f"{honoured} / {violated}"),
         ("effects counted by the sandbox", sum(per_key.values())),

@@ -47,7 +47,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     engine = open_engine(load_settings())
     try:
         with make_sessionmaker(engine)() as session:
-            rows = [handoffs.handoff_json(h) for h in handoffs.list_handoffs(session, status=None if args.all else "open")]
+            rows = [
+                handoffs.handoff_json(h) for h in handoffs.list_handoffs(session, status=None if args.all else "open")
+            ]
     finally:
         engine.dispose()
     if args.json:
@@ -58,9 +60,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     for r in rows:
         op = r["packet"]["operation"]
-        table.add_row(str(r["handoff_id"]), r["operation_id"], op["idempotency_key"], op["action"],
-                      (r["opened_at"] or "")[:19], r["status"] + (f" ({r['resolution']})" if r["resolution"] else ""),
-                      r["reason"][:80])
+        table.add_row(
+            str(r["handoff_id"]),
+            r["operation_id"],
+            op["idempotency_key"],
+            op["action"],
+            (r["opened_at"] or "")[:19],
+            r["status"] + (f" ({r['resolution']})" if r["resolution"] else ""),
+            r["reason"][:80],
+        )
     Console(width=160).print(table)
     return 0
 
@@ -79,25 +87,39 @@ def cmd_show(args: argparse.Namespace) -> int:
     packet = row["packet"]
     op = packet["operation"]
     console.print(f"[bold]handoff {row['handoff_id']}[/] ({row['status']}) opened {row['opened_at']}")
-    console.print(f"1. operation {op['operation_id']}  key {op['idempotency_key']}  tenant {op['tenant']}  "
-                  f"action {op['action']}  target {op['target']}")
+    console.print(
+        f"1. operation {op['operation_id']}  key {op['idempotency_key']}  tenant {op['tenant']}  "
+        f"action {op['action']}  target {op['target']}"
+    )
     table = Table(title="2. every attempt")
     for col in ("#", "kind", "started", "token", "sent (digest)", "status", "class", "reference", "error"):
         table.add_column(col, overflow="fold")
     for a in packet["attempts"]:
-        table.add_row(str(a["attempt_number"]), a["kind"], (a["started_at"] or "")[:23], str(a["fencing_token"]),
-                      (a["request_digest"] or "")[:12], str(a["status_code"] or ""), a["class"] + (" (stale)" if a["stale"] else ""),
-                      a["provider_reference"] or "", (a["error"] or "")[:60])
+        table.add_row(
+            str(a["attempt_number"]),
+            a["kind"],
+            (a["started_at"] or "")[:23],
+            str(a["fencing_token"]),
+            (a["request_digest"] or "")[:12],
+            str(a["status_code"] or ""),
+            a["class"] + (" (stale)" if a["stale"] else ""),
+            a["provider_reference"] or "",
+            (a["error"] or "")[:60],
+        )
     console.print(table)
     err = packet["last_error"]
     console.print(f"3. last error ({err['class']}): {err['raw']}\n   handed off because: {err['why_handed_off']}")
     console.print(f"4. next step: {packet['next_step']}")
     intent = packet["intent"]
-    console.print(f"5. intent: args {json.dumps(intent['args'], sort_keys=True)}  subject {intent['subject']}  "
-                  f"run {intent['run_id']}  tool call {intent['tool_call_id']}")
+    console.print(
+        f"5. intent: args {json.dumps(intent['args'], sort_keys=True)}  subject {intent['subject']}  "
+        f"run {intent['run_id']}  tool call {intent['tool_call_id']}"
+    )
     if row["resolution"]:
-        console.print(f"resolved as {row['resolution']} by {row['resolved_by']} at {row['resolved_at']}: {row['note']}"
-                      + (f" (reference {row['resolved_reference']})" if row["resolved_reference"] else ""))
+        console.print(
+            f"resolved as {row['resolution']} by {row['resolved_by']} at {row['resolved_at']}: {row['note']}"
+            + (f" (reference {row['resolved_reference']})" if row["resolved_reference"] else "")
+        )
     return 0
 
 
@@ -107,8 +129,9 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     engine = open_engine(load_settings())
     try:
         with make_sessionmaker(engine).begin() as session:
-            status = handoffs.resolve(session, args.id, resolution=args.resolution, by=args.by, note=args.note,
-                                      reference=args.reference)
+            status = handoffs.resolve(
+                session, args.id, resolution=args.resolution, by=args.by, note=args.note, reference=args.reference
+            )
     finally:
         engine.dispose()
     print(f"handoff {args.id} resolved as {args.resolution} by {args.by}: operation is now {status.value}")

@@ -104,13 +104,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     except OperationalError as exc:
         raise LedgerUnavailable(f"cannot reach the ledger: {exc.orig}; check OUTBOX_DATABASE_URL") from exc
     where = engine.url.render_as_string(hide_password=True)
-    print(f"ledger at {where}: schema {before or 'empty'} -> {after}" if before != after
-          else f"ledger at {where}: schema already at {after}")
+    print(
+        f"ledger at {where}: schema {before or 'empty'} -> {after}"
+        if before != after
+        else f"ledger at {where}: schema already at {after}"
+    )
     return 0
 
 
 def _intent_from_flags(args: argparse.Namespace, tenant: str) -> dict[str, Any]:
-    missing = [flag for flag, value in (("--action", args.action), ("--key", args.key), ("--args", args.args)) if not value]
+    missing = [
+        flag for flag, value in (("--action", args.action), ("--key", args.key), ("--args", args.args)) if not value
+    ]
     if missing:
         raise InvalidIntent(missing[0], f"required (missing: {', '.join(missing)}); or use --jsonl FILE")
     intent: dict[str, Any] = dict(
@@ -198,8 +203,12 @@ def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
                 out = {"error": "invalid", "field": exc.field, "message": exc.reason}
             except IdempotencyConflict as exc:
                 failed["idempotency_conflict"] += 1
-                out = {"error": "idempotency_conflict", "field": "idempotency_key",
-                       "operation_id": exc.operation_id, "message": str(exc)}
+                out = {
+                    "error": "idempotency_conflict",
+                    "field": "idempotency_key",
+                    "operation_id": exc.operation_id,
+                    "message": str(exc),
+                }
             out["line"] = number
             print(json.dumps(out, sort_keys=True), flush=True)
     finally:
@@ -230,8 +239,16 @@ def cmd_ops_list(args: argparse.Namespace) -> int:
     for col in ("operation_id", "tenant", "idempotency_key", "action", "status", "attempts", "token", "updated_at"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["operation_id"], r["tenant"], r["idempotency_key"], r["action"], r["status"],
-                      str(r["attempts"]), str(r["fencing_token"]), (r["updated_at"] or "")[:23])
+        table.add_row(
+            r["operation_id"],
+            r["tenant"],
+            r["idempotency_key"],
+            r["action"],
+            r["status"],
+            str(r["attempts"]),
+            str(r["fencing_token"]),
+            (r["updated_at"] or "")[:23],
+        )
     _console().print(table)
     return 0
 
@@ -251,8 +268,10 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
     console.print(f"[bold]{detail['operation_id']}[/]  {detail['tenant']} / {detail['idempotency_key']}")
     console.print(f"action {detail['action']}  subject {detail['subject']}")
     console.print(f"status [bold]{status}[/]: {MEANING[Status(status)]}")
-    console.print(f"reason: {detail['reason']}  attempts {detail['attempts']}/{detail['max_attempts']}  "
-                  f"token {detail['fencing_token']}")
+    console.print(
+        f"reason: {detail['reason']}  attempts {detail['attempts']}/{detail['max_attempts']}  "
+        f"token {detail['fencing_token']}"
+    )
     if detail["result"]:
         console.print(f"result: reference {detail['result']['reference']}")
     if detail["error_class"]:
@@ -261,17 +280,32 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
     for col in ("#", "kind", "token", "worker", "class", "status", "provider ref", "retry-after", "latency", "error"):
         attempts.add_column(col, overflow="fold")
     for a in detail["attempt_log"]:
-        attempts.add_row(str(a["attempt_number"]), a["kind"], str(a["fencing_token"]), a["worker"],
-                         a["class"] + (" (stale)" if a["stale"] else ""), str(a["status_code"] or ""),
-                         a["provider_reference"] or "", _fmt_s(a["retry_after_s"]), _fmt_s(a["latency_s"]),
-                         (a["error"] or "")[:80])
+        attempts.add_row(
+            str(a["attempt_number"]),
+            a["kind"],
+            str(a["fencing_token"]),
+            a["worker"],
+            a["class"] + (" (stale)" if a["stale"] else ""),
+            str(a["status_code"] or ""),
+            a["provider_reference"] or "",
+            _fmt_s(a["retry_after_s"]),
+            _fmt_s(a["latency_s"]),
+            (a["error"] or "")[:80],
+        )
     console.print(attempts)
     history = Table(title="history")
     for col in ("at", "event", "from", "to", "token", "actor", "reason"):
         history.add_column(col, overflow="fold")
     for e in detail["history"]:
-        history.add_row((e["at"] or "")[:23], e["event"], e["from"] or "", e["to"], str(e["fencing_token"]),
-                        e["actor"], e["reason"] or "")
+        history.add_row(
+            (e["at"] or "")[:23],
+            e["event"],
+            e["from"] or "",
+            e["to"],
+            str(e["fencing_token"]),
+            e["actor"],
+            e["reason"] or "",
+        )
     console.print(history)
     return 0
 
@@ -292,12 +326,16 @@ def cmd_ops_cancel(args: argparse.Namespace) -> int:
         print(f"{op.id}: cancelled")
         return 0
     if status in (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL):
-        print(f"{op.id}: is {status.value}; cancel requested is recorded and nothing more will be sent, but "
-              "an earlier attempt may still take effect: the reconciler looks it up, then it ends cancelled "
-              "(nothing can land), succeeded (it did) or with a person")
+        print(
+            f"{op.id}: is {status.value}; cancel requested is recorded and nothing more will be sent, but "
+            "an earlier attempt may still take effect: the reconciler looks it up, then it ends cancelled "
+            "(nothing can land), succeeded (it did) or with a person"
+        )
         return 0
-    print(f"{op.id}: is {status.value}; cancel requested is recorded, but a request already sent "
-          "cannot be called back (a late success is still recorded as success)")
+    print(
+        f"{op.id}: is {status.value}; cancel requested is recorded, but a request already sent "
+        "cannot be called back (a late success is still recorded as success)"
+    )
     return 1 if status in (Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT) else 0
 
 

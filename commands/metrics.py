@@ -52,8 +52,11 @@ def build_registry(settings: Settings) -> CollectorRegistry:
         # Start anyway: the scrape says outbox_ledger_up 0 until the ledger answers.
         log.warning("metrics: %s", exc)
         engine = open_engine(settings, ensure_schema=False)
-    registry.register(LedgerCollector(engine, terminal_window_s=settings.metrics_terminal_window_s,
-                                      report_summary=summary_path(settings.data_dir)))
+    registry.register(
+        LedgerCollector(
+            engine, terminal_window_s=settings.metrics_terminal_window_s, report_summary=summary_path(settings.data_dir)
+        )
+    )
     if settings.redis_url and settings.actions_file is not None:
         from breaker.metrics import BreakerCollector
         from workers.runtime import breaker_registry, load_actions_for

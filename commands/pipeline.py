@@ -25,11 +25,30 @@ if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
 log = logging.getLogger(__name__)
 
 
-def worker_command(settings: Settings, *, concurrency: int | None = None, queues: str = "dispatch,outcome_unknown",
-                   loglevel: str = "INFO", name: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
-           "-c", str(concurrency or settings.worker_concurrency), "--loglevel", loglevel,
-           "-n", name or f"outbox-{os.getpid()}@%h"]
+def worker_command(
+    settings: Settings,
+    *,
+    concurrency: int | None = None,
+    queues: str = "dispatch,outcome_unknown",
+    loglevel: str = "INFO",
+    name: str | None = None,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        str(concurrency or settings.worker_concurrency),
+        "--loglevel",
+        loglevel,
+        "-n",
+        name or f"outbox-{os.getpid()}@%h",
+    ]
     if settings.embedded_broker:
         # Broadcast features need fanout exchanges, which the SQLAlchemy transport lacks.
         cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
@@ -46,19 +65,31 @@ def build_relay(settings: Settings) -> Relay:
 
     engine = open_engine(settings)
     url = settings.resolved_broker_url
-    return Relay(engine, Doorbell.from_current_app(batch=settings.doorbell_batch), poll_s=settings.relay_poll_s,
-                 republish_after_s=settings.republish_after_s, linger_s=settings.relay_linger_s,
-                 embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None,
-                 evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None,
-                 # For handoff packets (what to mask); without the file every argument is masked.
-                 actions=load_actions_for(settings) if settings.actions_file else None)
+    return Relay(
+        engine,
+        Doorbell.from_current_app(batch=settings.doorbell_batch),
+        poll_s=settings.relay_poll_s,
+        republish_after_s=settings.republish_after_s,
+        linger_s=settings.relay_linger_s,
+        embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None,
+        evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None,
+        # For handoff packets (what to mask); without the file every argument is masked.
+        actions=load_actions_for(settings) if settings.actions_file else None,
+    )
 
 
 class Pipeline:
     """Relay in a thread of this process + one Celery worker subprocess."""
 
-    def __init__(self, settings: Settings, *, concurrency: int | None = None, loglevel: str = "WARNING",
-                 env: dict[str, str] | None = None, worker_output: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        concurrency: int | None = None,
+        loglevel: str = "WARNING",
+        env: dict[str, str] | None = None,
+        worker_output: int | None = None,
+    ) -> None:
         self.settings = settings
         self.concurrency = concurrency
         self.loglevel = loglevel
@@ -75,7 +106,9 @@ class Pipeline:
         self.relay = relay = build_relay(self.settings)
         self.worker = subprocess.Popen(
             worker_command(self.settings, concurrency=self.concurrency, loglevel=self.loglevel),
-            env=self.env, stdout=self.worker_output, stderr=self.worker_output,
+            env=self.env,
+            stdout=self.worker_output,
+            stderr=self.worker_output,
         )
         self.relay_thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
         self.relay_thread.start()
@@ -121,8 +154,10 @@ def cmd_relay(args: argparse.Namespace) -> int:
     if args.once:
         relay._last_sweep = -1e9  # a one-shot sweep always sweeps
         tick = relay.run_once()
-        print(f"expired leases: {tick.expired}; dispatch doorbells: {tick.dispatch}; "
-              f"reconcile doorbells: {tick.reconcile}")
+        print(
+            f"expired leases: {tick.expired}; dispatch doorbells: {tick.dispatch}; "
+            f"reconcile doorbells: {tick.reconcile}"
+        )
         return 0
     signal.signal(signal.SIGTERM, lambda *_: relay.stop())
     if settings.metrics_port:
@@ -153,8 +188,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     metrics.wipe_multiproc_dir()
     pipeline.start()
-    print(f"agent-outbox running: ledger {settings.resolved_database_url}, broker {settings.resolved_broker_url}; "
-          "Ctrl-C stops", file=sys.stderr)
+    print(
+        f"agent-outbox running: ledger {settings.resolved_database_url}, broker {settings.resolved_broker_url}; "
+        "Ctrl-C stops",
+        file=sys.stderr,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

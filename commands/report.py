@@ -40,11 +40,19 @@ exit status:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("report", help="reconciliation report: ledger vs provider, and health figures",
-                       description="Reconciliation report: the ledger compared with the providers' listings.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--since", default="24h", metavar="T",
-                   help="window start: ISO timestamp (2026-11-29T10:00:00Z) or a duration ago (24h, 30m, 7d); default 24h")
+    p = sub.add_parser(
+        "report",
+        help="reconciliation report: ledger vs provider, and health figures",
+        description="Reconciliation report: the ledger compared with the providers' listings.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--since",
+        default="24h",
+        metavar="T",
+        help="window start: ISO timestamp (2026-11-29T10:00:00Z) or a duration ago (24h, 30m, 7d); default 24h",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (see workers/report.py)")
     p.set_defaults(func=cmd_report)
 
@@ -91,14 +99,21 @@ def render(report: dict[str, object]) -> None:
     console = Console(width=160, highlight=False)
     d = report["discrepancies"]
     assert isinstance(d, dict)
-    console.print(f"[bold]reconciliation report[/] since {report['since']}  "
-                  f"({report['discrepancy_count']} discrepancies)")
+    console.print(
+        f"[bold]reconciliation report[/] since {report['since']}  ({report['discrepancy_count']} discrepancies)"
+    )
     listings = Table(title="provider listings")
     for col in ("target", "actions", "request", "documents", "pages", "error"):
         listings.add_column(col, overflow="fold")
     for row in report["listings"]:  # type: ignore[attr-defined]
-        listings.add_row(row["target"], ", ".join(row["actions"]), row["request"], str(row["documents"]),
-                         str(row["pages"]), row["error"] or "")
+        listings.add_row(
+            row["target"],
+            ", ".join(row["actions"]),
+            row["request"],
+            str(row["documents"]),
+            str(row["pages"]),
+            row["error"] or "",
+        )
     console.print(listings)
     if report["actions_without_listing"]:
         console.print("not compared (no `list` request): " + ", ".join(report["actions_without_listing"]))  # type: ignore[arg-type]
@@ -109,8 +124,15 @@ def render(report: dict[str, object]) -> None:
     for col in ("operation", "tenant", "key", "action", "status", "reference", "finished"):
         t.add_column(col, overflow="fold")
     for r in d["record_without_document"]:
-        t.add_row(r["operation_id"], r["tenant"], r["idempotency_key"], r["action"], r["status"],
-                  r["reference"] or "", (r["finished_at"] or "")[:19])
+        t.add_row(
+            r["operation_id"],
+            r["tenant"],
+            r["idempotency_key"],
+            r["action"],
+            r["status"],
+            r["reference"] or "",
+            (r["finished_at"] or "")[:19],
+        )
     console.print(t)
     t = Table(title=f"document without record ({len(d['document_without_record'])})")
     for col in ("target", "key", "reference", "status", "why"):
@@ -129,9 +151,16 @@ def render(report: dict[str, object]) -> None:
         t.add_column(col, overflow="fold")
     for r in d["state_contradictions"]:
         a = r["attempt"]
-        t.add_row(r["operation_id"], r["idempotency_key"], r["status"],
-                  "" if a is None else f"{a['kind']} {a['attempt_number']} token {a['fencing_token']}: {a['class']}"
-                  + (f" {a['reference']}" if a["reference"] else ""), r["why"])
+        t.add_row(
+            r["operation_id"],
+            r["idempotency_key"],
+            r["status"],
+            ""
+            if a is None
+            else f"{a['kind']} {a['attempt_number']} token {a['fencing_token']}: {a['class']}"
+            + (f" {a['reference']}" if a["reference"] else ""),
+            r["why"],
+        )
     console.print(t)
 
     h = report["health"]
@@ -144,8 +173,11 @@ def render(report: dict[str, object]) -> None:
     t.add_row("failure attributability", _share(fa["share"]) + f" ({fa['attributable']}/{fa['operations']})")
     t.add_row("auto-recovery rate", _share(ar["rate"]) + f" ({ar['recovered']}/{ar['operations']})")
     ttr = ho["time_to_resolution_s"]
-    t.add_row("handoffs", f"{ho['open']} open, {ho['resolved']} resolved; time to resolution median "
-                          f"{_secs(ttr['median'])}, max {_secs(ttr['max'])}")
+    t.add_row(
+        "handoffs",
+        f"{ho['open']} open, {ho['resolved']} resolved; time to resolution median "
+        f"{_secs(ttr['median'])}, max {_secs(ttr['max'])}",
+    )
     for target, counts in h["retries_by_target"].items():
         t.add_row(f"retries: {target}", f"{counts['retries']} ({counts['billable']} reached the provider)")
     console.print(t)

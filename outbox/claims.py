@@ -98,8 +98,15 @@ def claim_due(
     ids = _ids(operation_id, operation_ids)
     if also_due < 0:
         raise ValueError("also_due must be >= 0")
-    return _claim(session, "dispatch", worker=worker, lease_s=lease_s, limit=limit, operation_ids=ids,
-                  also_due=also_due if ids is not None else 0)
+    return _claim(
+        session,
+        "dispatch",
+        worker=worker,
+        lease_s=lease_s,
+        limit=limit,
+        operation_ids=ids,
+        also_due=also_due if ids is not None else 0,
+    )
 
 
 def _ids(operation_id: str | None, operation_ids: Sequence[str] | None) -> list[str] | None:
@@ -123,8 +130,9 @@ def claim_unknown(
     The status stays ``outcome_unknown`` (nothing is re-sent); the token is bumped, a lease is taken
     and a ``lookup`` attempt row is opened for what the provider will say.
     """
-    return _claim(session, "lookup", worker=worker, lease_s=lease_s, limit=limit,
-                  operation_ids=_ids(operation_id, None))
+    return _claim(
+        session, "lookup", worker=worker, lease_s=lease_s, limit=limit, operation_ids=_ids(operation_id, None)
+    )
 
 
 def _claim(
@@ -141,8 +149,9 @@ def _claim(
         raise ValueError("limit must be >= 1")
     pg = is_postgres(session)
     if pg:
-        return _claim_pg(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids,
-                         also_due=also_due)
+        return _claim_pg(
+            session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids, also_due=also_due
+        )
     claims = _claim_portable(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids)
     if also_due:
         # SQLite: one writer at a time (BEGIN IMMEDIATE), so a second statement sees the first.
@@ -232,29 +241,45 @@ def _pg_claim_sql(kind: str, with_ids: bool, limit: int, others: int) -> str:
         raise ValueError(f"unknown claim kind {kind!r}")
     lookup = kind == "lookup"
     source = Status.OUTCOME_UNKNOWN.value if lookup else Status.NOT_DISPATCHED.value
-    due = functools.partial(_PG_DUE.format, source=source,
-                            lease_free=" AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
-                            if lookup else "")
+    due = functools.partial(
+        _PG_DUE.format,
+        source=source,
+        lease_free=" AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())" if lookup else "",
+    )
     if not with_ids:
         ctes = f"due AS ({due(rank=1, ids='', limit=int(limit))}\n)"
     else:
-        ctes = (f"wanted AS ({due(rank=0, ids=' AND id = ANY(CAST(:operation_ids AS varchar[]))', limit=int(limit))}\n)")
+        ctes = f"wanted AS ({due(rank=0, ids=' AND id = ANY(CAST(:operation_ids AS varchar[]))', limit=int(limit))}\n)"
         if others:
-            ctes += (f", others AS ({due(rank=1, ids=' AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))', limit=int(others))}\n)"
-                     ", due AS (SELECT id, rank FROM wanted UNION ALL SELECT id, rank FROM others)")
+            ctes += (
+                f", others AS ({due(rank=1, ids=' AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))', limit=int(others))}\n)"
+                ", due AS (SELECT id, rank FROM wanted UNION ALL SELECT id, rank FROM others)"
+            )
         else:
             ctes += ", due AS (SELECT id, rank FROM wanted)"
-    return driver_sql(_PG_CLAIM.format(
-        due_ctes=ctes, kind=kind, source=source,
-        target=Status.OUTCOME_UNKNOWN.value if lookup else Status.DISPATCHING.value,
-        event="reconcile claim" if lookup else "claim", may_have_taken_effect=may_have_taken_effect("c"),
-        dispatch_sets="" if lookup else (",\n        status = 'dispatching', attempt_count = o.attempt_count + 1,"
-                                         " reason = 'claimed'"),
-    ))
+    return driver_sql(
+        _PG_CLAIM.format(
+            due_ctes=ctes,
+            kind=kind,
+            source=source,
+            target=Status.OUTCOME_UNKNOWN.value if lookup else Status.DISPATCHING.value,
+            event="reconcile claim" if lookup else "claim",
+            may_have_taken_effect=may_have_taken_effect("c"),
+            dispatch_sets=""
+            if lookup
+            else (",\n        status = 'dispatching', attempt_count = o.attempt_count + 1, reason = 'claimed'"),
+        )
+    )
 
 
 def _claim_pg(
-    session: Session, kind: str, *, worker: str, lease_s: float, limit: int, operation_ids: list[str] | None,
+    session: Session,
+    kind: str,
+    *,
+    worker: str,
+    lease_s: float,
+    limit: int,
+    operation_ids: list[str] | None,
     also_due: int,
 ) -> list[Claim]:
     # Sent through the driver (psycopg's %(name)s parameters), not through SQLAlchemy's text():
@@ -267,16 +292,22 @@ def _claim_pg(
 
 def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Claim:
     open_ambiguity = session.execute(
-        text(f"SELECT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
-             " FROM operations o WHERE o.id = :id"), {"id": row.id}
+        text(
+            f"SELECT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
+            " FROM operations o WHERE o.id = :id"
+        ),
+        {"id": row.id},
     ).scalar_one()
     # Attempt rows are numbered in sequence per kind. Not attempt_count: a breaker-open wait
     # refunds its attempt to the budget, but its row (evidence) keeps its number.
-    number = 1 + session.execute(
-        select(func.coalesce(func.max(Attempt.attempt_number), 0)).where(
-            Attempt.operation_id == row.id, Attempt.kind == kind
-        )
-    ).scalar_one()
+    number = (
+        1
+        + session.execute(
+            select(func.coalesce(func.max(Attempt.attempt_number), 0)).where(
+                Attempt.operation_id == row.id, Attempt.kind == kind
+            )
+        ).scalar_one()
+    )
     attempt_id = session.execute(
         insert(Attempt)
         .values(

@@ -27,8 +27,10 @@ _CONFIRMED = "a.attempt_class = 'succeeded'"
 
 
 def _may_still_land(op: str) -> str:
-    return (f"(a.kind = 'dispatch' AND a.attempt_number > {op}.proven_absent_through"
-            " AND a.attempt_class IN ('ambiguous', 'pending'))")
+    return (
+        f"(a.kind = 'dispatch' AND a.attempt_number > {op}.proven_absent_through"
+        " AND a.attempt_class IN ('ambiguous', 'pending'))"
+    )
 
 
 def may_have_taken_effect(op: str) -> str:
@@ -38,8 +40,9 @@ def may_have_taken_effect(op: str) -> str:
 
 def _none(op: str, condition: str) -> str:
     # :attempt_id is the caller's own attempt (its class is the one being written), 0 for none.
-    return (f"NOT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = {op}.id AND a.id <> :attempt_id"
-            f" AND {condition})")
+    return (
+        f"NOT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = {op}.id AND a.id <> :attempt_id AND {condition})"
+    )
 
 
 # For a worker or a cancel: nothing may have taken effect.

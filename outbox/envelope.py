@@ -72,7 +72,7 @@ def canonical_value(value: Any, path: str = "args", depth: int = 0) -> Any:
         raise InvalidIntent(
             path,
             f"binary float{hint} cannot carry an exact amount; pass a string such as "
-            f"\"{value}\" or decimal.Decimal(\"{value}\")",
+            f'"{value}" or decimal.Decimal("{value}")',
         )
     if isinstance(value, Decimal):
         if not value.is_finite():

@@ -44,11 +44,20 @@ class EvidenceRecord:
 
 
 # What the attempt log digest covers, per attempt row (in id order).
-_LOG_COLUMNS = ("id", "operation_id", "attempt_number", "kind", "fencing_token", "attempt_class", "status_code",
-                "request_digest", "response_digest", "provider_reference")
+_LOG_COLUMNS = (
+    "id",
+    "operation_id",
+    "attempt_number",
+    "kind",
+    "fencing_token",
+    "attempt_class",
+    "status_code",
+    "request_digest",
+    "response_digest",
+    "provider_reference",
+)
 _AT = core_table(Attempt)
-_PG_ATTEMPT_LOG = (f"SELECT {', '.join(_LOG_COLUMNS)} FROM attempts WHERE operation_id = ANY(%(ids)s) "
-                   "ORDER BY id")
+_PG_ATTEMPT_LOG = f"SELECT {', '.join(_LOG_COLUMNS)} FROM attempts WHERE operation_id = ANY(%(ids)s) ORDER BY id"
 _PG_EVIDENCE_INSERT = """
 INSERT INTO evidence (operation_id, tenant, idempotency_key, action, args_digest, provider_reference,
                       response_digest, attempt_log_digest, recorded_at)
@@ -69,36 +78,82 @@ def attempt_log_digests(
     if not operation_ids:
         return {}
     if is_postgres(session):
-        rows: Any = driver_connection(session).cursor(row_factory=namedtuple_row).execute(_PG_ATTEMPT_LOG, {
-            "ids": list(operation_ids)}).fetchall()
+        rows: Any = (
+            driver_connection(session)
+            .cursor(row_factory=namedtuple_row)
+            .execute(_PG_ATTEMPT_LOG, {"ids": list(operation_ids)})
+            .fetchall()
+        )
     else:
-        rows = session.execute(select(*[_AT.c[name] for name in _LOG_COLUMNS])
-                               .where(_AT.c.operation_id.in_(list(operation_ids))).order_by(_AT.c.id)).all()
+        rows = session.execute(
+            select(*[_AT.c[name] for name in _LOG_COLUMNS])
+            .where(_AT.c.operation_id.in_(list(operation_ids)))
+            .order_by(_AT.c.id)
+        ).all()
     logs: dict[str, list[dict[str, Any]]] = {op_id: [] for op_id in operation_ids}
     for a in rows:
-        item = dict(n=a.attempt_number, kind=a.kind, token=a.fencing_token, cls=a.attempt_class,
-                    status=a.status_code, sent=a.request_digest, got=a.response_digest, ref=a.provider_reference)
+        item = dict(
+            n=a.attempt_number,
+            kind=a.kind,
+            token=a.fencing_token,
+            cls=a.attempt_class,
+            status=a.status_code,
+            sent=a.request_digest,
+            got=a.response_digest,
+            ref=a.provider_reference,
+        )
         if current and a.id in current:
             r = current[a.id]
-            item.update(cls=r.klass.value, status=r.status_code, sent=r.request_digest, got=r.response_digest,
-                        ref=r.provider_reference)
+            item.update(
+                cls=r.klass.value,
+                status=r.status_code,
+                sent=r.request_digest,
+                got=r.response_digest,
+                ref=r.provider_reference,
+            )
         logs[a.operation_id].append(item)
-    return {op_id: hashlib.sha256(json.dumps(items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-            for op_id, items in logs.items()}
+    return {
+        op_id: hashlib.sha256(json.dumps(items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        for op_id, items in logs.items()
+    }
 
 
 def records_for_claims(session: Session, finished: Sequence[tuple[Claim, AttemptReport]]) -> list[EvidenceRecord]:
     """Evidence for claims whose success was just written in ``session`` (one query for all)."""
     digests = attempt_log_digests(session, [c.operation_id for c, _ in finished])
-    return [EvidenceRecord(c.operation_id, c.tenant, c.idempotency_key, c.action, c.args_digest,
-                           r.provider_reference, r.response_digest, digests[c.operation_id])
-            for c, r in finished]
+    return [
+        EvidenceRecord(
+            c.operation_id,
+            c.tenant,
+            c.idempotency_key,
+            c.action,
+            c.args_digest,
+            r.provider_reference,
+            r.response_digest,
+            digests[c.operation_id],
+        )
+        for c, r in finished
+    ]
 
 
-def record_for(session: Session, op: Operation, *, reference: str | None, response_digest: str | None,
-               current: tuple[int, AttemptReport] | None = None) -> EvidenceRecord:
-    return EvidenceRecord(op.id, op.tenant, op.idempotency_key, op.action, op.args_digest, reference,
-                          response_digest, attempt_log_digest(session, op.id, current=current))
+def record_for(
+    session: Session,
+    op: Operation,
+    *,
+    reference: str | None,
+    response_digest: str | None,
+    current: tuple[int, AttemptReport] | None = None,
+) -> EvidenceRecord:
+    return EvidenceRecord(
+        op.id,
+        op.tenant,
+        op.idempotency_key,
+        op.action,
+        op.args_digest,
+        reference,
+        response_digest,
+        attempt_log_digest(session, op.id, current=current),
+    )
 
 
 class EvidenceSink:
@@ -156,8 +211,11 @@ class EvidenceSink:
         try:
             self.write(record)
         except Exception as exc:  # noqa: BLE001 - the effect happened; never lose that fact
-            log.warning("evidence sink unavailable; recording committed_evidence_degraded: %s", exc,
-                        extra={"operation_id": record.operation_id})
+            log.warning(
+                "evidence sink unavailable; recording committed_evidence_degraded: %s",
+                exc,
+                extra={"operation_id": record.operation_id},
+            )
             return Status.COMMITTED_EVIDENCE_DEGRADED
         return Status.SUCCEEDED
 
@@ -168,9 +226,11 @@ class EvidenceSink:
 
 def backfill(ledger: Session, sink: EvidenceSink, *, limit: int = 100, actor: str = "backfill") -> tuple[int, int]:
     """Write evidence for committed_evidence_degraded operations; returns (written, still failing)."""
-    ops = list(ledger.execute(
-        select(Operation).where(Operation.status == Status.COMMITTED_EVIDENCE_DEGRADED.value).limit(limit)
-    ).scalars())
+    ops = list(
+        ledger.execute(
+            select(Operation).where(Operation.status == Status.COMMITTED_EVIDENCE_DEGRADED.value).limit(limit)
+        ).scalars()
+    )
     written = failing = 0
     for op in ops:
         record = record_for(ledger, op, reference=op.result_reference, response_digest=op.result_digest)
@@ -203,8 +263,13 @@ def finish_with_evidence(
         with sessions() as s:
             op = s.get(Operation, claim.operation_id)
             assert op is not None
-            record = record_for(s, op, reference=report.provider_reference, response_digest=report.response_digest,
-                                current=(claim.attempt_id, report))
+            record = record_for(
+                s,
+                op,
+                reference=report.provider_reference,
+                response_digest=report.response_digest,
+                current=(claim.attempt_id, report),
+            )
         to = sink.write_separately(record)
 
     def write(s: Session) -> None:
@@ -212,8 +277,10 @@ def finish_with_evidence(
         if not sink.separate:
             op = s.get(Operation, claim.operation_id)
             assert op is not None
-            sink.write(record_for(s, op, reference=report.provider_reference,
-                                  response_digest=report.response_digest), session=s)
+            sink.write(
+                record_for(s, op, reference=report.provider_reference, response_digest=report.response_digest),
+                session=s,
+            )
 
     commit_even_if_stale(sessions, write)
     return to

@@ -19,10 +19,13 @@ RESOLUTIONS = ("succeeded", "not-executed", "abandoned")
 
 def open_handoff(session: Session, operation_id: str, *, reason: str, packet: dict[str, Any]) -> int:
     """Record the packet for a person (in the transaction that moved the operation)."""
-    return int(session.execute(
-        insert(Handoff).values(operation_id=operation_id, opened_at=db_now(), reason=reason, packet=packet,
-                               status="open").returning(Handoff.id)
-    ).scalar_one())
+    return int(
+        session.execute(
+            insert(Handoff)
+            .values(operation_id=operation_id, opened_at=db_now(), reason=reason, packet=packet, status="open")
+            .returning(Handoff.id)
+        ).scalar_one()
+    )
 
 
 def list_handoffs(session: Session, *, status: str | None = "open", limit: int = 100) -> list[Handoff]:
@@ -63,19 +66,35 @@ def resolve(
         raise InvalidIntent("--reference", "required with --as succeeded: the provider's reference you found")
     handoff = get_handoff(session, handoff_id)
     if handoff.status != "open":
-        raise InvalidIntent("ID", f"handoff {handoff_id} was already resolved as {handoff.resolution} by {handoff.resolved_by}")
+        raise InvalidIntent(
+            "ID", f"handoff {handoff_id} was already resolved as {handoff.resolution} by {handoff.resolved_by}"
+        )
     if resolution == "abandoned":
-        move(session, handoff.operation_id, sources=[Status.RECONCILIATION_REQUIRED],
-             to=Status.RECONCILIATION_REQUIRED, event="resolved: abandoned", actor=by,
-             reason=f"abandoned by {by}: {note}")
+        move(
+            session,
+            handoff.operation_id,
+            sources=[Status.RECONCILIATION_REQUIRED],
+            to=Status.RECONCILIATION_REQUIRED,
+            event="resolved: abandoned",
+            actor=by,
+            reason=f"abandoned by {by}: {note}",
+        )
         status = Status.RECONCILIATION_REQUIRED
     else:
-        status = resolve_by_person(session, handoff.operation_id, outcome=resolution, by=by, note=note,
-                                   reference=reference)
+        status = resolve_by_person(
+            session, handoff.operation_id, outcome=resolution, by=by, note=note, reference=reference
+        )
     session.execute(
-        update(Handoff).where(Handoff.id == handoff_id, Handoff.status == "open").values(
-            status="resolved", resolution=resolution, resolved_reference=reference, resolved_by=by,
-            resolved_at=db_now(), note=note)
+        update(Handoff)
+        .where(Handoff.id == handoff_id, Handoff.status == "open")
+        .values(
+            status="resolved",
+            resolution=resolution,
+            resolved_reference=reference,
+            resolved_by=by,
+            resolved_at=db_now(),
+            note=note,
+        )
     )
     return status
 

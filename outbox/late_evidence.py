@@ -71,8 +71,13 @@ class LateSuccess:
         return f"{self.kind} attempt {self.attempt_number} (token {self.fencing_token})"
 
 
-def unapplied(session: Session, *, attempt_ids: Sequence[int] | None = None,
-              operation_ids: Sequence[str] | None = None, limit: int = 100) -> list[LateSuccess]:
+def unapplied(
+    session: Session,
+    *,
+    attempt_ids: Sequence[int] | None = None,
+    operation_ids: Sequence[str] | None = None,
+    limit: int = 100,
+) -> list[LateSuccess]:
     """Stale successes not yet applied, oldest first (only those of ``attempt_ids`` /
     ``operation_ids`` if given: a worker's own, the operation a reconciler is about to look up).
 
@@ -81,8 +86,15 @@ def unapplied(session: Session, *, attempt_ids: Sequence[int] | None = None,
     """
     # Spelled as the partial index ix_attempts_unapplied_successes is, so the planner uses it.
     stmt = (
-        select(_AT.c.operation_id, _AT.c.id, _AT.c.kind, _AT.c.attempt_number, _AT.c.fencing_token,
-               _AT.c.provider_reference, _AT.c.response_digest)
+        select(
+            _AT.c.operation_id,
+            _AT.c.id,
+            _AT.c.kind,
+            _AT.c.attempt_number,
+            _AT.c.fencing_token,
+            _AT.c.provider_reference,
+            _AT.c.response_digest,
+        )
         .where(text(UNAPPLIED_SUCCESS))
         .order_by(_AT.c.id)
         .limit(limit)
@@ -94,8 +106,15 @@ def unapplied(session: Session, *, attempt_ids: Sequence[int] | None = None,
     return [LateSuccess(*row) for row in session.execute(stmt).all()]
 
 
-def apply(session: Session, late: LateSuccess, *, actor: str, sink: EvidenceSink, packet: PacketBuilder,
-          result: dict[str, Any] | None = None) -> Status | None:
+def apply(
+    session: Session,
+    late: LateSuccess,
+    *,
+    actor: str,
+    sink: EvidenceSink,
+    packet: PacketBuilder,
+    result: dict[str, Any] | None = None,
+) -> Status | None:
     """Settle one operation by its late success (see the module docstring). Returns the new status,
     or None when there was nothing to do (it already holds the effect)."""
     op = session.execute(select(Operation).where(Operation.id == late.operation_id).with_for_update()).scalar_one()
@@ -111,52 +130,108 @@ def apply(session: Session, late: LateSuccess, *, actor: str, sink: EvidenceSink
         return None
     record = record_for(session, op, reference=late.provider_reference, response_digest=late.response_digest)
     to = sink.write_separately(record) if sink.separate else Status.SUCCEEDED
-    reason = (f"{late.label} was confirmed by the provider after its worker had lost the lease: "
-              "evidence wins" + (" (completed after cancel requested)" if op.cancel_requested else ""))
-    move(session, op.id, sources=[status], to=to, event=LATE_EVIDENCE_EVENT, actor=actor, reason=reason,
-         fencing_token=_OP.c.fencing_token + 1, lease_owner=None, lease_expires_at=None,
-         result_reference=late.provider_reference, result_digest=late.response_digest, result=result,
-         error_class=None)
+    reason = f"{late.label} was confirmed by the provider after its worker had lost the lease: evidence wins" + (
+        " (completed after cancel requested)" if op.cancel_requested else ""
+    )
+    move(
+        session,
+        op.id,
+        sources=[status],
+        to=to,
+        event=LATE_EVIDENCE_EVENT,
+        actor=actor,
+        reason=reason,
+        fencing_token=_OP.c.fencing_token + 1,
+        lease_owner=None,
+        lease_expires_at=None,
+        result_reference=late.provider_reference,
+        result_digest=late.response_digest,
+        result=result,
+        error_class=None,
+    )
     if not sink.separate:
         sink.write(record, session=session)
     if status is Status.RECONCILIATION_REQUIRED:
-        session.execute(update(Handoff).where(Handoff.operation_id == op.id, Handoff.status == "open").values(
-            status="resolved", resolution="succeeded", resolved_reference=late.provider_reference,
-            resolved_by=actor, resolved_at=db_now(), note=f"settled by late evidence: {reason}"))
-    log.info("late evidence applied: %s -> %s", status.value, to.value,
-             extra={"operation_id": op.id, "attempt": late.attempt_number, "fencing_token": late.fencing_token,
-                    "reference": late.provider_reference})
+        session.execute(
+            update(Handoff)
+            .where(Handoff.operation_id == op.id, Handoff.status == "open")
+            .values(
+                status="resolved",
+                resolution="succeeded",
+                resolved_reference=late.provider_reference,
+                resolved_by=actor,
+                resolved_at=db_now(),
+                note=f"settled by late evidence: {reason}",
+            )
+        )
+    log.info(
+        "late evidence applied: %s -> %s",
+        status.value,
+        to.value,
+        extra={
+            "operation_id": op.id,
+            "attempt": late.attempt_number,
+            "fencing_token": late.fencing_token,
+            "reference": late.provider_reference,
+        },
+    )
     return to
 
 
 def _in_review(session: Session, operation_id: str) -> bool:
     """An open handoff, and a contradiction in the history: the handoff is that review."""
-    flagged = select(OperationEvent.id).where(OperationEvent.operation_id == operation_id,
-                                              OperationEvent.event == CONTRADICTION_EVENT).exists()
+    flagged = (
+        select(OperationEvent.id)
+        .where(OperationEvent.operation_id == operation_id, OperationEvent.event == CONTRADICTION_EVENT)
+        .exists()
+    )
     open_handoff = select(Handoff.id).where(Handoff.operation_id == operation_id, Handoff.status == "open").exists()
     return bool(session.execute(select(flagged & open_handoff)).scalar())
 
 
-def _contradiction(session: Session, op: Operation, status: Status, late: LateSuccess, *, actor: str,
-                   packet: PacketBuilder) -> Status:
-    reason = (f"{late.label} holds the provider's confirmation (reference {late.provider_reference}) although "
-              f"the operation ended {status.value}: the agent was told nothing happened and may have acted on it. "
-              "Review, then resolve --as succeeded with that reference")
-    move(session, op.id, sources=[status], to=Status.RECONCILIATION_REQUIRED, event=CONTRADICTION_EVENT,
-         actor=actor, reason=reason, fencing_token=_OP.c.fencing_token + 1, finished_at=None,
-         result_reference=late.provider_reference, result_digest=late.response_digest)
+def _contradiction(
+    session: Session, op: Operation, status: Status, late: LateSuccess, *, actor: str, packet: PacketBuilder
+) -> Status:
+    reason = (
+        f"{late.label} holds the provider's confirmation (reference {late.provider_reference}) although "
+        f"the operation ended {status.value}: the agent was told nothing happened and may have acted on it. "
+        "Review, then resolve --as succeeded with that reference"
+    )
+    move(
+        session,
+        op.id,
+        sources=[status],
+        to=Status.RECONCILIATION_REQUIRED,
+        event=CONTRADICTION_EVENT,
+        actor=actor,
+        reason=reason,
+        fencing_token=_OP.c.fencing_token + 1,
+        finished_at=None,
+        result_reference=late.provider_reference,
+        result_digest=late.response_digest,
+    )
     fresh = session.get(Operation, op.id, populate_existing=True)
     assert fresh is not None
     open_handoff(session, op.id, reason=reason, packet=packet(session, fresh, reason))
     # A handoff, and a state that contradicted the provider: one of the ERRORs of DESIGN.md.
-    log.error("late evidence contradicts %s: handed to a person", status.value,
-              extra={"operation_id": op.id, "attempt": late.attempt_number, "reference": late.provider_reference})
+    log.error(
+        "late evidence contradicts %s: handed to a person",
+        status.value,
+        extra={"operation_id": op.id, "attempt": late.attempt_number, "reference": late.provider_reference},
+    )
     return Status.RECONCILIATION_REQUIRED
 
 
-def apply_unapplied(sessions: sessionmaker[Session], *, actor: str, sink: EvidenceSink, packet: PacketBuilder,
-                    attempt_ids: Sequence[int] | None = None, operation_ids: Sequence[str] | None = None,
-                    results: dict[int, dict[str, Any]] | None = None) -> dict[str, Status]:
+def apply_unapplied(
+    sessions: sessionmaker[Session],
+    *,
+    actor: str,
+    sink: EvidenceSink,
+    packet: PacketBuilder,
+    attempt_ids: Sequence[int] | None = None,
+    operation_ids: Sequence[str] | None = None,
+    results: dict[int, dict[str, Any]] | None = None,
+) -> dict[str, Status]:
     """Apply every unapplied late success (only those of ``attempt_ids`` / ``operation_ids`` if
     given), one transaction each, so one that fails does not hold back the others. Returns
     operation id -> the status it moved to."""
@@ -167,12 +242,16 @@ def apply_unapplied(sessions: sessionmaker[Session], *, actor: str, sink: Eviden
         # Two late successes for one operation: the first settles it, the second finds it done.
         try:
             with sessions.begin() as session:
-                to = apply(session, late, actor=actor, sink=sink, packet=packet,
-                           result=(results or {}).get(late.attempt_id))
+                to = apply(
+                    session, late, actor=actor, sink=sink, packet=packet, result=(results or {}).get(late.attempt_id)
+                )
         except Exception:  # noqa: BLE001 - one that fails must not hold back the others
             # Left unapplied: tried again next time, listed by the report meanwhile.
-            log.warning("late evidence not applied; will try again", exc_info=True,
-                        extra={"operation_id": late.operation_id, "attempt": late.attempt_number})
+            log.warning(
+                "late evidence not applied; will try again",
+                exc_info=True,
+                extra={"operation_id": late.operation_id, "attempt": late.attempt_number},
+            )
             continue
         if to is not None:
             moved[late.operation_id] = to

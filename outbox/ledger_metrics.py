@@ -49,8 +49,9 @@ STATEMENT_TIMEOUT_MS = 2000
 
 
 class LedgerCollector(Collector):
-    def __init__(self, engine: Engine, *, terminal_window_s: float = 3600.0,
-                 report_summary: Path | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, terminal_window_s: float = 3600.0, report_summary: Path | None = None
+    ) -> None:
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.terminal_window_s = terminal_window_s
@@ -83,46 +84,55 @@ class LedgerCollector(Collector):
         with self.sessions.begin() as session:
             if is_postgres(self.engine):
                 session.execute(text(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"))
-            open_counts = dict(session.execute(
-                select(Operation.status, func.count())
-                .where(Operation.status.in_(OPEN_STATUSES))
-                .group_by(Operation.status)
-            ).all())
-            ended = dict(session.execute(
-                select(Operation.status, func.count())
-                .where(Operation.status.in_(TERMINAL_STATUSES),
-                       Operation.updated_at >= db_now(-self.terminal_window_s))
-                .group_by(Operation.status)
-            ).all())
+            open_counts = dict(
+                session.execute(
+                    select(Operation.status, func.count())
+                    .where(Operation.status.in_(OPEN_STATUSES))
+                    .group_by(Operation.status)
+                ).all()
+            )
+            ended = dict(
+                session.execute(
+                    select(Operation.status, func.count())
+                    .where(
+                        Operation.status.in_(TERMINAL_STATUSES), Operation.updated_at >= db_now(-self.terminal_window_s)
+                    )
+                    .group_by(Operation.status)
+                ).all()
+            )
             unknown_age = session.execute(
-                select(db_age_s(func.min(Operation.created_at)))
-                .where(Operation.status == Status.OUTCOME_UNKNOWN.value)
+                select(db_age_s(func.min(Operation.created_at))).where(Operation.status == Status.OUTCOME_UNKNOWN.value)
             ).scalar()
             handoffs_open, handoff_age = session.execute(
                 select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(Handoff.status == "open")
             ).one()
 
-        ops = GaugeMetricFamily("outbox_operations", "Operations in each non-terminal status (exact)",
-                                labels=["status"])
+        ops = GaugeMetricFamily(
+            "outbox_operations", "Operations in each non-terminal status (exact)", labels=["status"]
+        )
         for status in OPEN_STATUSES:
             ops.add_metric([status], open_counts.get(status, 0))
         recent = GaugeMetricFamily(
             "outbox_operations_finished_recent",
             f"Operations that reached each terminal status in the last {self.terminal_window_s:g} s",
-            labels=["status"])
+            labels=["status"],
+        )
         for status in TERMINAL_STATUSES:
             recent.add_metric([status], ended.get(status, 0))
-        backlog = GaugeMetricFamily("outbox_outcome_unknown_backlog",
-                                    "Operations parked in outcome_unknown (waiting for the reconciler)")
+        backlog = GaugeMetricFamily(
+            "outbox_outcome_unknown_backlog", "Operations parked in outcome_unknown (waiting for the reconciler)"
+        )
         backlog.add_metric([], open_counts.get(Status.OUTCOME_UNKNOWN.value, 0))
         backlog_age = GaugeMetricFamily(
             "outbox_outcome_unknown_oldest_age_seconds",
-            "Seconds since the oldest operation now in outcome_unknown was submitted (0 when none)")
+            "Seconds since the oldest operation now in outcome_unknown was submitted (0 when none)",
+        )
         backlog_age.add_metric([], max(float(unknown_age or 0.0), 0.0))
         handoffs = GaugeMetricFamily("outbox_handoffs_open", "Handoffs waiting for a person")
         handoffs.add_metric([], int(handoffs_open))
-        handoffs_age = GaugeMetricFamily("outbox_handoffs_oldest_open_age_seconds",
-                                         "Seconds since the oldest open handoff was opened (0 when none)")
+        handoffs_age = GaugeMetricFamily(
+            "outbox_handoffs_oldest_open_age_seconds", "Seconds since the oldest open handoff was opened (0 when none)"
+        )
         handoffs_age.add_metric([], max(float(handoff_age or 0.0), 0.0))
         return [ops, recent, backlog, backlog_age, handoffs, handoffs_age]
 
@@ -130,15 +140,19 @@ class LedgerCollector(Collector):
         summary = read_summary(self.report_summary) if self.report_summary is not None else None
         if summary is None:
             return  # no report ran here yet: absent, not a made-up 0
-        dup = GaugeMetricFamily("outbox_report_duplicate_effects",
-                                "Duplicate effects (extra provider documents per key) found by the last report")
+        dup = GaugeMetricFamily(
+            "outbox_report_duplicate_effects",
+            "Duplicate effects (extra provider documents per key) found by the last report",
+        )
         dup.add_metric([], summary.duplicate_effects)
         disc = GaugeMetricFamily("outbox_report_discrepancies", "Discrepancies found by the last report")
         disc.add_metric([], summary.discrepancies)
-        complete = GaugeMetricFamily("outbox_report_complete",
-                                     "1 if the last report read every provider listing, else 0")
+        complete = GaugeMetricFamily(
+            "outbox_report_complete", "1 if the last report read every provider listing, else 0"
+        )
         complete.add_metric([], 1 if summary.complete else 0)
-        when = GaugeMetricFamily("outbox_report_last_run_timestamp_seconds",
-                                 "When the last report finished (Unix time)")
+        when = GaugeMetricFamily(
+            "outbox_report_last_run_timestamp_seconds", "When the last report finished (Unix time)"
+        )
         when.add_metric([], summary.finished_at_s)
         yield from (dup, disc, complete, when)

@@ -159,8 +159,12 @@ class Attempt(Base):
         CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
         # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (late_evidence.py).
         # Only those rows are indexed, so the sweep stays cheap however large the table grows.
-        Index("ix_attempts_unapplied_successes", "id", postgresql_where=text(UNAPPLIED_SUCCESS),
-              sqlite_where=text(UNAPPLIED_SUCCESS)),
+        Index(
+            "ix_attempts_unapplied_successes",
+            "id",
+            postgresql_where=text(UNAPPLIED_SUCCESS),
+            sqlite_where=text(UNAPPLIED_SUCCESS),
+        ),
     )
 
 
@@ -168,9 +172,7 @@ class OperationEvent(Base):
     __tablename__ = "operation_events"
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
-    operation_id: Mapped[str] = mapped_column(
-        ForeignKey("operations.id", ondelete="CASCADE"), index=True
-    )
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
     at: Mapped[dt.datetime] = mapped_column(TS)
     from_status: Mapped[str | None] = mapped_column(String(32))
     to_status: Mapped[str] = mapped_column(String(32))
@@ -204,8 +206,12 @@ class Handoff(Base):
         CheckConstraint(
             "resolution IS NULL OR resolution IN ('succeeded', 'not-executed', 'abandoned')", name="resolution"
         ),
-        Index("ix_handoffs_open", "opened_at", postgresql_where=text("status = 'open'"),
-              sqlite_where=text("status = 'open'")),
+        Index(
+            "ix_handoffs_open",
+            "opened_at",
+            postgresql_where=text("status = 'open'"),
+            sqlite_where=text("status = 'open'"),
+        ),
     )
 
 

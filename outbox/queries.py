@@ -133,18 +133,14 @@ def find_operation(session: Session, id_or_key: str, *, tenant: str | None = Non
     if not rows:
         raise OperationNotFound(f"no operation with id or idempotency key {id_or_key!r}")
     if len(rows) > 1:
-        raise OperationNotFound(
-            f"idempotency key {id_or_key!r} exists in several tenants; pass --tenant"
-        )
+        raise OperationNotFound(f"idempotency key {id_or_key!r} exists in several tenants; pass --tenant")
     return rows[0]
 
 
 def explain(session: Session, id_or_key: str, *, tenant: str | None = None) -> OperationDetail:
     op = find_operation(session, id_or_key, tenant=tenant)
     attempts = list(
-        session.execute(
-            select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)
-        ).scalars()
+        session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
     )
     events = list(
         session.execute(

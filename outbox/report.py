@@ -70,8 +70,16 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def _record(op: Operation) -> LedgerRecord:
-    return LedgerRecord(op.id, op.tenant, op.idempotency_key, op.action, op.status, op.result_reference,
-                        as_utc(op.created_at), as_utc(op.finished_at))
+    return LedgerRecord(
+        op.id,
+        op.tenant,
+        op.idempotency_key,
+        op.action,
+        op.status,
+        op.result_reference,
+        as_utc(op.created_at),
+        as_utc(op.finished_at),
+    )
 
 
 def records_with_effect(session: Session, *, actions: Iterable[str], since: dt.datetime) -> list[LedgerRecord]:
@@ -80,8 +88,9 @@ def records_with_effect(session: Session, *, actions: Iterable[str], since: dt.d
     if not names:
         return []
     rows = session.execute(
-        select(Operation).where(Operation.action.in_(names), Operation.status.in_(EFFECT_STATUSES),
-                                Operation.finished_at >= since).order_by(Operation.finished_at)
+        select(Operation)
+        .where(Operation.action.in_(names), Operation.status.in_(EFFECT_STATUSES), Operation.finished_at >= since)
+        .order_by(Operation.finished_at)
     ).scalars()
     return [_record(op) for op in rows]
 
@@ -93,20 +102,22 @@ def records_by_key(session: Session, *, actions: Iterable[str], keys: Iterable[s
     # Chunked IN lists: a listing can hold thousands of keys.
     for i in range(0, len(wanted), 500):
         rows = session.execute(
-            select(Operation).where(Operation.action.in_(names), Operation.idempotency_key.in_(wanted[i:i + 500]))
+            select(Operation).where(Operation.action.in_(names), Operation.idempotency_key.in_(wanted[i : i + 500]))
         ).scalars()
         for op in rows:
             out[op.idempotency_key].append(_record(op))
     return dict(out)
 
 
-def records_by_reference(session: Session, *, actions: Iterable[str], references: Iterable[str]) -> dict[str, LedgerRecord]:
+def records_by_reference(
+    session: Session, *, actions: Iterable[str], references: Iterable[str]
+) -> dict[str, LedgerRecord]:
     """Operations of ``actions`` whose recorded provider reference is one of ``references``."""
     names, wanted = list(actions), sorted(set(references))
     out: dict[str, LedgerRecord] = {}
     for i in range(0, len(wanted), 500):
         rows = session.execute(
-            select(Operation).where(Operation.action.in_(names), Operation.result_reference.in_(wanted[i:i + 500]))
+            select(Operation).where(Operation.action.in_(names), Operation.result_reference.in_(wanted[i : i + 500]))
         ).scalars()
         for op in rows:
             if op.result_reference is not None:
@@ -116,32 +127,40 @@ def records_by_reference(session: Session, *, actions: Iterable[str], references
 
 def failure_attributability(session: Session, *, since: dt.datetime) -> dict[str, Any]:
     rows = session.execute(
-        select(Operation.error_class, Operation.reason, Operation.last_error)
-        .where(Operation.status.in_(ATTRIBUTABLE_STATUSES), Operation.created_at >= since)
+        select(Operation.error_class, Operation.reason, Operation.last_error).where(
+            Operation.status.in_(ATTRIBUTABLE_STATUSES), Operation.created_at >= since
+        )
     ).all()
     attributable = sum(1 for r in rows if r.error_class and (r.reason or "").strip())
-    return {"operations": len(rows), "attributable": attributable,
-            "share": round(attributable / len(rows), 4) if rows else None}
+    return {
+        "operations": len(rows),
+        "attributable": attributable,
+        "share": round(attributable / len(rows), 4) if rows else None,
+    }
 
 
 def auto_recovery(session: Session, *, since: dt.datetime) -> dict[str, Any]:
     retried = (
         select(Attempt.operation_id)
         .join(Operation, Operation.id == Attempt.operation_id)
-        .where(Attempt.kind == "dispatch", Attempt.attempt_class.in_(RETRYABLE_CLASSES),
-               Operation.created_at >= since)
+        .where(Attempt.kind == "dispatch", Attempt.attempt_class.in_(RETRYABLE_CLASSES), Operation.created_at >= since)
         .distinct()
     )
     ids = list(session.execute(retried).scalars())
     if not ids:
         return {"operations": 0, "recovered": 0, "rate": None}
-    by_person = set(session.execute(
-        select(OperationEvent.operation_id).where(OperationEvent.operation_id.in_(ids),
-                                                  OperationEvent.event.like("resolved:%")).distinct()
-    ).scalars())
-    succeeded = set(session.execute(
-        select(Operation.id).where(Operation.id.in_(ids), Operation.status.in_(EFFECT_STATUSES))
-    ).scalars())
+    by_person = set(
+        session.execute(
+            select(OperationEvent.operation_id)
+            .where(OperationEvent.operation_id.in_(ids), OperationEvent.event.like("resolved:%"))
+            .distinct()
+        ).scalars()
+    )
+    succeeded = set(
+        session.execute(
+            select(Operation.id).where(Operation.id.in_(ids), Operation.status.in_(EFFECT_STATUSES))
+        ).scalars()
+    )
     recovered = len(succeeded - by_person)
     return {"operations": len(ids), "recovered": recovered, "rate": round(recovered / len(ids), 4)}
 
@@ -182,22 +201,36 @@ def retries_by_action(session: Session, *, since: dt.datetime) -> dict[str, dict
 
 
 def operations_in_window(session: Session, *, since: dt.datetime) -> int:
-    return int(session.execute(select(func.count()).select_from(Operation).where(Operation.created_at >= since))
-               .scalar_one())
+    return int(
+        session.execute(select(func.count()).select_from(Operation).where(Operation.created_at >= since)).scalar_one()
+    )
 
 
 _SUCCESS = Attempt.attempt_class == AttemptClass.SUCCEEDED.value
-_MAY_STILL_LAND = and_(Attempt.kind == "dispatch", Attempt.attempt_number > Operation.proven_absent_through,
-                       Attempt.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]))
+_MAY_STILL_LAND = and_(
+    Attempt.kind == "dispatch",
+    Attempt.attempt_number > Operation.proven_absent_through,
+    Attempt.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]),
+)
 # (statuses, attempt condition, why): an attempt of the operation that its state denies.
 CONTRADICTIONS: tuple[tuple[frozenset[Status], Any, str], ...] = (
     (NO_EFFECT, _SUCCESS, "the provider confirmed an effect on this attempt, the state says none happened"),
     (NO_EFFECT, _MAY_STILL_LAND, "ended with no effect while this attempt may still take effect"),
-    (AWAITING_OUTCOME, and_(_SUCCESS, Attempt.stale.is_(True), Attempt.applied_at.is_(None)),
-     "the provider confirmed an effect on this attempt, not yet applied (the relay's sweep applies it)"),
-    (EFFECT, and_(_SUCCESS, Attempt.provider_reference.is_not(None), Operation.result_reference.is_not(None),
-                  Attempt.provider_reference != Operation.result_reference),
-     "this attempt's confirmation names another reference: a second effect at the provider?"),
+    (
+        AWAITING_OUTCOME,
+        and_(_SUCCESS, Attempt.stale.is_(True), Attempt.applied_at.is_(None)),
+        "the provider confirmed an effect on this attempt, not yet applied (the relay's sweep applies it)",
+    ),
+    (
+        EFFECT,
+        and_(
+            _SUCCESS,
+            Attempt.provider_reference.is_not(None),
+            Operation.result_reference.is_not(None),
+            Attempt.provider_reference != Operation.result_reference,
+        ),
+        "this attempt's confirmation names another reference: a second effect at the provider?",
+    ),
 )
 
 
@@ -212,17 +245,32 @@ def state_contradictions(session: Session, *, since: dt.datetime) -> list[dict[s
     out: list[dict[str, Any]] = []
     for statuses, condition, why in CONTRADICTIONS:
         rows = session.execute(
-            select(Operation, Attempt).join(Attempt, Attempt.operation_id == Operation.id)
+            select(Operation, Attempt)
+            .join(Attempt, Attempt.operation_id == Operation.id)
             .where(Operation.status.in_([s.value for s in statuses]), Operation.updated_at >= since, condition)
             .order_by(Operation.updated_at, Attempt.id)
         ).all()
         for op, a in rows:
-            out.append(_record(op).as_json() | {"why": why, "attempt": {
-                "attempt_number": a.attempt_number, "kind": a.kind, "fencing_token": a.fencing_token,
-                "class": a.attempt_class, "reference": a.provider_reference, "stale": a.stale}})
+            out.append(
+                _record(op).as_json()
+                | {
+                    "why": why,
+                    "attempt": {
+                        "attempt_number": a.attempt_number,
+                        "kind": a.kind,
+                        "fencing_token": a.fencing_token,
+                        "class": a.attempt_class,
+                        "reference": a.provider_reference,
+                        "stale": a.stale,
+                    },
+                }
+            )
     flagged = session.execute(
-        select(Operation, OperationEvent.reason).join(OperationEvent, OperationEvent.operation_id == Operation.id)
-        .where(OperationEvent.event == CONTRADICTION_EVENT, or_(OperationEvent.at >= since, Operation.updated_at >= since))
+        select(Operation, OperationEvent.reason)
+        .join(OperationEvent, OperationEvent.operation_id == Operation.id)
+        .where(
+            OperationEvent.event == CONTRADICTION_EVENT, or_(OperationEvent.at >= since, Operation.updated_at >= since)
+        )
         .order_by(OperationEvent.at)
     ).all()
     for op, reason in flagged:

@@ -58,7 +58,8 @@ def read_summary(path: Path) -> ReportSummary | None:
     """None when no report ran here yet (or the file is unreadable: the gauges are then absent)."""
     try:
         doc = json.loads(path.read_text())
-        return ReportSummary(float(doc["finished_at_s"]), int(doc["duplicate_effects"]),
-                             int(doc["discrepancies"]), bool(doc["complete"]))
+        return ReportSummary(
+            float(doc["finished_at_s"]), int(doc["duplicate_effects"]), int(doc["discrepancies"]), bool(doc["complete"])
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -33,6 +33,7 @@ def _last_dispatch_number(operation_id: str) -> Any:
         .scalar_subquery()
     )
 
+
 SETTLE_TARGETS = (
     Status.SUCCEEDED,
     Status.COMMITTED_EVIDENCE_DEGRADED,
@@ -78,8 +79,12 @@ def settle_if_fenced(
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
     extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        values.update(result_reference=report.provider_reference, result_digest=report.response_digest,
-                      result=result, error_class=None)
+        values.update(
+            result_reference=report.provider_reference,
+            result_digest=report.response_digest,
+            result=result,
+            error_class=None,
+        )
     elif to in NO_EFFECT:
         # The proof that no attempt so far can take effect, written down so the row explains
         # itself; only a confirmed success on some attempt can still contradict it.
@@ -106,11 +111,16 @@ def settle_if_fenced(
         )
     except StaleFence:
         current = current_row(session, claim.operation_id)
-        if extra_where and current is not None and current.status == Status.OUTCOME_UNKNOWN.value \
-                and current.fencing_token == claim.fencing_token:
+        if (
+            extra_where
+            and current is not None
+            and current.status == Status.OUTCOME_UNKNOWN.value
+            and current.fencing_token == claim.fencing_token
+        ):
             # Still ours: the refusal is the guard (a success is on record), not a lost lease.
-            raise IllegalTransition(claim.operation_id, "outcome_unknown with a confirmed success on record",
-                                    to.value) from None
+            raise IllegalTransition(
+                claim.operation_id, "outcome_unknown with a confirmed success on record", to.value
+            ) from None
         if wrote:
             mark_attempt_stale(session, claim.attempt_id)
         raise
@@ -133,19 +143,42 @@ def resolve_by_person(
     if outcome == "succeeded":
         if not reference:
             raise ValueError("a succeeded resolution needs the provider reference")
-        move(session, operation_id, sources=[Status.RECONCILIATION_REQUIRED], to=Status.SUCCEEDED,
-             event="resolved: succeeded", actor=by, reason=note, result_reference=reference,
-             error_class=None)
+        move(
+            session,
+            operation_id,
+            sources=[Status.RECONCILIATION_REQUIRED],
+            to=Status.SUCCEEDED,
+            event="resolved: succeeded",
+            actor=by,
+            reason=note,
+            result_reference=reference,
+            error_class=None,
+        )
         return Status.SUCCEEDED
     if outcome == "not-executed":
-        move(session, operation_id, sources=[Status.RECONCILIATION_REQUIRED], to=Status.NOT_DISPATCHED,
-             event="resolved: not executed", actor=by, reason=note,
-             proven_absent_through=_last_dispatch_number(operation_id), next_attempt_at=db_now())
+        move(
+            session,
+            operation_id,
+            sources=[Status.RECONCILIATION_REQUIRED],
+            to=Status.NOT_DISPATCHED,
+            event="resolved: not executed",
+            actor=by,
+            reason=note,
+            proven_absent_through=_last_dispatch_number(operation_id),
+            next_attempt_at=db_now(),
+        )
         return Status.NOT_DISPATCHED
     raise ValueError(f"unknown resolution {outcome!r}: succeeded | not-executed")
 
 
 def evidence_backfilled(session: Session, operation_id: str, *, actor: str = "backfill") -> None:
     """committed_evidence_degraded -> succeeded once the evidence record is written."""
-    move(session, operation_id, sources=[Status.COMMITTED_EVIDENCE_DEGRADED], to=Status.SUCCEEDED,
-         event="evidence backfilled", actor=actor, reason="evidence record written")
+    move(
+        session,
+        operation_id,
+        sources=[Status.COMMITTED_EVIDENCE_DEGRADED],
+        to=Status.SUCCEEDED,
+        event="evidence backfilled",
+        actor=actor,
+        reason="evidence record written",
+    )

@@ -46,9 +46,7 @@ MEANING: dict[Status, str] = {
     Status.CANCELLED: "cancelled before anything that could still take effect was sent",
 }
 
-TERMINAL: frozenset[Status] = frozenset(
-    {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.CANCELLED}
-)
+TERMINAL: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.CANCELLED})
 
 # States that say "the effect happened" (evidence recorded, or being repaired).
 EFFECT: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED})
@@ -60,10 +58,15 @@ NO_EFFECT: frozenset[Status] = frozenset({Status.FAILED_BEFORE_COMMIT, Status.CA
 
 # States that claim no outcome yet. A late success (an attempt whose worker lost its lease and
 # still got the provider's 2xx) settles them: evidence wins (DESIGN.md).
-AWAITING_OUTCOME: frozenset[Status] = frozenset({
-    Status.AWAITING_APPROVAL, Status.NOT_DISPATCHED, Status.DISPATCHING, Status.OUTCOME_UNKNOWN,
-    Status.RECONCILIATION_REQUIRED,
-})
+AWAITING_OUTCOME: frozenset[Status] = frozenset(
+    {
+        Status.AWAITING_APPROVAL,
+        Status.NOT_DISPATCHED,
+        Status.DISPATCHING,
+        Status.OUTCOME_UNKNOWN,
+        Status.RECONCILIATION_REQUIRED,
+    }
+)
 
 # States a worker may claim from. outcome_unknown rows are claimed by the reconciler, which
 # looks the effect up instead of sending the request again.
@@ -75,37 +78,60 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (Status.AWAITING_APPROVAL, Status.NOT_DISPATCHED): "approve",
     (Status.AWAITING_APPROVAL, Status.CANCELLED): "cancel",
     (Status.AWAITING_APPROVAL, Status.SUCCEEDED): "an earlier attempt's success arrived late",
-    (Status.AWAITING_APPROVAL, Status.COMMITTED_EVIDENCE_DEGRADED): "an earlier attempt's success arrived late, evidence store down",
+    (
+        Status.AWAITING_APPROVAL,
+        Status.COMMITTED_EVIDENCE_DEGRADED,
+    ): "an earlier attempt's success arrived late, evidence store down",
     (Status.NOT_DISPATCHED, Status.DISPATCHING): "claim",
     (Status.NOT_DISPATCHED, Status.CANCELLED): "cancel (nothing sent can still take effect)",
     (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL): "approval expired",
     (Status.NOT_DISPATCHED, Status.SUCCEEDED): "an earlier attempt's success arrived late",
-    (Status.NOT_DISPATCHED, Status.COMMITTED_EVIDENCE_DEGRADED): "an earlier attempt's success arrived late, evidence store down",
-    (Status.DISPATCHING, Status.SUCCEEDED): "2xx with a provider reference (this attempt's, or an earlier one's arriving late)",
+    (
+        Status.NOT_DISPATCHED,
+        Status.COMMITTED_EVIDENCE_DEGRADED,
+    ): "an earlier attempt's success arrived late, evidence store down",
+    (
+        Status.DISPATCHING,
+        Status.SUCCEEDED,
+    ): "2xx with a provider reference (this attempt's, or an earlier one's arriving late)",
     (Status.DISPATCHING, Status.CANCELLED): "cancel requested, seen by the worker before sending",
     (Status.DISPATCHING, Status.COMMITTED_EVIDENCE_DEGRADED): "2xx, evidence store down",
-    (Status.DISPATCHING, Status.FAILED_BEFORE_COMMIT): "rejected, or budget spent, while no attempt can still take effect",
+    (
+        Status.DISPATCHING,
+        Status.FAILED_BEFORE_COMMIT,
+    ): "rejected, or budget spent, while no attempt can still take effect",
     (Status.DISPATCHING, Status.NOT_DISPATCHED): "retry scheduled (provably not executed, budget left)",
-    (Status.DISPATCHING, Status.OUTCOME_UNKNOWN): "ambiguous result, lease expired, or an earlier attempt may still land",
+    (
+        Status.DISPATCHING,
+        Status.OUTCOME_UNKNOWN,
+    ): "ambiguous result, lease expired, or an earlier attempt may still land",
     (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
     (Status.OUTCOME_UNKNOWN, Status.OUTCOME_UNKNOWN): "reconciler claim / re-check later",
     (Status.OUTCOME_UNKNOWN, Status.SUCCEEDED): "lookup found the effect, or an attempt's success arrived late",
     (Status.OUTCOME_UNKNOWN, Status.FAILED_BEFORE_COMMIT): (
-        "lookup found it failed at the provider, or found nothing where no attempt can still land"),
+        "lookup found it failed at the provider, or found nothing where no attempt can still land"
+    ),
     (Status.OUTCOME_UNKNOWN, Status.CANCELLED): "cancel requested; lookup found nothing and no attempt can still land",
     (Status.OUTCOME_UNKNOWN, Status.NOT_DISPATCHED): "lookup found nothing: re-dispatch with the same key",
     (Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED): "cannot settle within budget: handoff",
     (Status.OUTCOME_UNKNOWN, Status.COMMITTED_EVIDENCE_DEGRADED): "lookup found the effect, evidence store down",
-    (Status.RECONCILIATION_REQUIRED, Status.SUCCEEDED): "person resolved: succeeded, or an attempt's success arrived late",
+    (
+        Status.RECONCILIATION_REQUIRED,
+        Status.SUCCEEDED,
+    ): "person resolved: succeeded, or an attempt's success arrived late",
     (Status.RECONCILIATION_REQUIRED, Status.COMMITTED_EVIDENCE_DEGRADED): (
-        "an attempt's success arrived late, evidence store down"),
+        "an attempt's success arrived late, evidence store down"
+    ),
     (Status.RECONCILIATION_REQUIRED, Status.NOT_DISPATCHED): "person resolved: not executed",
     # Abandoned: a person closed the case without proof either way; the state stays honest.
     (Status.RECONCILIATION_REQUIRED, Status.RECONCILIATION_REQUIRED): "person resolved: abandoned",
     # The only ways out of a terminal state: it said "no effect" and the provider confirmed one
     # (a provider that does not fence though declared to, or a person's wrong "not executed").
     # The agent was told it did not happen, so a person reviews; it is never left as it was.
-    (Status.FAILED_BEFORE_COMMIT, Status.RECONCILIATION_REQUIRED): "late success evidence contradicts it: a person reviews",
+    (
+        Status.FAILED_BEFORE_COMMIT,
+        Status.RECONCILIATION_REQUIRED,
+    ): "late success evidence contradicts it: a person reviews",
     (Status.CANCELLED, Status.RECONCILIATION_REQUIRED): "late success evidence contradicts it: a person reviews",
 }
 

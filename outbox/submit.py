@@ -108,36 +108,80 @@ def submit(
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
     if is_postgres(session):
         params = {
-            "id": operation_id, "tenant": env.tenant, "key": key, "action": env.action,
-            "args": env.canonical_args, "digest": env.digest, "subject": env.subject, "run_id": run_id,
-            "tool_call_id": tool_call_id, "status": status.value, "max_attempts": max_attempts,
-            "deadline_s": None if deadline_s is None else float(deadline_s), "delay_s": float(delay_s),
+            "id": operation_id,
+            "tenant": env.tenant,
+            "key": key,
+            "action": env.action,
+            "args": env.canonical_args,
+            "digest": env.digest,
+            "subject": env.subject,
+            "run_id": run_id,
+            "tool_call_id": tool_call_id,
+            "status": status.value,
+            "max_attempts": max_attempts,
+            "deadline_s": None if deadline_s is None else float(deadline_s),
+            "delay_s": float(delay_s),
             "reason": reason,
         }
         sql = _PG_SUBMIT_NOTIFY if status is Status.NOT_DISPATCHED else _PG_SUBMIT_QUIET
         inserted = bool(driver_connection(session).execute(sql, params).fetchone()[0])
     else:
-        inserted = _insert_portable(session, dict(
-            id=operation_id, tenant=env.tenant, idempotency_key=key, action=env.action,
-            args=env.canonical_args, args_digest=env.digest, subject=env.subject, run_id=run_id,
-            tool_call_id=tool_call_id, status=status.value, reason="submitted", fencing_token=0,
-            attempt_count=0, max_attempts=max_attempts,
-            deadline_at=db_now(deadline_s) if deadline_s is not None else None,
-            next_attempt_at=db_now(delay_s), cancel_requested=False, proven_absent_through=0,
-            created_at=db_now(), updated_at=db_now(),
-        ), dict(operation_id=operation_id, at=db_now(), from_status=None, to_status=status.value,
-                fencing_token=0, event="submit", reason=reason, actor=env.subject))
+        inserted = _insert_portable(
+            session,
+            dict(
+                id=operation_id,
+                tenant=env.tenant,
+                idempotency_key=key,
+                action=env.action,
+                args=env.canonical_args,
+                args_digest=env.digest,
+                subject=env.subject,
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+                status=status.value,
+                reason="submitted",
+                fencing_token=0,
+                attempt_count=0,
+                max_attempts=max_attempts,
+                deadline_at=db_now(deadline_s) if deadline_s is not None else None,
+                next_attempt_at=db_now(delay_s),
+                cancel_requested=False,
+                proven_absent_through=0,
+                created_at=db_now(),
+                updated_at=db_now(),
+            ),
+            dict(
+                operation_id=operation_id,
+                at=db_now(),
+                from_status=None,
+                to_status=status.value,
+                fencing_token=0,
+                event="submit",
+                reason=reason,
+                actor=env.subject,
+            ),
+        )
     if inserted:
         return Receipt(operation_id, env.tenant, key, status.value, True, env.digest)
 
     existing = session.execute(
-        select(_OP.c.id, _OP.c.status, _OP.c.args_digest, _OP.c.result_reference, _OP.c.result,
-               _OP.c.error_class).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
+        select(
+            _OP.c.id, _OP.c.status, _OP.c.args_digest, _OP.c.result_reference, _OP.c.result, _OP.c.error_class
+        ).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
     ).one()
     if existing.args_digest != env.digest:
         raise IdempotencyConflict(key, existing.args_digest, env.digest, existing.id)
-    return Receipt(existing.id, env.tenant, key, existing.status, False, existing.args_digest,
-                   existing.result_reference, existing.result, existing.error_class)
+    return Receipt(
+        existing.id,
+        env.tenant,
+        key,
+        existing.status,
+        False,
+        existing.args_digest,
+        existing.result_reference,
+        existing.result,
+        existing.error_class,
+    )
 
 
 # PostgreSQL: intent row, its event row and the NOTIFY in ONE statement (one round trip). Plain
@@ -169,11 +213,15 @@ _PG_SUBMIT_QUIET = _PG_SUBMIT.format(notify="")
 
 def _insert_portable(session: Session, values: dict[str, Any], event: dict[str, Any]) -> bool:
     """SQLite: the intent row, then (only if this call inserted it) its event row."""
-    inserted = session.execute(
-        sqlite_insert(_OP).values(**values)
-        .on_conflict_do_nothing(index_elements=[_OP.c.tenant, _OP.c.idempotency_key])
-        .returning(_OP.c.id)
-    ).first() is not None
+    inserted = (
+        session.execute(
+            sqlite_insert(_OP)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=[_OP.c.tenant, _OP.c.idempotency_key])
+            .returning(_OP.c.id)
+        ).first()
+        is not None
+    )
     if inserted:
         session.execute(insert(OperationEvent).values(**event))
     return inserted

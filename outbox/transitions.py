@@ -116,12 +116,18 @@ def move(
         if current is None:
             raise OperationNotFound(operation_id)
         if token is not None:
-            raise StaleFence(
-                operation_id, token, f"now {current.status} with token {current.fencing_token}"
-            )
+            raise StaleFence(operation_id, token, f"now {current.status} with token {current.fencing_token}")
         raise IllegalTransition(operation_id, current.status, to.value)
-    _event(session, operation_id, from_status=previous, to=to, token=row.fencing_token,
-           event=event, reason=reason, actor=actor)
+    _event(
+        session,
+        operation_id,
+        from_status=previous,
+        to=to,
+        token=row.fencing_token,
+        event=event,
+        reason=reason,
+        actor=actor,
+    )
     return previous, int(row.fencing_token)
 
 
@@ -171,7 +177,9 @@ def finalize_if_fenced(
     have taken effect: effect_guard.py), outcome_unknown (ambiguous).
     Raises StaleFence (the attempt row still holds the result, marked stale) or IllegalTransition.
     """
-    (refused,) = finalize_many_if_fenced(session, [Finalize(claim, report, to, reason, delay_s, refund_attempt, result)])
+    (refused,) = finalize_many_if_fenced(
+        session, [Finalize(claim, report, to, reason, delay_s, refund_attempt, result)]
+    )
     if refused is not None:
         raise refused
 
@@ -205,8 +213,9 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
             refusals[i] = exc
             continue
         if item.to in NO_EFFECT and item.report.klass not in PROVABLY_NOT_EXECUTED:
-            refusals[i] = IllegalTransition(item.claim.operation_id, "dispatching/" + item.report.klass.value,
-                                            item.to.value)
+            refusals[i] = IllegalTransition(
+                item.claim.operation_id, "dispatching/" + item.report.klass.value, item.to.value
+            )
         else:
             ready.append(i)
     if is_postgres(session):
@@ -220,7 +229,8 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
         if item.to in NO_EFFECT and _still_ours(session, item.claim):
             # The token is current: the refusal is the ledger's own guard, not a lost lease.
             refusals[i] = IllegalTransition(
-                item.claim.operation_id, "dispatching with an attempt that may have taken effect", item.to.value)
+                item.claim.operation_id, "dispatching with an attempt that may have taken effect", item.to.value
+            )
             continue
         if wrote:
             mark_attempt_stale(session, item.claim.attempt_id)
@@ -238,8 +248,12 @@ def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, OutboxEr
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
     extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        values.update(result_reference=report.provider_reference, result_digest=report.response_digest,
-                      result=item.result, error_class=None)
+        values.update(
+            result_reference=report.provider_reference,
+            result_digest=report.response_digest,
+            result=item.result,
+            error_class=None,
+        )
     else:
         values.update(error_class=report.klass.value, last_error=report.error)
     if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
@@ -251,8 +265,18 @@ def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, OutboxEr
         extra_where.append(no_effect_possible(excluding_attempt=claim.attempt_id))
     wrote = record_attempt(session, claim.attempt_id, report)
     try:
-        move(session, claim.operation_id, sources=[Status.DISPATCHING], to=to, event=_event_of(item),
-             actor=claim.worker, reason=item.reason, token=claim.fencing_token, extra_where=extra_where, **values)
+        move(
+            session,
+            claim.operation_id,
+            sources=[Status.DISPATCHING],
+            to=to,
+            event=_event_of(item),
+            actor=claim.worker,
+            reason=item.reason,
+            token=claim.fencing_token,
+            extra_where=extra_where,
+            **values,
+        )
     except StaleFence as exc:
         return wrote, exc
     return wrote, None
@@ -269,16 +293,29 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
             claim, report = item.claim, item.report
             cursor = conn.cursor(row_factory=namedtuple_row)
             refund = item.refund_attempt and item.to is Status.NOT_DISPATCHED
-            cursor.execute(_finalize_sql(item.to, refund, item.to in NO_EFFECT), {
-                "to": item.to.value, "reason": item.reason, "event": _event_of(item), "actor": claim.worker,
-                "operation_id": claim.operation_id, "token": claim.fencing_token, "attempt_id": claim.attempt_id,
-                "klass": report.klass.value, "status_code": report.status_code,
-                "request_digest": report.request_digest, "provider_request_id": report.provider_request_id,
-                "provider_reference": report.provider_reference, "response_digest": report.response_digest,
-                "retry_after_s": report.retry_after_s, "latency_s": report.latency_s, "error": report.error,
-                "result": json.dumps(item.result) if item.result is not None else None,
-                "delay_s": float(max(item.delay_s, 0.0)),
-            })
+            cursor.execute(
+                _finalize_sql(item.to, refund, item.to in NO_EFFECT),
+                {
+                    "to": item.to.value,
+                    "reason": item.reason,
+                    "event": _event_of(item),
+                    "actor": claim.worker,
+                    "operation_id": claim.operation_id,
+                    "token": claim.fencing_token,
+                    "attempt_id": claim.attempt_id,
+                    "klass": report.klass.value,
+                    "status_code": report.status_code,
+                    "request_digest": report.request_digest,
+                    "provider_request_id": report.provider_request_id,
+                    "provider_reference": report.provider_reference,
+                    "response_digest": report.response_digest,
+                    "retry_after_s": report.retry_after_s,
+                    "latency_s": report.latency_s,
+                    "error": report.error,
+                    "result": json.dumps(item.result) if item.result is not None else None,
+                    "delay_s": float(max(item.delay_s, 0.0)),
+                },
+            )
             cursors.append(cursor)
     out: list[tuple[bool, OutboxError | None]] = []
     for item, cursor in zip(items, cursors):
@@ -290,8 +327,16 @@ def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool
         if current is None:
             out.append((bool(row.wrote), OperationNotFound(item.claim.operation_id)))
             continue
-        out.append((bool(row.wrote), StaleFence(item.claim.operation_id, item.claim.fencing_token,
-                                                f"now {current.status} with token {current.fencing_token}")))
+        out.append(
+            (
+                bool(row.wrote),
+                StaleFence(
+                    item.claim.operation_id,
+                    item.claim.fencing_token,
+                    f"now {current.status} with token {current.fencing_token}",
+                ),
+            )
+        )
     return out
 
 
@@ -303,11 +348,20 @@ def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
     SQLAlchemy's per-execute result processing for text(), cost more client CPU per call than the
     database spent executing it (bench/README.md). It writes exactly what the portable path does.
     """
-    sets = ["status = :to", "updated_at = clock_timestamp()", "reason = :reason",
-            "lease_owner = NULL", "lease_expires_at = NULL"]
+    sets = [
+        "status = :to",
+        "updated_at = clock_timestamp()",
+        "reason = :reason",
+        "lease_owner = NULL",
+        "lease_expires_at = NULL",
+    ]
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        sets += ["result_reference = :provider_reference", "result_digest = :response_digest",
-                 "result = CAST(:result AS json)", "error_class = NULL"]
+        sets += [
+            "result_reference = :provider_reference",
+            "result_digest = :response_digest",
+            "result = CAST(:result AS json)",
+            "error_class = NULL",
+        ]
     else:
         sets += ["error_class = :klass", "last_error = :error"]
     if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
@@ -344,8 +398,12 @@ SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS move
 def current_row(session: Any, operation_id: str) -> Any:
     """(status, fencing_token) of the operation now, or None."""
     if is_postgres(session):
-        return driver_connection(session).cursor(row_factory=namedtuple_row).execute(
-            "SELECT status, fencing_token FROM operations WHERE id = %(id)s", {"id": operation_id}).fetchone()
+        return (
+            driver_connection(session)
+            .cursor(row_factory=namedtuple_row)
+            .execute("SELECT status, fencing_token FROM operations WHERE id = %(id)s", {"id": operation_id})
+            .fetchone()
+        )
     return session.execute(select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == operation_id)).first()
 
 

@@ -4,4 +4,5 @@ It behaves like a careful provider (Stripe-like idempotency keys, lookups, listi
 and, on request, like a careless one (no idempotency, lost responses, outages). It imports
 nothing from the outbox, workers, producer or breaker packages: it plays the downstream.
 """
+
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 Admin requests are never faulted and never appear in the request log.
 """
+
 from __future__ import annotations
 
 import json

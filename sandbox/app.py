@@ -3,6 +3,7 @@
 Each request passes three fault phases (faults.py): before commit (nothing happens), processing
 (the idempotency key is in flight) and after commit (the object exists; its response may be lost).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,9 +47,7 @@ def tenant_of(request: web.Request) -> str:
     return auth[7:].strip() if auth[:7].lower() == "bearer " else auth.strip()
 
 
-def select_fault(
-    request: web.Request, state: SandboxState, key: str | None, tenant: str
-) -> FaultRule | None:
+def select_fault(request: web.Request, state: SandboxState, key: str | None, tenant: str) -> FaultRule | None:
     """A per-request script (X-Sandbox-Fault header) wins over the rule book."""
     scripted = request.headers.get("X-Sandbox-Fault")
     if scripted is not None:
@@ -62,8 +61,16 @@ def select_fault(
             ) from exc
     rule = state.faults.select(request.method, request.path, key, tenant)
     if rule is not None:
-        log.info("fault injected", extra={"mode": rule.mode, "fault_id": rule.id, "path": request.path,
-                                          "idempotency_key": key, "tenant": tenant})
+        log.info(
+            "fault injected",
+            extra={
+                "mode": rule.mode,
+                "fault_id": rule.id,
+                "path": request.path,
+                "idempotency_key": key,
+                "tenant": tenant,
+            },
+        )
     return rule
 
 
@@ -125,11 +132,23 @@ async def create(
         try:
             token = int(token_raw)
         except ValueError:
-            return error(400, rid, "invalid_request_error", "invalid_fencing_token",
-                         "X-Fencing-Token must be an integer.", "X-Fencing-Token")
+            return error(
+                400,
+                rid,
+                "invalid_request_error",
+                "invalid_fencing_token",
+                "X-Fencing-Token must be an integer.",
+                "X-Fencing-Token",
+            )
     if key is not None and not 1 <= len(key) <= 255:  # Stripe's documented key length limit
-        return error(400, rid, "invalid_request_error", "invalid_idempotency_key",
-                     "Idempotency-Key must be 1 to 255 characters.", "Idempotency-Key")
+        return error(
+            400,
+            rid,
+            "invalid_request_error",
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1 to 255 characters.",
+            "Idempotency-Key",
+        )
     try:
         body = json.loads(await request.read() or b"{}")
     except ValueError:
@@ -148,13 +167,23 @@ async def create(
         try:
             stored = keys.begin(tenant, key, digest, now, config.retention_s)
         except KeyMismatch:
-            return error(409, rid, "idempotency_error", "idempotency_error",
-                         "Keys for idempotent requests can only be used with the same parameters "
-                         "they were first used with.", "Idempotency-Key")
+            return error(
+                409,
+                rid,
+                "idempotency_error",
+                "idempotency_error",
+                "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+                "Idempotency-Key",
+            )
         except KeyInUse:
-            return error(409, rid, "idempotency_error", "key_in_use",
-                         "A request with this idempotency key is still being processed; retry later.",
-                         "Idempotency-Key")
+            return error(
+                409,
+                rid,
+                "idempotency_error",
+                "key_in_use",
+                "A request with this idempotency key is still being processed; retry later.",
+                "Idempotency-Key",
+            )
         if stored is not None:
             return Outcome(stored.status, stored.body, rid, replayed_from=stored.request_id)
     try:
@@ -198,8 +227,14 @@ def _stale_token(rid: str, token: int, seen: int | None) -> Outcome | None:
     """409 stale_token when a newer token than ``token`` was already seen for the key."""
     if seen is None:
         return None
-    return error(409, rid, "idempotency_error", "stale_token",
-                 f"Fencing token {token} is older than {seen} already seen for this key.", "X-Fencing-Token")
+    return error(
+        409,
+        rid,
+        "idempotency_error",
+        "stale_token",
+        f"Fencing token {token} is older than {seen} already seen for this key.",
+        "X-Fencing-Token",
+    )
 
 
 async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
@@ -221,8 +256,14 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
     if key is not None:
         obj = state.objects.find_by_key(tenant, spec.name, key, now, config.index_lag_s)
         if obj is None:
-            outcome = error(404, rid, "invalid_request_error", "resource_missing",
-                            f"No {spec.object} with idempotency_key {key!r}.", "idempotency_key")
+            outcome = error(
+                404,
+                rid,
+                "invalid_request_error",
+                "resource_missing",
+                f"No {spec.object} with idempotency_key {key!r}.",
+                "idempotency_key",
+            )
         else:
             outcome = Outcome(200, encode(obj.render(now)), rid, object_id=obj.id)
         return await deliver(request, entry, rule, outcome)
@@ -232,11 +273,17 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
         if not 1 <= limit <= 100:
             raise ValueError
     except ValueError:
-        outcome = error(400, rid, "invalid_request_error", "invalid_list_params",
-                        "created_after must be epoch seconds and limit 1..100.")
+        outcome = error(
+            400,
+            rid,
+            "invalid_request_error",
+            "invalid_list_params",
+            "created_after must be epoch seconds and limit 1..100.",
+        )
         return await deliver(request, entry, rule, outcome)
-    page, has_more = state.objects.list(tenant, spec.name, now, config.index_lag_s, created_after,
-                                       q.get("starting_after"), limit)
+    page, has_more = state.objects.list(
+        tenant, spec.name, now, config.index_lag_s, created_after, q.get("starting_after"), limit
+    )
     data = {"object": "list", "url": request.path, "has_more": has_more, "data": [o.render(now) for o in page]}
     return await deliver(request, entry, rule, Outcome(200, encode(data), rid))
 

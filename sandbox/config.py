@@ -1,4 +1,5 @@
 """Runtime settings of the sandbox and its clock."""
+
 from __future__ import annotations
 
 import time

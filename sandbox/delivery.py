@@ -3,6 +3,7 @@
 Before-commit faults answer without processing anything; after-commit faults take the outcome of a
 request that was executed (the object exists) and drop, stall or corrupt it on the way back.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -3,6 +3,7 @@
 Tests count effects here, never in log lines (FAULTS.md). `duplicates()` groups effects that
 share a business key: the idempotency key by default, or the parameters digest.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -34,9 +35,7 @@ class EffectsLedger:
     def record(self, effect: Effect) -> None:
         self.rows.append(effect)
 
-    def filter(
-        self, resource: str | None = None, key: str | None = None, tenant: str | None = None
-    ) -> list[Effect]:
+    def filter(self, resource: str | None = None, key: str | None = None, tenant: str | None = None) -> list[Effect]:
         return [
             e
             for e in self.rows

@@ -5,6 +5,7 @@ wins its probability draw) fires. Each mode belongs to one phase of the request:
 before commit (nothing happened), during processing (the key is in flight), or after commit
 (the object exists and the response is lost, delayed or garbled).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -42,8 +43,16 @@ BEFORE_COMMIT = frozenset(
 )
 AFTER_COMMIT = frozenset(
     {
-        "commit_then_drop", "commit_then_stall", "commit_then_500", "commit_then_502", "commit_then_504",
-        "commit_then_error", "truncated_body", "malformed_body", "empty_body", "commit_then_partial",
+        "commit_then_drop",
+        "commit_then_stall",
+        "commit_then_500",
+        "commit_then_502",
+        "commit_then_504",
+        "commit_then_error",
+        "truncated_body",
+        "malformed_body",
+        "empty_body",
+        "commit_then_partial",
     }
 )
 
@@ -120,11 +129,22 @@ class FaultRule:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "mode": self.mode, "path": self.path, "method": self.method,
-            "key_pattern": self.key_pattern, "tenant": self.tenant, "probability": self.probability,
-            "seed": self.seed, "count": self.count, "retry_after_s": self.retry_after_s,
-            "retry_after_http_date": self.retry_after_http_date, "latency_ms": self.latency_ms,
-            "stall_s": self.stall_s, "status": self.status, "fired": self.fired, "exhausted": self.exhausted,
+            "id": self.id,
+            "mode": self.mode,
+            "path": self.path,
+            "method": self.method,
+            "key_pattern": self.key_pattern,
+            "tenant": self.tenant,
+            "probability": self.probability,
+            "seed": self.seed,
+            "count": self.count,
+            "retry_after_s": self.retry_after_s,
+            "retry_after_http_date": self.retry_after_http_date,
+            "latency_ms": self.latency_ms,
+            "stall_s": self.stall_s,
+            "status": self.status,
+            "fired": self.fired,
+            "exhausted": self.exhausted,
         }
 
 

@@ -6,6 +6,7 @@ reuse with different parameters is an error; a concurrent request with the same 
 keys may be pruned after retention (24 h), after which the key is new again. Keys are scoped
 by tenant (Stripe: per account). See sandbox/README.md for where we deliberately differ.
 """
+
 from __future__ import annotations
 
 import hashlib

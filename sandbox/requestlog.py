@@ -4,6 +4,7 @@ Examples: the next attempt came no earlier than Retry-After; only half-open prob
 provider while a breaker was open. Times are real wall-clock epoch seconds (not the sandbox
 clock) so they compare with the test's own clock.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -42,9 +43,7 @@ class RequestLog:
         if maxlen != self.entries.maxlen:
             self.entries = deque(self.entries, maxlen=maxlen)
 
-    def open(
-        self, method: str, path: str, query: str, tenant: str, key: str | None, token: str | None
-    ) -> RequestEntry:
+    def open(self, method: str, path: str, query: str, tenant: str, key: str | None, token: str | None) -> RequestEntry:
         entry = RequestEntry(next(self._seq), time.time(), method, path, query, tenant, key, token)
         self.entries.append(entry)
         return entry

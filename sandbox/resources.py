@@ -3,6 +3,7 @@
 Each spec validates a request body into parameters and builds the created object. Validation
 failures are `Rejection`s carrying the HTTP status and a Stripe-shaped error.
 """
+
 from __future__ import annotations
 
 import re
@@ -69,9 +70,7 @@ def validate_refund(body: dict[str, Any], over_limit_amount: Decimal) -> dict[st
     amount = body["amount"]
     # Amounts are decimal strings: a JSON float would already have lost cents.
     if not isinstance(amount, str) or not _AMOUNT.match(amount) or Decimal(amount) <= 0:
-        raise invalid(
-            "invalid_amount", "amount", "amount must be a positive decimal string with at most 2 places."
-        )
+        raise invalid("invalid_amount", "amount", "amount must be a positive decimal string with at most 2 places.")
     currency = _required_str(body, "currency")
     if not _CURRENCY.match(currency):
         raise invalid("invalid_currency", "currency", "currency must be a 3-letter ISO code.")

@@ -1,4 +1,5 @@
 """Wire formats shared by the handlers: JSON encoding, Stripe-shaped errors, Retry-After."""
+
 from __future__ import annotations
 
 import email.utils
@@ -14,9 +15,7 @@ def encode(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=False).encode()
 
 
-def error_body(
-    type_: str, code: str, message: str, param: str | None = None
-) -> dict[str, Any]:
+def error_body(type_: str, code: str, message: str, param: str | None = None) -> dict[str, Any]:
     """Stripe's error shape; tests match on `error.code` (the issue-pinned codes live there)."""
     error: dict[str, Any] = {"type": type_, "code": code, "message": message}
     if param is not None:

@@ -1,4 +1,5 @@
 """Starting and stopping the sandbox's aiohttp server (foreground for the CLI, or embedded)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,9 +15,7 @@ from sandbox.state import SandboxState
 log = logging.getLogger(__name__)
 
 
-async def start(
-    state: SandboxState, sock: socket.socket, access_log: bool = False
-) -> web.AppRunner:
+async def start(state: SandboxState, sock: socket.socket, access_log: bool = False) -> web.AppRunner:
     """Serve on an already-bound socket (binding first is how callers learn a free port)."""
     # The access log costs a noticeable share of throughput, so it is off unless asked for.
     runner = web.AppRunner(

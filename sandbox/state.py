@@ -1,4 +1,5 @@
 """Everything the sandbox remembers, in memory, in one place so reset() clears all of it."""
+
 from __future__ import annotations
 
 import itertools

@@ -3,6 +3,7 @@
 Objects outlive idempotency keys: a lookup by key reads the key stored on the object, which a
 provider keeps forever, while the replay cache (idempotency.py) forgets keys after retention.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,6 +7,7 @@
 
 Both flavours talk to the admin API over HTTP, so a test reads the same numbers either way.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -159,7 +160,9 @@ class SandboxProcess(SandboxAdmin):
     Use it when the test must kill or pause the provider, or to keep it off the test's GIL.
     """
 
-    def __init__(self, *args: str, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 15.0) -> None:
+    def __init__(
+        self, *args: str, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 15.0
+    ) -> None:
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.args = list(args)
@@ -171,7 +174,9 @@ class SandboxProcess(SandboxAdmin):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandbox", "--host", self.host, "--port", str(self.port), *self.args],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:

@@ -166,6 +166,7 @@ def pipe(pg_ledger: Ledger, redis_url: str, sandbox: Any, tmp_path: Path) -> Ite
     """PostgreSQL ledger + Redis broker + sandbox; start workers/relay with pipe.start_worker()/start_relay()."""
     from tests.harness import pipeline
 
-    with pipeline(db_url=pg_ledger.url, sessions=pg_ledger.sessions, redis_url=redis_url, tmp=tmp_path,
-                  sandbox_url=sandbox.url) as p:
+    with pipeline(
+        db_url=pg_ledger.url, sessions=pg_ledger.sessions, redis_url=redis_url, tmp=tmp_path, sandbox_url=sandbox.url
+    ) as p:
         yield p

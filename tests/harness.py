@@ -31,7 +31,9 @@ from outbox.submit import Receipt, submit
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition"
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
@@ -63,12 +65,24 @@ def action(path: str, **over: Any) -> dict[str, Any]:
     return doc
 
 
-def actions_doc(base_url: str, *, timeout_s: float = 1.0, breaker: dict[str, Any] | None = None,
-                actions: dict[str, Any] | None = None) -> dict[str, Any]:
+def actions_doc(
+    base_url: str,
+    *,
+    timeout_s: float = 1.0,
+    breaker: dict[str, Any] | None = None,
+    actions: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
-        "targets": {"sandbox": {"base_url": base_url, "timeout_s": timeout_s, "connect_timeout_s": 0.5,
-                                "breaker": breaker or {"fail_max": 1000, "reset_timeout_s": 5}}},
-        "actions": actions or {
+        "targets": {
+            "sandbox": {
+                "base_url": base_url,
+                "timeout_s": timeout_s,
+                "connect_timeout_s": 0.5,
+                "breaker": breaker or {"fail_max": 1000, "reset_timeout_s": 5},
+            }
+        },
+        "actions": actions
+        or {
             "payments.refund.create": action("/v1/refunds", decimal_args=["amount"]),
             "support.ticket.create": action("/v1/tickets"),
         },
@@ -124,27 +138,55 @@ class Pipeline:
     _relay_thread: threading.Thread | None = None
 
     def settings(self) -> Settings:
-        return Settings(**{k[len("OUTBOX_"):].lower(): v for k, v in self.env.items()
-                           if k.startswith("OUTBOX_") and k not in ("OUTBOX_FAILPOINTS",)})
+        return Settings(
+            **{
+                k[len("OUTBOX_") :].lower(): v
+                for k, v in self.env.items()
+                if k.startswith("OUTBOX_") and k not in ("OUTBOX_FAILPOINTS",)
+            }
+        )
 
     def write_actions(self, doc: dict[str, Any]) -> None:
         path = self.tmp / "actions.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.env["OUTBOX_ACTIONS_FILE"] = str(path)
 
-    def start_worker(self, name: str | None = None, *, queues: str = "dispatch,outcome_unknown",
-                     extra_env: dict[str, str] | None = None, ready_timeout_s: float = 30.0) -> WorkerProc:
+    def start_worker(
+        self,
+        name: str | None = None,
+        *,
+        queues: str = "dispatch,outcome_unknown",
+        extra_env: dict[str, str] | None = None,
+        ready_timeout_s: float = 30.0,
+    ) -> WorkerProc:
         name = name or f"w{len(self.workers) + 1}"
         log_path = self.tmp / f"{name}.log"
         env = dict(os.environ) | self.env | (extra_env or {})
-        cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "solo", "-Q", queues,
-               "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO",
-               "--without-gossip", "--without-mingle"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers",
+            "worker",
+            "-P",
+            "solo",
+            "-Q",
+            queues,
+            "-n",
+            f"{name}-{uuid.uuid4().hex[:6]}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ]
         out = open(log_path, "wb")
         proc = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out, stderr=subprocess.STDOUT)
         worker = WorkerProc(name, proc, log_path)
         self.workers.append(worker)
-        wait_for(lambda: " ready." in worker.log() or proc.poll() is not None, ready_timeout_s, what=f"worker {name} ready")
+        wait_for(
+            lambda: " ready." in worker.log() or proc.poll() is not None, ready_timeout_s, what=f"worker {name} ready"
+        )
         if proc.poll() is not None:
             raise AssertionError(f"worker {name} exited: {worker.log()[-3000:]}")
         return worker
@@ -158,8 +200,14 @@ class Pipeline:
         from workers.relay import Relay
 
         app = make_app(self.settings())
-        self._relay = Relay(self.sessions.kw["bind"], Doorbell(app, batch=self.settings().doorbell_batch), poll_s=poll_s,
-                            republish_after_s=republish_after_s, sweep_every_s=0.2, evidence_sink=evidence_sink)
+        self._relay = Relay(
+            self.sessions.kw["bind"],
+            Doorbell(app, batch=self.settings().doorbell_batch),
+            poll_s=poll_s,
+            republish_after_s=republish_after_s,
+            sweep_every_s=0.2,
+            evidence_sink=evidence_sink,
+        )
         self._relay_thread = threading.Thread(target=self._relay.run_forever, daemon=True)
         self._relay_thread.start()
         return self._relay
@@ -173,11 +221,25 @@ class Pipeline:
             w.stop()
 
     # -- the ledger, as a test sees it ----------------------------------------------------
-    def submit(self, key: str, args: dict[str, Any] | None = None, *, action: str = "payments.refund.create",
-               tenant: str = "t1", **kw: Any) -> Receipt:
+    def submit(
+        self,
+        key: str,
+        args: dict[str, Any] | None = None,
+        *,
+        action: str = "payments.refund.create",
+        tenant: str = "t1",
+        **kw: Any,
+    ) -> Receipt:
         with self.sessions.begin() as s:
-            return submit(s, tenant=tenant, idempotency_key=key, action=action, args=args or dict(REFUND_ARGS),
-                          subject="test", **kw)
+            return submit(
+                s,
+                tenant=tenant,
+                idempotency_key=key,
+                action=action,
+                args=args or dict(REFUND_ARGS),
+                subject="test",
+                **kw,
+            )
 
     def op(self, operation_id: str) -> Operation:
         with self.sessions() as s:
@@ -193,8 +255,11 @@ class Pipeline:
             return list(s.execute(stmt.order_by(Attempt.id)).scalars())
 
     def wait_status(self, operation_id: str, *statuses: str, timeout_s: float = 20.0) -> Operation:
-        return wait_for(lambda: (op := self.op(operation_id)).status in statuses and op, timeout_s,
-                        what=f"{operation_id} in {statuses} (now {self.op(operation_id).status})")
+        return wait_for(
+            lambda: (op := self.op(operation_id)).status in statuses and op,
+            timeout_s,
+            what=f"{operation_id} in {statuses} (now {self.op(operation_id).status})",
+        )
 
     def count(self, status: str | None = None) -> int:
         with self.sessions() as s:
@@ -205,8 +270,15 @@ class Pipeline:
 
 
 @contextmanager
-def pipeline(*, db_url: str, sessions: sessionmaker[Session], redis_url: str, tmp: Path,
-             sandbox_url: str, env: dict[str, str] | None = None) -> Iterator[Pipeline]:
+def pipeline(
+    *,
+    db_url: str,
+    sessions: sessionmaker[Session],
+    redis_url: str,
+    tmp: Path,
+    sandbox_url: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[Pipeline]:
     prefix = f"test-{uuid.uuid4().hex[:8]}:"
     base = {
         "OUTBOX_DATABASE_URL": db_url,
@@ -233,7 +305,9 @@ def _clear_prefix(redis_url: str, prefix: str) -> None:
     import redis
 
     r = redis.Redis.from_url(redis_url)
-    keys = list(r.scan_iter(match=f"{prefix}*", count=500)) + list(r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=500))
+    keys = list(r.scan_iter(match=f"{prefix}*", count=500)) + list(
+        r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=500)
+    )
     if keys:
         r.delete(*keys)
 
@@ -257,9 +331,24 @@ class PrivateRedis:
 
         log = open(self.tmp / f"redis-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--dir", str(self.tmp)],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                str(self.tmp),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
         def up() -> bool:
             try:

@@ -77,18 +77,21 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # After a broker connection loss, long tasks are cancelled rather than run twice (PR #6654).
         worker_cancel_long_running_tasks_on_connection_loss=True,
         # The SQLAlchemy transport passes its options to create_engine: only Redis gets these.
-        broker_transport_options=(
-            {} if settings.embedded_broker else _redis_options(settings)
-        ),
+        broker_transport_options=({} if settings.embedded_broker else _redis_options(settings)),
         task_default_queue=DISPATCH_QUEUE,
         task_routes={
             DISPATCH_TASK: {"queue": DISPATCH_QUEUE},
             RECONCILE_TASK: {"queue": UNKNOWN_QUEUE},
             SWEEP_TASK: {"queue": DISPATCH_QUEUE},
         },
-        beat_schedule={"sweep": {"task": SWEEP_TASK, "schedule": SWEEP_EVERY_S,
-                                 # A sweep that waited longer than its period is superseded.
-                                 "options": {"expires": SWEEP_EVERY_S}}},
+        beat_schedule={
+            "sweep": {
+                "task": SWEEP_TASK,
+                "schedule": SWEEP_EVERY_S,
+                # A sweep that waited longer than its period is superseded.
+                "options": {"expires": SWEEP_EVERY_S},
+            }
+        },
         worker_hijack_root_logger=False,
         # Task events cost three extra publishes per task; Flower turns them on when it connects
         # (enable_events), and OUTBOX_TASK_EVENTS=true keeps them on from the start.

@@ -73,11 +73,22 @@ class LookupNotDeclared(ConfigError):
 
 class Connector(Protocol):
     def send(
-        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str, fencing_token: int
+        self,
+        action_name: str,
+        action_cfg: ActionConfig,
+        *,
+        args: dict[str, Any],
+        idempotency_key: str,
+        fencing_token: int,
     ) -> AttemptResult: ...
 
     def lookup(
-        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str,
+        self,
+        action_name: str,
+        action_cfg: ActionConfig,
+        *,
+        args: dict[str, Any],
+        idempotency_key: str,
         fencing_token: int | None = None,
     ) -> LookupResult: ...
 
@@ -116,8 +127,11 @@ class HttpConnector:
                 if self._transport_factory is not None:
                     transport = self._transport_factory(target)
                 else:
-                    transport = httpx.HTTPTransport(limits=httpx.Limits(
-                        max_connections=target.max_connections, max_keepalive_connections=target.max_connections))
+                    transport = httpx.HTTPTransport(
+                        limits=httpx.Limits(
+                            max_connections=target.max_connections, max_keepalive_connections=target.max_connections
+                        )
+                    )
                 self._transports[target_name] = transport
             return transport
 
@@ -128,16 +142,24 @@ class HttpConnector:
             client = self._clients.get(target_name)
             if client is None:
                 target = self._config.targets[target_name]
-                client = httpx.Client(base_url=target.base_url, headers=target.headers, timeout=_timeout(target),
-                                      follow_redirects=False, transport=transport)
+                client = httpx.Client(
+                    base_url=target.base_url,
+                    headers=target.headers,
+                    timeout=_timeout(target),
+                    follow_redirects=False,
+                    transport=transport,
+                )
                 self._clients[target_name] = client
             return client
 
     def _request(self, target_name: str, prepared: PreparedRequest, headers: dict[str, str]) -> httpx.Request:
         target = self._config.targets[target_name]
         return httpx.Request(
-            prepared.method, target.base_url + prepared.path, params=prepared.query or None,
-            headers={**_DEFAULT_HEADERS, **target.headers, **headers}, content=prepared.body,
+            prepared.method,
+            target.base_url + prepared.path,
+            params=prepared.query or None,
+            headers={**_DEFAULT_HEADERS, **target.headers, **headers},
+            content=prepared.body,
             extensions={"timeout": _timeout(target).as_dict()},
         )
 
@@ -193,7 +215,12 @@ class HttpConnector:
         return AttemptResult(classification, digest, response.status_code, latency_s, raw_error)
 
     def lookup(
-        self, action_name: str, action_cfg: ActionConfig, *, args: dict[str, Any], idempotency_key: str,
+        self,
+        action_name: str,
+        action_cfg: ActionConfig,
+        *,
+        args: dict[str, Any],
+        idempotency_key: str,
         fencing_token: int | None = None,
     ) -> LookupResult:
         """Ask the provider for the key's effect, carrying the reconciler's fencing token.
@@ -251,6 +278,7 @@ def interpret_lookup(
     Whether not_found proves "never executed" is the reconciler's call (authoritative_not_found
     and settle_s); this only reports what the provider said.
     """
+
     def result(outcome: LookupOutcome, reason: str, **kw: Any) -> LookupResult:
         return LookupResult(outcome, reason, status_code=status_code, latency_s=latency_s, **kw)
 
@@ -335,8 +363,10 @@ def _checked(action_name: str, connector: Connector) -> Connector:
     except (TypeError, ValueError):
         return connector  # not introspectable (a C callable): trust it
     if not any(p.name == "fencing_token" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        raise ConfigError(f"action {action_name!r}: connector {type(connector).__name__}.lookup() must accept "
-                          "fencing_token= (the reconciler's token; send it in the action's fencing_header)")
+        raise ConfigError(
+            f"action {action_name!r}: connector {type(connector).__name__}.lookup() must accept "
+            "fencing_token= (the reconciler's token; send it in the action's fencing_header)"
+        )
     return connector
 
 

@@ -107,8 +107,14 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
             # for one or two ids at a time (it publishes as commits arrive), so the same statement
             # fills the batch with whatever else is due now; those ids' own doorbells will find
             # nothing to claim.
-            claims = claim_due(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_ids=wanted,
-                               limit=len(wanted), also_due=max(rt.settings.doorbell_batch - len(wanted), 0))
+            claims = claim_due(
+                session,
+                worker=rt.worker_id,
+                lease_s=rt.settings.lease_s,
+                operation_ids=wanted,
+                limit=len(wanted),
+                also_due=max(rt.settings.doorbell_batch - len(wanted), 0),
+            )
     claimed = {c.operation_id for c in claims}
     for op_id, decision in decisions.items():
         if op_id not in claimed:
@@ -221,14 +227,26 @@ def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
         if is_postgres(session):
             # Every doorbell starts here, most of them (under load) for ids already taken: one
             # plain statement through the driver, no SQLAlchemy construct to build.
-            rows: Any = driver_connection(session).cursor(row_factory=namedtuple_row).execute(
-                _PG_READ_DUE, {"ids": list(operation_ids)}).fetchall()
+            rows: Any = (
+                driver_connection(session)
+                .cursor(row_factory=namedtuple_row)
+                .execute(_PG_READ_DUE, {"ids": list(operation_ids)})
+                .fetchall()
+            )
         else:
             rows = session.execute(
-                select(Operation.id, Operation.action, Operation.created_at, Operation.deadline_at,
-                       Operation.max_attempts, Operation.attempt_count)
-                .where(Operation.id.in_(list(operation_ids)), Operation.status == Status.NOT_DISPATCHED.value,
-                       Operation.next_attempt_at <= db_now())
+                select(
+                    Operation.id,
+                    Operation.action,
+                    Operation.created_at,
+                    Operation.deadline_at,
+                    Operation.max_attempts,
+                    Operation.attempt_count,
+                ).where(
+                    Operation.id.in_(list(operation_ids)),
+                    Operation.status == Status.NOT_DISPATCHED.value,
+                    Operation.next_attempt_at <= db_now(),
+                )
             ).all()
     dues = {}
     # Most budget left first: while a breaker is half-open, the first operation asked gets the
@@ -253,24 +271,41 @@ def park_while_open_if_due(
     with rt.sessions.begin() as session:
         row = session.execute(
             update(Operation)
-            .where(Operation.id == operation_id, Operation.status == Status.NOT_DISPATCHED.value,
-                   Operation.next_attempt_at <= db_now())
+            .where(
+                Operation.id == operation_id,
+                Operation.status == Status.NOT_DISPATCHED.value,
+                Operation.next_attempt_at <= db_now(),
+            )
             .values(next_attempt_at=db_now(wait.delay_s), reason=wait.why, updated_at=db_now())
             .returning(Operation.fencing_token)
         ).first()
         if row is None:
             return None
-        session.execute(insert(OperationEvent).values(
-            operation_id=operation_id, at=db_now(), from_status=Status.NOT_DISPATCHED.value,
-            to_status=Status.NOT_DISPATCHED.value, fencing_token=row.fencing_token,
-            event="breaker open", reason=wait.why, actor=rt.worker_id))
-    log.info("breaker open: parked for %.3fs", wait.delay_s,
-             extra={"operation_id": operation_id, "target": action.target, "delay_s": wait.delay_s})
+        session.execute(
+            insert(OperationEvent).values(
+                operation_id=operation_id,
+                at=db_now(),
+                from_status=Status.NOT_DISPATCHED.value,
+                to_status=Status.NOT_DISPATCHED.value,
+                fencing_token=row.fencing_token,
+                event="breaker open",
+                reason=wait.why,
+                actor=rt.worker_id,
+            )
+        )
+    log.info(
+        "breaker open: parked for %.3fs",
+        wait.delay_s,
+        extra={"operation_id": operation_id, "target": action.target, "delay_s": wait.delay_s},
+    )
     return wait
 
 
 def attempt(
-    rt: Runtime, claim: Claim, action: ActionConfig, decision: Decision | None = None,
+    rt: Runtime,
+    claim: Claim,
+    action: ActionConfig,
+    decision: Decision | None = None,
     batch: _Batch | None = None,
 ) -> tuple[AttemptReport, Outcome]:
     """One attempt of a claimed operation: nothing here writes to the ledger.
@@ -289,7 +324,9 @@ def attempt(
     if isinstance(decision, Open):
         outcome = breaker_open(claim, action, reopens_at=decision.reopens_at, now=_now())
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
-        return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"), outcome
+        return AttemptReport(
+            AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"
+        ), outcome
     connector = rt.connectors.for_action(claim.action)
     failpoints.hit("dispatch.before_send", claim.idempotency_key)
     result = connector.send(
@@ -408,8 +445,11 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
             # Evidence with the successes themselves: same transaction, one query, one insert.
             rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
     except Exception:
-        log.warning("finalize failed; the leases will expire and the reconciler will settle them",
-                    extra={"operation_ids": [c.operation_id for c, _, _, _ in items]}, exc_info=True)
+        log.warning(
+            "finalize failed; the leases will expire and the reconciler will settle them",
+            extra={"operation_ids": [c.operation_id for c, _, _, _ in items]},
+            exc_info=True,
+        )
         raise
     _after(rt, applied)
     if late:
@@ -418,14 +458,18 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
     return {c.operation_id: o for c, _, o, _ in items}
 
 
-def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outcome,
-                 action: ActionConfig | None) -> Outcome:
+def _apply_alone(
+    rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
+) -> Outcome:
     to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
     try:
         if isinstance(outcome, Succeeded):
             finish_with_evidence(
-                rt.sessions, rt.evidence, claim, report,
+                rt.sessions,
+                rt.evidence,
+                claim,
+                report,
                 lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
             )
         else:
@@ -438,8 +482,9 @@ def _apply_alone(rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outc
             apply_late_successes(rt, {claim.attempt_id: outcome.result})
         return outcome
     except Exception:
-        log.warning("finalize failed; the lease will expire and the reconciler will settle it",
-                    extra=fields, exc_info=True)
+        log.warning(
+            "finalize failed; the lease will expire and the reconciler will settle it", extra=fields, exc_info=True
+        )
         raise
     _after(rt, [(claim, outcome, reason, fields)])
     return outcome

@@ -39,7 +39,7 @@ class Doorbell:
 
     def _ring(self, task: str, queue: str, operation_ids: list[str], batch: int) -> int:
         """Publish; returns the number of messages. A message's argument is one id or a list."""
-        chunks = [operation_ids[i:i + batch] for i in range(0, len(operation_ids), max(batch, 1))]
+        chunks = [operation_ids[i : i + batch] for i in range(0, len(operation_ids), max(batch, 1))]
         with self.app.producer_or_acquire() as producer:
             for chunk in chunks:
                 arg: str | list[str] = chunk[0] if len(chunk) == 1 else chunk

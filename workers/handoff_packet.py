@@ -32,7 +32,9 @@ def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig
         base = target.base_url if target else action.target
         if action.lookup is not None:
             req = action.lookup.request
-            query = "&".join(f"{k}={v}" for k, v in (req.query or {}).items()).replace("{idempotency_key}", op.idempotency_key)
+            query = "&".join(f"{k}={v}" for k, v in (req.query or {}).items()).replace(
+                "{idempotency_key}", op.idempotency_key
+            )
             where = f"{req.method} {base}{req.path}" + (f"?{query}" if query else "")
         else:
             where = f"{base} (this action declares no lookup)"
@@ -44,18 +46,30 @@ def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig
     )
 
 
-def build_packet(session: Session, op: Operation, *, reason: str, action: ActionConfig | None,
-                 actions: ActionsConfig | None) -> dict[str, Any]:
+def build_packet(
+    session: Session, op: Operation, *, reason: str, action: ActionConfig | None, actions: ActionsConfig | None
+) -> dict[str, Any]:
     attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
     sensitive = list(action.sensitive_args) if action is not None else None
     return {
-        "operation": {"operation_id": op.id, "idempotency_key": op.idempotency_key, "tenant": op.tenant,
-                      "action": op.action, "target": action.target if action else None},
+        "operation": {
+            "operation_id": op.id,
+            "idempotency_key": op.idempotency_key,
+            "tenant": op.tenant,
+            "action": op.action,
+            "target": action.target if action else None,
+        },
         "attempts": [attempt_json(a) for a in attempts],
         "last_error": {"class": op.error_class, "raw": op.last_error, "why_handed_off": reason},
         "next_step": next_step(op, action, actions),
-        "intent": {"args": masked_args(op.args, sensitive), "args_digest": op.args_digest, "subject": op.subject,
-                   "run_id": op.run_id, "tool_call_id": op.tool_call_id, "approval": None},
+        "intent": {
+            "args": masked_args(op.args, sensitive),
+            "args_digest": op.args_digest,
+            "subject": op.subject,
+            "run_id": op.run_id,
+            "tool_call_id": op.tool_call_id,
+            "approval": None,
+        },
     }
 
 

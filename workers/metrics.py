@@ -51,21 +51,42 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 DELAY_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 30.0, 60.0, 300.0)
 
-ATTEMPTS = Counter("outbox_attempts", "Dispatch attempts by target and class",
-                   ["target", "class"], registry=PROCESS_REGISTRY)
-ATTEMPT_LATENCY = Histogram("outbox_attempt_latency_seconds",
-                            "Duration of one dispatch attempt (HTTP call), by target and class",
-                            ["target", "class"], buckets=LATENCY_BUCKETS, registry=PROCESS_REGISTRY)
-RETRY_DELAY = Histogram("outbox_retry_delay_seconds", "Delay of each scheduled retry, by target",
-                        ["target"], buckets=DELAY_BUCKETS, registry=PROCESS_REGISTRY)
-RETRY_AFTER = Histogram("outbox_retry_after_seconds",
-                        "Retry-After asked by the provider on a retried attempt (count = waits honoured)",
-                        ["target"], buckets=DELAY_BUCKETS, registry=PROCESS_REGISTRY)
-OUTCOMES = Counter("outbox_outcomes", "Outcomes applied by workers, by the status the operation moved to",
-                   ["status"], registry=PROCESS_REGISTRY)
-RELAY_LAG = Histogram("outbox_relay_lag_seconds",
-                      "From an operation being due (commit, or its retry time) to the relay publishing its doorbell",
-                      buckets=LAG_BUCKETS, registry=PROCESS_REGISTRY)
+ATTEMPTS = Counter(
+    "outbox_attempts", "Dispatch attempts by target and class", ["target", "class"], registry=PROCESS_REGISTRY
+)
+ATTEMPT_LATENCY = Histogram(
+    "outbox_attempt_latency_seconds",
+    "Duration of one dispatch attempt (HTTP call), by target and class",
+    ["target", "class"],
+    buckets=LATENCY_BUCKETS,
+    registry=PROCESS_REGISTRY,
+)
+RETRY_DELAY = Histogram(
+    "outbox_retry_delay_seconds",
+    "Delay of each scheduled retry, by target",
+    ["target"],
+    buckets=DELAY_BUCKETS,
+    registry=PROCESS_REGISTRY,
+)
+RETRY_AFTER = Histogram(
+    "outbox_retry_after_seconds",
+    "Retry-After asked by the provider on a retried attempt (count = waits honoured)",
+    ["target"],
+    buckets=DELAY_BUCKETS,
+    registry=PROCESS_REGISTRY,
+)
+OUTCOMES = Counter(
+    "outbox_outcomes",
+    "Outcomes applied by workers, by the status the operation moved to",
+    ["status"],
+    registry=PROCESS_REGISTRY,
+)
+RELAY_LAG = Histogram(
+    "outbox_relay_lag_seconds",
+    "From an operation being due (commit, or its retry time) to the relay publishing its doorbell",
+    buckets=LAG_BUCKETS,
+    registry=PROCESS_REGISTRY,
+)
 
 F = TypeVar("F", bound=Callable[..., None])
 _failed_once = False
@@ -81,6 +102,7 @@ def _never_raises(fn: F) -> F:
             if not _failed_once:
                 log.warning("metrics: recording failed (further failures are not logged)", exc_info=True)
             _failed_once = True
+
     return wrapper  # type: ignore[return-value]
 
 
@@ -184,8 +206,10 @@ def on_worker_init(**_: object) -> None:
     if multiproc_dir():
         wipe_multiproc_dir()
     else:
-        log.warning("metrics: OUTBOX_METRICS_PORT is set but PROMETHEUS_MULTIPROC_DIR is not: "
-                    "prefork children's samples cannot be seen by the main process")
+        log.warning(
+            "metrics: OUTBOX_METRICS_PORT is set but PROMETHEUS_MULTIPROC_DIR is not: "
+            "prefork children's samples cannot be seen by the main process"
+        )
     serve(port)
 
 

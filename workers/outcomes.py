@@ -75,8 +75,12 @@ def effective_budget(claim: BudgetFields, action: ActionConfig) -> Budget:
     deadline_s = b.deadline_s
     if claim.deadline_at is not None:
         deadline_s = min(deadline_s, (claim.deadline_at - claim.created_at).total_seconds())
-    return Budget(max_attempts=max_attempts, deadline_s=max(deadline_s, 0.0),
-                  base_delay_s=b.base_delay_s, max_delay_s=b.max_delay_s)
+    return Budget(
+        max_attempts=max_attempts,
+        deadline_s=max(deadline_s, 0.0),
+        base_delay_s=b.base_delay_s,
+        max_delay_s=b.max_delay_s,
+    )
 
 
 def deadline_of(claim: BudgetFields, action: ActionConfig) -> datetime:
@@ -150,8 +154,14 @@ def decide(
     if c.klass is A.SUCCEEDED:
         return Succeeded(c.provider_reference, c.body)
     budget = effective_budget(claim, action)
-    plan = plan_retry(attempt_number=claim.attempt_count, budget=budget, created_at=claim.created_at,
-                      now=now, retry_after_s=c.retry_after_s, rng=rng or random.Random())
+    plan = plan_retry(
+        attempt_number=claim.attempt_count,
+        budget=budget,
+        created_at=claim.created_at,
+        now=now,
+        retry_after_s=c.retry_after_s,
+        rng=rng or random.Random(),
+    )
     if c.klass is A.AMBIGUOUS:
         if action.on_ambiguous == "replay" and not isinstance(plan, BudgetSpent):
             # The replay must reach the provider while it still remembers the key.

@@ -113,37 +113,60 @@ def judge(
     assert spec is not None
     if found.outcome == "found":
         if found.state == "succeeded":
-            return Settlement(Status.SUCCEEDED, AttemptClass.SUCCEEDED, "reconciled: found at the provider",
-                              reference=found.provider_reference)
+            return Settlement(
+                Status.SUCCEEDED,
+                AttemptClass.SUCCEEDED,
+                "reconciled: found at the provider",
+                reference=found.provider_reference,
+            )
         if found.state == "failed":
-            return Settlement(Status.FAILED_BEFORE_COMMIT, AttemptClass.REJECTED,
-                              "reconciled: the provider holds it as failed/cancelled")
-        return _recheck(claim, f"found, still {found.state}: re-check later", rng,
-                        max_lookups=max_lookups, max_delay_s=max_delay_s)
+            return Settlement(
+                Status.FAILED_BEFORE_COMMIT,
+                AttemptClass.REJECTED,
+                "reconciled: the provider holds it as failed/cancelled",
+            )
+        return _recheck(
+            claim, f"found, still {found.state}: re-check later", rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+        )
     if found.outcome == "not_found":
         if not spec.authoritative_not_found:
-            return _recheck(claim, "not found, and this lookup is not authoritative", rng,
-                            max_lookups=max_lookups, max_delay_s=max_delay_s)
+            return _recheck(
+                claim,
+                "not found, and this lookup is not authoritative",
+                rng,
+                max_lookups=max_lookups,
+                max_delay_s=max_delay_s,
+            )
         # "Not found" counts only once the provider's index lag has passed since the request
         # may last have landed.
         settled_at = (last_activity or now) + timedelta(seconds=spec.settle_s)
         if now < settled_at:
             wait_s = (settled_at - now).total_seconds()
-            return Settlement(Status.OUTCOME_UNKNOWN, AttemptClass.AMBIGUOUS,
-                              f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
-                              recheck_in_s=wait_s)
-        return Settlement(Status.NOT_DISPATCHED, AttemptClass.NOT_SENT,
-                          f"authoritative not found after settle_s={spec.settle_s:g}s")
-    return _recheck(claim, f"lookup unavailable: {found.reason}", rng,
-                    max_lookups=max_lookups, max_delay_s=max_delay_s)
+            return Settlement(
+                Status.OUTCOME_UNKNOWN,
+                AttemptClass.AMBIGUOUS,
+                f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
+                recheck_in_s=wait_s,
+            )
+        return Settlement(
+            Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, f"authoritative not found after settle_s={spec.settle_s:g}s"
+        )
+    return _recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
 
 
 def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:
     if claim.attempt_number >= max_lookups:
-        return Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS,
-                          f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide")
-    return Settlement(Status.OUTCOME_UNKNOWN, AttemptClass.AMBIGUOUS, reason,
-                      recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s))
+        return Settlement(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.AMBIGUOUS,
+            f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide",
+        )
+    return Settlement(
+        Status.OUTCOME_UNKNOWN,
+        AttemptClass.AMBIGUOUS,
+        reason,
+        recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s),
+    )
 
 
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | None = None) -> Settlement | None:
@@ -158,32 +181,71 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
     try:
         action = rt.actions.action(claim.action)
     except KeyError:
-        return _settle(rt, claim, None, Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS,
-                                                   f"unknown action {claim.action!r}: cannot look it up"))
+        return _settle(
+            rt,
+            claim,
+            None,
+            Settlement(
+                Status.RECONCILIATION_REQUIRED,
+                AttemptClass.AMBIGUOUS,
+                f"unknown action {claim.action!r}: cannot look it up",
+            ),
+        )
     if action.lookup is None:
-        return _settle(rt, claim, None, Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS,
-                                                   "no lookup declared for this action: a person must check the provider"),
-                       action)
+        return _settle(
+            rt,
+            claim,
+            None,
+            Settlement(
+                Status.RECONCILIATION_REQUIRED,
+                AttemptClass.AMBIGUOUS,
+                "no lookup declared for this action: a person must check the provider",
+            ),
+            action,
+        )
     decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
         wait_s = max((decision.reopens_at - datetime.now(UTC)).total_seconds(), 0.0)
-        return _settle(rt, claim, None, Settlement(Status.OUTCOME_UNKNOWN, AttemptClass.AMBIGUOUS,
-                                                   f"breaker for {action.target} open: lookup later", recheck_in_s=wait_s),
-                       action)
+        return _settle(
+            rt,
+            claim,
+            None,
+            Settlement(
+                Status.OUTCOME_UNKNOWN,
+                AttemptClass.AMBIGUOUS,
+                f"breaker for {action.target} open: lookup later",
+                recheck_in_s=wait_s,
+            ),
+            action,
+        )
     found = rt.connectors.for_action(claim.action).lookup(
-        claim.action, action, args=loads_exact(claim.args), idempotency_key=claim.idempotency_key,
+        claim.action,
+        action,
+        args=loads_exact(claim.args),
+        idempotency_key=claim.idempotency_key,
         fencing_token=claim.fencing_token,
     )
     failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
     unavailable = found.outcome == "unavailable"
-    rt.breakers.record(decision, failure=unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None))
+    rt.breakers.record(
+        decision,
+        failure=unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None),
+    )
     target = rt.actions.target_of(action)
     with rt.sessions() as session:
         last_activity = last_dispatch_activity(
             session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
         )
-    verdict = judge(claim, action, found, now=datetime.now(UTC), last_activity=last_activity, rng=rng,
-                    max_lookups=rt.settings.reconcile_max_lookups, max_delay_s=rt.settings.reconcile_max_delay_s)
+    verdict = judge(
+        claim,
+        action,
+        found,
+        now=datetime.now(UTC),
+        last_activity=last_activity,
+        rng=rng,
+        max_lookups=rt.settings.reconcile_max_lookups,
+        max_delay_s=rt.settings.reconcile_max_delay_s,
+    )
     if verdict.to is Status.NOT_DISPATCHED:
         with rt.sessions() as session:
             attempts = _dispatch_attempts(session, claim.operation_id)
@@ -210,8 +272,9 @@ def _dispatch_attempts(session: Session, operation_id: str) -> list[DispatchAtte
     return [DispatchAttempt(r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error) for r in rows]
 
 
-def after_not_found(claim: Claim, action: ActionConfig, verdict: Settlement, attempts: list[DispatchAttempt], *,
-                    now: datetime) -> Settlement:
+def after_not_found(
+    claim: Claim, action: ActionConfig, verdict: Settlement, attempts: list[DispatchAttempt], *, now: datetime
+) -> Settlement:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
 
     What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
@@ -244,42 +307,64 @@ def after_not_found(claim: Claim, action: ActionConfig, verdict: Settlement, att
         ending = "the provider does not honour idempotency keys, so sending again could make a second effect"
     else:
         fence_note = "; every earlier attempt fenced off by this lookup" if fenced else ""
-        return replace(verdict, reason=f"{verdict.reason}{fence_note}: re-dispatch with the same key",
-                       cannot_land=fenced)
+        return replace(
+            verdict, reason=f"{verdict.reason}{fence_note}: re-dispatch with the same key", cannot_land=fenced
+        )
     if last is not None and last.klass is AttemptClass.PENDING and claim.attempt_count >= budget.max_attempts:
         return Settlement(
-            Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
             f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{budget.max_attempts}) and the "
             "last worker died before reporting (poison intent?): a person must decide",
         )
     if can_land:
-        open_ones = [a for a in attempts if a.number > claim.proven_absent_through
-                     and a.klass in (AttemptClass.AMBIGUOUS, AttemptClass.PENDING)]
-        which = ", ".join(f"attempt {a.number} (token {a.fencing_token}, "
-                          f"{'never reported' if a.klass is AttemptClass.PENDING else 'ambiguous'})"
-                          for a in open_ones) or "an earlier attempt"
+        open_ones = [
+            a
+            for a in attempts
+            if a.number > claim.proven_absent_through and a.klass in (AttemptClass.AMBIGUOUS, AttemptClass.PENDING)
+        ]
+        which = (
+            ", ".join(
+                f"attempt {a.number} (token {a.fencing_token}, "
+                f"{'never reported' if a.klass is AttemptClass.PENDING else 'ambiguous'})"
+                for a in open_ones
+            )
+            or "an earlier attempt"
+        )
         return Settlement(
-            Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT,
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
             f"{verdict.reason}, and it must end ({ending}); but {which} may still take effect: a paused "
             "worker or the provider's queue can deliver it after this lookup, and this action does not declare "
             "provider_fencing. Only a person can rule it out",
         )
     to = Status.CANCELLED if claim.cancel_requested else Status.FAILED_BEFORE_COMMIT
-    why = "every earlier attempt fenced off by this lookup" if fenced and claim.open_ambiguity else (
-        "no earlier attempt can still take effect")
+    why = (
+        "every earlier attempt fenced off by this lookup"
+        if fenced and claim.open_ambiguity
+        else ("no earlier attempt can still take effect")
+    )
     return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
 
 
-def apply_late_successes(rt: Runtime, attempt_results: dict[int, dict[str, Any] | None] | None = None, *,
-                         operation_ids: list[str] | None = None) -> dict[str, Status]:
+def apply_late_successes(
+    rt: Runtime,
+    attempt_results: dict[int, dict[str, Any] | None] | None = None,
+    *,
+    operation_ids: list[str] | None = None,
+) -> dict[str, Status]:
     """Settle operations by late successes: the given attempts' (a worker's own, with the response
     bodies it read), or any of ``operation_ids``'. Never raises: the relay's sweep is the backstop."""
     try:
         moved = late_evidence.apply_unapplied(
-            rt.sessions, actor=rt.worker_id, sink=rt.evidence, packet=packet_builder(rt.actions),
+            rt.sessions,
+            actor=rt.worker_id,
+            sink=rt.evidence,
+            packet=packet_builder(rt.actions),
             attempt_ids=list(attempt_results) if attempt_results is not None else None,
             operation_ids=operation_ids,
-            results={k: v for k, v in (attempt_results or {}).items() if v is not None})
+            results={k: v for k, v in (attempt_results or {}).items() if v is not None},
+        )
     except Exception:  # noqa: BLE001 - the evidence is committed; the sweep applies it later
         log.warning("applying late evidence failed; the relay's sweep will", exc_info=True)
         return {}
@@ -288,8 +373,9 @@ def apply_late_successes(rt: Runtime, attempt_results: dict[int, dict[str, Any] 
     return moved
 
 
-def _settle(rt: Runtime, claim: Claim, found: LookupResult | None, verdict: Settlement,
-            action: ActionConfig | None = None) -> Settlement:
+def _settle(
+    rt: Runtime, claim: Claim, found: LookupResult | None, verdict: Settlement, action: ActionConfig | None = None
+) -> Settlement:
     report = AttemptReport(
         klass=verdict.klass,
         status_code=found.status_code if found else None,
@@ -297,13 +383,25 @@ def _settle(rt: Runtime, claim: Claim, found: LookupResult | None, verdict: Sett
         latency_s=found.latency_s if found else None,
         error=None if verdict.to is Status.SUCCEEDED else (f"{found.reason}: " if found else "") + verdict.reason,
     )
-    fields = {"operation_id": claim.operation_id, "idempotency_key": claim.idempotency_key,
-              "fencing_token": claim.fencing_token, "lookup": claim.attempt_number}
+    fields = {
+        "operation_id": claim.operation_id,
+        "idempotency_key": claim.idempotency_key,
+        "fencing_token": claim.fencing_token,
+        "lookup": claim.attempt_number,
+    }
     result = found.obj if found and verdict.to is Status.SUCCEEDED else None
 
     def settle(session: Session, to: Status) -> None:
-        settle_if_fenced(session, claim, report, to=to, reason=verdict.reason,
-                         recheck_in_s=verdict.recheck_in_s, result=result, cannot_land=verdict.cannot_land)
+        settle_if_fenced(
+            session,
+            claim,
+            report,
+            to=to,
+            reason=verdict.reason,
+            recheck_in_s=verdict.recheck_in_s,
+            result=result,
+            cannot_land=verdict.cannot_land,
+        )
         if to is Status.RECONCILIATION_REQUIRED:
             op = session.get(Operation, claim.operation_id)
             assert op is not None

@@ -189,11 +189,18 @@ class Relay:
         """
         grace = self.listening and status is Status.NOT_DISPATCHED
         with self.engine.begin() as conn:
-            return driver_connection(conn).execute(_pg_mark_due_sql(status, leased_ok), {
-                "republish_after_s": float(self.republish_after_s),
-                "fresh_grace_s": NOTIFIED_GRACE_S if grace else 0.0,
-                "leading_since": self.leading_since,  # None unless leading; moot without grace
-            }).fetchall()
+            return (
+                driver_connection(conn)
+                .execute(
+                    _pg_mark_due_sql(status, leased_ok),
+                    {
+                        "republish_after_s": float(self.republish_after_s),
+                        "fresh_grace_s": NOTIFIED_GRACE_S if grace else 0.0,
+                        "leading_since": self.leading_since,  # None unless leading; moot without grace
+                    },
+                )
+                .fetchall()
+            )
 
     def _mark_rung(self) -> None:
         """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement)."""
@@ -339,5 +346,6 @@ class Relay:
         try:
             self.ring_notified(ids)
         except Exception:  # noqa: BLE001 - the next tick rings them (published_at is still empty)
-            log.warning("relay could not publish %d notified doorbell(s); the next tick retries", len(ids),
-                        exc_info=True)
+            log.warning(
+                "relay could not publish %d notified doorbell(s); the next tick retries", len(ids), exc_info=True
+            )

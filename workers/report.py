@@ -85,8 +85,14 @@ class Listing:
 
     def describe(self) -> dict[str, Any]:
         req = self.spec.request
-        return {"target": self.target, "actions": self.actions, "request": f"{req.method} {req.path}",
-                "documents": len(self.documents), "pages": self.pages, "error": self.error}
+        return {
+            "target": self.target,
+            "actions": self.actions,
+            "request": f"{req.method} {req.path}",
+            "documents": len(self.documents),
+            "pages": self.pages,
+            "error": self.error,
+        }
 
 
 def group_listings(actions: ActionsConfig) -> tuple[list[Listing], list[str]]:
@@ -110,8 +116,13 @@ def read_listing(client: httpx.Client, listing: Listing, *, since_epoch_s: float
     cursor: str | None = None
     for _ in range(MAX_PAGES):
         try:
-            prepared = prepare(spec.request, {}, idempotency_key="", send_rest=False,
-                               extra={"since": int(since_epoch_s), "cursor": cursor or ""})
+            prepared = prepare(
+                spec.request,
+                {},
+                idempotency_key="",
+                send_rest=False,
+                extra={"since": int(since_epoch_s), "cursor": cursor or ""},
+            )
         except LocalValidationError as exc:
             raise ListingUnavailable(f"cannot build the list request: {exc}") from exc
         query: dict[str, Any] = dict(prepared.query)
@@ -155,13 +166,17 @@ def _doc_status(action: ActionConfig, doc: dict[str, Any]) -> Any:
     return extract(doc, action.lookup.status_field if action.lookup else "status")
 
 
-def compare(session: Session, actions: ActionsConfig, listing: Listing, *, since: dt.datetime,
-            now: dt.datetime) -> tuple[dict[str, list[dict[str, Any]]], int]:
+def compare(
+    session: Session, actions: ActionsConfig, listing: Listing, *, since: dt.datetime, now: dt.datetime
+) -> tuple[dict[str, list[dict[str, Any]]], int]:
     """Discrepancies between one listing and the ledger; also how many successes were too recent."""
     first = actions.action(listing.actions[0])
     key_field, ref_field = _key_field(first), first.result_reference or "id"
-    out: dict[str, list[dict[str, Any]]] = {"record_without_document": [], "document_without_record": [],
-                                            "duplicates": []}
+    out: dict[str, list[dict[str, Any]]] = {
+        "record_without_document": [],
+        "document_without_record": [],
+        "duplicates": [],
+    }
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
     refs: set[str] = set()
     unkeyed: list[dict[str, Any]] = []
@@ -196,43 +211,71 @@ def compare(session: Session, actions: ActionsConfig, listing: Listing, *, since
             mine = [r for r in records if r.status in ledger.EFFECT_STATUSES]
             if mine or (ref is not None and str(ref) in by_ref):
                 continue
-            why = ("no operation with this key" if not records
-                   else "no succeeded operation: " + ", ".join(sorted({r.status for r in records})))
-            out["document_without_record"].append({
-                "target": listing.target, "actions": listing.actions, "idempotency_key": key,
-                "reference": None if ref is None else str(ref), "status": _doc_status(first, doc), "why": why,
-                "ledger": [r.as_json() for r in records]})
+            why = (
+                "no operation with this key"
+                if not records
+                else "no succeeded operation: " + ", ".join(sorted({r.status for r in records}))
+            )
+            out["document_without_record"].append(
+                {
+                    "target": listing.target,
+                    "actions": listing.actions,
+                    "idempotency_key": key,
+                    "reference": None if ref is None else str(ref),
+                    "status": _doc_status(first, doc),
+                    "why": why,
+                    "ledger": [r.as_json() for r in records],
+                }
+            )
         if len(docs) > 1:
-            out["duplicates"].append({
-                "target": listing.target, "actions": listing.actions, "idempotency_key": key, "count": len(docs),
-                "references": [None if extract(d, ref_field) is None else str(extract(d, ref_field)) for d in docs]})
+            out["duplicates"].append(
+                {
+                    "target": listing.target,
+                    "actions": listing.actions,
+                    "idempotency_key": key,
+                    "count": len(docs),
+                    "references": [None if extract(d, ref_field) is None else str(extract(d, ref_field)) for d in docs],
+                }
+            )
     for doc in unkeyed:
         ref = extract(doc, ref_field)
         if ref is not None and str(ref) in by_ref:
             continue
-        out["document_without_record"].append({
-            "target": listing.target, "actions": listing.actions, "idempotency_key": None,
-            "reference": None if ref is None else str(ref), "status": _doc_status(first, doc),
-            "why": f"the document carries no {key_field}", "ledger": []})
+        out["document_without_record"].append(
+            {
+                "target": listing.target,
+                "actions": listing.actions,
+                "idempotency_key": None,
+                "reference": None if ref is None else str(ref),
+                "status": _doc_status(first, doc),
+                "why": f"the document carries no {key_field}",
+                "ledger": [],
+            }
+        )
     return out, too_recent
 
 
-def build_report(session: Session, actions: ActionsConfig, *, since: dt.datetime, now: dt.datetime,
-                 http: HttpConnector | None = None) -> dict[str, Any]:
+def build_report(
+    session: Session, actions: ActionsConfig, *, since: dt.datetime, now: dt.datetime, http: HttpConnector | None = None
+) -> dict[str, Any]:
     """The whole report as the documented JSON object (see the module docstring)."""
     listings, unlisted = group_listings(actions)
     own_http = http is None
     connector = http or HttpConnector(actions)
-    discrepancies: dict[str, list[dict[str, Any]]] = {"record_without_document": [], "document_without_record": [],
-                                                      "duplicates": []}
+    discrepancies: dict[str, list[dict[str, Any]]] = {
+        "record_without_document": [],
+        "document_without_record": [],
+        "duplicates": [],
+    }
     too_recent = 0
     try:
         for listing in listings:
             oldest = ledger.records_with_effect(session, actions=listing.actions, since=since)
             start = min([since] + [r.created_at for r in oldest if r.created_at is not None])
             try:
-                read_listing(connector.client_for(listing.target), listing,
-                             since_epoch_s=start.timestamp() - LISTING_SLACK_S)
+                read_listing(
+                    connector.client_for(listing.target), listing, since_epoch_s=start.timestamp() - LISTING_SLACK_S
+                )
             except ListingUnavailable as exc:
                 listing.error = str(exc)
                 continue

@@ -178,8 +178,7 @@ def plan_retry(
     earliest_s = retry_after_s if retry_after_s is not None else 0.0
     if now + timedelta(seconds=earliest_s) > deadline:
         return BudgetSpent(
-            f"Retry-After {earliest_s:g}s would land past the deadline "
-            f"({(deadline - now).total_seconds():g}s left)"
+            f"Retry-After {earliest_s:g}s would land past the deadline ({(deadline - now).total_seconds():g}s left)"
         )
     delay_s = next_delay_s(attempt_number, budget, retry_after_s, rng)
     # Rounded up to whole microseconds so the retry never lands a hair before Retry-After.

@@ -57,8 +57,7 @@ class Runtime:
 def load_actions_for(settings: Settings) -> ActionsConfig:
     if settings.actions_file is None:
         raise ConfigError(
-            "OUTBOX_ACTIONS_FILE is not set: workers need the actions/targets file "
-            "(see examples/actions.yaml)"
+            "OUTBOX_ACTIONS_FILE is not set: workers need the actions/targets file (see examples/actions.yaml)"
         )
     return load_actions(settings.actions_file)
 
@@ -73,7 +72,9 @@ def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegis
         for name, t in actions.targets.items()
     }
     # The broker key prefix doubles as the breaker namespace: one Redis, several deployments.
-    return BreakerRegistry(configs, redis_url=settings.redis_url or None, namespace=settings.broker_key_prefix or "default")
+    return BreakerRegistry(
+        configs, redis_url=settings.redis_url or None, namespace=settings.broker_key_prefix or "default"
+    )
 
 
 def build_runtime(settings: Settings | None = None) -> Runtime:

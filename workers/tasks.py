@@ -59,9 +59,18 @@ def sweep() -> None:
     from workers.runtime import get_runtime
 
     rt = get_runtime()
-    relay = Relay(rt.engine, rt.doorbell, republish_after_s=rt.settings.republish_after_s, evidence_sink=rt.evidence,
-                  actions=rt.actions)
+    relay = Relay(
+        rt.engine,
+        rt.doorbell,
+        republish_after_s=rt.settings.republish_after_s,
+        evidence_sink=rt.evidence,
+        actions=rt.actions,
+    )
     tick = relay.run_once()
     if tick.busy:
-        log.info("sweep: %d lease(s) expired, %d dispatch and %d reconcile doorbell(s) re-published",
-                 tick.expired, tick.dispatch, tick.reconcile)
+        log.info(
+            "sweep: %d lease(s) expired, %d dispatch and %d reconcile doorbell(s) re-published",
+            tick.expired,
+            tick.dispatch,
+            tick.reconcile,
+        )

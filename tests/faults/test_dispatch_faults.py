@@ -47,12 +47,16 @@ def error_lines(log: str) -> list[str]:
 # -- F02: the provider committed, the response was lost ---------------------------------------
 
 
-@pytest.mark.parametrize("fault", [
-    {"mode": "commit_then_drop"},
-    {"mode": "commit_then_stall", "stall_s": 3},  # longer than the 1 s client timeout
-    {"mode": "commit_then_502"},
-    {"mode": "truncated_body"},
-], ids=lambda f: f["mode"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"mode": "commit_then_drop"},
+        {"mode": "commit_then_stall", "stall_s": 3},  # longer than the 1 s client timeout
+        {"mode": "commit_then_502"},
+        {"mode": "truncated_body"},
+    ],
+    ids=lambda f: f["mode"],
+)
 def test_committed_but_response_lost_is_parked_then_reconciled(pipe, sandbox, fault):
     key = f"f02-{fault['mode']}"
     sandbox.add_fault(method="POST", path=REFUNDS, count=1, **fault)
@@ -64,8 +68,11 @@ def test_committed_but_response_lost_is_parked_then_reconciled(pipe, sandbox, fa
     assert op.error_class == "ambiguous"
     assert len(sandbox.effects(key=key)) == 1
     # Parked, not re-sent: the dispatcher and the relay's re-publishing leave it alone.
-    holds(lambda: len(posts(sandbox, key)) == 1 and pipe.op(op_id).status == Status.OUTCOME_UNKNOWN.value,
-          2.0, "one POST, still outcome_unknown")
+    holds(
+        lambda: len(posts(sandbox, key)) == 1 and pipe.op(op_id).status == Status.OUTCOME_UNKNOWN.value,
+        2.0,
+        "one POST, still outcome_unknown",
+    )
 
     pipe.start_worker("reconciler", queues="outcome_unknown")
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=10)
@@ -80,16 +87,21 @@ def test_committed_but_response_lost_is_parked_then_reconciled(pipe, sandbox, fa
 # -- F15: 503 / 429 with Retry-After ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode,http_date", [
-    ("unavailable_503", False),
-    ("rate_limited_429", False),
-    ("rate_limited_429", True),
-], ids=["503-seconds", "429-seconds", "429-http-date"])
+@pytest.mark.parametrize(
+    "mode,http_date",
+    [
+        ("unavailable_503", False),
+        ("rate_limited_429", False),
+        ("rate_limited_429", True),
+    ],
+    ids=["503-seconds", "429-seconds", "429-http-date"],
+)
 def test_retry_after_is_honoured(pipe, sandbox, mode, http_date):
     key = f"f15-{mode}-{'date' if http_date else 'seconds'}"
     retry_after_s = 1.0
-    sandbox.add_fault(mode=mode, method="POST", path=REFUNDS, count=2, retry_after_s=retry_after_s,
-                      retry_after_http_date=http_date)
+    sandbox.add_fault(
+        mode=mode, method="POST", path=REFUNDS, count=2, retry_after_s=retry_after_s, retry_after_http_date=http_date
+    )
     pipe.start_worker()
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
@@ -140,8 +152,11 @@ def test_worker_killed_mid_call_is_reconciled_not_resent(pipe, sandbox):
 
     # A fresh dispatcher (plus the relay re-publishing) must not re-send.
     pipe.start_worker("dispatcher", queues="dispatch")
-    holds(lambda: len(posts(sandbox, key)) == 1 and pipe.op(op_id).status == Status.OUTCOME_UNKNOWN.value,
-          1.5, "one POST, still outcome_unknown")
+    holds(
+        lambda: len(posts(sandbox, key)) == 1 and pipe.op(op_id).status == Status.OUTCOME_UNKNOWN.value,
+        1.5,
+        "one POST, still outcome_unknown",
+    )
 
     pipe.start_worker("reconciler", queues="outcome_unknown")
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=10)
@@ -180,8 +195,11 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
         zombie.thaw()
 
     # The zombie wakes up inside its call and finishes it: its write must land on its attempt row only.
-    att = wait_for(lambda: (a := pipe.attempts(op_id, "dispatch")[0]).ended_at is not None and a, 10,
-                   what="the zombie's late result on its attempt row")
+    att = wait_for(
+        lambda: (a := pipe.attempts(op_id, "dispatch")[0]).ended_at is not None and a,
+        10,
+        what="the zombie's late result on its attempt row",
+    )
     assert att.fencing_token == owner_token
     assert att.stale is True
     holds(lambda: _snapshot(pipe, op_id) == before, 0.5, "the operation ignores the zombie")
@@ -203,12 +221,17 @@ def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandb
     key = "f11-zombie-before-send"
     sandbox.configure(strict_fencing=True)
     # The owner stalls between claim and send, long enough for us to freeze it there.
-    zombie = pipe.start_worker("zombie", queues="dispatch",
-                               extra_env={"OUTBOX_FAILPOINTS": f"dispatch.after_claim=sleep:1.5@{key}"})
+    zombie = pipe.start_worker(
+        "zombie", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": f"dispatch.after_claim=sleep:1.5@{key}"}
+    )
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
-    wait_for(lambda: (op := pipe.op(op_id)).status == Status.DISPATCHING.value
-             and op.lease_owner.endswith(f":{zombie.pid}"), 10, interval_s=0.02, what="the zombie's claim")
+    wait_for(
+        lambda: (op := pipe.op(op_id)).status == Status.DISPATCHING.value and op.lease_owner.endswith(f":{zombie.pid}"),
+        10,
+        interval_s=0.02,
+        what="the zombie's claim",
+    )
     zombie.freeze()
     try:
         owner_token = pipe.op(op_id).fencing_token
@@ -222,12 +245,18 @@ def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandb
         zombie.thaw()
 
     # The zombie sends now, with its old, lower token: the provider refuses it.
-    late = wait_for(lambda: len(reqs := posts(sandbox, key)) == 2 and reqs[1]["status"] is not None and reqs[1],
-                    10, what="the zombie's late POST")
+    late = wait_for(
+        lambda: len(reqs := posts(sandbox, key)) == 2 and reqs[1]["status"] is not None and reqs[1],
+        10,
+        what="the zombie's late POST",
+    )
     assert int(late["fencing_token"]) == owner_token
     assert late["status"] == 409 and late["object_id"] is None
-    att = wait_for(lambda: (a := pipe.attempts(op_id, "dispatch")[0]).ended_at is not None and a, 10,
-                   what="the zombie's attempt row")
+    att = wait_for(
+        lambda: (a := pipe.attempts(op_id, "dispatch")[0]).ended_at is not None and a,
+        10,
+        what="the zombie's attempt row",
+    )
     assert att.fencing_token == owner_token and att.status_code == 409 and att.stale is True
     assert "stale_token" in (att.error or ""), att.error
     holds(lambda: _snapshot(pipe, op_id) == before, 0.5, "the operation ignores the zombie")
@@ -266,8 +295,11 @@ def test_doorbell_rung_ten_times_by_two_publishers_claims_once(pipe, sandbox):
 
     pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=10)
     # Every doorbell was consumed (the workers ran all ten tasks), none claimed a second time.
-    wait_for(lambda: w1.log().count("Task outbox.dispatch[") + w2.log().count("Task outbox.dispatch[") >= 20,
-             10, what="ten doorbells received and finished")
+    wait_for(
+        lambda: w1.log().count("Task outbox.dispatch[") + w2.log().count("Task outbox.dispatch[") >= 20,
+        10,
+        what="ten doorbells received and finished",
+    )
     assert len(pipe.attempts(op_id, "dispatch")) == 1
     assert pipe.op(op_id).fencing_token == 1
     assert len(sandbox.effects(key=key)) == 1
@@ -279,10 +311,18 @@ def test_doorbell_rung_ten_times_by_two_publishers_claims_once(pipe, sandbox):
 
 def test_budget_spent_on_503s_fails_before_commit_with_one_error_line(pipe, sandbox):
     key = "budget-503"
-    pipe.write_actions(actions_doc(sandbox.url, actions={
-        "payments.refund.create": action(REFUNDS, decimal_args=["amount"], budget={
-            "max_attempts": 3, "deadline_s": 60, "base_delay_s": 0.1, "max_delay_s": 0.3}),
-    }))
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url,
+            actions={
+                "payments.refund.create": action(
+                    REFUNDS,
+                    decimal_args=["amount"],
+                    budget={"max_attempts": 3, "deadline_s": 60, "base_delay_s": 0.1, "max_delay_s": 0.3},
+                ),
+            },
+        )
+    )
     sandbox.add_fault(mode="unavailable_503", method="POST", path=REFUNDS)  # no count: always down
     worker = pipe.start_worker()
     pipe.start_relay()

@@ -64,22 +64,41 @@ def _posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
 def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing, deadline_passes):
     key = f"f22-{'fenced' if fencing else 'plain'}-{'deadline' if deadline_passes else 'budget'}"
     sandbox.configure(strict_fencing=fencing)
-    budget = {"max_attempts": 4, "deadline_s": DEADLINE_S if deadline_passes else 120,
-              "base_delay_s": 0.1, "max_delay_s": 1}
-    pipe.write_actions(actions_doc(sandbox.url, actions={
-        "payments.refund.create": action(REFUNDS, decimal_args=["amount"], provider_fencing=fencing, budget=budget)}))
+    budget = {
+        "max_attempts": 4,
+        "deadline_s": DEADLINE_S if deadline_passes else 120,
+        "base_delay_s": 0.1,
+        "max_delay_s": 1,
+    }
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url,
+            actions={
+                "payments.refund.create": action(
+                    REFUNDS, decimal_args=["amount"], provider_fencing=fencing, budget=budget
+                )
+            },
+        )
+    )
     # The owner stalls after its last check, as its request is about to leave, long enough for us
     # to freeze it there: whatever happens meanwhile, it sends when thawed.
-    zombie = pipe.start_worker("zombie", queues="dispatch",
-                               extra_env={"OUTBOX_FAILPOINTS": f"dispatch.before_send=sleep:1.5@{key}"})
+    zombie = pipe.start_worker(
+        "zombie", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": f"dispatch.before_send=sleep:1.5@{key}"}
+    )
     pipe.start_worker("reconciler", queues="outcome_unknown")
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
     deadline_at = pipe.op(op_id).created_at.timestamp() + DEADLINE_S
 
     with LieWatch(pipe, sandbox, op_id, key) as watch:
-        wait_for(lambda: (op := pipe.op(op_id)).status == Status.DISPATCHING.value
-                 and op.lease_owner.endswith(f":{zombie.pid}"), 10, interval_s=0.02, what="the zombie's claim")
+        wait_for(
+            lambda: (
+                (op := pipe.op(op_id)).status == Status.DISPATCHING.value and op.lease_owner.endswith(f":{zombie.pid}")
+            ),
+            10,
+            interval_s=0.02,
+            what="the zombie's claim",
+        )
         zombie.freeze()
         try:
             owner_token = pipe.op(op_id).fencing_token
@@ -104,8 +123,11 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
             zombie.thaw()
 
         # The frozen request reaches the provider now, with its old token.
-        first = wait_for(lambda: (p := _posts(sandbox, key)) and p[0]["status"] is not None and p[0], 10,
-                         what="the thawed worker's POST")
+        first = wait_for(
+            lambda: (p := _posts(sandbox, key)) and p[0]["status"] is not None and p[0],
+            10,
+            what="the thawed worker's POST",
+        )
         assert int(first["fencing_token"]) == owner_token
         if fencing:
             # The lookup's newer token locked it out at the provider.

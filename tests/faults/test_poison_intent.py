@@ -24,10 +24,18 @@ PARKED = (Status.OUTCOME_UNKNOWN.value, Status.RECONCILIATION_REQUIRED.value)
 
 
 def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox):
-    pipe.write_actions(actions_doc(sandbox.url, actions={
-        "payments.refund.create": action(REFUNDS, decimal_args=["amount"], budget={
-            "max_attempts": MAX_ATTEMPTS, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 0.5}),
-    }))
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url,
+            actions={
+                "payments.refund.create": action(
+                    REFUNDS,
+                    decimal_args=["amount"],
+                    budget={"max_attempts": MAX_ATTEMPTS, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 0.5},
+                ),
+            },
+        )
+    )
     # One id per doorbell: a poison intent that kills its worker takes its whole doorbell batch
     # through lease expiry and reconciliation (documented cost of OUTBOX_DOORBELL_BATCH); this
     # test is about the poison intent's own cap.
@@ -37,8 +45,10 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
     pipe.start_worker("w2", extra_env=env)
     pipe.start_relay()
     poison = pipe.submit("poison-1").operation_id
-    good = [pipe.submit(f"good-{i}", args={"order_id": f"o-{i}", "amount": "1.00", "currency": "EUR"}).operation_id
-            for i in range(6)]
+    good = [
+        pipe.submit(f"good-{i}", args={"order_id": f"o-{i}", "amount": "1.00", "currency": "EUR"}).operation_id
+        for i in range(6)
+    ]
 
     crashes = 0
     deadline = time.monotonic() + 40
@@ -51,12 +61,14 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
                 pipe.start_worker(f"r{crashes}", extra_env=env)
         op = pipe.op(poison)
         if op.status == Status.RECONCILIATION_REQUIRED.value and all(
-                pipe.op(g).status == Status.SUCCEEDED.value for g in good):
+            pipe.op(g).status == Status.SUCCEEDED.value for g in good
+        ):
             break
         assert op.attempt_count <= MAX_ATTEMPTS, f"claimed {op.attempt_count} times, cap {MAX_ATTEMPTS}"
         assert time.monotonic() < deadline, (
             f"poison now {op.status} after {op.attempt_count} claims, {crashes} crashes: {op.reason}; "
-            f"good: {[pipe.op(g).status for g in good]}")
+            f"good: {[pipe.op(g).status for g in good]}"
+        )
         time.sleep(0.1)
 
     op = pipe.op(poison)

@@ -47,8 +47,9 @@ def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe,
 
     def published() -> bool:
         with pipe.sessions() as s:
-            n = s.execute(select(func.count()).select_from(Operation)
-                          .where(Operation.published_at.is_not(None))).scalar_one()
+            n = s.execute(
+                select(func.count()).select_from(Operation).where(Operation.published_at.is_not(None))
+            ).scalar_one()
         return n == N and private_redis.client().llen(queue) >= messages
 
     wait_for(published, 10, what=f"{N} intents' doorbells ({messages} messages) queued in the private Redis")
@@ -59,8 +60,11 @@ def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe,
 
     pipe.start_worker("w1")
     pipe.start_worker("w2")
-    wait_for(lambda: pipe.count(Status.SUCCEEDED.value) == N, 30,
-             what=f"all {N} intents succeeded (now {pipe.count(Status.SUCCEEDED.value)})")
+    wait_for(
+        lambda: pipe.count(Status.SUCCEEDED.value) == N,
+        30,
+        what=f"all {N} intents succeeded (now {pipe.count(Status.SUCCEEDED.value)})",
+    )
 
     assert {pipe.op(i).status for i in op_ids} == {Status.SUCCEEDED.value}
     effects = sandbox.effects()

@@ -19,8 +19,16 @@ SEED = 7
 
 def test_scale_proof_holds_every_invariant(pg_ledger, redis_url, sandbox, tmp_path):
     # redis_url: only so that a missing Redis skips (laptop) or fails (CI); the broker here is private.
-    result = run_scale_proof(db_url=pg_ledger.url, sessions=pg_ledger.sessions, sandbox=sandbox, tmp=tmp_path,
-                             intents=INTENTS, seed=SEED, workers=4, deadline_s=240)
+    result = run_scale_proof(
+        db_url=pg_ledger.url,
+        sessions=pg_ledger.sessions,
+        sandbox=sandbox,
+        tmp=tmp_path,
+        intents=INTENTS,
+        seed=SEED,
+        workers=4,
+        deadline_s=240,
+    )
     print(result.summary())
     assert result.redis_restarts == 1 and result.worker_kills == 1 and result.worker_freezes == 1, result.summary()
     assert sum(result.faults_fired.values()) > 0, "the fault mix never fired"

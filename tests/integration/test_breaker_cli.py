@@ -20,8 +20,14 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 def _cli(pipe: Any, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "commands.main", "breaker", *args], cwd=ROOT,
-                          env=env or (dict(os.environ) | pipe.env), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "commands.main", "breaker", *args],
+        cwd=ROOT,
+        env=env or (dict(os.environ) | pipe.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _status(pipe: Any) -> dict[str, Any]:
@@ -34,15 +40,24 @@ def test_reset_from_the_cli_closes_the_breaker_in_every_worker(pipe, sandbox):
     n = 6
     budget = {"max_attempts": 4, "deadline_s": 300, "base_delay_s": 0.1, "max_delay_s": 0.5}
     # reset_timeout_s 60: without the reset, the parked operations would wait a minute.
-    pipe.write_actions(actions_doc(sandbox.url, breaker={"fail_max": 2, "reset_timeout_s": 60},
-                                   actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"],
-                                                                             budget=budget)}))
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url,
+            breaker={"fail_max": 2, "reset_timeout_s": 60},
+            actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"], budget=budget)},
+        )
+    )
     sandbox.add_fault(mode="unavailable_503", method="POST", path="/v1/*")
     workers = [pipe.start_worker(), pipe.start_worker()]
     pipe.start_relay()
     ids = [pipe.submit(f"k-cli-{i}", dict(REFUND_ARGS, order_id=f"o-{i}")).operation_id for i in range(n)]
-    wait_for(lambda: all(pipe.op(i).status == "not_dispatched" and (pipe.op(i).reason or "").startswith("breaker")
-                         for i in ids), 30, what="all operations parked by the breaker")
+    wait_for(
+        lambda: all(
+            pipe.op(i).status == "not_dispatched" and (pipe.op(i).reason or "").startswith("breaker") for i in ids
+        ),
+        30,
+        what="all operations parked by the breaker",
+    )
 
     doc = _status(pipe)
     assert doc["namespace"] == pipe.env["OUTBOX_BROKER_KEY_PREFIX"]
@@ -79,8 +94,9 @@ def test_reset_from_the_cli_closes_the_breaker_in_every_worker(pipe, sandbox):
     fields = redis.Redis.from_url(pipe.env["OUTBOX_REDIS_URL"]).hgetall(state_key)
     assert fields[b"reset_by"] == b"alice" and int(fields[b"reset_at_ms"]) > 0
     with pipe.sessions() as s:
-        actors = s.execute(select(OperationEvent.operation_id, OperationEvent.actor)
-                           .where(OperationEvent.event == "breaker reset")).all()
+        actors = s.execute(
+            select(OperationEvent.operation_id, OperationEvent.actor).where(OperationEvent.event == "breaker reset")
+        ).all()
     assert sorted(a.operation_id for a in actors) == sorted(ids) and {a.actor for a in actors} == {"alice"}
     for w in workers:
         assert ": ERROR/" not in w.log() and "Traceback" not in w.log()

@@ -29,8 +29,11 @@ DOWN = {"mode": "unavailable_503", "method": "POST", "path": "/v1/*"}
 
 def _actions(sandbox_url: str, *, fail_max: int, reset_s: float, max_attempts: int) -> dict[str, Any]:
     budget = {"max_attempts": max_attempts, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 0.5}
-    return actions_doc(sandbox_url, breaker={"fail_max": fail_max, "reset_timeout_s": reset_s},
-                       actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"], budget=budget)})
+    return actions_doc(
+        sandbox_url,
+        breaker={"fail_max": fail_max, "reset_timeout_s": reset_s},
+        actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"], budget=budget)},
+    )
 
 
 def _breaker(pipe: Any) -> BreakerStatus:
@@ -52,21 +55,35 @@ def _why_failed(pipe: Any, ids: list[str]) -> str:
         for i in ids:
             op = pipe.op(i)
             if op.status == "failed_before_commit":
-                events = s.execute(select(OperationEvent.event, OperationEvent.reason, OperationEvent.at)
-                                   .where(OperationEvent.operation_id == i).order_by(OperationEvent.id)).all()
-                attempts = [f"  attempt {a.attempt_number} token {a.fencing_token} {a.started_at.time()}-"
-                            f"{a.ended_at and a.ended_at.time()} {a.worker} {a.attempt_class} {a.status_code} {a.error}"
-                            for a in pipe.attempts(i, kind="dispatch")]
-                out.append("\n".join([f"{i}: {op.reason} ({op.attempt_count} attempts)",
-                                      *(f"  {e[2].time()} {e[0]}: {e[1]}" for e in events), *attempts]))
+                events = s.execute(
+                    select(OperationEvent.event, OperationEvent.reason, OperationEvent.at)
+                    .where(OperationEvent.operation_id == i)
+                    .order_by(OperationEvent.id)
+                ).all()
+                attempts = [
+                    f"  attempt {a.attempt_number} token {a.fencing_token} {a.started_at.time()}-"
+                    f"{a.ended_at and a.ended_at.time()} {a.worker} {a.attempt_class} {a.status_code} {a.error}"
+                    for a in pipe.attempts(i, kind="dispatch")
+                ]
+                out.append(
+                    "\n".join(
+                        [
+                            f"{i}: {op.reason} ({op.attempt_count} attempts)",
+                            *(f"  {e[2].time()} {e[0]}: {e[1]}" for e in events),
+                            *attempts,
+                        ]
+                    )
+                )
         return "\n".join(out)
 
 
 def _parks(pipe: Any, ids: list[str]) -> dict[str, int]:
     with pipe.sessions() as s:
-        rows = s.execute(select(OperationEvent.operation_id, func.count())
-                         .where(OperationEvent.operation_id.in_(ids), OperationEvent.event == "breaker open")
-                         .group_by(OperationEvent.operation_id)).all()
+        rows = s.execute(
+            select(OperationEvent.operation_id, func.count())
+            .where(OperationEvent.operation_id.in_(ids), OperationEvent.event == "breaker open")
+            .group_by(OperationEvent.operation_id)
+        ).all()
     return {i: 0 for i in ids} | {r[0]: int(r[1]) for r in rows}
 
 
@@ -85,8 +102,11 @@ def _assert_done_once(pipe: Any, sandbox: Any, ids: list[str], max_attempts: int
         # Breaker-open waits cost no budget: attempt_count counts only requests really sent. (A
         # batch claimed just before the breaker opened records its unsent calls as not_sent rows
         # "breaker open ..."; a doorbell that finds it open claims nothing and writes no row.)
-        sent = [a for a in pipe.attempts(op_id, kind="dispatch")
-                if not (a.attempt_class == "not_sent" and (a.error or "").startswith("breaker open"))]
+        sent = [
+            a
+            for a in pipe.attempts(op_id, kind="dispatch")
+            if not (a.attempt_class == "not_sent" and (a.error or "").startswith("breaker open"))
+        ]
         assert len(sent) == op.attempt_count
         assert len(sandbox.effects(key=op.idempotency_key)) == 1
     assert sandbox.duplicates() == []
@@ -170,8 +190,11 @@ def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"redis://127.0.0.1:{port}/0"
 
     def up() -> bool:

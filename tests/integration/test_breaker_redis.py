@@ -74,7 +74,11 @@ def spawn(**args: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, json.dumps(args)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -106,11 +110,9 @@ def namespace(redis_client: redis.Redis) -> Iterator[str]:
         redis_client.delete(*keys)
 
 
-def registry(ns: str, *, fail_max: int = 4, reset_s: float = 30, url: str = REDIS_URL,
-             **kw: object) -> BreakerRegistry:
+def registry(ns: str, *, fail_max: int = 4, reset_s: float = 30, url: str = REDIS_URL, **kw: object) -> BreakerRegistry:
     config = BreakerConfig(fail_max=fail_max, reset_timeout_s=reset_s)
-    return BreakerRegistry({"payments": config, "crm": config}, redis_url=url, namespace=ns,
-                           **kw)  # type: ignore[arg-type]
+    return BreakerRegistry({"payments": config, "crm": config}, redis_url=url, namespace=ns, **kw)  # type: ignore[arg-type]
 
 
 def fail(reg: BreakerRegistry, target: str, n: int) -> None:
@@ -128,8 +130,7 @@ def wait_until(predicate: object, timeout_s: float = 5.0) -> None:
 
 
 def test_failures_from_two_processes_add_up_and_both_see_open(namespace: str) -> None:
-    args = dict(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=30, fail_n=2,
-                await_open=True)
+    args = dict(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=30, fail_n=2, await_open=True)
     first, second = spawn(**args), spawn(**args)
     results = [result(first), result(second)]
     # The last of the 4 counted failures opened the breaker; each child then saw Open.
@@ -169,16 +170,23 @@ def test_targets_and_namespaces_do_not_share_state(namespace: str, redis_client:
 
 
 @pytest.mark.parametrize("outcome", ["success", "failure"])
-def test_half_open_lets_exactly_one_probe_through_across_processes(
-    namespace: str, outcome: str
-) -> None:
+def test_half_open_lets_exactly_one_probe_through_across_processes(namespace: str, outcome: str) -> None:
     reg = registry(namespace, reset_s=0.3)
     fail(reg, "payments", 4)
     [row] = reg.status(["payments"])
     go_at = row.reopens_at.timestamp() + 0.8  # type: ignore[union-attr]  # children are up by then
     children = [
-        spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=0.3,
-              threads=8, go_at=go_at, hold_s=0.5, outcome=outcome)
+        spawn(
+            url=REDIS_URL,
+            ns=namespace,
+            target="payments",
+            fail_max=4,
+            reset_s=0.3,
+            threads=8,
+            go_at=go_at,
+            hold_s=0.5,
+            outcome=outcome,
+        )
         for _ in range(3)
     ]
     # This process races too, from its own threads.
@@ -206,34 +214,32 @@ def test_half_open_lets_exactly_one_probe_through_across_processes(
     if outcome == "success":
         assert row.state == "closed"
         assert isinstance(reg.before_call("payments"), Allowed)
-        assert result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4,
-                            reset_s=0.3))["final"] == "Allowed"
+        assert (
+            result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=0.3))["final"] == "Allowed"
+        )
     else:
         assert row.state == "open"
         # Fresh reset timeout, counted from the failed probe.
         assert row.reopens_at.timestamp() > go_at + 0.5 + 0.3 - 0.05  # type: ignore[union-attr]
 
 
-def test_operator_reset_takes_effect_in_another_process(namespace: str,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_operator_reset_takes_effect_in_another_process(namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     reg = registry(namespace)
     fail(reg, "payments", 4)
-    assert result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4,
-                        reset_s=30))["final"] == "Open"
+    assert result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=30))["final"] == "Open"
     caplog.set_level(logging.INFO, logger="breaker")
     reset(REDIS_URL, "payments", by="alice", namespace=namespace)
-    assert result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4,
-                        reset_s=30))["final"] == "Allowed"
+    assert result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=30))["final"] == "Allowed"
     assert isinstance(reg.before_call("payments"), Allowed)
     [record] = [r for r in caplog.records if r.getMessage() == "breaker reset by operator"]
     assert (record.levelname, record.by, record.previous_state) == ("WARNING", "alice", "open")  # type: ignore[attr-defined]
-    assert redis.Redis.from_url(REDIS_URL).hget(
-        f"{KEY_PREFIX}:{namespace}:payments:state", "reset_by") == b"alice"
+    assert redis.Redis.from_url(REDIS_URL).hget(f"{KEY_PREFIX}:{namespace}:payments:state", "reset_by") == b"alice"
 
 
 def degraded_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and "breaker storage" in r.getMessage()]
+    return [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "breaker storage" in r.getMessage()
+    ]
 
 
 def test_unreachable_redis_falls_back_to_local_with_one_warning(
@@ -318,14 +324,16 @@ class Clock:
         return self.now
 
 
-def test_redis_lost_mid_life_degrades_once_and_recovers_once(
-    namespace: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_redis_lost_mid_life_degrades_once_and_recovers_once(namespace: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="breaker")
     proxy = Proxy()
     clock = Clock()
-    reg = registry(namespace, url=f"redis://127.0.0.1:{proxy.port}/{REDIS_URL.rsplit('/', 1)[-1] or 0}",
-                   clock=clock, redis_retry_s=5)
+    reg = registry(
+        namespace,
+        url=f"redis://127.0.0.1:{proxy.port}/{REDIS_URL.rsplit('/', 1)[-1] or 0}",
+        clock=clock,
+        redis_retry_s=5,
+    )
     try:
         fail(reg, "payments", 2)
         assert reg.status(["payments"])[0].storage == "redis"
@@ -342,8 +350,7 @@ def test_redis_lost_mid_life_degrades_once_and_recovers_once(
         assert isinstance(reg.before_call("payments"), Open)  # tripped locally after fail_max
         clock.now += 5
         assert isinstance(reg.before_call("crm"), Allowed)  # a retry of Redis that fails again
-        assert degraded_warnings(caplog) == [
-            "breaker storage unreachable, using process-local breakers"]
+        assert degraded_warnings(caplog) == ["breaker storage unreachable, using process-local breakers"]
 
         proxy = Proxy(port=proxy.port)
         clock.now += 5

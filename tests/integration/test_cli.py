@@ -20,8 +20,19 @@ import pytest
 from outbox.envelope import build_envelope
 
 CLI_TIMEOUT_S = 60.0  # far above a normal run (~1-2 s); a hang fails the test instead of the run
-FIELDS = {"operation_id", "tenant", "idempotency_key", "action", "status", "attempts", "fencing_token",
-          "result", "error_class", "created_at", "updated_at"}
+FIELDS = {
+    "operation_id",
+    "tenant",
+    "idempotency_key",
+    "action",
+    "status",
+    "attempts",
+    "fencing_token",
+    "result",
+    "error_class",
+    "created_at",
+    "updated_at",
+}
 
 
 class Cli:
@@ -30,8 +41,15 @@ class Cli:
 
     def start(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Any:
         full_env = {k: v for k, v in (self.env | (env or {})).items() if v is not None}
-        proc = subprocess.Popen([sys.executable, "-m", "commands.main", *args], cwd=self.cwd, env=full_env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "commands.main", *args],
+            cwd=self.cwd,
+            env=full_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         return proc, stdin
 
     @staticmethod
@@ -80,24 +98,70 @@ def test_migrate_submit_list_show(cli: Cli) -> None:
     assert first.returncode == 0 and again.returncode == 0, (first.stderr, again.stderr)
     assert "already at" in again.stdout  # idempotent
 
-    new = _receipt(cli("submit", "--action", "payments.refund.create", "--key", "wf-1:refund:v1", "--tenant", "acme",
-                       "--args", '{"order_id": "o-1", "amount": 10.50, "currency": "EUR"}'))
+    new = _receipt(
+        cli(
+            "submit",
+            "--action",
+            "payments.refund.create",
+            "--key",
+            "wf-1:refund:v1",
+            "--tenant",
+            "acme",
+            "--args",
+            '{"order_id": "o-1", "amount": 10.50, "currency": "EUR"}',
+        )
+    )
     assert new["new"] is True and new["status"] == "not_dispatched"
     # Exact decimals: 10.50 in JSON text is the Decimal 10.5, never the binary float 10.5000000000000001...
-    assert new["args_digest"] == build_envelope(tenant="acme", action="payments.refund.create", subject="cli",
-                                                args={"order_id": "o-1", "amount": Decimal("10.5"), "currency": "EUR"}).digest
+    assert (
+        new["args_digest"]
+        == build_envelope(
+            tenant="acme",
+            action="payments.refund.create",
+            subject="cli",
+            args={"order_id": "o-1", "amount": Decimal("10.5"), "currency": "EUR"},
+        ).digest
+    )
     # The same intent written differently (key order, trailing zero) is the same operation.
     same, tiny = cli.many(
-        (("submit", "--action", "payments.refund.create", "--key", "wf-1:refund:v1", "--tenant", "acme",
-          "--args", '{"currency": "EUR", "amount": 10.5, "order_id": "o-1"}'), {}),
-        (("submit", "--action", "payments.refund.create", "--key", "wf-2:refund:v1", "--tenant", "acme",
-          "--args", '{"amount": 0.1}'), {}),
+        (
+            (
+                "submit",
+                "--action",
+                "payments.refund.create",
+                "--key",
+                "wf-1:refund:v1",
+                "--tenant",
+                "acme",
+                "--args",
+                '{"currency": "EUR", "amount": 10.5, "order_id": "o-1"}',
+            ),
+            {},
+        ),
+        (
+            (
+                "submit",
+                "--action",
+                "payments.refund.create",
+                "--key",
+                "wf-2:refund:v1",
+                "--tenant",
+                "acme",
+                "--args",
+                '{"amount": 0.1}',
+            ),
+            {},
+        ),
     )
     same = _receipt(same)
     assert same["new"] is False and same["operation_id"] == new["operation_id"]
     tiny = _receipt(tiny)
-    assert tiny["args_digest"] == build_envelope(tenant="acme", action="payments.refund.create", subject="cli",
-                                                 args={"amount": Decimal("0.1")}).digest
+    assert (
+        tiny["args_digest"]
+        == build_envelope(
+            tenant="acme", action="payments.refund.create", subject="cli", args={"amount": Decimal("0.1")}
+        ).digest
+    )
 
     ops = cli.ops()
     assert len(ops) == 2
@@ -132,7 +196,18 @@ def test_bad_input_exits_with_its_code_and_changes_nothing(cli: Cli) -> None:
     _receipt(cli("submit", "--action", "payments.refund.create", "--key", "k1", "--args", good))
     before = cli.ops()
     conflict, bad_json, missing_key, float_like = cli.many(
-        (("submit", "--action", "payments.refund.create", "--key", "k1", "--args", '{"order_id": "o-1", "amount": "99"}'), {}),
+        (
+            (
+                "submit",
+                "--action",
+                "payments.refund.create",
+                "--key",
+                "k1",
+                "--args",
+                '{"order_id": "o-1", "amount": "99"}',
+            ),
+            {},
+        ),
         (("submit", "--action", "payments.refund.create", "--key", "k2", "--args", '{"amount": '), {}),
         (("submit", "--action", "payments.refund.create", "--args", good), {}),
         (("submit", "--action", "payments.refund.create", "--key", "k3", "--args", '{"amount": NaN}'), {}),

@@ -32,7 +32,9 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # keep test output quiet
         pass
 
-    def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None, raw: bytes | None = None) -> None:
+    def _reply(
+        self, status: int, body: Any = None, headers: dict[str, str] | None = None, raw: bytes | None = None
+    ) -> None:
         data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
         self.send_response(status)
         for k, v in (headers or {}).items():
@@ -47,7 +49,13 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         Handler.seen.append(
-            {"method": self.command, "path": url.path, "query": parse_qs(url.query), "headers": dict(self.headers), "body": body}
+            {
+                "method": self.command,
+                "path": url.path,
+                "query": parse_qs(url.query),
+                "headers": dict(self.headers),
+                "body": body,
+            }
         )
         mode = url.path.split("/")[2] if url.path.count("/") >= 2 else ""
         if mode == "ok":
@@ -152,7 +160,13 @@ ARGS = {"order_id": "ord/7 a", "amount": "12.50", "currency": "eur", "customer_e
 
 def send(cfg: ActionsConfig, args: dict[str, Any] = ARGS, token: int = 3):  # type: ignore[no-untyped-def]
     with HttpConnector(cfg) as conn:
-        return conn.send("payments.refund.create", cfg.action("payments.refund.create"), args=args, idempotency_key=KEY, fencing_token=token)
+        return conn.send(
+            "payments.refund.create",
+            cfg.action("payments.refund.create"),
+            args=args,
+            idempotency_key=KEY,
+            fencing_token=token,
+        )
 
 
 def test_success_carries_key_token_and_placeholders(server: str) -> None:
@@ -262,7 +276,9 @@ def test_lookup(server: str, key: str, outcome: str, state: str | None) -> None:
     cfg = config(server)
     Handler.seen.clear()
     with HttpConnector(cfg) as conn:
-        result = conn.lookup("payments.refund.create", cfg.action("payments.refund.create"), args=ARGS, idempotency_key=key)
+        result = conn.lookup(
+            "payments.refund.create", cfg.action("payments.refund.create"), args=ARGS, idempotency_key=key
+        )
     assert (result.outcome, result.state) == (outcome, state)
     assert Handler.seen[-1]["query"] == {"idempotency_key": [key]}
     assert Handler.seen[-1]["body"] == b""  # a lookup sends only its templated fields
@@ -273,7 +289,9 @@ def test_lookup(server: str, key: str, outcome: str, state: str | None) -> None:
 def test_lookup_transport_error_is_unavailable() -> None:
     cfg = config(f"http://127.0.0.1:{closed_port()}")
     with HttpConnector(cfg) as conn:
-        result = conn.lookup("payments.refund.create", cfg.action("payments.refund.create"), args={}, idempotency_key="k")
+        result = conn.lookup(
+            "payments.refund.create", cfg.action("payments.refund.create"), args={}, idempotency_key="k"
+        )
     assert result.outcome == "unavailable" and result.reason == "connect_error"
 
 

@@ -31,8 +31,13 @@ def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, t
     port = _free_port()
     env = dict(os.environ) | pipe.env | {"FLOWER_UNAUTHENTICATED_API": "true"}
     log = open(tmp_path / "flower.log", "wb")
-    flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}",
-                               "--address=127.0.0.1"], env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
+        env=env,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: _get(f"{base}/healthcheck") == "OK", 30, what="flower up")
@@ -41,8 +46,11 @@ def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, t
         pipe.wait_status(receipt.operation_id, "succeeded")
         workers = wait_for(lambda: _json(f"{base}/api/workers?refresh=1"), 30, what="flower sees workers")
         assert any("flowerw" in name for name in workers), workers
-        tasks = wait_for(lambda: [t for t in (_json(f"{base}/api/tasks") or {}).values()
-                                  if t.get("name") == "outbox.dispatch"], 30, what="flower sees the task")
+        tasks = wait_for(
+            lambda: [t for t in (_json(f"{base}/api/tasks") or {}).values() if t.get("name") == "outbox.dispatch"],
+            30,
+            what="flower sees the task",
+        )
         shown = json.dumps(tasks)
         assert receipt.operation_id in shown
         for value in ("k-flower", "77.10", "customer-secret-reason", "o-9"):

@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 def cli(pipe, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ) | pipe.env
-    return subprocess.run([sys.executable, "-m", "commands.main", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "commands.main", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def cli_json(pipe, *args: str):
@@ -31,8 +32,11 @@ def cli_json(pipe, *args: str):
 
 
 def test_resolutions_are_written_back_and_acted_on(pipe, sandbox):
-    pipe.write_actions(actions_doc(sandbox.url, actions={
-        "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], lookup=None)}))
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url, actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"], lookup=None)}
+        )
+    )
     # "done": committed, answer lost. "never": the provider refused before executing, but the
     # client saw a 500 (ambiguous). Without a lookup both need a person.
     sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern="h-done", count=1)
@@ -55,12 +59,34 @@ def test_resolutions_are_written_back_and_acted_on(pipe, sandbox):
 
     # A person finds the refund at the provider and records its reference.
     reference = sandbox.effects(key="h-done")[0]["object_id"]
-    out = cli(pipe, "handoffs", "resolve", str(listed[done.operation_id]["handoff_id"]), "--as", "succeeded",
-              "--reference", reference, "--by", "alice", "--note", "found in the provider dashboard")
+    out = cli(
+        pipe,
+        "handoffs",
+        "resolve",
+        str(listed[done.operation_id]["handoff_id"]),
+        "--as",
+        "succeeded",
+        "--reference",
+        reference,
+        "--by",
+        "alice",
+        "--note",
+        "found in the provider dashboard",
+    )
     assert out.returncode == 0, out.stderr
     # Another confirms the other one never happened: re-dispatched with the SAME key.
-    out = cli(pipe, "handoffs", "resolve", str(listed[never.operation_id]["handoff_id"]), "--as", "not-executed",
-              "--by", "bob", "--note", "provider support: no such refund")
+    out = cli(
+        pipe,
+        "handoffs",
+        "resolve",
+        str(listed[never.operation_id]["handoff_id"]),
+        "--as",
+        "not-executed",
+        "--by",
+        "bob",
+        "--note",
+        "provider support: no such refund",
+    )
     assert out.returncode == 0, out.stderr
     op = pipe.wait_status(never.operation_id, "succeeded")
     sent = sandbox.requests(method="POST", key="h-never")
@@ -85,6 +111,16 @@ def test_resolutions_are_written_back_and_acted_on(pipe, sandbox):
     assert all_[done.operation_id]["resolved_reference"] == reference
     assert all_[never.operation_id]["resolved_by"] == "bob" and all_[never.operation_id]["resolved_at"]
     assert cli_json(pipe, "handoffs", "list") == []
-    again = cli(pipe, "handoffs", "resolve", str(listed[done.operation_id]["handoff_id"]), "--as", "abandoned",
-                "--by", "carol", "--note", "twice")
+    again = cli(
+        pipe,
+        "handoffs",
+        "resolve",
+        str(listed[done.operation_id]["handoff_id"]),
+        "--as",
+        "abandoned",
+        "--by",
+        "carol",
+        "--note",
+        "twice",
+    )
     assert again.returncode == 2 and "already resolved" in again.stderr

@@ -30,8 +30,17 @@ OK = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="
 
 def _submit_many(ledger: Any, n: int, prefix: str = "k") -> list[str]:
     with ledger.sessions.begin() as s:
-        return [submit(s, tenant="t", idempotency_key=f"{prefix}-{i}", action="payments.refund.create",
-                       args=ARGS, subject="agent").operation_id for i in range(n)]
+        return [
+            submit(
+                s,
+                tenant="t",
+                idempotency_key=f"{prefix}-{i}",
+                action="payments.refund.create",
+                args=ARGS,
+                subject="agent",
+            ).operation_id
+            for i in range(n)
+        ]
 
 
 def test_a_doorbell_claim_takes_its_ids_first_then_fills_with_other_due_operations(ledger):
@@ -56,8 +65,7 @@ def test_a_batch_finalize_refuses_only_the_operation_whose_token_is_stale(ledger
         claims = claim_due(s, worker="w", lease_s=30, limit=3)
     stale = claims[1]
     with ledger.sessions.begin() as s:  # another worker took operation 2 after our lease ran out
-        s.execute(update(Operation).where(Operation.id == stale.operation_id)
-                  .values(lease_expires_at=db_now(-1)))
+        s.execute(update(Operation).where(Operation.id == stale.operation_id).values(lease_expires_at=db_now(-1)))
     from outbox.transitions import expire_leases
 
     with ledger.sessions.begin() as s:
@@ -165,8 +173,9 @@ def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once
     assert relay.run_once().dispatch == 1, "fresh rows are the NOTIFY path's; older ones the tick's at once"
     assert _queued_ids(client, queue) == [before]
     with pipe.sessions.begin() as s:  # the notification was missed: the rows have waited past the grace
-        s.execute(update(Operation).where(Operation.id.in_(ids))
-                  .values(next_attempt_at=db_now(-(NOTIFIED_GRACE_S + 1))))
+        s.execute(
+            update(Operation).where(Operation.id.in_(ids)).values(next_attempt_at=db_now(-(NOTIFIED_GRACE_S + 1)))
+        )
     assert relay.run_once().dispatch == 3
     assert sorted(_queued_ids(client, queue)) == sorted([before, *ids])
     relay.listening, relay.leading_since = False, None  # polling only (SQLite, or no LISTEN connection): no grace

@@ -26,8 +26,13 @@ from outbox.states import AttemptClass, Status
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced, request_cancel
 
-INTENT = dict(tenant="acme", idempotency_key="wf-1:refund:v1", action="payments.refund.create",
-              args={"order_id": "o-1", "amount": Decimal("25.00"), "currency": "EUR"}, subject="agent:bot")
+INTENT = dict(
+    tenant="acme",
+    idempotency_key="wf-1:refund:v1",
+    action="payments.refund.create",
+    args={"order_id": "o-1", "amount": Decimal("25.00"), "currency": "EUR"},
+    subject="agent:bot",
+)
 SINK = EvidenceSink(None)
 SUCCESS = AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_late", response_digest="d1")
 
@@ -45,8 +50,11 @@ def _op(ledger: Any, op_id: str) -> Operation:
 
 def _events(ledger: Any, op_id: str) -> list[str]:
     with ledger.sessions() as s:
-        return list(s.execute(select(OperationEvent.event).where(OperationEvent.operation_id == op_id)
-                              .order_by(OperationEvent.id)).scalars())
+        return list(
+            s.execute(
+                select(OperationEvent.event).where(OperationEvent.operation_id == op_id).order_by(OperationEvent.id)
+            ).scalars()
+        )
 
 
 def _zombie(ledger: Any) -> tuple[str, Claim]:
@@ -61,7 +69,9 @@ def _zombie(ledger: Any) -> tuple[str, Claim]:
     return op_id, c1
 
 
-def _lookup(ledger: Any, op_id: str, to: Status, *, cannot_land: bool = False, klass: AttemptClass = AttemptClass.NOT_SENT) -> None:
+def _lookup(
+    ledger: Any, op_id: str, to: Status, *, cannot_land: bool = False, klass: AttemptClass = AttemptClass.NOT_SENT
+) -> None:
     with ledger.sessions.begin() as s:
         [r] = claim_unknown(s, worker="reconciler", lease_s=30, operation_id=op_id)
     with ledger.sessions.begin() as s:
@@ -114,9 +124,14 @@ def test_a_late_success_settles_a_handoff_and_closes_it(ledger):
     op_id, c1 = _zombie(ledger)
     with ledger.sessions.begin() as s:
         [r] = claim_unknown(s, worker="reconciler", lease_s=30)
-        settle_if_fenced(s, r, AttemptReport(AttemptClass.AMBIGUOUS), to=Status.RECONCILIATION_REQUIRED, reason="lookup down")
-        s.add(Handoff(operation_id=op_id, opened_at=dt.datetime.now(dt.UTC), reason="lookup down", packet={},
-                      status="open"))
+        settle_if_fenced(
+            s, r, AttemptReport(AttemptClass.AMBIGUOUS), to=Status.RECONCILIATION_REQUIRED, reason="lookup down"
+        )
+        s.add(
+            Handoff(
+                operation_id=op_id, opened_at=dt.datetime.now(dt.UTC), reason="lookup down", packet={}, status="open"
+            )
+        )
     _thaw(ledger, c1)
     assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {op_id: Status.SUCCEEDED}
     with ledger.sessions() as s:
@@ -136,8 +151,13 @@ def test_no_effect_is_refused_while_a_success_is_on_record(ledger):
     assert c2.open_ambiguity  # the claim sees the confirmed success
     with ledger.sessions.begin() as s:
         with pytest.raises(IllegalTransition):
-            finalize_if_fenced(s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422),
-                               to=Status.FAILED_BEFORE_COMMIT, reason="422")
+            finalize_if_fenced(
+                s,
+                c2,
+                AttemptReport(AttemptClass.REJECTED, status_code=422),
+                to=Status.FAILED_BEFORE_COMMIT,
+                reason="422",
+            )
         with pytest.raises(IllegalTransition):
             finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_SENT), to=Status.CANCELLED, reason="cancel")
     assert _op(ledger, op_id).status == "dispatching"
@@ -155,7 +175,8 @@ def test_a_late_success_after_failed_before_commit_goes_to_a_person_and_the_repo
     assert before["status"] == "failed_before_commit" and before["attempt"]["reference"] == "re_late"
 
     assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {
-        op_id: Status.RECONCILIATION_REQUIRED}
+        op_id: Status.RECONCILIATION_REQUIRED
+    }
     op = _op(ledger, op_id)
     assert op.status == "reconciliation_required" and op.finished_at is None
     assert op.result_reference == "re_late" and "resolve --as succeeded" in op.reason
@@ -202,5 +223,6 @@ def test_the_sweep_applies_what_a_dead_worker_left(ledger):
     with ledger.sessions() as s:
         assert {u.operation_id for u in unapplied(s)} == set(ops)
     assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {
-        op_id: Status.SUCCEEDED for op_id in ops}
+        op_id: Status.SUCCEEDED for op_id in ops
+    }
     assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {}

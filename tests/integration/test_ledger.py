@@ -115,8 +115,12 @@ def test_claim_sets_lease_token_and_attempt_row_then_finalizes(ledger):
     assert attempt.attempt_class == "pending" and attempt.fencing_token == 1
     with ledger.sessions.begin() as s:
         finalize_if_fenced(
-            s, claim, AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_1"),
-            to=Status.SUCCEEDED, reason="2xx", result={"id": "re_1"},
+            s,
+            claim,
+            AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_1"),
+            to=Status.SUCCEEDED,
+            reason="2xx",
+            result={"id": "re_1"},
         )
     op = _op(ledger, receipt.operation_id)
     assert op.status == "succeeded" and op.result_reference == "re_1" and op.finished_at is not None
@@ -139,16 +143,26 @@ def test_stale_token_is_refused_but_its_evidence_is_kept(ledger):
     # The zombie wakes up with a late 2xx: the operation row refuses it, its attempt row keeps it.
     with ledger.sessions.begin() as s:
         with pytest.raises(StaleFence):
-            finalize_if_fenced(s, old, AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_late"),
-                               to=Status.SUCCEEDED, reason="2xx")
+            finalize_if_fenced(
+                s,
+                old,
+                AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="re_late"),
+                to=Status.SUCCEEDED,
+                reason="2xx",
+            )
     op = _op(ledger, receipt.operation_id)
     assert op.status == "outcome_unknown" and op.result_reference is None
     zombie_attempt = [a for a in _attempts(ledger, receipt.operation_id) if a.kind == "dispatch"][0]
     assert zombie_attempt.provider_reference == "re_late" and zombie_attempt.stale
     # The current owner's write lands.
     with ledger.sessions.begin() as s:
-        settle_if_fenced(s, recon, AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_late"),
-                         to=Status.SUCCEEDED, reason="reconciled")
+        settle_if_fenced(
+            s,
+            recon,
+            AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_late"),
+            to=Status.SUCCEEDED,
+            reason="reconciled",
+        )
     assert _op(ledger, receipt.operation_id).status == "succeeded"
 
 
@@ -156,15 +170,27 @@ def test_retry_waits_for_next_attempt_at_and_breaker_waits_cost_no_attempt(ledge
     receipt = _submit(ledger)
     [c1] = _claim(ledger)
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=0.3),
-                           to=Status.NOT_DISPATCHED, reason="503", delay_s=0.3)
+        finalize_if_fenced(
+            s,
+            c1,
+            AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=0.3),
+            to=Status.NOT_DISPATCHED,
+            reason="503",
+            delay_s=0.3,
+        )
     assert _claim(ledger) == []  # not due before Retry-After
     time.sleep(0.35)
     [c2] = _claim(ledger)
     assert c2.attempt_number == 2 and c2.fencing_token == 2
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_SENT, error="breaker open"),
-                           to=Status.NOT_DISPATCHED, reason="breaker open", refund_attempt=True)
+        finalize_if_fenced(
+            s,
+            c2,
+            AttemptReport(AttemptClass.NOT_SENT, error="breaker open"),
+            to=Status.NOT_DISPATCHED,
+            reason="breaker open",
+            refund_attempt=True,
+        )
     assert _op(ledger, receipt.operation_id).attempt_count == 1
     # The refunded attempt keeps its row (evidence); the next claim gets the next row number.
     [c3] = _claim(ledger)
@@ -176,12 +202,20 @@ def _ambiguous_then_not_found(ledger, *, cannot_land: bool):
     receipt = _submit(ledger)
     [c1] = _claim(ledger)
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.AMBIGUOUS, status_code=502), to=Status.OUTCOME_UNKNOWN, reason="502")
+        finalize_if_fenced(
+            s, c1, AttemptReport(AttemptClass.AMBIGUOUS, status_code=502), to=Status.OUTCOME_UNKNOWN, reason="502"
+        )
     with ledger.sessions.begin() as s:
         [r1] = claim_unknown(s, worker="rec", lease_s=30)
     with ledger.sessions.begin() as s:
-        settle_if_fenced(s, r1, AttemptReport(AttemptClass.NOT_SENT, status_code=404), to=Status.NOT_DISPATCHED,
-                         reason="authoritative 404 after settle window", cannot_land=cannot_land)
+        settle_if_fenced(
+            s,
+            r1,
+            AttemptReport(AttemptClass.NOT_SENT, status_code=404),
+            to=Status.NOT_DISPATCHED,
+            reason="authoritative 404 after settle window",
+            cannot_land=cannot_land,
+        )
     [c2] = _claim(ledger)
     assert c2.idempotency_key == INTENT["idempotency_key"]
     return receipt, c2
@@ -192,7 +226,9 @@ def test_not_found_fenced_off_proves_every_earlier_attempt_unable_to_land(ledger
     receipt, c2 = _ambiguous_then_not_found(ledger, cannot_land=True)
     assert not c2.open_ambiguity and c2.proven_absent_through == 1
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422), to=Status.FAILED_BEFORE_COMMIT, reason="422")
+        finalize_if_fenced(
+            s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422), to=Status.FAILED_BEFORE_COMMIT, reason="422"
+        )
     assert _op(ledger, receipt.operation_id).status == "failed_before_commit"
 
 
@@ -203,8 +239,13 @@ def test_not_found_without_a_fence_proves_nothing_against_a_late_landing(ledger)
     assert c2.open_ambiguity and c2.proven_absent_through == 0
     with ledger.sessions.begin() as s:
         with pytest.raises(IllegalTransition):
-            finalize_if_fenced(s, c2, AttemptReport(AttemptClass.REJECTED, status_code=422),
-                               to=Status.FAILED_BEFORE_COMMIT, reason="422")
+            finalize_if_fenced(
+                s,
+                c2,
+                AttemptReport(AttemptClass.REJECTED, status_code=422),
+                to=Status.FAILED_BEFORE_COMMIT,
+                reason="422",
+            )
     assert _op(ledger, receipt.operation_id).status == "dispatching"
 
 
@@ -213,13 +254,20 @@ def test_failed_before_commit_is_refused_while_ambiguity_is_open(ledger):
     [c1] = _claim(ledger)
     # on_ambiguous: replay -> the worker schedules a replay with the same key.
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.AMBIGUOUS, status_code=504), to=Status.NOT_DISPATCHED, reason="replay")
+        finalize_if_fenced(
+            s, c1, AttemptReport(AttemptClass.AMBIGUOUS, status_code=504), to=Status.NOT_DISPATCHED, reason="replay"
+        )
     [c2] = _claim(ledger)
     assert c2.open_ambiguity
     with ledger.sessions.begin() as s:
         with pytest.raises(IllegalTransition):
-            finalize_if_fenced(s, c2, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503),
-                               to=Status.FAILED_BEFORE_COMMIT, reason="budget spent")
+            finalize_if_fenced(
+                s,
+                c2,
+                AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503),
+                to=Status.FAILED_BEFORE_COMMIT,
+                reason="budget spent",
+            )
     assert _op(ledger, receipt.operation_id).status == "dispatching"
     with pytest.raises(IllegalTransition):
         with ledger.sessions.begin() as s:
@@ -230,14 +278,29 @@ def test_reconciliation_required_and_person_resolution(ledger):
     receipt = _submit(ledger)
     [c1] = _claim(ledger)
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c1, AttemptReport(AttemptClass.AMBIGUOUS, error="read timeout"), to=Status.OUTCOME_UNKNOWN, reason="timeout")
+        finalize_if_fenced(
+            s,
+            c1,
+            AttemptReport(AttemptClass.AMBIGUOUS, error="read timeout"),
+            to=Status.OUTCOME_UNKNOWN,
+            reason="timeout",
+        )
     with ledger.sessions.begin() as s:
         [r] = claim_unknown(s, worker="rec", lease_s=30)
         assert claim_unknown(s, worker="rec2", lease_s=30) == []  # leased
     with ledger.sessions.begin() as s:
-        settle_if_fenced(s, r, AttemptReport(AttemptClass.AMBIGUOUS, status_code=503), to=Status.RECONCILIATION_REQUIRED, reason="lookup down")
+        settle_if_fenced(
+            s,
+            r,
+            AttemptReport(AttemptClass.AMBIGUOUS, status_code=503),
+            to=Status.RECONCILIATION_REQUIRED,
+            reason="lookup down",
+        )
     with ledger.sessions.begin() as s:
-        assert resolve_by_person(s, receipt.operation_id, outcome="not-executed", by="alice", note="checked dashboard") is Status.NOT_DISPATCHED
+        assert (
+            resolve_by_person(s, receipt.operation_id, outcome="not-executed", by="alice", note="checked dashboard")
+            is Status.NOT_DISPATCHED
+        )
     [c2] = _claim(ledger)
     assert c2.attempt_number == 2 and not c2.open_ambiguity
     with ledger.sessions() as s:
@@ -256,7 +319,9 @@ def test_cancel(ledger):
         assert request_cancel(s, r2.operation_id, actor="bob") is Status.DISPATCHING
     # A late success after a cancel request is still recorded as success.
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c, AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_9"), to=Status.SUCCEEDED, reason="2xx")
+        finalize_if_fenced(
+            s, c, AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_9"), to=Status.SUCCEEDED, reason="2xx"
+        )
     op = _op(ledger, r2.operation_id)
     assert op.status == "succeeded" and op.cancel_requested
 
@@ -275,10 +340,19 @@ def test_every_transition_is_in_the_history(ledger):
     receipt = _submit(ledger)
     [c] = _claim(ledger)
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, c, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=429), to=Status.NOT_DISPATCHED, reason="429")
+        finalize_if_fenced(
+            s, c, AttemptReport(AttemptClass.NOT_PROCESSED, status_code=429), to=Status.NOT_DISPATCHED, reason="429"
+        )
     with ledger.sessions() as s:
-        events = s.execute(select(OperationEvent.to_status).where(OperationEvent.operation_id == receipt.operation_id)
-                           .order_by(OperationEvent.id)).scalars().all()
+        events = (
+            s.execute(
+                select(OperationEvent.to_status)
+                .where(OperationEvent.operation_id == receipt.operation_id)
+                .order_by(OperationEvent.id)
+            )
+            .scalars()
+            .all()
+        )
     assert events == ["not_dispatched", "dispatching", "not_dispatched"]
 
 

@@ -76,6 +76,7 @@ def _submit_in(sessions, **over):
     def go():
         with sessions.begin() as s:
             return submit(s, **(INTENT | over))
+
     return go
 
 
@@ -124,6 +125,7 @@ def _claim_in(sessions, worker, **kw):
     def go():
         with sessions.begin() as s:
             return claim_due(s, worker=worker, lease_s=30, **kw)
+
     return go
 
 
@@ -168,6 +170,7 @@ def test_stale_write_is_refused_while_the_current_owners_write_lands(ledger, two
         def sweep():
             with ledger.sessions.begin() as s:
                 return op_id in expire_leases(s)
+
         _wait_for(sweep)  # the lease runs out on the database clock
         with b.begin() as s:
             [recon] = claim_unknown(s, worker="reconciler", lease_s=30, operation_id=op_id)
@@ -176,18 +179,26 @@ def test_stale_write_is_refused_while_the_current_owners_write_lands(ledger, two
         def zombie_finalizes():
             with a.begin() as s:
                 try:
-                    finalize_if_fenced(s, zombie, AttemptReport(AttemptClass.SUCCEEDED, status_code=201,
-                                                                provider_reference=f"re_late_{i}"),
-                                       to=Status.SUCCEEDED, reason="2xx")
+                    finalize_if_fenced(
+                        s,
+                        zombie,
+                        AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference=f"re_late_{i}"),
+                        to=Status.SUCCEEDED,
+                        reason="2xx",
+                    )
                 except StaleFence as exc:
                     return exc  # caught inside the transaction: the evidence commits
             return "landed"
 
         def reconciler_settles():
             with b.begin() as s:
-                settle_if_fenced(s, recon, AttemptReport(AttemptClass.SUCCEEDED, status_code=200,
-                                                         provider_reference=f"re_late_{i}"),
-                                 to=Status.SUCCEEDED, reason="lookup found it")
+                settle_if_fenced(
+                    s,
+                    recon,
+                    AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference=f"re_late_{i}"),
+                    to=Status.SUCCEEDED,
+                    reason="lookup found it",
+                )
             return "landed"
 
         z, r = run_together(zombie_finalizes, reconciler_settles)
@@ -208,6 +219,7 @@ def test_many_workers_claiming_batches_never_double_claim(pg_ledger):
         ids = {submit(s, **INTENT, idempotency_key=f"k{i}").operation_id for i in range(total)}
     engines = [pg_ledger.new_engine() for _ in range(workers)]
     try:
+
         def worker(n: int) -> Callable[[], list[str]]:
             sessions = make_sessionmaker(engines[n])
 
@@ -220,6 +232,7 @@ def test_many_workers_claiming_batches_never_double_claim(pg_ledger):
                         return got
                     assert all(c.fencing_token == 1 for c in claims)
                     got += [c.operation_id for c in claims]
+
             return go
 
         results = run_together(*(worker(n) for n in range(workers)))

@@ -37,8 +37,11 @@ def _free_port() -> int:
 
 
 def _samples(text: str) -> Samples:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 @contextmanager
@@ -46,8 +49,13 @@ def exporter(env: dict[str, str]) -> Iterator[str]:
     port = _free_port()
     # Only what the test passes decides whether the exporter reads a multiprocess directory.
     base = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    proc = subprocess.Popen([sys.executable, "-m", "commands.main", "metrics", "--port", str(port)],
-                            cwd=ROOT, env=base | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commands.main", "metrics", "--port", str(port)],
+        cwd=ROOT,
+        env=base | env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
 
     def up() -> bool:
@@ -73,8 +81,14 @@ def scrape(url: str) -> Samples:
 
 
 def _submit(session, key: str) -> str:
-    return submit(session, tenant="t1", idempotency_key=key, action="payments.refund.create",
-                  args=dict(REFUND_ARGS), subject="test").operation_id
+    return submit(
+        session,
+        tenant="t1",
+        idempotency_key=key,
+        action="payments.refund.create",
+        args=dict(REFUND_ARGS),
+        subject="test",
+    ).operation_id
 
 
 @pytest.mark.postgres
@@ -101,16 +115,25 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     prefix = f"metrics-{os.getpid()}-{time.monotonic_ns()}:"
     actions = tmp_path / "actions.yaml"
     actions.write_text(yaml.safe_dump(actions_doc("http://127.0.0.1:9")))
-    shared = BreakerRegistry({"sandbox": BreakerConfig(fail_max=1, reset_timeout_s=300)},
-                             redis_url=redis_url, namespace=prefix)
+    shared = BreakerRegistry(
+        {"sandbox": BreakerConfig(fail_max=1, reset_timeout_s=300)}, redis_url=redis_url, namespace=prefix
+    )
     shared.record(shared.before_call("sandbox"), failure=True)
     shared.close()
 
     data_dir = tmp_path / "data"
-    write_summary(summary_path(data_dir), {"health": {"duplicate_effects": 2}, "discrepancy_count": 3,
-                                           "complete": True}, finished_at_s=1_800_000_000.0)
-    env = {"OUTBOX_DATABASE_URL": pg_ledger.url, "OUTBOX_DATA_DIR": str(data_dir),
-           "OUTBOX_REDIS_URL": redis_url, "OUTBOX_BROKER_KEY_PREFIX": prefix, "OUTBOX_ACTIONS_FILE": str(actions)}
+    write_summary(
+        summary_path(data_dir),
+        {"health": {"duplicate_effects": 2}, "discrepancy_count": 3, "complete": True},
+        finished_at_s=1_800_000_000.0,
+    )
+    env = {
+        "OUTBOX_DATABASE_URL": pg_ledger.url,
+        "OUTBOX_DATA_DIR": str(data_dir),
+        "OUTBOX_REDIS_URL": redis_url,
+        "OUTBOX_BROKER_KEY_PREFIX": prefix,
+        "OUTBOX_ACTIONS_FILE": str(actions),
+    }
     try:
         with exporter(env) as url:
             m = scrape(url)
@@ -126,10 +149,24 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
         return m[("outbox_operations", (("status", status),))]
 
     assert m[("outbox_ledger_up", ())] == 1
-    assert {st: ops(st) for st in ("not_dispatched", "outcome_unknown", "reconciliation_required", "dispatching",
-                                   "awaiting_approval", "committed_evidence_degraded")} == {
-        "not_dispatched": 2, "outcome_unknown": 2, "reconciliation_required": 1, "dispatching": 0,
-        "awaiting_approval": 0, "committed_evidence_degraded": 0}
+    assert {
+        st: ops(st)
+        for st in (
+            "not_dispatched",
+            "outcome_unknown",
+            "reconciliation_required",
+            "dispatching",
+            "awaiting_approval",
+            "committed_evidence_degraded",
+        )
+    } == {
+        "not_dispatched": 2,
+        "outcome_unknown": 2,
+        "reconciliation_required": 1,
+        "dispatching": 0,
+        "awaiting_approval": 0,
+        "committed_evidence_degraded": 0,
+    }
     assert m[("outbox_operations_finished_recent", (("status", "succeeded"),))] == 1  # the old one is outside
     assert m[("outbox_operations_finished_recent", (("status", "failed_before_commit"),))] == 0
     assert m[("outbox_outcome_unknown_backlog", ())] == 2
@@ -150,18 +187,26 @@ def test_counters_are_summed_across_processes(tmp_path):
     mp = tmp_path / "mp"
     mp.mkdir()
     env = dict(os.environ) | {"PROMETHEUS_MULTIPROC_DIR": str(mp)}
-    code = ("from workers.metrics import record_attempt, record_retry, record_outcome\n"
-            "record_attempt('sandbox', 'succeeded', 0.2)\n"
-            "record_attempt('sandbox', 'not_processed', 0.05)\n"
-            "record_retry('sandbox', 3.0, 2.0)\n"
-            "record_outcome('succeeded')\n")
+    code = (
+        "from workers.metrics import record_attempt, record_retry, record_outcome\n"
+        "record_attempt('sandbox', 'succeeded', 0.2)\n"
+        "record_attempt('sandbox', 'not_processed', 0.05)\n"
+        "record_retry('sandbox', 3.0, 2.0)\n"
+        "record_outcome('succeeded')\n"
+    )
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env) for _ in range(2)]
     assert [p.wait(30) for p in procs] == [0, 0]
     assert len(list(mp.glob("*.db"))) >= 2  # one file per process and metric type
 
     # The ledger part points at an empty embedded ledger here: only the process sums matter.
-    with exporter({"PROMETHEUS_MULTIPROC_DIR": str(mp), "OUTBOX_DATA_DIR": str(tmp_path / "data"),
-                   "OUTBOX_DATABASE_URL": "", "OUTBOX_REDIS_URL": ""}) as url:
+    with exporter(
+        {
+            "PROMETHEUS_MULTIPROC_DIR": str(mp),
+            "OUTBOX_DATA_DIR": str(tmp_path / "data"),
+            "OUTBOX_DATABASE_URL": "",
+            "OUTBOX_REDIS_URL": "",
+        }
+    ) as url:
         m = scrape(url)
     assert m[("outbox_ledger_up", ())] == 1  # the SQLite side of the same queries
     assert m[("outbox_outcome_unknown_backlog", ())] == 0
@@ -186,8 +231,11 @@ def test_a_real_worker_records_attempts_outcomes_and_retry_after(pipe, sandbox, 
         op_id = pipe.submit("k-metrics").operation_id
         pipe.wait_status(op_id, "succeeded")
         with exporter(pipe.env) as url:
-            samples = wait_for(lambda: (s := scrape(url)).get(
-                ("outbox_outcomes_total", (("status", "succeeded"),))) and s, 15, what="outcome counted")
+            samples = wait_for(
+                lambda: (s := scrape(url)).get(("outbox_outcomes_total", (("status", "succeeded"),))) and s,
+                15,
+                what="outcome counted",
+            )
     finally:
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     assert samples[("outbox_attempts_total", (("class", "not_processed"), ("target", "sandbox")))] == 1

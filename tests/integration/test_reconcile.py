@@ -59,8 +59,11 @@ def test_lookup_down_for_a_while_then_back(pipe, sandbox):
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-down")
-    wait_for(lambda: len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3, 15,
-             what="three failed lookups")
+    wait_for(
+        lambda: len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3,
+        15,
+        what="three failed lookups",
+    )
     assert pipe.op(r.operation_id).status == "outcome_unknown"
     assert len(posts(sandbox, "rc-down")) == 1, "re-sent while the outcome was unknown"
     sandbox.remove_fault(down["id"])
@@ -71,9 +74,12 @@ def test_lookup_down_for_a_while_then_back(pipe, sandbox):
 
 
 def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
-    doc = actions_doc(sandbox.url, actions={
-        "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], sensitive_args=["reason"]),
-    })
+    doc = actions_doc(
+        sandbox.url,
+        actions={
+            "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], sensitive_args=["reason"]),
+        },
+    )
     pipe.write_actions(doc)
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
     sandbox.add_fault(mode="fail_before_commit", method="GET", path="/v1/refunds", status=500)
@@ -88,8 +94,13 @@ def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
         handoff = s.execute(select(Handoff).where(Handoff.operation_id == op.id)).scalar_one()
         packet = handoff.packet
     # 1. ids, key, tenant, action, target
-    assert packet["operation"] == {"operation_id": op.id, "idempotency_key": "rc-never", "tenant": "t1",
-                                   "action": "payments.refund.create", "target": "sandbox"}
+    assert packet["operation"] == {
+        "operation_id": op.id,
+        "idempotency_key": "rc-never",
+        "tenant": "t1",
+        "action": "payments.refund.create",
+        "target": "sandbox",
+    }
     # 2. every attempt: the dispatch and the three lookups, with token, digest and class
     kinds = [(a["kind"], a["class"]) for a in packet["attempts"]]
     assert kinds[0] == ("dispatch", "ambiguous") and len([k for k in kinds if k[0] == "lookup"]) == 3
@@ -111,8 +122,12 @@ def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pi
     settle_s = 2.0
     sandbox.configure(index_lag_s=1.0)
     lookup = action("/v1/refunds")["lookup"] | {"settle_s": settle_s}
-    pipe.write_actions(actions_doc(sandbox.url, actions={
-        "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], lookup=lookup)}))
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url,
+            actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"], lookup=lookup)},
+        )
+    )
     sandbox.add_fault(mode="fail_before_commit", method="POST", status=500, count=1)
     pipe.env.update(FAST_RECHECK)
     pipe.start_worker()
@@ -153,8 +168,9 @@ def test_provider_without_idempotency_is_never_resent_without_proof(pipe, sandbo
 def test_worker_killed_after_the_provider_committed(pipe, sandbox):
     # F03: the answer arrived, the worker died before storing it. Lease expiry -> outcome_unknown
     # -> a second worker's lookup settles it; nothing is sent twice.
-    crashing = pipe.start_worker("crash", queues="dispatch",
-                                 extra_env={"OUTBOX_FAILPOINTS": "dispatch.after_response=exit"})
+    crashing = pipe.start_worker(
+        "crash", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": "dispatch.after_response=exit"}
+    )
     pipe.start_worker("reconciler", queues="outcome_unknown")
     pipe.start_relay()
     r = pipe.submit("rc-crash")
@@ -219,8 +235,9 @@ def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sand
         assert len(posts(sandbox, "ev-down")) == 1 and len(sandbox.effects(key="ev-down")) == 1
         with sink.engine.connect() as conn:  # type: ignore[union-attr]
             rows = conn.execute(select(Evidence.operation_id, Evidence.provider_reference)).all()
-        assert sorted(rows) == sorted([(warm.operation_id, pipe.op(warm.operation_id).result_reference),
-                                       (op.id, op.result_reference)])
+        assert sorted(rows) == sorted(
+            [(warm.operation_id, pipe.op(warm.operation_id).result_reference), (op.id, op.result_reference)]
+        )
         with pipe.sessions() as s:
             events = [e["event"] for e in explain(s, op.id).as_json()["history"]]
         assert "evidence backfilled" in events

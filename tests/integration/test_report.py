@@ -44,10 +44,15 @@ def plant(sandbox, key: str) -> str:
 
 
 def test_report_finds_planted_duplicate_and_orphan(pipe, sandbox):
-    pipe.write_actions(actions_doc(sandbox.url, actions={
-        "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], **{"list": LISTING}),
-        "support.ticket.create": action("/v1/tickets"),
-    }))
+    pipe.write_actions(
+        actions_doc(
+            sandbox.url,
+            actions={
+                "payments.refund.create": action("/v1/refunds", decimal_args=["amount"], **{"list": LISTING}),
+                "support.ticket.create": action("/v1/tickets"),
+            },
+        )
+    )
     sandbox.add_fault(mode="unavailable_503", method="POST", key_pattern="rep-3", count=1)
     pipe.start_worker()
     pipe.start_relay()
@@ -75,7 +80,8 @@ def test_report_finds_planted_duplicate_and_orphan(pipe, sandbox):
     assert rc == 1
     d = found["discrepancies"]
     assert [(x["idempotency_key"], x["reference"], x["why"]) for x in d["document_without_record"]] == [
-        ("rep-orphan", orphan, "no operation with this key")]
+        ("rep-orphan", orphan, "no operation with this key")
+    ]
     assert len(d["duplicates"]) == 1
     dup = d["duplicates"][0]
     assert dup["idempotency_key"] == "rep-1" and dup["count"] == 2 and second in dup["references"]

@@ -1,4 +1,5 @@
 """The sandbox's careful-provider behaviour, over real HTTP: idempotency, lookups, fencing, admin."""
+
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,9 @@ def client(sandbox: SandboxServer) -> Iterator[httpx.Client]:
         yield c
 
 
-def post(client: httpx.Client, key: str | None, body: dict[str, Any] | None = None, path: str = "/v1/refunds",
-         **headers: str) -> httpx.Response:
+def post(
+    client: httpx.Client, key: str | None, body: dict[str, Any] | None = None, path: str = "/v1/refunds", **headers: str
+) -> httpx.Response:
     h = {k.replace("_", "-"): v for k, v in headers.items()}
     if key is not None:
         h["Idempotency-Key"] = key
@@ -48,7 +50,9 @@ def test_tickets_and_emails(client: httpx.Client) -> None:
     e = post(client, "e1", {"to": "a@example.com", "subject": "Hi", "body": "x"}, "/v1/emails")
     assert e.status_code == 200 and e.json()["id"].startswith("em_") and e.json()["status"] == "sent"
     assert post(client, "t2", {"subject": "x"}, "/v1/tickets").json()["error"]["param"] == "customer_id"
-    assert post(client, "e2", {"to": "nobody", "subject": "Hi"}, "/v1/emails").json()["error"]["code"] == "invalid_email"
+    assert (
+        post(client, "e2", {"to": "nobody", "subject": "Hi"}, "/v1/emails").json()["error"]["code"] == "invalid_email"
+    )
 
 
 def test_every_response_has_a_request_id(client: httpx.Client) -> None:
@@ -84,7 +88,9 @@ def test_keys_are_scoped_by_tenant(client: httpx.Client, sandbox: SandboxServer)
     assert a.json()["id"] != b.json()["id"]
     assert {e["tenant"] for e in sandbox.effects()} == {"sk_tenant_a", "sk_tenant_b"}
     # Lookups are tenant-scoped as well.
-    found = client.get("/v1/refunds", params={"idempotency_key": "k-shared"}, headers={"Authorization": "Bearer sk_tenant_a"})
+    found = client.get(
+        "/v1/refunds", params={"idempotency_key": "k-shared"}, headers={"Authorization": "Bearer sk_tenant_a"}
+    )
     assert found.json()["id"] == a.json()["id"]
     assert client.get("/v1/refunds", params={"idempotency_key": "k-shared"}).status_code == 404
 
@@ -118,8 +124,10 @@ def test_concurrent_same_key_creates_one_object(sandbox: SandboxServer) -> None:
     assert len(created) == 1
     for r in results:
         if r is not created[0]:
-            assert r.status_code == 409 and r.json()["error"]["code"] == "key_in_use" or (
-                r.status_code == 200 and r.content == created[0].content
+            assert (
+                r.status_code == 409
+                and r.json()["error"]["code"] == "key_in_use"
+                or (r.status_code == 200 and r.content == created[0].content)
             )
     assert any(r.status_code == 409 for r in results)
 
@@ -199,7 +207,12 @@ def test_validation_422_and_over_limit_402(client: httpx.Client, sandbox: Sandbo
     for amount in ("0", "-1", "1.234", "abc", "1e3", 12.5):
         r = post(client, f"k-bad-{amount}", {**REFUND, "amount": amount})
         assert r.status_code == 422, amount
-        assert r.json()["error"] == {**r.json()["error"], "type": "invalid_request_error", "code": "invalid_amount", "param": "amount"}
+        assert r.json()["error"] == {
+            **r.json()["error"],
+            "type": "invalid_request_error",
+            "code": "invalid_amount",
+            "param": "amount",
+        }
     assert post(client, "k-missing", {"amount": "1", "currency": "eur"}).json()["error"]["param"] == "order_id"
     assert post(client, "k-over", {**REFUND, "amount": "10000.01"}).status_code == 402
     assert post(client, "k-limit", {**REFUND, "amount": "10000.00"}).status_code == 200

@@ -1,4 +1,5 @@
 """Each sandbox fault mode does exactly what it claims, checked over real HTTP and in the ledger."""
+
 from __future__ import annotations
 
 import email.utils
@@ -154,7 +155,9 @@ def test_latency(client: httpx.Client, sandbox: SandboxServer) -> None:
     assert time.monotonic() - started >= 0.15
 
 
-@pytest.mark.parametrize("mode,status,code", [("reject_422", 422, "invalid_amount"), ("reject_402", 402, "amount_over_limit")])
+@pytest.mark.parametrize(
+    "mode,status,code", [("reject_422", 422, "invalid_amount"), ("reject_402", 402, "amount_over_limit")]
+)
 def test_business_rejections(client: httpx.Client, sandbox: SandboxServer, mode: str, status: int, code: str) -> None:
     sandbox.add_fault(mode=mode, count=1)
     r = post(client, "k-rej")
@@ -211,7 +214,9 @@ def test_key_pattern_glob_and_regex_and_rule_order(client: httpx.Client, sandbox
 
 
 def test_scripted_per_request_header(client: httpx.Client, sandbox: SandboxServer) -> None:
-    r = client.post("/v1/refunds", json=REFUND, headers={"X-Sandbox-Fault": '{"mode": "commit_then_error", "status": 504}'})
+    r = client.post(
+        "/v1/refunds", json=REFUND, headers={"X-Sandbox-Fault": '{"mode": "commit_then_error", "status": 504}'}
+    )
     assert r.status_code == 504 and len(sandbox.effects()) == 1
 
 

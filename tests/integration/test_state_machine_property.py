@@ -68,6 +68,8 @@ SINK = EvidenceSink(None)  # the ledger's own evidence table
 
 def packet(session: Session, op: Operation, why: str) -> dict[str, Any]:
     return {"why": why}
+
+
 ARGS = {"order_id": "o-1", "amount": Decimal("10.50"), "currency": "EUR"}
 
 index = st.integers(min_value=0, max_value=1_000)
@@ -95,12 +97,20 @@ class LedgerMachine(RuleBasedStateMachine):
         with self.sessions() as s:
             return dict(s.execute(select(Operation.__table__).where(Operation.id == op_id)).mappings().one())
 
-    def open_ambiguity(self, s: Session, op_id: str, proven_absent_through: int, *, ignoring: int | None = None,
-                       confirmed_only: bool = False) -> bool:
+    def open_ambiguity(
+        self,
+        s: Session,
+        op_id: str,
+        proven_absent_through: int,
+        *,
+        ignoring: int | None = None,
+        confirmed_only: bool = False,
+    ) -> bool:
         """An attempt that may have taken effect (effect_guard.py): confirmed (any kind), or an
         ambiguous / unreported dispatch after proven_absent_through."""
-        may_land = and_(Attempt.kind == "dispatch", Attempt.attempt_number > proven_absent_through,
-                        Attempt.attempt_class.in_(OPEN))
+        may_land = and_(
+            Attempt.kind == "dispatch", Attempt.attempt_number > proven_absent_through, Attempt.attempt_class.in_(OPEN)
+        )
         stmt = select(Attempt.id).where(
             Attempt.operation_id == op_id,
             Attempt.attempt_class == SUCCESS if confirmed_only else or_(Attempt.attempt_class == SUCCESS, may_land),
@@ -118,8 +128,14 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def live_claims(self, kind: str) -> list[Claim]:
         """Claims whose token is still the operation's current one (a live worker or reconciler)."""
-        return [c for c in self.claims if c.kind == kind and self.tokens.get(c.operation_id) == c.fencing_token
-                and self.status.get(c.operation_id) == (Status.DISPATCHING if kind == "dispatch" else Status.OUTCOME_UNKNOWN)]
+        return [
+            c
+            for c in self.claims
+            if c.kind == kind
+            and self.tokens.get(c.operation_id) == c.fencing_token
+            and self.status.get(c.operation_id)
+            == (Status.DISPATCHING if kind == "dispatch" else Status.OUTCOME_UNKNOWN)
+        ]
 
     def expect_refused(self, op_id: str, exc_type: type[Exception], fn) -> None:
         """A wrong move raises and leaves the operation row exactly as it was (transaction committed).
@@ -152,8 +168,15 @@ class LedgerMachine(RuleBasedStateMachine):
         self.n += 1
         key = f"wf-{self.n}:refund:v1"
         with self.sessions.begin() as s:
-            r = submit(s, tenant="acme", idempotency_key=key, action="payments.refund.create", args=ARGS,
-                       subject="agent:bot", requires_approval=needs_approval)
+            r = submit(
+                s,
+                tenant="acme",
+                idempotency_key=key,
+                action="payments.refund.create",
+                args=ARGS,
+                subject="agent:bot",
+                requires_approval=needs_approval,
+            )
         assert r.new and r.status == (Status.AWAITING_APPROVAL if needs_approval else Status.NOT_DISPATCHED)
         self.ops.append(r.operation_id)
         self.keys[r.operation_id] = key
@@ -163,8 +186,13 @@ class LedgerMachine(RuleBasedStateMachine):
     def resubmit(self, i: int, same_args: bool) -> None:
         op_id = self.pick(self.ops, i)
         args = ARGS if same_args else ARGS | {"amount": Decimal("99")}
-        intent = dict(tenant="acme", idempotency_key=self.keys[op_id], action="payments.refund.create",
-                      args=args, subject="agent:bot")
+        intent = dict(
+            tenant="acme",
+            idempotency_key=self.keys[op_id],
+            action="payments.refund.create",
+            args=args,
+            subject="agent:bot",
+        )
         if same_args:
             with self.sessions.begin() as s:
                 r = submit(s, **intent)
@@ -235,13 +263,17 @@ class LedgerMachine(RuleBasedStateMachine):
         self.finalize(c, klass, self.worker_target(c, klass, choice, degraded))
 
     def finalize(self, c: Claim, klass: AttemptClass, to: Status) -> None:
-        report = AttemptReport(klass, provider_reference="re_1" if klass is AttemptClass.SUCCEEDED else None,
-                               error=None if klass is AttemptClass.SUCCEEDED else str(klass))
+        report = AttemptReport(
+            klass,
+            provider_reference="re_1" if klass is AttemptClass.SUCCEEDED else None,
+            error=None if klass is AttemptClass.SUCCEEDED else str(klass),
+        )
         before = self.row(c.operation_id)
         with self.sessions() as s:
             attempt_open = s.execute(select(Attempt.ended_at).where(Attempt.id == c.attempt_id)).scalar_one() is None
-            ambiguity = self.open_ambiguity(s, c.operation_id, before["proven_absent_through"],
-                                            ignoring=c.attempt_id if attempt_open else None)
+            ambiguity = self.open_ambiguity(
+                s, c.operation_id, before["proven_absent_through"], ignoring=c.attempt_id if attempt_open else None
+            )
         if to in NO_EFFECT and klass not in PROVABLY_NOT_EXECUTED:
             # The worker's own evidence says "maybe": refused before anything is written.
             with pytest.raises(IllegalTransition):
@@ -259,11 +291,13 @@ class LedgerMachine(RuleBasedStateMachine):
         elif guarded:
             # The token is current: the ledger's own guard refuses (an earlier attempt may have
             # taken effect), not a lost lease; the operation stays with its owner.
-            self.expect_refused(c.operation_id, IllegalTransition,
-                                lambda s: finalize_if_fenced(s, c, report, to=to, reason="refused"))
+            self.expect_refused(
+                c.operation_id, IllegalTransition, lambda s: finalize_if_fenced(s, c, report, to=to, reason="refused")
+            )
         else:
-            self.expect_refused(c.operation_id, StaleFence,
-                                lambda s: finalize_if_fenced(s, c, report, to=to, reason="refused"))
+            self.expect_refused(
+                c.operation_id, StaleFence, lambda s: finalize_if_fenced(s, c, report, to=to, reason="refused")
+            )
         if attempt_open:
             # Evidence is never dropped: the attempt row holds what this worker saw, landed or not;
             # it is marked stale only when the worker's token was.
@@ -300,7 +334,9 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(i=index, klass=classes)
     def wrong_failed_before_commit(self, i: int, klass: AttemptClass) -> None:
         """Deliberately call a possibly-executed attempt a failure (or use any claim, stale or not)."""
-        self.finalize(self.pick([c for c in self.claims if c.kind == "dispatch"], i), klass, Status.FAILED_BEFORE_COMMIT)
+        self.finalize(
+            self.pick([c for c in self.claims if c.kind == "dispatch"], i), klass, Status.FAILED_BEFORE_COMMIT
+        )
 
     @precondition(lambda self: self.dispatch_claims(live=False))
     @rule(i=index, klass=classes)
@@ -309,8 +345,9 @@ class LedgerMachine(RuleBasedStateMachine):
         c = self.pick(self.dispatch_claims(live=False), i)
         assert self.row(c.operation_id)["fencing_token"] > c.fencing_token
         to = Status.SUCCEEDED if klass is AttemptClass.SUCCEEDED else Status.OUTCOME_UNKNOWN
-        self.expect_refused(c.operation_id, StaleFence,
-                            lambda s: finalize_if_fenced(s, c, AttemptReport(klass), to=to, reason="zombie"))
+        self.expect_refused(
+            c.operation_id, StaleFence, lambda s: finalize_if_fenced(s, c, AttemptReport(klass), to=to, reason="zombie")
+        )
 
     # ---- the sweep -----------------------------------------------------------------------
 
@@ -320,8 +357,11 @@ class LedgerMachine(RuleBasedStateMachine):
         leased = self.in_status(Status.DISPATCHING, Status.OUTCOME_UNKNOWN)
         op_id = self.pick(self.ops if anyone or not leased else leased, i)
         with self.sessions.begin() as s:
-            s.execute(update(Operation).where(Operation.id == op_id, Operation.lease_expires_at.is_not(None))
-                      .values(lease_expires_at=db_now(-1)))
+            s.execute(
+                update(Operation)
+                .where(Operation.id == op_id, Operation.lease_expires_at.is_not(None))
+                .values(lease_expires_at=db_now(-1))
+            )
         before = self.row(op_id)
         with self.sessions.begin() as s:
             moved = expire_leases(s)
@@ -357,9 +397,20 @@ class LedgerMachine(RuleBasedStateMachine):
             assert got == [] and self.row(op_id) == before
 
     @precondition(lambda self: self.in_status(Status.OUTCOME_UNKNOWN))
-    @rule(i=index, to=st.sampled_from([Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.NOT_DISPATCHED,
-                                        Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED, Status.CANCELLED]),
-          cannot_land=st.booleans())
+    @rule(
+        i=index,
+        to=st.sampled_from(
+            [
+                Status.SUCCEEDED,
+                Status.FAILED_BEFORE_COMMIT,
+                Status.NOT_DISPATCHED,
+                Status.OUTCOME_UNKNOWN,
+                Status.RECONCILIATION_REQUIRED,
+                Status.CANCELLED,
+            ]
+        ),
+        cannot_land=st.booleans(),
+    )
     def reconciler_turn(self, i: int, to: Status, cannot_land: bool) -> None:
         """A whole reconciler turn: claim an unknown operation, settle it with what the lookup proved."""
         n = len(self.claims)
@@ -368,9 +419,21 @@ class LedgerMachine(RuleBasedStateMachine):
             self.settle(self.claims[-1], to, cannot_land)
 
     @precondition(lambda self: any(c.kind == "lookup" for c in self.claims))
-    @rule(i=index, to=st.sampled_from([Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED, Status.FAILED_BEFORE_COMMIT,
-                                        Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED]),
-          live=st.sampled_from([True, True, False]), cannot_land=st.booleans())
+    @rule(
+        i=index,
+        to=st.sampled_from(
+            [
+                Status.SUCCEEDED,
+                Status.COMMITTED_EVIDENCE_DEGRADED,
+                Status.FAILED_BEFORE_COMMIT,
+                Status.NOT_DISPATCHED,
+                Status.OUTCOME_UNKNOWN,
+                Status.RECONCILIATION_REQUIRED,
+            ]
+        ),
+        live=st.sampled_from([True, True, False]),
+        cannot_land=st.booleans(),
+    )
     def reconciler_settles(self, i: int, to: Status, live: bool, cannot_land: bool) -> None:
         lookups = [c for c in self.claims if c.kind == "lookup"]
         c = self.pick(self.live_claims("lookup") if live and self.live_claims("lookup") else lookups, i)
@@ -378,21 +441,31 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def max_dispatch_number(self, op_id: str) -> int:
         with self.sessions() as s:
-            numbers = s.execute(select(Attempt.attempt_number).where(
-                Attempt.operation_id == op_id, Attempt.kind == "dispatch")).scalars().all()
+            numbers = (
+                s.execute(
+                    select(Attempt.attempt_number).where(Attempt.operation_id == op_id, Attempt.kind == "dispatch")
+                )
+                .scalars()
+                .all()
+            )
         return max(numbers, default=0)
 
     def settle(self, c: Claim, to: Status, cannot_land: bool = False) -> None:
         """The lookup's verdict; ``cannot_land``: a 404 from a provider that fences (the reconciler
         decides that; the ledger writes the proof)."""
-        klass = {Status.SUCCEEDED: AttemptClass.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED: AttemptClass.SUCCEEDED,
-                 Status.FAILED_BEFORE_COMMIT: AttemptClass.REJECTED, Status.NOT_DISPATCHED: AttemptClass.NOT_SENT,
-                 Status.CANCELLED: AttemptClass.NOT_SENT}.get(to, AttemptClass.AMBIGUOUS)
+        klass = {
+            Status.SUCCEEDED: AttemptClass.SUCCEEDED,
+            Status.COMMITTED_EVIDENCE_DEGRADED: AttemptClass.SUCCEEDED,
+            Status.FAILED_BEFORE_COMMIT: AttemptClass.REJECTED,
+            Status.NOT_DISPATCHED: AttemptClass.NOT_SENT,
+            Status.CANCELLED: AttemptClass.NOT_SENT,
+        }.get(to, AttemptClass.AMBIGUOUS)
         report = AttemptReport(klass, provider_reference="re_1" if klass is AttemptClass.SUCCEEDED else None)
         before = self.row(c.operation_id)
         with self.sessions() as s:
-            confirmed = self.open_ambiguity(s, c.operation_id, before["proven_absent_through"], ignoring=c.attempt_id,
-                                            confirmed_only=True)
+            confirmed = self.open_ambiguity(
+                s, c.operation_id, before["proven_absent_through"], ignoring=c.attempt_id, confirmed_only=True
+            )
         settle = lambda s: settle_if_fenced(s, c, report, to=to, reason="lookup", cannot_land=cannot_land)  # noqa: E731
         current = before["status"] == Status.OUTCOME_UNKNOWN and before["fencing_token"] == c.fencing_token
         if current and to in NO_EFFECT and confirmed:
@@ -418,7 +491,9 @@ class LedgerMachine(RuleBasedStateMachine):
         """Claims whose token is no longer current and whose attempt row is still open."""
         with self.sessions() as s:
             open_rows = set(s.execute(select(Attempt.id).where(Attempt.ended_at.is_(None))).scalars())
-        return [c for c in self.claims if c.attempt_id in open_rows and self.tokens.get(c.operation_id) != c.fencing_token]
+        return [
+            c for c in self.claims if c.attempt_id in open_rows and self.tokens.get(c.operation_id) != c.fencing_token
+        ]
 
     @precondition(lambda self: self.late_candidates())
     @rule(i=index, dies=st.sampled_from([False, False, True]))
@@ -450,14 +525,21 @@ class LedgerMachine(RuleBasedStateMachine):
     def in_review(self, op_id: str) -> bool:
         """Handed to a person because a late success contradicted "no effect", still open."""
         with self.sessions() as s:
-            flagged = s.execute(select(OperationEvent.id).where(
-                OperationEvent.operation_id == op_id, OperationEvent.event == CONTRADICTION_EVENT).limit(1)).first()
-            handoff = s.execute(select(Handoff.id).where(Handoff.operation_id == op_id, Handoff.status == "open")
-                                .limit(1)).first()
-        return flagged is not None and handoff is not None and self.row(op_id)["status"] == Status.RECONCILIATION_REQUIRED
+            flagged = s.execute(
+                select(OperationEvent.id)
+                .where(OperationEvent.operation_id == op_id, OperationEvent.event == CONTRADICTION_EVENT)
+                .limit(1)
+            ).first()
+            handoff = s.execute(
+                select(Handoff.id).where(Handoff.operation_id == op_id, Handoff.status == "open").limit(1)
+            ).first()
+        return (
+            flagged is not None and handoff is not None and self.row(op_id)["status"] == Status.RECONCILIATION_REQUIRED
+        )
 
-    def check_applied(self, op_id: str, before: dict[str, Any], moved: Status | None, *,
-                      in_review: bool = False) -> None:
+    def check_applied(
+        self, op_id: str, before: dict[str, Any], moved: Status | None, *, in_review: bool = False
+    ) -> None:
         was, after = Status(before["status"]), self.row(op_id)
         if was in EFFECT or in_review:
             # Nothing to settle; or a person reviews a contradiction and more evidence goes to them.
@@ -530,8 +612,9 @@ class LedgerMachine(RuleBasedStateMachine):
         current = Status(self.row(op_id)["status"])
         if is_allowed(current, to):
             return  # no effect -> reconciliation_required: only late_evidence takes that edge
-        self.expect_refused(op_id, IllegalTransition,
-                            lambda s: move(s, op_id, sources=[current], to=to, event="wrong", actor="mallory"))
+        self.expect_refused(
+            op_id, IllegalTransition, lambda s: move(s, op_id, sources=[current], to=to, event="wrong", actor="mallory")
+        )
 
     # ---- invariants ----------------------------------------------------------------------
 
@@ -542,29 +625,48 @@ class LedgerMachine(RuleBasedStateMachine):
             events: dict[str, list[Any]] = {}
             for e in s.execute(select(OperationEvent.__table__).order_by(OperationEvent.id)):
                 events.setdefault(e.operation_id, []).append(e)
-            failed_but_open = s.execute(
-                select(Operation.id).where(
-                    Operation.status.in_([st.value for st in NO_EFFECT]),
-                    select(Attempt.id).where(and_(
-                        Attempt.operation_id == Operation.id,
-                        Attempt.kind == "dispatch",
-                        Attempt.attempt_number > Operation.proven_absent_through,
-                        Attempt.attempt_class.in_(OPEN),
-                    )).exists(),
+            failed_but_open = (
+                s.execute(
+                    select(Operation.id).where(
+                        Operation.status.in_([st.value for st in NO_EFFECT]),
+                        select(Attempt.id)
+                        .where(
+                            and_(
+                                Attempt.operation_id == Operation.id,
+                                Attempt.kind == "dispatch",
+                                Attempt.attempt_number > Operation.proven_absent_through,
+                                Attempt.attempt_class.in_(OPEN),
+                            )
+                        )
+                        .exists(),
+                    )
                 )
-            ).scalars().all()
-            success_denied = set(s.execute(
-                select(Operation.id).where(
-                    Operation.status.in_([st.value for st in NO_EFFECT]),
-                    select(Attempt.id).where(Attempt.operation_id == Operation.id, Attempt.attempt_class == SUCCESS).exists(),
-                )
-            ).scalars()) | set(s.execute(
-                select(Operation.id).where(
-                    Operation.status.in_([st.value for st in AWAITING_OUTCOME]),
-                    select(Attempt.id).where(Attempt.operation_id == Operation.id, Attempt.attempt_class == SUCCESS,
-                                             Attempt.applied_at.is_(None)).exists(),
-                )
-            ).scalars())
+                .scalars()
+                .all()
+            )
+            success_denied = set(
+                s.execute(
+                    select(Operation.id).where(
+                        Operation.status.in_([st.value for st in NO_EFFECT]),
+                        select(Attempt.id)
+                        .where(Attempt.operation_id == Operation.id, Attempt.attempt_class == SUCCESS)
+                        .exists(),
+                    )
+                ).scalars()
+            ) | set(
+                s.execute(
+                    select(Operation.id).where(
+                        Operation.status.in_([st.value for st in AWAITING_OUTCOME]),
+                        select(Attempt.id)
+                        .where(
+                            Attempt.operation_id == Operation.id,
+                            Attempt.attempt_class == SUCCESS,
+                            Attempt.applied_at.is_(None),
+                        )
+                        .exists(),
+                    )
+                ).scalars()
+            )
         assert set(ops) == set(self.ops)
         assert failed_but_open == [], "failed_before_commit/cancelled while an attempt may have taken effect"
         assert success_denied <= self.unapplied, "a confirmed success left unapplied (evidence wins)"
@@ -576,7 +678,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert Status(self.terminal[op_id]) in NO_EFFECT, "left a terminal state"
                 assert op.status == Status.RECONCILIATION_REQUIRED
                 assert events[op_id][-1].event == CONTRADICTION_EVENT or any(
-                    e.event == CONTRADICTION_EVENT for e in events[op_id]), "left a terminal state without evidence"
+                    e.event == CONTRADICTION_EVENT for e in events[op_id]
+                ), "left a terminal state without evidence"
                 del self.terminal[op_id]
             if op.status in {s.value for s in TERMINAL}:
                 self.terminal[op_id] = op.status
@@ -602,9 +705,14 @@ def _run(url: str, *, max_examples: int) -> None:
         LedgerMachine.sessions = make_sessionmaker(engine)
         run_state_machine_as_test(
             LedgerMachine,
-            settings=settings(deadline=None, derandomize=not EXPLORE, database=None, stateful_step_count=50,
-                              max_examples=EXPLORE or max_examples,
-                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+            settings=settings(
+                deadline=None,
+                derandomize=not EXPLORE,
+                database=None,
+                stateful_step_count=50,
+                max_examples=EXPLORE or max_examples,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
         )
     finally:
         engine.dispose()

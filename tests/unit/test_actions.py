@@ -101,13 +101,25 @@ def test_env_default(tmp_path: Path) -> None:
         (mutated(on_ambigous="lookup"), "actions.payments.refund.create.on_ambigous", "Extra inputs"),
         (mutated(on_ambiguous="retry"), "actions.payments.refund.create.on_ambiguous", "lookup"),
         (mutated(target="payment"), "actions.payments.refund.create.target", "unknown target 'payment'"),
-        (mutated(request={"method": "POST", "path": "/v1/orders/{oder_id}"}), "actions.payments.refund.create.request.path", "oder_id"),
-        (mutated(request={"method": "POST", "path": "v1/refunds"}), "actions.payments.refund.create.request.path", "'/'"),
+        (
+            mutated(request={"method": "POST", "path": "/v1/orders/{oder_id}"}),
+            "actions.payments.refund.create.request.path",
+            "oder_id",
+        ),
+        (
+            mutated(request={"method": "POST", "path": "v1/refunds"}),
+            "actions.payments.refund.create.request.path",
+            "'/'",
+        ),
         (mutated(request={"method": "FETCH", "path": "/v1"}), "actions.payments.refund.create.request.method", "POST"),
         (mutated(decimal_args=["amont"]), "actions.payments.refund.create.decimal_args", "amont"),
         (mutated(status_map={"600": "ambiguous"}), "actions.payments.refund.create.status_map", "status code"),
         (mutated(status_map={409: "not_sent"}), "actions.payments.refund.create.status_map", "not_sent"),
-        (mutated(list={"request": {"method": "GET", "path": "/v1"}, "cursor_param": "after"}), "actions.payments.refund.create.list", "cursor"),
+        (
+            mutated(list={"request": {"method": "GET", "path": "/v1"}, "cursor_param": "after"}),
+            "actions.payments.refund.create.list",
+            "cursor",
+        ),
     ],
 )
 def test_bad_fields_name_their_dotted_path(tmp_path: Path, data: Any, field: str, words: str) -> None:
@@ -137,7 +149,10 @@ def test_lookup_may_use_idempotency_key_placeholder(tmp_path: Path) -> None:
 
 def test_status_map_keys_normalised(tmp_path: Path) -> None:
     cfg = load_actions(write(tmp_path, mutated(status_map={"409": "ambiguous", "5XX": "ambiguous"})), environ=ENV)
-    assert cfg.action("payments.refund.create").status_map == {409: AttemptClass.AMBIGUOUS, "5xx": AttemptClass.AMBIGUOUS}
+    assert cfg.action("payments.refund.create").status_map == {
+        409: AttemptClass.AMBIGUOUS,
+        "5xx": AttemptClass.AMBIGUOUS,
+    }
 
 
 def test_unknown_action_lists_known() -> None:
@@ -170,11 +185,19 @@ def test_authoritative_lookup_by_a_key_that_is_never_sent_is_refused():
     # the re-dispatch made a second refund.
     from workers.actions import ActionsFileError, parse_actions
 
-    doc = {"targets": {"p": {"base_url": "http://127.0.0.1:1"}},
-           "actions": {"a": {"target": "p", "request": {"method": "POST", "path": "/r"},
-                             "lookup": {"request": {"method": "GET", "path": "/r",
-                                                    "query": {"idempotency_key": "{idempotency_key}"}},
-                                        "authoritative_not_found": True}}}}
+    doc = {
+        "targets": {"p": {"base_url": "http://127.0.0.1:1"}},
+        "actions": {
+            "a": {
+                "target": "p",
+                "request": {"method": "POST", "path": "/r"},
+                "lookup": {
+                    "request": {"method": "GET", "path": "/r", "query": {"idempotency_key": "{idempotency_key}"}},
+                    "authoritative_not_found": True,
+                },
+            }
+        },
+    }
     with pytest.raises(ActionsFileError, match="authoritative_not_found"):
         parse_actions(doc)
     doc["actions"]["a"]["lookup"]["authoritative_not_found"] = False

@@ -56,11 +56,22 @@ def test_transport_failures(exc: BaseException, klass: AttemptClass) -> None:
 @pytest.mark.parametrize(
     ("status", "klass"),
     [
-        (429, A.NOT_PROCESSED), (503, A.NOT_PROCESSED),
-        (400, A.REJECTED), (401, A.REJECTED), (403, A.REJECTED), (404, A.REJECTED),
-        (409, A.REJECTED), (422, A.REJECTED), (418, A.REJECTED),
-        (500, A.AMBIGUOUS), (502, A.AMBIGUOUS), (504, A.AMBIGUOUS), (507, A.AMBIGUOUS),
-        (100, A.AMBIGUOUS), (301, A.AMBIGUOUS), (304, A.AMBIGUOUS),
+        (429, A.NOT_PROCESSED),
+        (503, A.NOT_PROCESSED),
+        (400, A.REJECTED),
+        (401, A.REJECTED),
+        (403, A.REJECTED),
+        (404, A.REJECTED),
+        (409, A.REJECTED),
+        (422, A.REJECTED),
+        (418, A.REJECTED),
+        (500, A.AMBIGUOUS),
+        (502, A.AMBIGUOUS),
+        (504, A.AMBIGUOUS),
+        (507, A.AMBIGUOUS),
+        (100, A.AMBIGUOUS),
+        (301, A.AMBIGUOUS),
+        (304, A.AMBIGUOUS),
     ],
 )
 def test_status_rows(status: int, klass: AttemptClass) -> None:
@@ -76,8 +87,18 @@ def test_2xx_with_reference_succeeds() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"   ", b'{"id": "re_1', b"<html>ok</html>", b'["re_1"]', b'{"status": "ok"}', b'{"id": ""}',
-     b'{"id": null}', b'{"id": {"x": 1}}', b"\xff\xfe"],
+    [
+        b"",
+        b"   ",
+        b'{"id": "re_1',
+        b"<html>ok</html>",
+        b'["re_1"]',
+        b'{"status": "ok"}',
+        b'{"id": ""}',
+        b'{"id": null}',
+        b'{"id": {"x": 1}}',
+        b"\xff\xfe",
+    ],
 )
 def test_2xx_without_provable_reference_is_ambiguous(body: bytes) -> None:
     result = classify(200, body)
@@ -128,8 +149,10 @@ def test_other_4xx_rejected(status: int, body: bytes) -> None:
 def test_2xx_without_parseable_reference_is_ambiguous(status: int, body: bytes) -> None:
     try:
         parsed = json.loads(body)
-        has_ref = isinstance(parsed, dict) and parsed.get("id") not in (None, "") and not isinstance(
-            parsed.get("id"), (dict, list, bool)
+        has_ref = (
+            isinstance(parsed, dict)
+            and parsed.get("id") not in (None, "")
+            and not isinstance(parsed.get("id"), (dict, list, bool))
         )
     except ValueError:
         has_ref = False

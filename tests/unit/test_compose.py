@@ -22,7 +22,9 @@ SERVICES = COMPOSE["services"]
 
 
 def test_expected_services_exist():
-    assert {"postgres", "redis", "migrate", "relay", "worker", "reconciler", "beat", "flower", "sandbox"} <= set(SERVICES)
+    assert {"postgres", "redis", "migrate", "relay", "worker", "reconciler", "beat", "flower", "sandbox"} <= set(
+        SERVICES
+    )
 
 
 def test_redis_keeps_queues_across_restarts():
@@ -65,8 +67,14 @@ def test_every_command_is_a_real_entry_point(name, tmp_path):
     command = SERVICES[name]["command"]
     if command[:4] == ["celery", "-A", "workers", "flower"]:
         pytest.importorskip("flower", reason="flower is installed in the image, optional here")
-    result = subprocess.run(_entry_point(command), cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            env={"PATH": "/usr/bin:/bin", "OUTBOX_DATA_DIR": str(tmp_path)})
+    result = subprocess.run(
+        _entry_point(command),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "OUTBOX_DATA_DIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 

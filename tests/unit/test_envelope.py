@@ -16,8 +16,8 @@ from outbox.errors import InvalidIntent
 BASE = dict(tenant="acme", action="payments.refund.create", subject="agent:bot")
 
 # JSON values an agent may send: no floats (refused by design), exact decimals instead.
-decimals = st.decimals(allow_nan=False, allow_infinity=False, places=4, min_value=-10**9, max_value=10**9)
-scalars = st.none() | st.booleans() | st.integers(-10**12, 10**12) | decimals | st.text(max_size=12)
+decimals = st.decimals(allow_nan=False, allow_infinity=False, places=4, min_value=-(10**9), max_value=10**9)
+scalars = st.none() | st.booleans() | st.integers(-(10**12), 10**12) | decimals | st.text(max_size=12)
 json_values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
@@ -45,7 +45,9 @@ def dumps_with_whitespace(value, rnd: random.Random) -> str:
     """Serialise as JSON text with random (legal) whitespace between tokens."""
     ws = lambda: rnd.choice(["", " ", "\n", "\t", "  \r\n "])  # noqa: E731
     if isinstance(value, dict):
-        inner = ",".join(f"{ws()}{json.dumps(k)}{ws()}:{ws()}{dumps_with_whitespace(v, rnd)}{ws()}" for k, v in value.items())
+        inner = ",".join(
+            f"{ws()}{json.dumps(k)}{ws()}:{ws()}{dumps_with_whitespace(v, rnd)}{ws()}" for k, v in value.items()
+        )
         return "{" + ws() + inner + ws() + "}"
     if isinstance(value, list):
         return "[" + ws() + ",".join(ws() + dumps_with_whitespace(v, rnd) + ws() for v in value) + ws() + "]"
@@ -115,7 +117,9 @@ def test_floats_are_refused_naming_the_dotted_path(args, path):
     assert "float" in info.value.reason
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), Decimal("NaN"), Decimal("Infinity"), Decimal("-Infinity")])
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), float("-inf"), Decimal("NaN"), Decimal("Infinity"), Decimal("-Infinity")]
+)
 def test_non_finite_numbers_are_refused(value):
     with pytest.raises(InvalidIntent) as info:
         build_envelope(**BASE, args={"x": value})

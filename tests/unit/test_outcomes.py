@@ -25,26 +25,61 @@ DOC = {
             "target": "p",
             "request": {"method": "POST", "path": "/v1/refunds"},
             "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 600},
-            "lookup": {"request": {"method": "GET", "path": "/v1/refunds", "query": {"idempotency_key": "{idempotency_key}"}},
-                       "authoritative_not_found": True, "settle_s": 5},
+            "lookup": {
+                "request": {"method": "GET", "path": "/v1/refunds", "query": {"idempotency_key": "{idempotency_key}"}},
+                "authoritative_not_found": True,
+                "settle_s": 5,
+            },
             "budget": {"max_attempts": 3, "deadline_s": 60, "base_delay_s": 0.5, "max_delay_s": 10},
         },
     },
 }
 CONFIG = parse_actions(DOC)
 ACTION = CONFIG.action("refund")
-REPLAY = parse_actions(DOC | {"actions": {"refund": DOC["actions"]["refund"] | {"on_ambiguous": "replay"}}}).action("refund")
-FENCED = parse_actions(DOC | {"actions": {"refund": DOC["actions"]["refund"] | {
-    "fencing_header": "X-Fencing-Token", "provider_fencing": True}}}).action("refund")
+REPLAY = parse_actions(DOC | {"actions": {"refund": DOC["actions"]["refund"] | {"on_ambiguous": "replay"}}}).action(
+    "refund"
+)
+FENCED = parse_actions(
+    DOC
+    | {
+        "actions": {
+            "refund": DOC["actions"]["refund"] | {"fencing_header": "X-Fencing-Token", "provider_fencing": True}
+        }
+    }
+).action("refund")
 
 
-def claim(n: int = 1, *, ambiguity: bool = False, cancel: bool = False, max_attempts=None, kind="dispatch",
-          proven_absent_through: int = 0) -> Claim:
-    return Claim(operation_id="op", fencing_token=n, attempt_id=n, attempt_number=n, kind=kind, tenant="t",
-                 idempotency_key="k", action="refund", args="{}", args_digest="d", subject="s", worker="w",
-                 lease_expires_at=T0 + timedelta(seconds=60), max_attempts=max_attempts, attempt_count=n,
-                 deadline_at=None, created_at=T0, cancel_requested=cancel, open_ambiguity=ambiguity,
-                 proven_absent_through=proven_absent_through)
+def claim(
+    n: int = 1,
+    *,
+    ambiguity: bool = False,
+    cancel: bool = False,
+    max_attempts=None,
+    kind="dispatch",
+    proven_absent_through: int = 0,
+) -> Claim:
+    return Claim(
+        operation_id="op",
+        fencing_token=n,
+        attempt_id=n,
+        attempt_number=n,
+        kind=kind,
+        tenant="t",
+        idempotency_key="k",
+        action="refund",
+        args="{}",
+        args_digest="d",
+        subject="s",
+        worker="w",
+        lease_expires_at=T0 + timedelta(seconds=60),
+        max_attempts=max_attempts,
+        attempt_count=n,
+        deadline_at=None,
+        created_at=T0,
+        cancel_requested=cancel,
+        open_ambiguity=ambiguity,
+        proven_absent_through=proven_absent_through,
+    )
 
 
 def c(klass, **kw) -> Classification:
@@ -120,7 +155,10 @@ def test_reconciler_judgement():
     rc = claim(1, kind="lookup")
     v = judge(rc, ACTION, lookup("found", "succeeded"), now=T0, last_activity=T0, rng=rng)
     assert v.to is Status.SUCCEEDED and v.reference == "re_1"
-    assert judge(rc, ACTION, lookup("found", "failed"), now=T0, last_activity=T0, rng=rng).to is Status.FAILED_BEFORE_COMMIT
+    assert (
+        judge(rc, ACTION, lookup("found", "failed"), now=T0, last_activity=T0, rng=rng).to
+        is Status.FAILED_BEFORE_COMMIT
+    )
     assert judge(rc, ACTION, lookup("found", "pending"), now=T0, last_activity=T0, rng=rng).to is Status.OUTCOME_UNKNOWN
     # Index lag: an early 404 is not proof.
     early = judge(rc, ACTION, lookup("not_found"), now=T0 + timedelta(seconds=1), last_activity=T0, rng=rng)
@@ -148,12 +186,15 @@ def test_not_found_with_budget_left_redispatches_with_the_same_key():
     assert fenced.to is Status.NOT_DISPATCHED and fenced.cannot_land and "fenced off" in fenced.reason
 
 
-@pytest.mark.parametrize("why,rc,tried", [
-    ("deadline", claim(2, kind="lookup", ambiguity=True), attempts(A.PENDING, A.NOT_SENT)),
-    ("attempts", claim(3, kind="lookup", ambiguity=True), attempts(A.AMBIGUOUS, A.NOT_PROCESSED, A.NOT_PROCESSED)),
-    ("rejected", claim(2, kind="lookup", ambiguity=True), attempts(A.PENDING, A.REJECTED)),
-    ("cancel", claim(2, kind="lookup", ambiguity=True, cancel=True), attempts(A.AMBIGUOUS, A.NOT_SENT)),
-])
+@pytest.mark.parametrize(
+    "why,rc,tried",
+    [
+        ("deadline", claim(2, kind="lookup", ambiguity=True), attempts(A.PENDING, A.NOT_SENT)),
+        ("attempts", claim(3, kind="lookup", ambiguity=True), attempts(A.AMBIGUOUS, A.NOT_PROCESSED, A.NOT_PROCESSED)),
+        ("rejected", claim(2, kind="lookup", ambiguity=True), attempts(A.PENDING, A.REJECTED)),
+        ("cancel", claim(2, kind="lookup", ambiguity=True, cancel=True), attempts(A.AMBIGUOUS, A.NOT_SENT)),
+    ],
+)
 def test_not_found_when_it_must_end_fails_only_where_nothing_can_land(why, rc, tried):
     now = T0 + timedelta(seconds=61 if why == "deadline" else 1)
     # The issue-12 timeline: attempt 1 may still land (a frozen worker); not found proves nothing
@@ -181,5 +222,7 @@ def test_not_found_at_a_provider_without_keys_never_resends_over_a_request_that_
     out = after_not_found(rc, no_keys, NOT_FOUND, attempts(A.PENDING), now=T0)
     assert out.to is Status.RECONCILIATION_REQUIRED and "second effect" in out.reason
     # Nothing open: a plain re-send is the only send there is.
-    assert after_not_found(replace(rc, open_ambiguity=False), no_keys, NOT_FOUND, attempts(A.NOT_SENT),
-                           now=T0).to is Status.NOT_DISPATCHED
+    assert (
+        after_not_found(replace(rc, open_ambiguity=False), no_keys, NOT_FOUND, attempts(A.NOT_SENT), now=T0).to
+        is Status.NOT_DISPATCHED
+    )

@@ -105,7 +105,9 @@ def test_retry_scheduled_within_budget() -> None:
 
 
 def test_retry_after_honoured() -> None:
-    decision = plan_retry(attempt_number=1, budget=BUDGET, created_at=NOW, now=NOW, retry_after_s=30, rng=random.Random(0))
+    decision = plan_retry(
+        attempt_number=1, budget=BUDGET, created_at=NOW, now=NOW, retry_after_s=30, rng=random.Random(0)
+    )
     assert isinstance(decision, RetryAt) and decision.delay_s == 30 and "Retry-After" in decision.reason
 
 
@@ -116,7 +118,9 @@ def test_attempts_used_up() -> None:
 
 def test_retry_after_past_deadline_spends_budget() -> None:
     now = NOW + timedelta(seconds=590)
-    decision = plan_retry(attempt_number=2, budget=BUDGET, created_at=NOW, now=now, retry_after_s=30, rng=random.Random(0))
+    decision = plan_retry(
+        attempt_number=2, budget=BUDGET, created_at=NOW, now=now, retry_after_s=30, rng=random.Random(0)
+    )
     assert isinstance(decision, BudgetSpent) and "deadline" in decision.reason
 
 
@@ -138,7 +142,12 @@ def test_never_past_deadline_never_before_retry_after(
 ) -> None:
     now = NOW + timedelta(seconds=elapsed_s)
     decision = plan_retry(
-        attempt_number=attempt, budget=BUDGET, created_at=NOW, now=now, retry_after_s=retry_after_s, rng=random.Random(seed)
+        attempt_number=attempt,
+        budget=BUDGET,
+        created_at=NOW,
+        now=now,
+        retry_after_s=retry_after_s,
+        rng=random.Random(seed),
     )
     if isinstance(decision, RetryAt):
         assert attempt < BUDGET.max_attempts

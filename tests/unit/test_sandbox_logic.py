@@ -1,4 +1,5 @@
 """Pure logic of the sandbox: rule parsing and matching, key store, fencing, validation."""
+
 from __future__ import annotations
 
 import email.utils
@@ -21,10 +22,17 @@ def test_every_mode_parses() -> None:
 
 @pytest.mark.parametrize(
     "body,field",
-    [({"mode": "nope"}, "mode"), ({}, "mode"), ({"mode": "latency", "x": 1}, "x"),
-     ({"mode": "latency", "probability": -0.1}, "probability"), ({"mode": "latency", "count": 0}, "count"),
-     ({"mode": "latency", "status": 99}, "status"), ({"mode": "latency", "retry_after_http_date": 1}, "retry_after_http_date"),
-     ({"mode": "latency", "seed": True}, "seed"), ([1], "body")],
+    [
+        ({"mode": "nope"}, "mode"),
+        ({}, "mode"),
+        ({"mode": "latency", "x": 1}, "x"),
+        ({"mode": "latency", "probability": -0.1}, "probability"),
+        ({"mode": "latency", "count": 0}, "count"),
+        ({"mode": "latency", "status": 99}, "status"),
+        ({"mode": "latency", "retry_after_http_date": 1}, "retry_after_http_date"),
+        ({"mode": "latency", "seed": True}, "seed"),
+        ([1], "body"),
+    ],
 )
 def test_bad_rules_name_the_field(body: object, field: str) -> None:
     with pytest.raises(RuleError) as info:
@@ -92,8 +100,10 @@ def test_valid_amounts(amount: str) -> None:
     assert validate_refund({"order_id": "o", "amount": amount, "currency": "EUR"}, Decimal("10000"))["amount"] == amount
 
 
-@pytest.mark.parametrize("amount,status", [("0", 422), ("0.00", 422), ("1.001", 422), ("1,00", 422), (" 1", 422),
-                                           ("NaN", 422), (1, 422), ("10000.01", 402)])
+@pytest.mark.parametrize(
+    "amount,status",
+    [("0", 422), ("0.00", 422), ("1.001", 422), ("1,00", 422), (" 1", 422), ("NaN", 422), (1, 422), ("10000.01", 402)],
+)
 def test_invalid_amounts(amount: object, status: int) -> None:
     with pytest.raises(Rejection) as info:
         validate_refund({"order_id": "o", "amount": amount, "currency": "EUR"}, Decimal("10000"))

@@ -68,8 +68,12 @@ def test_cancel_only_before_anything_was_sent():
     # dispatching -> cancelled is the worker that saw the cancel flag before sending; outcome_unknown
     # -> cancelled the reconciler that proved no earlier attempt can still land. Never from a person's
     # handoff, and never from a terminal state.
-    assert sources_of(Status.CANCELLED) == {Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL, Status.DISPATCHING,
-                                            Status.OUTCOME_UNKNOWN}
+    assert sources_of(Status.CANCELLED) == {
+        Status.NOT_DISPATCHED,
+        Status.AWAITING_APPROVAL,
+        Status.DISPATCHING,
+        Status.OUTCOME_UNKNOWN,
+    }
 
 
 def test_committed_evidence_degraded_is_never_retried():
@@ -85,7 +89,10 @@ def test_db_check_constraint_lists_exactly_the_enum():
     values = re.findall(r"'([a-z_]+)'", STATUS_VALUES)
     assert sorted(values) == sorted(s.value for s in Status)
     assert len(values) == len(set(values))
-    checks = [str(c.sqltext) for c in Operation.__table__.constraints if getattr(c, "name", None) and "status" in str(c.name)
-              and hasattr(c, "sqltext")]
+    checks = [
+        str(c.sqltext)
+        for c in Operation.__table__.constraints
+        if getattr(c, "name", None) and "status" in str(c.name) and hasattr(c, "sqltext")
+    ]
     status_checks = [c for c in checks if c.startswith("status IN")]
     assert status_checks == [f"status IN ({STATUS_VALUES})"]
