@@ -1,0 +1,147 @@
+"""Upgrades keep working: a ledger made by the previous schema revision, with operations in the
+states they can be in, upgrades with the migration and then settles as the design says.
+
+Migration 0003 (late evidence) adds ``attempts.applied_at``. An operation that ended
+failed_before_commit before the upgrade while a stale success sat on its attempt row (issue 12)
+is then found by the first sweep and handed to a person; a stale success beside a success is
+only stamped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import inspect, select, update
+from sqlalchemy.engine import make_url
+
+from outbox import migrate
+from outbox.claims import claim_due, claim_unknown
+from outbox.clock import db_now
+from outbox.db import make_engine, make_sessionmaker
+from outbox.errors import StaleFence
+from outbox.evidence import EvidenceSink
+from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied
+from outbox.models import Operation, OperationEvent
+from outbox.settlement import settle_if_fenced
+from outbox.states import AttemptClass, Status
+from outbox.submit import submit
+from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced
+from tests.conftest import PG_ADMIN_URL, _libpq, service_missing
+
+PREVIOUS = "0002"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def old_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database at the previous revision, of its own (the session databases are at head)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+        engine = make_engine(url)
+        migrate.upgrade(engine, PREVIOUS)
+        engine.dispose()
+        yield url
+        return
+    name = f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        service_missing("postgres", str(exc).strip().splitlines()[0])
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    migrate.upgrade(engine, PREVIOUS)
+    engine.dispose()
+    yield url
+    with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _intent(key: str) -> dict[str, Any]:
+    return dict(
+        tenant="acme",
+        idempotency_key=key,
+        action="payments.refund.create",
+        args={"order_id": key, "amount": Decimal("5.00"), "currency": "EUR"},
+        subject="agent:bot",
+    )
+
+
+def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
+    engine = make_engine(old_ledger_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        assert migrate.current_revision(engine) == PREVIOUS
+        # Built with today's ledger calls, which write nothing the previous schema lacks.
+        with sessions.begin() as s:
+            victim = submit(s, **_intent("victim")).operation_id
+            done = submit(s, **_intent("done")).operation_id
+            waiting = submit(s, **_intent("waiting")).operation_id
+        with sessions.begin() as s:
+            zombies = {c.operation_id: c for c in claim_due(s, worker="zombie", lease_s=30, limit=2)}
+            s.execute(update(Operation).where(Operation.id.in_(list(zombies))).values(lease_expires_at=db_now(-1)))
+        assert set(zombies) == {victim, done}
+        with sessions.begin() as s:
+            assert sorted(expire_leases(s)) == sorted([victim, done])
+        # The victim: the provider listed the key as failed; the done one: found at the provider.
+        for op_id, to, klass in (
+            (victim, Status.FAILED_BEFORE_COMMIT, AttemptClass.REJECTED),
+            (done, Status.SUCCEEDED, AttemptClass.SUCCEEDED),
+        ):
+            with sessions.begin() as s:
+                [r] = claim_unknown(s, worker="reconciler", lease_s=30, operation_id=op_id)
+                settle_if_fenced(s, r, AttemptReport(klass, provider_reference="re_found"), to=to, reason="lookup")
+        # Then both frozen workers wake up with the provider's 2xx: evidence on stale attempt rows.
+        for c in zombies.values():
+            with sessions.begin() as s:
+                with pytest.raises(StaleFence):
+                    finalize_if_fenced(
+                        s,
+                        c,
+                        AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_found"),
+                        to=Status.SUCCEEDED,
+                        reason="2xx",
+                    )
+    finally:
+        engine.dispose()
+
+    engine = make_engine(old_ledger_url)  # a new process, after `agent-outbox migrate`
+    sessions = make_sessionmaker(engine)
+    try:
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert "applied_at" in {c["name"] for c in inspect(engine).get_columns("attempts")}
+        moved = apply_unapplied(
+            sessions, actor="sweep", sink=EvidenceSink(None), packet=lambda s, op, why: {"why": why}
+        )
+        assert moved == {victim: Status.RECONCILIATION_REQUIRED}
+        with sessions() as s:
+            ops = {op.id: op for op in s.execute(select(Operation)).scalars()}
+            flagged = (
+                s.execute(select(OperationEvent.operation_id).where(OperationEvent.event == CONTRADICTION_EVENT))
+                .scalars()
+                .all()
+            )
+        assert ops[victim].status == "reconciliation_required" and flagged == [victim]
+        assert ops[done].status == "succeeded"
+        # Not yet sent: claimed and finished by today's code as usual.
+        with sessions.begin() as s:
+            [c] = claim_due(s, worker="new", lease_s=30, operation_id=waiting)
+        with sessions.begin() as s:
+            finalize_if_fenced(
+                s,
+                c,
+                AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_new"),
+                to=Status.SUCCEEDED,
+                reason="2xx",
+            )
+        with sessions() as s:
+            assert s.get(Operation, waiting).status == "succeeded"
+    finally:
+        engine.dispose()
