@@ -35,20 +35,20 @@ class LocalBreakerStorage(CircuitMemoryStorage):
         with self._lock:
             transition: StateName | None = None
             if self._state == STATE_CLOSED:
-                return Admission(True, None, None, None, self._fail_counter)
+                return Admission(True, None, None, None, self._fail_counter, now_ms)
             if self._state == STATE_OPEN:
                 assert self._reopens_at_ms is not None
                 if now_ms < self._reopens_at_ms:
-                    return Admission(False, None, self._reopens_at_ms, None, self._fail_counter)
+                    return Admission(False, None, self._reopens_at_ms, None, self._fail_counter, now_ms)
                 self._state, self._success_counter = STATE_HALF_OPEN, 0
                 transition = "half-open"
             # half-open: one probe at a time; an expired probe lock is as good as free.
             if self._probe_token is None or now_ms >= self._probe_expires_ms:
                 self._probe_token = uuid.uuid4().hex
                 self._probe_expires_ms = now_ms + int(config.probe_timeout_s * 1000)
-                return Admission(True, self._probe_token, None, transition, self._fail_counter)
+                return Admission(True, self._probe_token, None, transition, self._fail_counter, now_ms)
             wait_ms = min(int(config.probe_wait_s * 1000), self._probe_expires_ms - now_ms)
-            return Admission(False, None, now_ms + wait_ms, transition, self._fail_counter)
+            return Admission(False, None, now_ms + wait_ms, transition, self._fail_counter, now_ms)
 
     def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int) -> Settlement:
         with self._lock:

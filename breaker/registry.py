@@ -130,12 +130,12 @@ class BreakerRegistry:
                 self._log_transition(target, admission.transition, admission.failures, "redis")
                 if admission.allowed:
                     return Allowed(target, admission.probe_token is not None, "redis", admission.probe_token)
-                return Open(target, from_ms(admission.reopens_at_ms), "redis")  # type: ignore[arg-type]
+                return Open(target, from_ms(admission.reopens_at_ms), "redis", admission.wait_s())  # type: ignore[arg-type]
         admission = self._local[target].admit(config, self._local_now_ms())
         self._log_transition(target, admission.transition, admission.failures, "local")
         if admission.allowed:
             return Allowed(target, admission.probe_token is not None, "local", admission.probe_token)
-        return Open(target, from_ms(admission.reopens_at_ms), "local")  # type: ignore[arg-type]
+        return Open(target, from_ms(admission.reopens_at_ms), "local", admission.wait_s())  # type: ignore[arg-type]
 
     def record(self, decision: Allowed, failure: bool) -> None:
         """Record the outcome of the one attempt ``decision`` admitted.

@@ -52,15 +52,19 @@ class Allowed:
 
 @dataclass(frozen=True)
 class Open:
-    """Do not send: the attempt is ``not_sent``; reschedule to ``reopens_at``.
+    """Do not send: the attempt is ``not_sent``; reschedule ``wait_s`` from now.
 
     reopens_at is opened_at + reset_timeout_s while open, or now + probe_wait_s while
-    another caller holds the half-open probe.
+    another caller holds the half-open probe, on the breaker store's clock (Redis server time
+    when shared); ``wait_s`` is the same moment measured on that clock, so a caller whose own
+    clock is off still waits the right time (add it to the ledger's clock, never compare
+    reopens_at with a worker's wall clock).
     """
 
     target: str
     reopens_at: datetime
     storage: Literal["redis", "local"]
+    wait_s: float = 0.0
 
 
 Decision = Allowed | Open
@@ -75,6 +79,10 @@ class Admission:
     reopens_at_ms: int | None
     transition: StateName | None
     failures: int
+    now_ms: int = 0  # the store's clock when it answered (reopens_at_ms is on the same clock)
+
+    def wait_s(self) -> float:
+        return max((self.reopens_at_ms or 0) - self.now_ms, 0) / 1000
 
 
 @dataclass(frozen=True)

@@ -44,28 +44,28 @@ end
 """
 
 # KEYS: state, probe. ARGV: now_ms, reset_timeout_ms, probe_timeout_ms, token, probe_wait_ms
-# -> {allowed(0/1), token, reopens_at_ms, transition, failures}
+# -> {allowed(0/1), token, reopens_at_ms, transition, failures, now_ms}
 _ADMIT = (
     _NOW
     + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'failures', 'reopens_at_ms')
 local state = st[1] or 'closed'
 local failures = tonumber(st[2]) or 0
-if state == 'closed' then return {1, '', 0, '', failures} end
+if state == 'closed' then return {1, '', 0, '', failures, now} end
 local transition = ''
 if state == 'open' then
   local reopens = tonumber(st[3]) or 0
-  if now < reopens then return {0, '', reopens, '', failures} end
+  if now < reopens then return {0, '', reopens, '', failures, now} end
   redis.call('HSET', KEYS[1], 'state', 'half-open', 'successes', 0)
   transition = 'half-open'
 end
 if redis.call('SET', KEYS[2], ARGV[4], 'NX', 'PX', ARGV[3]) then
-  return {1, ARGV[4], 0, transition, failures}
+  return {1, ARGV[4], 0, transition, failures, now}
 end
 local wait = tonumber(ARGV[5])
 local pttl = redis.call('PTTL', KEYS[2])
 if pttl > 0 and pttl < wait then wait = pttl end
-return {0, '', now + wait, transition, failures}
+return {0, '', now + wait, transition, failures, now}
 """
 )
 
@@ -160,7 +160,7 @@ class RedisBreakerStorage(CircuitBreakerStorage):
 
     def admit(self, config: BreakerConfig, now_ms: int | None) -> Admission:
         token = uuid.uuid4().hex
-        allowed, got, reopens, transition, failures = self._admit(
+        allowed, got, reopens, transition, failures, now = self._admit(
             keys=self._keys,
             args=[
                 _ms_arg(now_ms),
@@ -176,6 +176,7 @@ class RedisBreakerStorage(CircuitBreakerStorage):
             reopens_at_ms=int(reopens) or None,
             transition=(_str(transition) or None),  # type: ignore[arg-type]
             failures=int(failures),
+            now_ms=int(now),
         )
 
     def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int | None) -> Settlement:

@@ -19,7 +19,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Row, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from outbox.clock import as_utc, db_now
+from outbox.clock import LedgerClock, as_utc, db_now
 from outbox.db import driver_connection, driver_sql, is_postgres
 from outbox.effect_guard import may_have_taken_effect
 from outbox.models import Attempt, Operation, OperationEvent, core_table
@@ -57,6 +57,13 @@ class Claim:
     # Dispatch attempts up to this number were proven unable to take effect (a fenced lookup, the
     # provider's record, a person): before failing on budget, the reconciler looks once more.
     proven_absent_through: int = 0
+    # The database's clock as of the claim: deadlines and windows are judged on it, never on this
+    # worker's wall clock. None only for claims built by hand (tests): then the wall clock.
+    clock: LedgerClock | None = None
+
+    def now(self) -> dt.datetime:
+        """The database's time now (as of the claim, plus the monotonic time since)."""
+        return self.clock.now() if self.clock is not None else dt.datetime.now(dt.UTC)
 
 
 _RETURNED = (
@@ -75,6 +82,7 @@ _RETURNED = (
     _OP.c.created_at,
     _OP.c.cancel_requested,
     _OP.c.proven_absent_through,
+    _OP.c.updated_at,  # the claim's own time (the database's clock)
 )
 
 
@@ -206,7 +214,7 @@ WITH {due_ctes}, claimed AS (
     FROM due WHERE o.id = due.id
     RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.action, o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
-              o.cancel_requested, o.proven_absent_through
+              o.cancel_requested, o.proven_absent_through, o.updated_at
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
@@ -340,7 +348,8 @@ def _record_claim(session: Session, row: Row[Any], worker: str, kind: str) -> Cl
 def _claim_of(row: Row[Any], worker: str, kind: str, attempt_id: int, number: int, open_ambiguity: bool) -> Claim:
     lease = as_utc(row.lease_expires_at)
     created = as_utc(row.created_at)
-    assert lease is not None and created is not None
+    claimed = as_utc(row.updated_at)
+    assert lease is not None and created is not None and claimed is not None
     return Claim(
         operation_id=row.id,
         fencing_token=row.fencing_token,
@@ -362,6 +371,7 @@ def _claim_of(row: Row[Any], worker: str, kind: str, attempt_id: int, number: in
         cancel_requested=bool(row.cancel_requested),
         open_ambiguity=bool(open_ambiguity),
         proven_absent_through=int(row.proven_absent_through or 0),
+        clock=LedgerClock(claimed),
     )
 
 

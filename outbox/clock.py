@@ -9,6 +9,8 @@ uses for DateTime on SQLite, so comparisons between bound and computed values st
 from __future__ import annotations
 
 import datetime as dt
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import DateTime, Float
@@ -49,6 +51,23 @@ def _sqlite_now(element: db_now, compiler: Any, **kw: Any) -> str:
     if element.plus_s:
         return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', '{element.plus_s:+.6f} seconds')"
     return "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+
+
+@dataclass(frozen=True)
+class LedgerClock:
+    """The database's clock, carried into a worker process: read once (with a claim, or with the
+    rows a decision is about) and then advanced by the local monotonic clock.
+
+    Every "is it past the deadline / due / inside the window" decision a worker makes compares
+    database timestamps with ``now()``, so a worker whose wall clock is minutes off decides as if
+    it were right; only the monotonic clock's rate matters, over the seconds a claim lasts.
+    """
+
+    at: dt.datetime  # the database's time when read
+    mono: float = field(default_factory=time.monotonic)  # this process's monotonic time then
+
+    def now(self) -> dt.datetime:
+        return self.at + dt.timedelta(seconds=time.monotonic() - self.mono)
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from outbox.states import AttemptClass
-from workers.retry import parse_retry_after
+from workers.retry import parse_http_date, parse_retry_after
 
 A = AttemptClass
 
@@ -130,7 +130,11 @@ def classify_response(
     hdrs = httpx.Headers(headers)
     parsed = _parse_json(body)
     body_dict = parsed if isinstance(parsed, dict) else None
-    retry_after_s = parse_retry_after(hdrs.get("retry-after"), now or datetime.now(UTC))
+    # An HTTP-date Retry-After is on the provider's clock: read it against the same response's
+    # Date header (RFC 9110 asks origin servers to send one), not against this worker's clock,
+    # which may be minutes off. Without a Date header, ``now`` (or this worker's clock) it is.
+    server_now = parse_http_date(hdrs["date"]) if "date" in hdrs else None
+    retry_after_s = parse_retry_after(hdrs.get("retry-after"), server_now or now or datetime.now(UTC))
     request_id = next((hdrs[h] for h in _REQUEST_ID_HEADERS if h in hdrs), None)
     klass = status_class(status_code, status_map)
 

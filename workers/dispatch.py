@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.rows import namedtuple_row
@@ -21,7 +21,7 @@ from sqlalchemy import insert, select, update
 
 from breaker import Allowed, Decision, Open, counts_as_failure
 from outbox.claims import Claim, claim_due
-from outbox.clock import as_utc, db_now
+from outbox.clock import LedgerClock, as_utc, db_now
 from outbox.db import driver_connection, is_postgres
 from outbox.envelope import loads_exact
 from outbox.errors import StaleFence
@@ -55,11 +55,6 @@ from workers.reconcile import apply_late_successes
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
-UTC = UTC
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 def dispatch_operation(rt: Runtime, operation_id: str) -> Outcome | None:
@@ -93,8 +88,12 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
         if isinstance(decision, Allowed) and not decision.probe:
             closed[known.target] = decision
         # Past the deadline the claim below ends it (breaker_open -> budget spent).
-        if isinstance(decision, Open) and decision.reopens_at <= deadline_of(due, known):
-            parked = park_while_open_if_due(rt, op_id, known, decision, spent_attempts=due.attempt_count)
+        if isinstance(decision, Open) and due.clock.now() + timedelta(seconds=decision.wait_s) <= deadline_of(
+            due, known
+        ):
+            parked = park_while_open_if_due(
+                rt, op_id, known, decision, spent_attempts=due.attempt_count, now=due.clock.now()
+            )
             if parked is not None:
                 outcomes[op_id] = parked
             continue
@@ -214,10 +213,12 @@ class _Due:
     deadline_at: datetime | None
     max_attempts: int | None
     attempt_count: int
+    clock: LedgerClock  # the database's time when read: deadlines are judged on it
 
 
 _PG_READ_DUE = """
-SELECT id, action, created_at, deadline_at, max_attempts, attempt_count FROM operations
+SELECT id, action, created_at, deadline_at, max_attempts, attempt_count, clock_timestamp() AS db_now
+FROM operations
 WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND next_attempt_at <= clock_timestamp()
 """
 
@@ -242,6 +243,7 @@ def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
                     Operation.deadline_at,
                     Operation.max_attempts,
                     Operation.attempt_count,
+                    db_now().label("db_now"),
                 ).where(
                     Operation.id.in_(list(operation_ids)),
                     Operation.status == Status.NOT_DISPATCHED.value,
@@ -252,14 +254,16 @@ def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
     # Most budget left first: while a breaker is half-open, the first operation asked gets the
     # probe, so an outage's probes rotate even when a lagging relay rings several at once.
     for row in sorted(rows, key=lambda r: r.attempt_count):
-        created = as_utc(row.created_at)
-        assert created is not None
-        dues[row.id] = _Due(row.action, created, as_utc(row.deadline_at), row.max_attempts, row.attempt_count)
+        created, read_at = as_utc(row.created_at), as_utc(row.db_now)
+        assert created is not None and read_at is not None
+        dues[row.id] = _Due(
+            row.action, created, as_utc(row.deadline_at), row.max_attempts, row.attempt_count, LedgerClock(read_at)
+        )
     return dues
 
 
 def park_while_open_if_due(
-    rt: Runtime, operation_id: str, action: ActionConfig, decision: Open, *, spent_attempts: int
+    rt: Runtime, operation_id: str, action: ActionConfig, decision: Open, *, spent_attempts: int, now: datetime
 ) -> RetryAt | None:
     """Breaker open: not sent, not claimed; the operation stays not_dispatched until the reopen time.
 
@@ -267,7 +271,7 @@ def park_while_open_if_due(
     deadline still applies: the caller checked it). Guarded like a claim: only a not_dispatched,
     due row moves, so a concurrent claim or park by another worker wins and we do nothing.
     """
-    wait = breaker_wait(action, reopens_at=decision.reopens_at, now=_now(), spent_attempts=spent_attempts)
+    wait = breaker_wait(action, wait_s=decision.wait_s, now=now, spent_attempts=spent_attempts)
     with rt.sessions.begin() as session:
         row = session.execute(
             update(Operation)
@@ -313,7 +317,7 @@ def attempt(
     decision: the breaker's answer taken before the claim (None: ask now). With ``batch``, a
     success under a closed breaker is recorded once per target when the batch ends.
     """
-    early = before_send(claim, action, now=_now())
+    early = before_send(claim, action, now=claim.now())
     if early is not None:
         if decision is not None:
             rt.breakers.release(decision)
@@ -322,11 +326,9 @@ def attempt(
     if decision is None:
         decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
-        outcome = breaker_open(claim, action, reopens_at=decision.reopens_at, now=_now())
+        outcome = breaker_open(claim, action, wait_s=decision.wait_s, now=claim.now())
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
-        return AttemptReport(
-            AttemptClass.NOT_SENT, error=f"breaker open until {decision.reopens_at.isoformat()}"
-        ), outcome
+        return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open for {decision.wait_s:.3f}s more"), outcome
     connector = rt.connectors.for_action(claim.action)
     failpoints.hit("dispatch.before_send", claim.idempotency_key)
     result = connector.send(
@@ -344,7 +346,7 @@ def attempt(
     else:
         rt.breakers.record(decision, failure=failure)
     metrics.record_attempt(action.target, c.klass, result.latency_s)
-    return _report(result), decide(claim, action, c, now=_now())
+    return _report(result), decide(claim, action, c, now=claim.now())
 
 
 def _is_transport(result: AttemptResult) -> bool:

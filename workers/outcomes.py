@@ -119,11 +119,14 @@ def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Outcome
     return None
 
 
-def breaker_open(claim: Claim, action: ActionConfig, *, reopens_at: datetime, now: datetime) -> Outcome:
-    """Breaker open: not sent, wait for the reopen time without spending an attempt."""
-    if reopens_at > deadline_of(claim, action):
+def breaker_open(claim: Claim, action: ActionConfig, *, wait_s: float, now: datetime) -> Outcome:
+    """Breaker open: not sent, wait for the reopen time without spending an attempt.
+
+    ``wait_s``: until the breaker reopens, measured on the breaker's clock; ``now``: the ledger's.
+    """
+    if now + timedelta(seconds=wait_s) > deadline_of(claim, action):
         return _spent(claim, action, f"breaker for {action.target} stays open past the deadline")
-    return breaker_wait(action, reopens_at=reopens_at, now=now, spent_attempts=claim.attempt_count - 1)
+    return breaker_wait(action, wait_s=wait_s, now=now, spent_attempts=claim.attempt_count - 1)
 
 
 # At the reopen time the parked operation with the most budget left is due first, so it is the
@@ -135,11 +138,18 @@ PROBE_ORDER_STEP_S = 0.5
 PROBE_ORDER_MAX_S = 1.0
 
 
-def breaker_wait(action: ActionConfig, *, reopens_at: datetime, now: datetime, spent_attempts: int = 0) -> RetryAt:
-    """The wait for an open breaker (the reason starts with "breaker": operators' reset finds it)."""
+def breaker_wait(action: ActionConfig, *, wait_s: float, now: datetime, spent_attempts: int = 0) -> RetryAt:
+    """The wait for an open breaker (the reason starts with "breaker": operators' reset finds it).
+
+    The reopen time in the reason is on the ledger's clock (``now`` + ``wait_s``).
+    """
     order_s = min(max(spent_attempts, 0) * PROBE_ORDER_STEP_S, PROBE_ORDER_MAX_S)
-    delay_s = max((reopens_at - now).total_seconds(), 0.0) + order_s
-    return RetryAt(delay_s, f"breaker for {action.target} open until {reopens_at.isoformat()}", refund_attempt=True)
+    reopens_at = now + timedelta(seconds=max(wait_s, 0.0))
+    return RetryAt(
+        max(wait_s, 0.0) + order_s,
+        f"breaker for {action.target} open until {reopens_at.isoformat()}",
+        refund_attempt=True,
+    )
 
 
 def decide(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -44,7 +44,6 @@ from workers.outcomes import deadline_of, effective_budget
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
-UTC = UTC
 
 # The reconciler's own budget, separate from the dispatch budget: lookups are cheap and safe,
 # so it keeps asking for a while before it bothers a person. Defaults of
@@ -205,7 +204,7 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
         )
     decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
-        wait_s = max((decision.reopens_at - datetime.now(UTC)).total_seconds(), 0.0)
+        wait_s = decision.wait_s
         return _settle(
             rt,
             claim,
@@ -240,7 +239,7 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
         claim,
         action,
         found,
-        now=datetime.now(UTC),
+        now=claim.now(),
         last_activity=last_activity,
         rng=rng,
         max_lookups=rt.settings.reconcile_max_lookups,
@@ -249,7 +248,7 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
     if verdict.to is Status.NOT_DISPATCHED:
         with rt.sessions() as session:
             attempts = _dispatch_attempts(session, claim.operation_id)
-        verdict = after_not_found(claim, action, verdict, attempts, now=datetime.now(UTC))
+        verdict = after_not_found(claim, action, verdict, attempts, now=claim.now())
     return _settle(rt, claim, found, verdict, action)
 
 

@@ -84,7 +84,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         return None
     if _DELTA_SECONDS.match(text):
         return min(float(int(text)), MAX_RETRY_AFTER_S)
-    when = _parse_http_date(text)
+    when = parse_http_date(text)
     if when is None:
         return None
     if now.tzinfo is None:
@@ -93,7 +93,8 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     return min(max(delta_s, 0.0), MAX_RETRY_AFTER_S)
 
 
-def _parse_http_date(text: str) -> datetime | None:
+def parse_http_date(text: str) -> datetime | None:
+    """An HTTP-date (IMF-fixdate or an obsolete form) as an aware UTC datetime, or None."""
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):

@@ -181,3 +181,18 @@ def test_only_transport_failures_before_send_are_not_sent() -> None:
     assert status_class(503) in PROVABLY_NOT_EXECUTED
     assert status_class(500) not in PROVABLY_NOT_EXECUTED
     assert classify_exception(httpx.ReadTimeout("t", request=REQ)).provably_not_executed is False
+
+
+def test_an_http_date_retry_after_is_read_against_the_responses_date_header() -> None:
+    # The provider's clock wrote both; this worker's clock may be minutes off (F17).
+    headers = {"Retry-After": "Sat, 01 Mar 2025 12:01:02 GMT", "Date": "Sat, 01 Mar 2025 12:01:00 GMT"}
+    for worker_now in (datetime(2025, 3, 1, 12, 6, tzinfo=UTC), datetime(2025, 3, 1, 11, 56, tzinfo=UTC)):
+        got = classify_response(429, headers, b"", now=worker_now)
+        assert got.retry_after_s == 2.0, worker_now
+    # Without a Date header the caller's clock is all there is.
+    assert (
+        classify_response(
+            429, {"Retry-After": headers["Retry-After"]}, b"", now=datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+        ).retry_after_s
+        == 62.0
+    )

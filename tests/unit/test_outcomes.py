@@ -141,9 +141,9 @@ def test_before_failing_on_budget_after_an_ambiguity_proven_absent_it_looks_once
 
 
 def test_breaker_open_waits_without_spending_an_attempt():
-    out = breaker_open(claim(), ACTION, reopens_at=T0 + timedelta(seconds=5), now=T0)
+    out = breaker_open(claim(), ACTION, wait_s=5, now=T0)
     assert isinstance(out, RetryAt) and out.refund_attempt and out.delay_s == pytest.approx(5)
-    assert isinstance(breaker_open(claim(), ACTION, reopens_at=T0 + timedelta(seconds=90), now=T0), Rejected)
+    assert isinstance(breaker_open(claim(), ACTION, wait_s=90, now=T0), Rejected)
 
 
 def lookup(outcome, state=None):

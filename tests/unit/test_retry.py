@@ -156,3 +156,15 @@ def test_never_past_deadline_never_before_retry_after(
             assert decision.at >= now + timedelta(seconds=retry_after_s)
     else:
         assert decision.reason
+
+
+def test_the_ledger_clock_is_the_databases_time_advanced_by_the_monotonic_clock():
+    import time as _time
+    from datetime import UTC as _UTC
+    from datetime import datetime as _datetime
+
+    from outbox.clock import LedgerClock
+
+    read_at = _datetime(2026, 11, 30, 12, 0, tzinfo=_UTC)
+    clock = LedgerClock(read_at, mono=_time.monotonic() - 1.5)  # read 1.5 s ago
+    assert 1.5 <= (clock.now() - read_at).total_seconds() < 2.5  # whatever this machine's wall clock says
