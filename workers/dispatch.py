@@ -430,29 +430,23 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
     for claim, report, outcome, _ in items:
         to, reason, kw = _transition_of(claim, outcome)
         ends.append(Finalize(claim, report, to, reason, **kw))
-    try:
-        with rt.ledger.transaction() as session:
-            refusals = finalize_many_if_fenced(session, ends)
-            for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
-                fields = _fields(claim, report, action)
-                if refused is not None:
-                    # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
-                    log.info("refused: result kept as evidence (%s)", refused, extra=fields)
-                    if report.klass is AttemptClass.SUCCEEDED:
-                        late[claim.attempt_id] = end.result
-                    continue
-                if end.to is Status.SUCCEEDED:
-                    succeeded.append((claim, report))
-                applied.append((claim, outcome, end.reason, fields))
-            # Evidence with the successes themselves: same transaction, one query, one insert.
-            rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
-    except Exception:
-        log.warning(
-            "finalize failed; the leases will expire and the reconciler will settle them",
-            extra={"operation_ids": [c.operation_id for c, _, _, _ in items]},
-            exc_info=True,
-        )
-        raise
+    with rt.ledger.transaction() as session:
+        refusals = finalize_many_if_fenced(session, ends)
+        for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
+            fields = _fields(claim, report, action)
+            if refused is not None:
+                # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
+                log.info("refused: result kept as evidence (%s)", refused, extra=fields)
+                if report.klass is AttemptClass.SUCCEEDED:
+                    late[claim.attempt_id] = end.result
+                continue
+            if end.to is Status.SUCCEEDED:
+                succeeded.append((claim, report))
+            applied.append((claim, outcome, end.reason, fields))
+        # Evidence with the successes themselves: same transaction, one query, one insert.
+        rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
+    # A failure above rolls the batch back and raises: its leases expire into outcome_unknown and
+    # the reconciler settles them (an outage: workers/outage.py logs it once).
     _after(rt, applied)
     if late:
         # Committed above as evidence; now it settles its operation (evidence wins).
@@ -483,11 +477,6 @@ def _apply_alone(
         if isinstance(outcome, Succeeded):
             apply_late_successes(rt, {claim.attempt_id: outcome.result})
         return outcome
-    except Exception:
-        log.warning(
-            "finalize failed; the lease will expire and the reconciler will settle it", extra=fields, exc_info=True
-        )
-        raise
     _after(rt, [(claim, outcome, reason, fields)])
     return outcome
 

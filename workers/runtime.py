@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -94,7 +95,10 @@ def build_runtime(settings: Settings | None = None) -> Runtime:
         connectors=ConnectorSet(actions),
         breakers=breaker_registry(settings, actions),
         doorbell=Doorbell.from_current_app(batch=settings.doorbell_batch),
-        worker_id=f"{socket.gethostname()}:{os.getpid()}",
+        # Unique per process start: a restarted container reuses its host name and often its pid,
+        # and must not pass for its predecessor in lease_owner and the history (the fencing token
+        # is what guards writes; this is what people read). host:start:pid.
+        worker_id=f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}",
         evidence=EvidenceSink.from_url(settings.evidence_url),
         ledger=LedgerConnection(engine, sessions),
         pool=ThreadPoolExecutor(max_workers=settings.doorbell_batch, thread_name_prefix="dispatch"),

@@ -39,22 +39,34 @@ def _close_runtime(**kw: object) -> None:
 def dispatch(operation_ids: str | list[str]) -> None:
     """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH)."""
     from workers.dispatch import dispatch_batch
+    from workers.outage import riding_out_outages
     from workers.runtime import get_runtime
 
-    dispatch_batch(get_runtime(), [operation_ids] if isinstance(operation_ids, str) else operation_ids)
+    ids = [operation_ids] if isinstance(operation_ids, str) else operation_ids
+    with riding_out_outages("dispatch", ids):
+        dispatch_batch(get_runtime(), ids)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)
 def reconcile(operation_id: str) -> None:
+    from workers.outage import riding_out_outages
     from workers.reconcile import reconcile_operation
     from workers.runtime import get_runtime
 
-    reconcile_operation(get_runtime(), operation_id)
+    with riding_out_outages("reconcile", [operation_id]):
+        reconcile_operation(get_runtime(), operation_id)
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
 def sweep() -> None:
     """Beat's backstop for the relay: expired leases -> outcome_unknown, lost doorbells re-published."""
+    from workers.outage import riding_out_outages
+
+    with riding_out_outages("sweep", []):
+        _sweep_once()
+
+
+def _sweep_once() -> None:
     from workers.relay import Relay
     from workers.runtime import get_runtime
 

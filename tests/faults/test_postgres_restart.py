@@ -1,0 +1,110 @@
+"""F13: PostgreSQL restarted (immediate mode, as after a crash) while workers claim and finalize.
+
+Every claim, finalize and lookup in flight fails with "the database system is shutting down" or a
+lost connection. Nothing is lost and nothing is a final failure: claimed operations come back
+through lease expiry and the reconciler, unclaimed ones through the relay. So every intent must
+end succeeded with one effect at the sandbox, and the workers' logs must hold no ERROR line (ERROR
+is for final failures, and this run has none): an outage is one WARNING per interrupted task.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy.exc
+from sqlalchemy.engine import make_url
+
+from outbox.states import Status
+from tests.conftest import PG_ADMIN_URL
+from tests.harness import wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+REFUNDS = "/v1/refunds"
+N = 150
+
+
+def _local_cluster() -> tuple[str, str]:
+    """The Debian cluster serving the test database on this machine: (version, name)."""
+    url = make_url(PG_ADMIN_URL)
+    reason = None
+    if shutil.which("pg_lsclusters") is None or shutil.which("pg_ctlcluster") is None:
+        reason = "pg_ctlcluster is not installed (Debian's postgresql-common)"
+    elif url.host not in ("127.0.0.1", "localhost"):
+        reason = f"the test PostgreSQL is not local ({url.host})"
+    else:
+        port = str(url.port or 5432)
+        for line in subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] == port and fields[3] == "online":
+                return fields[0], fields[1]
+        reason = f"no online cluster on port {port}"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must be able to restart its PostgreSQL: {reason}")
+    pytest.skip(f"cannot restart PostgreSQL here: {reason}")
+
+
+def _error_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "ERROR/" in line or "/ERROR" in line or "Traceback" in line]
+
+
+def _statuses(pipe: Any, op_ids: list[str]) -> dict[str, str] | None:
+    """Every operation's status, or None while the database is not back yet."""
+    try:
+        return {op_id: pipe.op(op_id).status for op_id in op_ids}
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError):
+        return None
+
+
+def test_postgres_restart_under_load_loses_nothing_and_logs_no_error(pipe, sandbox):
+    version, cluster = _local_cluster()
+    # Each call takes 50 ms, so claims and finalizes are in flight when the database goes away.
+    sandbox.add_fault(mode="latency", latency_ms=50, method="POST", path=REFUNDS)
+    workers = [
+        pipe.start_worker("d1", queues="dispatch"),
+        pipe.start_worker("d2", queues="dispatch"),
+        pipe.start_worker("reconciler", queues="outcome_unknown"),
+    ]
+    pipe.start_relay()
+    op_ids = [pipe.submit(f"f13-{i:03d}").operation_id for i in range(N)]
+
+    wait_for(
+        lambda: sum(s == Status.SUCCEEDED.value for s in (_statuses(pipe, op_ids) or {}).values()) >= N // 5,
+        30,
+        what=f"{N // 5} of {N} settled before the restart",
+    )
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", "-m", "immediate", version, cluster, "restart"],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    restarted = time.monotonic()
+
+    final = wait_for(
+        lambda: (
+            (st := _statuses(pipe, op_ids)) is not None
+            and all(
+                s in (Status.SUCCEEDED.value, Status.FAILED_BEFORE_COMMIT.value, Status.RECONCILIATION_REQUIRED.value)
+                for s in st.values()
+            )
+            and st
+        ),
+        90,
+        interval_s=0.5,
+        what="every operation settled after the restart",
+    )
+    assert set(final.values()) == {Status.SUCCEEDED.value}, sorted(set(final.values()))
+    for i, op_id in enumerate(op_ids):
+        effects = sandbox.effects(key=f"f13-{i:03d}")
+        assert len(effects) == 1 and pipe.op(op_id).result_reference == effects[0]["object_id"], i
+    assert sandbox.duplicates() == []
+    for w in workers:
+        assert w.proc.poll() is None, f"{w.name} died"
+        assert _error_lines(w.log()) == [], (w.name, _error_lines(w.log())[:5])
+    assert time.monotonic() - restarted < 90
