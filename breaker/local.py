@@ -15,7 +15,7 @@ import uuid
 from pybreaker import STATE_CLOSED, STATE_HALF_OPEN, STATE_OPEN, CircuitMemoryStorage
 
 from breaker.config import BreakerConfig
-from breaker.state import Admission, Settlement, Snapshot, StateName, from_ms
+from breaker.state import Admission, Recorded, Snapshot, StateName, from_ms
 
 
 class LocalBreakerStorage(CircuitMemoryStorage):
@@ -50,7 +50,7 @@ class LocalBreakerStorage(CircuitMemoryStorage):
             wait_ms = min(int(config.probe_wait_s * 1000), self._probe_expires_ms - now_ms)
             return Admission(False, None, now_ms + wait_ms, transition, self._fail_counter, now_ms)
 
-    def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int) -> Settlement:
+    def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int) -> Recorded:
         with self._lock:
             if probe_token is None:
                 # A result of an attempt admitted while closed. If the breaker has opened
@@ -118,6 +118,6 @@ class LocalBreakerStorage(CircuitMemoryStorage):
         self._opened_at_ms = self._reopens_at_ms = None
         self._probe_token = None
 
-    def _settled(self, transition: StateName | None) -> Settlement:
+    def _settled(self, transition: StateName | None) -> Recorded:
         state: StateName = self._state  # type: ignore[assignment]
-        return Settlement(state, transition, self._fail_counter, self._success_counter)
+        return Recorded(state, transition, self._fail_counter, self._success_counter)

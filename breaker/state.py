@@ -23,7 +23,7 @@ __all__ = [
     "Open",
     "Decision",
     "Admission",
-    "Settlement",
+    "Recorded",
     "Snapshot",
     "BreakerStatus",
     "from_ms",
@@ -86,7 +86,7 @@ class Admission:
 
 
 @dataclass(frozen=True)
-class Settlement:
+class Recorded:
     """What a store did with one recorded result."""
 
     state: StateName

@@ -30,7 +30,7 @@ import redis
 from pybreaker import CircuitBreakerStorage
 
 from breaker.config import BreakerConfig
-from breaker.state import Admission, Settlement, Snapshot, StateName, from_ms
+from breaker.state import Admission, Recorded, Snapshot, StateName, from_ms
 
 KEY_PREFIX = "agent-outbox:breaker"
 
@@ -179,7 +179,7 @@ class RedisBreakerStorage(CircuitBreakerStorage):
             now_ms=int(now),
         )
 
-    def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int | None) -> Settlement:
+    def settle(self, config: BreakerConfig, probe_token: str | None, failure: bool, now_ms: int | None) -> Recorded:
         state, transition, failures, successes = self._settle(
             keys=self._keys,
             args=[
@@ -191,7 +191,7 @@ class RedisBreakerStorage(CircuitBreakerStorage):
                 config.success_threshold,
             ],
         )
-        return Settlement(
+        return Recorded(
             state=_str(state),  # type: ignore[arg-type]
             transition=(_str(transition) or None),  # type: ignore[arg-type]
             failures=int(failures),

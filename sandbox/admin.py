@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sandbox.config import ConfigError
+from sandbox.config import SettingError
 from sandbox.effects import GROUPINGS
 from sandbox.faults import RuleError, parse_rule
 from sandbox.responses import encode, error_body
@@ -60,7 +60,7 @@ def add_routes(app: web.Application, key: web.AppKey[SandboxState]) -> None:
         s = state(request)
         try:
             s.config.update(body)
-        except ConfigError as exc:
+        except SettingError as exc:
             return _bad(exc.field, str(exc))
         s.requests.resize(s.config.request_log_max)
         return _json(s.config.to_json())

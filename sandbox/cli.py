@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from sandbox.config import ConfigError, SandboxConfig
+from sandbox.config import SandboxConfig, SettingError
 from sandbox.faults import RuleError
 from sandbox.state import SandboxState
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         state = build_state(args)
-    except (ValueError, RuleError, ConfigError) as exc:
+    except (ValueError, RuleError, SettingError) as exc:
         print(f"sandbox: bad option: {exc}", file=sys.stderr)
         return 2
     asyncio.run(serve_forever(state, args.host, args.port, args.access_log))

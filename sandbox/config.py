@@ -8,7 +8,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 
-class ConfigError(ValueError):
+class SettingError(ValueError):
     """A settings update named an unknown field or gave a bad value."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -44,7 +44,7 @@ class SandboxConfig:
         parsed: dict[str, Any] = {}
         for name, value in changes.items():
             if name not in known:
-                raise ConfigError(name, "unknown setting")
+                raise SettingError(name, "unknown setting")
             parsed[name] = _parse(name, value)
         for name, value in parsed.items():
             setattr(self, name, value)
@@ -53,22 +53,22 @@ class SandboxConfig:
 def _parse(name: str, value: Any) -> Any:
     if name in ("idempotency", "strict_fencing"):
         if not isinstance(value, bool):
-            raise ConfigError(name, "must be true or false")
+            raise SettingError(name, "must be true or false")
         return value
     if name == "over_limit_amount":
         try:
             amount = Decimal(str(value))
         except InvalidOperation as exc:
-            raise ConfigError(name, "must be a decimal") from exc
+            raise SettingError(name, "must be a decimal") from exc
         if not amount.is_finite() or amount <= 0:
-            raise ConfigError(name, "must be a positive decimal")
+            raise SettingError(name, "must be a positive decimal")
         return amount
     if name == "request_log_max":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(name, "must be a positive integer")
+            raise SettingError(name, "must be a positive integer")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(name, "must be a number >= 0")
+        raise SettingError(name, "must be a number >= 0")
     return float(value)
 
 

@@ -64,7 +64,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class BreakerConfig(_Strict):
+class BreakerSpec(_Strict):
     fail_max: int = Field(default=5, gt=0)
     reset_timeout_s: float = Field(default=30.0, gt=0)
     success_threshold: int = Field(default=1, gt=0)
@@ -76,7 +76,7 @@ class TargetConfig(_Strict):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     # repr=False: resolved headers usually carry secrets and must not reach logs via repr().
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
-    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     # Pool size per target; one pooled client per target is shared by a worker's threads.
     max_connections: int = Field(default=20, gt=0)
 
@@ -157,14 +157,14 @@ class ListSpec(_Strict):
         return self
 
 
-class Budget(_Strict):
+class BudgetSpec(_Strict):
     max_attempts: int = Field(default=5, gt=0)
     deadline_s: float = Field(default=3600.0, gt=0)
     base_delay_s: float = Field(default=0.5, gt=0)
     max_delay_s: float = Field(default=60.0, gt=0)
 
     @model_validator(mode="after")
-    def _ordered(self) -> Budget:
+    def _ordered(self) -> BudgetSpec:
         if self.base_delay_s > self.max_delay_s:
             raise ValueError(f"base_delay_s ({self.base_delay_s}) must be <= max_delay_s ({self.max_delay_s})")
         return self
@@ -195,7 +195,7 @@ class ActionConfig(_Strict):
     # Per-action override of the failure table: {409: ambiguous, "5xx": ambiguous}.
     status_map: dict[int | str, AttemptClass] = Field(default_factory=dict)
     connector: str | None = None
-    budget: Budget = Field(default_factory=Budget)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
 
     @field_validator("status_map")
     @classmethod

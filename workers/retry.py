@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import tenacity
 
 if TYPE_CHECKING:
-    from workers.actions import Budget as BudgetConfig
+    from workers.actions import BudgetSpec
 
 # A provider asking us to wait longer than an hour is more likely broken (or a misparsed
 # date) than sincere; an hour also keeps one operation from sleeping past typical deadlines
@@ -43,7 +43,7 @@ class Budget:
     max_delay_s: float = 60.0
 
     @classmethod
-    def from_config(cls, cfg: BudgetConfig) -> Budget:
+    def from_config(cls, cfg: BudgetSpec) -> Budget:
         return cls(
             max_attempts=cfg.max_attempts,
             deadline_s=cfg.deadline_s,
@@ -53,7 +53,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class RetryAt:
+class PlannedRetry:
     """Try again at ``at`` (never before a Retry-After, never past the deadline)."""
 
     at: datetime
@@ -68,7 +68,7 @@ class BudgetSpent:
     reason: str
 
 
-RetryDecision = RetryAt | BudgetSpent
+RetryDecision = PlannedRetry | BudgetSpent
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
@@ -190,4 +190,4 @@ def plan_retry(
     if at > deadline:
         at, delay_s = deadline, (deadline - now).total_seconds()
         reason = f"attempt {attempt_number + 1}/{budget.max_attempts} at the deadline (backoff clamped)"
-    return RetryAt(at=at, delay_s=delay_s, reason=reason)
+    return PlannedRetry(at=at, delay_s=delay_s, reason=reason)

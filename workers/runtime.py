@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from breaker import BreakerConfig as BreakerSettings
-from breaker import BreakerRegistry
+from breaker import BreakerConfig, BreakerRegistry
 from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import ConfigError
 from outbox.evidence import EvidenceSink
@@ -65,7 +64,7 @@ def load_actions_for(settings: Settings) -> ActionsConfig:
 
 def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegistry:
     configs = {
-        name: BreakerSettings(
+        name: BreakerConfig(
             fail_max=t.breaker.fail_max,
             reset_timeout_s=t.breaker.reset_timeout_s,
             success_threshold=t.breaker.success_threshold,

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.actions import Budget as BudgetConfig
+from workers.actions import BudgetSpec
 from workers.retry import (
     MAX_RETRY_AFTER_S,
     Budget,
     BudgetSpent,
-    RetryAt,
+    PlannedRetry,
     backoff_window_s,
     next_delay_s,
     parse_retry_after,
@@ -58,7 +58,7 @@ def test_parse_retry_after_never_raises(value: str) -> None:
 
 
 def test_budget_mirrors_config() -> None:
-    cfg = BudgetConfig(max_attempts=6, deadline_s=600, base_delay_s=0.5, max_delay_s=60)
+    cfg = BudgetSpec(max_attempts=6, deadline_s=600, base_delay_s=0.5, max_delay_s=60)
     assert Budget.from_config(cfg) == BUDGET
 
 
@@ -99,7 +99,7 @@ def test_retry_scheduled_within_budget() -> None:
     decision = plan_retry(
         attempt_number=1, budget=BUDGET, created_at=NOW, now=NOW, retry_after_s=None, rng=random.Random(0)
     )
-    assert isinstance(decision, RetryAt)
+    assert isinstance(decision, PlannedRetry)
     assert NOW <= decision.at <= NOW + timedelta(seconds=0.5)
     assert abs((decision.at - NOW).total_seconds() - decision.delay_s) < 1e-5
 
@@ -108,7 +108,7 @@ def test_retry_after_honoured() -> None:
     decision = plan_retry(
         attempt_number=1, budget=BUDGET, created_at=NOW, now=NOW, retry_after_s=30, rng=random.Random(0)
     )
-    assert isinstance(decision, RetryAt) and decision.delay_s == 30 and "Retry-After" in decision.reason
+    assert isinstance(decision, PlannedRetry) and decision.delay_s == 30 and "Retry-After" in decision.reason
 
 
 def test_attempts_used_up() -> None:
@@ -149,7 +149,7 @@ def test_never_past_deadline_never_before_retry_after(
         retry_after_s=retry_after_s,
         rng=random.Random(seed),
     )
-    if isinstance(decision, RetryAt):
+    if isinstance(decision, PlannedRetry):
         assert attempt < BUDGET.max_attempts
         assert now <= decision.at <= NOW + timedelta(seconds=BUDGET.deadline_s)
         if retry_after_s is not None:

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from sandbox.config import ConfigError, SandboxConfig
+from sandbox.config import SandboxConfig, SettingError
 from sandbox.faults import MODES, FaultBook, RuleError, parse_rule
 from sandbox.idempotency import FencingBook, KeyInUse, KeyMismatch, KeyStore, StoredResponse, params_digest
 from sandbox.resources import Rejection, validate_refund
@@ -118,7 +118,7 @@ def test_retry_after_forms() -> None:
 
 def test_config_update_is_all_or_nothing() -> None:
     config = SandboxConfig()
-    with pytest.raises(ConfigError):
+    with pytest.raises(SettingError):
         config.update({"retention_s": 5, "index_lag_s": -1})
     assert config.retention_s == 86400.0
     config.update({"over_limit_amount": "50.5", "idempotency": False})
