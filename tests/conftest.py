@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,9 @@ def service_missing(name: str, why: str) -> None:
     pytest.skip(f"{name} unavailable ({why}); start it with `docker compose up -d {name}`")
 
 
-@pytest.fixture(scope="session")
-def pg_database_url() -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database for this test run (dropped afterwards)."""
-    name = f"outbox_test_{RUN_ID}"
+@contextmanager
+def scratch_pg_database(name: str, *, revision: str = "head") -> Iterator[str]:
+    """A new PostgreSQL database ``name`` migrated to ``revision``; its URL; dropped afterwards."""
     try:
         admin = psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as exc:
@@ -60,12 +60,21 @@ def pg_database_url() -> Iterator[str]:
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    engine = make_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
-    yield url
-    with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        engine = make_engine(url)
+        migrate.upgrade(engine, revision)
+        engine.dispose()
+        yield url
+    finally:
+        with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_database_url() -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this test run (dropped afterwards)."""
+    with scratch_pg_database(f"outbox_test_{RUN_ID}") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

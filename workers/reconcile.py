@@ -204,7 +204,6 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
         )
     decision = rt.breakers.before_call(action.target)
     if isinstance(decision, Open):
-        wait_s = decision.wait_s
         return _settle(
             rt,
             claim,
@@ -213,7 +212,7 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
                 Status.OUTCOME_UNKNOWN,
                 AttemptClass.AMBIGUOUS,
                 f"breaker for {action.target} open: lookup later",
-                recheck_in_s=wait_s,
+                recheck_in_s=decision.wait_s,
             ),
             action,
         )

@@ -15,10 +15,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import inspect, select, update
-from sqlalchemy.engine import make_url
 
 from outbox import migrate
 from outbox.claims import claim_due, claim_unknown
@@ -32,7 +30,7 @@ from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced
-from tests.conftest import PG_ADMIN_URL, _libpq, service_missing
+from tests.conftest import scratch_pg_database
 
 PREVIOUS = "0002"
 
@@ -47,20 +45,8 @@ def old_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         engine.dispose()
         yield url
         return
-    name = f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        service_missing("postgres", str(exc).strip().splitlines()[0])
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    engine = make_engine(url)
-    migrate.upgrade(engine, PREVIOUS)
-    engine.dispose()
-    yield url
-    with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_pg_database(f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}", revision=PREVIOUS) as url:
+        yield url
 
 
 def _intent(key: str) -> dict[str, Any]:
