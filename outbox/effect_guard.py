@@ -26,7 +26,9 @@ from sqlalchemy import text
 _CONFIRMED = "a.attempt_class = 'succeeded'"
 
 
-def _may_still_land(op: str) -> str:
+def may_still_land(op: str) -> str:
+    """True for a dispatch attempt ``a`` of ``op`` that was ambiguous or never reported and is not
+    proven unable to land."""
     return (
         f"(a.kind = 'dispatch' AND a.attempt_number > {op}.proven_absent_through"
         " AND a.attempt_class IN ('ambiguous', 'pending'))"
@@ -35,7 +37,7 @@ def _may_still_land(op: str) -> str:
 
 def may_have_taken_effect(op: str) -> str:
     """True for an attempt ``a`` of ``op`` that is confirmed or may still land."""
-    return f"({_CONFIRMED} OR {_may_still_land(op)})"
+    return f"({_CONFIRMED} OR {may_still_land(op)})"
 
 
 def _none(op: str, condition: str) -> str:

@@ -25,12 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, func, or_, select, text
+from sqlalchemy.orm import Session, aliased
 
 from outbox.clock import as_utc
+from outbox.effect_guard import may_still_land
 from outbox.late_evidence import CONTRADICTION_EVENT
-from outbox.models import Attempt, Handoff, Operation, OperationEvent
+from outbox.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent
 from outbox.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, AttemptClass, Status
 
 # Statuses in which the ledger holds that the effect exists at the provider.
@@ -206,28 +207,25 @@ def operations_in_window(session: Session, *, since: dt.datetime) -> int:
     )
 
 
-_SUCCESS = Attempt.attempt_class == AttemptClass.SUCCEEDED.value
-_MAY_STILL_LAND = and_(
-    Attempt.kind == "dispatch",
-    Attempt.attempt_number > Operation.proven_absent_through,
-    Attempt.attempt_class.in_([AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value]),
-)
+# Attempts as ``a``, so the guards' own SQL (effect_guard.py, models.UNAPPLIED_SUCCESS) reads them.
+_A = aliased(Attempt, name="a")
+_SUCCESS = _A.attempt_class == AttemptClass.SUCCEEDED.value
 # (statuses, attempt condition, why): an attempt of the operation that its state denies.
 CONTRADICTIONS: tuple[tuple[frozenset[Status], Any, str], ...] = (
     (NO_EFFECT, _SUCCESS, "the provider confirmed an effect on this attempt, the state says none happened"),
-    (NO_EFFECT, _MAY_STILL_LAND, "ended with no effect while this attempt may still take effect"),
+    (NO_EFFECT, text(may_still_land("operations")), "ended with no effect while this attempt may still take effect"),
     (
         AWAITING_OUTCOME,
-        and_(_SUCCESS, Attempt.stale.is_(True), Attempt.applied_at.is_(None)),
+        text(UNAPPLIED_SUCCESS),
         "the provider confirmed an effect on this attempt, not yet applied (the relay's sweep applies it)",
     ),
     (
         EFFECT,
         and_(
             _SUCCESS,
-            Attempt.provider_reference.is_not(None),
+            _A.provider_reference.is_not(None),
             Operation.result_reference.is_not(None),
-            Attempt.provider_reference != Operation.result_reference,
+            _A.provider_reference != Operation.result_reference,
         ),
         "this attempt's confirmation names another reference: a second effect at the provider?",
     ),
@@ -245,10 +243,10 @@ def state_contradictions(session: Session, *, since: dt.datetime) -> list[dict[s
     out: list[dict[str, Any]] = []
     for statuses, condition, why in CONTRADICTIONS:
         rows = session.execute(
-            select(Operation, Attempt)
-            .join(Attempt, Attempt.operation_id == Operation.id)
+            select(Operation, _A)
+            .join(_A, _A.operation_id == Operation.id)
             .where(Operation.status.in_([s.value for s in statuses]), Operation.updated_at >= since, condition)
-            .order_by(Operation.updated_at, Attempt.id)
+            .order_by(Operation.updated_at, _A.id)
         ).all()
         for op, a in rows:
             out.append(
