@@ -124,7 +124,7 @@ class Outbox:
 
     def start_relay(self, timeout_s: float = 30.0) -> None:
         """``agent-outbox relay`` as its own process (as deployed: no GIL shared with the agents)."""
-        from workers.relay import NOTIFY_LEADER_LOCK
+        from outbox.drivers.pg_statements import NOTIFY_LEADER_LOCK
 
         exe = Path(sys.executable).with_name("agent-outbox")
         self.relay = subprocess.Popen(

@@ -22,25 +22,20 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, update
-
 from breaker import BreakerRegistry, BreakerStatus
 from breaker import reset as reset_breaker
 from breaker import status as breaker_status
 from breaker.errors import BreakerStorageUnavailable
 from commands.ledger import open_engine
-from outbox.clock import db_now
 from outbox.db import make_sessionmaker
-from outbox.models import Operation, OperationEvent
 from outbox.settings import Settings, load_settings
-from outbox.states import Status
+from outbox.waits import wake_breaker_waits
 from workers.actions import ActionsConfig
 from workers.runtime import breaker_registry, load_actions_for
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 # What the park by an open breaker writes as the operation's reason (workers.outcomes.breaker_wait).
-PARKED_REASON = "breaker%"
 
 LOCAL_NOTE = (
     "breakers are process-local: OUTBOX_REDIS_URL is not set, so each worker keeps its breakers "
@@ -156,7 +151,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 def wake_parked(settings: Settings, action_names: list[str], *, target: str, by: str) -> int:
     """not_dispatched operations of these actions waiting for the breaker -> due now.
 
-    Only rows the breaker parked (their reason says so) and that are not yet due: a retry
+    Only rows the breaker parked (waiting_for = breaker) and that are not yet due: a retry
     scheduled by backoff or Retry-After keeps its time. One event per row records who.
     """
     if not action_names:
@@ -165,30 +160,7 @@ def wake_parked(settings: Settings, action_names: list[str], *, target: str, by:
     why = f"breaker for {target} reset by {by}"
     try:
         with make_sessionmaker(engine).begin() as session:
-            rows = session.execute(
-                update(Operation)
-                .where(
-                    Operation.status == Status.NOT_DISPATCHED.value,
-                    Operation.action.in_(action_names),
-                    Operation.reason.like(PARKED_REASON),
-                    Operation.next_attempt_at > db_now(),
-                )
-                .values(next_attempt_at=db_now(), reason=why, updated_at=db_now())
-                .returning(Operation.id, Operation.fencing_token)
-            ).all()
-            for r in rows:
-                session.execute(
-                    insert(OperationEvent).values(
-                        operation_id=r.id,
-                        at=db_now(),
-                        from_status=Status.NOT_DISPATCHED.value,
-                        to_status=Status.NOT_DISPATCHED.value,
-                        fencing_token=r.fencing_token,
-                        event="breaker reset",
-                        reason=why,
-                        actor=by,
-                    )
-                )
+            woken = wake_breaker_waits(session, action_names, reason=why, actor=by)
     finally:
         engine.dispose()
-    return len(rows)
+    return len(woken)

@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from psycopg.rows import namedtuple_row
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.db import driver_connection, is_postgres, make_engine
+from outbox.db import make_engine
+from outbox.drivers import driver_for
 from outbox.models import Attempt, Evidence, Operation, core_table
 from outbox.settlement import evidence_backfilled
 from outbox.states import Status
@@ -57,13 +57,6 @@ _LOG_COLUMNS = (
     "provider_reference",
 )
 _AT = core_table(Attempt)
-_PG_ATTEMPT_LOG = f"SELECT {', '.join(_LOG_COLUMNS)} FROM attempts WHERE operation_id = ANY(%(ids)s) ORDER BY id"
-_PG_EVIDENCE_INSERT = """
-INSERT INTO evidence (operation_id, tenant, idempotency_key, action, args_digest, provider_reference,
-                      response_digest, attempt_log_digest, recorded_at)
-VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_digest)s, %(provider_reference)s,
-        %(response_digest)s, %(attempt_log_digest)s, clock_timestamp())
-"""
 
 
 def attempt_log_digest(session: Session, operation_id: str, *, current: tuple[int, AttemptReport] | None = None) -> str:
@@ -77,19 +70,7 @@ def attempt_log_digests(
     """attempt_log_digest for several operations in one query (a doorbell batch)."""
     if not operation_ids:
         return {}
-    if is_postgres(session):
-        rows: Any = (
-            driver_connection(session)
-            .cursor(row_factory=namedtuple_row)
-            .execute(_PG_ATTEMPT_LOG, {"ids": list(operation_ids)})
-            .fetchall()
-        )
-    else:
-        rows = session.execute(
-            select(*[_AT.c[name] for name in _LOG_COLUMNS])
-            .where(_AT.c.operation_id.in_(list(operation_ids)))
-            .order_by(_AT.c.id)
-        ).all()
+    rows = driver_for(session).attempt_log(session, operation_ids, _LOG_COLUMNS)
     logs: dict[str, list[dict[str, Any]]] = {op_id: [] for op_id in operation_ids}
     for a in rows:
         item = dict(
@@ -194,11 +175,7 @@ class EvidenceSink:
         if self.engine is None:
             if session is None:
                 raise ValueError("the default evidence sink writes in the ledger transaction: pass session")
-            if is_postgres(session):
-                # Straight to the driver (one pipelined round trip), like the rest of the hot path.
-                driver_connection(session).cursor().executemany(_PG_EVIDENCE_INSERT, [asdict(r) for r in records])
-                return
-            session.execute(insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records]))
+            driver_for(session).insert_evidence(session, [asdict(r) for r in records])
             return
         stmt = insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records])
         self._ensure_table()

@@ -11,7 +11,7 @@ from outbox.clock import as_utc, db_now
 from outbox.errors import InvalidIntent, OperationNotFound
 from outbox.models import Handoff
 from outbox.settlement import resolve_by_person
-from outbox.states import Status
+from outbox.states import EventKind, Status
 from outbox.transitions import move
 
 RESOLUTIONS = ("succeeded", "not-executed", "abandoned")
@@ -75,7 +75,7 @@ def resolve(
             handoff.operation_id,
             sources=[Status.RECONCILIATION_REQUIRED],
             to=Status.RECONCILIATION_REQUIRED,
-            event="resolved: abandoned",
+            event=EventKind.RESOLVED_ABANDONED,
             actor=by,
             reason=f"abandoned by {by}: {note}",
         )

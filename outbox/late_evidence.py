@@ -38,16 +38,17 @@ from outbox.clock import db_now
 from outbox.evidence import EvidenceSink, record_for
 from outbox.handoffs import open_handoff
 from outbox.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent, core_table
-from outbox.states import EFFECT, NO_EFFECT, Status
+from outbox.states import EFFECT, NO_EFFECT, EventKind, Status
 from outbox.transitions import move
+from outbox.writes import success_values
 
 log = logging.getLogger(__name__)
 _OP = core_table(Operation)
 
 _AT = core_table(Attempt)
 
-LATE_EVIDENCE_EVENT = "late evidence"
-CONTRADICTION_EVENT = "late evidence contradicts"
+LATE_EVIDENCE_EVENT = EventKind.LATE_EVIDENCE
+CONTRADICTION_EVENT = EventKind.LATE_EVIDENCE_CONTRADICTS
 
 # (session, operation, why) -> the handoff packet; built by the caller, which knows the action
 # (what to mask, where to look): workers/handoff_packet.packet_builder.
@@ -144,10 +145,7 @@ def apply(
         fencing_token=_OP.c.fencing_token + 1,
         lease_owner=None,
         lease_expires_at=None,
-        result_reference=late.provider_reference,
-        result_digest=late.response_digest,
-        result=result,
-        error_class=None,
+        **success_values(late.provider_reference, late.response_digest, result),
     )
     if not sink.separate:
         sink.write(record, session=session)

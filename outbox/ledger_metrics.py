@@ -30,11 +30,12 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.clock import db_age_s, db_now
-from outbox.db import is_postgres, make_sessionmaker
+from outbox.db import make_sessionmaker
+from outbox.drivers import driver_for
 from outbox.models import Handoff, Operation
 from outbox.report_summary import read_summary
 from outbox.states import TERMINAL, Status
@@ -82,8 +83,7 @@ class LedgerCollector(Collector):
 
     def _read_ledger(self) -> list[GaugeMetricFamily]:
         with self.sessions.begin() as session:
-            if is_postgres(self.engine):
-                session.execute(text(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"))
+            driver_for(session).set_statement_timeout(session, STATEMENT_TIMEOUT_MS)
             open_counts = dict(
                 session.execute(
                     select(Operation.status, func.count())

@@ -10,6 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from outbox.drivers import driver_for
+
 MIGRATIONS = Path(__file__).with_name("migrations")
 VERSION_TABLE = "outbox_alembic_version"
 
@@ -24,11 +26,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to ``revision``; safe to run again (a no-op when up to date)."""
     cfg = _config()
     with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            # Two `migrate` runs at once (compose restarts, several replicas) must not race.
-            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7243011)")
+        # Two `migrate` runs at once (compose restarts, several replicas) must not race.
+        driver_for(conn).lock_for_migration(conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Take the schema back to ``revision`` (tests of upgrades; an operator's way back)."""
+    cfg = _config()
+    with engine.begin() as conn:
+        driver_for(conn).lock_for_migration(conn)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -69,6 +69,10 @@ class Operation(Base):
     run_id: Mapped[str | None] = mapped_column(String(255))
     tool_call_id: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(32))
+    # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
+    # NULL when it waits for nothing but its schedule. Code decides on this, people read ``reason``.
+    # No CHECK constraint: adding one to SQLite means copying the table (migration 0004 says why).
+    waiting_for: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(255))

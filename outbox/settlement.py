@@ -17,8 +17,9 @@ from outbox.clock import db_now
 from outbox.effect_guard import no_effect_confirmed
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.models import Attempt, Operation, core_table
-from outbox.states import NO_EFFECT, Status
+from outbox.states import NO_EFFECT, EventKind, Status
 from outbox.transitions import AttemptReport, current_row, mark_attempt_stale, move, record_attempt
+from outbox.writes import success_values
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -79,12 +80,7 @@ def settle_if_fenced(
     values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
     extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        values.update(
-            result_reference=report.provider_reference,
-            result_digest=report.response_digest,
-            result=result,
-            error_class=None,
-        )
+        values.update(success_values(report.provider_reference, report.response_digest, result))
     elif to in NO_EFFECT:
         # The proof that no attempt so far can take effect, written down so the row explains
         # itself; only a confirmed success on some attempt can still contradict it.
@@ -102,7 +98,7 @@ def settle_if_fenced(
             claim.operation_id,
             sources=[Status.OUTCOME_UNKNOWN],
             to=to,
-            event=f"lookup {claim.attempt_number}: {report.klass.value}",
+            event=EventKind.LOOKUP_RESULT,
             actor=claim.worker,
             reason=reason,
             token=claim.fencing_token,
@@ -148,7 +144,7 @@ def resolve_by_person(
             operation_id,
             sources=[Status.RECONCILIATION_REQUIRED],
             to=Status.SUCCEEDED,
-            event="resolved: succeeded",
+            event=EventKind.RESOLVED_SUCCEEDED,
             actor=by,
             reason=note,
             result_reference=reference,
@@ -161,7 +157,7 @@ def resolve_by_person(
             operation_id,
             sources=[Status.RECONCILIATION_REQUIRED],
             to=Status.NOT_DISPATCHED,
-            event="resolved: not executed",
+            event=EventKind.RESOLVED_NOT_EXECUTED,
             actor=by,
             reason=note,
             proven_absent_through=_last_dispatch_number(operation_id),
@@ -178,7 +174,7 @@ def evidence_backfilled(session: Session, operation_id: str, *, actor: str = "ba
         operation_id,
         sources=[Status.COMMITTED_EVIDENCE_DEGRADED],
         to=Status.SUCCEEDED,
-        event="evidence backfilled",
+        event=EventKind.EVIDENCE_BACKFILLED,
         actor=actor,
         reason="evidence record written",
     )

@@ -85,6 +85,9 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (Status.NOT_DISPATCHED, Status.DISPATCHING): "claim",
     (Status.NOT_DISPATCHED, Status.CANCELLED): "cancel (nothing sent can still take effect)",
     (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL): "approval expired",
+    # Waits that send nothing and claim nothing: a breaker open parks it until its reopen time, a
+    # breaker reset wakes it at once (waiting_for says which wait it is in).
+    (Status.NOT_DISPATCHED, Status.NOT_DISPATCHED): "breaker open: parked until it may close / breaker reset: woken",
     (Status.NOT_DISPATCHED, Status.SUCCEEDED): "an earlier attempt's success arrived late",
     (
         Status.NOT_DISPATCHED,
@@ -163,3 +166,54 @@ class AttemptClass(str, enum.Enum):
 PROVABLY_NOT_EXECUTED: frozenset[AttemptClass] = frozenset(
     {AttemptClass.NOT_SENT, AttemptClass.NOT_PROCESSED, AttemptClass.REJECTED}
 )
+
+
+class AttemptKind(str, enum.Enum):
+    """What an attempt row records: a request sent to the provider, or a question asked of it."""
+
+    DISPATCH = "dispatch"  # a worker sends the request (with the idempotency key)
+    LOOKUP = "lookup"  # the reconciler asks the provider what became of the key
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WaitingFor(str, enum.Enum):
+    """Why a not_dispatched or outcome_unknown operation is not due yet (``operations.waiting_for``).
+
+    NULL: due at ``next_attempt_at`` for no reason but its schedule (a fresh intent). The reason
+    text next to it is for people; code decides on this column.
+    """
+
+    BREAKER = "breaker"  # its downstream's breaker is open: woken when it may close, or on reset
+    BACKOFF = "backoff"  # a retry after a failure that proved nothing happened, or a lookup re-check
+    RETRY_AFTER = "retry_after"  # the provider said when to come back (Retry-After)
+    APPROVAL = "approval"  # a person must approve first
+    LOOKUP = "lookup"  # the reconciler will ask the provider what became of it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EventKind(str, enum.Enum):
+    """What an ``operation_events`` row records. The row's reason says it in words, for people."""
+
+    SUBMIT = "submit"
+    CLAIM = "claim"
+    RECONCILE_CLAIM = "reconcile claim"
+    ATTEMPT_RESULT = "attempt result"  # a worker's finalize: its attempt's class decided the move
+    LOOKUP_RESULT = "lookup result"  # the reconciler's settlement: what the lookup proved
+    LEASE_EXPIRED = "lease expired"
+    BREAKER_OPEN = "breaker open"  # parked without a claim until the breaker may close
+    BREAKER_RESET = "breaker reset"  # an operator reset the breaker: parked operations woken
+    CANCEL = "cancel"
+    APPROVE = "approve"
+    RESOLVED_SUCCEEDED = "resolved: succeeded"
+    RESOLVED_NOT_EXECUTED = "resolved: not executed"
+    RESOLVED_ABANDONED = "resolved: abandoned"
+    EVIDENCE_BACKFILLED = "evidence backfilled"
+    LATE_EVIDENCE = "late evidence"  # a stale attempt's confirmed success settled the operation
+    LATE_EVIDENCE_CONTRADICTS = "late evidence contradicts"  # ... contradicting a "no effect" end
+
+    def __str__(self) -> str:
+        return self.value

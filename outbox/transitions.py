@@ -8,23 +8,30 @@ transaction: catch ``StaleFence`` inside ``with session.begin():`` to commit tha
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from psycopg.rows import namedtuple_row
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
 from outbox.clock import db_now
-from outbox.db import driver_connection, driver_sql, is_postgres
-from outbox.effect_guard import NO_EFFECT_POSSIBLE, no_effect_possible
+from outbox.drivers import FinalizeWrite, driver_for
+from outbox.effect_guard import no_effect_possible
 from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, StaleFence
 from outbox.models import Attempt, Operation, OperationEvent, core_table
-from outbox.states import ALLOWED, NO_EFFECT, PROVABLY_NOT_EXECUTED, TERMINAL, AttemptClass, Status
+from outbox.states import (
+    ALLOWED,
+    NO_EFFECT,
+    PROVABLY_NOT_EXECUTED,
+    TERMINAL,
+    AttemptClass,
+    EventKind,
+    Status,
+    WaitingFor,
+)
+from outbox.writes import ATTEMPT_REPORT, core_values, waiting_after
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -45,6 +52,13 @@ class AttemptReport:
     error: str | None = None
 
 
+# What an operation waits for when it enters these states, unless the move says otherwise.
+_WAITING_ON_ENTRY = {
+    Status.OUTCOME_UNKNOWN: WaitingFor.LOOKUP.value,
+    Status.AWAITING_APPROVAL: WaitingFor.APPROVAL.value,
+}
+
+
 def _check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> None:
     for src in sources:
         if (src, to) not in ALLOWED:
@@ -58,7 +72,7 @@ def _event(
     from_status: str | None,
     to: Status,
     token: int,
-    event: str,
+    event: EventKind,
     reason: str | None,
     actor: str,
 ) -> None:
@@ -69,7 +83,7 @@ def _event(
             from_status=from_status,
             to_status=to.value,
             fencing_token=token,
-            event=event,
+            event=event.value,
             reason=reason,
             actor=actor,
         )
@@ -82,7 +96,7 @@ def move(
     *,
     sources: Iterable[Status],
     to: Status,
-    event: str,
+    event: EventKind,
     actor: str,
     reason: str | None = None,
     token: int | None = None,
@@ -100,7 +114,8 @@ def move(
     if token is not None:
         conds.append(_OP.c.fencing_token == token)
     values.setdefault("updated_at", db_now())
-    values.setdefault("reason", reason or event)
+    values.setdefault("reason", reason or event.value)
+    values.setdefault("waiting_for", _WAITING_ON_ENTRY.get(to))
     if to in TERMINAL:
         values.setdefault("finished_at", db_now())
     previous: str | None = srcs[0].value if len(srcs) == 1 else None
@@ -141,19 +156,7 @@ def _record_attempt_stmt(attempt_id: int, report: AttemptReport, *, stale: bool 
     return (
         update(_AT)
         .where(_AT.c.id == attempt_id, _AT.c.ended_at.is_(None))
-        .values(
-            ended_at=db_now(),
-            attempt_class=report.klass.value,
-            status_code=report.status_code,
-            request_digest=report.request_digest,
-            provider_request_id=report.provider_request_id,
-            provider_reference=report.provider_reference,
-            response_digest=report.response_digest,
-            retry_after_s=report.retry_after_s,
-            latency_s=report.latency_s,
-            error=report.error,
-            stale=stale,
-        )
+        .values(**core_values(ATTEMPT_REPORT, {**_report_params(report), "stale": stale}, _AT))
         .returning(_AT.c.id)
     )
 
@@ -218,10 +221,7 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
             )
         else:
             ready.append(i)
-    if is_postgres(session):
-        outcomes = _finalize_pg(session, [items[i] for i in ready])
-    else:
-        outcomes = [_finalize_portable(session, items[i]) for i in ready]
+    outcomes = _finalize(session, [items[i] for i in ready])
     for i, (wrote, refused) in zip(ready, outcomes):
         if refused is None:
             continue
@@ -238,173 +238,63 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
     return refusals
 
 
-def _event_of(item: Finalize) -> str:
-    return f"attempt {item.claim.attempt_number}: {item.report.klass.value}"
-
-
-def _finalize_portable(session: Session, item: Finalize) -> tuple[bool, OutboxError | None]:
-    """SQLite: the attempt row, then the guarded move (with its event row)."""
-    claim, report, to = item.claim, item.report, item.to
-    values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
-    extra_where: list[Any] = []
-    if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        values.update(
-            result_reference=report.provider_reference,
-            result_digest=report.response_digest,
-            result=item.result,
-            error_class=None,
-        )
-    else:
-        values.update(error_class=report.klass.value, last_error=report.error)
-    if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
-        values["next_attempt_at"] = db_now(max(item.delay_s, 0.0))
-        if to is Status.NOT_DISPATCHED and item.refund_attempt:
-            values["attempt_count"] = _OP.c.attempt_count - 1
-    elif to in NO_EFFECT:
-        # The ledger itself refuses "no effect" while an earlier attempt may have taken effect.
-        extra_where.append(no_effect_possible(excluding_attempt=claim.attempt_id))
-    wrote = record_attempt(session, claim.attempt_id, report)
-    try:
-        move(
-            session,
-            claim.operation_id,
-            sources=[Status.DISPATCHING],
-            to=to,
-            event=_event_of(item),
-            actor=claim.worker,
-            reason=item.reason,
-            token=claim.fencing_token,
-            extra_where=extra_where,
-            **values,
-        )
-    except StaleFence as exc:
-        return wrote, exc
-    return wrote, None
-
-
-def _finalize_pg(session: Session, items: Sequence[Finalize]) -> list[tuple[bool, OutboxError | None]]:
-    """PostgreSQL: one statement per item (attempt row, fenced move, event row), all pipelined."""
-    if not items:
-        return []
-    conn = driver_connection(session)
-    cursors = []
-    with conn.pipeline():
-        for item in items:
-            claim, report = item.claim, item.report
-            cursor = conn.cursor(row_factory=namedtuple_row)
-            refund = item.refund_attempt and item.to is Status.NOT_DISPATCHED
-            cursor.execute(
-                _finalize_sql(item.to, refund, item.to in NO_EFFECT),
-                {
-                    "to": item.to.value,
-                    "reason": item.reason,
-                    "event": _event_of(item),
-                    "actor": claim.worker,
-                    "operation_id": claim.operation_id,
-                    "token": claim.fencing_token,
-                    "attempt_id": claim.attempt_id,
-                    "klass": report.klass.value,
-                    "status_code": report.status_code,
-                    "request_digest": report.request_digest,
-                    "provider_request_id": report.provider_request_id,
-                    "provider_reference": report.provider_reference,
-                    "response_digest": report.response_digest,
-                    "retry_after_s": report.retry_after_s,
-                    "latency_s": report.latency_s,
-                    "error": report.error,
-                    "result": json.dumps(item.result) if item.result is not None else None,
-                    "delay_s": float(max(item.delay_s, 0.0)),
-                },
-            )
-            cursors.append(cursor)
+def _finalize(session: Any, items: Sequence[Finalize]) -> list[tuple[bool, OutboxError | None]]:
+    """Each item's attempt row, fenced move and event row (the driver pipelines them where it can)."""
+    writes = [_finalize_write(item) for item in items]
     out: list[tuple[bool, OutboxError | None]] = []
-    for item, cursor in zip(items, cursors):
-        row = cursor.fetchone()
-        if row.moved:
-            out.append((bool(row.wrote), None))
+    for item, (wrote, moved) in zip(items, driver_for(session).finalize(session, writes)):
+        if moved:
+            out.append((wrote, None))
             continue
         current = current_row(session, item.claim.operation_id)
         if current is None:
-            out.append((bool(row.wrote), OperationNotFound(item.claim.operation_id)))
+            out.append((wrote, OperationNotFound(item.claim.operation_id)))
             continue
-        out.append(
-            (
-                bool(row.wrote),
-                StaleFence(
-                    item.claim.operation_id,
-                    item.claim.fencing_token,
-                    f"now {current.status} with token {current.fencing_token}",
-                ),
-            )
-        )
+        detail = f"now {current.status} with token {current.fencing_token}"
+        out.append((wrote, StaleFence(item.claim.operation_id, item.claim.fencing_token, detail)))
     return out
 
 
-@functools.lru_cache(maxsize=32)
-def _finalize_sql(to: Status, refund: bool, guard: bool) -> Any:
-    """The one-statement finalize for PostgreSQL, as SQL text built once per shape.
+def _finalize_write(item: Finalize) -> FinalizeWrite:
+    claim, report, to = item.claim, item.report, item.to
+    refund = item.refund_attempt and to is Status.NOT_DISPATCHED
+    waiting = waiting_after(to, retry_after=report.retry_after_s is not None, breaker=refund)
+    return FinalizeWrite(
+        to,
+        refund,
+        to in NO_EFFECT,
+        {
+            "reason": item.reason,
+            "event": EventKind.ATTEMPT_RESULT.value,
+            "actor": claim.worker,
+            "operation_id": claim.operation_id,
+            "token": claim.fencing_token,
+            "attempt_id": claim.attempt_id,
+            "waiting_for": waiting.value if waiting else None,
+            "delay_s": float(max(item.delay_s, 0.0)),
+            "result": item.result,
+            **_report_params(report),
+        },
+    )
 
-    Text sent through the driver, not a Core construct: building the construct, and even
-    SQLAlchemy's per-execute result processing for text(), cost more client CPU per call than the
-    database spent executing it (bench/README.md). It writes exactly what the portable path does.
-    """
-    sets = [
-        "status = :to",
-        "updated_at = clock_timestamp()",
-        "reason = :reason",
-        "lease_owner = NULL",
-        "lease_expires_at = NULL",
-    ]
-    if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        sets += [
-            "result_reference = :provider_reference",
-            "result_digest = :response_digest",
-            "result = CAST(:result AS json)",
-            "error_class = NULL",
-        ]
-    else:
-        sets += ["error_class = :klass", "last_error = :error"]
-    if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
-        sets.append("next_attempt_at = clock_timestamp() + make_interval(secs => :delay_s)")
-    if refund:
-        sets.append("attempt_count = attempt_count - 1")
-    if to in TERMINAL:
-        sets.append("finished_at = clock_timestamp()")
-    where = "id = :operation_id AND status = 'dispatching' AND fencing_token = :token"
-    if guard:
-        where += " AND " + NO_EFFECT_POSSIBLE
-    return driver_sql(f"""
-WITH att AS (
-    UPDATE attempts SET ended_at = clock_timestamp(), attempt_class = :klass, status_code = :status_code,
-        request_digest = :request_digest, provider_request_id = :provider_request_id,
-        provider_reference = :provider_reference, response_digest = :response_digest,
-        retry_after_s = :retry_after_s, latency_s = :latency_s, error = :error, stale = false
-    WHERE id = :attempt_id AND ended_at IS NULL
-    RETURNING id
-), moved AS (
-    UPDATE operations SET {", ".join(sets)}
-    WHERE {where}
-    RETURNING id, fencing_token
-), logged AS (
-    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), 'dispatching', :to, fencing_token, :event, :reason, :actor FROM moved
-    RETURNING id
-)
-SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved,
-       (SELECT count(*) FROM logged) AS logged
-""")
+
+def _report_params(report: AttemptReport) -> dict[str, Any]:
+    return {
+        "klass": report.klass.value,
+        "status_code": report.status_code,
+        "request_digest": report.request_digest,
+        "provider_request_id": report.provider_request_id,
+        "provider_reference": report.provider_reference,
+        "response_digest": report.response_digest,
+        "retry_after_s": report.retry_after_s,
+        "latency_s": report.latency_s,
+        "error": report.error,
+    }
 
 
 def current_row(session: Any, operation_id: str) -> Any:
     """(status, fencing_token) of the operation now, or None."""
-    if is_postgres(session):
-        return (
-            driver_connection(session)
-            .cursor(row_factory=namedtuple_row)
-            .execute("SELECT status, fencing_token FROM operations WHERE id = %(id)s", {"id": operation_id})
-            .fetchone()
-        )
-    return session.execute(select(_OP.c.status, _OP.c.fencing_token).where(_OP.c.id == operation_id)).first()
+    return driver_for(session).current_row(session, operation_id)
 
 
 def _still_ours(session: Any, claim: Claim) -> bool:
@@ -432,10 +322,7 @@ def commit_even_if_stale(sessions: sessionmaker[Session], write: Callable[[Sessi
 
 def mark_attempt_stale(session: Any, attempt_id: int) -> None:
     """The attempt's result arrived after its worker lost the operation: evidence, not a verdict."""
-    if is_postgres(session):
-        driver_connection(session).execute("UPDATE attempts SET stale = true WHERE id = %(id)s", {"id": attempt_id})
-        return
-    session.execute(update(_AT).where(_AT.c.id == attempt_id).values(stale=True))
+    driver_for(session).mark_attempt_stale(session, attempt_id)
 
 
 def expire_leases(session: Session, *, limit: int = 500, actor: str = "sweep") -> list[str]:
@@ -457,7 +344,7 @@ def expire_leases(session: Session, *, limit: int = 500, actor: str = "sweep") -
                 row.id,
                 sources=[Status.DISPATCHING],
                 to=Status.OUTCOME_UNKNOWN,
-                event="lease expired",
+                event=EventKind.LEASE_EXPIRED,
                 actor=actor,
                 reason="lease expired: the worker may have sent the request",
                 token=row.fencing_token,
@@ -488,7 +375,7 @@ def request_cancel(session: Session, operation_id: str, *, actor: str, reason: s
             operation_id,
             sources=[Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL],
             to=Status.CANCELLED,
-            event="cancel",
+            event=EventKind.CANCEL,
             actor=actor,
             reason=reason,
             extra_where=[no_effect_possible()],
@@ -513,7 +400,7 @@ def approve(session: Session, operation_id: str, *, actor: str, reason: str = "a
         operation_id,
         sources=[Status.AWAITING_APPROVAL],
         to=Status.NOT_DISPATCHED,
-        event="approve",
+        event=EventKind.APPROVE,
         actor=actor,
         reason=reason,
         next_attempt_at=db_now(),

@@ -16,17 +16,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg.rows import namedtuple_row
-from sqlalchemy import insert, select, update
-
 from breaker import Allowed, Decision, Open, counts_as_failure
-from outbox.claims import Claim, claim_due
-from outbox.clock import LedgerClock, as_utc, db_now
-from outbox.db import driver_connection, is_postgres
+from outbox.claims import Claim, claim_due, read_due
+from outbox.clock import LedgerClock, as_utc
 from outbox.envelope import loads_exact
 from outbox.errors import StaleFence
 from outbox.evidence import finish_with_evidence, records_for_claims
-from outbox.models import Operation, OperationEvent
 from outbox.states import AttemptClass, Status
 from outbox.transitions import (
     AttemptReport,
@@ -35,6 +30,7 @@ from outbox.transitions import (
     finalize_if_fenced,
     finalize_many_if_fenced,
 )
+from outbox.waits import park_for_breaker
 from workers import failpoints, metrics
 from workers.actions import ActionConfig
 from workers.connectors import AttemptResult
@@ -216,40 +212,9 @@ class _Due:
     clock: LedgerClock  # the database's time when read: deadlines are judged on it
 
 
-_PG_READ_DUE = """
-SELECT id, action, created_at, deadline_at, max_attempts, attempt_count, clock_timestamp() AS db_now
-FROM operations
-WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND next_attempt_at <= clock_timestamp()
-"""
-
-
 def _read_due(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
     with rt.ledger.one_statement() as session:
-        if is_postgres(session):
-            # Every doorbell starts here, most of them (under load) for ids already taken: one
-            # plain statement through the driver, no SQLAlchemy construct to build.
-            rows: Any = (
-                driver_connection(session)
-                .cursor(row_factory=namedtuple_row)
-                .execute(_PG_READ_DUE, {"ids": list(operation_ids)})
-                .fetchall()
-            )
-        else:
-            rows = session.execute(
-                select(
-                    Operation.id,
-                    Operation.action,
-                    Operation.created_at,
-                    Operation.deadline_at,
-                    Operation.max_attempts,
-                    Operation.attempt_count,
-                    db_now().label("db_now"),
-                ).where(
-                    Operation.id.in_(list(operation_ids)),
-                    Operation.status == Status.NOT_DISPATCHED.value,
-                    Operation.next_attempt_at <= db_now(),
-                )
-            ).all()
+        rows = read_due(session, operation_ids)
     dues = {}
     # Most budget left first: while a breaker is half-open, the first operation asked gets the
     # probe, so an outage's probes rotate even when a lagging relay rings several at once.
@@ -273,30 +238,8 @@ def park_while_open_if_due(
     """
     wait = breaker_wait(action, wait_s=decision.wait_s, now=now, spent_attempts=spent_attempts)
     with rt.sessions.begin() as session:
-        row = session.execute(
-            update(Operation)
-            .where(
-                Operation.id == operation_id,
-                Operation.status == Status.NOT_DISPATCHED.value,
-                Operation.next_attempt_at <= db_now(),
-            )
-            .values(next_attempt_at=db_now(wait.delay_s), reason=wait.why, updated_at=db_now())
-            .returning(Operation.fencing_token)
-        ).first()
-        if row is None:
+        if not park_for_breaker(session, operation_id, delay_s=wait.delay_s, reason=wait.why, actor=rt.worker_id):
             return None
-        session.execute(
-            insert(OperationEvent).values(
-                operation_id=operation_id,
-                at=db_now(),
-                from_status=Status.NOT_DISPATCHED.value,
-                to_status=Status.NOT_DISPATCHED.value,
-                fencing_token=row.fencing_token,
-                event="breaker open",
-                reason=wait.why,
-                actor=rt.worker_id,
-            )
-        )
     log.info(
         "breaker open: parked for %.3fs",
         wait.delay_s,

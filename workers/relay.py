@@ -24,7 +24,6 @@ lost, notifications missed while the relay was away. On SQLite it polls.
 
 from __future__ import annotations
 
-import functools
 import logging
 import select as select_mod
 import threading
@@ -34,17 +33,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from sqlalchemy import Engine, or_, select, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 
-from outbox import late_evidence
-from outbox.clock import db_age_s, db_now
-from outbox.db import driver_connection, is_postgres, make_sessionmaker
+from outbox import late_evidence, publish
+from outbox.db import make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
 from outbox.models import Operation, core_table
+from outbox.publish import mark_published, mark_published_if_due
 from outbox.states import Status
-from outbox.submit import NOTIFY_CHANNEL
 from outbox.transitions import expire_leases
 from workers import metrics
 from workers.actions import ActionsConfig
@@ -56,8 +52,6 @@ _OP = core_table(Operation)
 
 BACKFILL_EVERY_S = 5.0  # evidence repair is not urgent, but an operator watches the degraded count
 BATCH = 500  # rows per statement: one commit marks a whole burst of submits
-# pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
-NOTIFY_LEADER_LOCK = 0x72656C6179
 # While LISTENing, a tick rings a never-published row only once it has been due this long: the
 # NOTIFY path covers fresh rows; the tick is the backstop for notifications that were missed.
 # Rows due before the leader began leading get no grace: their notification went to nobody.
@@ -65,38 +59,6 @@ NOTIFIED_GRACE_S = 2.0
 # The listener waits for notifications at most this long before it looks at stop(): with a long
 # poll_s, a stopped relay went on ringing (into a dead deployment's queue) for up to poll_s.
 STOP_CHECK_S = 0.2
-
-
-_PG_MARK_RUNG = """
-UPDATE operations SET published_at = clock_timestamp()
-WHERE id = ANY(%(ids)s) AND status = 'not_dispatched' AND published_at IS NULL
-"""
-
-
-@functools.lru_cache(maxsize=4)
-def _pg_mark_due_sql(status: Status, leased_ok: bool) -> str:
-    # %(fresh_grace_s)s: never-published rows younger than this are left to the NOTIFY path, unless
-    # they were due before %(leading_since)s (NULL unless this relay leads the NOTIFY path).
-    # The status and the limit are literals, not parameters: a prepared statement's generic plan
-    # could not use the partial index of that status otherwise, and with LIMIT a parameter it is
-    # costed for 10% of the table, so PostgreSQL would plan the statement again on every tick.
-    lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
-    return f"""
-WITH due AS (
-    SELECT id FROM operations
-    WHERE status = '{status.value}' AND next_attempt_at <= clock_timestamp()
-      AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
-                                      OR next_attempt_at < %(leading_since)s::timestamptz))
-           OR published_at < next_attempt_at
-           OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
-      {lease}
-    ORDER BY next_attempt_at
-    LIMIT {BATCH}
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE operations o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
-RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8
-"""
 
 
 @dataclass(frozen=True)
@@ -145,62 +107,29 @@ class Relay:
         # Ids rung straight from NOTIFY since the last tick; the tick marks them published.
         self._rung: set[str] = set()
         self._rung_lock = threading.Lock()
-        self.leader = False  # holds NOTIFY_LEADER_LOCK: rings doorbells from notifications
+        self.leader = False  # holds the NOTIFY-leader lock: rings doorbells from notifications
         self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
         # Database time this relay took the lead (while it leads): it rings every row due later.
         self.leading_since: datetime | None = None
 
     # -- one tick ---------------------------------------------------------------------------
     def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
-        if is_postgres(self.engine):
-            rows = self._mark_due_pg(status, leased_ok=leased_ok)
-        else:
-            rows = self._mark_due_portable(status, leased_ok=leased_ok)
+        """Mark due rows published and return their ids (one statement; see the module docstring)."""
+        # While listening, never-published rows get a grace: the NOTIFY path rings them.
+        grace = self.listening and status is Status.NOT_DISPATCHED
+        rows = mark_published_if_due(
+            self.engine,
+            status,
+            leased_ok=leased_ok,
+            batch=BATCH,
+            republish_after_s=self.republish_after_s,
+            fresh_grace_s=NOTIFIED_GRACE_S if grace else 0.0,
+            leading_since=self.leading_since,
+        )
         if status is Status.NOT_DISPATCHED:
             # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
             metrics.record_relay_lags(row[1] for row in rows)
         return [row[0] for row in rows]
-
-    def _mark_due_portable(self, status: Status, *, leased_ok: bool) -> Any:
-        """SQLite (one writer at a time): select due rows and mark them in one UPDATE."""
-        conds = [
-            _OP.c.status == status.value,
-            _OP.c.next_attempt_at <= db_now(),
-            or_(
-                _OP.c.published_at.is_(None),
-                _OP.c.published_at < _OP.c.next_attempt_at,
-                _OP.c.published_at < db_now(-self.republish_after_s),
-            ),
-        ]
-        if not leased_ok:
-            conds.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
-        due = select(_OP.c.id).where(*conds).order_by(_OP.c.next_attempt_at).limit(BATCH)
-        stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery()))
-        with self.sessions.begin() as session:
-            return session.execute(
-                stmt.values(published_at=db_now()).returning(_OP.c.id, db_age_s(_OP.c.next_attempt_at))
-            ).all()
-
-    def _mark_due_pg(self, status: Status, *, leased_ok: bool) -> Any:
-        """PostgreSQL: SKIP LOCKED, so two relays never mark the same rows in the same window.
-
-        Plain SQL through the driver: a tick runs beside the NOTIFY listener in this process, and
-        building SQLAlchemy constructs held the GIL for milliseconds the listener then waited.
-        """
-        grace = self.listening and status is Status.NOT_DISPATCHED
-        with self.engine.begin() as conn:
-            return (
-                driver_connection(conn)
-                .execute(
-                    _pg_mark_due_sql(status, leased_ok),
-                    {
-                        "republish_after_s": float(self.republish_after_s),
-                        "fresh_grace_s": NOTIFIED_GRACE_S if grace else 0.0,
-                        "leading_since": self.leading_since,  # None unless leading; moot without grace
-                    },
-                )
-                .fetchall()
-            )
 
     def _mark_rung(self) -> None:
         """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement)."""
@@ -208,15 +137,7 @@ class Relay:
             rung, self._rung = list(self._rung), set()
         if not rung:
             return
-        with self.engine.begin() as conn:
-            if is_postgres(self.engine):
-                driver_connection(conn).execute(_PG_MARK_RUNG, {"ids": rung})
-                return
-            conn.execute(
-                update(_OP)
-                .where(_OP.c.id.in_(rung), _OP.c.status == Status.NOT_DISPATCHED.value, _OP.c.published_at.is_(None))
-                .values(published_at=db_now())
-            )
+        mark_published(self.engine, rung)
 
     def ring_notified(self, operation_ids: list[str]) -> int:
         """Ring the doorbell for ids that submit notified (committed, due now). Returns messages sent."""
@@ -259,9 +180,10 @@ class Relay:
 
     # -- loops ------------------------------------------------------------------------------
     def run_forever(self) -> None:
-        log.info("relay started (%s)", "LISTEN/NOTIFY + poll" if is_postgres(self.engine) else "polling")
-        if is_postgres(self.engine):
-            self._listen_loop()
+        notified = publish.listener(self.engine)
+        log.info("relay started (%s)", "LISTEN/NOTIFY + poll" if notified is not None else "polling")
+        if notified is not None:
+            self._listen_loop(notified)
         else:
             self._poll_loop()
 
@@ -282,23 +204,21 @@ class Relay:
             if not tick.busy:
                 self.stop_event.wait(self.poll_s)
 
-    def _listen_loop(self) -> None:
+    def _listen_loop(self, notified: Any) -> None:
         # Ticks run in their own thread: a notification never waits for a tick's statements. The
         # first tick waits for the first LISTEN attempt, so it knows whether fresh rows are the
         # NOTIFY path's (a standby that ticked before listening rang the leader's ids again).
         ticker = threading.Thread(target=self._poll_loop, name="relay-ticks", daemon=True)
-        url = make_url(self.engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
         try:
             while not self.stop_event.is_set():
                 try:
-                    with psycopg.connect(url, autocommit=True) as conn:
-                        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    with notified.connected() as conn:
                         self.listening = True
                         self._try_lead(conn)
                         if ticker.ident is None:  # not started yet
                             ticker.start()
                         self._listen(conn)
-                except psycopg.Error:
+                except notified.errors:
                     log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
                     if ticker.ident is None:
                         ticker.start()  # no LISTEN: the ticks are the relay (they retry the database)
@@ -310,7 +230,7 @@ class Relay:
             if ticker.ident is not None:
                 ticker.join(timeout=10)
 
-    def _listen(self, conn: psycopg.Connection) -> None:
+    def _listen(self, conn: Any) -> None:
         """Ring doorbells for notified ids (leader only); retry leading every poll_s.
 
         An id is published at once if nothing was published in the last linger_s; otherwise it
@@ -324,7 +244,9 @@ class Relay:
             wait_s = self.poll_s if not pending else max(0.0, last_publish + self.linger_s - time.monotonic())
             if select_mod.select([conn.fileno()], [], [], min(wait_s, STOP_CHECK_S))[0]:
                 # Drain every pending notification.
-                pending += [n.payload for n in conn.notifies(timeout=0) if n.payload and self.leader]
+                ids = conn.drain()
+                if self.leader:
+                    pending += ids
             now = time.monotonic()
             if pending and (len(pending) >= self.doorbell.batch or now - last_publish >= self.linger_s):
                 self._safe_ring(pending)
@@ -333,13 +255,11 @@ class Relay:
                 self._try_lead(conn)
                 last_try = time.monotonic()
 
-    def _try_lead(self, conn: psycopg.Connection) -> None:
-        # Session-level lock: released when this connection ends, so a standby takes over.
-        # The clock is read after LISTEN began: a row due later commits later, so it is notified.
-        row = conn.execute("SELECT pg_try_advisory_lock(%s), clock_timestamp()", (NOTIFY_LEADER_LOCK,)).fetchone()
-        self.leader = bool(row and row[0])
-        if self.leader and row:
-            self.leading_since = row[1]
+    def _try_lead(self, conn: Any) -> None:
+        # A lock held while the listening connection lives: when it ends, a standby takes over.
+        self.leading_since = conn.try_lead()
+        self.leader = self.leading_since is not None
+        if self.leader:
             log.info("relay rings doorbells from NOTIFY (leader)")
 
     def _safe_ring(self, ids: list[str]) -> None:

@@ -1,6 +1,13 @@
 """Upgrades keep working: a ledger made by the previous schema revision, with operations in the
 states they can be in, upgrades with the migration and then settles as the design says.
 
+The rows are written by today's ledger calls at head and the schema is then taken back to the
+previous revision (alembic downgrade drops what later revisions added, values included): what is
+left is what the previous code wrote, and the upgrade must derive the rest.
+
+Migration 0004 (waiting_for) reads the reason text once: a row parked by an open breaker must
+still be woken by a breaker reset after the upgrade.
+
 Migration 0003 (late evidence) adds ``attempts.applied_at``. An operation that ended
 failed_before_commit before the upgrade while a stale success sat on its attempt row (issue 12)
 is then found by the first sweep and handed to a person; a stale success beside a success is
@@ -27,9 +34,10 @@ from outbox.evidence import EvidenceSink
 from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied
 from outbox.models import Operation, OperationEvent
 from outbox.settlement import settle_if_fenced
-from outbox.states import AttemptClass, Status
+from outbox.states import AttemptClass, Status, WaitingFor
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced
+from outbox.waits import park_for_breaker, wake_breaker_waits
 from tests.conftest import scratch_pg_database
 
 PREVIOUS = "0002"
@@ -41,11 +49,11 @@ def old_ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'old.db'}"
         engine = make_engine(url)
-        migrate.upgrade(engine, PREVIOUS)
+        migrate.upgrade(engine)
         engine.dispose()
         yield url
         return
-    with scratch_pg_database(f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}", revision=PREVIOUS) as url:
+    with scratch_pg_database(f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}") as url:
         yield url
 
 
@@ -63,12 +71,14 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
     engine = make_engine(old_ledger_url)
     sessions = make_sessionmaker(engine)
     try:
-        assert migrate.current_revision(engine) == PREVIOUS
-        # Built with today's ledger calls, which write nothing the previous schema lacks.
         with sessions.begin() as s:
             victim = submit(s, **_intent("victim")).operation_id
             done = submit(s, **_intent("done")).operation_id
             waiting = submit(s, **_intent("waiting")).operation_id
+            parked = submit(s, **_intent("parked"), delay_s=0).operation_id
+        with sessions.begin() as s:
+            assert park_for_breaker(s, parked, delay_s=3600, reason="breaker open: parked", actor="w")
+            # Not due for an hour: the claims below leave it alone.
         with sessions.begin() as s:
             zombies = {c.operation_id: c for c in claim_due(s, worker="zombie", lease_s=30, limit=2)}
             s.execute(update(Operation).where(Operation.id.in_(list(zombies))).values(lease_expires_at=db_now(-1)))
@@ -94,6 +104,9 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
                         to=Status.SUCCEEDED,
                         reason="2xx",
                     )
+        migrate.downgrade(engine, PREVIOUS)
+        assert migrate.current_revision(engine) == PREVIOUS
+        assert "waiting_for" not in {c["name"] for c in inspect(engine).get_columns("operations")}
     finally:
         engine.dispose()
 
@@ -129,5 +142,12 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
             )
         with sessions() as s:
             assert s.get(Operation, waiting).status == "succeeded"
+            assert s.get(Operation, parked).waiting_for == WaitingFor.BREAKER
+        # Parked by the breaker under the previous code: a breaker reset still wakes it.
+        with sessions.begin() as s:
+            assert wake_breaker_waits(s, ["payments.refund.create"], reason="reset", actor="ops") == [parked]
+        with sessions.begin() as s:
+            [c] = claim_due(s, worker="new", lease_s=30, operation_id=parked)
+        assert c.attempt_number == 1
     finally:
         engine.dispose()
