@@ -6,6 +6,7 @@ COPY pyproject.toml README.md ./
 COPY outbox ./outbox
 COPY producer ./producer
 COPY workers ./workers
+COPY downstream ./downstream
 COPY breaker ./breaker
 COPY sandbox ./sandbox
 COPY commands ./commands

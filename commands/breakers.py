@@ -27,10 +27,10 @@ from breaker import reset as reset_breaker
 from breaker import status as breaker_status
 from breaker.errors import BreakerStorageUnavailable
 from commands.ledger import open_engine
+from downstream.actions import ActionsConfig
 from outbox.db import make_sessionmaker
 from outbox.settings import Settings, load_settings
 from outbox.waits import wake_breaker_waits
-from workers.actions import ActionsConfig
 from workers.runtime import breaker_registry, load_actions_for
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2

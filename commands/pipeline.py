@@ -58,6 +58,7 @@ def worker_command(
 def build_relay(settings: Settings) -> Relay:
     """The relay on the configured ledger and broker."""
     from outbox.evidence import EvidenceSink
+    from workers.celery_app import make_app
     from workers.doorbell import Doorbell
     from workers.embedded_broker import cleanup
     from workers.relay import Relay
@@ -67,7 +68,7 @@ def build_relay(settings: Settings) -> Relay:
     url = settings.resolved_broker_url
     return Relay(
         engine,
-        Doorbell.from_current_app(batch=settings.doorbell_batch),
+        Doorbell(make_app(settings), batch=settings.doorbell_batch),
         poll_s=settings.relay_poll_s,
         republish_after_s=settings.republish_after_s,
         linger_s=settings.relay_linger_s,

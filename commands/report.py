@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from commands.ledger import open_engine
+from downstream.listing_report import build_report, dumps
 from outbox.db import make_sessionmaker
 from outbox.errors import InvalidIntent
 from outbox.report_summary import summary_path, write_summary
 from outbox.settings import load_settings
-from workers.report import build_report, dumps
 from workers.runtime import load_actions_for
 
 UTC = dt.UTC
@@ -53,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="T",
         help="window start: ISO timestamp (2026-11-29T10:00:00Z) or a duration ago (24h, 30m, 7d); default 24h",
     )
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object (see workers/report.py)")
+    p.add_argument(
+        "--json", action="store_true", help="print the report as one JSON object (see downstream/listing_report.py)"
+    )
     p.set_defaults(func=cmd_report)
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox import failpoints
 from outbox.clock import db_now
 from outbox.evidence import EvidenceSink, record_for
 from outbox.handoffs import open_handoff
@@ -120,8 +121,14 @@ def apply(
     or None when there was nothing to do (it already holds the effect)."""
     op = session.execute(select(Operation).where(Operation.id == late.operation_id).with_for_update()).scalar_one()
     status = Status(op.status)
-    session.execute(update(_AT).where(_AT.c.id == late.attempt_id).values(applied_at=db_now()))
-    if status in EFFECT:
+    # Compare-and-set: another sweep, worker or reconciler may have applied it since it was read.
+    stamped = session.execute(
+        update(_AT)
+        .where(_AT.c.id == late.attempt_id, _AT.c.applied_at.is_(None))
+        .values(applied_at=db_now())
+        .returning(_AT.c.id)
+    ).first()
+    if stamped is None or status in EFFECT:
         return None
     if status in NO_EFFECT:
         return _contradiction(session, op, status, late, actor=actor, packet=packet)
@@ -235,6 +242,7 @@ def apply_unapplied(
     operation id -> the status it moved to."""
     with sessions() as session:
         found = unapplied(session, attempt_ids=attempt_ids, operation_ids=operation_ids)
+    failpoints.hit("late_evidence.after_select_before_update")
     moved: dict[str, Status] = {}
     for late in found:
         # Two late successes for one operation: the first settles it, the second finds it done.

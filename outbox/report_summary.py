@@ -35,7 +35,7 @@ def summary_path(data_dir: Path) -> Path:
 
 
 def write_summary(path: Path, report: dict[str, Any], *, finished_at_s: float) -> ReportSummary:
-    """Keep the figures of ``report`` (the document ``workers.report.build_report`` returns)."""
+    """Keep the figures of ``report`` (the document ``downstream.listing_report.build_report`` returns)."""
     summary = ReportSummary(
         finished_at_s=finished_at_s,
         duplicate_effects=int(report["health"]["duplicate_effects"]),

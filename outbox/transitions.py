@@ -325,42 +325,6 @@ def mark_attempt_stale(session: Any, attempt_id: int) -> None:
     driver_for(session).mark_attempt_stale(session, attempt_id)
 
 
-def expire_leases(session: Session, *, limit: int = 500, actor: str = "sweep") -> list[str]:
-    """dispatching operations whose lease ran out -> outcome_unknown (never back to not_dispatched).
-
-    A crashed or frozen worker may have sent the request; only a lookup can tell.
-    """
-    rows = session.execute(
-        select(_OP.c.id, _OP.c.fencing_token)
-        .where(_OP.c.status == Status.DISPATCHING.value, _OP.c.lease_expires_at < db_now())
-        .order_by(_OP.c.lease_expires_at)
-        .limit(limit)
-    ).all()
-    moved = []
-    for row in rows:
-        try:
-            move(
-                session,
-                row.id,
-                sources=[Status.DISPATCHING],
-                to=Status.OUTCOME_UNKNOWN,
-                event=EventKind.LEASE_EXPIRED,
-                actor=actor,
-                reason="lease expired: the worker may have sent the request",
-                token=row.fencing_token,
-                extra_where=[_OP.c.lease_expires_at < db_now()],
-                lease_owner=None,
-                lease_expires_at=None,
-                error_class=AttemptClass.AMBIGUOUS.value,
-                last_error="lease expired before the worker reported a result",
-                next_attempt_at=db_now(),
-            )
-        except StaleFence:
-            continue  # the owner finished (or renewed) between our read and our write
-        moved.append(row.id)
-    return moved
-
-
 def request_cancel(session: Session, operation_id: str, *, actor: str, reason: str = "cancel requested") -> Status:
     """Cancel before anything was sent; otherwise only keep the flag.
 

@@ -1,7 +1,7 @@
 """Workers: the Celery app, relay, dispatch, reconcile (``celery -A workers worker``).
 
-The Celery app is built on first access of ``workers.app`` (so importing ``workers.classify`` or
-``workers.actions`` does not read broker settings).
+The Celery app is built on first access of ``workers.app`` (so importing ``downstream.classify`` or
+``downstream.actions`` does not read broker settings).
 """
 
 from __future__ import annotations

@@ -25,12 +25,6 @@ class Doorbell:
     # finalize transaction serve them all. Reconcile doorbells carry one (lookups are rare).
     batch: int = 1
 
-    @classmethod
-    def from_current_app(cls, batch: int = 1) -> Doorbell:
-        from workers.tasks import app
-
-        return cls(app, batch=batch)
-
     def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
         return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, list(operation_ids), self.batch)
 

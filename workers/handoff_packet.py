@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from downstream.actions import ActionConfig, ActionsConfig
 from outbox.late_evidence import PacketBuilder
 from outbox.models import Attempt, Operation
 from outbox.queries import attempt_json
-from workers.actions import ActionConfig, ActionsConfig
 
 MASK = "***"
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from downstream.actions import ActionConfig
+from downstream.classify import Classification
+from downstream.retry import Budget, BudgetSpent, Rng, plan_retry
 from outbox.claims import Claim
 from outbox.states import AttemptClass
-from workers.actions import ActionConfig
-from workers.classify import Classification
-from workers.retry import Budget, BudgetSpent, Rng, plan_retry
 
 A = AttemptClass
 
@@ -139,7 +139,7 @@ PROBE_ORDER_MAX_S = 1.0
 
 
 def breaker_wait(action: ActionConfig, *, wait_s: float, now: datetime, spent_attempts: int = 0) -> RetryAt:
-    """The wait for an open breaker (the reason starts with "breaker": operators' reset finds it).
+    """The wait for an open breaker (parked with waiting_for = breaker: an operator's reset finds it).
 
     The reopen time in the reason is on the ledger's clock (``now`` + ``wait_s``).
     """

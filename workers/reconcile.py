@@ -25,7 +25,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from breaker import Open, counts_as_failure
-from outbox import late_evidence
+from downstream.actions import ActionConfig
+from downstream.lookups import LookupResult
+from outbox import failpoints, late_evidence
 from outbox.claims import Claim, claim_unknown
 from outbox.clock import as_utc
 from outbox.envelope import loads_exact
@@ -36,33 +38,13 @@ from outbox.models import Attempt, Operation
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
-from workers import failpoints, metrics
-from workers.actions import ActionConfig
-from workers.connectors import LookupResult
+from workers import metrics
 from workers.handoff_packet import build_packet, packet_builder
+from workers.judge import Settlement, judge
 from workers.outcomes import deadline_of, effective_budget
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
-
-# The reconciler's own budget, separate from the dispatch budget: lookups are cheap and safe,
-# so it keeps asking for a while before it bothers a person. Defaults of
-# Settings.reconcile_max_lookups / reconcile_max_delay_s (OUTBOX_RECONCILE_MAX_LOOKUPS,
-# OUTBOX_RECONCILE_MAX_DELAY_S), which the worker passes in.
-MAX_LOOKUPS = 12
-RECHECK_BASE_S = 1.0
-RECHECK_MAX_S = 60.0
-
-
-@dataclass(frozen=True)
-class Settlement:
-    to: Status
-    klass: AttemptClass
-    reason: str
-    recheck_in_s: float = 0.0
-    reference: str | None = None
-    # not_dispatched: the lookup fenced every earlier attempt off (settle_if_fenced cannot_land).
-    cannot_land: bool = False
 
 
 def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_s: float) -> datetime | None:
@@ -85,87 +67,6 @@ def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_
     started = as_utc(row.started_at)
     assert started is not None
     return started + timedelta(seconds=call_timeout_s)
-
-
-def recheck_delay_s(lookup_number: int, rng: random.Random, *, max_delay_s: float = RECHECK_MAX_S) -> float:
-    window = min(max_delay_s, RECHECK_BASE_S * 2 ** max(lookup_number - 1, 0))
-    return rng.uniform(window / 2, window)
-
-
-def judge(
-    claim: Claim,
-    action: ActionConfig,
-    found: LookupResult,
-    *,
-    now: datetime,
-    last_activity: datetime | None,
-    rng: random.Random,
-    max_lookups: int = MAX_LOOKUPS,
-    max_delay_s: float = RECHECK_MAX_S,
-) -> Settlement:
-    """Pure: what a lookup answer proves for this operation.
-
-    ``max_lookups`` / ``max_delay_s``: the reconciler's budget (Settings.reconcile_max_lookups,
-    reconcile_max_delay_s).
-    """
-    spec = action.lookup
-    assert spec is not None
-    if found.outcome == "found":
-        if found.state == "succeeded":
-            return Settlement(
-                Status.SUCCEEDED,
-                AttemptClass.SUCCEEDED,
-                "reconciled: found at the provider",
-                reference=found.provider_reference,
-            )
-        if found.state == "failed":
-            return Settlement(
-                Status.FAILED_BEFORE_COMMIT,
-                AttemptClass.REJECTED,
-                "reconciled: the provider holds it as failed/cancelled",
-            )
-        return _recheck(
-            claim, f"found, still {found.state}: re-check later", rng, max_lookups=max_lookups, max_delay_s=max_delay_s
-        )
-    if found.outcome == "not_found":
-        if not spec.authoritative_not_found:
-            return _recheck(
-                claim,
-                "not found, and this lookup is not authoritative",
-                rng,
-                max_lookups=max_lookups,
-                max_delay_s=max_delay_s,
-            )
-        # "Not found" counts only once the provider's index lag has passed since the request
-        # may last have landed.
-        settled_at = (last_activity or now) + timedelta(seconds=spec.settle_s)
-        if now < settled_at:
-            wait_s = (settled_at - now).total_seconds()
-            return Settlement(
-                Status.OUTCOME_UNKNOWN,
-                AttemptClass.AMBIGUOUS,
-                f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
-                recheck_in_s=wait_s,
-            )
-        return Settlement(
-            Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, f"authoritative not found after settle_s={spec.settle_s:g}s"
-        )
-    return _recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
-
-
-def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:
-    if claim.attempt_number >= max_lookups:
-        return Settlement(
-            Status.RECONCILIATION_REQUIRED,
-            AttemptClass.AMBIGUOUS,
-            f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide",
-        )
-    return Settlement(
-        Status.OUTCOME_UNKNOWN,
-        AttemptClass.AMBIGUOUS,
-        reason,
-        recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s),
-    )
 
 
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | None = None) -> Settlement | None:

@@ -35,20 +35,18 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from downstream.actions import ActionsConfig
 from outbox import late_evidence, publish
 from outbox.db import make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
-from outbox.models import Operation, core_table
+from outbox.leases import expire_leases
 from outbox.publish import mark_published, mark_published_if_due
 from outbox.states import Status
-from outbox.transitions import expire_leases
 from workers import metrics
-from workers.actions import ActionsConfig
 from workers.doorbell import Doorbell
 from workers.handoff_packet import packet_builder
 
 log = logging.getLogger(__name__)
-_OP = core_table(Operation)
 
 BACKFILL_EVERY_S = 5.0  # evidence repair is not urgent, but an operator watches the degraded count
 BATCH = 500  # rows per statement: one commit marks a whole burst of submits

@@ -13,18 +13,19 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import BreakerConfig, BreakerRegistry
+from downstream.actions import ActionsConfig, load_actions
+from downstream.connectors import ConnectorSet
 from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import ConfigError
 from outbox.evidence import EvidenceSink
 from outbox.ledger_connection import LedgerConnection
 from outbox.settings import Settings, load_settings
-from workers.actions import ActionsConfig, load_actions
-from workers.celery_app import check_time_limits
-from workers.connectors import ConnectorSet
+from workers.celery_app import check_time_limits, make_app
 from workers.doorbell import Doorbell
 
 
@@ -77,7 +78,9 @@ def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegis
     )
 
 
-def build_runtime(settings: Settings | None = None) -> Runtime:
+def build_runtime(settings: Settings | None = None, *, app: Celery | None = None) -> Runtime:
+    """Everything a worker's tasks use. ``app``: the Celery app doorbells are published with (a
+    worker passes its own; otherwise one is made from the settings)."""
     settings = settings or load_settings()
     actions = load_actions_for(settings)
     longest = max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
@@ -93,7 +96,7 @@ def build_runtime(settings: Settings | None = None) -> Runtime:
         actions=actions,
         connectors=ConnectorSet(actions),
         breakers=breaker_registry(settings, actions),
-        doorbell=Doorbell.from_current_app(batch=settings.doorbell_batch),
+        doorbell=Doorbell(app or make_app(settings), batch=settings.doorbell_batch),
         # Unique per process start: a restarted container reuses its host name and often its pid,
         # and must not pass for its predecessor in lease_owner and the history (the fencing token
         # is what guards writes; this is what people read). host:start:pid.
@@ -109,11 +112,12 @@ _runtime: Runtime | None = None
 _pid: int | None = None
 
 
-def get_runtime() -> Runtime:
+def get_runtime(app: Celery | None = None) -> Runtime:
+    """This process's runtime, built on first use (again after a fork)."""
     global _runtime, _pid
     with _lock:
         if _runtime is None or _pid != os.getpid():
-            _runtime, _pid = build_runtime(), os.getpid()
+            _runtime, _pid = build_runtime(app=app), os.getpid()
         return _runtime
 
 

@@ -44,7 +44,7 @@ def dispatch(operation_ids: str | list[str]) -> None:
 
     ids = [operation_ids] if isinstance(operation_ids, str) else operation_ids
     with riding_out_outages("dispatch", ids):
-        dispatch_batch(get_runtime(), ids)
+        dispatch_batch(get_runtime(app), ids)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)
@@ -54,7 +54,7 @@ def reconcile(operation_id: str) -> None:
     from workers.runtime import get_runtime
 
     with riding_out_outages("reconcile", [operation_id]):
-        reconcile_operation(get_runtime(), operation_id)
+        reconcile_operation(get_runtime(app), operation_id)
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
@@ -70,7 +70,7 @@ def _sweep_once() -> None:
     from workers.relay import Relay
     from workers.runtime import get_runtime
 
-    rt = get_runtime()
+    rt = get_runtime(app)
     relay = Relay(
         rt.engine,
         rt.doorbell,

@@ -15,9 +15,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from downstream.actions import ActionsConfig, parse_actions
+from downstream.connectors import (
+    ConnectorSet,
+    HttpConnector,
+    LookupNotDeclared,
+    register_connector,
+    unregister_connector,
+)
 from outbox.states import AttemptClass
-from workers.actions import ActionsConfig, parse_actions
-from workers.connectors import ConnectorSet, HttpConnector, LookupNotDeclared, register_connector, unregister_connector
 
 A = AttemptClass
 TIMEOUT_S = 0.3  # the stall handler sleeps past this

@@ -66,7 +66,7 @@ def test_a_batch_finalize_refuses_only_the_operation_whose_token_is_stale(ledger
     stale = claims[1]
     with ledger.sessions.begin() as s:  # another worker took operation 2 after our lease ran out
         s.execute(update(Operation).where(Operation.id == stale.operation_id).values(lease_expires_at=db_now(-1)))
-    from outbox.transitions import expire_leases
+    from outbox.leases import expire_leases
 
     with ledger.sessions.begin() as s:
         assert expire_leases(s) == [stale.operation_id]

@@ -19,12 +19,13 @@ from outbox.clock import db_now
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import EvidenceSink
 from outbox.late_evidence import CONTRADICTION_EVENT, LATE_EVIDENCE_EVENT, apply_unapplied, unapplied
+from outbox.leases import expire_leases
 from outbox.models import Attempt, Evidence, Handoff, Operation, OperationEvent
 from outbox.report import state_contradictions
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
-from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced, request_cancel
+from outbox.transitions import AttemptReport, finalize_if_fenced, request_cancel
 
 INTENT = dict(
     tenant="acme",

@@ -12,12 +12,13 @@ from sqlalchemy.exc import IntegrityError
 from outbox.claims import claim_due, claim_unknown, extend_lease_if_fenced
 from outbox.clock import db_now
 from outbox.errors import IdempotencyConflict, IllegalTransition, InvalidIntent, StaleFence
+from outbox.leases import expire_leases
 from outbox.models import Attempt, Operation, OperationEvent
 from outbox.queries import explain
 from outbox.settlement import resolve_by_person, settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
-from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced, request_cancel
+from outbox.transitions import AttemptReport, finalize_if_fenced, request_cancel
 
 INTENT = dict(
     tenant="acme",

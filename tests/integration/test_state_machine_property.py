@@ -44,6 +44,7 @@ from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import IdempotencyConflict, IllegalTransition, StaleFence
 from outbox.evidence import EvidenceSink
 from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied, unapplied
+from outbox.leases import expire_leases
 from outbox.models import Attempt, Handoff, Operation, OperationEvent
 from outbox.settlement import evidence_backfilled, resolve_by_person, settle_if_fenced
 from outbox.states import (
@@ -57,7 +58,7 @@ from outbox.states import (
     is_allowed,
 )
 from outbox.submit import submit
-from outbox.transitions import AttemptReport, approve, expire_leases, finalize_if_fenced, move, request_cancel
+from outbox.transitions import AttemptReport, approve, finalize_if_fenced, move, request_cancel
 
 LEASE_S = 600.0  # never runs out by itself during a run: expiry is an explicit event of the machine
 TABLES = ("handoffs", "evidence", "operation_events", "attempts", "operations")

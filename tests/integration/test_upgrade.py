@@ -32,11 +32,12 @@ from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import StaleFence
 from outbox.evidence import EvidenceSink
 from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied
+from outbox.leases import expire_leases
 from outbox.models import Operation, OperationEvent
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status, WaitingFor
 from outbox.submit import submit
-from outbox.transitions import AttemptReport, expire_leases, finalize_if_fenced
+from outbox.transitions import AttemptReport, finalize_if_fenced
 from outbox.waits import park_for_breaker, wake_breaker_waits
 from tests.conftest import scratch_pg_database
 

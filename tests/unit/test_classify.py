@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.states import PROVABLY_NOT_EXECUTED, AttemptClass
-from workers.classify import (
+from downstream.classify import (
     DEFAULT_STATUS_MAP,
     LocalValidationError,
     classify_exception,
     classify_response,
     status_class,
 )
+from outbox.states import PROVABLY_NOT_EXECUTED, AttemptClass
 
 A = AttemptClass
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)

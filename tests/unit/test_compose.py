@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workers.actions import load_actions
+from downstream.actions import load_actions
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -8,14 +8,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from downstream.actions import parse_actions
+from downstream.classify import Classification
+from downstream.lookups import LookupResult
 from outbox.claims import Claim
 from outbox.states import AttemptClass as A
 from outbox.states import Status
-from workers.actions import parse_actions
-from workers.classify import Classification
-from workers.connectors import LookupResult
+from workers.judge import MAX_LOOKUPS, Settlement, judge
 from workers.outcomes import Ambiguous, Cancelled, Rejected, RetryAt, Succeeded, before_send, breaker_open, decide
-from workers.reconcile import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
+from workers.reconcile import DispatchAttempt, after_not_found
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DOC = {

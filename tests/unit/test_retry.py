@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.actions import BudgetSpec
-from workers.retry import (
+from downstream.actions import BudgetSpec
+from downstream.retry import (
     MAX_RETRY_AFTER_S,
     Budget,
     BudgetSpent,

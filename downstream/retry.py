@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import tenacity
 
 if TYPE_CHECKING:
-    from workers.actions import BudgetSpec
+    from downstream.actions import BudgetSpec
 
 # A provider asking us to wait longer than an hour is more likely broken (or a misparsed
 # date) than sincere; an hour also keeps one operation from sleeping past typical deadlines
@@ -120,13 +120,14 @@ class _SeededRandomExponential(tenacity.wait_random_exponential):
     still tenacity's ``wait_exponential``.
     """
 
-    def __init__(self, rng: Rng, **kwargs: Any) -> None:
+    def __init__(self, rng: Rng, *, floor_ratio: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._rng = rng
+        self._floor_ratio = floor_ratio
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         high = tenacity.wait_exponential.__call__(self, retry_state)
-        return self._rng.uniform(self.min, high)
+        return self._rng.uniform(max(self.min, high * self._floor_ratio), high)
 
 
 def _call_state(attempt_number: int) -> tenacity.RetryCallState:
@@ -142,12 +143,21 @@ def backoff_window_s(attempt: int, budget: Budget) -> float:
     return float(wait(_call_state(attempt)))
 
 
-def next_delay_s(attempt: int, budget: Budget, retry_after_s: float | None, rng: Rng | None = None) -> float:
-    """Delay before the attempt after ``attempt`` (1-based): full jitter, at least Retry-After."""
+def next_delay_s(
+    attempt: int, budget: Budget, retry_after_s: float | None, rng: Rng | None = None, *, floor_ratio: float = 0.0
+) -> float:
+    """Delay before the attempt after ``attempt`` (1-based): full jitter, at least Retry-After.
+
+    The one backoff of dispatch and the reconciler. ``floor_ratio``: draw from [ratio * window,
+    window] instead of [0, window] (the reconciler's re-checks use 0.5).
+    """
     if attempt < 1:
         raise ValueError(f"attempt numbers start at 1, got {attempt}")
     wait = _SeededRandomExponential(
-        rng if rng is not None else random.Random(), multiplier=budget.base_delay_s, max=budget.max_delay_s
+        rng if rng is not None else random.Random(),
+        multiplier=budget.base_delay_s,
+        max=budget.max_delay_s,
+        floor_ratio=floor_ratio,
     )
     delay_s = float(wait(_call_state(attempt)))
     if retry_after_s is not None and math.isfinite(retry_after_s):

@@ -51,11 +51,11 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session
 
+from downstream.actions import ActionConfig, ActionsConfig, ListSpec
+from downstream.classify import LocalValidationError, extract
+from downstream.connectors import HttpConnector
+from downstream.http_request import prepare
 from outbox import report as ledger
-from workers.actions import ActionConfig, ActionsConfig, ListSpec
-from workers.classify import LocalValidationError, extract
-from workers.connectors import HttpConnector
-from workers.http_request import prepare
 
 REPORT_VERSION = 1
 # Provider clocks and ours differ, and an object is created before our success is recorded:

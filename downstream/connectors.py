@@ -9,38 +9,32 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import httpx
 
-from outbox.errors import ConfigError
-from outbox.states import AttemptClass
-from workers.actions import ActionConfig, ActionsConfig, LookupSpec, TargetConfig
-from workers.classify import (
+from downstream.actions import ActionConfig, ActionsConfig, TargetConfig
+from downstream.classify import (
     Classification,
     LocalValidationError,
     classify_exception,
     classify_response,
-    extract,
 )
-from workers.http_request import PreparedRequest, prepare, request_digest
+from downstream.http_request import PreparedRequest, prepare, request_digest
+from downstream.lookups import LookupResult, interpret_lookup
+from outbox.errors import ConfigError
+from outbox.states import AttemptClass
 
 # Enough of a failed response to explain it in a handoff, small enough for an attempt row.
 RAW_ERROR_EXCERPT_BYTES = 500
-# Usual shapes of "a list of matches" in lookup answers, tried when items_field is not set.
-LIST_FIELDS = ("data", "items", "results")
 
 # No Accept-Encoding: answers are small JSON, and an uncompressed body is what the digest and the
 # raw-error excerpt should see.
 _DEFAULT_HEADERS = {"User-Agent": "agent-outbox", "Accept": "application/json"}
-
-LookupOutcome = Literal["found", "not_found", "unavailable"]
-LookupState = Literal["succeeded", "pending", "failed", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -50,17 +44,6 @@ class AttemptResult:
     status_code: int | None
     latency_s: float
     raw_error: str | None  # repr of the exception, or a short excerpt of a non-success body
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    outcome: LookupOutcome
-    reason: str
-    state: LookupState | None = None  # set when found
-    obj: dict[str, Any] | None = None  # the provider's object, when found
-    provider_reference: str | None = None
-    status_code: int | None = None
-    latency_s: float = 0.0
 
 
 def _timeout(target: TargetConfig) -> httpx.Timeout:
@@ -263,78 +246,6 @@ class HttpConnector:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def interpret_lookup(
-    status_code: int,
-    body: bytes,
-    spec: LookupSpec,
-    result_reference: str | None,
-    idempotency_key: str,
-    latency_s: float = 0.0,
-) -> LookupResult:
-    """Turn a lookup answer into found / not_found / unavailable.
-
-    Whether not_found proves "never executed" is the reconciler's call (authoritative_not_found
-    and settle_s); this only reports what the provider said.
-    """
-
-    def result(outcome: LookupOutcome, reason: str, **kw: Any) -> LookupResult:
-        return LookupResult(outcome, reason, status_code=status_code, latency_s=latency_s, **kw)
-
-    if status_code == 404:
-        return result("not_found", "http_404")
-    if not 200 <= status_code < 300:
-        # 429/5xx: try later. Other 4xx (auth, bad query) prove nothing about the effect either.
-        return result("unavailable", f"http_{status_code}")
-    try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return result("unavailable", "unparseable lookup body")
-    items = _items(parsed, spec)
-    if items is None:
-        return result("unavailable", "lookup body is neither an object nor a list")
-    if spec.key_field is not None:
-        items = [i for i in items if not isinstance(i, dict) or extract(i, spec.key_field) in (None, idempotency_key)]
-    if not items:
-        return result("not_found", "empty result")
-    if len(items) > 1:
-        # Two objects for one key smell like two effects: a person must look, not a guess.
-        return result("unavailable", f"multiple_matches: {len(items)} objects for one key")
-    obj = items[0]
-    if not isinstance(obj, dict):
-        return result("unavailable", "found item is not an object")
-    status = extract(obj, spec.status_field)
-    state: LookupState = "unknown"
-    if status in spec.succeeded:
-        state = "succeeded"
-    elif status in spec.pending:
-        state = "pending"
-    elif status in spec.failed:
-        state = "failed"
-    reference = extract(obj, result_reference) if result_reference else None
-    return result(
-        "found",
-        f"{spec.status_field}={status!r}",
-        state=state,
-        obj=obj,
-        provider_reference=None if reference is None else str(reference),
-    )
-
-
-def _items(parsed: Any, spec: LookupSpec) -> list[Any] | None:
-    if isinstance(parsed, list):
-        return parsed
-    if not isinstance(parsed, dict):
-        return None
-    if spec.items_field is not None:
-        found = extract(parsed, spec.items_field)
-        return found if isinstance(found, list) else None
-    for name in LIST_FIELDS:
-        found = parsed.get(name)
-        if isinstance(found, list):
-            return found
-    return [parsed]  # a single object answer
 
 
 # --- Python-hook connectors -----------------------------------------------------------------

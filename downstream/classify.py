@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
+from downstream.retry import parse_http_date, parse_retry_after
 from outbox.states import AttemptClass
-from workers.retry import parse_http_date, parse_retry_after
 
 A = AttemptClass
 

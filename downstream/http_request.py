@@ -14,10 +14,10 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
+from downstream.actions import RequestSpec, placeholders
+from downstream.classify import LocalValidationError
 from outbox.envelope import canonical_value, dumps_canonical
 from outbox.errors import InvalidIntent
-from workers.actions import RequestSpec, placeholders
-from workers.classify import LocalValidationError
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # Money as a decimal string: a JSON float would already have lost cents.

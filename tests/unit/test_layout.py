@@ -1,0 +1,111 @@
+"""The shape of the code, checked: what issue 13 promised stays true as the code grows.
+
+- no product module over 400 lines;
+- no import cycle between product modules (lazy imports inside functions count too);
+- only the ledger drivers (outbox/drivers/) ask which database they run on;
+- SQL text lives in outbox/ only; writes to the ledger's tables happen in outbox/ only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("outbox", "producer", "workers", "downstream", "breaker", "commands", "sandbox")
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue  # alembic scripts: frozen history, not modules we import
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                # ``from pkg import submodule`` imports the submodule, not the package's own code.
+                out.add(sub if sub in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in MODULES and m != name}
+
+
+def test_no_product_module_is_over_400_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
+    assert {n: c for n, c in long.items() if c > MAX_LINES} == {}
+
+
+def test_no_import_cycle():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    cycles = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def _outside(prefix: str) -> dict[str, str]:
+    return {n: p.read_text() for n, p in MODULES.items() if not n.startswith(prefix)}
+
+
+def test_only_the_drivers_ask_which_database_they_run_on():
+    asking = re.compile(r"is_postgres|dialect\.name|get_backend_name|== \"postgresql\"|== \"sqlite\"")
+    assert sorted(n for n, src in _outside("outbox.drivers").items() if asking.search(src)) == []
+
+
+# kombu's own table in the embedded broker's file: the broker's housekeeping, not the ledger.
+SQL_ELSEWHERE_OK = {"workers.embedded_broker"}
+
+
+def test_sql_text_lives_in_outbox_only():
+    sql = re.compile(r"[\"'](?:\s*)(SELECT\s|INSERT\s+INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s|WITH\s+\w+\s+AS)")
+    offenders = sorted(n for n, src in _outside("outbox").items() if sql.search(src) and n not in SQL_ELSEWHERE_OK)
+    assert offenders == []
+
+
+@pytest.mark.parametrize("model", ["Operation", "Attempt", "OperationEvent"])
+def test_ledger_tables_are_written_in_outbox_only(model):
+    write = re.compile(rf"\b(insert|update|delete)\(\s*{model}\b|core_table\(\s*{model}\s*\)")
+    assert sorted(n for n, src in _outside("outbox").items() if write.search(src)) == []

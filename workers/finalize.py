@@ -1,0 +1,169 @@
+"""Finalize: each attempt's outcome becomes exactly one guarded move, then its log line and doorbells.
+
+A batch's moves commit in one transaction (each still guarded by its own token): a stale token
+refuses only its own operation, whose attempt evidence is kept. A success refused that way is a
+late success: it settles its operation after the commit (evidence wins).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from downstream.actions import ActionConfig
+from outbox.claims import Claim
+from outbox.errors import StaleFence
+from outbox.evidence import finish_with_evidence, records_for_claims
+from outbox.states import AttemptClass, Status
+from outbox.transitions import (
+    AttemptReport,
+    Finalize,
+    commit_even_if_stale,
+    finalize_if_fenced,
+    finalize_many_if_fenced,
+)
+from workers import metrics
+from workers.fan_out import Attempted
+from workers.outcomes import Ambiguous, Cancelled, Outcome, Rejected, RetryAt, Succeeded
+from workers.reconcile import apply_late_successes
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
+    kw: dict[str, Any] = {}
+    if isinstance(outcome, Succeeded):
+        reason = "provider confirmed" + (" (completed after cancel requested)" if claim.cancel_requested else "")
+        kw["result"] = outcome.result
+        return Status.SUCCEEDED, reason, kw
+    if isinstance(outcome, RetryAt):
+        return Status.NOT_DISPATCHED, outcome.why, dict(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt)
+    if isinstance(outcome, Rejected):
+        return Status.FAILED_BEFORE_COMMIT, outcome.why, kw
+    if isinstance(outcome, Cancelled):
+        return Status.CANCELLED, outcome.why, kw
+    return Status.OUTCOME_UNKNOWN, outcome.why, kw
+
+
+def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) -> dict[str, Any]:
+    return {
+        "operation_id": claim.operation_id,
+        "idempotency_key": claim.idempotency_key,
+        "attempt": claim.attempt_number,
+        "fencing_token": claim.fencing_token,
+        "target": action.target if action else None,
+        "class": report.klass.value,
+        "retry_after_s": report.retry_after_s,
+    }
+
+
+def apply(
+    rt: Runtime,
+    claim: Claim,
+    report: AttemptReport,
+    outcome: Outcome,
+    *,
+    action: ActionConfig | None = None,
+) -> Outcome:
+    """Turn an outcome into exactly one guarded transition (evidence is kept even when stale)."""
+    return apply_many(rt, [(claim, report, outcome, action)])[claim.operation_id]
+
+
+def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
+    """Finalize a batch: one transaction for all (each move still guarded by its own token).
+
+    A stale token refuses only its own operation (its attempt evidence is kept); a separate
+    evidence database needs its own write before each success, so that case goes one by one.
+    """
+    if rt.evidence.separate:
+        return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
+    applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
+    succeeded: list[tuple[Claim, AttemptReport]] = []
+    late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
+    ends = []
+    for claim, report, outcome, _ in items:
+        to, reason, kw = _transition_of(claim, outcome)
+        ends.append(Finalize(claim, report, to, reason, **kw))
+    with rt.ledger.transaction() as session:
+        refusals = finalize_many_if_fenced(session, ends)
+        for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
+            fields = _fields(claim, report, action)
+            if refused is not None:
+                # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
+                log.info("refused: result kept as evidence (%s)", refused, extra=fields)
+                if report.klass is AttemptClass.SUCCEEDED:
+                    late[claim.attempt_id] = end.result
+                continue
+            if end.to is Status.SUCCEEDED:
+                succeeded.append((claim, report))
+            applied.append((claim, outcome, end.reason, fields))
+        # Evidence with the successes themselves: same transaction, one query, one insert.
+        rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
+    # A failure above rolls the batch back and raises: its leases expire into outcome_unknown and
+    # the reconciler settles them (an outage: workers/outage.py logs it once).
+    _after(rt, applied)
+    if late:
+        # Committed above as evidence; now it settles its operation (evidence wins).
+        apply_late_successes(rt, late)
+    return {c.operation_id: o for c, _, o, _ in items}
+
+
+def _apply_alone(
+    rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
+) -> Outcome:
+    to, reason, kw = _transition_of(claim, outcome)
+    fields = _fields(claim, report, action)
+    try:
+        if isinstance(outcome, Succeeded):
+            finish_with_evidence(
+                rt.sessions,
+                rt.evidence,
+                claim,
+                report,
+                lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
+            )
+        else:
+            commit_even_if_stale(
+                rt.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+            )
+    except StaleFence as exc:
+        log.info("stale fence: result kept as evidence (%s)", exc, extra=fields)
+        if isinstance(outcome, Succeeded):
+            apply_late_successes(rt, {claim.attempt_id: outcome.result})
+        return outcome
+    _after(rt, [(claim, outcome, reason, fields)])
+    return outcome
+
+
+def _after(rt: Runtime, applied: Sequence[tuple[Claim, Outcome, str, dict[str, Any]]]) -> None:
+    """After the commit: one log line per operation, then the doorbells that follow from it."""
+    reconcile, redispatch = [], []
+    for claim, outcome, reason, fields in applied:
+        _log_outcome(outcome, reason, fields)
+        metrics.record_outcome(_transition_of(claim, outcome)[0])
+        if isinstance(outcome, RetryAt):
+            metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
+        if isinstance(outcome, Ambiguous):
+            reconcile.append(claim.operation_id)
+        elif isinstance(outcome, RetryAt) and outcome.delay_s <= 0:
+            redispatch.append(claim.operation_id)
+    if reconcile:
+        rt.doorbell.ring_reconcile(reconcile)
+    if redispatch:
+        rt.doorbell.ring_dispatch(redispatch)
+
+
+def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
+    if isinstance(outcome, Succeeded):
+        log.info("succeeded", extra=fields | {"reference": outcome.reference})
+    elif isinstance(outcome, RetryAt):
+        log.info("retry scheduled in %.3fs: %s", outcome.delay_s, reason, extra=fields | {"delay_s": outcome.delay_s})
+    elif isinstance(outcome, Ambiguous):
+        log.info("parked in outcome_unknown: %s", reason, extra=fields)
+    elif isinstance(outcome, Cancelled):
+        log.info("cancelled before send", extra=fields)
+    else:
+        # The only ERROR of the normal path: a final failure, with proof that nothing happened.
+        log.error("failed_before_commit: %s", reason, extra=fields)
