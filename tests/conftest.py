@@ -101,6 +101,31 @@ class Ledger:
         return make_engine(self.url)
 
 
+# Every (from, to) status pair the suite's operations moved through, read from their event rows
+# before each ledger is emptied; at the end of the run each must be a move of states.ALLOWED.
+_MOVES_TAKEN: set[tuple[str, str]] = set()
+
+
+def _record_moves(engine: Engine) -> None:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT DISTINCT from_status, to_status FROM operation_events WHERE from_status IS NOT NULL")
+        ).all()
+    _MOVES_TAKEN.update((r[0], r[1]) for r in rows)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from outbox.states import ALLOWED
+
+    allowed = {(a.value, b.value) for a, b in ALLOWED}
+    unlisted = sorted(_MOVES_TAKEN - allowed)
+    if unlisted:
+        session.config.get_terminal_writer().line(
+            f"moves taken in this run that outbox/states.py ALLOWED does not list: {unlisted}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def _truncate(engine: Engine) -> None:
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -122,6 +147,7 @@ def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
     engine = make_engine(url)
     _truncate(engine)
     yield Ledger(request.param, url, engine, make_sessionmaker(engine))
+    _record_moves(engine)
     engine.dispose()
 
 
@@ -130,6 +156,7 @@ def pg_ledger(pg_database_url: str) -> Iterator[Ledger]:
     engine = make_engine(pg_database_url)
     _truncate(engine)
     yield Ledger("postgres", pg_database_url, engine, make_sessionmaker(engine))
+    _record_moves(engine)
     engine.dispose()
 
 
