@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -85,6 +85,9 @@ class Classification:
     provider_reference: str | None = None
     provider_request_id: str | None = None
     body: dict[str, Any] | None = None
+    # Where the failure happened: "local" (the request could not be built from the arguments:
+    # our side, never the downstream's health), "transport" (no HTTP answer), "http" (an answer).
+    origin: Literal["local", "transport", "http"] = "http"
 
     @property
     def provably_not_executed(self) -> bool:
@@ -94,12 +97,12 @@ class Classification:
 def classify_exception(exc: BaseException) -> Classification:
     """Classify a failure raised while building or sending the request."""
     if isinstance(exc, LocalValidationError):
-        return Classification(A.NOT_SENT, f"local_validation: {exc}")
+        return Classification(A.NOT_SENT, f"local_validation: {exc}", origin="local")
     for exc_type, klass, reason in _EXCEPTION_TABLE:
         if isinstance(exc, exc_type):
-            return Classification(klass, reason)
+            return Classification(klass, reason, origin="transport")
     # Unknown failure mid-call (a bug, a new httpx error): assume the request may have left.
-    return Classification(A.AMBIGUOUS, f"unexpected_error: {type(exc).__name__}")
+    return Classification(A.AMBIGUOUS, f"unexpected_error: {type(exc).__name__}", origin="transport")
 
 
 def status_class(status_code: int, status_map: Mapping[int | str, AttemptClass] | None = None) -> AttemptClass:

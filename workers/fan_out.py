@@ -140,8 +140,8 @@ def attempt(
 
 
 def _is_transport(result: AttemptResult) -> bool:
-    # A failure with no HTTP status is a transport failure, except local validation (our bug).
-    return result.status_code is None and not result.classification.reason.startswith("local_validation")
+    # No HTTP answer counts against the breaker; a request we could not build (our bug) does not.
+    return result.classification.origin == "transport"
 
 
 def _report(result: AttemptResult) -> AttemptReport:

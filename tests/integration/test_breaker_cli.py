@@ -52,9 +52,7 @@ def test_reset_from_the_cli_closes_the_breaker_in_every_worker(pipe, sandbox):
     pipe.start_relay()
     ids = [pipe.submit(f"k-cli-{i}", dict(REFUND_ARGS, order_id=f"o-{i}")).operation_id for i in range(n)]
     wait_for(
-        lambda: all(
-            pipe.op(i).status == "not_dispatched" and (pipe.op(i).reason or "").startswith("breaker") for i in ids
-        ),
+        lambda: all(pipe.op(i).status == "not_dispatched" and pipe.op(i).waiting_for == "breaker" for i in ids),
         30,
         what="all operations parked by the breaker",
     )
