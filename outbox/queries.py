@@ -29,6 +29,7 @@ def operation_json(op: Operation) -> dict[str, Any]:
         "action": op.action,
         "subject": op.subject,
         "status": op.status,
+        "waiting_for": op.waiting_for,
         "reason": op.reason,
         "attempts": op.attempt_count,
         "max_attempts": op.max_attempts,
