@@ -57,8 +57,8 @@ class PostgresDriver:
     def set_statement_timeout(self, session: Session, ms: int) -> None:
         session.connection().exec_driver_sql(sql.STATEMENT_TIMEOUT % int(ms))
 
-    def hot_path(self, engine: Engine, sessions: sessionmaker[Session]) -> HotPath:
-        return HotPath(engine)
+    def hot_path(self, engine: Engine, sessions: sessionmaker[Session]) -> PgHotPath:
+        return PgHotPath(engine)
 
     # -- writes of the state machine -------------------------------------------------------------
     def insert_operation(self, session: Any, new: NewOperation) -> bool:
@@ -201,7 +201,7 @@ class Listener:
         return row[1] if row and row[0] else None
 
 
-class HotPath:
+class PgHotPath:
     """A worker process's own psycopg connection, in autocommit mode (outbox/ledger_connection.py)."""
 
     def __init__(self, engine: Engine) -> None:
