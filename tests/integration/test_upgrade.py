@@ -6,7 +6,9 @@ previous revision (alembic downgrade drops what later revisions added, values in
 left is what the previous code wrote, and the upgrade must derive the rest.
 
 Migration 0004 (waiting_for) reads the reason text once: a row parked by an open breaker must
-still be woken by a breaker reset after the upgrade.
+still be woken by a breaker reset after the upgrade. Every state an operation can be in while no
+worker runs is there: not yet sent, parked by the breaker, leased (its worker died in the
+upgrade), parked unknown, waiting for a person, finished; each finishes under today's code.
 
 Migration 0003 (late evidence) adds ``attempts.applied_at``. An operation that ended
 failed_before_commit before the upgrade while a stale success sat on its attempt row (issue 12)
@@ -34,7 +36,7 @@ from outbox.evidence import EvidenceSink
 from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied
 from outbox.leases import expire_leases
 from outbox.models import Operation, OperationEvent
-from outbox.settlement import settle_if_fenced
+from outbox.settlement import resolve_by_person, settle_if_fenced
 from outbox.states import AttemptClass, Status, WaitingFor
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, finalize_if_fenced
@@ -77,6 +79,27 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
             done = submit(s, **_intent("done")).operation_id
             waiting = submit(s, **_intent("waiting")).operation_id
             parked = submit(s, **_intent("parked"), delay_s=0).operation_id
+            unknown = submit(s, **_intent("unknown"), delay_s=3600).operation_id
+            person = submit(s, **_intent("person"), delay_s=3600).operation_id
+            leased = submit(s, **_intent("leased"), delay_s=3600).operation_id
+        with sessions.begin() as s:
+            # Due now, one by one (the others wait an hour, so the batch claims below skip them).
+            s.execute(
+                update(Operation).where(Operation.id.in_([unknown, person, leased])).values(next_attempt_at=db_now(-1))
+            )
+            held = {
+                c.operation_id: c
+                for c in claim_due(s, worker="old", lease_s=30, operation_ids=[unknown, person, leased], limit=3)
+            }
+            s.execute(update(Operation).where(Operation.id.in_([unknown, person])).values(lease_expires_at=db_now(-1)))
+        with sessions.begin() as s:
+            assert sorted(expire_leases(s)) == sorted([unknown, person])
+        with sessions.begin() as s:
+            # Waiting for a person: the reconciler gave up on it.
+            [r] = claim_unknown(s, worker="reconciler", lease_s=30, operation_id=person)
+            settle_if_fenced(
+                s, r, AttemptReport(AttemptClass.AMBIGUOUS), to=Status.RECONCILIATION_REQUIRED, reason="budget spent"
+            )
         with sessions.begin() as s:
             assert park_for_breaker(s, parked, delay_s=3600, reason="breaker open: parked", actor="w")
             # Not due for an hour: the claims below leave it alone.
@@ -144,6 +167,53 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
         with sessions() as s:
             assert s.get(Operation, waiting).status == "succeeded"
             assert s.get(Operation, parked).waiting_for == WaitingFor.BREAKER
+        with sessions() as s:
+            ops = {o: s.get(Operation, o) for o in (unknown, person, leased)}
+        assert ops[unknown].status == "outcome_unknown" and ops[unknown].waiting_for == WaitingFor.LOOKUP
+        assert ops[person].status == "reconciliation_required" and ops[person].waiting_for is None
+        assert ops[leased].status == "dispatching" and ops[leased].lease_owner == "old"
+        # Parked unknown: the reconciler settles it by a lookup.
+        with sessions.begin() as s:
+            [r] = claim_unknown(s, worker="new-reconciler", lease_s=30, operation_id=unknown)
+            settle_if_fenced(
+                s,
+                r,
+                AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_u"),
+                to=Status.SUCCEEDED,
+                reason="found",
+            )
+        # Leased by a worker of the previous release that died in the upgrade: its lease runs out,
+        # the sweep parks it in outcome_unknown, a lookup settles it.
+        with sessions.begin() as s:
+            s.execute(update(Operation).where(Operation.id == leased).values(lease_expires_at=db_now(-1)))
+        with sessions.begin() as s:
+            assert expire_leases(s) == [leased]
+        with sessions.begin() as s:
+            [r] = claim_unknown(s, worker="new-reconciler", lease_s=30, operation_id=leased)
+            assert r.fencing_token == held[leased].fencing_token + 1
+            settle_if_fenced(
+                s,
+                r,
+                AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_l"),
+                to=Status.SUCCEEDED,
+                reason="found",
+            )
+        # Waiting for a person: they found nothing happened; it is sent again with the same key.
+        with sessions.begin() as s:
+            resolve_by_person(s, person, outcome="not-executed", by="alice", note="provider says no")
+        with sessions.begin() as s:
+            [c] = claim_due(s, worker="new", lease_s=30, operation_id=person)
+            finalize_if_fenced(
+                s,
+                c,
+                AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_p"),
+                to=Status.SUCCEEDED,
+                reason="2xx",
+            )
+        with sessions() as s:
+            assert {o: s.get(Operation, o).status for o in (unknown, person, leased)} == dict.fromkeys(
+                (unknown, person, leased), "succeeded"
+            )
         # Parked by the breaker under the previous code: a breaker reset still wakes it.
         with sessions.begin() as s:
             assert wake_breaker_waits(s, ["payments.refund.create"], reason="reset", actor="ops") == [parked]
