@@ -19,7 +19,7 @@ from outbox.envelope import loads_exact
 from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent, OutboxError
 from outbox.queries import explain, list_operations, operation_json
 from outbox.settings import Settings, load_settings
-from outbox.states import MEANING, Status
+from outbox.states import MEANING, WAITING_MEANING, Status, WaitingFor
 from outbox.submit import submit
 from outbox.transitions import request_cancel
 
@@ -268,6 +268,8 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
     console.print(f"[bold]{detail['operation_id']}[/]  {detail['tenant']} / {detail['idempotency_key']}")
     console.print(f"action {detail['action']}  subject {detail['subject']}")
     console.print(f"status [bold]{status}[/]: {MEANING[Status(status)]}")
+    if detail["waiting_for"]:
+        console.print(f"waiting for {detail['waiting_for']}: {WAITING_MEANING[WaitingFor(detail['waiting_for'])]}")
     console.print(
         f"reason: {detail['reason']}  attempts {detail['attempts']}/{detail['max_attempts']}  "
         f"token {detail['fencing_token']}"

@@ -195,6 +195,15 @@ class WaitingFor(str, enum.Enum):
         return self.value
 
 
+WAITING_MEANING: dict[WaitingFor, str] = {
+    WaitingFor.BREAKER: "its downstream's breaker is open; due when it may close, or at once on `breakers reset`",
+    WaitingFor.BACKOFF: "a retry after an attempt that provably did nothing, at next_attempt_at (backoff with jitter)",
+    WaitingFor.RETRY_AFTER: "a retry at the time the provider asked for (Retry-After)",
+    WaitingFor.APPROVAL: "a person must approve it first",
+    WaitingFor.LOOKUP: "the reconciler will ask the provider what became of it, at next_attempt_at",
+}
+
+
 class EventKind(str, enum.Enum):
     """What an ``operation_events`` row records. The row's reason says it in words, for people."""
 

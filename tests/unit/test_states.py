@@ -14,7 +14,9 @@ from outbox.states import (
     MEANING,
     NO_EFFECT,
     TERMINAL,
+    WAITING_MEANING,
     Status,
+    WaitingFor,
     is_allowed,
     sources_of,
 )
@@ -30,6 +32,12 @@ def test_every_status_has_a_meaning():
     # `ops show` prints MEANING[status]; a missing entry would crash the CLI.
     assert set(MEANING) == set(Status)
     assert all(MEANING[s].strip() for s in Status)
+
+
+def test_every_wait_has_a_meaning():
+    # `ops show` prints WAITING_MEANING[waiting_for] beside the status.
+    assert set(WAITING_MEANING) == set(WaitingFor)
+    assert all(WAITING_MEANING[w].strip() for w in WaitingFor)
 
 
 def test_succeeded_has_no_outgoing_transitions():
