@@ -45,10 +45,11 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     The breaker is asked before the claim: while it is open an operation is not claimed at all
     (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest
     are claimed, with whatever else is due up to OUTBOX_DOORBELL_BATCH, called (concurrently, one
-    thread each, unless the target answers within FAST_CALL_S: see _attempt_all; a batch costs
+    thread each, unless the target answers within FAST_CALL_S: see fan_out.attempt_all; a batch costs
     the time of its slowest call, which the lease covers) and finalized in one transaction.
     """
-    dues = read_due_ops(rt, operation_ids)
+    caller, rec = rt.caller(), rt.recorder()
+    dues = read_due_ops(rt.ledger, operation_ids)
     if not dues:
         # Duplicate doorbell, not due yet, or already taken: the database decides, nothing to do.
         log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
@@ -69,7 +70,13 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
             due, known
         ):
             parked = park_while_open_if_due(
-                rt, op_id, known, decision, spent_attempts=due.attempt_count, now=due.clock.now()
+                rt.sessions,
+                op_id,
+                known,
+                decision,
+                actor=rt.worker_id,
+                spent_attempts=due.attempt_count,
+                now=due.clock.now(),
             )
             if parked is not None:
                 outcomes[op_id] = parked
@@ -100,11 +107,11 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     batch = Batch(decisions, closed)
     # Most budget left first here too: after a failed canary each call asks the breaker in turn.
     claims.sort(key=lambda c: c.attempt_count)
-    results = attempt_all(rt, claims, batch)
+    results = attempt_all(caller, claims, batch)
     for decision in batch.succeeded.values():
         # One success per target per doorbell: each failure was recorded as it happened.
         rt.breakers.record(decision, failure=False)
     for claim, _, _, _ in results:
         failpoints.hit("dispatch.after_response", claim.idempotency_key)
-    outcomes.update(apply_many(rt, results))
+    outcomes.update(apply_many(rec, results))
     return outcomes

@@ -10,11 +10,12 @@ import functools
 import hashlib
 import json
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from breaker import Allowed, Decision, Open, counts_as_failure
-from downstream.actions import ActionConfig
-from downstream.connectors import AttemptResult
+from breaker import Allowed, BreakerRegistry, Decision, Open, counts_as_failure
+from downstream.actions import ActionConfig, ActionsConfig
+from downstream.connectors import AttemptResult, ConnectorSet
 from outbox import failpoints
 from outbox.claims import Claim
 from outbox.envelope import loads_exact
@@ -22,7 +23,6 @@ from outbox.states import AttemptClass
 from outbox.transitions import AttemptReport
 from workers import metrics
 from workers.outcomes import Outcome, Rejected, before_send, breaker_open, decide
-from workers.runtime import Runtime
 
 Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
 # A batch's calls to a target that answers within this run one after another, not in threads:
@@ -30,6 +30,17 @@ Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
 # operation than the calls themselves saved in waiting (bench/dispatch_profile.py, sandbox on
 # the same host: 1.29-1.44 vs 0.93-1.02 ms of CPU per operation).
 FAST_CALL_S = 0.005
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What calling a downstream takes: the actions file, the connectors, the breakers, and the
+    threads a batch's slow calls run in."""
+
+    actions: ActionsConfig
+    connectors: ConnectorSet
+    breakers: BreakerRegistry
+    pool: ThreadPoolExecutor
 
 
 @dataclass
@@ -45,7 +56,7 @@ class Batch:
         return held if held is not None or target is None else self.closed.get(target)
 
 
-def attempt_all(rt: Runtime, claims: Sequence[Claim], batch: Batch) -> list[Attempted]:
+def attempt_all(caller: Caller, claims: Sequence[Claim], batch: Batch) -> list[Attempted]:
     """A batch's calls: concurrently while the target looks healthy, one by one once it does not.
 
     The first call to each target goes alone (a canary). If it neither failed nor counted against
@@ -57,46 +68,46 @@ def attempt_all(rt: Runtime, claims: Sequence[Claim], batch: Batch) -> list[Atte
     """
     groups: dict[str | None, list[Claim]] = {}
     for claim in claims:
-        known = rt.actions.actions.get(claim.action)
+        known = caller.actions.actions.get(claim.action)
         groups.setdefault(known.target if known else None, []).append(claim)
     results: list[Attempted] = []
     for target, group in groups.items():
-        first = _attempt_claimed(rt, group[0], batch.decision_for(group[0], target), batch)
+        first = _attempt_claimed(caller, group[0], batch.decision_for(group[0], target), batch)
         results.append(first)
         rest = group[1:]
         if first[1].klass in (AttemptClass.SUCCEEDED, AttemptClass.REJECTED):
-            call = functools.partial(_attempt_with_batch, rt, batch, target)
+            call = functools.partial(_attempt_with_batch, caller, batch, target)
             fast = first[1].latency_s is not None and first[1].latency_s < FAST_CALL_S
-            results.extend(map(call, rest) if fast else rt.pool.map(call, rest))
+            results.extend(map(call, rest) if fast else caller.pool.map(call, rest))
             continue
         if target is not None:
             batch.closed.pop(target, None)  # the canary failed: ask the breaker before each call
         for claim in rest:
             held = batch.decisions.pop(claim.operation_id, None)
             if held is not None:
-                rt.breakers.release(held)
-            results.append(_attempt_claimed(rt, claim, None, batch))
+                caller.breakers.release(held)
+            results.append(_attempt_claimed(caller, claim, None, batch))
     return results
 
 
-def _attempt_with_batch(rt: Runtime, batch: Batch, target: str | None, claim: Claim) -> Attempted:
-    return _attempt_claimed(rt, claim, batch.decision_for(claim, target), batch)
+def _attempt_with_batch(caller: Caller, batch: Batch, target: str | None, claim: Claim) -> Attempted:
+    return _attempt_claimed(caller, claim, batch.decision_for(claim, target), batch)
 
 
-def _attempt_claimed(rt: Runtime, claim: Claim, decision: Decision | None, batch: Batch | None = None) -> Attempted:
+def _attempt_claimed(caller: Caller, claim: Claim, decision: Decision | None, batch: Batch | None = None) -> Attempted:
     try:
-        action = rt.actions.action(claim.action)
+        action = caller.actions.action(claim.action)
     except KeyError as exc:
         if decision is not None:
-            rt.breakers.release(decision)
+            caller.breakers.release(decision)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
         return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
-    report, outcome = attempt(rt, claim, action, decision, batch)
+    report, outcome = attempt(caller, claim, action, decision, batch)
     return claim, report, outcome, action
 
 
 def attempt(
-    rt: Runtime,
+    caller: Caller,
     claim: Claim,
     action: ActionConfig,
     decision: Decision | None = None,
@@ -110,16 +121,16 @@ def attempt(
     early = before_send(claim, action, now=claim.now())
     if early is not None:
         if decision is not None:
-            rt.breakers.release(decision)
+            caller.breakers.release(decision)
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=_why(early)), early
     if decision is None:
-        decision = rt.breakers.before_call(action.target)
+        decision = caller.breakers.before_call(action.target)
     if isinstance(decision, Open):
         outcome = breaker_open(claim, action, wait_s=decision.wait_s, now=claim.now())
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open for {decision.wait_s:.3f}s more"), outcome
-    connector = rt.connectors.for_action(claim.action)
+    connector = caller.connectors.for_action(claim.action)
     failpoints.hit("dispatch.before_send", claim.idempotency_key)
     result = connector.send(
         claim.action,
@@ -134,7 +145,7 @@ def attempt(
     if batch is not None and not failure and not decision.probe:
         batch.succeeded[action.target] = decision
     else:
-        rt.breakers.record(decision, failure=failure)
+        caller.breakers.record(decision, failure=failure)
     metrics.record_attempt(action.target, c.klass, result.latency_s)
     return _report(result), decide(claim, action, c, now=claim.now())
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from downstream.actions import ActionConfig
+from sqlalchemy.orm import Session, sessionmaker
+
+from downstream.actions import ActionConfig, ActionsConfig
 from outbox.claims import Claim
 from outbox.errors import StaleFence
-from outbox.evidence import finish_with_evidence, records_for_claims
+from outbox.evidence import EvidenceSink, finish_with_evidence, records_for_claims
+from outbox.ledger_connection import LedgerConnection
 from outbox.states import AttemptClass, Status
 from outbox.transitions import (
     AttemptReport,
@@ -24,12 +28,34 @@ from outbox.transitions import (
     finalize_many_if_fenced,
 )
 from workers import metrics
+from workers.doorbell import Doorbell
 from workers.fan_out import Attempted
+from workers.late import apply_late_successes
 from workers.outcomes import Ambiguous, Cancelled, Outcome, Rejected, RetryAt, Succeeded
-from workers.reconcile import apply_late_successes
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """What finalizing takes: the worker's hot-path connection and sessions, the evidence sink,
+    the doorbell for what follows, and (for late successes' handoff packets) the actions file."""
+
+    ledger: LedgerConnection
+    sessions: sessionmaker[Session]
+    evidence: EvidenceSink
+    doorbell: Doorbell
+    worker_id: str
+    actions: ActionsConfig
+
+    def late(self, attempt_results: dict[int, dict[str, Any] | None]) -> None:
+        apply_late_successes(
+            self.sessions,
+            actor=self.worker_id,
+            evidence=self.evidence,
+            actions=self.actions,
+            attempt_results=attempt_results,
+        )
 
 
 def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
@@ -60,7 +86,7 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
 
 
 def apply(
-    rt: Runtime,
+    rec: Recorder,
     claim: Claim,
     report: AttemptReport,
     outcome: Outcome,
@@ -68,17 +94,17 @@ def apply(
     action: ActionConfig | None = None,
 ) -> Outcome:
     """Turn an outcome into exactly one guarded transition (evidence is kept even when stale)."""
-    return apply_many(rt, [(claim, report, outcome, action)])[claim.operation_id]
+    return apply_many(rec, [(claim, report, outcome, action)])[claim.operation_id]
 
 
-def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
+def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
     """Finalize a batch: one transaction for all (each move still guarded by its own token).
 
     A stale token refuses only its own operation (its attempt evidence is kept); a separate
     evidence database needs its own write before each success, so that case goes one by one.
     """
-    if rt.evidence.separate:
-        return {c.operation_id: _apply_alone(rt, c, r, o, a) for c, r, o, a in items}
+    if rec.evidence.separate:
+        return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
     applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
     late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
@@ -86,7 +112,7 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
     for claim, report, outcome, _ in items:
         to, reason, kw = _transition_of(claim, outcome)
         ends.append(Finalize(claim, report, to, reason, **kw))
-    with rt.ledger.transaction() as session:
+    with rec.ledger.transaction() as session:
         refusals = finalize_many_if_fenced(session, ends)
         for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
             fields = _fields(claim, report, action)
@@ -100,44 +126,44 @@ def apply_many(rt: Runtime, items: Sequence[Attempted]) -> dict[str, Outcome]:
                 succeeded.append((claim, report))
             applied.append((claim, outcome, end.reason, fields))
         # Evidence with the successes themselves: same transaction, one query, one insert.
-        rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
+        rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
     # A failure above rolls the batch back and raises: its leases expire into outcome_unknown and
     # the reconciler settles them (an outage: workers/outage.py logs it once).
-    _after(rt, applied)
+    _after(rec, applied)
     if late:
         # Committed above as evidence; now it settles its operation (evidence wins).
-        apply_late_successes(rt, late)
+        rec.late(late)
     return {c.operation_id: o for c, _, o, _ in items}
 
 
 def _apply_alone(
-    rt: Runtime, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
+    rec: Recorder, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
 ) -> Outcome:
     to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
     try:
         if isinstance(outcome, Succeeded):
             finish_with_evidence(
-                rt.sessions,
-                rt.evidence,
+                rec.sessions,
+                rec.evidence,
                 claim,
                 report,
                 lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
             )
         else:
             commit_even_if_stale(
-                rt.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+                rec.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
             )
     except StaleFence as exc:
         log.info("stale fence: result kept as evidence (%s)", exc, extra=fields)
         if isinstance(outcome, Succeeded):
-            apply_late_successes(rt, {claim.attempt_id: outcome.result})
+            rec.late({claim.attempt_id: outcome.result})
         return outcome
-    _after(rt, [(claim, outcome, reason, fields)])
+    _after(rec, [(claim, outcome, reason, fields)])
     return outcome
 
 
-def _after(rt: Runtime, applied: Sequence[tuple[Claim, Outcome, str, dict[str, Any]]]) -> None:
+def _after(rec: Recorder, applied: Sequence[tuple[Claim, Outcome, str, dict[str, Any]]]) -> None:
     """After the commit: one log line per operation, then the doorbells that follow from it."""
     reconcile, redispatch = [], []
     for claim, outcome, reason, fields in applied:
@@ -150,9 +176,9 @@ def _after(rt: Runtime, applied: Sequence[tuple[Claim, Outcome, str, dict[str, A
         elif isinstance(outcome, RetryAt) and outcome.delay_s <= 0:
             redispatch.append(claim.operation_id)
     if reconcile:
-        rt.doorbell.ring_reconcile(reconcile)
+        rec.doorbell.ring_reconcile(reconcile)
     if redispatch:
-        rt.doorbell.ring_dispatch(redispatch)
+        rec.doorbell.ring_dispatch(redispatch)
 
 
 def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:

@@ -12,14 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from breaker import Open
 from downstream.actions import ActionConfig
 from outbox import failpoints
 from outbox.claims import read_due
 from outbox.clock import LedgerClock, as_utc
+from outbox.ledger_connection import LedgerConnection
 from outbox.waits import park_for_breaker
 from workers.outcomes import RetryAt, breaker_wait
-from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,8 @@ class _Due:
     clock: LedgerClock  # the database's time when read: deadlines are judged on it
 
 
-def read_due_ops(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
-    with rt.ledger.one_statement() as session:
+def read_due_ops(ledger: LedgerConnection, operation_ids: Sequence[str]) -> dict[str, _Due]:
+    with ledger.one_statement() as session:
         rows = read_due(session, operation_ids)
     dues = {}
     # Most budget left first: while a breaker is half-open, the first operation asked gets the
@@ -52,7 +54,14 @@ def read_due_ops(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, _Due]:
 
 
 def park_while_open_if_due(
-    rt: Runtime, operation_id: str, action: ActionConfig, decision: Open, *, spent_attempts: int, now: datetime
+    sessions: sessionmaker[Session],
+    operation_id: str,
+    action: ActionConfig,
+    decision: Open,
+    *,
+    actor: str,
+    spent_attempts: int,
+    now: datetime,
 ) -> RetryAt | None:
     """Breaker open: not sent, not claimed; the operation stays not_dispatched until the reopen time.
 
@@ -62,8 +71,8 @@ def park_while_open_if_due(
     """
     wait = breaker_wait(action, wait_s=decision.wait_s, now=now, spent_attempts=spent_attempts)
     failpoints.hit("gate.after_select_before_update", operation_id)
-    with rt.sessions.begin() as session:
-        if not park_for_breaker(session, operation_id, delay_s=wait.delay_s, reason=wait.why, actor=rt.worker_id):
+    with sessions.begin() as session:
+        if not park_for_breaker(session, operation_id, delay_s=wait.delay_s, reason=wait.why, actor=actor):
             return None
     log.info(
         "breaker open: parked for %.3fs",

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from breaker import Open, counts_as_failure
 from downstream.actions import ActionConfig
 from downstream.lookups import LookupResult
-from outbox import failpoints, late_evidence
+from outbox import failpoints
 from outbox.claims import Claim, claim_unknown
 from outbox.clock import as_utc
 from outbox.envelope import loads_exact
@@ -39,8 +39,9 @@ from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
 from workers import metrics
-from workers.handoff_packet import build_packet, packet_builder
+from workers.handoff_packet import build_packet
 from workers.judge import Settlement, judge
+from workers.late import apply_late_successes
 from workers.outcomes import deadline_of, effective_budget
 from workers.runtime import Runtime
 
@@ -71,7 +72,7 @@ def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_
 
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | None = None) -> Settlement | None:
     rng = rng or random.Random()
-    if apply_late_successes(rt, operation_ids=[operation_id]):
+    if _late(rt, operation_ids=[operation_id]):
         return None  # a late success settled it: nothing left to look up
     with rt.sessions.begin() as session:
         claims = claim_unknown(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
@@ -246,30 +247,8 @@ def after_not_found(
     return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
 
 
-def apply_late_successes(
-    rt: Runtime,
-    attempt_results: dict[int, dict[str, Any] | None] | None = None,
-    *,
-    operation_ids: list[str] | None = None,
-) -> dict[str, Status]:
-    """Settle operations by late successes: the given attempts' (a worker's own, with the response
-    bodies it read), or any of ``operation_ids``'. Never raises: the relay's sweep is the backstop."""
-    try:
-        moved = late_evidence.apply_unapplied(
-            rt.sessions,
-            actor=rt.worker_id,
-            sink=rt.evidence,
-            packet=packet_builder(rt.actions),
-            attempt_ids=list(attempt_results) if attempt_results is not None else None,
-            operation_ids=operation_ids,
-            results={k: v for k, v in (attempt_results or {}).items() if v is not None},
-        )
-    except Exception:  # noqa: BLE001 - the evidence is committed; the sweep applies it later
-        log.warning("applying late evidence failed; the relay's sweep will", exc_info=True)
-        return {}
-    for status in moved.values():
-        metrics.record_outcome(status)
-    return moved
+def _late(rt: Runtime, **which: Any) -> dict[str, Status]:
+    return apply_late_successes(rt.sessions, actor=rt.worker_id, evidence=rt.evidence, actions=rt.actions, **which)
 
 
 def _settle(
@@ -316,13 +295,13 @@ def _settle(
     except StaleFence as exc:
         log.info("stale fence: lookup kept as evidence (%s)", exc, extra=fields)
         if verdict.to is Status.SUCCEEDED:
-            apply_late_successes(rt, {claim.attempt_id: result})
+            _late(rt, attempt_results={claim.attempt_id: result})
         return verdict
     except IllegalTransition as exc:
         # "No effect" refused by the ledger's guard: a success arrived on another attempt while
         # we looked. It settles the operation instead.
         log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=fields)
-        apply_late_successes(rt, operation_ids=[claim.operation_id])
+        _late(rt, operation_ids=[claim.operation_id])
         return verdict
     if applied is Status.FAILED_BEFORE_COMMIT:
         log.error("failed_before_commit: %s", verdict.reason, extra=fields)  # a final failure

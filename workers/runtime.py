@@ -27,6 +27,8 @@ from outbox.ledger_connection import LedgerConnection
 from outbox.settings import Settings, load_settings
 from workers.celery_app import check_time_limits, make_app
 from workers.doorbell import Doorbell
+from workers.fan_out import Caller
+from workers.finalize import Recorder
 
 
 @dataclass
@@ -45,6 +47,14 @@ class Runtime:
     # A doorbell batch's calls to a slow target run concurrently, one thread each (httpx transports
     # are thread-safe); calls to a target faster than dispatch.FAST_CALL_S run in turn.
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="dispatch"))
+
+    def caller(self) -> Caller:
+        """What fan-out takes to call the downstream."""
+        return Caller(self.actions, self.connectors, self.breakers, self.pool)
+
+    def recorder(self) -> Recorder:
+        """What finalize takes to record outcomes and ring what follows."""
+        return Recorder(self.ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import select, update
@@ -138,7 +137,6 @@ def test_late_evidence_is_applied_once_when_another_sweep_applies_it_meanwhile(p
 def test_breaker_park_leaves_alone_a_row_another_worker_claimed_meanwhile(pg_ledger):
     op_id = _submit(pg_ledger)
     action = load_actions(ACTIONS).action("payments.refund.create")
-    rt = SimpleNamespace(sessions=pg_ledger.sessions, worker_id="parker")
     now = dt.datetime.now(dt.UTC)
     decision = Open(target=action.target, reopens_at=now + dt.timedelta(seconds=30), storage="local", wait_s=30)
     taken = {}
@@ -148,7 +146,12 @@ def test_breaker_park_leaves_alone_a_row_another_worker_claimed_meanwhile(pg_led
             [taken["c"]] = claim_due(s, worker="other", lease_s=30, operation_id=op_id)
 
     with failpoints.on("gate.after_select_before_update", another_worker_claims):
-        assert park_while_open_if_due(rt, op_id, action, decision, spent_attempts=0, now=now) is None
+        assert (
+            park_while_open_if_due(
+                pg_ledger.sessions, op_id, action, decision, actor="parker", spent_attempts=0, now=now
+            )
+            is None
+        )
     op = _op(pg_ledger, op_id)
     assert op.status == Status.DISPATCHING and op.lease_owner == "other"
     assert op.fencing_token == taken["c"].fencing_token and op.waiting_for is None
@@ -158,10 +161,12 @@ def test_breaker_park_leaves_alone_a_row_another_worker_claimed_meanwhile(pg_led
 def test_breaker_park_then_reset_wakes_only_what_the_breaker_parked(pg_ledger):
     parked, retrying = _submit(pg_ledger, "parked"), _submit(pg_ledger, "retrying")
     action = load_actions(ACTIONS).action("payments.refund.create")
-    rt = SimpleNamespace(sessions=pg_ledger.sessions, worker_id="parker")
     now = dt.datetime.now(dt.UTC)
     decision = Open(target=action.target, reopens_at=now + dt.timedelta(seconds=30), storage="local", wait_s=30)
-    assert park_while_open_if_due(rt, parked, action, decision, spent_attempts=0, now=now) is not None
+    assert (
+        park_while_open_if_due(pg_ledger.sessions, parked, action, decision, actor="parker", spent_attempts=0, now=now)
+        is not None
+    )
     with pg_ledger.sessions.begin() as s:
         [c] = claim_due(s, worker="w", lease_s=30, operation_id=retrying)
         report = AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=30)
