@@ -257,7 +257,7 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
     from workers.dispatch import dispatch_batch
     from workers.runtime import build_runtime
 
-    reset_s = 0.5
+    reset_s = 60.0  # passes only when the test moves the breaker's clock
     pipe.write_actions(_actions(sandbox.url, fail_max=1, reset_s=reset_s, max_attempts=6))
     sandbox.add_fault(**DOWN)
     spent, fresh = _submit(pipe, "k-probe", 2)  # the spent one first: first in the table, first rung
@@ -268,7 +268,7 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
         tripping = rt.breakers.before_call("sandbox")
         rt.breakers.record(tripping, failure=True)  # fail_max 1: open for reset_s
         assert _breaker(pipe).state == "open"
-        time.sleep(reset_s + 0.1)  # half-open: the first operation asked gets the probe
+        pipe.advance_breaker_clock(reset_s)  # half-open: the first operation asked gets the probe
         outcomes = dispatch_batch(rt, [spent, fresh])
     finally:
         rt.close()
