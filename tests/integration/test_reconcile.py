@@ -1,8 +1,9 @@
 """Reconciliation end to end (FAULTS.md F02, F03, F05, F10): real worker processes, the relay,
 PostgreSQL, Redis and the sandbox. Faults are injected for real; effects are counted by the sandbox.
 
-The reconciler's budget is shrunk through OUTBOX_RECONCILE_MAX_LOOKUPS / _MAX_DELAY_S so the
-"lookup down" cases run in seconds.
+The reconciler's re-checks, settle windows and leases are not waited for: the tests move the
+ledger's clock to each due time (Pipeline.advance_to_due / advance_ledger_clock), so the "lookup
+down" cases run in seconds with the reconciler's real back-off.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from tests.conftest import PG_ADMIN_URL
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-
-FAST_RECHECK = {"OUTBOX_RECONCILE_MAX_DELAY_S": "0.3"}
 
 
 def posts(sandbox, key):
@@ -56,18 +55,19 @@ def test_commit_then_drop_reconciled_with_the_providers_id(pipe, sandbox):
 def test_lookup_down_for_a_while_then_back(pipe, sandbox):
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
     down = sandbox.add_fault(mode="unavailable_503", method="GET", path="/v1/refunds")
-    pipe.env.update(FAST_RECHECK | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "100"})
+    pipe.env.update(CLOCK_LEASE)
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-down")
-    wait_for(
-        lambda: len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3,
-        15,
-        what="three failed lookups",
-    )
-    assert pipe.op(r.operation_id).status == "outcome_unknown"
-    assert len(posts(sandbox, "rc-down")) == 1, "re-sent while the outcome was unknown"
+    pipe.wait_attempt_done(r.operation_id, 1)
+    for n in (1, 2, 3):  # three failed lookups; each re-check (backing off) is moved to, not waited for
+        pipe.advance_to_due(r.operation_id)
+        assert pipe.wait_attempt_done(r.operation_id, n, kind="lookup").status_code == 503
+        assert pipe.op(r.operation_id).status == "outcome_unknown"
+        assert len(posts(sandbox, "rc-down")) == 1, "re-sent while the outcome was unknown"
+    assert len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3
     sandbox.remove_fault(down["id"])
+    pipe.advance_to_due(r.operation_id)
     op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
     assert len(posts(sandbox, "rc-down")) == 1
     effects = sandbox.effects(key="rc-down")
@@ -84,10 +84,15 @@ def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
     pipe.write_actions(doc)
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
     sandbox.add_fault(mode="fail_before_commit", method="GET", path="/v1/refunds", status=500)
-    pipe.env.update(FAST_RECHECK | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "3"})
+    pipe.env.update(CLOCK_LEASE | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "3"})
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-never")
+    pipe.wait_attempt_done(r.operation_id, 1)
+    for n in (1, 2):  # the re-checks after the first two failed lookups: moved to, not waited for
+        pipe.advance_to_due(r.operation_id)
+        pipe.wait_attempt_done(r.operation_id, n, kind="lookup")
+    pipe.advance_to_due(r.operation_id)
     op = pipe.wait_status(r.operation_id, "reconciliation_required", timeout_s=20)
     assert len(posts(sandbox, "rc-never")) == 1
     assert len(sandbox.effects(key="rc-never")) == 1  # the effect exists: only a person may say so
@@ -131,7 +136,6 @@ def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pi
         )
     )
     sandbox.add_fault(mode="fail_before_commit", method="POST", status=500, count=1)
-    pipe.env.update(FAST_RECHECK)
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-lag")
