@@ -335,15 +335,19 @@ def test_budget_spent_on_503s_fails_before_commit_with_one_error_line(pipe, sand
                 "payments.refund.create": action(
                     REFUNDS,
                     decimal_args=["amount"],
-                    budget={"max_attempts": 3, "deadline_s": 60, "base_delay_s": 0.1, "max_delay_s": 0.3},
+                    budget={"max_attempts": 3, "deadline_s": 600, "base_delay_s": 20, "max_delay_s": 60},
                 ),
             },
         )
     )
     sandbox.add_fault(mode="unavailable_503", method="POST", path=REFUNDS)  # no count: always down
+    pipe.env.update(CLOCK_LEASE)
     worker = pipe.start_worker()
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
+    for n in (1, 2):  # the back-off before attempts 2 and 3: moved to, not waited for
+        pipe.wait_attempt_done(op_id, n)
+        pipe.advance_to_due(op_id)
     op = pipe.wait_status(op_id, Status.FAILED_BEFORE_COMMIT.value, timeout_s=15)
 
     assert [r["status"] for r in posts(sandbox, key)] == [503, 503, 503]
