@@ -93,7 +93,9 @@ async def arrive(request: web.Request, key: str | None, token_raw: str | None) -
     if spec is None:
         raise web.HTTPNotFound()
     tenant = tenant_of(request)
-    entry = state.requests.open(request.method, request.path, request.query_string, tenant, key, token_raw)
+    entry = state.requests.open(
+        state.clock.now(), request.method, request.path, request.query_string, tenant, key, token_raw
+    )
     rid = new_request_id()
     rule = select_fault(request, state, key, tenant)
     if rule is not None:

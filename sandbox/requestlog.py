@@ -1,8 +1,9 @@
 """Every non-admin request the sandbox received, so tests can check timing and who got through.
 
 Examples: the next attempt came no earlier than Retry-After; only half-open probes reached the
-provider while a breaker was open. Times are real wall-clock epoch seconds (not the sandbox
-clock) so they compare with the test's own clock.
+provider while a breaker was open. ``time`` is real wall-clock epoch seconds, so it compares with
+the test's own clock; ``clock_time`` is the sandbox clock's (``POST /admin/clock`` moves it), so a
+test that moves the sandbox's time instead of sleeping reads the waits it skipped there.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 class RequestEntry:
     seq: int
     time: float
+    clock_time: float  # the sandbox clock (wall time + offset_s) on arrival
     method: str
     path: str
     query: str
@@ -43,8 +45,10 @@ class RequestLog:
         if maxlen != self.entries.maxlen:
             self.entries = deque(self.entries, maxlen=maxlen)
 
-    def open(self, method: str, path: str, query: str, tenant: str, key: str | None, token: str | None) -> RequestEntry:
-        entry = RequestEntry(next(self._seq), time.time(), method, path, query, tenant, key, token)
+    def open(
+        self, clock_time: float, method: str, path: str, query: str, tenant: str, key: str | None, token: str | None
+    ) -> RequestEntry:
+        entry = RequestEntry(next(self._seq), time.time(), clock_time, method, path, query, tenant, key, token)
         self.entries.append(entry)
         return entry
 

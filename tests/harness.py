@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,43 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+# Every time a shared breaker stores moves back by ARGV[1] ms (integers: HINCRBY), and the half-open
+# probe lock's time to live shrinks by as much (gone if that was all it had left).
+_ADVANCE_BREAKER = """
+local ms = tonumber(ARGV[1])
+for _, name in ipairs({'opened_at_ms', 'reopens_at_ms', 'reset_at_ms'}) do
+  if redis.call('HEXISTS', KEYS[1], name) == 1 then redis.call('HINCRBY', KEYS[1], name, -ms) end
+end
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > 0 then
+  if ttl <= ms then redis.call('DEL', KEYS[2]) else redis.call('PEXPIRE', KEYS[2], ttl - ms) end
+end
+return 1
+"""
+
+
+def advance_breaker_clock(redis_url: str, namespace: str, target: str, seconds: float) -> None:
+    """Move a shared (Redis) breaker's clock ``seconds`` forward without waiting.
+
+    The breaker reads Redis server time (``TIME``), which a test cannot move; moving the times it
+    stored back instead (opened_at, reopens_at, the probe lock's expiry) is the same, for every
+    decision it takes, as that much time passing: an open breaker's reset window runs out. Process-
+    local breakers (the fallback while Redis is unreachable) keep their own monotonic clocks.
+    """
+    import redis
+
+    from breaker.storage import RedisBreakerStorage
+
+    if seconds < 0:
+        raise ValueError("the clock only moves forward")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = RedisBreakerStorage(client, namespace, target)
+        client.eval(_ADVANCE_BREAKER, 2, keys.state_key, keys.probe_key, round(seconds * 1000))
+    finally:
+        client.close()
 
 
 def action(path: str, **over: Any) -> dict[str, Any]:
@@ -88,6 +125,10 @@ def actions_doc(
         },
     }
 
+
+# For tests that move the ledger's clock (Pipeline.advance_ledger_clock) to run leases out: a
+# lease that never runs out by itself while a test lasts, so only the move can have expired it.
+CLOCK_LEASE = {"OUTBOX_LEASE_S": "60"}
 
 REFUND_ARGS = {"order_id": "o-1", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
 
@@ -260,6 +301,50 @@ class Pipeline:
             timeout_s,
             what=f"{operation_id} in {statuses} (now {self.op(operation_id).status})",
         )
+
+    # -- time as an input -----------------------------------------------------------------
+    @property
+    def lease_s(self) -> float:
+        return float(self.env["OUTBOX_LEASE_S"])
+
+    def advance_ledger_clock(self, seconds: float, operation_ids: Collection[str] | None = None) -> int:
+        """Move the ledger's clock forward (outbox.testing.advance_ledger_clock): leases run out, due
+        times arrive, deadlines and settle windows pass, without waiting. The relay's next tick (and
+        the workers the doorbells reach) act on it."""
+        from outbox.testing import advance_ledger_clock
+
+        return advance_ledger_clock(self.sessions.kw["bind"], seconds, operation_ids=operation_ids)
+
+    def advance_to_due(self, operation_id: str) -> float:
+        """Move this operation's clock (only) to its next due time (``next_attempt_at``), so the
+        relay rings it at once; returns the seconds moved (0 if it was due already)."""
+        from outbox.clock import as_utc, db_now
+
+        with self.sessions() as s:
+            due, now = s.execute(select(Operation.next_attempt_at, db_now()).where(Operation.id == operation_id)).one()
+        left = (as_utc(due) - as_utc(now)).total_seconds()  # type: ignore[operator]
+        if left <= 0:
+            return 0.0
+        self.advance_ledger_clock(left + 0.001, operation_ids=[operation_id])
+        return left + 0.001
+
+    def wait_attempt_done(
+        self, operation_id: str, number: int, kind: str = "dispatch", timeout_s: float = 15.0
+    ) -> Attempt:
+        """Attempt ``number`` (1-based) of ``kind``, once its answer is written down and the
+        operation has moved on from it (no longer leased for it)."""
+
+        def done() -> Attempt | None:
+            attempts = self.attempts(operation_id, kind)
+            if len(attempts) < number or attempts[number - 1].ended_at is None:
+                return None
+            return attempts[number - 1] if self.op(operation_id).status != "dispatching" else None
+
+        return wait_for(done, timeout_s, what=f"{kind} attempt {number} of {operation_id} written down")
+
+    def advance_breaker_clock(self, seconds: float, target: str = "sandbox") -> None:
+        """Move the shared breaker's clock forward for ``target`` (see advance_breaker_clock)."""
+        advance_breaker_clock(self.env["OUTBOX_REDIS_URL"], self.env["OUTBOX_BROKER_KEY_PREFIX"], target, seconds)
 
     def count(self, status: str | None = None) -> int:
         with self.sessions() as s:

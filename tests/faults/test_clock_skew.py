@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 REFUNDS = "/v1/refunds"
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEW_S = 300
-RETRY_AFTER_S = 2
+RETRY_AFTER_S = 30  # waited by moving the clocks: a wait of the real length proves nothing is off
 
 
 def _faketime_env(offset_s: int) -> dict[str, str]:
@@ -67,17 +67,30 @@ def test_a_skewed_worker_clock_changes_no_outcome_and_no_wait(pipe, sandbox, off
         key: pipe.submit(key, args={"order_id": key, "amount": "3.00", "currency": "EUR"}).operation_id for key in keys
     }
 
+    # The provider asks for 30 s (an HTTP-date 30 s after its own Date header): the retry is due
+    # about that long after the answer, on the ledger's clock, neither 5 minutes more nor at once.
+    limited = ops["skew-429"]
+    att = pipe.wait_attempt_done(limited, 1)
+    assert att.status_code == 429 and RETRY_AFTER_S - 1.0 <= att.retry_after_s <= RETRY_AFTER_S + 2.0, att
+    wait = (pipe.op(limited).next_attempt_at - att.ended_at).total_seconds()
+    assert RETRY_AFTER_S - 1.0 <= wait <= RETRY_AFTER_S + 2.0, wait
+    sandbox.advance_clock(pipe.advance_to_due(limited))
+    # The cut request: looked up, and "not found" counts once the settle window has passed.
+    cut = ops["skew-reset"]
+    pipe.wait_attempt_done(cut, 1, kind="lookup")
+    if pipe.op(cut).status == Status.OUTCOME_UNKNOWN.value:  # the lookup came inside the window
+        pipe.advance_to_due(cut)
+
     for key, op_id in ops.items():
         op = pipe.wait_status(op_id, Status.SUCCEEDED.value, Status.FAILED_BEFORE_COMMIT.value, timeout_s=30)
         assert op.status == Status.SUCCEEDED.value, (key, op.reason)
         effects = sandbox.effects(key=key)
         assert len(effects) == 1 and op.result_reference == effects[0]["object_id"], key
 
-    # The provider asked for 2 s (an HTTP-date 2 s after its own Date header): waited about that,
-    # neither 5 minutes more nor not at all.
+    # At the provider, on its clock (moved with the ledger's): waited about that long.
     first, second = _posts(sandbox, "skew-429")
     assert first["status"] == 429 and second["status"] == 200
-    waited_s = second["time"] - first["time"]
+    waited_s = second["clock_time"] - first["clock_time"]
     assert RETRY_AFTER_S - 1.0 <= waited_s <= RETRY_AFTER_S + 6.0, waited_s
     # The cut request was looked up and sent again with the same key, once.
     assert [p["status"] for p in _posts(sandbox, "skew-reset")][-1] == 200

@@ -10,12 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from outbox.states import Status
-from tests.harness import action, actions_doc, wait_for
+from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -98,34 +99,42 @@ def test_committed_but_response_lost_is_parked_then_reconciled(pipe, sandbox, fa
 )
 def test_retry_after_is_honoured(pipe, sandbox, mode, http_date):
     key = f"f15-{mode}-{'date' if http_date else 'seconds'}"
-    retry_after_s = 1.0
+    retry_after_s = 30.0  # runs out only when the test moves the clocks (ledger and sandbox together)
     sandbox.add_fault(
         mode=mode, method="POST", path=REFUNDS, count=2, retry_after_s=retry_after_s, retry_after_http_date=http_date
     )
     pipe.start_worker()
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
+    status = 503 if mode == "unavailable_503" else 429
+    for n in (1, 2):
+        att = pipe.wait_attempt_done(op_id, n)
+        assert att.status_code == status
+        # The Retry-After was recorded, and the retry is due no earlier than it runs out from the
+        # moment the worker wrote the answer down (which is after the answer arrived).
+        if http_date:
+            # A whole-second HTTP-date at least 30 s ahead, parsed a moment later by the worker.
+            assert retry_after_s - 0.1 <= att.retry_after_s <= retry_after_s + 1.0, att.retry_after_s
+        else:
+            assert att.retry_after_s == retry_after_s
+        op = pipe.op(op_id)
+        assert op.status == Status.NOT_DISPATCHED.value
+        assert op.next_attempt_at - att.ended_at >= timedelta(seconds=att.retry_after_s - EARLY_S)
+        assert len(posts(sandbox, key)) == n  # nothing sent while it waits
+        sandbox.advance_clock(pipe.advance_to_due(op_id))
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)
 
     reqs = posts(sandbox, key)
-    status = 503 if mode == "unavailable_503" else 429
     assert [r["status"] for r in reqs] == [status, status, 200]
     assert len(sandbox.effects(key=key)) == 1 and op.result_reference == sandbox.effects(key=key)[0]["object_id"]
     attempts = pipe.attempts(op_id, "dispatch")
     assert [a.status_code for a in attempts] == [status, status, 200]
-    for prev, nxt, att in zip(reqs, reqs[1:], attempts):
-        # Provider side: no POST before the previous one's time + Retry-After.
-        assert nxt["time"] - (prev["time"] + retry_after_s) >= -EARLY_S, (prev, nxt)
-        # Ledger side: the Retry-After was recorded, and the next POST came after it had run out
-        # from the moment the worker wrote the answer down (which is after the answer arrived).
-        assert att.retry_after_s is not None
-        if http_date:
-            # A whole-second HTTP-date at least 1 s ahead, parsed a moment later by the worker.
-            assert 0.9 <= att.retry_after_s <= 2.0, att.retry_after_s
-        else:
-            assert att.retry_after_s == retry_after_s
-        ended = att.ended_at.timestamp()
-        assert nxt["time"] - (ended + att.retry_after_s) >= -EARLY_S, (att.ended_at, att.retry_after_s, nxt)
+    for prev, nxt, att, att_next in zip(reqs, reqs[1:], attempts, attempts[1:]):
+        # Provider side (its clock moved with the ledger's): no POST before the previous one's
+        # time + Retry-After.
+        assert nxt["clock_time"] - (prev["clock_time"] + retry_after_s) >= -EARLY_S, (prev, nxt)
+        # Ledger side: the next attempt started after the Retry-After had run out.
+        assert att_next.started_at - att.ended_at >= timedelta(seconds=att.retry_after_s - EARLY_S)
 
 
 # -- F14: a worker SIGKILLed while its call is in flight ---------------------------------------
@@ -135,6 +144,7 @@ def test_worker_killed_mid_call_is_reconciled_not_resent(pipe, sandbox):
     key = "f14-kill-mid-call"
     # Commits at once, answers after 3 s: the effect exists while the worker waits for the answer.
     sandbox.add_fault(mode="commit_then_stall", stall_s=3, method="POST", path=REFUNDS, count=1)
+    pipe.env.update(CLOCK_LEASE)
     victim = pipe.start_worker("victim", queues="dispatch")
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
@@ -144,7 +154,8 @@ def test_worker_killed_mid_call_is_reconciled_not_resent(pipe, sandbox):
     victim.kill()
     assert pipe.op(op_id).status == Status.DISPATCHING.value
 
-    # The lease (3 s) runs out; the relay's sweep parks it: the worker may have sent.
+    # The lease runs out; the relay's sweep parks it: the worker may have sent.
+    pipe.advance_ledger_clock(pipe.lease_s)
     op = pipe.wait_status(op_id, Status.OUTCOME_UNKNOWN.value, timeout_s=8)
     assert op.waiting_for == "lookup" and op.error_class == "ambiguous" and op.lease_owner is None
     [att] = pipe.attempts(op_id, "dispatch")
@@ -178,6 +189,7 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
     key = "f11-zombie-mid-call"
     # The provider works 2.5 s on the first POST and then commits; the owner is frozen meanwhile.
     sandbox.add_fault(mode="latency", latency_ms=2500, method="POST", path=REFUNDS, count=1)
+    pipe.env.update(CLOCK_LEASE)
     zombie = pipe.start_worker("zombie", queues="dispatch")
     pipe.start_worker("reconciler", queues="outcome_unknown")
     pipe.start_relay()
@@ -187,7 +199,9 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
     zombie.freeze()
     try:
         owner_token = pipe.op(op_id).fencing_token
+        wait_for(lambda: sandbox.effects(key=key), 10, what="the provider to commit, its answer unread")
         # Lease expires -> sweep parks it -> the reconciler claims (token + 1) and finds the effect.
+        pipe.advance_ledger_clock(pipe.lease_s)
         op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=12)
         assert op.fencing_token > owner_token
         before = _snapshot(pipe, op_id)
@@ -204,9 +218,10 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
     assert att.stale is True
     holds(lambda: _snapshot(pipe, op_id) == before, 0.5, "the operation ignores the zombie")
     # Solo pool: Celery's soft/hard time limits (2/2.5 s) are not enforced, and SIGSTOP froze the
-    # whole worker anyway: the call lasted past the lease and the zombie did write late. Only the
-    # fencing token stopped that write.
-    assert zombie.proc.poll() is None and att.latency_s > 3.0
+    # whole worker anyway: the call lasted past the lease (on the ledger's clock) and the zombie did
+    # write late. Only the fencing token stopped that write.
+    assert zombie.proc.poll() is None and att.latency_s >= 2.5
+    assert att.ended_at - att.started_at > timedelta(seconds=pipe.lease_s)
     effects = sandbox.effects(key=key)
     assert len(effects) == 1 and before[1] == effects[0]["object_id"]
     # Its late result is the provider's answer (read from the socket buffer after SIGCONT), or a
@@ -220,6 +235,7 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
 def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandbox):
     key = "f11-zombie-before-send"
     sandbox.configure(strict_fencing=True)
+    pipe.env.update(CLOCK_LEASE)
     # The owner stalls between claim and send, long enough for us to freeze it there.
     zombie = pipe.start_worker(
         "zombie", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": f"dispatch.after_claim=sleep:1.5@{key}"}
@@ -236,6 +252,7 @@ def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandb
     try:
         owner_token = pipe.op(op_id).fencing_token
         # Lease expiry -> reconciler: authoritative "not found" -> re-dispatch with the same key.
+        pipe.advance_ledger_clock(pipe.lease_s)
         pipe.start_worker("successor")
         op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)
         before = _snapshot(pipe, op_id)
@@ -318,15 +335,19 @@ def test_budget_spent_on_503s_fails_before_commit_with_one_error_line(pipe, sand
                 "payments.refund.create": action(
                     REFUNDS,
                     decimal_args=["amount"],
-                    budget={"max_attempts": 3, "deadline_s": 60, "base_delay_s": 0.1, "max_delay_s": 0.3},
+                    budget={"max_attempts": 3, "deadline_s": 600, "base_delay_s": 20, "max_delay_s": 60},
                 ),
             },
         )
     )
     sandbox.add_fault(mode="unavailable_503", method="POST", path=REFUNDS)  # no count: always down
+    pipe.env.update(CLOCK_LEASE)
     worker = pipe.start_worker()
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
+    for n in (1, 2):  # the back-off before attempts 2 and 3: moved to, not waited for
+        pipe.wait_attempt_done(op_id, n)
+        pipe.advance_to_due(op_id)
     op = pipe.wait_status(op_id, Status.FAILED_BEFORE_COMMIT.value, timeout_s=15)
 
     assert [r["status"] for r in posts(sandbox, key)] == [503, 503, 503]
@@ -341,10 +362,13 @@ def test_budget_spent_on_503s_fails_before_commit_with_one_error_line(pipe, sand
 def test_transient_failures_that_recover_log_no_error(pipe, sandbox):
     key = "transient-503-429"
     sandbox.add_fault(mode="unavailable_503", method="POST", path=REFUNDS, count=1)
-    sandbox.add_fault(mode="rate_limited_429", method="POST", path=REFUNDS, count=1, retry_after_s=1)
+    sandbox.add_fault(mode="rate_limited_429", method="POST", path=REFUNDS, count=1, retry_after_s=30)
     worker = pipe.start_worker()
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
+    for n in (1, 2):  # the 503's backoff, then the 429's Retry-After: run out by moving the clock
+        pipe.wait_attempt_done(op_id, n)
+        pipe.advance_to_due(op_id)
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)
 
     assert [r["status"] for r in posts(sandbox, key)] == [503, 429, 200]

@@ -12,18 +12,19 @@ counted, and must never sit in failed_before_commit while the sandbox holds an e
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
 
 from outbox.states import Status
-from tests.harness import action, actions_doc, wait_for
+from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 REFUNDS = "/v1/refunds"
-DEADLINE_S = 7  # long enough for the first lookup to re-dispatch, short enough to pass while frozen
+# Longer than the lease, so the first lookup (after the lease ran out) re-dispatches; it passes
+# while the worker is frozen only because the test moves the ledger's clock past it.
+DEADLINE_S = 2 * int(CLOCK_LEASE["OUTBOX_LEASE_S"])
 
 
 class LieWatch:
@@ -66,7 +67,7 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
     sandbox.configure(strict_fencing=fencing)
     budget = {
         "max_attempts": 4,
-        "deadline_s": DEADLINE_S if deadline_passes else 120,
+        "deadline_s": DEADLINE_S if deadline_passes else 3600,
         "base_delay_s": 0.1,
         "max_delay_s": 1,
     }
@@ -80,6 +81,7 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
             },
         )
     )
+    pipe.env.update(CLOCK_LEASE)
     # The owner stalls after its last check, as its request is about to leave, long enough for us
     # to freeze it there: whatever happens meanwhile, it sends when thawed.
     zombie = pipe.start_worker(
@@ -88,7 +90,6 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
     pipe.start_worker("reconciler", queues="outcome_unknown")
     pipe.start_relay()
     op_id = pipe.submit(key).operation_id
-    deadline_at = pipe.op(op_id).created_at.timestamp() + DEADLINE_S
 
     with LieWatch(pipe, sandbox, op_id, key) as watch:
         wait_for(
@@ -102,7 +103,8 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
         zombie.freeze()
         try:
             owner_token = pipe.op(op_id).fencing_token
-            # Lease (3 s) expires -> outcome_unknown -> the lookup finds nothing -> due again, same key.
+            # The lease runs out -> outcome_unknown -> the lookup finds nothing -> due again, same key.
+            pipe.advance_ledger_clock(pipe.lease_s)
             pipe.wait_status(op_id, Status.NOT_DISPATCHED.value, timeout_s=15)
             lookups = sandbox.requests(method="GET", path=REFUNDS, key=key)
             assert lookups and all(r["status"] == 404 for r in lookups)
@@ -112,7 +114,7 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
             if deadline_passes:
                 # A successor takes the re-dispatch only after the deadline: nothing may be sent,
                 # and "not found" again cannot prove the frozen request away unless the provider fences.
-                wait_for(lambda: time.time() > deadline_at + 0.2, DEADLINE_S + 5, what="the deadline")
+                pipe.advance_ledger_clock(DEADLINE_S)
                 pipe.start_worker("successor", queues="dispatch")
                 ended = Status.FAILED_BEFORE_COMMIT.value if fencing else Status.RECONCILIATION_REQUIRED.value
                 op = pipe.wait_status(op_id, ended, timeout_s=20)

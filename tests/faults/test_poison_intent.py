@@ -14,7 +14,7 @@ import time
 import pytest
 
 from outbox.states import Status
-from tests.harness import action, actions_doc
+from tests.harness import CLOCK_LEASE, action, actions_doc
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -40,6 +40,7 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
     # through lease expiry and reconciliation (documented cost of OUTBOX_DOORBELL_BATCH); this
     # test is about the poison intent's own cap.
     pipe.env["OUTBOX_DOORBELL_BATCH"] = "1"
+    pipe.env.update(CLOCK_LEASE)
     env = {"OUTBOX_FAILPOINTS": "dispatch.after_claim=exit@poison-*"}
     pipe.start_worker("w1", extra_env=env)
     pipe.start_worker("w2", extra_env=env)
@@ -59,6 +60,8 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
                 w.replaced = True  # type: ignore[attr-defined]
                 crashes += 1
                 pipe.start_worker(f"r{crashes}", extra_env=env)
+                # The dead worker's lease on the poison intent runs out (the good ones' clocks stand still).
+                pipe.advance_ledger_clock(pipe.lease_s, operation_ids=[poison])
         op = pipe.op(poison)
         if op.status == Status.RECONCILIATION_REQUIRED.value and all(
             pipe.op(g).status == Status.SUCCEEDED.value for g in good

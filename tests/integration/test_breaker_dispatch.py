@@ -19,7 +19,8 @@ import redis
 from sqlalchemy import func, select
 
 from breaker import BreakerStatus, status
-from outbox.models import OperationEvent
+from outbox.clock import db_now
+from outbox.models import Attempt, Operation, OperationEvent
 from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -28,7 +29,8 @@ DOWN = {"mode": "unavailable_503", "method": "POST", "path": "/v1/*"}
 
 
 def _actions(sandbox_url: str, *, fail_max: int, reset_s: float, max_attempts: int) -> dict[str, Any]:
-    budget = {"max_attempts": max_attempts, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 0.5}
+    # The deadline outlasts every reset window a test moves the clocks through.
+    budget = {"max_attempts": max_attempts, "deadline_s": 3600, "base_delay_s": 0.1, "max_delay_s": 0.5}
     return actions_doc(
         sandbox_url,
         breaker={"fail_max": fail_max, "reset_timeout_s": reset_s},
@@ -77,6 +79,20 @@ def _why_failed(pipe: Any, ids: list[str]) -> str:
         return "\n".join(out)
 
 
+def _sent_by(pipe: Any, ids: list[str], after_id: int) -> Counter[str]:
+    """Dispatch attempts really sent (or in flight) after attempt row ``after_id``, by worker pid."""
+    with pipe.sessions() as s:
+        workers = s.execute(
+            select(Attempt.worker).where(
+                Attempt.operation_id.in_(ids),
+                Attempt.kind == "dispatch",
+                Attempt.id > after_id,
+                Attempt.attempt_class != "not_sent",
+            )
+        ).scalars()
+        return Counter(w.rsplit(":", 1)[-1] for w in workers)
+
+
 def _parks(pipe: Any, ids: list[str]) -> dict[str, int]:
     with pipe.sessions() as s:
         rows = s.execute(
@@ -112,8 +128,29 @@ def _assert_done_once(pipe: Any, sandbox: Any, ids: list[str], max_attempts: int
     assert sandbox.duplicates() == []
 
 
+def _parked(pipe: Any, ids: list[str], for_s: float) -> bool:
+    """Every operation waits for the breaker: not_dispatched and not due for at least ``for_s``."""
+    with pipe.sessions() as s:
+        waiting = s.execute(
+            select(func.count())
+            .select_from(Operation)
+            .where(
+                Operation.id.in_(ids),
+                Operation.status == "not_dispatched",
+                Operation.next_attempt_at > db_now(for_s),
+            )
+        ).scalar_one()
+    return bool(waiting == len(ids))
+
+
+def _posts_after(sandbox: Any, seq: int) -> list[dict[str, Any]]:
+    return [p for p in sandbox.requests(method="POST") if p["seq"] > seq]
+
+
 def test_open_breaker_is_shared_parks_without_spending_attempts_and_recovers(pipe, sandbox):
-    fail_max, reset_s, max_attempts, n = 3, 2.0, 4, 10
+    # The reset window is a minute: it passes only when the test moves the breaker's clock (and the
+    # ledger's, where the parked operations wait for it), one window at a time.
+    fail_max, reset_s, max_attempts, n = 3, 60.0, 4, 10
     pipe.write_actions(_actions(sandbox.url, fail_max=fail_max, reset_s=reset_s, max_attempts=max_attempts))
     sandbox.add_fault(**DOWN)
     workers = [pipe.start_worker(), pipe.start_worker()]
@@ -122,41 +159,43 @@ def test_open_breaker_is_shared_parks_without_spending_attempts_and_recovers(pip
 
     opened = wait_for(lambda: (st := _breaker(pipe)).state == "open" and st, 20, what="breaker open")
     assert opened.failures == fail_max and opened.opened_at is not None and opened.reopens_at is not None
-    first_open = opened.opened_at.timestamp()
+    wait_for(lambda: _parked(pipe, ids, reset_s / 2), 20, what="every operation parked until the breaker reopens")
+    # fail_max failures open it for every process; each other worker may have had one attempt
+    # admitted (while closed) in flight at that moment.
+    early = sandbox.requests(method="POST")
+    assert fail_max <= len(early) <= fail_max + len(workers) - 1, early
+    last = max(p["seq"] for p in early)
+
     # More than max_attempts reset windows of outage: waits that cost attempts would fail every op.
     windows = max_attempts + 1
-    outage_end = first_open + windows * reset_s + 0.5
-    while time.time() < outage_end:
+    for window in range(1, windows + 1):
+        pipe.advance_breaker_clock(reset_s)
+        pipe.advance_ledger_clock(reset_s)
+        # Half-open: exactly one probe reaches the sandbox (all processes together), it fails, the
+        # breaker reopens and every operation parks again; nothing else is sent meanwhile.
+        wait_for(lambda: any(p["status"] is not None for p in _posts_after(sandbox, last)), 20, what=f"probe {window}")
+        wait_for(
+            lambda: _breaker(pipe).state == "open" and _parked(pipe, ids, reset_s / 2),
+            20,
+            what=f"every operation parked again after probe {window}",
+        )
+        probes = _posts_after(sandbox, last)
+        assert [p["status"] for p in probes] == [503], (window, probes)
+        last = probes[0]["seq"]
         assert _statuses(pipe, ids)["failed_before_commit"] == 0, _why_failed(pipe, ids)
-        time.sleep(0.25)
-
-    posts = sorted(p["time"] for p in sandbox.requests(method="POST"))
-    assert len(posts) >= fail_max
-    # fail_max failures open it for every process; each other worker may have had one attempt
-    # admitted (while closed) in flight at that moment. After that, only probes reach the sandbox:
-    # at most one per reset window, all processes together.
-    grace_s = 0.5
-    early = [t for t in posts if t <= first_open + grace_s]
-    probes = [t for t in posts if t > first_open + grace_s]
-    assert fail_max <= len(early) <= fail_max + len(workers) - 1, (first_open, posts)
-    assert probes, "no half-open probe during the outage"
-    assert probes[0] >= first_open + reset_s - 0.1, (first_open, probes)
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert all(g >= reset_s - 0.1 for g in gaps), gaps
-    assert len(probes) <= math.ceil((outage_end - first_open) / reset_s), probes
 
     # Parked without a claim: each operation waited for the breaker more often than its budget.
     parks = _parks(pipe, ids)
-    assert max(parks.values()) > max_attempts, parks
+    assert min(parks.values()) >= windows > max_attempts, parks
     assert all(pipe.op(i).attempt_count <= max_attempts for i in ids)
 
     # Recovery: one probe closes the breaker, every parked operation completes, one effect each.
-    last_seq = max(p["seq"] for p in sandbox.requests(method="POST"))
     sandbox.clear_faults()
+    pipe.advance_breaker_clock(reset_s)
+    pipe.advance_ledger_clock(reset_s)
     wait_for(lambda: _statuses(pipe, ids)["succeeded"] == n, 20, what="all succeeded after recovery")
-    after = [p for p in sandbox.requests(method="POST") if p["seq"] > last_seq]
-    # One request per operation (a probe already in flight at the switch may still get its 503).
-    assert Counter(p["status"] for p in after)[200] == n and len(after) <= n + 1, after
+    after = _posts_after(sandbox, last)
+    assert Counter(p["status"] for p in after) == {200: n}, after  # one request per operation
     assert _breaker(pipe).state == "closed" and _breaker(pipe).failures == 0
     _assert_done_once(pipe, sandbox, ids, max_attempts)
     _assert_clean_logs(workers)
@@ -229,8 +268,17 @@ def test_breaker_storage_stopped_degrades_to_local_breakers_and_loses_nothing(pi
     redis_proc.terminate()  # breaker storage stopped mid-outage
     redis_proc.wait(10)
     killed_at = time.time()
+    with pipe.sessions() as s:
+        before = s.execute(select(func.coalesce(func.max(Attempt.id), 0))).scalar_one()
     wait_for(lambda: all(DEGRADED in w.log() for w in workers), 20, what="every worker degraded")
-    time.sleep(2 * reset_s)  # let the local breakers trip and probe for a while
+    # Each worker's local breaker trips (fail_max sends) and, a reset window later, probes (one more
+    # send). Process-local breakers keep their own monotonic clocks, which a test cannot move: wait
+    # for those sends themselves.
+    wait_for(
+        lambda: all(_sent_by(pipe, ids, before)[str(w.pid)] >= fail_max + 1 for w in workers),
+        30,
+        what="every worker's local breaker tripped and probed",
+    )
 
     # Local breakers still trip: at most fail_max failures per process, then one probe per process
     # per reset window (plus one attempt in flight at the switch).
@@ -253,11 +301,10 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
     rings several parking levels at once): the probe must not drain the one with the least left."""
     from sqlalchemy import update
 
-    from outbox.models import Operation
     from workers.dispatch import dispatch_batch
     from workers.runtime import build_runtime
 
-    reset_s = 0.5
+    reset_s = 60.0  # passes only when the test moves the breaker's clock
     pipe.write_actions(_actions(sandbox.url, fail_max=1, reset_s=reset_s, max_attempts=6))
     sandbox.add_fault(**DOWN)
     spent, fresh = _submit(pipe, "k-probe", 2)  # the spent one first: first in the table, first rung
@@ -268,7 +315,7 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
         tripping = rt.breakers.before_call("sandbox")
         rt.breakers.record(tripping, failure=True)  # fail_max 1: open for reset_s
         assert _breaker(pipe).state == "open"
-        time.sleep(reset_s + 0.1)  # half-open: the first operation asked gets the probe
+        pipe.advance_breaker_clock(reset_s)  # half-open: the first operation asked gets the probe
         outcomes = dispatch_batch(rt, [spent, fresh])
     finally:
         rt.close()

@@ -24,17 +24,20 @@ import redis
 
 from breaker import Allowed, BreakerConfig, BreakerRegistry, Open, reset, status
 from breaker.storage import KEY_PREFIX
+from tests.harness import advance_breaker_clock
 
 pytestmark = pytest.mark.redis
 
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[2]
 
-# Runs in a child process: fail `fail_n` times, then optionally (from `go_at`, a wall-clock
-# start shared by all children) race `threads` callers for the half-open probe; a child that
-# wins holds the probe for `hold_s` and records `outcome`. Prints what it saw as JSON.
+# Runs in a child process: fail `fail_n` times, then optionally race `threads` callers for the
+# half-open probe: it says it is ready (INCR `ready`), waits for the go (BLPOP `go`), races, says
+# its callers have decided (INCR `decided`); a child that won holds the probe until all `racers`
+# have decided and then records `outcome`. Prints what it saw as JSON.
 CHILD = r"""
 import json, sys, threading, time
+import redis
 from breaker import Allowed, BreakerConfig, BreakerRegistry
 a = json.loads(sys.argv[1])
 cfg = BreakerConfig(fail_max=a["fail_max"], reset_timeout_s=a["reset_s"])
@@ -45,17 +48,21 @@ for _ in range(a.get("fail_n", 0)):
         reg.record(d, failure=True)
 decisions = []
 if a.get("threads"):
+    sync = redis.Redis.from_url(a["url"])
     barrier = threading.Barrier(a["threads"])
     def call():
         barrier.wait()
         decisions.append(reg.before_call(a["target"]))
-    while time.time() < a["go_at"]:
-        time.sleep(0.001)
+    sync.incr(a["ready"])
+    assert sync.blpop([a["go"]], timeout=15), "no go"
     ts = [threading.Thread(target=call) for _ in range(a["threads"])]
     [t.start() for t in ts]; [t.join() for t in ts]
+    sync.incr(a["decided"])
     probes = [d for d in decisions if isinstance(d, Allowed) and d.probe]
     if probes:
-        time.sleep(a["hold_s"])
+        deadline = time.monotonic() + 15
+        while int(sync.get(a["decided"]) or 0) < a["racers"] and time.monotonic() < deadline:
+            time.sleep(0.005)
         reg.record(probes[0], failure=a["outcome"] == "failure")
 final = reg.before_call(a["target"])
 deadline = time.monotonic() + 5
@@ -170,42 +177,50 @@ def test_targets_and_namespaces_do_not_share_state(namespace: str, redis_client:
 
 
 @pytest.mark.parametrize("outcome", ["success", "failure"])
-def test_half_open_lets_exactly_one_probe_through_across_processes(namespace: str, outcome: str) -> None:
-    reg = registry(namespace, reset_s=0.3)
+def test_half_open_lets_exactly_one_probe_through_across_processes(
+    namespace: str, outcome: str, redis_client: redis.Redis
+) -> None:
+    reset_s = 30.0  # passes only when the test moves the breaker's clock
+    reg = registry(namespace, reset_s=reset_s)
     fail(reg, "payments", 4)
-    [row] = reg.status(["payments"])
-    go_at = row.reopens_at.timestamp() + 0.8  # type: ignore[union-attr]  # children are up by then
+    sync = {k: f"{KEY_PREFIX}:{namespace}:test:{k}" for k in ("ready", "go", "decided")}
+    n_children, threads = 3, 8
     children = [
         spawn(
             url=REDIS_URL,
             ns=namespace,
             target="payments",
             fail_max=4,
-            reset_s=0.3,
-            threads=8,
-            go_at=go_at,
-            hold_s=0.5,
+            reset_s=reset_s,
+            threads=threads,
+            racers=n_children + 1,
             outcome=outcome,
+            **sync,
         )
-        for _ in range(3)
+        for _ in range(n_children)
     ]
-    # This process races too, from its own threads.
-    barrier = threading.Barrier(8)
+    wait_until(lambda: int(redis_client.get(sync["ready"]) or 0) == n_children, 15)
+    assert isinstance(reg.before_call("payments"), Open)  # still open: nobody may probe yet
+    advance_breaker_clock(REDIS_URL, namespace, "payments", reset_s)
+    go = time.time()
+    # Every child and this process race for the probe, each from its own threads.
+    redis_client.rpush(sync["go"], *["go"] * n_children)
+    barrier = threading.Barrier(threads)
     mine: list[object] = []
 
     def call() -> None:
         barrier.wait()
         mine.append(reg.before_call("payments"))
 
-    wait_until(lambda: time.time() >= go_at)
-    threads = [threading.Thread(target=call) for _ in range(8)]
-    for t in threads:
+    racing = [threading.Thread(target=call) for _ in range(threads)]
+    for t in racing:
         t.start()
-    for t in threads:
+    for t in racing:
         t.join()
+    redis_client.incr(sync["decided"])
     my_probes = [d for d in mine if isinstance(d, Allowed)]
-    if my_probes:
-        time.sleep(0.5)
+    if my_probes:  # hold the probe until every racer has decided
+        wait_until(lambda: int(redis_client.get(sync["decided"]) or 0) == n_children + 1, 15)
         reg.record(my_probes[0], failure=outcome == "failure")
     results = [result(c) for c in children]
     assert sum(int(r["probes"]) for r in results) + len(my_probes) == 1  # type: ignore[call-overload]
@@ -215,12 +230,14 @@ def test_half_open_lets_exactly_one_probe_through_across_processes(namespace: st
         assert row.state == "closed"
         assert isinstance(reg.before_call("payments"), Allowed)
         assert (
-            result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=0.3))["final"] == "Allowed"
+            result(spawn(url=REDIS_URL, ns=namespace, target="payments", fail_max=4, reset_s=reset_s))["final"]
+            == "Allowed"
         )
     else:
         assert row.state == "open"
         # Fresh reset timeout, counted from the failed probe.
-        assert row.reopens_at.timestamp() > go_at + 0.5 + 0.3 - 0.05  # type: ignore[union-attr]
+        assert row.opened_at.timestamp() >= go - 0.05  # type: ignore[union-attr]
+        assert (row.reopens_at - row.opened_at).total_seconds() == reset_s  # type: ignore[operator]
 
 
 def test_operator_reset_takes_effect_in_another_process(namespace: str, caplog: pytest.LogCaptureFixture) -> None:

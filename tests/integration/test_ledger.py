@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import pytest
@@ -18,6 +17,7 @@ from outbox.queries import explain
 from outbox.settlement import resolve_by_person, settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
+from outbox.testing import advance_ledger_clock
 from outbox.transitions import AttemptReport, finalize_if_fenced, request_cancel
 
 INTENT = dict(
@@ -133,8 +133,10 @@ def test_claim_sets_lease_token_and_attempt_row_then_finalizes(ledger):
 
 def test_stale_token_is_refused_but_its_evidence_is_kept(ledger):
     receipt = _submit(ledger)
-    [old] = _claim(ledger, worker="zombie", lease_s=0.05)
-    time.sleep(0.1)
+    [old] = _claim(ledger, worker="zombie", lease_s=30)
+    with ledger.sessions.begin() as s:
+        assert expire_leases(s) == []  # the lease still runs
+    advance_ledger_clock(ledger.engine, 30.5)
     with ledger.sessions.begin() as s:
         assert expire_leases(s) == [receipt.operation_id]
     assert _op(ledger, receipt.operation_id).status == "outcome_unknown"  # never not_dispatched
@@ -174,13 +176,15 @@ def test_retry_waits_for_next_attempt_at_and_breaker_waits_cost_no_attempt(ledge
         finalize_if_fenced(
             s,
             c1,
-            AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=0.3),
+            AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=30),
             to=Status.NOT_DISPATCHED,
             reason="503",
-            delay_s=0.3,
+            delay_s=30,
         )
     assert _claim(ledger) == []  # not due before Retry-After
-    time.sleep(0.35)
+    advance_ledger_clock(ledger.engine, 29)
+    assert _claim(ledger) == []  # a second before it: still not
+    advance_ledger_clock(ledger.engine, 1.5)
     [c2] = _claim(ledger)
     assert c2.attempt_number == 2 and c2.fencing_token == 2
     with ledger.sessions.begin() as s:

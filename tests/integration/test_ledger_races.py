@@ -8,7 +8,6 @@ the other. Both must give the same answers.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
@@ -25,6 +24,7 @@ from outbox.models import Attempt, Operation
 from outbox.settlement import settle_if_fenced
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
+from outbox.testing import advance_ledger_clock
 from outbox.transitions import AttemptReport, finalize_if_fenced
 
 ROUNDS = 20
@@ -150,29 +150,16 @@ def test_two_workers_claim_one_operation_exactly_one_wins(ledger, two_sessionmak
         assert op.lease_owner == claims[0].worker
 
 
-def _wait_for(condition: Callable[[], Any], deadline_s: float = 10.0) -> Any:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < end, "condition not met before the deadline"
-        time.sleep(0.02)
-
-
 def test_stale_write_is_refused_while_the_current_owners_write_lands(ledger, two_sessionmakers):
     a, b = two_sessionmakers
     for i in range(5):
         with ledger.sessions.begin() as s:
             op_id = submit(s, **INTENT, idempotency_key=f"k{i}").operation_id
         with a.begin() as s:
-            [zombie] = claim_due(s, worker="zombie", lease_s=0.05, operation_id=op_id)
-
-        def sweep():
-            with ledger.sessions.begin() as s:
-                return op_id in expire_leases(s)
-
-        _wait_for(sweep)  # the lease runs out on the database clock
+            [zombie] = claim_due(s, worker="zombie", lease_s=30, operation_id=op_id)
+        advance_ledger_clock(ledger.engine, 30.5)  # the lease runs out on the database clock
+        with ledger.sessions.begin() as s:
+            assert expire_leases(s) == [op_id]
         with b.begin() as s:
             [recon] = claim_unknown(s, worker="reconciler", lease_s=30, operation_id=op_id)
         assert recon.fencing_token == zombie.fencing_token + 1

@@ -225,10 +225,12 @@ def test_a_real_worker_records_attempts_outcomes_and_retry_after(pipe, sandbox, 
     pipe.env["PROMETHEUS_MULTIPROC_DIR"] = str(multiproc)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(multiproc)  # the relay thread records too
     try:
-        sandbox.add_fault(mode="unavailable_503", method="POST", count=1, retry_after_s=1)
+        sandbox.add_fault(mode="unavailable_503", method="POST", count=1, retry_after_s=30)
         pipe.start_worker()
         pipe.start_relay()
         op_id = pipe.submit("k-metrics").operation_id
+        pipe.wait_attempt_done(op_id, 1)
+        pipe.advance_to_due(op_id)  # the Retry-After runs out
         pipe.wait_status(op_id, "succeeded")
         with exporter(pipe.env) as url:
             samples = wait_for(

@@ -1,14 +1,16 @@
 """Reconciliation end to end (FAULTS.md F02, F03, F05, F10): real worker processes, the relay,
 PostgreSQL, Redis and the sandbox. Faults are injected for real; effects are counted by the sandbox.
 
-The reconciler's budget is shrunk through OUTBOX_RECONCILE_MAX_LOOKUPS / _MAX_DELAY_S so the
-"lookup down" cases run in seconds.
+The reconciler's re-checks, settle windows and leases are not waited for: the tests move the
+ledger's clock to each due time (Pipeline.advance_to_due / advance_ledger_clock), so the "lookup
+down" cases run in seconds with the reconciler's real back-off.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
+from collections import Counter
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -19,11 +21,9 @@ from outbox.evidence import EvidenceSink
 from outbox.models import Evidence, Handoff
 from outbox.queries import explain
 from tests.conftest import PG_ADMIN_URL
-from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
+from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-
-FAST_RECHECK = {"OUTBOX_RECONCILE_MAX_DELAY_S": "0.3"}
 
 
 def posts(sandbox, key):
@@ -55,18 +55,19 @@ def test_commit_then_drop_reconciled_with_the_providers_id(pipe, sandbox):
 def test_lookup_down_for_a_while_then_back(pipe, sandbox):
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
     down = sandbox.add_fault(mode="unavailable_503", method="GET", path="/v1/refunds")
-    pipe.env.update(FAST_RECHECK | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "100"})
+    pipe.env.update(CLOCK_LEASE)
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-down")
-    wait_for(
-        lambda: len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3,
-        15,
-        what="three failed lookups",
-    )
-    assert pipe.op(r.operation_id).status == "outcome_unknown"
-    assert len(posts(sandbox, "rc-down")) == 1, "re-sent while the outcome was unknown"
+    pipe.wait_attempt_done(r.operation_id, 1)
+    for n in (1, 2, 3):  # three failed lookups; each re-check (backing off) is moved to, not waited for
+        pipe.advance_to_due(r.operation_id)
+        assert pipe.wait_attempt_done(r.operation_id, n, kind="lookup").status_code == 503
+        assert pipe.op(r.operation_id).status == "outcome_unknown"
+        assert len(posts(sandbox, "rc-down")) == 1, "re-sent while the outcome was unknown"
+    assert len([g for g in lookups(sandbox, "rc-down") if g["status"] == 503]) >= 3
     sandbox.remove_fault(down["id"])
+    pipe.advance_to_due(r.operation_id)
     op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
     assert len(posts(sandbox, "rc-down")) == 1
     effects = sandbox.effects(key="rc-down")
@@ -83,10 +84,15 @@ def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
     pipe.write_actions(doc)
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)
     sandbox.add_fault(mode="fail_before_commit", method="GET", path="/v1/refunds", status=500)
-    pipe.env.update(FAST_RECHECK | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "3"})
+    pipe.env.update(CLOCK_LEASE | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "3"})
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-never")
+    pipe.wait_attempt_done(r.operation_id, 1)
+    for n in (1, 2):  # the re-checks after the first two failed lookups: moved to, not waited for
+        pipe.advance_to_due(r.operation_id)
+        pipe.wait_attempt_done(r.operation_id, n, kind="lookup")
+    pipe.advance_to_due(r.operation_id)
     op = pipe.wait_status(r.operation_id, "reconciliation_required", timeout_s=20)
     assert len(posts(sandbox, "rc-never")) == 1
     assert len(sandbox.effects(key="rc-never")) == 1  # the effect exists: only a person may say so
@@ -118,8 +124,9 @@ def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
 
 def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pipe, sandbox):
     # The request reaches the provider, is not committed, and the client sees a 500 (ambiguous).
-    # The provider's index lags, so a 404 inside settle_s proves nothing; after it, it does.
-    settle_s = 2.0
+    # The provider's index lags, so a 404 inside settle_s proves nothing; after it, it does. The
+    # window is a minute long and passes only when the test moves the ledger's clock.
+    settle_s = 60.0
     sandbox.configure(index_lag_s=1.0)
     lookup = action("/v1/refunds")["lookup"] | {"settle_s": settle_s}
     pipe.write_actions(
@@ -129,10 +136,22 @@ def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pi
         )
     )
     sandbox.add_fault(mode="fail_before_commit", method="POST", status=500, count=1)
-    pipe.env.update(FAST_RECHECK)
     pipe.start_worker()
     pipe.start_relay()
     r = pipe.submit("rc-lag")
+    # An early 404 (inside the settle window) re-checks at the window's end; nothing is re-sent.
+    early = wait_for(
+        lambda: [a for a in pipe.attempts(r.operation_id, "lookup") if "inside the settle window" in (a.error or "")],
+        15,
+        what="a lookup inside the settle window",
+    )
+    [first] = pipe.attempts(r.operation_id, "dispatch")
+    op = pipe.wait_status(r.operation_id, "outcome_unknown")
+    assert op.next_attempt_at >= first.ended_at + timedelta(seconds=settle_s) - timedelta(milliseconds=5)
+    assert [p["status"] for p in posts(sandbox, "rc-lag")] == [500]
+    assert early[0].status_code == 404
+
+    pipe.advance_ledger_clock(settle_s)
     op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=20)
     sent = posts(sandbox, "rc-lag")
     assert [p["status"] for p in sent] == [500, 200]
@@ -140,11 +159,10 @@ def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pi
     assert sent[0]["idempotency_key"] == sent[1]["idempotency_key"] == "rc-lag"
     gets = [g for g in lookups(sandbox, "rc-lag") if sent[0]["seq"] < g["seq"] < sent[1]["seq"]]
     assert all(g["status"] == 404 for g in gets) and len(gets) >= 2
-    # An early 404 (inside the settle window) did not re-dispatch; the re-send waited for settle_s.
-    assert gets[0]["time"] - sent[0]["time"] < settle_s
-    assert sent[1]["time"] - sent[0]["time"] >= settle_s - 0.2
+    # On the ledger's clock the re-send came after the settle window, from the failed attempt's end.
+    [first, second] = pipe.attempts(r.operation_id, "dispatch")
+    assert second.started_at - first.ended_at >= timedelta(seconds=settle_s)
     reasons = [a.error or "" for a in pipe.attempts(r.operation_id, "lookup")]
-    assert any("inside the settle window" in x for x in reasons)
     assert any("authoritative not found" in x for x in reasons)
     effects = sandbox.effects(key="rc-lag")
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
@@ -168,6 +186,7 @@ def test_provider_without_idempotency_is_never_resent_without_proof(pipe, sandbo
 def test_worker_killed_after_the_provider_committed(pipe, sandbox):
     # F03: the answer arrived, the worker died before storing it. Lease expiry -> outcome_unknown
     # -> a second worker's lookup settles it; nothing is sent twice.
+    pipe.env.update(CLOCK_LEASE)
     crashing = pipe.start_worker(
         "crash", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": "dispatch.after_response=exit"}
     )
@@ -176,6 +195,8 @@ def test_worker_killed_after_the_provider_committed(pipe, sandbox):
     r = pipe.submit("rc-crash")
     wait_for(lambda: crashing.proc.poll() is not None, 15, what="the worker to die at the failpoint")
     assert crashing.proc.returncode == 137
+    assert pipe.op(r.operation_id).status == "dispatching"  # until its lease runs out
+    pipe.advance_ledger_clock(pipe.lease_s)
     op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=20)
     assert pipe.attempts(r.operation_id, "lookup")[-1].attempt_class == "succeeded"  # settled by a lookup
     assert [p["status"] for p in posts(sandbox, "rc-crash")] == [200]
@@ -213,9 +234,27 @@ def evidence_db():
         admin.close()
 
 
-def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sandbox, evidence_db):
+class WatchedSink(EvidenceSink):
+    """The relay's evidence sink, counting the backfill writes that failed, per operation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.failed: Counter[str] = Counter()
+
+    def write(self, record, *, session=None):
+        try:
+            super().write(record, session=session)
+        except Exception:
+            self.failed[record.operation_id] += 1
+            raise
+
+
+def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sandbox, evidence_db, monkeypatch):
+    import workers.relay
+
+    monkeypatch.setattr(workers.relay, "BACKFILL_EVERY_S", 0.2)  # the relay runs in this process
     pipe.env["OUTBOX_EVIDENCE_URL"] = evidence_db.url
-    sink = EvidenceSink.from_url(evidence_db.url)
+    sink = WatchedSink.from_url(evidence_db.url)
     try:
         pipe.start_worker()
         pipe.start_relay(evidence_sink=sink)
@@ -227,7 +266,7 @@ def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sand
         assert op.status == "committed_evidence_degraded"
         assert op.result_reference == sandbox.effects(key="ev-down")[0]["object_id"]
         # Never retried: the effect happened. Still degraded across a few backfill attempts.
-        time.sleep(6)  # > BACKFILL_EVERY_S: at least one backfill failed against the dead sink
+        wait_for(lambda: sink.failed[r.operation_id] >= 3, 15, what="three backfills failing against the dead sink")
         assert pipe.op(r.operation_id).status == "committed_evidence_degraded"
         assert len(posts(sandbox, "ev-down")) == 1
         evidence_db.up()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,7 +61,7 @@ def test_every_response_has_a_request_id(client: httpx.Client) -> None:
 
 def test_replay_returns_the_stored_response_byte_for_byte(client: httpx.Client, sandbox: SandboxServer) -> None:
     first = post(client, "k-replay")
-    time.sleep(0.01)
+    sandbox.advance_clock(3600)  # an hour later (inside the 24 h retention): still the same bytes
     second = post(client, "k-replay")
     assert second.status_code == first.status_code == 200
     assert second.content == first.content
@@ -133,10 +132,12 @@ def test_concurrent_same_key_creates_one_object(sandbox: SandboxServer) -> None:
 
 
 def test_retention_expiry_creates_a_second_object(client: httpx.Client, sandbox: SandboxServer) -> None:
-    sandbox.configure(retention_s=0.6)
+    sandbox.configure(retention_s=60)
     first = post(client, "k-ret").json()
     assert post(client, "k-ret").json()["id"] == first["id"]
-    time.sleep(0.65)
+    sandbox.advance_clock(59)
+    assert post(client, "k-ret").json()["id"] == first["id"]  # still kept a second before
+    sandbox.advance_clock(1.5)
     second = post(client, "k-ret").json()
     assert second["id"] != first["id"]
     assert len(sandbox.effects(key="k-ret")) == 2
@@ -150,11 +151,14 @@ def test_retention_expiry_with_the_admin_clock(client: httpx.Client, sandbox: Sa
 
 
 def test_index_lag_hides_new_objects_from_lookups(client: httpx.Client, sandbox: SandboxServer) -> None:
-    sandbox.configure(index_lag_s=0.6)
+    sandbox.configure(index_lag_s=60)
     created = post(client, "k-lag").json()
     assert client.get("/v1/refunds", params={"idempotency_key": "k-lag"}).status_code == 404
     assert client.get("/v1/refunds").json()["data"] == []
-    time.sleep(0.65)
+    sandbox.advance_clock(59)
+    assert client.get("/v1/refunds", params={"idempotency_key": "k-lag"}).status_code == 404
+    assert client.get(f"/v1/refunds/{created['id']}").status_code == 404
+    sandbox.advance_clock(1.5)
     assert client.get("/v1/refunds", params={"idempotency_key": "k-lag"}).json()["id"] == created["id"]
     assert client.get(f"/v1/refunds/{created['id']}").json()["id"] == created["id"]
 
@@ -234,11 +238,13 @@ def test_422_is_not_stored_but_402_is(client: httpx.Client, sandbox: SandboxServ
 
 
 def test_processing_objects_are_pending_then_settle(client: httpx.Client, sandbox: SandboxServer) -> None:
-    sandbox.configure(processing_s=0.6)
+    sandbox.configure(processing_s=60)
     created = post(client, "k-proc").json()
     assert created["status"] == "pending"
     assert client.get("/v1/refunds", params={"idempotency_key": "k-proc"}).json()["status"] == "pending"
-    time.sleep(0.65)
+    sandbox.advance_clock(59)
+    assert client.get(f"/v1/refunds/{created['id']}").json()["status"] == "pending"
+    sandbox.advance_clock(1.5)
     assert client.get("/v1/refunds", params={"idempotency_key": "k-proc"}).json()["status"] == "succeeded"
 
 

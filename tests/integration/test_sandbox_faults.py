@@ -237,12 +237,21 @@ def test_rule_validation_names_the_field(sandbox: SandboxServer) -> None:
 
 
 def test_retry_after_is_honoured_check_via_request_log(client: httpx.Client, sandbox: SandboxServer) -> None:
-    sandbox.add_fault(mode="rate_limited_429", retry_after_s=1, count=1)
+    # The client "waits" Retry-After by moving the sandbox's clock: clock_time shows the wait,
+    # the real time did not pass.
+    sandbox.add_fault(mode="rate_limited_429", retry_after_s=30, count=1)
     first = post(client, "k-ra")
-    time.sleep(float(first.headers["Retry-After"]))
+    sandbox.advance_clock(float(first.headers["Retry-After"]))
     post(client, "k-ra")
     a, b = sandbox.requests(key="k-ra")
-    assert b["time"] - a["time"] >= 1.0 and (a["status"], b["status"]) == (429, 200)
+    assert (a["status"], b["status"]) == (429, 200)
+    assert b["clock_time"] - a["clock_time"] >= 30.0 and b["time"] - a["time"] < 30.0
+    # An impatient client is just as visible.
+    sandbox.add_fault(mode="rate_limited_429", retry_after_s=30, count=1)
+    post(client, "k-impatient")
+    post(client, "k-impatient")
+    c, d = sandbox.requests(key="k-impatient")
+    assert (c["status"], d["status"]) == (429, 200) and d["clock_time"] - c["clock_time"] < 30.0
 
 
 def test_every_mode_is_documented() -> None:

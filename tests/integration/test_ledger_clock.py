@@ -1,0 +1,252 @@
+"""outbox.testing.advance_ledger_clock: the ledger's clock as a test input, on SQLite and PostgreSQL.
+
+Moving the clock must be indistinguishable, for every time decision the ledger takes, from that
+much time passing: leases run out, due times arrive, deadlines pass; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import threading
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from sqlalchemy import DateTime, insert, select, text, update
+from sqlalchemy.orm import Session
+
+from outbox.claims import claim_due
+from outbox.clock import as_utc, db_now
+from outbox.handoffs import open_handoff
+from outbox.leases import expire_leases
+from outbox.models import Attempt, Base, Evidence, Handoff, Operation, OperationEvent, core_table
+from outbox.states import AttemptClass, Status
+from outbox.submit import submit
+from outbox.testing import advance_ledger_clock, ledger_timestamp_columns
+from outbox.transitions import AttemptReport, finalize_if_fenced
+from tests.harness import wait_for
+
+INTENT = dict(
+    tenant="acme",
+    action="payments.refund.create",
+    args={"order_id": "o-17", "amount": Decimal("25.00"), "currency": "EUR"},
+    subject="agent:test",
+)
+
+
+def _submit(ledger, key, **over) -> str:
+    with ledger.sessions.begin() as s:
+        return submit(s, idempotency_key=key, **(INTENT | over)).operation_id
+
+
+def _claim(ledger, *, lease_s=30.0, **kw):
+    with ledger.sessions.begin() as s:
+        return claim_due(s, worker="w", lease_s=lease_s, **kw)
+
+
+def _expired(ledger) -> list[str]:
+    with ledger.sessions.begin() as s:
+        return expire_leases(s)
+
+
+def _snapshot(ledger) -> dict[tuple[str, tuple], dict[str, object]]:
+    """Every row of every ledger table that has timestamps, by (table, primary key)."""
+    rows = {}
+    with ledger.engine.connect() as conn:
+        for table in ledger_timestamp_columns():
+            keys = list(table.primary_key.columns)
+            for row in conn.execute(select(table)).mappings():
+                rows[(table.name, tuple(row[k.name] for k in keys))] = dict(row)
+    return rows
+
+
+def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledger):
+    done = _submit(ledger, "k-done", deadline_s=600)
+    [claim] = _claim(ledger, operation_id=done)
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(
+            s,
+            claim,
+            AttemptReport(AttemptClass.SUCCEEDED, provider_reference="re_1"),
+            to=Status.SUCCEEDED,
+            reason="2xx",
+        )
+        s.execute(update(Attempt).where(Attempt.operation_id == done).values(applied_at=db_now()))
+        s.execute(
+            insert(Evidence).values(
+                operation_id=done,
+                tenant="acme",
+                idempotency_key="k-done",
+                action=INTENT["action"],
+                args_digest="d" * 64,
+                attempt_log_digest="a" * 64,
+                recorded_at=db_now(),
+            )
+        )
+        s.execute(update(Operation).where(Operation.id == done).values(published_at=db_now(-1)))
+        handoff = open_handoff(s, done, reason="test", packet={"x": 1})
+        s.execute(update(Handoff).where(Handoff.id == handoff).values(status="resolved", resolved_at=db_now()))
+    leased = _submit(ledger, "k-leased", delay_s=0.0)
+    _claim(ledger, operation_id=leased)
+
+    before = _snapshot(ledger)
+    moved = advance_ledger_clock(ledger.engine, 3600.25)
+    after = _snapshot(ledger)
+
+    assert moved == len(before)  # every row here has at least one timestamp
+    assert after.keys() == before.keys()
+    # From the models, not from the helper: a column it left out must show up here.
+    columns = {t.name: {c.name for c in t.columns if isinstance(c.type, DateTime)} for t in Base.metadata.sorted_tables}
+    seen = set()
+    for (table, pk), row in before.items():
+        for name, value in row.items():
+            new = after[(table, pk)][name]
+            if name in columns[table] and value is not None:
+                assert as_utc(new) == as_utc(value) - dt.timedelta(seconds=3600.25), (table, pk, name)
+                seen.add((table, name))
+            else:
+                assert new == value, (table, pk, name)
+    # Every kind of timestamp the ledger keeps was present and moved (a new column must be added here).
+    assert seen == {(t, c) for t, cs in columns.items() for c in cs}, sorted(
+        {(t, c) for t, cs in columns.items() for c in cs} - seen
+    )
+
+
+def test_the_column_list_is_every_datetime_column_of_the_models_operations_last():
+    found = {t.name: [c.name for c in cols] for t, cols in ledger_timestamp_columns().items()}
+    assert list(found)[-1] == "operations"  # moved last: no decision sees an operation ahead of its attempts
+    for model in (Operation, Attempt, OperationEvent, Handoff, Evidence):
+        table = core_table(model)
+        assert found[table.name] == [c.name for c in table.columns if isinstance(c.type, DateTime)]
+    for table, names in {
+        "operations": ["lease_expires_at", "deadline_at", "next_attempt_at", "published_at", "created_at"],
+        "attempts": ["started_at", "ended_at", "applied_at"],
+        "operation_events": ["at"],
+        "handoffs": ["opened_at", "resolved_at"],
+        "evidence": ["recorded_at"],
+    }.items():
+        assert set(names) <= set(found[table]), (table, found[table])
+
+
+def test_a_lease_runs_out_only_once_the_clock_passes_it(ledger):
+    op_id = _submit(ledger, "k-lease")
+    _claim(ledger, lease_s=30)
+    assert _expired(ledger) == []
+    advance_ledger_clock(ledger.engine, 29)
+    assert _expired(ledger) == [], "expired a second early"
+    advance_ledger_clock(ledger.engine, 1.5)
+    assert _expired(ledger) == [op_id]
+    with ledger.sessions() as s:
+        assert s.get(Operation, op_id).status == Status.OUTCOME_UNKNOWN.value
+
+
+def test_a_due_time_arrives_only_once_the_clock_reaches_it(ledger):
+    op_id = _submit(ledger, "k-due", delay_s=120)
+    assert _claim(ledger) == []
+    advance_ledger_clock(ledger.engine, 119)
+    assert _claim(ledger) == []
+    advance_ledger_clock(ledger.engine, 1.5)
+    [claim] = _claim(ledger)
+    assert claim.operation_id == op_id
+
+
+def test_a_deadline_passes_and_stays_the_same_distance_from_creation(ledger):
+    op_id = _submit(ledger, "k-deadline", deadline_s=60)
+
+    def past_deadline() -> bool:
+        with ledger.sessions() as s:
+            return bool(s.execute(select(Operation.deadline_at <= db_now()).where(Operation.id == op_id)).scalar_one())
+
+    def window() -> dt.timedelta:
+        with ledger.sessions() as s:
+            op = s.get(Operation, op_id)
+            return as_utc(op.deadline_at) - as_utc(op.created_at)
+
+    assert not past_deadline()
+    before = window()
+    assert abs(before - dt.timedelta(seconds=60)) < dt.timedelta(seconds=1)
+    advance_ledger_clock(ledger.engine, 61)
+    assert past_deadline()
+    assert window() == before
+
+
+def test_operation_ids_move_the_clock_for_those_operations_only(ledger):
+    a = _submit(ledger, "k-a", delay_s=120)
+    b = _submit(ledger, "k-b", delay_s=120)
+    with ledger.sessions() as s:
+        b_events = [as_utc(e) for e in s.scalars(select(OperationEvent.at).where(OperationEvent.operation_id == b))]
+    advance_ledger_clock(ledger.engine, 121, operation_ids=[a])
+    assert [c.operation_id for c in _claim(ledger, limit=10)] == [a]
+    with ledger.sessions() as s:
+        assert [as_utc(e) for e in s.scalars(select(OperationEvent.at).where(OperationEvent.operation_id == b))] == (
+            b_events
+        )
+    assert advance_ledger_clock(ledger.engine, 5, operation_ids=[]) == 0
+
+
+def test_inside_a_session_the_move_is_part_of_its_transaction(ledger):
+    op_id = _submit(ledger, "k-session", delay_s=120)
+    with pytest.raises(RuntimeError):
+        with ledger.sessions.begin() as s:
+            assert advance_ledger_clock(s, 121) == 2  # the operation and its "submitted" event
+            raise RuntimeError("rolled back")
+    assert _claim(ledger) == []
+    with ledger.sessions.begin() as s:
+        advance_ledger_clock(s, 121)
+    assert [c.operation_id for c in _claim(ledger)] == [op_id]
+
+
+def test_a_row_written_meanwhile_is_moved_with_its_new_value_not_overwritten(pg_ledger):
+    """A worker's transaction holds the row: the move waits for it and then moves what it wrote."""
+    op_id = _submit(pg_ledger, "k-busy")
+    writer = pg_ledger.new_engine()
+    try:
+        with Session(writer) as w, w.begin():
+            w.execute(update(Operation).where(Operation.id == op_id).values(next_attempt_at=db_now(6000)))
+            mover = threading.Thread(target=advance_ledger_clock, args=(pg_ledger.engine, 601))
+            mover.start()
+            wait_for(lambda: _waiting_on_a_lock(pg_ledger), 10, interval_s=0.01, what="the move waiting for the row")
+        mover.join(10)
+        assert not mover.is_alive()
+    finally:
+        writer.dispose()
+    with pg_ledger.sessions() as s:
+        left = s.execute(select(Operation.next_attempt_at - db_now()).where(Operation.id == op_id)).scalar_one()
+    # Written as "in 6000 s", then 601 s passed (a lost update would have made it due long ago).
+    assert dt.timedelta(seconds=5390) < left <= dt.timedelta(seconds=5399)
+
+
+def _waiting_on_a_lock(ledger) -> bool:
+    with ledger.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, True, "5"])
+def test_the_clock_moves_forward_by_a_finite_number_of_seconds_only(ledger, bad):
+    with pytest.raises(ValueError):
+        advance_ledger_clock(ledger.engine, bad)
+    assert advance_ledger_clock(ledger.engine, 0) == 0
+
+
+def test_no_product_code_imports_the_test_helpers():
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(
+        r"^\s*(from\s+outbox\.testing\s|import\s+outbox\.testing|from\s+outbox\s+import\s.*\btesting\b)"
+    )
+    offenders = [
+        str(path.relative_to(root))
+        for package in ("outbox", "workers", "breaker", "producer", "commands", "sandbox", "bench", "examples")
+        for path in (root / package).rglob("*.py")
+        if path != root / "outbox" / "testing.py"
+        for line in path.read_text().splitlines()
+        if pattern.match(line)
+    ]
+    assert offenders == []
