@@ -69,7 +69,8 @@ SELECT gen_random_uuid()::text, 'bench', 'due-' || g, 'refund',
 FROM generate_series(1, %(d)s) AS g
 """
 
-# The due subquery of outbox/claims.py _PG_CLAIM (dispatch kind, no operation id), bound.
+# The due subquery of the PostgreSQL driver's claim (outbox/drivers/pg_statements.py, dispatch kind, no
+# operation id), bound.
 _EXPLAIN = """
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
 SELECT id FROM operations

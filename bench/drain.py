@@ -229,7 +229,7 @@ def _bare_evidence_worker(url: str, worker: str, claim_limit: int, pre_ping: boo
                         "src": "dispatching",
                         "dst": "succeeded",
                         "token": token,
-                        "event": "attempt 1: succeeded",
+                        "event": "attempt result",
                         "reason": "bench",
                         "worker": worker,
                     },

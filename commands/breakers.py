@@ -35,8 +35,6 @@ from workers.runtime import breaker_registry, load_actions_for
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
-# What the park by an open breaker writes as the operation's reason (workers.outcomes.breaker_wait).
-
 LOCAL_NOTE = (
     "breakers are process-local: OUTBOX_REDIS_URL is not set, so each worker keeps its breakers "
     "in its own memory and this command cannot see (or reset) them; set OUTBOX_REDIS_URL to share them"

@@ -59,6 +59,7 @@ class PlannedRetry:
     at: datetime
     delay_s: float
     reason: str
+    retry_after: bool = False  # the provider's Retry-After, not our backoff, set the delay
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,10 @@ def plan_retry(
     # Rounded up to whole microseconds so the retry never lands a hair before Retry-After.
     at = now + timedelta(microseconds=math.ceil(delay_s * 1_000_000))
     reason = f"attempt {attempt_number + 1}/{budget.max_attempts} after {delay_s:.3f}s"
-    if retry_after_s is not None and delay_s <= retry_after_s:
+    honoured = retry_after_s is not None and delay_s <= retry_after_s
+    if honoured:
         reason += " (Retry-After)"
     if at > deadline:
         at, delay_s = deadline, (deadline - now).total_seconds()
         reason = f"attempt {attempt_number + 1}/{budget.max_attempts} at the deadline (backoff clamped)"
-    return PlannedRetry(at=at, delay_s=delay_s, reason=reason)
+    return PlannedRetry(at=at, delay_s=delay_s, reason=reason, retry_after=honoured)

@@ -19,10 +19,18 @@ from sqlalchemy.orm import Session
 
 from outbox.clock import LedgerClock, as_utc, db_now
 from outbox.drivers import ClaimedRow, driver_for
+from outbox.errors import IllegalTransition
 from outbox.models import Operation, core_table
-from outbox.states import AttemptKind, Status
+from outbox.states import ALLOWED, AttemptKind, Status
 
 _OP = core_table(Operation)
+
+
+# The moves a claim makes (in the drivers' one statement); the state table must list them.
+CLAIM_MOVES = ((Status.NOT_DISPATCHED, Status.DISPATCHING), (Status.OUTCOME_UNKNOWN, Status.OUTCOME_UNKNOWN))
+for _move in CLAIM_MOVES:
+    if _move not in ALLOWED:
+        raise IllegalTransition("*", _move[0].value, _move[1].value)
 
 
 @dataclass(frozen=True)
@@ -181,7 +189,7 @@ def extend_lease_if_fenced(session: Session, claim: Claim, *, lease_s: float) ->
         .where(
             _OP.c.id == claim.operation_id,
             _OP.c.status
-            == (Status.DISPATCHING if claim.kind is AttemptKind.DISPATCH else Status.OUTCOME_UNKNOWN).value,
+            == (Status.DISPATCHING if claim.kind == AttemptKind.DISPATCH else Status.OUTCOME_UNKNOWN).value,
             _OP.c.fencing_token == claim.fencing_token,
         )
         .values(lease_expires_at=db_now(lease_s), updated_at=db_now())

@@ -19,11 +19,12 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox import failpoints
 from outbox.claims import Claim
 from outbox.clock import db_now
 from outbox.db import make_engine
 from outbox.drivers import driver_for
-from outbox.models import Attempt, Evidence, Operation, core_table
+from outbox.models import Evidence, Operation, core_table
 from outbox.settlement import evidence_backfilled
 from outbox.states import Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
@@ -56,7 +57,6 @@ _LOG_COLUMNS = (
     "response_digest",
     "provider_reference",
 )
-_AT = core_table(Attempt)
 
 
 def attempt_log_digest(session: Session, operation_id: str, *, current: tuple[int, AttemptReport] | None = None) -> str:
@@ -202,12 +202,20 @@ class EvidenceSink:
 
 
 def backfill(ledger: Session, sink: EvidenceSink, *, limit: int = 100, actor: str = "backfill") -> tuple[int, int]:
-    """Write evidence for committed_evidence_degraded operations; returns (written, still failing)."""
+    """Write evidence for committed_evidence_degraded operations; returns (written, still failing).
+
+    The rows are read locked (SKIP LOCKED: another relay's or the sweep task's backfill takes the
+    others), so no two backfills write the same record and each move still finds what was read.
+    """
     ops = list(
         ledger.execute(
-            select(Operation).where(Operation.status == Status.COMMITTED_EVIDENCE_DEGRADED.value).limit(limit)
+            select(Operation)
+            .where(Operation.status == Status.COMMITTED_EVIDENCE_DEGRADED.value)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
         ).scalars()
     )
+    failpoints.hit("backfill.after_select_before_update")
     written = failing = 0
     for op in ops:
         record = record_for(ledger, op, reference=op.result_reference, response_digest=op.result_digest)

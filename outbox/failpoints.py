@@ -33,6 +33,7 @@ NAMES = (
     "sweep.after_select_before_update",  # lease expiry (outbox/leases.py)
     "late_evidence.after_select_before_update",  # applying stale successes (outbox/late_evidence.py)
     "gate.after_select_before_update",  # parking for an open breaker (workers/gate.py)
+    "backfill.after_select_before_update",  # writing evidence the sink missed (outbox/evidence.py)
 )
 _HOOKS: dict[str, Callable[[str | None], None]] = {}
 

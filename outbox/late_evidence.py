@@ -41,7 +41,7 @@ from outbox.handoffs import open_handoff
 from outbox.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent, core_table
 from outbox.states import EFFECT, NO_EFFECT, EventKind, Status
 from outbox.transitions import move
-from outbox.writes import success_values
+from outbox.writes import released, success_values
 
 log = logging.getLogger(__name__)
 _OP = core_table(Operation)
@@ -150,8 +150,7 @@ def apply(
         actor=actor,
         reason=reason,
         fencing_token=_OP.c.fencing_token + 1,
-        lease_owner=None,
-        lease_expires_at=None,
+        **released(),
         **success_values(late.provider_reference, late.response_digest, result),
     )
     if not sink.separate:

@@ -16,6 +16,7 @@ from outbox.errors import StaleFence
 from outbox.models import Operation, core_table
 from outbox.states import AttemptClass, EventKind, Status
 from outbox.transitions import move
+from outbox.writes import released
 
 _OP = core_table(Operation)
 
@@ -45,11 +46,10 @@ def expire_leases(session: Session, *, limit: int = 500, actor: str = "sweep") -
                 reason="lease expired: the worker may have sent the request",
                 token=row.fencing_token,
                 extra_where=[_OP.c.lease_expires_at < db_now()],
-                lease_owner=None,
-                lease_expires_at=None,
                 error_class=AttemptClass.AMBIGUOUS.value,
                 last_error="lease expired before the worker reported a result",
                 next_attempt_at=db_now(),
+                **released(),
             )
         except StaleFence:
             continue  # the owner finished (or renewed, or another sweep moved it) since our read

@@ -1,6 +1,6 @@
 """The reconciliation report, ledger side: what the ledger claims happened, and how healthy it is.
 
-The provider side (listing what the downstream holds) lives in ``workers/report.py``; this module
+The provider side (listing what the downstream holds) lives in ``downstream/listing_report.py``; this module
 only reads the ledger, so it needs no actions file and no network.
 
 Health figures, over operations created since the window start:
@@ -32,7 +32,7 @@ from outbox.clock import as_utc
 from outbox.effect_guard import may_still_land
 from outbox.late_evidence import CONTRADICTION_EVENT
 from outbox.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent
-from outbox.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, AttemptClass, Status
+from outbox.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, AttemptClass, AttemptKind, Status
 
 # Statuses in which the ledger holds that the effect exists at the provider.
 EFFECT_STATUSES = (Status.SUCCEEDED.value, Status.COMMITTED_EVIDENCE_DEGRADED.value)
@@ -144,7 +144,11 @@ def auto_recovery(session: Session, *, since: dt.datetime) -> dict[str, Any]:
     retried = (
         select(Attempt.operation_id)
         .join(Operation, Operation.id == Attempt.operation_id)
-        .where(Attempt.kind == "dispatch", Attempt.attempt_class.in_(RETRYABLE_CLASSES), Operation.created_at >= since)
+        .where(
+            Attempt.kind == AttemptKind.DISPATCH.value,
+            Attempt.attempt_class.in_(RETRYABLE_CLASSES),
+            Operation.created_at >= since,
+        )
         .distinct()
     )
     ids = list(session.execute(retried).scalars())
@@ -190,7 +194,7 @@ def retries_by_action(session: Session, *, since: dt.datetime) -> dict[str, dict
     rows = session.execute(
         select(Operation.action, Attempt.attempt_class, func.count())
         .join(Operation, Operation.id == Attempt.operation_id)
-        .where(Attempt.kind == "dispatch", Attempt.attempt_number > 1, Operation.created_at >= since)
+        .where(Attempt.kind == AttemptKind.DISPATCH.value, Attempt.attempt_number > 1, Operation.created_at >= since)
         .group_by(Operation.action, Attempt.attempt_class)
     ).all()
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"retries": 0, "billable": 0})

@@ -17,9 +17,9 @@ from outbox.clock import db_now
 from outbox.effect_guard import no_effect_confirmed
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.models import Attempt, Operation, core_table
-from outbox.states import NO_EFFECT, EventKind, Status
+from outbox.states import NO_EFFECT, AttemptKind, EventKind, Status
 from outbox.transitions import AttemptReport, current_row, mark_attempt_stale, move, record_attempt
-from outbox.writes import success_values
+from outbox.writes import released, success_values
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -30,7 +30,7 @@ def _last_dispatch_number(operation_id: str) -> Any:
     take effect (effect_guard.py)."""
     return (
         select(func.coalesce(func.max(_AT.c.attempt_number), 0))
-        .where(_AT.c.operation_id == operation_id, _AT.c.kind == "dispatch")
+        .where(_AT.c.operation_id == operation_id, _AT.c.kind == AttemptKind.DISPATCH.value)
         .scalar_subquery()
     )
 
@@ -72,12 +72,12 @@ def settle_if_fenced(
     - outcome_unknown: still unknown (pending, lookup down): re-check after ``recheck_in_s``;
     - reconciliation_required: a person must decide (the handoff row is written by the caller).
     """
-    if claim.kind != "lookup":
+    if claim.kind != AttemptKind.LOOKUP:
         raise ValueError("settle_if_fenced takes a reconciler claim (claims.claim_unknown)")
     if to not in SETTLE_TARGETS:
         raise ValueError(f"cannot settle to {to.value}")
     wrote = record_attempt(session, claim.attempt_id, report)
-    values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
+    values: dict[str, Any] = released()
     extra_where: list[Any] = []
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
         values.update(success_values(report.provider_reference, report.response_digest, result))
@@ -103,6 +103,7 @@ def settle_if_fenced(
             reason=reason,
             token=claim.fencing_token,
             extra_where=extra_where,
+            event_reason=f"lookup {claim.attempt_number} {report.klass.value}: {reason}",
             **values,
         )
     except StaleFence:

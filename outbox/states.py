@@ -1,8 +1,10 @@
 """The operation state machine: every state, what it means, and the allowed transitions.
 
 This module is the one place that says which status may follow which. The database holds the
-same set of states in a CHECK constraint (see ``models.py``), and every transition function in
-``transitions.py`` / ``claims.py`` is a guarded UPDATE that consults ``ALLOWED`` below.
+same set of states in a CHECK constraint (see ``models.py``). ``transitions.move`` and the
+finalize check ``ALLOWED`` before every write; the moves written as single statements (claims,
+breaker park/wake) are checked against it when their module loads; and the test suite checks that
+every move its operations took is listed (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ TERMINAL: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.FAILED_BEFORE_
 EFFECT: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED})
 
 # Terminal states that say "no effect happened". The ledger enters them only while no attempt can
-# still take effect and none is confirmed (transitions.no_effect_possible). A provider-confirmed
+# still take effect and none is confirmed (effect_guard.py). A provider-confirmed
 # success that arrives anyway contradicts them: a person reviews (outbox/late_evidence.py).
 NO_EFFECT: frozenset[Status] = frozenset({Status.FAILED_BEFORE_COMMIT, Status.CANCELLED})
 
@@ -186,7 +188,7 @@ class WaitingFor(str, enum.Enum):
     """
 
     BREAKER = "breaker"  # its downstream's breaker is open: woken when it may close, or on reset
-    BACKOFF = "backoff"  # a retry after a failure that proved nothing happened, or a lookup re-check
+    BACKOFF = "backoff"  # a retry on our own backoff: after a failure that proved nothing, or a safe replay
     RETRY_AFTER = "retry_after"  # the provider said when to come back (Retry-After)
     APPROVAL = "approval"  # a person must approve first
     LOOKUP = "lookup"  # the reconciler will ask the provider what became of it
@@ -197,7 +199,10 @@ class WaitingFor(str, enum.Enum):
 
 WAITING_MEANING: dict[WaitingFor, str] = {
     WaitingFor.BREAKER: "its downstream's breaker is open; due when it may close, or at once on `breakers reset`",
-    WaitingFor.BACKOFF: "a retry after an attempt that provably did nothing, at next_attempt_at (backoff with jitter)",
+    WaitingFor.BACKOFF: (
+        "a retry at next_attempt_at on our backoff (with jitter): the last attempt provably did nothing,"
+        " or replaying it with the same key is safe"
+    ),
     WaitingFor.RETRY_AFTER: "a retry at the time the provider asked for (Retry-After)",
     WaitingFor.APPROVAL: "a person must approve it first",
     WaitingFor.LOOKUP: "the reconciler will ask the provider what became of it, at next_attempt_at",

@@ -31,7 +31,7 @@ from outbox.states import (
     Status,
     WaitingFor,
 )
-from outbox.writes import ATTEMPT_REPORT, core_values, waiting_after
+from outbox.writes import ATTEMPT_REPORT, core_values, waiting_on_entry
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -50,13 +50,6 @@ class AttemptReport:
     retry_after_s: float | None = None
     latency_s: float | None = None
     error: str | None = None
-
-
-# What an operation waits for when it enters these states, unless the move says otherwise.
-_WAITING_ON_ENTRY = {
-    Status.OUTCOME_UNKNOWN: WaitingFor.LOOKUP.value,
-    Status.AWAITING_APPROVAL: WaitingFor.APPROVAL.value,
-}
 
 
 def _check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> None:
@@ -101,11 +94,13 @@ def move(
     reason: str | None = None,
     token: int | None = None,
     extra_where: Iterable[Any] = (),
+    event_reason: str | None = None,
     **values: Any,
 ) -> tuple[str | None, int]:
     """Move one operation from one of ``sources`` to ``to`` if the guards hold.
 
-    Returns (previous status, token). Raises ``StaleFence`` when a token was given and the row does
+    ``event_reason``: the event row's reason when it should say more than the operation's
+    (which attempt decided the move). Returns (previous status, token). Raises ``StaleFence`` when a token was given and the row does
     not match it (or its status moved on), ``IllegalTransition``/``OperationNotFound`` otherwise.
     """
     srcs = list(sources)
@@ -115,7 +110,9 @@ def move(
         conds.append(_OP.c.fencing_token == token)
     values.setdefault("updated_at", db_now())
     values.setdefault("reason", reason or event.value)
-    values.setdefault("waiting_for", _WAITING_ON_ENTRY.get(to))
+    if "waiting_for" not in values:
+        waiting = waiting_on_entry(to)
+        values["waiting_for"] = waiting.value if waiting else None
     if to in TERMINAL:
         values.setdefault("finished_at", db_now())
     previous: str | None = srcs[0].value if len(srcs) == 1 else None
@@ -140,7 +137,7 @@ def move(
         to=to,
         token=row.fencing_token,
         event=event,
-        reason=reason,
+        reason=event_reason or reason,
         actor=actor,
     )
     return previous, int(row.fencing_token)
@@ -171,17 +168,18 @@ def finalize_if_fenced(
     delay_s: float = 0.0,
     refund_attempt: bool = False,
     result: dict[str, Any] | None = None,
+    waiting_for: WaitingFor = WaitingFor.BACKOFF,
 ) -> None:
     """Record the attempt, then move the claimed operation to ``to`` under its token.
 
     ``to`` is one of: succeeded, committed_evidence_degraded (2xx), not_dispatched (retry after
-    ``delay_s``; ``refund_attempt`` when nothing was sent, e.g. breaker open), failed_before_commit
-    or cancelled (only with a provably-not-executed class, and only while no other attempt may
+    ``delay_s``, waiting for ``waiting_for``; ``refund_attempt`` when nothing was sent, e.g. breaker
+    open), failed_before_commit or cancelled (only with a provably-not-executed class, and only while no other attempt may
     have taken effect: effect_guard.py), outcome_unknown (ambiguous).
     Raises StaleFence (the attempt row still holds the result, marked stale) or IllegalTransition.
     """
     (refused,) = finalize_many_if_fenced(
-        session, [Finalize(claim, report, to, reason, delay_s, refund_attempt, result)]
+        session, [Finalize(claim, report, to, reason, delay_s, refund_attempt, result, waiting_for)]
     )
     if refused is not None:
         raise refused
@@ -198,6 +196,8 @@ class Finalize:
     delay_s: float = 0.0
     refund_attempt: bool = False
     result: dict[str, Any] | None = None
+    # What a not_dispatched operation waits for until its next attempt (breaker, backoff, Retry-After).
+    waiting_for: WaitingFor = WaitingFor.BACKOFF
 
 
 def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list[OutboxError | None]:
@@ -258,13 +258,14 @@ def _finalize(session: Any, items: Sequence[Finalize]) -> list[tuple[bool, Outbo
 def _finalize_write(item: Finalize) -> FinalizeWrite:
     claim, report, to = item.claim, item.report, item.to
     refund = item.refund_attempt and to is Status.NOT_DISPATCHED
-    waiting = waiting_after(to, retry_after=report.retry_after_s is not None, breaker=refund)
+    waiting = waiting_on_entry(to, item.waiting_for)
     return FinalizeWrite(
         to,
         refund,
         to in NO_EFFECT,
         {
             "reason": item.reason,
+            "event_reason": f"attempt {claim.attempt_number} {report.klass.value}: {item.reason}",
             "event": EventKind.ATTEMPT_RESULT.value,
             "actor": claim.worker,
             "operation_id": claim.operation_id,

@@ -4,8 +4,10 @@ A move's guard says *whether* a row may change (effect_guard.py, the state table
 says *what* changes. The write sets are spelled here once, as (column, value) pairs whose values
 are either a named parameter or one of a few database-side expressions (``Db``). The PostgreSQL
 driver renders them into its catalogue's statement text, the SQLite driver into Core values, and
-the generic ``transitions.move`` into Core values as well: a new column written on success is
-added here and reaches every path that records a success.
+the moves written with ``transitions.move`` (settlements, late evidence, lease expiry) take them
+as Core values (``success_values``, ``released``): a new column written on success is added here
+and reaches every path that records a provider's success. (A person's "succeeded" records only the
+reference they found: nothing else of the provider's answer is known then.)
 """
 
 from __future__ import annotations
@@ -90,17 +92,14 @@ def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
     return tuple(writes)
 
 
-def waiting_after(to: Status, *, retry_after: bool, breaker: bool) -> WaitingFor | None:
-    """What an operation moved to ``to`` waits for (None: it is not waiting)."""
+def waiting_on_entry(to: Status, scheduled: WaitingFor | None = None) -> WaitingFor | None:
+    """What an operation moved to ``to`` waits for: a lookup in outcome_unknown, a person in
+    awaiting_approval; in not_dispatched what the move scheduled (None: due now); else nothing."""
     if to is Status.OUTCOME_UNKNOWN:
         return WaitingFor.LOOKUP
     if to is Status.AWAITING_APPROVAL:
         return WaitingFor.APPROVAL
-    if to is not Status.NOT_DISPATCHED:
-        return None
-    if breaker:
-        return WaitingFor.BREAKER
-    return WaitingFor.RETRY_AFTER if retry_after else WaitingFor.BACKOFF
+    return scheduled if to is Status.NOT_DISPATCHED else None
 
 
 def core_values(writes: WriteSet, params: Mapping[str, Any], table: Any) -> dict[str, Any]:
@@ -123,3 +122,8 @@ def core_values(writes: WriteSet, params: Mapping[str, Any], table: Any) -> dict
 def success_values(reference: str | None, digest: str | None, result: Mapping[str, Any] | None) -> dict[str, Any]:
     """SUCCESS as Core values, for a move written with Core (a settlement, a late success)."""
     return core_values(SUCCESS, {"provider_reference": reference, "response_digest": digest, "result": result}, None)
+
+
+def released() -> dict[str, Any]:
+    """RELEASE_LEASE as Core values."""
+    return core_values(RELEASE_LEASE, {}, None)

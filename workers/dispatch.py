@@ -20,16 +20,11 @@ from datetime import timedelta
 from breaker import Allowed, Decision, Open
 from outbox import failpoints
 from outbox.claims import Claim, claim_due
-from workers.fan_out import FAST_CALL_S, Batch, attempt, attempt_all
-from workers.finalize import apply, apply_many
+from workers.fan_out import Batch, attempt_all
+from workers.finalize import apply_many
 from workers.gate import park_while_open_if_due, read_due_ops
 from workers.outcomes import Outcome, deadline_of
 from workers.runtime import Runtime
-
-__all__ = ["FAST_CALL_S", "apply", "attempt", "dispatch_batch", "dispatch_operation"]
-
-log = logging.getLogger(__name__)
-
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +40,7 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
     The breaker is asked before the claim: while it is open an operation is not claimed at all
     (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest
     are claimed, with whatever else is due up to OUTBOX_DOORBELL_BATCH, called (concurrently, one
-    thread each, unless the target answers within FAST_CALL_S: see fan_out.attempt_all; a batch costs
+    thread each, unless the target answers within FAST_CALL_S: see fan_out.attempt_all and FAST_CALL_S; a batch costs
     the time of its slowest call, which the lease covers) and finalized in one transaction.
     """
     caller, rec = rt.caller(), rt.recorder()

@@ -65,7 +65,8 @@ def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[st
         kw["result"] = outcome.result
         return Status.SUCCEEDED, reason, kw
     if isinstance(outcome, RetryAt):
-        return Status.NOT_DISPATCHED, outcome.why, dict(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt)
+        kw.update(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt, waiting_for=outcome.waiting_for)
+        return Status.NOT_DISPATCHED, outcome.why, kw
     if isinstance(outcome, Rejected):
         return Status.FAILED_BEFORE_COMMIT, outcome.why, kw
     if isinstance(outcome, Cancelled):

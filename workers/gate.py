@@ -70,7 +70,7 @@ def park_while_open_if_due(
     due row moves, so a concurrent claim or park by another worker wins and we do nothing.
     """
     wait = breaker_wait(action, wait_s=decision.wait_s, now=now, spent_attempts=spent_attempts)
-    failpoints.hit("gate.after_select_before_update", operation_id)
+    failpoints.hit("gate.after_select_before_update")
     with sessions.begin() as session:
         if not park_for_breaker(session, operation_id, delay_s=wait.delay_s, reason=wait.why, actor=actor):
             return None

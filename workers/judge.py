@@ -23,11 +23,7 @@ from outbox.states import AttemptClass, Status
 # Settings.reconcile_max_lookups / reconcile_max_delay_s (OUTBOX_RECONCILE_MAX_LOOKUPS,
 # OUTBOX_RECONCILE_MAX_DELAY_S), which the worker passes in.
 MAX_LOOKUPS = 12
-
-
 RECHECK_BASE_S = 1.0
-
-
 RECHECK_MAX_S = 60.0
 
 

@@ -1,6 +1,6 @@
 """What one dispatch attempt leads to, as values; ``decide`` is the policy, pure and testable.
 
-Workers return an outcome, not a boolean. ``dispatch.apply`` turns it into exactly one guarded
+Workers return an outcome, not a boolean. ``finalize.apply_many`` turns it into exactly one guarded
 transition of the ledger.
 """
 
@@ -15,7 +15,7 @@ from downstream.actions import ActionConfig
 from downstream.classify import Classification
 from downstream.retry import Budget, BudgetSpent, Rng, plan_retry
 from outbox.claims import Claim
-from outbox.states import AttemptClass
+from outbox.states import AttemptClass, WaitingFor
 
 A = AttemptClass
 
@@ -33,6 +33,7 @@ class RetryAt:
     delay_s: float
     why: str
     refund_attempt: bool = False  # nothing was sent (breaker open): the attempt costs nothing
+    waiting_for: WaitingFor = WaitingFor.BACKOFF  # what the operation waits for until then
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ def breaker_wait(action: ActionConfig, *, wait_s: float, now: datetime, spent_at
         max(wait_s, 0.0) + order_s,
         f"breaker for {action.target} open until {reopens_at.isoformat()}",
         refund_attempt=True,
+        waiting_for=WaitingFor.BREAKER,
     )
 
 
@@ -182,7 +184,8 @@ def decide(
         return _spent(claim, action, f"{c.reason}")
     if isinstance(plan, BudgetSpent):
         return _spent(claim, action, f"budget spent: {plan.reason} (last: {c.reason})")
-    return RetryAt(plan.delay_s, f"{c.reason}; {plan.reason}")
+    waiting = WaitingFor.RETRY_AFTER if plan.retry_after else WaitingFor.BACKOFF
+    return RetryAt(plan.delay_s, f"{c.reason}; {plan.reason}", waiting_for=waiting)
 
 
 def _inside_retention(claim: Claim, action: ActionConfig, now: datetime) -> bool:

@@ -36,7 +36,7 @@ from outbox.evidence import finish_with_evidence
 from outbox.handoffs import open_handoff
 from outbox.models import Attempt, Operation
 from outbox.settlement import settle_if_fenced
-from outbox.states import AttemptClass, Status
+from outbox.states import AttemptClass, AttemptKind, Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
 from workers import metrics
 from workers.handoff_packet import build_packet
@@ -56,7 +56,7 @@ def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_
     """
     row = session.execute(
         select(Attempt.started_at, Attempt.ended_at)
-        .where(Attempt.operation_id == operation_id, Attempt.kind == "dispatch")
+        .where(Attempt.operation_id == operation_id, Attempt.kind == AttemptKind.DISPATCH.value)
         .order_by(Attempt.attempt_number.desc())
         .limit(1)
     ).first()
@@ -166,7 +166,7 @@ class DispatchAttempt:
 def _dispatch_attempts(session: Session, operation_id: str) -> list[DispatchAttempt]:
     rows = session.execute(
         select(Attempt.attempt_number, Attempt.fencing_token, Attempt.attempt_class, Attempt.error)
-        .where(Attempt.operation_id == operation_id, Attempt.kind == "dispatch")
+        .where(Attempt.operation_id == operation_id, Attempt.kind == AttemptKind.DISPATCH.value)
         .order_by(Attempt.attempt_number)
     ).all()
     return [DispatchAttempt(r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error) for r in rows]

@@ -45,7 +45,7 @@ class Runtime:
     # The hot path's own connection (claims, finalizes); everything else uses sessions.
     ledger: LedgerConnection
     # A doorbell batch's calls to a slow target run concurrently, one thread each (httpx transports
-    # are thread-safe); calls to a target faster than dispatch.FAST_CALL_S run in turn.
+    # are thread-safe); calls to a target faster than fan_out.FAST_CALL_S run in turn.
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="dispatch"))
 
     def caller(self) -> Caller:

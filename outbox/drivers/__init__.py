@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -39,6 +40,8 @@ def driver_for(bind: Any) -> LedgerDriver:
         bind = bind.get_bind()
     elif isinstance(bind, Connection):
         bind = bind.engine
+    elif isinstance(bind, psycopg.Connection):
+        return POSTGRES  # a worker's own connection (PostgresDriver.hot_path)
     elif not isinstance(bind, Engine):
-        return POSTGRES  # a worker's own psycopg connection (PostgresDriver.hot_path)
+        raise TypeError(f"not a ledger engine, session or connection: {type(bind).__name__}")
     return _BY_BACKEND[bind.dialect.name]

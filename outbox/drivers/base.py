@@ -46,9 +46,10 @@ class NewOperation:
 class FinalizeWrite:
     """One worker's fenced finalize: its attempt report and the move, as parameters.
 
-    ``params`` names every parameter of the write sets (outbox/writes.py) plus operation_id,
-    token, attempt_id, event, actor and delay_s. ``guard``: the move claims "no effect" and holds
-    only while no other attempt may have taken effect (effect_guard.py).
+    ``params`` names every parameter of the write sets (outbox/writes.py) except ``to`` and
+    ``stale`` (the driver adds them), plus operation_id, token, attempt_id, event, event_reason,
+    actor and delay_s. ``guard``: the move claims "no effect" and holds only while no other
+    attempt may have taken effect (effect_guard.py).
     """
 
     to: Status
@@ -93,7 +94,6 @@ class HotPath(Protocol):
 
 class LedgerDriver(Protocol):
     name: str
-    notifies: bool  # submit notifies on commit (a relay may LISTEN: ``listener``)
 
     def make_engine(self, url: str, **kwargs: Any) -> Engine: ...
 

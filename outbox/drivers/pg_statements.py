@@ -182,7 +182,8 @@ WITH att AS (
     RETURNING id, fencing_token
 ), logged AS (
     INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), '{Status.DISPATCHING.value}', :to, fencing_token, :event, :reason, :actor FROM moved
+    SELECT id, clock_timestamp(), '{Status.DISPATCHING.value}', :to, fencing_token, :event, :event_reason, :actor
+    FROM moved
     RETURNING id
 )
 SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved

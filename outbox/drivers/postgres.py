@@ -42,8 +42,6 @@ def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
 
 class PostgresDriver:
     name = "postgresql"
-    # Submit notifies on commit; a relay can LISTEN instead of waiting for its next poll.
-    notifies = True
 
     def make_engine(self, url: str, **kwargs: Any) -> Engine:
         # No pool pre-ping by default: it costs a round trip and (with psycopg) a counted

@@ -57,7 +57,6 @@ _CLAIMED = (
 
 class SqliteDriver:
     name = "sqlite"
-    notifies = False  # the relay polls
 
     def make_engine(self, url: str, **kwargs: Any) -> Engine:
         parsed = make_url(url)
@@ -282,7 +281,7 @@ class SqliteDriver:
             w.to,
             moved.fencing_token,
             p["event"],
-            p["reason"],
+            p["event_reason"],
             p["actor"],
         )
         return wrote, True

@@ -23,10 +23,10 @@ from outbox import failpoints
 from outbox.claims import claim_due, claim_unknown
 from outbox.clock import db_now
 from outbox.errors import StaleFence
-from outbox.evidence import EvidenceSink
+from outbox.evidence import EvidenceSink, backfill
 from outbox.late_evidence import LATE_EVIDENCE_EVENT, apply_unapplied
 from outbox.leases import expire_leases
-from outbox.models import Attempt, Operation, OperationEvent
+from outbox.models import Attempt, Evidence, Operation, OperationEvent
 from outbox.states import AttemptClass, EventKind, Status, WaitingFor
 from outbox.submit import submit
 from outbox.transitions import AttemptReport, finalize_if_fenced
@@ -120,18 +120,51 @@ def test_late_evidence_is_applied_once_when_another_sweep_applies_it_meanwhile(p
     def packet(_s, _op, why):
         return {"why": why}
 
+    def stamp():
+        with pg_ledger.sessions() as s:
+            return s.execute(select(Attempt.applied_at).where(Attempt.id == zombie.attempt_id)).scalar_one()
+
+    first = {}
+
     def another_sweep(_key):
         assert apply_unapplied(pg_ledger.sessions, actor="other sweep", sink=sink, packet=packet) == {
             op_id: Status.SUCCEEDED
         }
+        first["stamp"] = stamp()
 
     with failpoints.on("late_evidence.after_select_before_update", another_sweep):
         assert apply_unapplied(pg_ledger.sessions, actor="sweep", sink=sink, packet=packet) == {}
     assert _op(pg_ledger, op_id).status == Status.SUCCEEDED
     assert _events(pg_ledger, op_id).count(LATE_EVIDENCE_EVENT) == 1
-    with pg_ledger.sessions() as s:
-        stamped = s.execute(select(Attempt.applied_at).where(Attempt.id == zombie.attempt_id)).scalar_one()
-    assert stamped is not None
+    # Stamped once, by the sweep that applied it: the second one's compare-and-set touched nothing.
+    assert first["stamp"] is not None and stamp() == first["stamp"]
+
+
+def test_evidence_backfill_writes_each_record_once_when_another_backfill_runs_meanwhile(pg_ledger, tmp_path):
+    op_id = _submit(pg_ledger)
+    with pg_ledger.sessions.begin() as s:
+        [c] = claim_due(s, worker="w", lease_s=30, operation_id=op_id)
+        # The provider confirmed; the separate evidence store was down.
+        finalize_if_fenced(s, c, SUCCESS, to=Status.COMMITTED_EVIDENCE_DEGRADED, reason="2xx, evidence store down")
+    sink = EvidenceSink.from_url(f"sqlite:///{tmp_path / 'evidence.db'}")
+    other = {}
+
+    def another_backfill(_key):
+        with pg_ledger.sessions.begin() as s:
+            other["result"] = backfill(s, sink, actor="other relay")
+
+    try:
+        with failpoints.on("backfill.after_select_before_update", another_backfill):
+            with pg_ledger.sessions.begin() as s:
+                assert backfill(s, sink, actor="relay") == (1, 0)
+        assert other["result"] == (0, 0)  # the row was taken: skipped, not written twice
+        with sink.engine.connect() as conn:
+            records = conn.execute(select(Evidence.operation_id)).scalars().all()
+    finally:
+        sink.close()
+    assert records == [op_id]
+    assert _op(pg_ledger, op_id).status == Status.SUCCEEDED
+    assert _events(pg_ledger, op_id).count(EventKind.EVIDENCE_BACKFILLED) == 1
 
 
 def test_breaker_park_leaves_alone_a_row_another_worker_claimed_meanwhile(pg_ledger):
@@ -170,7 +203,9 @@ def test_breaker_park_then_reset_wakes_only_what_the_breaker_parked(pg_ledger):
     with pg_ledger.sessions.begin() as s:
         [c] = claim_due(s, worker="w", lease_s=30, operation_id=retrying)
         report = AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=30)
-        finalize_if_fenced(s, c, report, to=Status.NOT_DISPATCHED, reason="503", delay_s=30)
+        finalize_if_fenced(
+            s, c, report, to=Status.NOT_DISPATCHED, reason="503", delay_s=30, waiting_for=WaitingFor.RETRY_AFTER
+        )
     assert _op(pg_ledger, parked).waiting_for == WaitingFor.BREAKER
     assert _op(pg_ledger, retrying).waiting_for == WaitingFor.RETRY_AFTER
     from outbox.waits import wake_breaker_waits

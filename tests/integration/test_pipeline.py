@@ -49,7 +49,7 @@ def test_one_doorbell_carries_a_batch(pipe, sandbox):
 
 def test_a_slow_targets_batch_is_called_concurrently_after_its_canary(pipe, sandbox):
     """Calls to a target slower than FAST_CALL_S share the batch's time; fast ones run in turn."""
-    from workers.dispatch import FAST_CALL_S
+    from workers.fan_out import FAST_CALL_S
 
     latency_s = 0.3
     assert latency_s > FAST_CALL_S

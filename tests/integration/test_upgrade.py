@@ -82,15 +82,23 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
             unknown = submit(s, **_intent("unknown"), delay_s=3600).operation_id
             person = submit(s, **_intent("person"), delay_s=3600).operation_id
             leased = submit(s, **_intent("leased"), delay_s=3600).operation_id
+            backoff = submit(s, **_intent("backoff"), delay_s=3600).operation_id
+            told = submit(s, **_intent("told"), delay_s=3600).operation_id
+            approval = submit(s, **_intent("approval"), requires_approval=True).operation_id
         with sessions.begin() as s:
             # Due now, one by one (the others wait an hour, so the batch claims below skip them).
-            s.execute(
-                update(Operation).where(Operation.id.in_([unknown, person, leased])).values(next_attempt_at=db_now(-1))
-            )
-            held = {
-                c.operation_id: c
-                for c in claim_due(s, worker="old", lease_s=30, operation_ids=[unknown, person, leased], limit=3)
-            }
+            mine = [unknown, person, leased, backoff, told]
+            s.execute(update(Operation).where(Operation.id.in_(mine)).values(next_attempt_at=db_now(-1)))
+            held = {c.operation_id: c for c in claim_due(s, worker="old", lease_s=30, operation_ids=mine, limit=5)}
+        for op_id, retry_after, reason in (
+            (backoff, None, "503; attempt 2/5 after 3600s"),
+            (told, 3600.0, "503; attempt 2/5 after 3600s (Retry-After)"),
+        ):
+            # Retries scheduled an hour ahead: on our backoff, and on the provider's Retry-After.
+            with sessions.begin() as s:
+                report = AttemptReport(AttemptClass.NOT_PROCESSED, status_code=503, retry_after_s=retry_after)
+                finalize_if_fenced(s, held[op_id], report, to=Status.NOT_DISPATCHED, reason=reason, delay_s=3600)
+        with sessions.begin() as s:
             s.execute(update(Operation).where(Operation.id.in_([unknown, person])).values(lease_expires_at=db_now(-1)))
         with sessions.begin() as s:
             assert sorted(expire_leases(s)) == sorted([unknown, person])
@@ -172,6 +180,14 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
         assert ops[unknown].status == "outcome_unknown" and ops[unknown].waiting_for == WaitingFor.LOOKUP
         assert ops[person].status == "reconciliation_required" and ops[person].waiting_for is None
         assert ops[leased].status == "dispatching" and ops[leased].lease_owner == "old"
+        with sessions() as s:
+            waits = {o: s.get(Operation, o).waiting_for for o in (backoff, told, approval, waiting)}
+        assert waits == {
+            backoff: WaitingFor.BACKOFF,
+            told: WaitingFor.RETRY_AFTER,
+            approval: WaitingFor.APPROVAL,
+            waiting: None,  # finished above; before that it was due, waiting for nothing
+        }
         # Parked unknown: the reconciler settles it by a lookup.
         with sessions.begin() as s:
             [r] = claim_unknown(s, worker="new-reconciler", lease_s=30, operation_id=unknown)
@@ -214,9 +230,14 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
             assert {o: s.get(Operation, o).status for o in (unknown, person, leased)} == dict.fromkeys(
                 (unknown, person, leased), "succeeded"
             )
-        # Parked by the breaker under the previous code: a breaker reset still wakes it.
+        # Parked by the breaker under the previous code: a breaker reset still wakes it, and only it
+        # (the retries on backoff and Retry-After keep their times).
+        with sessions() as s:
+            before = {o: s.get(Operation, o).next_attempt_at for o in (backoff, told)}
         with sessions.begin() as s:
             assert wake_breaker_waits(s, ["payments.refund.create"], reason="reset", actor="ops") == [parked]
+        with sessions() as s:
+            assert {o: s.get(Operation, o).next_attempt_at for o in (backoff, told)} == before
         with sessions.begin() as s:
             [c] = claim_due(s, worker="new", lease_s=30, operation_id=parked)
         assert c.attempt_number == 1

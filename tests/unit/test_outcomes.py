@@ -13,9 +13,19 @@ from downstream.classify import Classification
 from downstream.lookups import LookupResult
 from outbox.claims import Claim
 from outbox.states import AttemptClass as A
-from outbox.states import Status
+from outbox.states import Status, WaitingFor
 from workers.judge import MAX_LOOKUPS, Settlement, judge
-from workers.outcomes import Ambiguous, Cancelled, Rejected, RetryAt, Succeeded, before_send, breaker_open, decide
+from workers.outcomes import (
+    Ambiguous,
+    Cancelled,
+    Rejected,
+    RetryAt,
+    Succeeded,
+    before_send,
+    breaker_open,
+    breaker_wait,
+    decide,
+)
 from workers.reconcile import DispatchAttempt, after_not_found
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -102,6 +112,18 @@ def test_not_processed_waits_at_least_retry_after_then_budget_ends_it():
     assert isinstance(spent, Ambiguous)  # never failed_before_commit after an ambiguous attempt
     # A Retry-After past the deadline spends the budget instead of waiting beyond it.
     assert isinstance(decide(claim(1), ACTION, c(A.NOT_PROCESSED, retry_after_s=120), now=T0), Rejected)
+
+
+def test_a_retry_says_what_it_waits_for():
+    told = decide(claim(1), ACTION, c(A.NOT_PROCESSED, status_code=429, retry_after_s=7), now=T0, rng=random.Random(1))
+    assert isinstance(told, RetryAt) and told.waiting_for is WaitingFor.RETRY_AFTER
+    ours = decide(claim(1), ACTION, c(A.NOT_PROCESSED, status_code=503), now=T0, rng=random.Random(1))
+    assert isinstance(ours, RetryAt) and ours.waiting_for is WaitingFor.BACKOFF
+    # A Retry-After shorter than our backoff: the backoff decides the wait.
+    short = decide(claim(1), ACTION, c(A.NOT_PROCESSED, retry_after_s=0.001), now=T0, rng=random.Random(1))
+    assert isinstance(short, RetryAt) and short.delay_s > 0.001 and short.waiting_for is WaitingFor.BACKOFF
+    parked = breaker_wait(ACTION, wait_s=5, now=T0)
+    assert parked.waiting_for is WaitingFor.BREAKER and parked.refund_attempt
 
 
 def test_intent_cap_tightens_the_action_budget():
