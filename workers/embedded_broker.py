@@ -7,10 +7,15 @@ broker here it may lose in-flight messages on a crash; the relay re-publishes fr
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 
+from sqlalchemy import column, create_engine, delete, table
+from sqlalchemy.exc import OperationalError
+
 log = logging.getLogger(__name__)
+
+# kombu's own table (kombu.transport.sqlalchemy), not the ledger's.
+_MESSAGES = table("kombu_message", column("visible"))
 
 
 def broker_path(broker_url: str) -> Path:
@@ -22,10 +27,12 @@ def cleanup(broker_url: str) -> int:
     path = broker_path(broker_url)
     if not path.exists():
         return 0
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 5})
     try:
-        with sqlite3.connect(path, timeout=5) as conn:
-            cur = conn.execute("DELETE FROM kombu_message WHERE visible = 0")
-            return cur.rowcount
-    except sqlite3.OperationalError as exc:  # table not created yet, or busy: next time
+        with engine.begin() as conn:
+            return conn.execute(delete(_MESSAGES).where(_MESSAGES.c.visible == 0)).rowcount
+    except OperationalError as exc:  # table not created yet, or busy: next time
         log.debug("embedded broker cleanup skipped: %s", exc)
         return 0
+    finally:
+        engine.dispose()

@@ -95,13 +95,9 @@ def test_only_the_drivers_ask_which_database_they_run_on():
     assert sorted(n for n, src in _outside("outbox.drivers").items() if asking.search(src)) == []
 
 
-# kombu's own table in the embedded broker's file: the broker's housekeeping, not the ledger.
-SQL_ELSEWHERE_OK = {"workers.embedded_broker"}
-
-
 def test_sql_text_lives_in_outbox_only():
     sql = re.compile(r"[\"'](?:\s*)(SELECT\s|INSERT\s+INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s|WITH\s+\w+\s+AS)")
-    offenders = sorted(n for n, src in _outside("outbox").items() if sql.search(src) and n not in SQL_ELSEWHERE_OK)
+    offenders = sorted(n for n, src in _outside("outbox").items() if sql.search(src))
     assert offenders == []
 
 
