@@ -171,13 +171,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
             try:
                 submitted, resubmits, conflicts, ids = _play_agent(sessions, tenant, args.intents, rng)
                 outcome = _wait(console, sessions, tenant, len(ids), args.timeout_s, pipeline)
+                died = pipeline.died()
             finally:
                 pipeline.stop()
         effects = sandbox.effects()
         _summary(console, sessions, tenant, submitted, resubmits, conflicts, ids, effects, outcome)
         engine.dispose()
+        if died is not None:
+            kept = _keep_log(log_path, settings.data_dir, run)
+            console.print(f"[bold red]{died} before the operations settled.[/] Its last lines:")
+            console.print(_tail(kept), markup=False, highlight=False)
+            console.print(f"the whole log: {kept}")
+            return 1
     console.print(f"explain any operation: agent-outbox ops show <operation_id or key>   (tenant {tenant})")
     return 0
+
+
+def _keep_log(log_path: Path, data_dir: Path, run: str) -> Path:
+    """The worker's log outlives the demo's temporary folder when it explains a failure."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    kept = data_dir / f"demo-{run}-worker.log"
+    kept.write_bytes(log_path.read_bytes() if log_path.exists() else b"")
+    return kept
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:]) or "(the log is empty)"
 
 
 def _play_agent(sessions, tenant: str, n: int, rng: random.Random):  # type: ignore[no-untyped-def]
@@ -242,6 +262,14 @@ def _wait(console: Console, sessions, tenant: str, total: int, timeout_s: float,
             time.sleep(0.25)
 
 
+def _retries(dispatches: list[Attempt]) -> int:
+    """Dispatch attempts after each operation's first (never negative: 0 when nothing was sent)."""
+    per_op: dict[str, int] = {}
+    for a in dispatches:
+        per_op[a.operation_id] = per_op.get(a.operation_id, 0) + 1
+    return sum(n - 1 for n in per_op.values())
+
+
 def _summary(console: Console, sessions, tenant, submitted, resubmits, conflicts, ids, effects, counts) -> None:  # type: ignore[no-untyped-def]
     with sessions() as s:
         attempts = list(
@@ -293,7 +321,7 @@ def _summary(console: Console, sessions, tenant, submitted, resubmits, conflicts
             "not settled yet (not_dispatched / dispatching)",
             counts.get("not_dispatched", 0) + counts.get("dispatching", 0),
         ),
-        ("dispatch attempts / retries", f"{len(dispatches)} / {len(dispatches) - len(ids)}"),
+        ("dispatch attempts / retries", f"{len(dispatches)} / {_retries(dispatches)}"),
         ("Retry-After waits honoured / violated", f"{honoured} / {violated}"),
         ("effects counted by the sandbox", sum(per_key.values())),
         ("keys with more than one effect (duplicates)", duplicates),

@@ -99,6 +99,7 @@ class Pipeline:
         self.worker: subprocess.Popen[bytes] | None = None
         self.relay_thread: threading.Thread | None = None
         self.relay: Relay | None = None
+        self._stopping = False
 
     def start(self) -> None:
         from workers.runtime import load_actions_for
@@ -115,9 +116,28 @@ class Pipeline:
         self.relay_thread.start()
 
     def alive(self) -> bool:
-        return self.worker is not None and self.worker.poll() is None
+        """The worker process and the relay thread both run."""
+        return (
+            self.worker is not None
+            and self.worker.poll() is None
+            and self.relay_thread is not None
+            and self.relay_thread.is_alive()
+        )
+
+    def died(self) -> str | None:
+        """Which part ended on its own (not through ``stop``), and how; None while both run."""
+        if self._stopping or self.worker is None:
+            return None
+        code = self.worker.poll()
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            return f"the worker process ended ({how})"
+        if self.relay_thread is not None and not self.relay_thread.is_alive():
+            return "the relay stopped"
+        return None
 
     def stop(self, timeout_s: float = 15.0) -> None:
+        self._stopping = True
         if self.relay is not None:
             self.relay.stop()
         if self.worker is not None and self.worker.poll() is None:
@@ -196,11 +216,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    died = None
     try:
-        while not stop.is_set() and pipeline.alive():
+        while not stop.is_set() and died is None:
             stop.wait(1.0)
+            died = pipeline.died()
     except KeyboardInterrupt:
         pass
     finally:
         pipeline.stop()
-    return 0 if stop.is_set() or not pipeline.alive() else 1
+    if died is not None:
+        # Its output went to this terminal (above); say plainly that it is why we stop.
+        print(f"agent-outbox run: {died}; stopping (see its output above)", file=sys.stderr)
+        return 1
+    return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from decimal import Decimal
@@ -292,3 +293,51 @@ def test_demo_runs_on_the_embedded_default_in_an_empty_folder(tmp_path: Path) ->
     demo = cli("demo", "--intents", "3")
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert (tmp_path / "data" / "outbox.db").exists()
+
+
+def test_demo_says_when_its_worker_dies_and_exits_non_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pipeline process that ends early is named, with its exit code and its last lines; the demo
+    fails; no figure goes negative. (The worker here is a real process that dies at once.)"""
+    from commands import main as cli_main
+    from commands import pipeline
+
+    for name in [k for k in os.environ if k.startswith("OUTBOX_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OUTBOX_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("OUTBOX_ACTIONS_FILE", "set by the demo")  # restored after the test
+    monkeypatch.setenv("COLUMNS", "200")
+    dying = [sys.executable, "-c", "import sys; print('worker: cannot start (the test made it so)'); sys.exit(3)"]
+    monkeypatch.setattr(pipeline, "worker_command", lambda *a, **kw: dying)
+
+    code = cli_main.main(["demo", "--intents", "3", "--timeout-s", "20"])
+
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "the worker process ended (exit code 3) before the operations settled" in out
+    assert "worker: cannot start (the test made it so)" in out
+    kept = list((tmp_path / "data").glob("demo-*-worker.log"))
+    assert len(kept) == 1 and "cannot start" in kept[0].read_text()
+    [retries_row] = [line for line in out.splitlines() if "dispatch attempts / retries" in line]
+    assert retries_row.strip(" │|").split()[-3:] == ["0", "/", "0"]
+
+
+def test_run_stops_and_says_so_when_its_worker_dies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from commands import main as cli_main
+    from commands import pipeline
+
+    for name in [k for k in os.environ if k.startswith("OUTBOX_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OUTBOX_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("OUTBOX_ACTIONS_FILE", str(Path(__file__).resolve().parents[2] / "examples" / "actions.yaml"))
+    monkeypatch.setattr(pipeline, "worker_command", lambda *a, **kw: [sys.executable, "-c", "raise SystemExit(4)"])
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cli_main.main(["run"]) == 1
+    finally:
+        signal.signal(signal.SIGTERM, before)  # `run` installs its own; this process is pytest's
+    assert "agent-outbox run: the worker process ended (exit code 4); stopping" in capsys.readouterr().err
