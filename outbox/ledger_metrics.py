@@ -103,6 +103,12 @@ class LedgerCollector(Collector):
             unknown_age = session.execute(
                 select(db_age_s(func.min(Operation.created_at))).where(Operation.status == Status.OUTCOME_UNKNOWN.value)
             ).scalar()
+            # Due and not yet claimed: how far behind the workers are (the index of due rows).
+            due_age = session.execute(
+                select(db_age_s(func.min(Operation.next_attempt_at))).where(
+                    Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_now()
+                )
+            ).scalar()
             handoffs_open, handoff_age = session.execute(
                 select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(Handoff.status == "open")
             ).one()
@@ -128,13 +134,19 @@ class LedgerCollector(Collector):
             "Seconds since the oldest operation now in outcome_unknown was submitted (0 when none)",
         )
         backlog_age.add_metric([], max(float(unknown_age or 0.0), 0.0))
+        due = GaugeMetricFamily(
+            "outbox_oldest_due_age_seconds",
+            "Seconds since the oldest due, unclaimed not_dispatched operation came due (0 when none): the "
+            "backlog in front of the workers, seen before deadlines pass",
+        )
+        due.add_metric([], max(float(due_age or 0.0), 0.0))
         handoffs = GaugeMetricFamily("outbox_handoffs_open", "Handoffs waiting for a person")
         handoffs.add_metric([], int(handoffs_open))
         handoffs_age = GaugeMetricFamily(
             "outbox_handoffs_oldest_open_age_seconds", "Seconds since the oldest open handoff was opened (0 when none)"
         )
         handoffs_age.add_metric([], max(float(handoff_age or 0.0), 0.0))
-        return [ops, recent, backlog, backlog_age, handoffs, handoffs_age]
+        return [ops, recent, backlog, backlog_age, due, handoffs, handoffs_age]
 
     def _report(self) -> Iterator[GaugeMetricFamily]:
         summary = read_summary(self.report_summary) if self.report_summary is not None else None

@@ -101,8 +101,9 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
         with pg_ledger.sessions.begin() as s:
             s.execute(update(Operation).where(Operation.id == op_id).values(status=status, **values))
 
-    # 2 not_dispatched stay; 2 outcome_unknown (one submitted 5 minutes ago); 1 succeeded;
+    # 2 not_dispatched stay (one came due 2 minutes ago); 2 outcome_unknown (one submitted 5 minutes ago); 1 succeeded;
     # 1 succeeded long ago (outside the terminal window); 1 reconciliation_required with a handoff.
+    move(ids[0], "not_dispatched", next_attempt_at=db_now(-120))
     move(ids[2], "outcome_unknown", created_at=db_now(-300))
     move(ids[3], "outcome_unknown")
     move(ids[4], "succeeded", updated_at=db_now(), finished_at=db_now())
@@ -171,6 +172,7 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     assert m[("outbox_operations_finished_recent", (("status", "failed_before_commit"),))] == 0
     assert m[("outbox_outcome_unknown_backlog", ())] == 2
     assert 299 < m[("outbox_outcome_unknown_oldest_age_seconds", ())] < 400
+    assert 119 < m[("outbox_oldest_due_age_seconds", ())] < 200
     assert m[("outbox_handoffs_open", ())] == 1
     assert 0 < m[("outbox_handoffs_oldest_open_age_seconds", ())] < 60
     assert m[("outbox_breaker_storage_up", ())] == 1
