@@ -208,6 +208,7 @@ def run_outbox(
     timeout_s: float,
     presubmit: bool = False,
     submitters: int = 1,
+    slow: float = 0.0,
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown") as workers:
@@ -215,6 +216,9 @@ def run_outbox(
         ob.submit_all(warm, 2 * w, 1)
         wait_until(lambda: ob.count(warm) == 2 * w, 60, 0.02, "warm-up")
         sandbox.reset()
+        if slow:
+            # A share of calls answers after 800 ms (inside the 1 s read timeout): head-of-line blocking.
+            sandbox.add_fault(mode="latency", method="POST", probability=slow, latency_ms=800, seed=11)
         tenant = f"run-{tag}"
         split = CpuSplit()
         if presubmit:  # relay stopped while N intents are written; the clock starts with the relay
@@ -369,6 +373,13 @@ def main(argv: list[str] | None = None) -> int:
         "measures relay + workers without the submitter",
     )
     p.add_argument("--bare-events", action="store_true", help="bare Celery also sends task events")
+    p.add_argument(
+        "--slow",
+        type=float,
+        default=0.0,
+        help="share of the outbox's provider calls answering after 800 ms (head-of-line blocking; "
+        "bare Celery stays clean, so read the outbox figure, not the ratio)",
+    )
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args(argv)
     n = args.ops or (300 if args.quick else 1000)
@@ -412,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.timeout,
                                 args.presubmit,
                                 args.submitters,
+                                args.slow,
                             )
                             runs.append(res)
                             print(
@@ -447,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         "submit_batch": args.submit_batch,
         "submitters": args.submitters,
         "presubmit": args.presubmit,
+        "slow": args.slow,
         "bare_events": args.bare_events,
         "environment": env,
         "summary": rows,
@@ -458,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         + ("-presubmit" if args.presubmit else "")
         + ("-bare-events" if args.bare_events else "")
         + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
+        + (f"-slow{args.slow:g}" if args.slow else "")
     )
     path = RESULTS_DIR / f"pipeline-{dt.date.today().isoformat()}{suffix}.json"
     path.write_text(json.dumps(out, indent=2))

@@ -99,8 +99,12 @@ ACTIONS: dict[str, tuple[str, str, Any]] = {
 }
 
 
-def fault_mix(seed: int) -> list[dict[str, Any]]:
-    """The seeded fault rules (first match wins; each rule draws from its own Random(seed + n))."""
+def fault_mix(seed: int, *, stall: float = 0.0) -> list[dict[str, Any]]:
+    """The seeded fault rules (first match wins; each rule draws from its own Random(seed + n)).
+
+    ``stall``: the share of calls that commit and then answer only after 2 s, past the target's
+    1 s read timeout (ambiguous: the reconciler finds the effect), so a slow call sits in a batch.
+    """
     rules = [
         {"mode": "unavailable_503", "probability": 0.05, "retry_after_s": 1},
         {"mode": "rate_limited_429", "probability": 0.05, "retry_after_s": 1},
@@ -110,6 +114,8 @@ def fault_mix(seed: int) -> list[dict[str, Any]]:
         {"mode": "drop_before_commit", "probability": 0.04},
         {"mode": "reject_422", "probability": 0.01},
     ]
+    if stall:
+        rules.append({"mode": "commit_then_stall", "probability": stall, "stall_s": 2.0})
     return [dict(r, method="POST", path="/v1/*", seed=seed * 100 + n) for n, r in enumerate(rules)]
 
 
@@ -215,6 +221,7 @@ def run_scale_proof(
     deadline_s: float | None = None,
     verbose: bool = False,
     fencing: bool = False,
+    stall: float = 0.0,
 ) -> ScaleResult:
     """Run the scenario against an EMPTY migrated ledger (``db_url``/``sessions``) and a sandbox
     (``SandboxServer``/``SandboxProcess``, reset here). Returns figures and violations.
@@ -229,7 +236,7 @@ def run_scale_proof(
     deadline_s = deadline_s if deadline_s is not None else 180.0 + intents * 0.3
     sandbox.reset()
     sandbox.configure(request_log_max=max(100_000, intents * 20), strict_fencing=fencing)
-    for rule in fault_mix(seed):
+    for rule in fault_mix(seed, stall=stall):
         sandbox.add_fault(**rule)
 
     redis = PrivateRedis(tmp).start()
@@ -453,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--deadline-s", type=float, default=None)
     parser.add_argument(
+        "--stall", type=float, default=0.0, help="share of calls that commit then answer after the read timeout"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -485,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                 deadline_s=args.deadline_s,
                 verbose=not args.quiet,
                 fencing=args.fencing,
+                stall=args.stall,
             )
         finally:
             engine.dispose()
