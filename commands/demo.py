@@ -179,7 +179,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         engine.dispose()
         if died is not None:
             kept = _keep_log(log_path, settings.data_dir, run)
-            console.print(f"[bold red]{died} before the operations settled.[/] Its last lines:")
+            unsettled = len(ids) - sum(n for st, n in outcome.items() if st in SETTLED)
+            when = f" with {unsettled} operation(s) not settled" if unsettled else ""
+            console.print(f"[bold red]{died}{when}.[/] Its last lines:")
             console.print(_tail(kept), markup=False, highlight=False)
             console.print(f"the whole log: {kept}")
             return 1

@@ -315,7 +315,7 @@ def test_demo_says_when_its_worker_dies_and_exits_non_zero(
 
     out = capsys.readouterr().out
     assert code == 1
-    assert "the worker process ended (exit code 3) before the operations settled" in out
+    assert "the worker process ended (exit code 3) with 3 operation(s) not settled" in out
     assert "worker: cannot start (the test made it so)" in out
     kept = list((tmp_path / "data").glob("demo-*-worker.log"))
     assert len(kept) == 1 and "cannot start" in kept[0].read_text()
