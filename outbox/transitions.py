@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.claims import Claim
@@ -20,7 +20,8 @@ from outbox.clock import db_now
 from outbox.drivers import FinalizeWrite, driver_for
 from outbox.effect_guard import no_effect_possible
 from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, StaleFence
-from outbox.models import Attempt, Operation, OperationEvent, core_table
+from outbox.events import record_events
+from outbox.models import Attempt, Operation, core_table
 from outbox.states import (
     ALLOWED,
     NO_EFFECT,
@@ -56,31 +57,6 @@ def _check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> 
     for src in sources:
         if (src, to) not in ALLOWED:
             raise IllegalTransition(operation_id, src.value, to.value)
-
-
-def _event(
-    session: Session,
-    operation_id: str,
-    *,
-    from_status: str | None,
-    to: Status,
-    token: int,
-    event: EventKind,
-    reason: str | None,
-    actor: str,
-) -> None:
-    session.execute(
-        insert(OperationEvent).values(
-            operation_id=operation_id,
-            at=db_now(),
-            from_status=from_status,
-            to_status=to.value,
-            fencing_token=token,
-            event=event.value,
-            reason=reason,
-            actor=actor,
-        )
-    )
 
 
 def move(
@@ -130,13 +106,12 @@ def move(
         if token is not None:
             raise StaleFence(operation_id, token, f"now {current.status} with token {current.fencing_token}")
         raise IllegalTransition(operation_id, current.status, to.value)
-    _event(
+    record_events(
         session,
-        operation_id,
+        [(operation_id, row.fencing_token)],
         from_status=previous,
         to=to,
-        token=row.fencing_token,
-        event=event,
+        kind=event,
         reason=event_reason or reason,
         actor=actor,
     )

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import insert, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from outbox.clock import db_now
 from outbox.errors import IllegalTransition
-from outbox.models import Operation, OperationEvent, core_table
+from outbox.events import record_events
+from outbox.models import Operation, core_table
 from outbox.states import ALLOWED, EventKind, Status, WaitingFor
 
 _OP = core_table(Operation)
-_EV = core_table(OperationEvent)
 # The move both make; the state table lists it (tests/unit/test_states.py checks every move taken).
 PARK = (Status.NOT_DISPATCHED, Status.NOT_DISPATCHED)
 if PARK not in ALLOWED:
@@ -46,7 +46,7 @@ def park_for_breaker(session: Session, operation_id: str, *, delay_s: float, rea
         )
         .returning(_OP.c.id, _OP.c.fencing_token)
     ).all()
-    _events(session, row, EventKind.BREAKER_OPEN, reason, actor)
+    _moved(session, row, EventKind.BREAKER_OPEN, reason, actor)
     return bool(row)
 
 
@@ -65,27 +65,9 @@ def wake_breaker_waits(session: Session, action_names: Sequence[str], *, reason:
         .values(next_attempt_at=db_now(), waiting_for=None, reason=reason, updated_at=db_now())
         .returning(_OP.c.id, _OP.c.fencing_token)
     ).all()
-    _events(session, rows, EventKind.BREAKER_RESET, reason, actor)
+    _moved(session, rows, EventKind.BREAKER_RESET, reason, actor)
     return [r.id for r in rows]
 
 
-def _events(session: Session, rows: Sequence[tuple[str, int]], event: EventKind, reason: str, actor: str) -> None:
-    if not rows:
-        return
-    session.execute(
-        insert(_EV).values(
-            [
-                dict(
-                    operation_id=op_id,
-                    at=db_now(),
-                    from_status=Status.NOT_DISPATCHED.value,
-                    to_status=Status.NOT_DISPATCHED.value,
-                    fencing_token=token,
-                    event=event.value,
-                    reason=reason,
-                    actor=actor,
-                )
-                for op_id, token in rows
-            ]
-        )
-    )
+def _moved(session: Session, rows: Sequence[tuple[str, int]], event: EventKind, reason: str, actor: str) -> None:
+    record_events(session, rows, from_status=PARK[0], to=PARK[1], kind=event, reason=reason, actor=actor)

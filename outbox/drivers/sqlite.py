@@ -23,7 +23,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.clock import db_age_s, db_now
 from outbox.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
 from outbox.effect_guard import may_have_taken_effect, no_effect_possible
-from outbox.models import Attempt, Evidence, Operation, OperationEvent, core_table
+from outbox.events import record_events
+from outbox.models import Attempt, Evidence, Operation, core_table
 from outbox.states import AttemptClass, AttemptKind, EventKind, Status
 from outbox.writes import ATTEMPT_REPORT, core_values, finalize_writes
 
@@ -33,7 +34,6 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
-_EV = core_table(OperationEvent)
 
 _CLAIMED = (
     _OP.c.id,
@@ -126,32 +126,16 @@ class SqliteDriver:
             is not None
         )
         if inserted:
-            self._event(session, new.id, None, new.status, 0, EventKind.SUBMIT.value, new.reason, new.subject)
-        return inserted
-
-    def _event(
-        self,
-        session: Session,
-        operation_id: str,
-        from_status: Status | None,
-        to: Status,
-        token: int,
-        event_kind: str,
-        reason: str | None,
-        actor: str,
-    ) -> None:
-        session.execute(
-            insert(_EV).values(
-                operation_id=operation_id,
-                at=db_now(),
-                from_status=from_status.value if from_status else None,
-                to_status=to.value,
-                fencing_token=token,
-                event=event_kind,
-                reason=reason,
-                actor=actor,
+            record_events(
+                session,
+                [(new.id, 0)],
+                from_status=None,
+                to=new.status,
+                kind=EventKind.SUBMIT,
+                reason=new.reason,
+                actor=new.subject,
             )
-        )
+        return inserted
 
     def claim(
         self,
@@ -233,15 +217,14 @@ class SqliteDriver:
             .returning(_AT.c.id)
         ).scalar_one()
         lookup = kind is AttemptKind.LOOKUP
-        self._event(
+        record_events(
             session,
-            row.id,
-            source,
-            Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING,
-            row.fencing_token,
-            (EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM).value,
-            f"{kind.value} attempt {number}",
-            worker,
+            [(row.id, row.fencing_token)],
+            from_status=source,
+            to=Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING,
+            kind=EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM,
+            reason=f"{kind.value} attempt {number}",
+            actor=worker,
         )
         return ClaimedRow(*tuple(row), attempt_id, number, bool(open_ambiguity))  # type: ignore[call-arg]
 
@@ -274,15 +257,14 @@ class SqliteDriver:
         ).first()
         if moved is None:
             return wrote, False
-        self._event(
+        record_events(
             session,
-            p["operation_id"],
-            Status.DISPATCHING,
-            w.to,
-            moved.fencing_token,
-            p["event"],
-            p["event_reason"],
-            p["actor"],
+            [(p["operation_id"], moved.fencing_token)],
+            from_status=Status.DISPATCHING,
+            to=w.to,
+            kind=p["event"],
+            reason=p["event_reason"],
+            actor=p["actor"],
         )
         return wrote, True
 
