@@ -35,6 +35,9 @@ from workers.outcomes import Ambiguous, Cancelled, Outcome, Rejected, RetryAt, S
 
 log = logging.getLogger(__name__)
 
+# A move made: the claim, its outcome, the status it moved to, the reason, its log fields.
+Applied = tuple[Claim, Outcome, Status, str, dict[str, Any]]
+
 
 @dataclass(frozen=True)
 class Recorder:
@@ -86,18 +89,6 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
     }
 
 
-def apply(
-    rec: Recorder,
-    claim: Claim,
-    report: AttemptReport,
-    outcome: Outcome,
-    *,
-    action: ActionConfig | None = None,
-) -> Outcome:
-    """Turn an outcome into exactly one guarded transition (evidence is kept even when stale)."""
-    return apply_many(rec, [(claim, report, outcome, action)])[claim.operation_id]
-
-
 def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
     """Finalize a batch: one transaction for all (each move still guarded by its own token).
 
@@ -106,7 +97,7 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
     """
     if rec.evidence.separate:
         return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
-    applied: list[tuple[Claim, Outcome, str, dict[str, Any]]] = []
+    applied: list[Applied] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
     late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
     ends = []
@@ -125,7 +116,7 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
                 continue
             if end.to is Status.SUCCEEDED:
                 succeeded.append((claim, report))
-            applied.append((claim, outcome, end.reason, fields))
+            applied.append((claim, outcome, end.to, end.reason, fields))
         # Evidence with the successes themselves: same transaction, one query, one insert.
         rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
     # A failure above rolls the batch back and raises: its leases expire into outcome_unknown and
@@ -160,16 +151,16 @@ def _apply_alone(
         if isinstance(outcome, Succeeded):
             rec.late({claim.attempt_id: outcome.result})
         return outcome
-    _after(rec, [(claim, outcome, reason, fields)])
+    _after(rec, [(claim, outcome, to, reason, fields)])
     return outcome
 
 
-def _after(rec: Recorder, applied: Sequence[tuple[Claim, Outcome, str, dict[str, Any]]]) -> None:
+def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     """After the commit: one log line per operation, then the doorbells that follow from it."""
     reconcile, redispatch = [], []
-    for claim, outcome, reason, fields in applied:
+    for claim, outcome, to, reason, fields in applied:
         _log_outcome(outcome, reason, fields)
-        metrics.record_outcome(_transition_of(claim, outcome)[0])
+        metrics.record_outcome(to)
         if isinstance(outcome, RetryAt):
             metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
         if isinstance(outcome, Ambiguous):
