@@ -10,6 +10,9 @@ every move its operations took is listed (tests/conftest.py).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
+
+from outbox.errors import IllegalTransition
 
 
 class Status(str, enum.Enum):
@@ -143,6 +146,14 @@ ALLOWED: dict[tuple[Status, Status], str] = {
 
 def is_allowed(current: Status, new: Status) -> bool:
     return (current, new) in ALLOWED
+
+
+def check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> None:
+    """Raise IllegalTransition unless every ``source -> to`` is in ALLOWED (``operation_id`` "*":
+    a module checking, when it loads, the moves its single statements make)."""
+    for src in sources:
+        if (src, to) not in ALLOWED:
+            raise IllegalTransition(operation_id, src.value, to.value)
 
 
 def sources_of(new: Status) -> frozenset[Status]:

@@ -23,7 +23,6 @@ from outbox.errors import IllegalTransition, OperationNotFound, OutboxError, Sta
 from outbox.events import record_events
 from outbox.models import Attempt, Operation, core_table
 from outbox.states import (
-    ALLOWED,
     NO_EFFECT,
     PROVABLY_NOT_EXECUTED,
     TERMINAL,
@@ -31,6 +30,7 @@ from outbox.states import (
     EventKind,
     Status,
     WaitingFor,
+    check_allowed,
 )
 from outbox.writes import ATTEMPT_REPORT, core_values, waiting_on_entry
 
@@ -51,12 +51,6 @@ class AttemptReport:
     retry_after_s: float | None = None
     latency_s: float | None = None
     error: str | None = None
-
-
-def _check_allowed(operation_id: str, sources: Iterable[Status], to: Status) -> None:
-    for src in sources:
-        if (src, to) not in ALLOWED:
-            raise IllegalTransition(operation_id, src.value, to.value)
 
 
 def move(
@@ -80,7 +74,7 @@ def move(
     not match it (or its status moved on), ``IllegalTransition``/``OperationNotFound`` otherwise.
     """
     srcs = list(sources)
-    _check_allowed(operation_id, srcs, to)
+    check_allowed(operation_id, srcs, to)
     conds = [_OP.c.id == operation_id, _OP.c.status.in_([s.value for s in srcs]), *extra_where]
     if token is not None:
         conds.append(_OP.c.fencing_token == token)
@@ -186,7 +180,7 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
     ready: list[int] = []
     for i, item in enumerate(items):
         try:
-            _check_allowed(item.claim.operation_id, [Status.DISPATCHING], item.to)
+            check_allowed(item.claim.operation_id, [Status.DISPATCHING], item.to)
         except IllegalTransition as exc:
             refusals[i] = exc
             continue
