@@ -202,6 +202,7 @@ WHERE id = ANY(%(ids)s) AND status = '{Status.NOT_DISPATCHED.value}' AND next_at
 
 
 # -- evidence -------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
 def attempt_log(columns: tuple[str, ...]) -> str:
     return f"SELECT {', '.join(columns)} FROM attempts WHERE operation_id = ANY(%(ids)s) ORDER BY id"
 
