@@ -3,8 +3,10 @@
 1. gate (gate.py): which rung ids are due; those whose breaker is open are parked, not claimed;
 2. claim (outbox/claims.py): the rest, under leases and fresh fencing tokens, topped up with
    whatever else is due;
-3. fan out (fan_out.py): one attempt each, concurrently where the target looks healthy;
-4. finalize (finalize.py): each outcome becomes exactly one guarded move, in one transaction.
+3. fan out (in_flight.py, fan_out.py): one attempt each, off the task's thread, so a slow call
+   holds only itself and the process takes its next doorbell meanwhile;
+4. finalize (finalize.py): each outcome becomes exactly one guarded move; whatever has arrived
+   commits in one transaction.
 
 The retry loop is outside (the ledger's next_attempt_at + the relay); the breaker wraps exactly
 one HTTP attempt. A read timeout may come after the provider committed: never resend, park in
@@ -20,8 +22,7 @@ from datetime import timedelta
 from breaker import Allowed, Decision, Open
 from outbox import failpoints
 from outbox.claims import Claim, claim_due
-from workers.fan_out import Batch, attempt_all
-from workers.finalize import apply_many
+from workers.fan_out import Batch
 from workers.gate import park_while_open_if_due, read_due_ops
 from workers.outcomes import Outcome, deadline_of
 from workers.runtime import Runtime
@@ -30,25 +31,44 @@ log = logging.getLogger(__name__)
 
 
 def dispatch_operation(rt: Runtime, operation_id: str) -> Outcome | None:
-    """Handle one doorbell for one operation (see dispatch_batch)."""
+    """Handle one doorbell for one operation and wait for its outcome (see dispatch_batch)."""
     return dispatch_batch(rt, [operation_id]).get(operation_id)
 
 
-def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outcome]:
+def dispatch_batch(rt: Runtime, operation_ids: Sequence[str], *, wait: bool = True) -> dict[str, Outcome]:
     """Handle one doorbell carrying one or more operation ids. Returns the outcomes applied.
 
-    The breaker is asked before the claim: while it is open an operation is not claimed at all
-    (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest
-    are claimed, with whatever else is due up to OUTBOX_DOORBELL_BATCH, called (concurrently, one
-    thread each, unless the target answers within FAST_CALL_S: see fan_out.attempt_all and FAST_CALL_S; a batch costs
-    the time of its slowest call, which the lease covers) and finalized in one transaction.
+    Room first: a process with OUTBOX_MAX_IN_FLIGHT operations out waits (the broker keeps the
+    doorbells, the ledger keeps the work). The breaker is asked before the claim: while it is open
+    an operation is not claimed at all (no fencing token, no attempt number) and stays
+    not_dispatched until the reopen time. The rest are claimed, with whatever else is due up to
+    OUTBOX_DOORBELL_BATCH, and handed to the process's calls in flight (in_flight.py). A doorbell
+    whose ids are all taken (a duplicate, or another doorbell's claim took them along) still claims
+    whatever else is due: the ledger is the queue, a doorbell only says "work may be waiting".
+
+    ``wait``: return after the calls are finalized (with their outcomes); the Celery task does not
+    wait (only the gate's outcomes are returned).
     """
-    caller, rec = rt.caller(), rt.recorder()
-    dues = read_due_ops(rt.ledger, operation_ids)
-    if not dues:
-        # Duplicate doorbell, not due yet, or already taken: the database decides, nothing to do.
-        log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
+    size = rt.settings.doorbell_batch
+    if not rt.in_flight.reserve(size, timeout_s=rt.settings.soft_time_limit_s / 2):
+        log.info("no room: %d operation(s) in flight; doorbell left to the relay", rt.in_flight.held)
         return {}
+    try:
+        outcomes, claims, batch = _gate_and_claim(rt, operation_ids, size)
+    except BaseException:
+        rt.in_flight.release(size)
+        raise
+    rt.in_flight.release(size - len(claims))
+    done = rt.in_flight.start(claims, batch)
+    if wait:
+        outcomes.update(done.result())
+    return outcomes
+
+
+def _gate_and_claim(
+    rt: Runtime, operation_ids: Sequence[str], size: int
+) -> tuple[dict[str, Outcome], list[Claim], Batch]:
+    dues = read_due_ops(rt.ledger, operation_ids)
     outcomes: dict[str, Outcome] = {}
     decisions: dict[str, Decision] = {}
     # A closed breaker admits every call: ask it once per target per doorbell, not once per call.
@@ -79,34 +99,27 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Outco
         decisions[op_id] = decision
     wanted = [op_id for op_id in dues if op_id not in outcomes]
     claims: list[Claim] = []
-    if wanted:
+    if wanted or not dues:
         with rt.ledger.one_statement() as session:
-            # A doorbell wakes a worker; the database says what is due. Under load the relay rings
-            # for one or two ids at a time (it publishes as commits arrive), so the same statement
-            # fills the batch with whatever else is due now; those ids' own doorbells will find
-            # nothing to claim.
+            # A doorbell wakes a worker; the database says what is due. The same statement fills
+            # the batch with whatever else is due now (oldest first); those ids' own doorbells
+            # will in turn claim whatever is due then.
             claims = claim_due(
                 session,
                 worker=rt.worker_id,
                 lease_s=rt.settings.lease_s,
-                operation_ids=wanted,
-                limit=len(wanted),
-                also_due=max(rt.settings.doorbell_batch - len(wanted), 0),
+                operation_ids=wanted or None,
+                limit=len(wanted) if wanted else size,
+                also_due=max(size - len(wanted), 0) if wanted else 0,
             )
+    if not claims:
+        log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
     claimed = {c.operation_id for c in claims}
     for op_id, decision in decisions.items():
         if op_id not in claimed:
             rt.breakers.release(decision)  # a probe we will not send: the next caller probes
     for claim in claims:
         failpoints.hit("dispatch.after_claim", claim.idempotency_key)
-    batch = Batch(decisions, closed)
     # Most budget left first here too: after a failed canary each call asks the breaker in turn.
     claims.sort(key=lambda c: c.attempt_count)
-    results = attempt_all(caller, claims, batch)
-    for decision in batch.succeeded.values():
-        # One success per target per doorbell: each failure was recorded as it happened.
-        rt.breakers.record(decision, failure=False)
-    for claim, _, _, _ in results:
-        failpoints.hit("dispatch.after_response", claim.idempotency_key)
-    outcomes.update(apply_many(rec, results))
-    return outcomes
+    return outcomes, claims, Batch(decisions, closed)

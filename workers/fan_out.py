@@ -1,16 +1,14 @@
-"""Fan-out: a claimed batch's calls to the downstream, and what each attempt proved.
+"""Fan-out: one claimed operation's call to the downstream, and what the attempt proved.
 
 Nothing here writes to the ledger: an attempt returns its report (for the attempt row) and its
-outcome (for the one guarded move that finalize.py makes of it).
+outcome (for the one guarded move that finalize.py makes of it). Which thread makes which call,
+and when, is in_flight.py's business.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from breaker import Allowed, BreakerRegistry, Decision, Open, counts_as_failure
@@ -25,22 +23,15 @@ from workers import metrics
 from workers.outcomes import Outcome, Rejected, before_send, breaker_open, decide
 
 Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
-# A batch's calls to a target that answers within this run one after another, not in threads:
-# a batch of 10 such calls takes < 50 ms, and in-process a thread per call cost ~40% more CPU per
-# operation than the calls themselves saved in waiting (bench/dispatch_profile.py, sandbox on
-# the same host: 1.29-1.44 vs 0.93-1.02 ms of CPU per operation).
-FAST_CALL_S = 0.005
 
 
 @dataclass(frozen=True)
 class Caller:
-    """What calling a downstream takes: the actions file, the connectors, the breakers, and the
-    threads a batch's slow calls run in."""
+    """What calling a downstream takes: the actions file, the connectors and the breakers."""
 
     actions: ActionsConfig
     connectors: ConnectorSet
     breakers: BreakerRegistry
-    pool: ThreadPoolExecutor
 
 
 @dataclass
@@ -56,45 +47,7 @@ class Batch:
         return held if held is not None or target is None else self.closed.get(target)
 
 
-def attempt_all(caller: Caller, claims: Sequence[Claim], batch: Batch) -> list[Attempted]:
-    """A batch's calls: concurrently while the target looks healthy, one by one once it does not.
-
-    The first call to each target goes alone (a canary). If it neither failed nor counted against
-    the breaker, the rest of that target's calls run concurrently; otherwise they run one at a time,
-    each asking the breaker again, so a batch never piles its whole width of calls onto a target
-    that is going down (the breaker opens after fail_max, not after fail_max + batch).
-    A target that answered the canary within FAST_CALL_S gets the rest one after another too:
-    handing each call to a thread costs more CPU than such a call waits (bench/README.md).
-    """
-    groups: dict[str | None, list[Claim]] = {}
-    for claim in claims:
-        known = caller.actions.actions.get(claim.action)
-        groups.setdefault(known.target if known else None, []).append(claim)
-    results: list[Attempted] = []
-    for target, group in groups.items():
-        first = _attempt_claimed(caller, group[0], batch.decision_for(group[0], target), batch)
-        results.append(first)
-        rest = group[1:]
-        if first[1].klass in (AttemptClass.SUCCEEDED, AttemptClass.REJECTED):
-            call = functools.partial(_attempt_with_batch, caller, batch, target)
-            fast = first[1].latency_s is not None and first[1].latency_s < FAST_CALL_S
-            results.extend(map(call, rest) if fast else caller.pool.map(call, rest))
-            continue
-        if target is not None:
-            batch.closed.pop(target, None)  # the canary failed: ask the breaker before each call
-        for claim in rest:
-            held = batch.decisions.pop(claim.operation_id, None)
-            if held is not None:
-                caller.breakers.release(held)
-            results.append(_attempt_claimed(caller, claim, None, batch))
-    return results
-
-
-def _attempt_with_batch(caller: Caller, batch: Batch, target: str | None, claim: Claim) -> Attempted:
-    return _attempt_claimed(caller, claim, batch.decision_for(claim, target), batch)
-
-
-def _attempt_claimed(caller: Caller, claim: Claim, decision: Decision | None, batch: Batch | None = None) -> Attempted:
+def attempt_claimed(caller: Caller, claim: Claim, decision: Decision | None, batch: Batch | None = None) -> Attempted:
     try:
         action = caller.actions.action(claim.action)
     except KeyError as exc:

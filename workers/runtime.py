@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from celery import Celery
@@ -29,6 +28,7 @@ from workers.celery_app import check_time_limits, make_app
 from workers.doorbell import Doorbell
 from workers.fan_out import Caller
 from workers.finalize import Recorder
+from workers.in_flight import InFlight
 
 
 @dataclass
@@ -44,25 +44,51 @@ class Runtime:
     evidence: EvidenceSink
     # The hot path's own connection (claims, finalizes); everything else uses sessions.
     ledger: LedgerConnection
-    # A doorbell batch's calls to a slow target run concurrently, one thread each (httpx transports
-    # are thread-safe); calls to a target faster than fan_out.FAST_CALL_S run in turn.
-    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="dispatch"))
+    _in_flight: InFlight | None = field(default=None, init=False, repr=False)
+    _in_flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def caller(self) -> Caller:
         """What fan-out takes to call the downstream."""
-        return Caller(self.actions, self.connectors, self.breakers, self.pool)
+        return Caller(self.actions, self.connectors, self.breakers)
 
-    def recorder(self) -> Recorder:
-        """What finalize takes to record outcomes and ring what follows."""
-        return Recorder(self.ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions)
+    def recorder(self, ledger: LedgerConnection | None = None) -> Recorder:
+        """What finalize takes to record outcomes and ring what follows (on ``ledger``, default the
+        hot path's connection)."""
+        return Recorder(
+            ledger or self.ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions
+        )
+
+    @property
+    def in_flight(self) -> InFlight:
+        """This process's calls in flight (threads started on first use; finalize has its own
+        connection: the claim's belongs to the doorbell task's thread)."""
+        with self._in_flight_lock:
+            if self._in_flight is None:
+                self._in_flight = InFlight(
+                    self.caller(),
+                    self.recorder(LedgerConnection(self.engine, self.sessions)),
+                    max_ops=self.settings.max_in_flight,
+                    lease_s=self.settings.lease_s,
+                )
+            return self._in_flight
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self._in_flight is not None:
+            # Calls already out are finalized if they answer in time; otherwise their leases bring
+            # them back (outcome_unknown, then the reconciler).
+            self._in_flight.close(timeout_s=self._longest_call_s() + 2.0)
         self.evidence.close()
         self.ledger.close()
         self.connectors.close()
         self.breakers.close()
         self.engine.dispose()
+
+    def _longest_call_s(self) -> float:
+        return longest_call_s(self.actions)
+
+
+def longest_call_s(actions: ActionsConfig) -> float:
+    return max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
 
 
 def load_actions_for(settings: Settings) -> ActionsConfig:
@@ -93,8 +119,7 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     worker passes its own; otherwise one is made from the settings)."""
     settings = settings or load_settings()
     actions = load_actions_for(settings)
-    longest = max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
-    check_time_limits(settings, longest_call_s=longest)
+    check_time_limits(settings, longest_call_s=longest_call_s(actions))
     # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
@@ -113,7 +138,6 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
         worker_id=f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}",
         evidence=EvidenceSink.from_url(settings.evidence_url),
         ledger=LedgerConnection(engine, sessions),
-        pool=ThreadPoolExecutor(max_workers=settings.doorbell_batch, thread_name_prefix="dispatch"),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from workers import metrics
 from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
@@ -26,6 +26,14 @@ def _fresh_runtime(**_: object) -> None:
 worker_init.connect(metrics.on_worker_init)
 
 
+@worker_shutdown.connect
+def _close_solo_runtime(**_: object) -> None:
+    # A solo (or threads) pool runs tasks in the main process: let its calls out be finalized.
+    from workers.runtime import reset_runtime
+
+    reset_runtime()
+
+
 @worker_process_shutdown.connect
 def _close_runtime(**kw: object) -> None:
     from workers.runtime import reset_runtime
@@ -44,17 +52,20 @@ def dispatch(operation_ids: str | list[str]) -> None:
 
     ids = [operation_ids] if isinstance(operation_ids, str) else operation_ids
     with riding_out_outages("dispatch", ids):
-        dispatch_batch(get_runtime(app), ids)
+        # Returns once its calls are out: the process takes the next doorbell while they run.
+        dispatch_batch(get_runtime(app), ids, wait=False)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)
-def reconcile(operation_id: str) -> None:
+def reconcile(operation_ids: str | list[str]) -> None:
+    """One reconcile doorbell: an operation id, or a batch of them, looked up in turn."""
     from workers.outage import riding_out_outages
-    from workers.reconcile import reconcile_operation
+    from workers.reconcile import reconcile_batch
     from workers.runtime import get_runtime
 
-    with riding_out_outages("reconcile", [operation_id]):
-        reconcile_operation(get_runtime(app), operation_id)
+    ids = [operation_ids] if isinstance(operation_ids, str) else operation_ids
+    with riding_out_outages("reconcile", ids):
+        reconcile_batch(get_runtime(app), ids)
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
@@ -77,6 +88,7 @@ def _sweep_once() -> None:
         republish_after_s=rt.settings.republish_after_s,
         evidence_sink=rt.evidence,
         actions=rt.actions,
+        max_queued=rt.settings.relay_max_queued,
     )
     tick = relay.run_once()
     if tick.busy:

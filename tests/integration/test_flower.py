@@ -41,11 +41,13 @@ def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, t
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: _get(f"{base}/healthcheck") == "OK", 30, what="flower up")
+        # Flower shows only the events it received: wait until its receiver sees the worker first
+        # (a doorbell task takes milliseconds; under load it could end before Flower listened).
+        workers = wait_for(lambda: _json(f"{base}/api/workers?refresh=1"), 30, what="flower sees workers")
+        assert any("flowerw" in name for name in workers), workers
         secret = {"order_id": "o-9", "amount": "77.10", "currency": "EUR", "reason": "customer-secret-reason"}
         receipt = pipe.submit("k-flower", secret)
         pipe.wait_status(receipt.operation_id, "succeeded")
-        workers = wait_for(lambda: _json(f"{base}/api/workers?refresh=1"), 30, what="flower sees workers")
-        assert any("flowerw" in name for name in workers), workers
         tasks = wait_for(
             lambda: [t for t in (_json(f"{base}/api/tasks") or {}).values() if t.get("name") == "outbox.dispatch"],
             30,
