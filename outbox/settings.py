@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     # cost: a worker that crashes mid-batch sends the whole batch through lease expiry and
     # reconciliation instead of one operation.
     doorbell_batch: int = Field(default=10, ge=1, le=100)
+    # Operations claimed and not yet finalized, per worker process. Calls run off the doorbell
+    # task's thread (workers/in_flight.py), so a slow call holds only itself; this bounds how many
+    # a process holds at once. A full process takes no doorbell until room frees up (backpressure).
+    max_in_flight: int = Field(default=40, ge=1, le=1000)
     task_events: bool = Field(default=False, description="Celery task events from the start (Flower)")
     worker_concurrency: int = Field(default=2, ge=1, le=64)
     # soft < hard < lease < visibility (checked at worker start-up): Celery kills a stuck task
@@ -56,8 +60,13 @@ class Settings(BaseSettings):
     # relay gathers the ids of this window into doorbells of up to doorbell_batch ids (fewer broker
     # messages per operation, at most this much added latency). 0 = publish every wake-up at once.
     relay_linger_s: float = Field(default=0.01, ge=0, le=1)
-    # A published doorbell not acted on for this long is assumed lost and published again.
+    # A published doorbell not acted on for this long is assumed lost and published again, but
+    # only while the broker holds no dispatch doorbell (queued is not lost: workers/relay.py).
     republish_after_s: float = Field(default=30.0, gt=0)
+    # Dispatch doorbells the relay lets the broker hold at once. A doorbell claims whatever is due
+    # (up to doorbell_batch), so this only has to keep every worker process busy between two relay
+    # ticks; the backlog itself waits in the ledger, never as a flood of messages.
+    relay_max_queued: int = Field(default=100, ge=1)
     # The reconciler's own budget (lookups are cheap and safe): this many lookups, re-checks
     # backing off up to reconcile_max_delay_s, before a person is asked. 12 lookups with a 60 s
     # cap is about ten minutes of provider outage; tests shrink both to stay fast.

@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
 from outbox.states import AttemptClass, Status
 
@@ -87,6 +87,18 @@ RELAY_LAG = Histogram(
     buckets=LAG_BUCKETS,
     registry=PROCESS_REGISTRY,
 )
+DISPATCH_QUEUE_DEPTH = Gauge(
+    "outbox_dispatch_queue_depth",
+    "Dispatch doorbells waiting in the broker, as the relay last read it (bounded by OUTBOX_RELAY_MAX_QUEUED)",
+    multiprocess_mode="livemax",
+    registry=PROCESS_REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "outbox_in_flight_operations",
+    "Operations claimed and not yet finalized, summed over worker processes (each <= OUTBOX_MAX_IN_FLIGHT)",
+    multiprocess_mode="livesum",
+    registry=PROCESS_REGISTRY,
+)
 
 F = TypeVar("F", bound=Callable[..., None])
 _failed_once = False
@@ -138,6 +150,16 @@ def record_outcome(status: Status | str) -> None:
     """The status an operation moved to after a worker's guarded transition committed."""
     value = getattr(status, "value", status)
     OUTCOMES.labels(value if value in KNOWN_STATUSES else "invalid").inc()
+
+
+@_never_raises
+def record_dispatch_queue(depth: int) -> None:
+    DISPATCH_QUEUE_DEPTH.set(depth)
+
+
+@_never_raises
+def record_in_flight(held: int) -> None:
+    IN_FLIGHT.set(held)
 
 
 @_never_raises
