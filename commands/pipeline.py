@@ -76,6 +76,7 @@ def build_relay(settings: Settings) -> Relay:
         evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None,
         # For handoff packets (what to mask); without the file every argument is masked.
         actions=load_actions_for(settings) if settings.actions_file else None,
+        max_queued=settings.relay_max_queued,
     )
 
 

@@ -14,9 +14,11 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 
+from outbox.clock import db_now
 from outbox.drivers import driver_for
+from outbox.models import Operation
 from outbox.states import Status
 
 
@@ -45,6 +47,19 @@ def mark_published_if_due(
         fresh_grace_s=fresh_grace_s,
         leading_since=leading_since,
     )
+
+
+def count_due(engine: Engine, *, cap: int) -> int:
+    """How many ``not_dispatched`` operations are due now, counting up to ``cap`` (a range of the
+    status/next_attempt_at index, never a scan of the backlog)."""
+    due = (
+        select(Operation.id)
+        .where(Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_now())
+        .limit(cap)
+        .subquery()
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(due)).scalar_one())
 
 
 def mark_published(engine: Engine, operation_ids: Sequence[str]) -> None:

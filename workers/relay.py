@@ -20,6 +20,15 @@ marked): without that, under load the ticks raced the listener and rang ~40% of 
 once: nobody rang those from NOTIFY (submitted while no relay led, or while this one took over).
 The ticks (every ``poll_s``) are the backstop for everything else: retries coming due, doorbells
 lost, notifications missed while the relay was away. On SQLite it polls.
+
+Backpressure: the ledger is the queue, the broker only says "work may be waiting". A worker's
+claim takes whatever is due, oldest first, whatever ids its doorbell carried; so what matters is
+how many doorbells the broker holds, not which. Each tick reads the dispatch queue's depth and
+counts the due rows, and rings only the doorbells missing: one per ``doorbell_batch`` due rows,
+never more than ``max_queued`` in the broker (the NOTIFY path checks the same room). Nothing is
+re-published because it "looks lost" while the broker still holds enough doorbells: that was how
+a backlog of 7,500 operations grew a queue of 10,000 doorbells (issue 14). ``republish_after_s``
+is used only where the depth cannot be read.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from outbox import late_evidence, publish
 from outbox.db import make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
 from outbox.leases import expire_leases
-from outbox.publish import mark_published, mark_published_if_due
+from outbox.publish import count_due, mark_published, mark_published_if_due
 from outbox.states import Status
 from workers import metrics
 from workers.doorbell import Doorbell
@@ -57,6 +66,8 @@ NOTIFIED_GRACE_S = 2.0
 # The listener waits for notifications at most this long before it looks at stop(): with a long
 # poll_s, a stopped relay went on ringing (into a dead deployment's queue) for up to poll_s.
 STOP_CHECK_S = 0.2
+# The NOTIFY path reads the queue's depth at most this often (counting its own publishes between).
+DEPTH_FRESH_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -83,9 +94,11 @@ class Relay:
         embedded_broker_cleanup: Callable[[], object] | None = None,
         evidence_sink: EvidenceSink | None = None,
         actions: ActionsConfig | None = None,
+        max_queued: int = 100,
     ) -> None:
         """``actions``: the actions file, for handoff packets (what to mask, where to look) when a
-        late success contradicts a final state; without it every argument is masked."""
+        late success contradicts a final state; without it every argument is masked.
+        ``max_queued``: dispatch doorbells the broker may hold (OUTBOX_RELAY_MAX_QUEUED)."""
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.doorbell = doorbell
@@ -93,6 +106,9 @@ class Relay:
         self.republish_after_s = republish_after_s
         self.sweep_every_s = sweep_every_s
         self.linger_s = linger_s
+        self.max_queued = max_queued
+        self._depth: int | None = None  # dispatch doorbells in the broker, as last read (+ own since)
+        self._depth_read = float("-inf")
         self._last_sweep = 0.0
         self._cleanup = embedded_broker_cleanup
         self._last_cleanup = 0.0
@@ -111,16 +127,35 @@ class Relay:
         self.leading_since: datetime | None = None
 
     # -- one tick ---------------------------------------------------------------------------
-    def _mark_due(self, status: Status, *, leased_ok: bool) -> list[str]:
-        """Mark due rows published and return their ids (one statement; see the module docstring)."""
+    def dispatch_room(self, *, fresh: bool = True) -> tuple[int, int | None]:
+        """(doorbells the broker may take now, its dispatch depth or None if unknown).
+
+        ``fresh``: read the depth now; otherwise a reading up to DEPTH_FRESH_S old will do.
+        """
+        now = time.monotonic()
+        if fresh or now - self._depth_read > DEPTH_FRESH_S:
+            self._depth, self._depth_read = self.doorbell.queued_dispatch(), now
+        if self._depth is None:
+            return BATCH, None
+        metrics.record_dispatch_queue(self._depth)
+        return max(self.max_queued - self._depth, 0), self._depth
+
+    def _published(self, messages: int) -> None:
+        if self._depth is not None:
+            self._depth += messages
+
+    def _mark_due(self, status: Status, *, leased_ok: bool, limit: int = BATCH, queued: int | None = None) -> list[str]:
+        """Mark up to ``limit`` due rows published and return their ids (one statement; see the
+        module docstring). ``queued``: None, rows rung more than republish_after_s ago count as
+        lost; 0: any row rung before counts (the caller knows its doorbell is not queued)."""
         # While listening, never-published rows get a grace: the NOTIFY path rings them.
         grace = self.listening and status is Status.NOT_DISPATCHED
         rows = mark_published_if_due(
             self.engine,
             status,
             leased_ok=leased_ok,
-            batch=BATCH,
-            republish_after_s=self.republish_after_s,
+            batch=limit,
+            republish_after_s=self.republish_after_s if queued is None else 0.0,
             fresh_grace_s=NOTIFIED_GRACE_S if grace else 0.0,
             leading_since=self.leading_since,
         )
@@ -137,10 +172,33 @@ class Relay:
             return
         mark_published(self.engine, rung)
 
+    def _ring_due(self) -> list[str]:
+        """Ring for due rows: as many doorbells as the due rows need (one per doorbell_batch), less
+        those the broker already holds, up to max_queued. Which rows: the oldest due, rung before or
+        not (a doorbell's claim takes whatever is due; only the count of doorbells matters)."""
+        room, queued = self.dispatch_room()
+        if queued is None:  # depth unknown: ring what was never rung, or rung republish_after_s ago
+            ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True, queued=None)
+        else:
+            batch = self.doorbell.batch
+            due = count_due(self.engine, cap=self.max_queued * batch)
+            wanted = min(-(-due // batch), self.max_queued) - queued
+            if wanted <= 0:
+                return []
+            ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True, limit=min(wanted, room) * batch, queued=0)
+        if ids:
+            self._published(self.doorbell.ring_dispatch(ids))
+        return ids
+
     def ring_notified(self, operation_ids: list[str]) -> int:
-        """Ring the doorbell for ids that submit notified (committed, due now). Returns messages sent."""
-        fresh = list(dict.fromkeys(operation_ids))
+        """Ring the doorbell for ids that submit notified (committed, due now), as many as the broker
+        has room for. Returns messages sent; ids left out stay never-published (a tick rings them)."""
+        room, _ = self.dispatch_room(fresh=False)
+        fresh = list(dict.fromkeys(operation_ids))[: room * self.doorbell.batch]
+        if not fresh:
+            return 0
         sent = self.doorbell.ring_dispatch(fresh)
+        self._published(sent)
         with self._rung_lock:
             self._rung.update(fresh)
         return sent
@@ -148,9 +206,7 @@ class Relay:
     def run_once(self) -> Tick:
         # Doorbells first: they are what a waiting agent's latency is made of; the sweep can wait.
         self._mark_rung()
-        dispatch_ids = self._mark_due(Status.NOT_DISPATCHED, leased_ok=True)
-        if dispatch_ids:
-            self.doorbell.ring_dispatch(dispatch_ids)
+        dispatch_ids = self._ring_due()
         expired = 0
         now = time.monotonic()
         if now - self._last_sweep >= self.sweep_every_s:

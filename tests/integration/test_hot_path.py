@@ -176,9 +176,13 @@ def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once
         s.execute(
             update(Operation).where(Operation.id.in_(ids)).values(next_attempt_at=db_now(-(NOTIFIED_GRACE_S + 1)))
         )
-    assert relay.run_once().dispatch == 3
+    # One doorbell queued serves the four due rows (its claim takes whatever is due): none more.
+    assert relay.run_once().dispatch == 0
+    client.delete(queue)  # a worker took it (and, say, died): the broker holds no doorbell now
+    assert relay.run_once().dispatch == 4, "every due row, rung before or not, once the broker holds none"
     assert sorted(_queued_ids(client, queue)) == sorted([before, *ids])
     relay.listening, relay.leading_since = False, None  # polling only (SQLite, or no LISTEN connection): no grace
     late = pipe.submit("k-grace-polling").operation_id
-    assert relay.run_once().dispatch == 1
+    client.delete(queue)
+    assert relay.run_once().dispatch == 5
     assert _queued_ids(client, queue).count(late) == 1
