@@ -114,14 +114,21 @@ def claim_unknown(
     lease_s: float,
     limit: int = 1,
     operation_id: str | None = None,
+    operation_ids: Sequence[str] | None = None,
 ) -> list[Claim]:
-    """The reconciler's claim: a due ``outcome_unknown`` operation whose lease (if any) has expired.
+    """The reconciler's claim: due ``outcome_unknown`` operations whose lease (if any) has expired
+    (only ``operation_id(s)`` if given; up to ``limit``).
 
     The status stays ``outcome_unknown`` (nothing is re-sent); the token is bumped, a lease is taken
     and a ``lookup`` attempt row is opened for what the provider will say.
     """
     return _claim(
-        session, AttemptKind.LOOKUP, worker=worker, lease_s=lease_s, limit=limit, operation_ids=_ids(operation_id, None)
+        session,
+        AttemptKind.LOOKUP,
+        worker=worker,
+        lease_s=lease_s,
+        limit=limit,
+        operation_ids=_ids(operation_id, operation_ids),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from breaker import Open, counts_as_failure
+from breaker import Allowed, Open, counts_as_failure
 from downstream.actions import ActionConfig
 from downstream.lookups import LookupResult
 from outbox import failpoints
@@ -70,6 +71,34 @@ def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_
     return started + timedelta(seconds=call_timeout_s)
 
 
+def reconcile_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Settlement]:
+    """A reconcile doorbell's ids: late successes first, then one claim statement for the rest,
+    then a lookup each, in turn. Returns the settlements made (ids settled otherwise are absent)."""
+    rng = random.Random()
+    settled = _late(rt, operation_ids=list(operation_ids))
+    wanted = [op_id for op_id in operation_ids if op_id not in settled]
+    if not wanted:
+        return {}
+    with rt.sessions.begin() as session:
+        claims = claim_unknown(
+            session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_ids=wanted, limit=len(wanted)
+        )
+    # A closed breaker admits every lookup: asked once per target per doorbell, and told one
+    # success at the end (each failure is told at once, and then the next lookup asks again).
+    shared = _SharedBreakers({}, {})
+    try:
+        return {claim.operation_id: _reconcile_claimed(rt, claim, rng, shared) for claim in claims}
+    finally:
+        for decision in shared.succeeded.values():
+            rt.breakers.record(decision, failure=False)
+
+
+@dataclass
+class _SharedBreakers:
+    closed: dict[str, Allowed]  # target -> the closed breaker's admission, shared by the batch
+    succeeded: dict[str, Allowed]  # target -> a success not yet told
+
+
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | None = None) -> Settlement | None:
     rng = rng or random.Random()
     if _late(rt, operation_ids=[operation_id]):
@@ -78,7 +107,12 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
         claims = claim_unknown(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
     if not claims:
         return None
-    claim = claims[0]
+    return _reconcile_claimed(rt, claims[0], rng)
+
+
+def _reconcile_claimed(
+    rt: Runtime, claim: Claim, rng: random.Random, shared: _SharedBreakers | None = None
+) -> Settlement:
     try:
         action = rt.actions.action(claim.action)
     except KeyError:
@@ -104,7 +138,9 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
             ),
             action,
         )
-    decision = rt.breakers.before_call(action.target)
+    decision = (shared.closed.get(action.target) if shared else None) or rt.breakers.before_call(action.target)
+    if shared is not None and isinstance(decision, Allowed) and not decision.probe:
+        shared.closed[action.target] = decision
     if isinstance(decision, Open):
         return _settle(
             rt,
@@ -127,15 +163,20 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
     )
     failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
     unavailable = found.outcome == "unavailable"
-    rt.breakers.record(
-        decision,
-        failure=unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None),
-    )
+    failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)
+    if shared is not None and not failure and not decision.probe:
+        shared.succeeded[action.target] = decision
+    else:
+        if shared is not None:
+            shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
+        rt.breakers.record(decision, failure=failure)
     target = rt.actions.target_of(action)
-    with rt.sessions() as session:
-        last_activity = last_dispatch_activity(
-            session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
-        )
+    last_activity = None
+    if found.outcome == "not_found":  # only "not found" is judged against the last dispatch
+        with rt.sessions() as session:
+            last_activity = last_dispatch_activity(
+                session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
+            )
     verdict = judge(
         claim,
         action,
