@@ -98,7 +98,21 @@ class OperationDetail:
         out = operation_json(self.operation)
         out["attempt_log"] = [attempt_json(a) for a in self.attempts]
         out["history"] = [event_json(e) for e in self.events]
+        out["timing"] = self.timing()
         return out
+
+    def timing(self) -> dict[str, Any]:
+        """Where the time went: waiting in our own queue for a first worker (submit to first
+        claim: our backlog, never the provider's fault) and waiting on the provider (the dispatch
+        attempts' latencies). None where there is nothing to measure yet."""
+        dispatches = [a for a in self.attempts if a.kind == "dispatch"]
+        created = as_utc(self.operation.created_at)
+        first = as_utc(dispatches[0].started_at) if dispatches else None
+        latencies = [a.latency_s for a in dispatches if a.latency_s is not None]
+        return {
+            "queue_wait_s": round((first - created).total_seconds(), 3) if first and created else None,
+            "provider_time_s": round(sum(latencies), 3) if latencies else None,
+        }
 
 
 def list_operations(

@@ -116,7 +116,15 @@ def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Outcome
     if claim.attempt_count > budget.max_attempts:
         return _spent(claim, action, f"attempts used up ({claim.attempt_count - 1}/{budget.max_attempts})")
     if now >= deadline_of(claim, action):
-        return _spent(claim, action, f"deadline passed before attempt {claim.attempt_count} ({budget.deadline_s:g}s)")
+        # The deadline is the caller's: nothing is sent after it, whoever made the time pass. Say
+        # who did: before a first attempt all of it was our own backlog, not the provider.
+        waited = (now - claim.created_at).total_seconds()
+        whose = "all of it waiting for a worker (our backlog)" if claim.attempt_count <= 1 else "since submit"
+        return _spent(
+            claim,
+            action,
+            f"deadline passed before attempt {claim.attempt_count} ({budget.deadline_s:g}s): {waited:.1f}s {whose}",
+        )
     return None
 
 

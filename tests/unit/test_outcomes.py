@@ -249,3 +249,14 @@ def test_not_found_at_a_provider_without_keys_never_resends_over_a_request_that_
         after_not_found(replace(rc, open_ambiguity=False), no_keys, NOT_FOUND, attempts(A.NOT_SENT), now=T0).to
         is Status.NOT_DISPATCHED
     )
+
+
+def test_a_deadline_missed_in_our_own_backlog_says_so():
+    """Under backlog an intent can wait past its deadline before any worker takes it: it is never
+    sent (the deadline is the caller's), and the reason says the time was ours, not the provider's."""
+    late = T0 + timedelta(seconds=75)
+    first = before_send(claim(1), ACTION, now=late)
+    assert isinstance(first, Rejected)
+    assert first.why == "deadline passed before attempt 1 (60s): 75.0s all of it waiting for a worker (our backlog)"
+    again = before_send(claim(2), ACTION, now=late)
+    assert isinstance(again, Rejected) and again.why.endswith("75.0s since submit")
