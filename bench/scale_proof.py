@@ -341,7 +341,12 @@ def run_scale_proof(
 
 
 def _check(
-    result: ScaleResult, sessions: sessionmaker[Session], sandbox: Any, keys: dict[str, tuple[str, str]]
+    result: ScaleResult,
+    sessions: sessionmaker[Session],
+    sandbox: Any,
+    keys: dict[str, tuple[str, str]],
+    *,
+    max_attempts: int = MAX_ATTEMPTS,
 ) -> None:
     from outbox.models import Attempt, Handoff, Operation, OperationEvent
     from outbox.report import state_contradictions
@@ -428,7 +433,7 @@ def _check(
                 absent = [item for item in PACKET_ITEMS if not packet.get(item)]
                 if absent:
                     v.append(f"I5: {tag}: handoff {h.id} packet lacks {absent}")
-        cap = MAX_ATTEMPTS if op.max_attempts is None else min(MAX_ATTEMPTS, op.max_attempts)
+        cap = max_attempts if op.max_attempts is None else min(max_attempts, op.max_attempts)
         # Sent = reached (or may have reached) the provider; a claim that found the budget spent
         # records a not_sent attempt and ends the operation without sending (workers/reconcile.py
         # _cap_redispatch: "the next claim ends it failed_before_commit"), so attempt_count may

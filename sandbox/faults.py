@@ -71,6 +71,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "latency_ms": (int, float),
     "stall_s": (int, float),
     "status": (int,),
+    "first_per_key": (bool,),
 }
 
 
@@ -98,6 +99,9 @@ class FaultRule:
     latency_ms: float = 0.0
     stall_s: float = 10.0
     status: int | None = None
+    # Only a key's first request (per method and path) can draw this rule: retries of the key
+    # pass, as when a provider fails some first requests and answers every retry.
+    first_per_key: bool = False
     fired: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _key_re: re.Pattern[str] | None = field(default=None, repr=False)
@@ -143,6 +147,7 @@ class FaultRule:
             "latency_ms": self.latency_ms,
             "stall_s": self.stall_s,
             "status": self.status,
+            "first_per_key": self.first_per_key,
             "fired": self.fired,
             "exhausted": self.exhausted,
         }
@@ -197,6 +202,7 @@ class FaultBook:
     rules: list[FaultRule] = field(default_factory=list)
     default_seed: int | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _seen: set[tuple[str, str, str]] = field(default_factory=set)  # (method, path, key) requested so far
 
     def add(self, body: Any) -> FaultRule:
         rule = parse_rule(body, self.default_seed)
@@ -212,8 +218,18 @@ class FaultBook:
     def clear(self) -> None:
         self.rules.clear()
 
+    def forget_keys(self) -> None:
+        """Every key's next request counts as its first again (first_per_key)."""
+        self._seen.clear()
+
     def select(self, method: str, path: str, key: str | None, tenant: str) -> FaultRule | None:
+        first = False
+        if key is not None and (method, path, key) not in self._seen:
+            self._seen.add((method, path, key))
+            first = True
         for rule in self.rules:
+            if rule.first_per_key and not first:
+                continue
             if rule.matches(method, path, key, tenant):
                 rule.fired += 1
                 return rule

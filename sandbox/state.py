@@ -45,4 +45,6 @@ class SandboxState:
         self.requests.resize(self.config.request_log_max)
         if not keep_faults:
             self.faults = FaultBook(default_seed=self.faults.default_seed)
+        else:
+            self.faults.forget_keys()  # a fresh run: every key's next request is its first again
         self.seq = itertools.count(1)

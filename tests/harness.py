@@ -81,6 +81,30 @@ def advance_breaker_clock(redis_url: str, namespace: str, target: str, seconds: 
         client.close()
 
 
+def descendants(pid: int) -> list[int]:
+    """Child processes of ``pid`` and theirs (from /proc; empty where there is no /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(parents.get(child, []))
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def action(path: str, **over: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "target": "sandbox",
@@ -147,15 +171,19 @@ class WorkerProc:
         return self.log_path.read_text(errors="replace")
 
     def kill(self) -> None:
+        """SIGKILL the worker and its pool processes (prefork), children first."""
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            for pid in [*descendants(self.proc.pid), self.proc.pid]:
+                _signal(pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def freeze(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            _signal(pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            _signal(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -199,7 +227,10 @@ class Pipeline:
         queues: str = "dispatch,outcome_unknown",
         extra_env: dict[str, str] | None = None,
         ready_timeout_s: float = 30.0,
+        pool: str = "solo",
+        concurrency: int = 1,
     ) -> WorkerProc:
+        """A Celery worker process (``pool``: solo, or prefork with ``concurrency`` children)."""
         name = name or f"w{len(self.workers) + 1}"
         log_path = self.tmp / f"{name}.log"
         env = dict(os.environ) | self.env | (extra_env or {})
@@ -211,7 +242,8 @@ class Pipeline:
             "workers",
             "worker",
             "-P",
-            "solo",
+            pool,
+            *(["-c", str(concurrency)] if pool != "solo" else []),
             "-Q",
             queues,
             "-n",
@@ -248,6 +280,7 @@ class Pipeline:
             republish_after_s=republish_after_s,
             sweep_every_s=0.2,
             evidence_sink=evidence_sink,
+            max_queued=self.settings().relay_max_queued,
         )
         self._relay_thread = threading.Thread(target=self._relay.run_forever, daemon=True)
         self._relay_thread.start()

@@ -123,3 +123,14 @@ def test_config_update_is_all_or_nothing() -> None:
     assert config.retention_s == 86400.0
     config.update({"over_limit_amount": "50.5", "idempotency": False})
     assert config.over_limit_amount == Decimal("50.5") and config.idempotency is False
+
+
+def test_a_first_per_key_rule_fails_only_a_keys_first_request():
+    book = FaultBook()
+    book.add({"mode": "commit_then_504", "method": "POST", "first_per_key": True})
+    assert book.select("POST", "/v1/refunds", "k1", "t") is not None
+    assert book.select("POST", "/v1/refunds", "k1", "t") is None  # the retry passes
+    assert book.select("GET", "/v1/refunds", "k1", "t") is None  # another method: not the rule's
+    assert book.select("POST", "/v1/refunds", "k2", "t") is not None
+    book.forget_keys()
+    assert book.select("POST", "/v1/refunds", "k1", "t") is not None
