@@ -44,7 +44,10 @@ def test_one_doorbell_carries_a_batch(pipe, sandbox):
     effects = sandbox.effects()
     assert sorted(e["idempotency_key"] for e in effects) == sorted(f"k-batch-{i}" for i in range(30))
     received = worker.log().count("outbox.dispatch[")
-    assert received <= 2 * 3, worker.log()[-2000:]  # 3 doorbells (a line for received, one for done)
+    # 3 doorbells (a line for received, one for done), plus at most one per due batch rung again
+    # by the relay while the worker held the last one (a held doorbell is no longer in the queue;
+    # it claims whatever is due, so it is never wasted work): not 30 doorbells, one per id.
+    assert received <= 2 * 10, worker.log()[-2000:]
 
 
 def test_a_slow_targets_batch_is_called_concurrently_after_its_canary(pipe, sandbox):
