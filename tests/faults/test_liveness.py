@@ -3,8 +3,8 @@ of first requests (resets, 504s and truncated bodies after commit, 4 s stalls pa
 timeout, 503 / 429 with Retry-After, 500s), a broker SIGKILL, a dispatch worker SIGKILL, a
 PostgreSQL restart, an 8 s provider outage and a frozen worker, all in one run. Every intent must
 succeed within its 120 s deadline and its 5-attempt budget, with one effect each at the provider,
-every state true, and the broker never holding more than twice the due operations (plus a small
-slack). The scenario and its checks live in ``bench/liveness.py``; the benchmark
+every state true, and the broker never holding more than twice the due operations (the most due
+in the last second, plus a small slack). The scenario and its checks live in ``bench/liveness.py``; the benchmark
 (``python -m bench.liveness``) runs the same with a clean twin for the throughput ratio.
 """
 

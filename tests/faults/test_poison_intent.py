@@ -40,6 +40,9 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
     # through lease expiry and reconciliation (documented cost of OUTBOX_DOORBELL_BATCH); this
     # test is about the poison intent's own cap.
     pipe.env["OUTBOX_DOORBELL_BATCH"] = "1"
+    # Likewise for the calls a process holds in flight: a crash takes them all through lease
+    # expiry, and here the good ones' leases never run out (CLOCK_LEASE).
+    pipe.env["OUTBOX_MAX_IN_FLIGHT"] = "1"
     pipe.env.update(CLOCK_LEASE)
     env = {"OUTBOX_FAILPOINTS": "dispatch.after_claim=exit@poison-*"}
     pipe.start_worker("w1", extra_env=env)
