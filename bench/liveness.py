@@ -104,12 +104,15 @@ def first_request_rules(seed: int) -> list[dict[str, Any]]:
     return rules
 
 
-def liveness_actions_doc(sandbox_url: str) -> dict[str, Any]:
+def liveness_actions_doc(sandbox_url: str, *, on_ambiguous: str = "lookup") -> dict[str, Any]:
+    """``on_ambiguous``: lookup (the default: ask the provider) or replay (send again with the same
+    key: the sandbox replays by key)."""
     from tests.harness import action, actions_doc
 
     budget = {"max_attempts": MAX_ATTEMPTS, "deadline_s": DEADLINE_S, "base_delay_s": 0.2, "max_delay_s": 2}
+    extra: dict[str, Any] = {"on_ambiguous": on_ambiguous} if on_ambiguous != "lookup" else {}
     actions = {
-        name: action(path, budget=budget, **({"decimal_args": ["amount"]} if "refund" in name else {}))
+        name: action(path, budget=budget, **extra, **({"decimal_args": ["amount"]} if "refund" in name else {}))
         for name, (path, _, _) in ACTIONS.items()
     }
     # A breaker that an 8 s outage trips and a 45% first-request failure rate does not.
@@ -235,6 +238,7 @@ def run_liveness(
     intents: int = 10_000,
     seed: int = 7,
     scenario: str = "faults",
+    on_ambiguous: str = "lookup",
     quiet_within_s: float = 600.0,
     verbose: bool = False,
 ) -> LivenessResult:
@@ -269,7 +273,7 @@ def run_liveness(
             sandbox_url=sandbox.url,
             env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url} | ENV,
         ) as pipe:
-            pipe.write_actions(liveness_actions_doc(sandbox.url))
+            pipe.write_actions(liveness_actions_doc(sandbox.url, on_ambiguous=on_ambiguous))
             dispatchers = [
                 pipe.start_worker(f"d{i + 1}", queues="dispatch", pool="prefork", concurrency=2) for i in range(2)
             ]
@@ -429,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", choices=SCENARIOS, default=None, help="run one scenario only")
     parser.add_argument("--out", type=Path, default=None, help="JSON (default bench/results/liveness-<date>.json)")
+    parser.add_argument(
+        "--on-ambiguous",
+        choices=("lookup", "replay"),
+        default="lookup",
+        help="what the actions do after an ambiguous attempt (default lookup: ask the provider)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep worker logs under this folder")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -458,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                     intents=args.intents,
                     seed=args.seed,
                     scenario=name,
+                    on_ambiguous=args.on_ambiguous,
                     verbose=not args.quiet,
                 )
             finally:
@@ -473,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             if name in results:
                 ratio = results[name].scale.ops_per_s / results["clean"].scale.ops_per_s
                 print(f"{name}: {ratio:.0%} of the clean throughput")
-    out = args.out or ROOT / "bench" / "results" / f"liveness-{time.strftime('%Y-%m-%d')}-n{args.intents}.json"
+    suffix = "-replay" if args.on_ambiguous == "replay" else ""
+    out = args.out or ROOT / "bench" / "results" / f"liveness-{time.strftime('%Y-%m-%d')}-n{args.intents}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({k: v.as_json() for k, v in results.items()}, indent=2))
     print(f"wrote {out}")
