@@ -287,7 +287,10 @@ class InFlight:
                     self._results.put(None)
                     break
                 items.append(more)
-            self._finalize(items)
+            try:
+                self._finalize(items)
+            except Exception:  # noqa: BLE001 - a bug: logged; the thread must outlive it
+                log.exception("finalizer: unexpected error; the operations concerned come back through their leases")
 
     def _finalize(self, items: list[tuple[Doorbatch, list[Attempted]]]) -> None:
         attempted = [a for _, results in items for a in results]
@@ -302,6 +305,7 @@ class InFlight:
                 extra={"operation_ids": [c.operation_id for c, _, _, _ in attempted]},
             )
         finally:
+            self.release(len(attempted))  # first: nothing below may keep the room taken
             for batch, results in items:
                 for claim, _, outcome, _ in results:
                     batch.outcomes[claim.operation_id] = outcomes.get(claim.operation_id, outcome)
@@ -311,7 +315,6 @@ class InFlight:
                         # One success per target per doorbell: each failure was recorded as it happened.
                         self._caller.breakers.record(decision, failure=False)
                     batch.done.set_result(batch.outcomes)
-            self.release(len(attempted))
 
     def _apply(self, attempted: list[Attempted]) -> dict[str, Outcome]:
         give_up = time.monotonic() + self._retry_s
