@@ -42,7 +42,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.scale_proof import ACTIONS, NOT_QUIET, ScaleResult, _check, _status_counts  # noqa: E402
+from bench.scale_proof import ACTIONS, NOT_QUIET, Burst, ScaleResult, _check, _status_counts  # noqa: E402
 
 MAX_ATTEMPTS = 5
 DEADLINE_S = 120
@@ -250,7 +249,6 @@ def run_liveness(
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     clean = scenario == "clean"
     from outbox.models import Attempt, Operation
-    from outbox.submit import submit
     from tests.harness import PrivateRedis, pipeline
     from workers.celery_app import make_app
     from workers.doorbell import Doorbell
@@ -281,33 +279,9 @@ def run_liveness(
             pipe.start_relay(republish_after_s=10.0)
             doorbell = Doorbell(make_app(pipe.settings()))
 
-            names = list(ACTIONS)
-            keys: dict[str, tuple[str, str]] = {}
-            submit_errors: list[BaseException] = []
-
-            def burst() -> None:
-                try:
-                    for first in range(0, intents, 100):
-                        with sessions.begin() as s:
-                            for i in range(first, min(first + 100, intents)):
-                                name = names[i % len(names)]
-                                key = f"live-{seed}-{i:06d}"
-                                r = submit(
-                                    s,
-                                    tenant="t1",
-                                    idempotency_key=key,
-                                    action=name,
-                                    args=ACTIONS[name][2](i),
-                                    subject="liveness",
-                                )
-                                keys[r.operation_id] = (name, key)
-                    _log(f"submitted {intents} in {time.monotonic() - started:.1f}s", verbose)
-                except BaseException as exc:  # noqa: BLE001 - reported as a violation below
-                    submit_errors.append(exc)
-
-            started = time.monotonic()
-            submitter = threading.Thread(target=burst, name="liveness-submit", daemon=True)
-            submitter.start()
+            submitter = Burst(sessions, intents, key_prefix=f"live-{seed}", subject="liveness", verbose=verbose)
+            keys = submitter.keys
+            started = submitter.start()
             plan = ["redis", "kill", "postgres", "outage", "freeze"] if scenario == "faults" else []
             at = {"redis": 0.10, "kill": 0.25, "postgres": 0.40, "outage": 0.55, "freeze": 0.70}
             frozen: Any = None
@@ -388,7 +362,7 @@ def run_liveness(
                     result.faults_done_at = max(ends.values()) - started
                 if busy == 0 and not submitter.is_alive() and faults_over and settled >= intents:
                     break
-                if submit_errors:
+                if submitter.errors:
                     break
                 if now - started > quiet_within_s:
                     result.scale.violations.append(f"I2: not quiet after {quiet_within_s:.0f}s: {dict(counts)}")
@@ -399,8 +373,8 @@ def run_liveness(
                 time.sleep(SAMPLE_S)
             result.scale.wall_s = time.monotonic() - started
             submitter.join(30)
-            if submit_errors:
-                result.scale.violations.append(f"submit failed: {submit_errors[0]!r}")
+            if submitter.errors:
+                result.scale.violations.append(f"submit failed: {submitter.errors[0]!r}")
             _check(result.scale, sessions, sandbox, keys, max_attempts=MAX_ATTEMPTS)
             with sessions() as s:
                 rows = s.execute(select(Operation.status, Operation.created_at, Operation.updated_at)).all()

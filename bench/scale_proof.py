@@ -209,6 +209,57 @@ def _log(msg: str, verbose: bool) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+@dataclass
+class Burst:
+    """N intents over ACTIONS, 100 per transaction, submitted by a thread of their own."""
+
+    sessions: sessionmaker[Session]
+    intents: int
+    key_prefix: str
+    subject: str
+    verbose: bool = False
+    keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # operation id -> (action, key)
+    errors: list[BaseException] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def start(self) -> float:
+        """Start submitting; returns the monotonic start time."""
+        started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, args=(started,), name="burst-submit", daemon=True)
+        self.thread.start()
+        return started
+
+    def is_alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def join(self, timeout_s: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+    def _run(self, started: float) -> None:
+        from outbox.submit import submit
+
+        names = list(ACTIONS)
+        try:
+            for first in range(0, self.intents, 100):
+                with self.sessions.begin() as s:
+                    for i in range(first, min(first + 100, self.intents)):
+                        name = names[i % len(names)]
+                        key = f"{self.key_prefix}-{i:06d}"
+                        r = submit(
+                            s,
+                            tenant="t1",
+                            idempotency_key=key,
+                            action=name,
+                            args=ACTIONS[name][2](i),
+                            subject=self.subject,
+                        )
+                        self.keys[r.operation_id] = (name, key)
+            _log(f"submitted {self.intents} in {time.monotonic() - started:.1f}s", self.verbose)
+        except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
+            self.errors.append(exc)
+
+
 def run_scale_proof(
     *,
     db_url: str,
@@ -228,7 +279,6 @@ def run_scale_proof(
 
     ``fencing``: the sandbox refuses older fencing tokens and the actions declare provider_fencing,
     so a lookup's "not found" proves earlier attempts unable to land (fewer handoffs)."""
-    from outbox.submit import submit
     from tests.harness import PrivateRedis, pipeline
 
     result = ScaleResult(seed=seed, intents=intents, workers=workers, fencing=fencing)
@@ -254,34 +304,11 @@ def run_scale_proof(
             pipe.start_worker("reconciler", queues="outcome_unknown")
             pipe.start_relay()
 
-            names = list(ACTIONS)
             killed: list[Any] = []
-            keys: dict[str, tuple[str, str]] = {}  # operation id -> (action, key)
-            submit_errors: list[BaseException] = []
-
-            def burst() -> None:  # in a thread, so the faults below land while intents still arrive
-                try:
-                    for first in range(0, intents, 100):
-                        with sessions.begin() as s:
-                            for i in range(first, min(first + 100, intents)):
-                                name = names[i % len(names)]
-                                key = f"scale-{seed}-{i:06d}"
-                                r = submit(
-                                    s,
-                                    tenant="t1",
-                                    idempotency_key=key,
-                                    action=name,
-                                    args=ACTIONS[name][2](i),
-                                    subject="scale-proof",
-                                )
-                                keys[r.operation_id] = (name, key)
-                    _log(f"submitted {intents} in {time.monotonic() - started:.1f}s", verbose)
-                except BaseException as exc:  # noqa: BLE001 - reported as a violation below
-                    submit_errors.append(exc)
-
-            started = time.monotonic()
-            submitter = threading.Thread(target=burst, name="scale-submit", daemon=True)
-            submitter.start()
+            # In a thread, so the faults below land while intents still arrive.
+            submitter = Burst(sessions, intents, key_prefix=f"scale-{seed}", subject="scale-proof", verbose=verbose)
+            keys = submitter.keys  # operation id -> (action, key)
+            started = submitter.start()
             deadline = started + deadline_s
             last_print = 0.0
             frozen: Any | None = None
@@ -329,8 +356,8 @@ def run_scale_proof(
                 time.sleep(0.1)
             result.wall_s = time.monotonic() - started
             submitter.join(30)
-            if submit_errors:
-                result.violations.append(f"submit failed: {submit_errors[0]!r}")
+            if submitter.errors:
+                result.violations.append(f"submit failed: {submitter.errors[0]!r}")
             for w in pipe.workers:  # a worker that died on its own is worth knowing about
                 if w not in killed and w.proc.poll() is not None:
                     result.violations.append(f"worker {w.name} exited on its own (rc {w.proc.returncode})")
