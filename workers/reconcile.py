@@ -71,10 +71,12 @@ def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_
     return started + timedelta(seconds=call_timeout_s)
 
 
-def reconcile_batch(rt: Runtime, operation_ids: Sequence[str]) -> dict[str, Settlement]:
+def reconcile_batch(
+    rt: Runtime, operation_ids: Sequence[str], *, rng: random.Random | None = None
+) -> dict[str, Settlement]:
     """A reconcile doorbell's ids: late successes first, then one claim statement for the rest,
     then a lookup each, in turn. Returns the settlements made (ids settled otherwise are absent)."""
-    rng = random.Random()
+    rng = rng or random.Random()
     settled = _late(rt, operation_ids=list(operation_ids))
     wanted = [op_id for op_id in operation_ids if op_id not in settled]
     if not wanted:
@@ -100,19 +102,11 @@ class _SharedBreakers:
 
 
 def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | None = None) -> Settlement | None:
-    rng = rng or random.Random()
-    if _late(rt, operation_ids=[operation_id]):
-        return None  # a late success settled it: nothing left to look up
-    with rt.sessions.begin() as session:
-        claims = claim_unknown(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, operation_id=operation_id)
-    if not claims:
-        return None
-    return _reconcile_claimed(rt, claims[0], rng)
+    """One operation's reconcile doorbell (None: settled by a late success, or nothing to claim)."""
+    return reconcile_batch(rt, [operation_id], rng=rng).get(operation_id)
 
 
-def _reconcile_claimed(
-    rt: Runtime, claim: Claim, rng: random.Random, shared: _SharedBreakers | None = None
-) -> Settlement:
+def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _SharedBreakers) -> Settlement:
     try:
         action = rt.actions.action(claim.action)
     except KeyError:
@@ -138,8 +132,8 @@ def _reconcile_claimed(
             ),
             action,
         )
-    decision = (shared.closed.get(action.target) if shared else None) or rt.breakers.before_call(action.target)
-    if shared is not None and isinstance(decision, Allowed) and not decision.probe:
+    decision = shared.closed.get(action.target) or rt.breakers.before_call(action.target)
+    if isinstance(decision, Allowed) and not decision.probe:
         shared.closed[action.target] = decision
     if isinstance(decision, Open):
         return _settle(
@@ -164,11 +158,10 @@ def _reconcile_claimed(
     failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
     unavailable = found.outcome == "unavailable"
     failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)
-    if shared is not None and not failure and not decision.probe:
+    if not failure and not decision.probe:
         shared.succeeded[action.target] = decision
     else:
-        if shared is not None:
-            shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
+        shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
         rt.breakers.record(decision, failure=failure)
     target = rt.actions.target_of(action)
     last_activity = None

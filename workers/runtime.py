@@ -42,7 +42,8 @@ class Runtime:
     doorbell: Doorbell
     worker_id: str
     evidence: EvidenceSink
-    # The hot path's own connection (claims, finalizes); everything else uses sessions.
+    # The doorbell task's own connection (gate reads, claims); finalize has another (in_flight);
+    # everything else uses sessions.
     ledger: LedgerConnection
     _in_flight: InFlight | None = field(default=None, init=False, repr=False)
     _in_flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -51,12 +52,9 @@ class Runtime:
         """What fan-out takes to call the downstream."""
         return Caller(self.actions, self.connectors, self.breakers)
 
-    def recorder(self, ledger: LedgerConnection | None = None) -> Recorder:
-        """What finalize takes to record outcomes and ring what follows (on ``ledger``, default the
-        hot path's connection)."""
-        return Recorder(
-            ledger or self.ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions
-        )
+    def recorder(self, ledger: LedgerConnection) -> Recorder:
+        """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""
+        return Recorder(ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions)
 
     @property
     def in_flight(self) -> InFlight:
@@ -76,15 +74,12 @@ class Runtime:
         if self._in_flight is not None:
             # Calls already out are finalized if they answer in time; otherwise their leases bring
             # them back (outcome_unknown, then the reconciler).
-            self._in_flight.close(timeout_s=self._longest_call_s() + 2.0)
+            self._in_flight.close(timeout_s=longest_call_s(self.actions) + 2.0)
         self.evidence.close()
         self.ledger.close()
         self.connectors.close()
         self.breakers.close()
         self.engine.dispose()
-
-    def _longest_call_s(self) -> float:
-        return longest_call_s(self.actions)
 
 
 def longest_call_s(actions: ActionsConfig) -> float:

@@ -50,7 +50,7 @@ def dispatch(operation_ids: str | list[str]) -> None:
     from workers.outage import riding_out_outages
     from workers.runtime import get_runtime
 
-    ids = [operation_ids] if isinstance(operation_ids, str) else operation_ids
+    ids = _ids(operation_ids)
     with riding_out_outages("dispatch", ids):
         # Returns once its calls are out: the process takes the next doorbell while they run.
         dispatch_batch(get_runtime(app), ids, wait=False)
@@ -63,9 +63,14 @@ def reconcile(operation_ids: str | list[str]) -> None:
     from workers.reconcile import reconcile_batch
     from workers.runtime import get_runtime
 
-    ids = [operation_ids] if isinstance(operation_ids, str) else operation_ids
+    ids = _ids(operation_ids)
     with riding_out_outages("reconcile", ids):
         reconcile_batch(get_runtime(app), ids)
+
+
+def _ids(operation_ids: str | list[str]) -> list[str]:
+    # A doorbell carries one id (older messages, and batches of one) or a list.
+    return [operation_ids] if isinstance(operation_ids, str) else operation_ids
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
