@@ -55,7 +55,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.scale_proof import ACTIONS, NOT_QUIET, Burst, ScaleResult, _check, _status_counts  # noqa: E402
+from bench.scale_proof import (  # noqa: E402
+    ACTIONS,
+    NOT_QUIET,
+    Burst,
+    ScaleResult,
+    _check,
+    _log,
+    _status_counts,
+    private_broker_pipeline,
+)
 
 MAX_ATTEMPTS = 5
 DEADLINE_S = 120
@@ -223,11 +232,6 @@ def _due_count(sessions: sessionmaker[Session]) -> int:
         )
 
 
-def _log(msg: str, verbose: bool) -> None:
-    if verbose:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def run_liveness(
     *,
     db_url: str,
@@ -249,7 +253,6 @@ def run_liveness(
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     clean = scenario == "clean"
     from outbox.models import Attempt, Operation
-    from tests.harness import PrivateRedis, pipeline
     from workers.celery_app import make_app
     from workers.doorbell import Doorbell
 
@@ -261,143 +264,132 @@ def run_liveness(
         for rule in first_request_rules(seed):
             sandbox.add_fault(**rule)
 
-    redis = PrivateRedis(tmp).start()
-    try:
-        with pipeline(
-            db_url=db_url,
-            sessions=sessions,
-            redis_url=redis.url,
-            tmp=tmp,
-            sandbox_url=sandbox.url,
-            env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url} | ENV,
-        ) as pipe:
-            pipe.write_actions(liveness_actions_doc(sandbox.url, on_ambiguous=on_ambiguous))
-            dispatchers = [
-                pipe.start_worker(f"d{i + 1}", queues="dispatch", pool="prefork", concurrency=2) for i in range(2)
-            ]
-            reconcilers = [pipe.start_worker("reconciler", queues="outcome_unknown", pool="prefork", concurrency=2)]
-            pipe.start_relay(republish_after_s=10.0)
-            doorbell = Doorbell(make_app(pipe.settings()))
+    with private_broker_pipeline(db_url=db_url, sessions=sessions, sandbox=sandbox, tmp=tmp, env=ENV) as (pipe, redis):
+        pipe.write_actions(liveness_actions_doc(sandbox.url, on_ambiguous=on_ambiguous))
+        dispatchers = [
+            pipe.start_worker(f"d{i + 1}", queues="dispatch", pool="prefork", concurrency=2) for i in range(2)
+        ]
+        reconcilers = [pipe.start_worker("reconciler", queues="outcome_unknown", pool="prefork", concurrency=2)]
+        pipe.start_relay(republish_after_s=10.0)
+        doorbell = Doorbell(make_app(pipe.settings()))
 
-            submitter = Burst(sessions, intents, key_prefix=f"live-{seed}", subject="liveness", verbose=verbose)
-            keys = submitter.keys
-            started = submitter.start()
-            plan = ["redis", "kill", "postgres", "outage", "freeze"] if scenario == "faults" else []
-            at = {"redis": 0.10, "kill": 0.25, "postgres": 0.40, "outage": 0.55, "freeze": 0.70}
-            frozen: Any = None
-            outage_rule: int | None = None
-            ends: dict[str, float] = {}  # fault -> monotonic time it ends
-            last_print = 0.0
-            while True:
-                now = time.monotonic()
-                try:
-                    counts = _status_counts(sessions)
-                    due = _due_count(sessions)
-                except Exception:  # noqa: BLE001 - the ledger is restarting: sample again
-                    time.sleep(SAMPLE_S)
-                    continue
-                busy = sum(counts[st] for st in NOT_QUIET)
-                settled = sum(counts.values()) - busy
-                queued = doorbell.queued_dispatch()
-                result.samples.append(Sample(now - started, settled, due, queued))
-                # Against the most due in the last second: the relay rang for the rows due when it
-                # looked; claims taking them along empty the due count faster than the queue.
-                recent_due = max([x.due for x in result.samples if x.t >= now - started - QUEUE_WINDOW_S])
-                if queued is not None and queued > 2 * recent_due + QUEUE_SLACK:
-                    result.queue_over += 1
-                for group, queue in ((dispatchers, "dispatch"), (reconcilers, "outcome_unknown")):
-                    for w in [w for w in group if w.proc.poll() is not None and w is not frozen]:
-                        # As compose's `restart: unless-stopped` would: start it again, and say so.
-                        last = (w.log().strip().splitlines() or ["(no log)"])[-1][:300]
-                        result.self_exits.append((w.name, last))
-                        _log(f"worker {w.name} exited on its own (rc {w.proc.returncode}); started again", verbose)
-                        group.remove(w)
-                        group.append(
-                            pipe.start_worker(
-                                f"{w.name}-r{len(result.self_exits)}", queues=queue, pool="prefork", concurrency=2
-                            )
-                        )
-                if plan and settled >= intents * at[plan[0]]:
-                    fault = plan.pop(0)
-                    _log(f"fault {fault} at {settled}/{intents} settled", verbose)
-                    if fault == "redis":
-                        redis.kill()
-                        time.sleep(1.0)
-                        redis.start()
-                        result.scale.redis_restarts += 1
-                    elif fault == "kill":
-                        victim = dispatchers.pop(rng.randrange(len(dispatchers)))
-                        victim.kill()
-                        result.scale.worker_kills += 1
-                        dispatchers.append(
-                            pipe.start_worker(
-                                f"d{3 + result.scale.worker_kills}", queues="dispatch", pool="prefork", concurrency=2
-                            )
-                        )
-                    elif fault == "postgres":
-                        restart_postgres()
-                        result.pg_restarts += 1
-                    elif fault == "outage":
-                        rule = sandbox.add_fault(mode="drop_before_commit", probability=1.0)
-                        outage_rule = int(rule["id"])
-                        ends["outage"] = time.monotonic() + OUTAGE_S
-                        result.outages += 1
-                    elif fault == "freeze":
-                        frozen = dispatchers[rng.randrange(len(dispatchers))]
-                        frozen.freeze()
-                        ends["freeze"] = time.monotonic() + FREEZE_S
-                        result.scale.worker_freezes += 1
-                    ends.setdefault(fault, time.monotonic())
-                now = time.monotonic()
-                if outage_rule is not None and now >= ends["outage"]:
-                    sandbox.remove_fault(outage_rule)
-                    outage_rule = None
-                    _log("provider back", verbose)
-                if frozen is not None and now >= ends["freeze"]:
-                    frozen.thaw()
-                    frozen = None
-                    _log("worker thawed", verbose)
-                faults_over = not plan and outage_rule is None and frozen is None
-                if faults_over and result.faults_done_at is None and ends:
-                    result.faults_done_at = max(ends.values()) - started
-                if busy == 0 and not submitter.is_alive() and faults_over and settled >= intents:
-                    break
-                if submitter.errors:
-                    break
-                if now - started > quiet_within_s:
-                    result.scale.violations.append(f"I2: not quiet after {quiet_within_s:.0f}s: {dict(counts)}")
-                    break
-                if now - last_print > 10:
-                    last_print = now
-                    _log(f"{dict(counts)} due={due} queued={queued}", verbose)
+        submitter = Burst(sessions, intents, key_prefix=f"live-{seed}", subject="liveness", verbose=verbose)
+        keys = submitter.keys
+        started = submitter.start()
+        plan = ["redis", "kill", "postgres", "outage", "freeze"] if scenario == "faults" else []
+        at = {"redis": 0.10, "kill": 0.25, "postgres": 0.40, "outage": 0.55, "freeze": 0.70}
+        frozen: Any = None
+        outage_rule: int | None = None
+        ends: dict[str, float] = {}  # fault -> monotonic time it ends
+        last_print = 0.0
+        while True:
+            now = time.monotonic()
+            try:
+                counts = _status_counts(sessions)
+                due = _due_count(sessions)
+            except Exception:  # noqa: BLE001 - the ledger is restarting: sample again
                 time.sleep(SAMPLE_S)
-            result.scale.wall_s = time.monotonic() - started
-            submitter.join(30)
+                continue
+            busy = sum(counts[st] for st in NOT_QUIET)
+            settled = sum(counts.values()) - busy
+            queued = doorbell.queued_dispatch()
+            result.samples.append(Sample(now - started, settled, due, queued))
+            # Against the most due in the last second: the relay rang for the rows due when it
+            # looked; claims taking them along empty the due count faster than the queue.
+            recent_due = max([x.due for x in result.samples if x.t >= now - started - QUEUE_WINDOW_S])
+            if queued is not None and queued > 2 * recent_due + QUEUE_SLACK:
+                result.queue_over += 1
+            for group, queue in ((dispatchers, "dispatch"), (reconcilers, "outcome_unknown")):
+                for w in [w for w in group if w.proc.poll() is not None and w is not frozen]:
+                    # As compose's `restart: unless-stopped` would: start it again, and say so.
+                    last = (w.log().strip().splitlines() or ["(no log)"])[-1][:300]
+                    result.self_exits.append((w.name, last))
+                    _log(f"worker {w.name} exited on its own (rc {w.proc.returncode}); started again", verbose)
+                    group.remove(w)
+                    group.append(
+                        pipe.start_worker(
+                            f"{w.name}-r{len(result.self_exits)}", queues=queue, pool="prefork", concurrency=2
+                        )
+                    )
+            if plan and settled >= intents * at[plan[0]]:
+                fault = plan.pop(0)
+                _log(f"fault {fault} at {settled}/{intents} settled", verbose)
+                if fault == "redis":
+                    redis.kill()
+                    time.sleep(1.0)
+                    redis.start()
+                    result.scale.redis_restarts += 1
+                elif fault == "kill":
+                    victim = dispatchers.pop(rng.randrange(len(dispatchers)))
+                    victim.kill()
+                    result.scale.worker_kills += 1
+                    dispatchers.append(
+                        pipe.start_worker(
+                            f"d{3 + result.scale.worker_kills}", queues="dispatch", pool="prefork", concurrency=2
+                        )
+                    )
+                elif fault == "postgres":
+                    restart_postgres()
+                    result.pg_restarts += 1
+                elif fault == "outage":
+                    rule = sandbox.add_fault(mode="drop_before_commit", probability=1.0)
+                    outage_rule = int(rule["id"])
+                    ends["outage"] = time.monotonic() + OUTAGE_S
+                    result.outages += 1
+                elif fault == "freeze":
+                    frozen = dispatchers[rng.randrange(len(dispatchers))]
+                    frozen.freeze()
+                    ends["freeze"] = time.monotonic() + FREEZE_S
+                    result.scale.worker_freezes += 1
+                ends.setdefault(fault, time.monotonic())
+            now = time.monotonic()
+            if outage_rule is not None and now >= ends["outage"]:
+                sandbox.remove_fault(outage_rule)
+                outage_rule = None
+                _log("provider back", verbose)
+            if frozen is not None and now >= ends["freeze"]:
+                frozen.thaw()
+                frozen = None
+                _log("worker thawed", verbose)
+            faults_over = not plan and outage_rule is None and frozen is None
+            if faults_over and result.faults_done_at is None and ends:
+                result.faults_done_at = max(ends.values()) - started
+            if busy == 0 and not submitter.is_alive() and faults_over and settled >= intents:
+                break
             if submitter.errors:
-                result.scale.violations.append(f"submit failed: {submitter.errors[0]!r}")
-            _check(result.scale, sessions, sandbox, keys, max_attempts=MAX_ATTEMPTS)
-            with sessions() as s:
-                rows = s.execute(select(Operation.status, Operation.created_at, Operation.updated_at)).all()
-                for klass, error, n in s.execute(
-                    select(Attempt.attempt_class, Attempt.error, func.count())
-                    .where(Attempt.kind == "dispatch")
-                    .group_by(Attempt.attempt_class, Attempt.error)
-                ).all():
-                    result.attempt_classes[klass] += n
-                    if klass == "not_sent":
-                        result.not_sent_why[(error or "")[:60]] += n
-            unpaid: Counter[str] = Counter()
-            for status, created, updated in rows:
-                if status != "succeeded":
-                    unpaid[status] += 1
-                elif (updated - created).total_seconds() > DEADLINE_S:
-                    result.over_deadline += 1
-            for status, n in unpaid.items():
-                result.scale.violations.append(f"{n} payable intent(s) ended {status}")
-            if result.over_deadline:
-                result.scale.violations.append(f"{result.over_deadline} succeeded after the {DEADLINE_S}s deadline")
-    finally:
-        redis.kill()
+                break
+            if now - started > quiet_within_s:
+                result.scale.violations.append(f"I2: not quiet after {quiet_within_s:.0f}s: {dict(counts)}")
+                break
+            if now - last_print > 10:
+                last_print = now
+                _log(f"{dict(counts)} due={due} queued={queued}", verbose)
+            time.sleep(SAMPLE_S)
+        result.scale.wall_s = time.monotonic() - started
+        submitter.join(30)
+        if submitter.errors:
+            result.scale.violations.append(f"submit failed: {submitter.errors[0]!r}")
+        _check(result.scale, sessions, sandbox, keys, max_attempts=MAX_ATTEMPTS)
+        with sessions() as s:
+            rows = s.execute(select(Operation.status, Operation.created_at, Operation.updated_at)).all()
+            for klass, error, n in s.execute(
+                select(Attempt.attempt_class, Attempt.error, func.count())
+                .where(Attempt.kind == "dispatch")
+                .group_by(Attempt.attempt_class, Attempt.error)
+            ).all():
+                result.attempt_classes[klass] += n
+                if klass == "not_sent":
+                    result.not_sent_why[(error or "")[:60]] += n
+        unpaid: Counter[str] = Counter()
+        for status, created, updated in rows:
+            if status != "succeeded":
+                unpaid[status] += 1
+            elif (updated - created).total_seconds() > DEADLINE_S:
+                result.over_deadline += 1
+        for status, n in unpaid.items():
+            result.scale.violations.append(f"{n} payable intent(s) ended {status}")
+        if result.over_deadline:
+            result.scale.violations.append(f"{result.over_deadline} succeeded after the {DEADLINE_S}s deadline")
     return result
 
 

@@ -61,6 +61,8 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +211,29 @@ def _log(msg: str, verbose: bool) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+@contextmanager
+def private_broker_pipeline(
+    *, db_url: str, sessions: sessionmaker[Session], sandbox: Any, tmp: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[Any, Any]]:
+    """The harness pipeline with a PRIVATE redis-server as broker and breaker store (so a run can
+    SIGKILL it); yields (pipeline, redis) and kills the redis-server at the end."""
+    from tests.harness import PrivateRedis, pipeline
+
+    redis = PrivateRedis(tmp).start()
+    try:
+        with pipeline(
+            db_url=db_url,
+            sessions=sessions,
+            redis_url=redis.url,
+            tmp=tmp,
+            sandbox_url=sandbox.url,
+            env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url} | (env or {}),
+        ) as pipe:
+            yield pipe, redis
+    finally:
+        redis.kill()
+
+
 @dataclass
 class Burst:
     """N intents over ACTIONS, 100 per transaction, submitted by a thread of their own."""
@@ -279,7 +304,6 @@ def run_scale_proof(
 
     ``fencing``: the sandbox refuses older fencing tokens and the actions declare provider_fencing,
     so a lookup's "not found" proves earlier attempts unable to land (fewer handoffs)."""
-    from tests.harness import PrivateRedis, pipeline
 
     result = ScaleResult(seed=seed, intents=intents, workers=workers, fencing=fencing)
     rng = random.Random(seed)
@@ -289,81 +313,69 @@ def run_scale_proof(
     for rule in fault_mix(seed, stall=stall):
         sandbox.add_fault(**rule)
 
-    redis = PrivateRedis(tmp).start()
-    try:
-        with pipeline(
-            db_url=db_url,
-            sessions=sessions,
-            redis_url=redis.url,
-            tmp=tmp,
-            sandbox_url=sandbox.url,
-            env={"OUTBOX_BROKER_URL": redis.url, "OUTBOX_REDIS_URL": redis.url},
-        ) as pipe:
-            pipe.write_actions(scale_actions_doc(sandbox.url, fencing=fencing))
-            dispatchers = [pipe.start_worker(f"d{i + 1}", queues="dispatch") for i in range(workers)]
-            pipe.start_worker("reconciler", queues="outcome_unknown")
-            pipe.start_relay()
+    with private_broker_pipeline(db_url=db_url, sessions=sessions, sandbox=sandbox, tmp=tmp) as (pipe, redis):
+        pipe.write_actions(scale_actions_doc(sandbox.url, fencing=fencing))
+        dispatchers = [pipe.start_worker(f"d{i + 1}", queues="dispatch") for i in range(workers)]
+        pipe.start_worker("reconciler", queues="outcome_unknown")
+        pipe.start_relay()
 
-            killed: list[Any] = []
-            # In a thread, so the faults below land while intents still arrive.
-            submitter = Burst(sessions, intents, key_prefix=f"scale-{seed}", subject="scale-proof", verbose=verbose)
-            keys = submitter.keys  # operation id -> (action, key)
-            started = submitter.start()
-            deadline = started + deadline_s
-            last_print = 0.0
-            frozen: Any | None = None
-            thaw_at = 0.0
-            while True:
-                counts = _status_counts(sessions)
-                busy = sum(counts[st] for st in NOT_QUIET)
-                settled = sum(counts.values()) - busy
-                now = time.monotonic()
-                if result.redis_restarts == 0 and settled >= intents // 4:
-                    _log(f"SIGKILL private redis at {settled}/{intents} settled", verbose)
-                    redis.kill()
-                    time.sleep(1.0)
-                    redis.start()  # same port, empty
-                    result.redis_restarts += 1
-                elif result.redis_restarts and result.worker_kills == 0 and settled >= intents // 2:
-                    victim = dispatchers.pop(rng.randrange(len(dispatchers)))
-                    _log(f"SIGKILL worker {victim.name} (pid {victim.pid}) at {settled}/{intents} settled", verbose)
-                    victim.kill()
-                    killed.append(victim)
-                    result.worker_kills += 1
-                    dispatchers.append(pipe.start_worker(f"d{workers + result.worker_kills}", queues="dispatch"))
-                elif result.worker_kills and result.worker_freezes == 0 and settled >= intents * 3 // 4:
-                    frozen = dispatchers[rng.randrange(len(dispatchers))]
-                    _log(
-                        f"SIGSTOP worker {frozen.name} (pid {frozen.pid}) for {FREEZE_S:g}s at "
-                        f"{settled}/{intents} settled",
-                        verbose,
-                    )
-                    frozen.freeze()
-                    thaw_at = now + FREEZE_S
-                    result.worker_freezes += 1
-                if frozen is not None and now >= thaw_at:
-                    _log(f"SIGCONT worker {frozen.name}", verbose)
-                    frozen.thaw()
-                    frozen = None
-                if busy == 0 and not submitter.is_alive() and result.worker_freezes and frozen is None:
-                    break
-                if now > deadline:
-                    result.violations.append(f"I2: not quiet after {deadline_s:.0f}s: {dict(counts)}")
-                    break
-                if verbose and now - last_print > 10:
-                    last_print = now
-                    _log(f"{dict(counts)}", verbose)
-                time.sleep(0.1)
-            result.wall_s = time.monotonic() - started
-            submitter.join(30)
-            if submitter.errors:
-                result.violations.append(f"submit failed: {submitter.errors[0]!r}")
-            for w in pipe.workers:  # a worker that died on its own is worth knowing about
-                if w not in killed and w.proc.poll() is not None:
-                    result.violations.append(f"worker {w.name} exited on its own (rc {w.proc.returncode})")
-            _check(result, sessions, sandbox, keys)
-    finally:
-        redis.kill()
+        killed: list[Any] = []
+        # In a thread, so the faults below land while intents still arrive.
+        submitter = Burst(sessions, intents, key_prefix=f"scale-{seed}", subject="scale-proof", verbose=verbose)
+        keys = submitter.keys  # operation id -> (action, key)
+        started = submitter.start()
+        deadline = started + deadline_s
+        last_print = 0.0
+        frozen: Any | None = None
+        thaw_at = 0.0
+        while True:
+            counts = _status_counts(sessions)
+            busy = sum(counts[st] for st in NOT_QUIET)
+            settled = sum(counts.values()) - busy
+            now = time.monotonic()
+            if result.redis_restarts == 0 and settled >= intents // 4:
+                _log(f"SIGKILL private redis at {settled}/{intents} settled", verbose)
+                redis.kill()
+                time.sleep(1.0)
+                redis.start()  # same port, empty
+                result.redis_restarts += 1
+            elif result.redis_restarts and result.worker_kills == 0 and settled >= intents // 2:
+                victim = dispatchers.pop(rng.randrange(len(dispatchers)))
+                _log(f"SIGKILL worker {victim.name} (pid {victim.pid}) at {settled}/{intents} settled", verbose)
+                victim.kill()
+                killed.append(victim)
+                result.worker_kills += 1
+                dispatchers.append(pipe.start_worker(f"d{workers + result.worker_kills}", queues="dispatch"))
+            elif result.worker_kills and result.worker_freezes == 0 and settled >= intents * 3 // 4:
+                frozen = dispatchers[rng.randrange(len(dispatchers))]
+                _log(
+                    f"SIGSTOP worker {frozen.name} (pid {frozen.pid}) for {FREEZE_S:g}s at {settled}/{intents} settled",
+                    verbose,
+                )
+                frozen.freeze()
+                thaw_at = now + FREEZE_S
+                result.worker_freezes += 1
+            if frozen is not None and now >= thaw_at:
+                _log(f"SIGCONT worker {frozen.name}", verbose)
+                frozen.thaw()
+                frozen = None
+            if busy == 0 and not submitter.is_alive() and result.worker_freezes and frozen is None:
+                break
+            if now > deadline:
+                result.violations.append(f"I2: not quiet after {deadline_s:.0f}s: {dict(counts)}")
+                break
+            if verbose and now - last_print > 10:
+                last_print = now
+                _log(f"{dict(counts)}", verbose)
+            time.sleep(0.1)
+        result.wall_s = time.monotonic() - started
+        submitter.join(30)
+        if submitter.errors:
+            result.violations.append(f"submit failed: {submitter.errors[0]!r}")
+        for w in pipe.workers:  # a worker that died on its own is worth knowing about
+            if w not in killed and w.proc.poll() is not None:
+                result.violations.append(f"worker {w.name} exited on its own (rc {w.proc.returncode})")
+        _check(result, sessions, sandbox, keys)
     return result
 
 
