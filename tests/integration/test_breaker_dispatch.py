@@ -143,6 +143,33 @@ def _parked(pipe: Any, ids: list[str], for_s: float) -> bool:
     return bool(waiting == len(ids))
 
 
+def _where_they_stand(pipe: Any, ids: list[str], workers: list[Any]) -> str:
+    """Why nothing moved: each operation's status and due time against the ledger's now, the
+    shared breaker (and its probe lock), and the tail of each worker's log."""
+    with pipe.sessions() as s:
+        now = s.execute(select(db_now())).scalar_one()
+        rows = s.execute(
+            select(Operation.id, Operation.status, Operation.next_attempt_at, Operation.attempt_count).where(
+                Operation.id.in_(ids)
+            )
+        ).all()
+    client = redis.Redis.from_url(pipe.env["OUTBOX_REDIS_URL"])
+    try:
+        from breaker.storage import RedisBreakerStorage
+
+        keys = RedisBreakerStorage(client, pipe.env["OUTBOX_BROKER_KEY_PREFIX"], "sandbox")
+        state = {k.decode(): v.decode() for k, v in client.hgetall(keys.state_key).items()}
+        redis_now = client.time()
+        probe = (client.get(keys.probe_key), client.pttl(keys.probe_key))
+    finally:
+        client.close()
+    ops = [f"  {r[0]} {r[1]} due in {(r[2] - now).total_seconds() if r[2] else None}s attempts {r[3]}" for r in rows]
+    logs = [f"--- worker {i} ---\n{w.log()[-2500:]}" for i, w in enumerate(workers)]
+    return "\n".join(
+        [f"ledger now {now}; redis now {redis_now}; breaker {state}; probe lock {probe}", *ops, *logs]
+    )
+
+
 def _posts_after(sandbox: Any, seq: int) -> list[dict[str, Any]]:
     return [p for p in sandbox.requests(method="POST") if p["seq"] > seq]
 
@@ -173,7 +200,12 @@ def test_open_breaker_is_shared_parks_without_spending_attempts_and_recovers(pip
         pipe.advance_ledger_clock(reset_s)
         # Half-open: exactly one probe reaches the sandbox (all processes together), it fails, the
         # breaker reopens and every operation parks again; nothing else is sent meanwhile.
-        wait_for(lambda: any(p["status"] is not None for p in _posts_after(sandbox, last)), 20, what=f"probe {window}")
+        try:
+            wait_for(
+                lambda: any(p["status"] is not None for p in _posts_after(sandbox, last)), 20, what=f"probe {window}"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_where_they_stand(pipe, ids, workers)}") from None
         wait_for(
             lambda: _breaker(pipe).state == "open" and _parked(pipe, ids, reset_s / 2),
             20,
