@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import tenacity
 
 if TYPE_CHECKING:
-    from downstream.actions import BudgetSpec
+    from downstream.action_specs import BudgetSpec
 
-# A provider asking us to wait longer than an hour is more likely broken (or a misparsed
-# date) than sincere; an hour also keeps one operation from sleeping past typical deadlines
-# unnoticed. The budget's deadline still decides whether such a wait is allowed at all.
-MAX_RETRY_AFTER_S = 3600.0
+# The provider's word is never shortened: a wait longer than the deadline allows spends the
+# budget (plan_retry) instead of calling early. Only values past a century are read as one
+# century (longer than any deadline), so date arithmetic cannot overflow.
+MAX_RETRY_AFTER_S = 100 * 365.25 * 86400.0
 
 _DELTA_SECONDS = re.compile(r"^\d+$")
 # RFC 9110 section 5.6.7: recipients must accept the obsolete RFC 850 and asctime forms too.
@@ -73,7 +73,7 @@ RetryDecision = PlannedRetry | BudgetSpent
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds to wait from a Retry-After header (delay-seconds or HTTP-date), capped.
+    """Seconds to wait from a Retry-After header (delay-seconds or HTTP-date), as asked.
 
     Garbage and negative numbers give None (the caller falls back to backoff). A date in the
     past gives 0.0: the provider said "from then on", which has already come.
@@ -84,7 +84,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if not text:
         return None
     if _DELTA_SECONDS.match(text):
-        return min(float(int(text)), MAX_RETRY_AFTER_S)
+        return min(float(int(text[:20])), MAX_RETRY_AFTER_S)
     when = parse_http_date(text)
     if when is None:
         return None

@@ -232,7 +232,8 @@ def test_retry_after_from_real_response(server: str) -> None:
     result = send(config(server, request={"method": "POST", "path": "/v1/busy/{order_id}"}))
     assert result.classification.retry_after_s == 7.0
     result = send(config(server, request={"method": "POST", "path": "/v1/throttled/{order_id}"}))
-    assert result.classification.retry_after_s == 3600.0  # capped
+    # A date in 2099: the provider's word, never cut to an hour (the budget's deadline decides, issue 15).
+    assert result.classification.retry_after_s is not None and result.classification.retry_after_s > 2e9
 
 
 def test_connection_refused_is_not_sent() -> None:

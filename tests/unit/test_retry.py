@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from downstream.actions import BudgetSpec
+from downstream.action_specs import BudgetSpec
 from downstream.retry import (
     MAX_RETRY_AFTER_S,
     Budget,
@@ -32,13 +32,15 @@ BUDGET = Budget(max_attempts=6, deadline_s=600, base_delay_s=0.5, max_delay_s=60
         ("0", 0.0),
         ("120", 120.0),
         (" 7 ", 7.0),
-        ("999999", MAX_RETRY_AFTER_S),
+        ("999999", 999999.0),  # eleven days: the provider's word, never cut (the deadline decides)
+        ("7200", 7200.0),
+        ("9" * 40, MAX_RETRY_AFTER_S),
         (format_datetime(NOW + timedelta(seconds=90), usegmt=True), 90.0),
         ("Sat, 01 Mar 2025 12:00:30 GMT", 30.0),
         ("Saturday, 01-Mar-25 12:00:45 GMT", 45.0),  # RFC 850, obsolete but must be accepted
         ("Sat Mar  1 12:01:00 2025", 60.0),  # asctime
         ("Sat, 01 Mar 2025 11:00:00 GMT", 0.0),  # in the past: retry now
-        ("Sat, 01 Mar 2030 11:00:00 GMT", MAX_RETRY_AFTER_S),
+        ("Sat, 01 Mar 2030 11:00:00 GMT", (datetime(2030, 3, 1, 11, tzinfo=UTC) - NOW).total_seconds()),
         (None, None),
         ("", None),
         ("-5", None),
@@ -168,3 +170,15 @@ def test_the_ledger_clock_is_the_databases_time_advanced_by_the_monotonic_clock(
     read_at = _datetime(2026, 11, 30, 12, 0, tzinfo=_UTC)
     clock = LedgerClock(read_at, mono=_time.monotonic() - 1.5)  # read 1.5 s ago
     assert 1.5 <= (clock.now() - read_at).total_seconds() < 2.5  # whatever this machine's wall clock says
+
+
+def test_a_retry_after_beyond_an_hour_is_honoured_or_spends_the_budget() -> None:
+    # Issue 15: a Retry-After of two hours used to be cut to one, so the call went out early.
+    long = Budget(max_attempts=5, deadline_s=86400, base_delay_s=0.5, max_delay_s=60)
+    plan = plan_retry(attempt_number=1, budget=long, created_at=NOW, now=NOW, retry_after_s=7200.0)
+    assert isinstance(plan, PlannedRetry) and plan.retry_after
+    assert plan.at >= NOW + timedelta(seconds=7200)
+    # Past the deadline: the budget is spent, the wait is not shortened to fit.
+    short = Budget(max_attempts=5, deadline_s=3600, base_delay_s=0.5, max_delay_s=60)
+    spent = plan_retry(attempt_number=1, budget=short, created_at=NOW, now=NOW, retry_after_s=7200.0)
+    assert isinstance(spent, BudgetSpent) and "Retry-After 7200s" in spent.reason
