@@ -232,6 +232,9 @@ class EventKind(str, enum.Enum):
     BREAKER_OPEN = "breaker open"  # parked without a claim until the breaker may close
     BREAKER_RESET = "breaker reset"  # an operator reset the breaker: parked operations woken
     CANCEL = "cancel"
+    # A cancel asked for while it could not take effect yet (in flight, or an earlier attempt may
+    # still land): who, when and why, with the status unchanged; the flag does the rest.
+    CANCEL_REQUESTED = "cancel requested"
     APPROVE = "approve"
     RESOLVED_SUCCEEDED = "resolved: succeeded"
     RESOLVED_NOT_EXECUTED = "resolved: not executed"

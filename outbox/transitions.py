@@ -295,6 +295,15 @@ def mark_attempt_stale(session: Any, attempt_id: int) -> None:
     driver_for(session).mark_attempt_stale(session, attempt_id)
 
 
+_CANCEL_LATER = {
+    Status.DISPATCHING: "a request is in flight: nothing more is sent, a late success is still recorded",
+    Status.OUTCOME_UNKNOWN: "an earlier attempt may have landed: the reconciler settles it, nothing more is sent",
+    Status.NOT_DISPATCHED: "an earlier attempt may still land: looked up first, nothing more is sent",
+    Status.AWAITING_APPROVAL: "an earlier attempt may still land: looked up first, nothing more is sent",
+    Status.RECONCILIATION_REQUIRED: "a person decides; nothing more is sent",
+}
+
+
 def request_cancel(session: Session, operation_id: str, *, actor: str, reason: str = "cancel requested") -> Status:
     """Cancel before anything was sent; otherwise only keep the flag.
 
@@ -321,11 +330,22 @@ def request_cancel(session: Session, operation_id: str, *, actor: str, reason: s
             update(_OP)
             .where(_OP.c.id == operation_id)
             .values(cancel_requested=True, updated_at=db_now())
-            .returning(_OP.c.status)
+            .returning(_OP.c.status, _OP.c.fencing_token)
         ).first()
         if row is None:
             raise OperationNotFound(operation_id) from None
-        return Status(row.status)
+        status = Status(row.status)
+        # The history says who asked, when and why, whether or not it could take effect yet.
+        record_events(
+            session,
+            [(operation_id, row.fencing_token)],
+            from_status=status,
+            to=status,
+            kind=EventKind.CANCEL_REQUESTED,
+            reason=f"{reason}; {_CANCEL_LATER.get(status, 'it cannot take effect: the operation has ended')}",
+            actor=actor,
+        )
+        return status
 
 
 def approve(session: Session, operation_id: str, *, actor: str, reason: str = "approved") -> None:

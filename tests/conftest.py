@@ -109,7 +109,11 @@ _MOVES_TAKEN: set[tuple[str, str]] = set()
 def _record_moves(engine: Engine) -> None:
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT DISTINCT from_status, to_status FROM operation_events WHERE from_status IS NOT NULL")
+            # A "cancel requested" row records a request, not a move (its status stays as it was).
+            text(
+                "SELECT DISTINCT from_status, to_status FROM operation_events"
+                " WHERE from_status IS NOT NULL AND event <> 'cancel requested'"
+            )
         ).all()
     _MOVES_TAKEN.update((r[0], r[1]) for r in rows)
 

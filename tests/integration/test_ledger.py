@@ -321,7 +321,13 @@ def test_cancel(ledger):
     r2 = _submit(ledger, idempotency_key="k2")
     [c] = _claim(ledger)
     with ledger.sessions.begin() as s:
-        assert request_cancel(s, r2.operation_id, actor="bob") is Status.DISPATCHING
+        assert request_cancel(s, r2.operation_id, actor="bob", reason="customer withdrew") is Status.DISPATCHING
+    # The history says who asked, when and why, although the cancel could not take effect (issue 15).
+    with ledger.sessions() as s:
+        asked = [e for e in explain(s, r2.operation_id).as_json()["history"] if e["event"] == "cancel requested"]
+    assert len(asked) == 1 and asked[0]["actor"] == "bob" and asked[0]["at"]
+    assert asked[0]["from"] == asked[0]["to"] == "dispatching"
+    assert asked[0]["reason"].startswith("customer withdrew; a request is in flight")
     # A late success after a cancel request is still recorded as success.
     with ledger.sessions.begin() as s:
         finalize_if_fenced(
