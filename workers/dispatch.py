@@ -68,9 +68,22 @@ def dispatch_batch(rt: Runtime, operation_ids: Sequence[str], *, wait: bool = Tr
 def _gate_and_claim(
     rt: Runtime, operation_ids: Sequence[str], size: int
 ) -> tuple[dict[str, Outcome], list[Claim], Batch]:
+    decisions: dict[str, Decision] = {}
+    try:
+        return _gate_and_claim_deciding(rt, operation_ids, size, decisions)
+    except BaseException:
+        # A probe taken here and never sent would hold the half-open breaker shut for every
+        # process until the probe lock expires (probe_timeout_s): give them back.
+        for decision in decisions.values():
+            rt.breakers.release(decision)
+        raise
+
+
+def _gate_and_claim_deciding(
+    rt: Runtime, operation_ids: Sequence[str], size: int, decisions: dict[str, Decision]
+) -> tuple[dict[str, Outcome], list[Claim], Batch]:
     dues = read_due_ops(rt.ledger, operation_ids)
     outcomes: dict[str, Outcome] = {}
-    decisions: dict[str, Decision] = {}
     # A closed breaker admits every call: ask it once per target per doorbell, not once per call.
     closed: dict[str, Allowed] = {}
     for op_id, due in dues.items():

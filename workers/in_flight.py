@@ -180,6 +180,9 @@ class InFlight:
         try:
             return self._call(job, claim)
         except Exception as exc:  # noqa: BLE001 - becomes outcome_unknown; logged with its operation
+            held = job.batch.breakers.decisions.pop(claim.operation_id, None)
+            if held is not None:  # a probe must not stay taken until its lock expires
+                self._caller.breakers.release(held)
             log.warning(
                 "attempt cut part-way (%s: %s): parked in outcome_unknown for a lookup",
                 type(exc).__name__,
