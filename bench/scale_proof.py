@@ -243,7 +243,7 @@ class Burst:
     key_prefix: str
     subject: str
     verbose: bool = False
-    keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # operation id -> (action, key)
+    keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # op id -> (action, provider key)
     errors: list[BaseException] = field(default_factory=list)
     thread: threading.Thread | None = None
 
@@ -279,7 +279,7 @@ class Burst:
                             args=ACTIONS[name][2](i),
                             subject=self.subject,
                         )
-                        self.keys[r.operation_id] = (name, key)
+                        self.keys[r.operation_id] = (name, r.provider_key or key)
             _log(f"submitted {self.intents} in {time.monotonic() - started:.1f}s", self.verbose)
         except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
             self.errors.append(exc)

@@ -282,9 +282,8 @@ def _summary(console: Console, sessions, tenant, submitted, resubmits, conflicts
                 .order_by(Attempt.operation_id, Attempt.id)
             ).scalars()
         )
-        keys = dict(
-            s.execute(select(Operation.idempotency_key, Operation.status).where(Operation.tenant == tenant)).all()
-        )
+        # By the key the provider saw (tenant-scoped: outbox/provider_keys.py).
+        keys = dict(s.execute(select(Operation.provider_key, Operation.status).where(Operation.tenant == tenant)).all())
         reconciled = s.execute(
             select(func.count(func.distinct(Attempt.operation_id)))
             .join(Operation, Operation.id == Attempt.operation_id)

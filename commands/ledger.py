@@ -22,6 +22,7 @@ from outbox.settings import Settings, load_settings
 from outbox.states import MEANING, WAITING_MEANING, Status, WaitingFor
 from outbox.submit import submit
 from outbox.transitions import request_cancel
+from producer.client import key_rules_for
 
 JSONL_FIELDS = {"tenant", "idempotency_key", "action", "args", "subject", "run_id", "tool_call_id"}
 JSONL_REQUIRED = ("idempotency_key", "action", "args")
@@ -90,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("id_or_key", metavar="ID_OR_KEY")
     p.add_argument("--tenant")
     p.add_argument("--by", default="cli", help="who cancels (recorded in the history)")
+    p.add_argument("--reason", default="cancel requested", help="why (recorded in the history)")
     p.set_defaults(func=cmd_ops_cancel)
     ops.set_defaults(func=lambda a: ops.print_help() or 2)
 
@@ -149,7 +151,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     engine = open_engine(settings)
     try:
         with make_sessionmaker(engine).begin() as session:
-            receipt = submit(session, **intent, **_budget(args))
+            receipt = submit(session, **intent, **_budget(args), key_rules=key_rules_for(settings))
     finally:
         engine.dispose()
     print(json.dumps(receipt.as_dict(), sort_keys=True))
@@ -189,6 +191,7 @@ def _parse_line(text: str, default_tenant: str) -> dict[str, Any]:
 def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
     engine = open_engine(settings)
     sessions = make_sessionmaker(engine)
+    rules = key_rules_for(settings)
     failed = {"invalid": 0, "idempotency_conflict": 0}
     try:
         for number, text in _lines(args.jsonl):
@@ -197,7 +200,7 @@ def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
                 intent = _parse_line(text, args.tenant or settings.default_tenant)
                 # One transaction per line: a bad line never takes good ones down with it.
                 with sessions.begin() as session:
-                    out = submit(session, **intent, **_budget(args)).as_dict()
+                    out = submit(session, **intent, **_budget(args), key_rules=rules).as_dict()
             except InvalidIntent as exc:
                 failed["invalid"] += 1
                 out = {"error": "invalid", "field": exc.field, "message": exc.reason}
@@ -266,7 +269,7 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
     console = _console()
     status = detail["status"]
     console.print(f"[bold]{detail['operation_id']}[/]  {detail['tenant']} / {detail['idempotency_key']}")
-    console.print(f"action {detail['action']}  subject {detail['subject']}")
+    console.print(f"action {detail['action']}  subject {detail['subject']}  provider key {detail['provider_key']}")
     console.print(f"status [bold]{status}[/]: {MEANING[Status(status)]}")
     if detail["waiting_for"]:
         console.print(f"waiting for {detail['waiting_for']}: {WAITING_MEANING[WaitingFor(detail['waiting_for'])]}")
@@ -321,7 +324,7 @@ def cmd_ops_cancel(args: argparse.Namespace) -> int:
     try:
         with make_sessionmaker(engine).begin() as session:
             op = explain(session, args.id_or_key, tenant=args.tenant).operation
-            status = request_cancel(session, op.id, actor=args.by)
+            status = request_cancel(session, op.id, actor=args.by, reason=args.reason)
     finally:
         engine.dispose()
     if status is Status.CANCELLED:

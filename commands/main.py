@@ -25,6 +25,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.demo:register",
     "commands.breakers:register",
     "commands.metrics:register",
+    "commands.retention:register",
     "sandbox.cli:register",
 )
 

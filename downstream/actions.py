@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import os
 import re
-import string
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from downstream.action_specs import (
+    BreakerSpec,
+    BudgetSpec,
+    ListSpec,
+    LookupSpec,
+    ProviderIdempotency,
+    RequestSpec,
+    _Strict,
+)
 from outbox.errors import ConfigError
+from outbox.masking import Redactor, masked_view, path_problem, top_field
+from outbox.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_LENGTH, KeyRule, template_problem
 from outbox.states import AttemptClass
 
 ENV_VAR = "OUTBOX_ACTIONS_FILE"
@@ -60,14 +70,10 @@ class UnknownAction(ConfigError, KeyError):
         return str(self.args[0])
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BreakerSpec(_Strict):
-    fail_max: int = Field(default=5, gt=0)
-    reset_timeout_s: float = Field(default=30.0, gt=0)
-    success_threshold: int = Field(default=1, gt=0)
+class TenantCredentials(_Strict):
+    # Header overrides for one tenant's own provider account (values from ${VAR}); repr=False as
+    # for the target's headers.
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
 
 
 class TargetConfig(_Strict):
@@ -76,6 +82,10 @@ class TargetConfig(_Strict):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     # repr=False: resolved headers usually carry secrets and must not reach logs via repr().
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Per-tenant credentials: when given, every request carries its tenant's headers over
+    # ``headers``, and an operation of a tenant not listed fails before sending (never with
+    # another tenant's credentials).
+    tenants: dict[str, TenantCredentials] = Field(default_factory=dict, repr=False)
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     # Pool size per target; one pooled client per target is shared by a worker's threads.
     max_connections: int = Field(default=20, gt=0)
@@ -87,87 +97,13 @@ class TargetConfig(_Strict):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
-
-class RequestSpec(_Strict):
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
-    path: str
-    query: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("method", mode="before")
-    @classmethod
-    def _upper(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        placeholders(value)  # raises on malformed braces
-        return value
-
-    def placeholder_names(self) -> set[str]:
-        names = placeholders(self.path)
-        for template in self.query.values():
-            names |= placeholders(template)
-        return names
-
-
-class ProviderIdempotency(_Strict):
-    header: str = "Idempotency-Key"
-    # How long the provider remembers a key; a replay after this window could run twice.
-    retention_s: float = Field(gt=0)
-
-
-class LookupSpec(_Strict):
-    request: RequestSpec
-    # Only an authoritative lookup's 404 counts as "never executed", and only after settle_s
-    # (the provider's index lag) has passed since the last attempt.
-    authoritative_not_found: bool = False
-    settle_s: float = Field(default=5.0, ge=0)
-    status_field: str = "status"
-    succeeded: list[str] = Field(default_factory=lambda: ["succeeded"])
-    pending: list[str] = Field(default_factory=lambda: ["pending", "processing"])
-    failed: list[str] = Field(default_factory=lambda: ["failed", "canceled"])
-    # Where a list-shaped lookup answer keeps its items; None tries data / items / results.
-    items_field: str | None = None
-    # Field of a found object holding our key; when set, objects with another key are ignored,
-    # so a provider that silently ignores the filter cannot make an unrelated effect "ours".
-    key_field: str | None = None
-
-
-class ListSpec(_Strict):
-    """A listing of recent effects at the provider, for the reconciliation report."""
-
-    request: RequestSpec
-    items_field: str = "data"
-    # Cursor pagination, two common shapes: the response names the next cursor
-    # (next_cursor_field), or the cursor is a field of the last item (Stripe's starting_after).
-    cursor_param: str | None = None
-    next_cursor_field: str | None = None
-    cursor_from_last_item: str | None = None
-    has_more_field: str | None = None
-    page_size_param: str | None = None
-    page_size: int = Field(default=100, gt=0)
-
-    @model_validator(mode="after")
-    def _cursor_source(self) -> ListSpec:
-        if self.cursor_param and not (self.next_cursor_field or self.cursor_from_last_item):
-            raise ValueError("cursor_param needs next_cursor_field or cursor_from_last_item")
-        return self
-
-
-class BudgetSpec(_Strict):
-    max_attempts: int = Field(default=5, gt=0)
-    deadline_s: float = Field(default=3600.0, gt=0)
-    base_delay_s: float = Field(default=0.5, gt=0)
-    max_delay_s: float = Field(default=60.0, gt=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> BudgetSpec:
-        if self.base_delay_s > self.max_delay_s:
-            raise ValueError(f"base_delay_s ({self.base_delay_s}) must be <= max_delay_s ({self.max_delay_s})")
-        return self
+    def headers_for(self, tenant: str) -> dict[str, str] | None:
+        """The headers a request of ``tenant`` carries; None if this target has per-tenant
+        credentials and none for ``tenant``."""
+        if not self.tenants:
+            return dict(self.headers)
+        own = self.tenants.get(tenant)
+        return None if own is None else {**self.headers, **own.headers}
 
 
 class ActionConfig(_Strict):
@@ -183,6 +119,13 @@ class ActionConfig(_Strict):
     # of reach: when the budget ends, a person decides. Declare it only if the provider's docs say so.
     provider_fencing: bool = False
     on_ambiguous: Literal["lookup", "replay"] = "lookup"
+    # The key the provider sees (outbox/provider_keys.py): rendered once at submit and stored, so
+    # editing this never changes the key of an operation already submitted. Without {tenant}, two
+    # tenants' equal business keys are one key at the provider: allowed only when the target gives
+    # each tenant its own account (targets.<name>.tenants).
+    provider_key: str = DEFAULT_TEMPLATE
+    # The provider's limit on key length; a longer rendered key is sent as a SHA-256 of it.
+    provider_key_max_length: int = Field(default=DEFAULT_MAX_LENGTH, ge=MIN_MAX_LENGTH, le=DEFAULT_MAX_LENGTH)
     lookup: LookupSpec | None = None
     # YAML key `list` (alias: a field named `list` would shadow the builtin in this class).
     listing: ListSpec | None = Field(default=None, alias="list")
@@ -190,7 +133,11 @@ class ActionConfig(_Strict):
     result_reference: str | None = "id"
     # Declared argument names; when given, placeholders and *_args are checked against them.
     args: list[str] | None = None
+    # Dotted paths (customer.email, items[].card) masked in every output a person or tool reads;
+    # their values are also redacted from whatever the provider answers (outbox/masking.py).
     sensitive_args: list[str] = Field(default_factory=list)
+    # Paths of the provider's answers (a success's body, a found object) masked before they are stored.
+    sensitive_response_fields: list[str] = Field(default_factory=list)
     decimal_args: list[str] = Field(default_factory=list)
     # Per-action override of the failure table: {409: ambiguous, "5xx": ambiguous}.
     status_map: dict[int | str, AttemptClass] = Field(default_factory=dict)
@@ -209,6 +156,38 @@ class ActionConfig(_Strict):
                 raise ValueError(f"{key}: a response cannot be classed {klass.value!r}")
             out[text if text.endswith("xx") else int(text)] = klass
         return out
+
+    @field_validator("sensitive_args", "sensitive_response_fields")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        problems = [p for p in (path_problem(path) for path in value) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    def redactor(self, args: Any) -> Redactor:
+        """Redacts this intent's sensitive argument values wherever the provider echoes them."""
+        return Redactor.of(args, self.sensitive_args)
+
+    def masked_args(self, args: Any) -> Any:
+        """The arguments as people see them: sensitive paths masked, and their values redacted
+        wherever else they appear (a card number repeated in a free-text field)."""
+        return masked_view(args, self.sensitive_args, self.redactor(args))
+
+    def masked_response(self, body: Any, redactor: Redactor | None = None) -> Any:
+        return masked_view(body, self.sensitive_response_fields, redactor)
+
+    @field_validator("provider_key")
+    @classmethod
+    def _key_template(cls, value: str) -> str:
+        problem = template_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @property
+    def key_rule(self) -> KeyRule:
+        return KeyRule(self.provider_key, self.provider_key_max_length)
 
     @field_validator("connector")
     @classmethod
@@ -258,17 +237,14 @@ class ActionsConfig(_Strict):
         cfg = self.action(action) if isinstance(action, str) else action
         return self.targets[cfg.target]
 
+    def key_retentions(self) -> list[tuple[str, float]]:
+        """(action, provider_idempotency.retention_s) of every action whose provider keeps keys."""
+        return [(n, a.provider_idempotency.retention_s) for n, a in self.actions.items() if a.provider_idempotency]
 
-def placeholders(template: str) -> set[str]:
-    """The ``{name}`` fields of a path or query template; raises ValueError if malformed."""
-    names: set[str] = set()
-    for _, field, spec, conv in string.Formatter().parse(template):
-        if field is None:
-            continue
-        if not field.isidentifier() or spec or conv:
-            raise ValueError(f"placeholder {{{field}}} must be a plain argument name")
-        names.add(field)
-    return names
+    def key_rule(self, action: str) -> KeyRule | None:
+        """The action's provider key rule (outbox.provider_keys.KeyRules); None if unknown here."""
+        cfg = self.actions.get(action)
+        return cfg.key_rule if cfg is not None else None
 
 
 def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: list[tuple[str, str]]) -> Any:
@@ -301,6 +277,15 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
             problems.append(
                 (f"{where}.target", f"unknown target {action.target!r}; known: {', '.join(sorted(cfg.targets))}")
             )
+        elif not action.key_rule.scoped_by_tenant and not cfg.targets[action.target].tenants:
+            problems.append(
+                (
+                    f"{where}.provider_key",
+                    f"{action.provider_key!r} has no {{tenant}}: two tenants with the same business key would "
+                    f"share one key (one effect) at the provider; add {{tenant}}, or give each tenant its own "
+                    f"credentials under targets.{action.target}.tenants",
+                )
+            )
         declared = set(action.args) if action.args is not None else None
         specs: list[tuple[str, RequestSpec, frozenset[str]]] = [("request", action.request, RESERVED_PLACEHOLDERS)]
         if action.lookup:
@@ -325,7 +310,7 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
                 )
         if declared is not None:
             for field in ("sensitive_args", "decimal_args"):
-                missing = set(getattr(action, field)) - declared
+                missing = {top_field(path) for path in getattr(action, field)} - declared
                 if missing:
                     problems.append((f"{where}.{field}", f"{sorted(missing)} are not in args {sorted(declared)}"))
     return problems

@@ -63,6 +63,7 @@ class Connector(Protocol):
         args: dict[str, Any],
         idempotency_key: str,
         fencing_token: int,
+        tenant: str = "",
     ) -> AttemptResult: ...
 
     def lookup(
@@ -73,6 +74,7 @@ class Connector(Protocol):
         args: dict[str, Any],
         idempotency_key: str,
         fencing_token: int | None = None,
+        tenant: str = "",
     ) -> LookupResult: ...
 
     def close(self) -> None: ...
@@ -118,30 +120,45 @@ class HttpConnector:
                 self._transports[target_name] = transport
             return transport
 
-    def client_for(self, target_name: str) -> httpx.Client:
-        """An httpx client over the target's pool, for paged reads (the report's listings)."""
+    def client_for(self, target_name: str, tenant: str | None = None) -> httpx.Client:
+        """An httpx client over the target's pool, for paged reads (the report's listings); with
+        ``tenant``, carrying that tenant's credentials (targets.<name>.tenants)."""
         transport = self._transport_for(target_name)
+        headers = self._credentials(target_name, tenant) if tenant is not None else None
         with self._lock:
-            client = self._clients.get(target_name)
+            client = self._clients.get(f"{target_name}\0{tenant or ''}")
             if client is None:
                 target = self._config.targets[target_name]
                 client = httpx.Client(
                     base_url=target.base_url,
-                    headers=target.headers,
+                    headers=headers if headers is not None else target.headers,
                     timeout=_timeout(target),
                     follow_redirects=False,
                     transport=transport,
                 )
-                self._clients[target_name] = client
+                self._clients[f"{target_name}\0{tenant or ''}"] = client
             return client
 
-    def _request(self, target_name: str, prepared: PreparedRequest, headers: dict[str, str]) -> httpx.Request:
+    def _credentials(self, target_name: str, tenant: str) -> dict[str, str]:
+        """The target's headers for ``tenant``; raises (nothing is sent) if the target keeps
+        per-tenant credentials and has none for it: never another tenant's."""
+        headers = self._config.targets[target_name].headers_for(tenant)
+        if headers is None:
+            raise LocalValidationError(
+                f"tenant {tenant!r} has no credentials for target {target_name!r}: "
+                f"add targets.{target_name}.tenants.{tenant or '<tenant>'}.headers to the actions file"
+            )
+        return headers
+
+    def _request(
+        self, target_name: str, prepared: PreparedRequest, headers: dict[str, str], credentials: dict[str, str]
+    ) -> httpx.Request:
         target = self._config.targets[target_name]
         return httpx.Request(
             prepared.method,
             target.base_url + prepared.path,
             params=prepared.query or None,
-            headers={**_DEFAULT_HEADERS, **target.headers, **headers},
+            headers={**_DEFAULT_HEADERS, **credentials, **headers},
             content=prepared.body,
             extensions={"timeout": _timeout(target).as_dict()},
         )
@@ -164,9 +181,11 @@ class HttpConnector:
         args: dict[str, Any],
         idempotency_key: str,
         fencing_token: int,
+        tenant: str = "",
     ) -> AttemptResult:
         started = self._clock()
         try:
+            credentials = self._credentials(action_cfg.target, tenant)
             prepared = prepare(
                 action_cfg.request, args, idempotency_key=idempotency_key, decimal_args=action_cfg.decimal_args
             )
@@ -178,7 +197,7 @@ class HttpConnector:
             headers[action_cfg.provider_idempotency.header] = idempotency_key
         if action_cfg.fencing_header is not None:
             headers[action_cfg.fencing_header] = str(fencing_token)
-        request = self._request(action_cfg.target, prepared, headers)
+        request = self._request(action_cfg.target, prepared, headers, credentials)
         digest = request_digest(request.method, str(request.url), prepared.body)
         try:
             response = self._exchange(action_cfg.target, request)
@@ -205,6 +224,7 @@ class HttpConnector:
         args: dict[str, Any],
         idempotency_key: str,
         fencing_token: int | None = None,
+        tenant: str = "",
     ) -> LookupResult:
         """Ask the provider for the key's effect, carrying the reconciler's fencing token.
 
@@ -217,6 +237,7 @@ class HttpConnector:
             raise LookupNotDeclared(f"action {action_name!r} declares no lookup")
         started = self._clock()
         try:
+            credentials = self._credentials(action_cfg.target, tenant)
             prepared = prepare(spec.request, args, idempotency_key=idempotency_key, send_rest=False)
         except LocalValidationError as exc:
             return LookupResult("unavailable", f"local_validation: {exc}")
@@ -224,7 +245,8 @@ class HttpConnector:
         if action_cfg.fencing_header is not None and fencing_token is not None:
             headers[action_cfg.fencing_header] = str(fencing_token)
         try:
-            response = self._exchange(action_cfg.target, self._request(action_cfg.target, prepared, headers))
+            request = self._request(action_cfg.target, prepared, headers, credentials)
+            response = self._exchange(action_cfg.target, request)
         except Exception as exc:  # noqa: BLE001 - a lookup that fails proves nothing
             return LookupResult("unavailable", classify_exception(exc).reason, latency_s=self._clock() - started)
         latency_s = self._clock() - started

@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
-from downstream.actions import RequestSpec, placeholders
+from downstream.action_specs import RequestSpec, placeholders
 from downstream.classify import LocalValidationError
 from outbox.envelope import canonical_value, dumps_canonical
 from outbox.errors import InvalidIntent

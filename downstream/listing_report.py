@@ -8,9 +8,15 @@ listing since the window start (through the target's pooled httpx client) and co
 - document_without_record: a provider object whose key has no operation in the ledger, or no
   operation that holds the effect as done;
 - duplicates: more than one provider object for one business key (two effects for one intent);
+
 - state_contradictions: operations whose own attempts contradict their state, read from the
   ledger alone (outbox/report.py): a confirmed success beside failed_before_commit, an attempt
   that may still land beside a "no effect" state, a success not yet applied, a second reference.
+
+Keys are the provider keys (outbox/provider_keys.py: tenant-scoped), so a document maps to its
+tenant's operation only; where a target gives each tenant its own account, each account's listing
+is read with that tenant's credentials and compared with that tenant's operations alone. A
+document's ``idempotency_key`` field is the key as the provider lists it.
 
 Plus the health figures of ``outbox/report.py``. ``{since}`` in a list request is the window
 start in epoch seconds (with LISTING_SLACK_S of slack); ``{cursor}`` is the page cursor ("" on the
@@ -20,17 +26,18 @@ The JSON object (``REPORT_VERSION`` 1; fields are only ever added):
 
     {"version": 1, "generated_at": ISO, "since": ISO,
      "discrepancy_count": int, "complete": bool,
+     "by_tenant": {tenant: {kind: count}},   # "(unknown)": documents no operation claims
      "discrepancies": {
-        "record_without_document": [{"operation_id", "tenant", "idempotency_key", "action", "status",
-                                     "reference", "finished_at", "target"}],
-        "document_without_record": [{"target", "actions", "idempotency_key", "reference", "status",
-                                     "why", "ledger": [operation, ...]}],
-        "duplicates": [{"target", "actions", "idempotency_key", "count", "references"}],
+        "record_without_document": [{"operation_id", "tenant", "idempotency_key", "provider_key", "action",
+                                     "status", "reference", "finished_at", "target"}],
+        "document_without_record": [{"target", "tenant", "actions", "idempotency_key", "reference",
+                                     "status", "why", "ledger": [operation, ...]}],
+        "duplicates": [{"target", "tenant", "actions", "idempotency_key", "count", "references"}],
         "state_contradictions": [{"operation_id", "tenant", "idempotency_key", "action", "status",
                                   "reference", "finished_at", "why",
                                   "attempt": {"attempt_number", "kind", "fencing_token", "class",
                                               "reference", "stale"} | null}]},
-     "listings": [{"target", "actions", "request", "documents", "pages", "error"}],
+     "listings": [{"target", "tenant", "actions", "request", "documents", "pages", "error"}],
      "actions_without_listing": [name, ...],
      "too_recent": int,   # successes younger than the lookup's settle_s: not compared (index lag)
      "health": {"operations": int, "duplicate_effects": int,
@@ -51,7 +58,8 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session
 
-from downstream.actions import ActionConfig, ActionsConfig, ListSpec
+from downstream.action_specs import ListSpec
+from downstream.actions import ActionConfig, ActionsConfig
 from downstream.classify import LocalValidationError, extract
 from downstream.connectors import HttpConnector
 from downstream.http_request import prepare
@@ -74,11 +82,13 @@ class ListingUnavailable(Exception):
 
 @dataclass
 class Listing:
-    """One provider listing (actions sharing the same request share one listing)."""
+    """One provider listing (actions sharing the same request share one listing). ``tenant``: the
+    tenant whose own account (targets.<name>.tenants) this listing reads; None: one account for all."""
 
     target: str
     actions: list[str]
     spec: ListSpec
+    tenant: str | None = None
     documents: list[dict[str, Any]] = field(default_factory=list)
     pages: int = 0
     error: str | None = None
@@ -87,6 +97,7 @@ class Listing:
         req = self.spec.request
         return {
             "target": self.target,
+            "tenant": self.tenant,
             "actions": self.actions,
             "request": f"{req.method} {req.path}",
             "documents": len(self.documents),
@@ -96,17 +107,20 @@ class Listing:
 
 
 def group_listings(actions: ActionsConfig) -> tuple[list[Listing], list[str]]:
-    """Listings to read (one per distinct target + list request), and actions without a listing."""
-    groups: dict[tuple[str, str], Listing] = {}
+    """Listings to read (one per distinct target + list request, and per tenant where the target
+    gives each tenant its own account), and actions without a listing."""
+    groups: dict[tuple[str, str, str | None], Listing] = {}
     unlisted: list[str] = []
     for name, action in sorted(actions.actions.items()):
         if action.listing is None:
             unlisted.append(name)
             continue
-        ident = (action.target, action.listing.model_dump_json())
-        if ident not in groups:
-            groups[ident] = Listing(action.target, [], action.listing)
-        groups[ident].actions.append(name)
+        accounts: list[str | None] = [*sorted(actions.targets[action.target].tenants)] or [None]
+        for tenant in accounts:
+            ident = (action.target, action.listing.model_dump_json(), tenant)
+            if ident not in groups:
+                groups[ident] = Listing(action.target, [], action.listing, tenant)
+            groups[ident].actions.append(name)
     return list(groups.values()), unlisted
 
 
@@ -194,7 +208,9 @@ def compare(
     lookups = [actions.action(a).lookup for a in listing.actions]
     settle_s = max((spec.settle_s for spec in lookups if spec is not None), default=0.0)
     for rec in ledger.records_with_effect(session, actions=listing.actions, since=since):
-        if rec.idempotency_key in by_key or (rec.result_reference is not None and rec.result_reference in refs):
+        if listing.tenant is not None and rec.tenant != listing.tenant:
+            continue  # another tenant's account: its own listing answers for it
+        if rec.provider_key in by_key or (rec.result_reference is not None and rec.result_reference in refs):
             continue
         if rec.finished_at is not None and (now - rec.finished_at).total_seconds() < settle_s:
             too_recent += 1  # inside the provider's index lag: absence proves nothing yet
@@ -204,8 +220,12 @@ def compare(
     # Provider -> ledger: every document must belong to an operation that holds the effect.
     known = ledger.records_by_key(session, actions=listing.actions, keys=by_key)
     by_ref = ledger.records_by_reference(session, actions=listing.actions, references=refs)
+    if listing.tenant is not None:  # a document of this account is never another tenant's record
+        known = {k: [r for r in recs if r.tenant == listing.tenant] for k, recs in known.items()}
+        by_ref = {k: r for k, r in by_ref.items() if r.tenant == listing.tenant}
     for key, docs in sorted(by_key.items()):
         records = known.get(key, [])
+        tenant = listing.tenant or (records[0].tenant if len({r.tenant for r in records}) == 1 else None)
         for doc in docs:
             ref = extract(doc, ref_field)
             mine = [r for r in records if r.status in ledger.EFFECT_STATUSES]
@@ -219,6 +239,7 @@ def compare(
             out["document_without_record"].append(
                 {
                     "target": listing.target,
+                    "tenant": tenant,
                     "actions": listing.actions,
                     "idempotency_key": key,
                     "reference": None if ref is None else str(ref),
@@ -231,6 +252,7 @@ def compare(
             out["duplicates"].append(
                 {
                     "target": listing.target,
+                    "tenant": tenant,
                     "actions": listing.actions,
                     "idempotency_key": key,
                     "count": len(docs),
@@ -244,6 +266,7 @@ def compare(
         out["document_without_record"].append(
             {
                 "target": listing.target,
+                "tenant": listing.tenant,
                 "actions": listing.actions,
                 "idempotency_key": None,
                 "reference": None if ref is None else str(ref),
@@ -273,9 +296,8 @@ def build_report(
             oldest = ledger.records_with_effect(session, actions=listing.actions, since=since)
             start = min([since] + [r.created_at for r in oldest if r.created_at is not None])
             try:
-                read_listing(
-                    connector.client_for(listing.target), listing, since_epoch_s=start.timestamp() - LISTING_SLACK_S
-                )
+                client = connector.client_for(listing.target, listing.tenant)
+                read_listing(client, listing, since_epoch_s=start.timestamp() - LISTING_SLACK_S)
             except ListingUnavailable as exc:
                 listing.error = str(exc)
                 continue
@@ -299,6 +321,7 @@ def build_report(
         "generated_at": now.isoformat(),
         "since": since.isoformat(),
         "discrepancy_count": sum(len(v) for v in discrepancies.values()),
+        "by_tenant": _by_tenant(discrepancies),
         "complete": all(listing.error is None for listing in listings),
         "discrepancies": discrepancies,
         "listings": [listing.describe() for listing in listings],
@@ -313,6 +336,15 @@ def build_report(
             "retries_by_target": dict(sorted(retries.items())),
         },
     }
+
+
+def _by_tenant(discrepancies: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """Discrepancy counts per tenant ("(unknown)": a document no operation claims)."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {kind: 0 for kind in discrepancies})
+    for kind, items in discrepancies.items():
+        for item in items:
+            out[item.get("tenant") or "(unknown)"][kind] += 1
+    return dict(sorted(out.items()))
 
 
 def dumps(report: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from downstream.actions import LookupSpec
+from downstream.action_specs import LookupSpec
 from downstream.classify import extract
 
 # Usual shapes of "a list of matches" in lookup answers, tried when items_field is not set.

@@ -42,7 +42,7 @@ class Claim:
     tenant: str
     idempotency_key: str
     action: str
-    args: str  # canonical JSON text
+    args: str  # canonical JSON text; "" once purged (outbox/retention.py)
     args_digest: str
     subject: str
     worker: str
@@ -62,6 +62,12 @@ class Claim:
     # The database's clock as of the claim: deadlines and windows are judged on it, never on this
     # worker's wall clock. None only for claims built by hand (tests): then the wall clock.
     clock: LedgerClock | None = None
+    # The key the provider sees (outbox/provider_keys.py); "" (claims built by hand): the bare key.
+    provider_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.provider_key:
+            object.__setattr__(self, "provider_key", self.idempotency_key)
 
     def now(self) -> dt.datetime:
         """The database's time now (as of the claim, plus the monotonic time since)."""
@@ -163,8 +169,9 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         kind=kind,
         tenant=row.tenant,
         idempotency_key=row.idempotency_key,
+        provider_key=row.provider_key or row.idempotency_key,
         action=row.action,
-        args=row.args or "{}",
+        args=row.args or "",  # "": purged (outbox/retention.py); dispatch refuses to send it
         args_digest=row.args_digest,
         subject=row.subject,
         worker=worker,

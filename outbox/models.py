@@ -61,6 +61,9 @@ class Operation(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
     idempotency_key: Mapped[str] = mapped_column(String(255))
+    # The key the provider sees (outbox/provider_keys.py), rendered once at submit. NULL only on
+    # rows submitted before migration 0005, whose requests carried the bare idempotency_key.
+    provider_key: Mapped[str | None] = mapped_column(String(255))
     action: Mapped[str] = mapped_column(String(200))
     # Canonical JSON text (exact decimals, sorted keys): what dispatch sends, byte-stable.
     args: Mapped[str | None] = mapped_column(Text)

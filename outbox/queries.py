@@ -20,12 +20,18 @@ def _iso(value: dt.datetime | None) -> str | None:
     return v.isoformat() if v is not None else None
 
 
+def provider_key_of(op: Operation) -> str:
+    """The key the provider saw for this operation (the bare key on rows from before 0005)."""
+    return op.provider_key or op.idempotency_key
+
+
 def operation_json(op: Operation) -> dict[str, Any]:
     """The stable JSON shape of an operation (documented in the README; scripts rely on it)."""
     return {
         "operation_id": op.id,
         "tenant": op.tenant,
         "idempotency_key": op.idempotency_key,
+        "provider_key": provider_key_of(op),
         "action": op.action,
         "subject": op.subject,
         "status": op.status,

@@ -52,12 +52,18 @@ class LedgerRecord:
     result_reference: str | None
     created_at: dt.datetime | None
     finished_at: dt.datetime | None
+    provider_key: str = ""  # the key the provider saw ("" on records built by hand: the bare key)
+
+    def __post_init__(self) -> None:
+        if not self.provider_key:
+            object.__setattr__(self, "provider_key", self.idempotency_key)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "operation_id": self.operation_id,
             "tenant": self.tenant,
             "idempotency_key": self.idempotency_key,
+            "provider_key": self.provider_key,
             "action": self.action,
             "status": self.status,
             "reference": self.result_reference,
@@ -80,6 +86,7 @@ def _record(op: Operation) -> LedgerRecord:
         op.result_reference,
         as_utc(op.created_at),
         as_utc(op.finished_at),
+        op.provider_key or op.idempotency_key,
     )
 
 
@@ -97,16 +104,18 @@ def records_with_effect(session: Session, *, actions: Iterable[str], since: dt.d
 
 
 def records_by_key(session: Session, *, actions: Iterable[str], keys: Iterable[str]) -> dict[str, list[LedgerRecord]]:
-    """Every operation (any age, any status) of ``actions`` with one of ``keys``, by key."""
+    """Every operation (any age, any status) of ``actions`` whose provider key is one of ``keys``,
+    by provider key (the key a provider lists is the one it saw, tenant scope included)."""
     names, wanted = list(actions), sorted(set(keys))
     out: dict[str, list[LedgerRecord]] = defaultdict(list)
     # Chunked IN lists: a listing can hold thousands of keys.
     for i in range(0, len(wanted), 500):
         rows = session.execute(
-            select(Operation).where(Operation.action.in_(names), Operation.idempotency_key.in_(wanted[i : i + 500]))
+            select(Operation).where(Operation.action.in_(names), Operation.provider_key.in_(wanted[i : i + 500]))
         ).scalars()
         for op in rows:
-            out[op.idempotency_key].append(_record(op))
+            rec = _record(op)
+            out[rec.provider_key].append(rec)
     return dict(out)
 
 

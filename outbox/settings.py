@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     # rows is a scan of the whole table at every scrape; a window is a range of the
     # (status, updated_at) index. One hour matches a typical dashboard range.
     metrics_terminal_window_s: float = Field(default=3600.0, gt=0)
+    # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
+    # older than this (outbox/retention.py). Never shorter than the longest provider key retention
+    # of the actions file (checked at start-up): until the provider forgets a key, the arguments
+    # are what a person needs to answer for it.
+    args_retention_s: float = Field(default=30 * 86400.0, gt=0)
 
     @field_validator("database_url", "evidence_url")
     @classmethod

@@ -21,6 +21,7 @@ from outbox.drivers import NewOperation, driver_for
 from outbox.envelope import build_envelope
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation, core_table
+from outbox.provider_keys import KeyRules, rule_for
 from outbox.states import Status, WaitingFor
 
 MAX_KEY_LEN = 255
@@ -41,12 +42,14 @@ class Receipt:
     result_reference: str | None = None
     result: dict[str, Any] | None = None
     error_class: str | None = None
+    provider_key: str | None = None  # what the provider sees (outbox/provider_keys.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "operation_id": self.operation_id,
             "tenant": self.tenant,
             "idempotency_key": self.idempotency_key,
+            "provider_key": self.provider_key,
             "status": self.status,
             "new": self.new,
             "args_digest": self.args_digest,
@@ -81,11 +84,16 @@ def submit(
     deadline_s: float | None = None,
     delay_s: float = 0.0,
     requires_approval: bool = False,
+    key_rules: KeyRules | None = None,
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
     ``max_attempts`` / ``deadline_s`` cap this intent's retry budget; None leaves it to the
     action's budget in the actions file. The tighter of the two applies.
+
+    ``key_rules``: where the action's ``provider_key`` template is found (the loaded actions file,
+    downstream.actions.ActionsConfig); None uses the default ``{tenant}:{idempotency_key}``. The key
+    the provider will see is rendered here, once, and stored with the intent.
     """
     key = _validate_key(idempotency_key)
     env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
@@ -104,10 +112,12 @@ def submit(
     operation_id = str(uuid.uuid4())
     status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
+    provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
     new = NewOperation(
         id=operation_id,
         tenant=env.tenant,
         idempotency_key=key,
+        provider_key=provider_key,
         action=env.action,
         args=env.canonical_args,
         args_digest=env.digest,
@@ -123,11 +133,17 @@ def submit(
     )
     inserted = driver_for(session).insert_operation(session, new)
     if inserted:
-        return Receipt(operation_id, env.tenant, key, status.value, True, env.digest)
+        return Receipt(operation_id, env.tenant, key, status.value, True, env.digest, provider_key=provider_key)
 
     existing = session.execute(
         select(
-            _OP.c.id, _OP.c.status, _OP.c.args_digest, _OP.c.result_reference, _OP.c.result, _OP.c.error_class
+            _OP.c.id,
+            _OP.c.status,
+            _OP.c.args_digest,
+            _OP.c.result_reference,
+            _OP.c.result,
+            _OP.c.error_class,
+            _OP.c.provider_key,
         ).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
     ).one()
     if existing.args_digest != env.digest:
@@ -142,4 +158,5 @@ def submit(
         existing.result_reference,
         existing.result,
         existing.error_class,
+        existing.provider_key,
     )

@@ -8,26 +8,46 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.db import make_engine, make_sessionmaker
+from outbox.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
 from outbox.submit import Receipt, submit
 
 
 class Outbox:
-    """Holds an engine on the ledger; ``submit`` commits one intent in its own transaction."""
+    """Holds an engine on the ledger; ``submit`` commits one intent in its own transaction.
 
-    def __init__(self, engine: Engine, *, default_tenant: str = "default") -> None:
+    ``key_rules``: the actions file (downstream.actions.ActionsConfig), so each action's
+    ``provider_key`` template applies; None: the default ``{tenant}:{idempotency_key}``.
+    """
+
+    def __init__(self, engine: Engine, *, default_tenant: str = "default", key_rules: KeyRules | None = None) -> None:
         self.engine = engine
         self.sessions: sessionmaker[Session] = make_sessionmaker(engine)
         self.default_tenant = default_tenant
+        self.key_rules = key_rules
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Outbox:
         settings = settings or load_settings()
-        return cls(make_engine(settings.resolved_database_url), default_tenant=settings.default_tenant)
+        return cls(
+            make_engine(settings.resolved_database_url),
+            default_tenant=settings.default_tenant,
+            key_rules=key_rules_for(settings),
+        )
 
     def submit(self, *, tenant: str | None = None, **intent: Any) -> Receipt:
+        intent.setdefault("key_rules", self.key_rules)
         with self.sessions.begin() as session:
             return submit(session, tenant=tenant or self.default_tenant, **intent)
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def key_rules_for(settings: Settings) -> KeyRules | None:
+    """The actions file named by OUTBOX_ACTIONS_FILE (its provider_key templates), or None."""
+    if settings.actions_file is None:
+        return None
+    from downstream.actions import load_actions
+
+    return load_actions(settings.actions_file)

@@ -59,6 +59,12 @@ return 1
 """
 
 
+def pk(key: str, tenant: str = "t1") -> str:
+    """The key the provider sees for ``key`` of ``tenant`` (the default provider_key template);
+    Pipeline.submit's tenant is t1."""
+    return f"{tenant}:{key}"
+
+
 def advance_breaker_clock(redis_url: str, namespace: str, target: str, seconds: float) -> None:
     """Move a shared (Redis) breaker's clock ``seconds`` forward without waiting.
 
@@ -229,6 +235,7 @@ class Pipeline:
         ready_timeout_s: float = 30.0,
         pool: str = "solo",
         concurrency: int = 1,
+        loglevel: str = "INFO",
     ) -> WorkerProc:
         """A Celery worker process (``pool``: solo, or prefork with ``concurrency`` children)."""
         name = name or f"w{len(self.workers) + 1}"
@@ -249,7 +256,7 @@ class Pipeline:
             "-n",
             f"{name}-{uuid.uuid4().hex[:6]}@%h",
             "--loglevel",
-            "INFO",
+            loglevel,
             "--without-gossip",
             "--without-mingle",
         ]

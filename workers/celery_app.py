@@ -21,6 +21,8 @@ RECONCILE_TASK = "outbox.reconcile"
 SWEEP_TASK = "outbox.sweep"
 # Beat runs the sweep this often in case no relay is running; the relay itself sweeps every second.
 SWEEP_EVERY_S = 15.0
+PURGE_TASK = "outbox.purge"
+PURGE_EVERY_S = 86400.0  # retention (OUTBOX_ARGS_RETENTION_S): arguments of old terminal operations
 
 # The embedded broker (kombu's SQLAlchemy transport) polls; its interval can only be set on the
 # transport class (transport options are passed to create_engine). 50 ms keeps the demo snappy
@@ -83,6 +85,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             DISPATCH_TASK: {"queue": DISPATCH_QUEUE},
             RECONCILE_TASK: {"queue": UNKNOWN_QUEUE},
             SWEEP_TASK: {"queue": DISPATCH_QUEUE},
+            PURGE_TASK: {"queue": DISPATCH_QUEUE},
         },
         beat_schedule={
             "sweep": {
@@ -90,7 +93,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "schedule": SWEEP_EVERY_S,
                 # A sweep that waited longer than its period is superseded.
                 "options": {"expires": SWEEP_EVERY_S},
-            }
+            },
+            "purge": {"task": PURGE_TASK, "schedule": PURGE_EVERY_S, "options": {"expires": PURGE_EVERY_S}},
         },
         worker_hijack_root_logger=False,
         # Task events cost three extra publishes per task; Flower turns them on when it connects

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from breaker import Allowed, BreakerRegistry, Decision, Open, counts_as_failure
 from downstream.actions import ActionConfig, ActionsConfig
@@ -20,7 +21,7 @@ from outbox.envelope import loads_exact
 from outbox.states import AttemptClass
 from outbox.transitions import AttemptReport
 from workers import metrics
-from workers.outcomes import Outcome, Rejected, before_send, breaker_open, decide
+from workers.outcomes import Outcome, Rejected, Succeeded, before_send, breaker_open, decide
 
 Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
 
@@ -72,6 +73,8 @@ def attempt(
     success under a closed breaker is recorded once per target when the batch ends.
     """
     early = before_send(claim, action, now=claim.now())
+    if early is None and not claim.args:
+        early = Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
     if early is not None:
         if decision is not None:
             caller.breakers.release(decision)
@@ -85,11 +88,13 @@ def attempt(
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open for {decision.wait_s:.3f}s more"), outcome
     connector = caller.connectors.for_action(claim.action)
     failpoints.hit("dispatch.before_send", claim.idempotency_key)
+    args = loads_exact(claim.args)
     result = connector.send(
         claim.action,
         action,
-        args=loads_exact(claim.args),
-        idempotency_key=claim.idempotency_key,
+        args=args,
+        idempotency_key=claim.provider_key,
+        tenant=claim.tenant,
         fencing_token=claim.fencing_token,
     )
     c = result.classification
@@ -100,7 +105,19 @@ def attempt(
     else:
         caller.breakers.record(decision, failure=failure)
     metrics.record_attempt(action.target, c.klass, result.latency_s)
-    return _report(result), decide(claim, action, c, now=claim.now())
+    return private(action, args, _report(result), decide(claim, action, c, now=claim.now()))
+
+
+def private(action: ActionConfig, args: Any, report: AttemptReport, outcome: Outcome) -> tuple[AttemptReport, Outcome]:
+    """What is stored about an attempt, without the action's secrets: the response's sensitive
+    fields masked, and the intent's sensitive values redacted wherever the provider echoed them."""
+    if not action.sensitive_args and not action.sensitive_response_fields:
+        return report, outcome
+    redactor = action.redactor(args)
+    report = replace(report, error=redactor.text(report.error))
+    if isinstance(outcome, Succeeded):
+        return report, replace(outcome, result=action.masked_response(outcome.result, redactor))
+    return report, replace(outcome, why=redactor.text(outcome.why) or "")
 
 
 def _is_transport(result: AttemptResult) -> bool:

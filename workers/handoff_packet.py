@@ -10,19 +10,20 @@ from sqlalchemy.orm import Session
 
 from downstream.actions import ActionConfig, ActionsConfig
 from outbox.late_evidence import PacketBuilder
+from outbox.masking import MASK
 from outbox.models import Attempt, Operation
-from outbox.queries import attempt_json
-
-MASK = "***"
+from outbox.queries import attempt_json, provider_key_of
 
 
-def masked_args(args_text: str | None, sensitive: list[str] | None) -> Any:
-    """The arguments with sensitive fields masked; ``sensitive`` None (the action is not known
-    here, so neither is what it marks sensitive): every value masked."""
-    args = json.loads(args_text or "{}")
-    if isinstance(args, dict):
-        return {k: (MASK if sensitive is None or k in sensitive else v) for k, v in args.items()}
-    return MASK if sensitive is None else args
+def masked_args(args_text: str | None, action: ActionConfig | None) -> Any:
+    """The arguments with the action's sensitive paths masked; the action unknown here (so is what
+    it marks sensitive): every value masked. Purged arguments (agent-outbox purge) are None."""
+    if args_text is None:
+        return None
+    args = json.loads(args_text)
+    if action is not None:
+        return action.masked_args(args)
+    return {k: MASK for k in args} if isinstance(args, dict) else MASK
 
 
 def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> str:
@@ -33,13 +34,13 @@ def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig
         if action.lookup is not None:
             req = action.lookup.request
             query = "&".join(f"{k}={v}" for k, v in (req.query or {}).items()).replace(
-                "{idempotency_key}", op.idempotency_key
+                "{idempotency_key}", provider_key_of(op)
             )
             where = f"{req.method} {base}{req.path}" + (f"?{query}" if query else "")
         else:
             where = f"{base} (this action declares no lookup)"
     return (
-        f"Look for idempotency key {op.idempotency_key!r} (tenant {op.tenant}) at {where}. "
+        f"Look for idempotency key {provider_key_of(op)!r} (tenant {op.tenant}) at {where}. "
         f"If the effect exists: agent-outbox handoffs resolve ID --as succeeded --reference <provider id> "
         f"--by NAME --note TEXT. If the provider confirms it never happened: --as not-executed (re-dispatched "
         f"with the same key). If neither can be established: --as abandoned with a note."
@@ -50,11 +51,11 @@ def build_packet(
     session: Session, op: Operation, *, reason: str, action: ActionConfig | None, actions: ActionsConfig | None
 ) -> dict[str, Any]:
     attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
-    sensitive = list(action.sensitive_args) if action is not None else None
     return {
         "operation": {
             "operation_id": op.id,
             "idempotency_key": op.idempotency_key,
+            "provider_key": provider_key_of(op),
             "tenant": op.tenant,
             "action": op.action,
             "target": action.target if action else None,
@@ -63,7 +64,7 @@ def build_packet(
         "last_error": {"class": op.error_class, "raw": op.last_error, "why_handed_off": reason},
         "next_step": next_step(op, action, actions),
         "intent": {
-            "args": masked_args(op.args, sensitive),
+            "args": masked_args(op.args, action),
             "args_digest": op.args_digest,
             "subject": op.subject,
             "run_id": op.run_id,

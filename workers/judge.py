@@ -53,13 +53,16 @@ def judge(
     now: datetime,
     last_activity: datetime | None,
     rng: random.Random,
+    first_sent: datetime | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
 ) -> Settlement:
     """Pure: what a lookup answer proves for this operation.
 
     ``max_lookups`` / ``max_delay_s``: the reconciler's budget (Settings.reconcile_max_lookups,
-    reconcile_max_delay_s).
+    reconcile_max_delay_s). ``first_sent``: the first dispatch attempt's start; a provider that
+    forgets keys after ``provider_idempotency.retention_s`` may answer "not found" for a key whose
+    effect exists, so after that "not found" proves nothing and a person decides.
     """
     spec = action.lookup
     assert spec is not None
@@ -100,10 +103,28 @@ def judge(
                 f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
                 recheck_in_s=wait_s,
             )
+        forgotten = _key_forgotten(action, first_sent, now)
+        if forgotten:
+            return Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, forgotten)
         return Settlement(
             Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, f"authoritative not found after settle_s={spec.settle_s:g}s"
         )
     return _recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
+
+
+def _key_forgotten(action: ActionConfig, first_sent: datetime | None, now: datetime) -> str | None:
+    """Why "not found" proves nothing any more (the provider's key retention has run out), or None."""
+    keys = action.provider_idempotency
+    if keys is None or first_sent is None:
+        return None
+    since_s = (now - first_sent).total_seconds()
+    if since_s <= keys.retention_s:
+        return None
+    return (
+        f"not found, but the first attempt was {since_s:.0f}s ago and the provider keeps keys only "
+        f"retention_s={keys.retention_s:g}s: an effect may exist under the forgotten key, and a re-send "
+        "could make a second one; a person must decide"
+    )
 
 
 def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:

@@ -49,26 +49,29 @@ from workers.runtime import Runtime
 log = logging.getLogger(__name__)
 
 
-def last_dispatch_activity(session: Session, operation_id: str, *, call_timeout_s: float) -> datetime | None:
-    """The latest moment the provider may have received our request.
+def dispatch_window(
+    session: Session, operation_id: str, *, call_timeout_s: float
+) -> tuple[datetime | None, datetime | None]:
+    """(when the first request may have reached the provider, the latest moment one may have).
 
-    The end of the last dispatch attempt; if its worker never reported (crashed), its start plus
-    the call timeout, since the request may still have been on the wire until then.
+    The first: the first dispatch attempt's start (the provider's key retention runs from it).
+    The latest: the end of the last dispatch attempt; if its worker never reported (crashed), its
+    start plus the call timeout, since the request may still have been on the wire until then.
     """
-    row = session.execute(
+    rows = session.execute(
         select(Attempt.started_at, Attempt.ended_at)
         .where(Attempt.operation_id == operation_id, Attempt.kind == AttemptKind.DISPATCH.value)
-        .order_by(Attempt.attempt_number.desc())
-        .limit(1)
-    ).first()
-    if row is None:
-        return None
-    ended = as_utc(row.ended_at)
+        .order_by(Attempt.attempt_number)
+    ).all()
+    if not rows:
+        return None, None
+    first, last = as_utc(rows[0].started_at), rows[-1]
+    ended = as_utc(last.ended_at)
     if ended is not None:
-        return ended
-    started = as_utc(row.started_at)
+        return first, ended
+    started = as_utc(last.started_at)
     assert started is not None
-    return started + timedelta(seconds=call_timeout_s)
+    return first, started + timedelta(seconds=call_timeout_s)
 
 
 def reconcile_batch(
@@ -151,8 +154,9 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
     found = rt.connectors.for_action(claim.action).lookup(
         claim.action,
         action,
-        args=loads_exact(claim.args),
-        idempotency_key=claim.idempotency_key,
+        args=loads_exact(claim.args or "{}"),
+        idempotency_key=claim.provider_key,
+        tenant=claim.tenant,
         fencing_token=claim.fencing_token,
     )
     failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
@@ -164,10 +168,10 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
         shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
         rt.breakers.record(decision, failure=failure)
     target = rt.actions.target_of(action)
-    last_activity = None
-    if found.outcome == "not_found":  # only "not found" is judged against the last dispatch
+    first_sent = last_activity = None
+    if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
         with rt.sessions() as session:
-            last_activity = last_dispatch_activity(
+            first_sent, last_activity = dispatch_window(
                 session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
             )
     verdict = judge(
@@ -176,6 +180,7 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
         found,
         now=claim.now(),
         last_activity=last_activity,
+        first_sent=first_sent,
         rng=rng,
         max_lookups=rt.settings.reconcile_max_lookups,
         max_delay_s=rt.settings.reconcile_max_delay_s,
@@ -288,12 +293,14 @@ def _late(rt: Runtime, **which: Any) -> dict[str, Status]:
 def _settle(
     rt: Runtime, claim: Claim, found: LookupResult | None, verdict: Settlement, action: ActionConfig | None = None
 ) -> Settlement:
+    redactor = action.redactor(loads_exact(claim.args)) if action is not None and claim.args else None
+    error = None if verdict.to is Status.SUCCEEDED else (f"{found.reason}: " if found else "") + verdict.reason
     report = AttemptReport(
         klass=verdict.klass,
         status_code=found.status_code if found else None,
         provider_reference=verdict.reference or (found.provider_reference if found else None),
         latency_s=found.latency_s if found else None,
-        error=None if verdict.to is Status.SUCCEEDED else (f"{found.reason}: " if found else "") + verdict.reason,
+        error=redactor.text(error) if redactor else error,
     )
     fields = {
         "operation_id": claim.operation_id,
@@ -302,6 +309,8 @@ def _settle(
         "lookup": claim.attempt_number,
     }
     result = found.obj if found and verdict.to is Status.SUCCEEDED else None
+    if result is not None and action is not None:
+        result = action.masked_response(result, redactor)
 
     def settle(session: Session, to: Status) -> None:
         settle_if_fenced(

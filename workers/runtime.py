@@ -23,6 +23,7 @@ from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import ConfigError
 from outbox.evidence import EvidenceSink
 from outbox.ledger_connection import LedgerConnection
+from outbox.retention import check_retention
 from outbox.settings import Settings, load_settings
 from workers.celery_app import check_time_limits, make_app
 from workers.doorbell import Doorbell
@@ -115,6 +116,7 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     settings = settings or load_settings()
     actions = load_actions_for(settings)
     check_time_limits(settings, longest_call_s=longest_call_s(actions))
+    check_retention(settings.args_retention_s, actions.key_retentions())
     # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)

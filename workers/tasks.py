@@ -7,7 +7,7 @@ import logging
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from workers import metrics
-from workers.celery_app import DISPATCH_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
+from workers.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,21 @@ def sweep() -> None:
 
     with riding_out_outages("sweep", []):
         _sweep_once()
+
+
+@app.task(name=PURGE_TASK, ignore_result=True)
+def purge() -> None:
+    """Beat, daily: arguments and provider responses of terminal operations older than
+    OUTBOX_ARGS_RETENTION_S (outbox/retention.py; the worker checked the retention at start-up)."""
+    from outbox.retention import purge as purge_old
+    from workers.outage import riding_out_outages
+    from workers.runtime import get_runtime
+
+    with riding_out_outages("purge", []):
+        rt = get_runtime(app)
+        done = purge_old(rt.sessions, older_than_s=rt.settings.args_retention_s)
+        if done.operations:
+            log.info("purge: arguments and responses of %d terminal operation(s) removed", done.operations)
 
 
 def _sweep_once() -> None:

@@ -28,6 +28,7 @@ class NewOperation:
     id: str
     tenant: str
     idempotency_key: str
+    provider_key: str
     action: str
     args: str
     args_digest: str
@@ -66,8 +67,9 @@ class ClaimedRow(NamedTuple):
     attempt_count: int
     tenant: str
     idempotency_key: str
+    provider_key: str | None
     action: str
-    args: str
+    args: str | None
     args_digest: str
     subject: str
     lease_expires_at: dt.datetime

@@ -56,10 +56,10 @@ def _render(writes: WriteSet) -> str:
 # for a replay); the NOTIFY is delivered when the caller commits.
 _SUBMIT = f"""
 WITH ins AS (
-    INSERT INTO operations (id, tenant, idempotency_key, action, args, args_digest, subject, run_id,
+    INSERT INTO operations (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
         tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
         next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at)
-    VALUES (%(id)s, %(tenant)s, %(key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
+    VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
         %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
         clock_timestamp() + make_interval(secs => %(deadline_s)s::float8),  -- NULL: no deadline
         clock_timestamp() + make_interval(secs => %(delay_s)s::float8),
@@ -87,7 +87,8 @@ WITH {due_ctes}, claimed AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_s),
         updated_at = clock_timestamp(){dispatch_sets}
     FROM due WHERE o.id = due.id
-    RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.action, o.args,
+    RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.provider_key, o.action,
+              o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
               o.cancel_requested, o.proven_absent_through, o.updated_at
 ), numbered AS (

@@ -65,6 +65,7 @@ class PostgresDriver:
             "id": new.id,
             "tenant": new.tenant,
             "key": new.idempotency_key,
+            "provider_key": new.provider_key,
             "action": new.action,
             "args": new.args,
             "digest": new.args_digest,

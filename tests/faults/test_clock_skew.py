@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from outbox.states import Status
-from tests.harness import action, actions_doc
+from tests.harness import action, actions_doc, pk
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -36,7 +36,7 @@ def _faketime_env(offset_s: int) -> dict[str, str]:
 
 
 def _posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
-    return sorted(sandbox.requests(method="POST", path=REFUNDS, key=key), key=lambda e: e["seq"])
+    return sorted(sandbox.requests(method="POST", path=REFUNDS, key=pk(key)), key=lambda e: e["seq"])
 
 
 @pytest.mark.parametrize("offset_s", [SKEW_S, -SKEW_S], ids=["worker-5-min-fast", "worker-5-min-slow"])
@@ -52,13 +52,13 @@ def test_a_skewed_worker_clock_changes_no_outcome_and_no_wait(pipe, sandbox, off
         mode="rate_limited_429",
         method="POST",
         path=REFUNDS,
-        key_pattern="skew-429",
+        key_pattern=pk("skew-429"),
         count=1,
         retry_after_s=RETRY_AFTER_S,
         retry_after_http_date=True,
     )
     # Cut before commit: ambiguous, looked up, not found once the settle window has passed.
-    sandbox.add_fault(mode="drop_before_commit", method="POST", path=REFUNDS, key_pattern="skew-reset", count=1)
+    sandbox.add_fault(mode="drop_before_commit", method="POST", path=REFUNDS, key_pattern=pk("skew-reset"), count=1)
     pipe.start_worker("dispatcher", queues="dispatch", extra_env=skewed)
     pipe.start_worker("reconciler", queues="outcome_unknown", extra_env=skewed)
     pipe.start_relay()
@@ -84,7 +84,7 @@ def test_a_skewed_worker_clock_changes_no_outcome_and_no_wait(pipe, sandbox, off
     for key, op_id in ops.items():
         op = pipe.wait_status(op_id, Status.SUCCEEDED.value, Status.FAILED_BEFORE_COMMIT.value, timeout_s=30)
         assert op.status == Status.SUCCEEDED.value, (key, op.reason)
-        effects = sandbox.effects(key=key)
+        effects = sandbox.effects(key=pk(key))
         assert len(effects) == 1 and op.result_reference == effects[0]["object_id"], key
 
     # At the provider, on its clock (moved with the ledger's): waited about that long.

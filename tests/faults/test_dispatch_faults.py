@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from outbox.states import Status
-from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
+from tests.harness import CLOCK_LEASE, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -27,7 +27,7 @@ EARLY_S = 0.005
 
 
 def posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
-    return sorted(sandbox.requests(method="POST", path=REFUNDS, key=key), key=lambda e: e["seq"])
+    return sorted(sandbox.requests(method="POST", path=REFUNDS, key=pk(key)), key=lambda e: e["seq"])
 
 
 def holds(check: Callable[[], Any], window_s: float, what: str, interval_s: float = 0.1) -> None:
@@ -67,7 +67,7 @@ def test_committed_but_response_lost_is_parked_then_reconciled(pipe, sandbox, fa
 
     op = pipe.wait_status(op_id, Status.OUTCOME_UNKNOWN.value, timeout_s=10)
     assert op.error_class == "ambiguous"
-    assert len(sandbox.effects(key=key)) == 1
+    assert len(sandbox.effects(key=pk(key))) == 1
     # Parked, not re-sent: the dispatcher and the relay's re-publishing leave it alone.
     holds(
         lambda: len(posts(sandbox, key)) == 1 and pipe.op(op_id).status == Status.OUTCOME_UNKNOWN.value,
@@ -77,7 +77,7 @@ def test_committed_but_response_lost_is_parked_then_reconciled(pipe, sandbox, fa
 
     pipe.start_worker("reconciler", queues="outcome_unknown")
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=10)
-    effects = sandbox.effects(key=key)
+    effects = sandbox.effects(key=pk(key))
     assert len(effects) == 1
     assert op.result_reference == effects[0]["object_id"]
     assert pipe.attempts(op_id, "lookup")[-1].attempt_class == "succeeded"  # settled by a lookup
@@ -126,7 +126,9 @@ def test_retry_after_is_honoured(pipe, sandbox, mode, http_date):
 
     reqs = posts(sandbox, key)
     assert [r["status"] for r in reqs] == [status, status, 200]
-    assert len(sandbox.effects(key=key)) == 1 and op.result_reference == sandbox.effects(key=key)[0]["object_id"]
+    assert (
+        len(sandbox.effects(key=pk(key))) == 1 and op.result_reference == sandbox.effects(key=pk(key))[0]["object_id"]
+    )
     attempts = pipe.attempts(op_id, "dispatch")
     assert [a.status_code for a in attempts] == [status, status, 200]
     for prev, nxt, att, att_next in zip(reqs, reqs[1:], attempts, attempts[1:]):
@@ -171,7 +173,7 @@ def test_worker_killed_mid_call_is_reconciled_not_resent(pipe, sandbox):
 
     pipe.start_worker("reconciler", queues="outcome_unknown")
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=10)
-    effects = sandbox.effects(key=key)
+    effects = sandbox.effects(key=pk(key))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
     assert len(posts(sandbox, key)) == 1
     assert len(pipe.attempts(op_id, "dispatch")) == 1
@@ -199,7 +201,7 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
     zombie.freeze()
     try:
         owner_token = pipe.op(op_id).fencing_token
-        wait_for(lambda: sandbox.effects(key=key), 10, what="the provider to commit, its answer unread")
+        wait_for(lambda: sandbox.effects(key=pk(key)), 10, what="the provider to commit, its answer unread")
         # Lease expires -> sweep parks it -> the reconciler claims (token + 1) and finds the effect.
         pipe.advance_ledger_clock(pipe.lease_s)
         op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=12)
@@ -222,7 +224,7 @@ def test_zombie_late_result_is_kept_as_stale_evidence(pipe, sandbox):
     # write late. Only the fencing token stopped that write.
     assert zombie.proc.poll() is None and att.latency_s >= 2.5
     assert att.ended_at - att.started_at > timedelta(seconds=pipe.lease_s)
-    effects = sandbox.effects(key=key)
+    effects = sandbox.effects(key=pk(key))
     assert len(effects) == 1 and before[1] == effects[0]["object_id"]
     # Its late result is the provider's answer (read from the socket buffer after SIGCONT), or a
     # read timeout: either way evidence on its own row, never a verdict on the operation.
@@ -277,7 +279,7 @@ def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandb
     assert att.fencing_token == owner_token and att.status_code == 409 and att.stale is True
     assert "stale_token" in (att.error or ""), att.error
     holds(lambda: _snapshot(pipe, op_id) == before, 0.5, "the operation ignores the zombie")
-    assert len(sandbox.effects(key=key)) == 1
+    assert len(sandbox.effects(key=pk(key))) == 1
 
 
 # -- F19: the same doorbell, many times -------------------------------------------------------
@@ -319,7 +321,7 @@ def test_doorbell_rung_ten_times_by_two_publishers_claims_once(pipe, sandbox):
     )
     assert len(pipe.attempts(op_id, "dispatch")) == 1
     assert pipe.op(op_id).fencing_token == 1
-    assert len(sandbox.effects(key=key)) == 1
+    assert len(sandbox.effects(key=pk(key))) == 1
     assert len(posts(sandbox, key)) == 1
 
 
@@ -351,7 +353,7 @@ def test_budget_spent_on_503s_fails_before_commit_with_one_error_line(pipe, sand
     op = pipe.wait_status(op_id, Status.FAILED_BEFORE_COMMIT.value, timeout_s=15)
 
     assert [r["status"] for r in posts(sandbox, key)] == [503, 503, 503]
-    assert sandbox.effects(key=key) == []
+    assert sandbox.effects(key=pk(key)) == []
     assert op.attempt_count == 3 and "budget spent" in op.reason
     holds(lambda: len(posts(sandbox, key)) == 3, 0.5, "no attempt past the budget")
     errors = wait_for(lambda: error_lines(worker.log()), 5, what="the final ERROR line")
@@ -372,7 +374,7 @@ def test_transient_failures_that_recover_log_no_error(pipe, sandbox):
     op = pipe.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)
 
     assert [r["status"] for r in posts(sandbox, key)] == [503, 429, 200]
-    effects = sandbox.effects(key=key)
+    effects = sandbox.effects(key=pk(key))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
     log = worker.log()
     assert "retry scheduled" in log  # the blips were logged, below ERROR

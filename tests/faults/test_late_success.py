@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from outbox.states import Status
-from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
+from tests.harness import CLOCK_LEASE, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -40,7 +40,7 @@ class LieWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            effects = len(self.sandbox.effects(key=self.key))
+            effects = len(self.sandbox.effects(key=pk(self.key)))
             status = self.pipe.op(self.op_id).status
             if not self.statuses or self.statuses[-1] != status:
                 self.statuses.append(status)
@@ -57,7 +57,7 @@ class LieWatch:
 
 
 def _posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
-    return sorted(sandbox.requests(method="POST", path=REFUNDS, key=key), key=lambda e: e["seq"])
+    return sorted(sandbox.requests(method="POST", path=REFUNDS, key=pk(key)), key=lambda e: e["seq"])
 
 
 @pytest.mark.parametrize("deadline_passes", [False, True], ids=["budget-left", "deadline-passes"])
@@ -106,7 +106,7 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
             # The lease runs out -> outcome_unknown -> the lookup finds nothing -> due again, same key.
             pipe.advance_ledger_clock(pipe.lease_s)
             pipe.wait_status(op_id, Status.NOT_DISPATCHED.value, timeout_s=15)
-            lookups = sandbox.requests(method="GET", path=REFUNDS, key=key)
+            lookups = sandbox.requests(method="GET", path=REFUNDS, key=pk(key))
             assert lookups and all(r["status"] == 404 for r in lookups)
             # Every lookup carried the reconciler's token, newer than the frozen worker's.
             assert all(int(r["fencing_token"]) > owner_token for r in lookups), lookups
@@ -143,7 +143,7 @@ def test_a_frozen_workers_late_request_never_leaves_a_lie(pipe, sandbox, fencing
         watch_statuses = watch.statuses
 
     assert watch.lies == [], (watch.lies, watch_statuses)
-    effects = sandbox.effects(key=key)
+    effects = sandbox.effects(key=pk(key))
     [attempt1, *later] = pipe.attempts(op_id, "dispatch")
     assert attempt1.fencing_token == owner_token and attempt1.stale is True
     if expected == Status.SUCCEEDED.value:

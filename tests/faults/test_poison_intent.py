@@ -14,7 +14,7 @@ import time
 import pytest
 
 from outbox.states import Status
-from tests.harness import CLOCK_LEASE, action, actions_doc
+from tests.harness import CLOCK_LEASE, action, actions_doc, pk
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -84,8 +84,8 @@ def test_poison_intent_parks_at_the_attempt_cap_while_others_flow(pipe, sandbox)
     assert len(dispatches) == MAX_ATTEMPTS and {a.attempt_class for a in dispatches} == {"pending"}
     assert crashes == MAX_ATTEMPTS
     # Never sent at all (it died before sending), so nothing to count but zero.
-    assert sandbox.requests(method="POST", key="poison-1") == []
-    assert sandbox.effects(key="poison-1") == []
+    assert sandbox.requests(method="POST", key=pk("poison-1")) == []
+    assert sandbox.effects(key=pk("poison-1")) == []
     for i in range(len(good)):
-        assert len(sandbox.effects(key=f"good-{i}")) == 1
+        assert len(sandbox.effects(key=pk(f"good-{i}"))) == 1
     assert sandbox.duplicates() == []

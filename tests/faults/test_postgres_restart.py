@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from outbox.states import Status
 from tests.conftest import PG_ADMIN_URL
-from tests.harness import wait_for
+from tests.harness import pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -101,7 +101,7 @@ def test_postgres_restart_under_load_loses_nothing_and_logs_no_error(pipe, sandb
     )
     assert set(final.values()) == {Status.SUCCEEDED.value}, sorted(set(final.values()))
     for i, op_id in enumerate(op_ids):
-        effects = sandbox.effects(key=f"f13-{i:03d}")
+        effects = sandbox.effects(key=pk(f"f13-{i:03d}"))
         assert len(effects) == 1 and pipe.op(op_id).result_reference == effects[0]["object_id"], i
     assert sandbox.duplicates() == []
     for w in workers:

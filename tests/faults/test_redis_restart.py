@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from outbox.models import Operation
 from outbox.states import Status
-from tests.harness import PrivateRedis, wait_for
+from tests.harness import PrivateRedis, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -71,5 +71,5 @@ def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe,
 
     assert {pipe.op(i).status for i in op_ids} == {Status.SUCCEEDED.value}
     effects = sandbox.effects()
-    assert Counter(e["idempotency_key"] for e in effects) == Counter(keys)  # one effect per key
+    assert Counter(e["idempotency_key"] for e in effects) == Counter(pk(k) for k in keys)  # one effect per key
     assert sandbox.duplicates() == []

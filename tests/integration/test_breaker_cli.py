@@ -82,7 +82,7 @@ def test_reset_from_the_cli_closes_the_breaker_in_every_worker(pipe, sandbox):
     wait_for(lambda: all(pipe.op(i).status == "succeeded" for i in ids), 10, what="all succeeded after reset")
     assert len(sandbox.requests(method="POST")) - sent_before == n
     for i in ids:
-        assert len(sandbox.effects(key=pipe.op(i).idempotency_key)) == 1
+        assert len(sandbox.effects(key=pipe.op(i).provider_key)) == 1
         assert pipe.op(i).attempt_count <= 4
     doc = _status(pipe)
     assert (doc["breakers"][0]["state"], doc["breakers"][0]["failures"]) == ("closed", 0)

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from breaker import BreakerStatus, status
 from outbox.clock import db_now
 from outbox.models import Attempt, Operation, OperationEvent
-from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
+from tests.harness import REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -94,13 +94,28 @@ def _sent_by(pipe: Any, ids: list[str], after_id: int) -> Counter[str]:
 
 
 def _parks(pipe: Any, ids: list[str]) -> dict[str, int]:
+    """Waits for the breaker per operation: parked by the gate before a claim ("breaker open"
+    events), or claimed in a batch (a doorbell takes whatever is due along) and found the breaker
+    open at call time (a not_sent attempt "breaker open ...", no attempt spent)."""
     with pipe.sessions() as s:
-        rows = s.execute(
+        gated = s.execute(
             select(OperationEvent.operation_id, func.count())
             .where(OperationEvent.operation_id.in_(ids), OperationEvent.event == "breaker open")
             .group_by(OperationEvent.operation_id)
         ).all()
-    return {i: 0 for i in ids} | {r[0]: int(r[1]) for r in rows}
+        at_call = s.execute(
+            select(Attempt.operation_id, func.count())
+            .where(
+                Attempt.operation_id.in_(ids),
+                Attempt.attempt_class == "not_sent",
+                Attempt.error.like("breaker open%"),
+            )
+            .group_by(Attempt.operation_id)
+        ).all()
+    out = {i: 0 for i in ids}
+    for op_id, n in [*gated, *at_call]:
+        out[op_id] += int(n)
+    return out
 
 
 def _assert_clean_logs(workers: list[Any]) -> None:
@@ -124,7 +139,7 @@ def _assert_done_once(pipe: Any, sandbox: Any, ids: list[str], max_attempts: int
             if not (a.attempt_class == "not_sent" and (a.error or "").startswith("breaker open"))
         ]
         assert len(sent) == op.attempt_count
-        assert len(sandbox.effects(key=op.idempotency_key)) == 1
+        assert len(sandbox.effects(key=op.provider_key)) == 1
     assert sandbox.duplicates() == []
 
 
@@ -165,9 +180,7 @@ def _where_they_stand(pipe: Any, ids: list[str], workers: list[Any]) -> str:
         client.close()
     ops = [f"  {r[0]} {r[1]} due in {(r[2] - now).total_seconds() if r[2] else None}s attempts {r[3]}" for r in rows]
     logs = [f"--- worker {i} ---\n{w.log()[-2500:]}" for i, w in enumerate(workers)]
-    return "\n".join(
-        [f"ledger now {now}; redis now {redis_now}; breaker {state}; probe lock {probe}", *ops, *logs]
-    )
+    return "\n".join([f"ledger now {now}; redis now {redis_now}; breaker {state}; probe lock {probe}", *ops, *logs])
 
 
 def _posts_after(sandbox: Any, seq: int) -> list[dict[str, Any]]:
@@ -202,7 +215,7 @@ def test_open_breaker_is_shared_parks_without_spending_attempts_and_recovers(pip
         # breaker reopens and every operation parks again; nothing else is sent meanwhile.
         try:
             wait_for(
-                lambda: any(p["status"] is not None for p in _posts_after(sandbox, last)), 20, what=f"probe {window}"
+                lambda: any(p["status"] is not None for p in _posts_after(sandbox, last)), 30, what=f"probe {window}"
             )
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_where_they_stand(pipe, ids, workers)}") from None
@@ -356,7 +369,7 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
         outcomes = dispatch_batch(rt, [spent, fresh])
     finally:
         rt.close()
-    assert [p["idempotency_key"] for p in sandbox.requests(method="POST")] == ["k-probe-1"]
+    assert [p["idempotency_key"] for p in sandbox.requests(method="POST")] == [pk("k-probe-1")]
     assert set(outcomes) == {spent, fresh}
     assert (pipe.op(spent).attempt_count, pipe.op(fresh).attempt_count) == (3, 1)
     assert _parks(pipe, [spent, fresh]) == {spent: 1, fresh: 0}

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT, action, actions_doc
+from tests.harness import ROOT, action, actions_doc, pk
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -39,8 +39,8 @@ def test_resolutions_are_written_back_and_acted_on(pipe, sandbox):
     )
     # "done": committed, answer lost. "never": the provider refused before executing, but the
     # client saw a 500 (ambiguous). Without a lookup both need a person.
-    sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern="h-done", count=1)
-    sandbox.add_fault(mode="fail_before_commit", method="POST", status=500, key_pattern="h-never", count=1)
+    sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern=pk("h-done"), count=1)
+    sandbox.add_fault(mode="fail_before_commit", method="POST", status=500, key_pattern=pk("h-never"), count=1)
     pipe.start_worker()
     pipe.start_relay()
     done, never = pipe.submit("h-done"), pipe.submit("h-never")
@@ -58,7 +58,7 @@ def test_resolutions_are_written_back_and_acted_on(pipe, sandbox):
     assert human.returncode == 0 and "4. next step" in human.stdout
 
     # A person finds the refund at the provider and records its reference.
-    reference = sandbox.effects(key="h-done")[0]["object_id"]
+    reference = sandbox.effects(key=pk("h-done"))[0]["object_id"]
     out = cli(
         pipe,
         "handoffs",
@@ -89,10 +89,10 @@ def test_resolutions_are_written_back_and_acted_on(pipe, sandbox):
     )
     assert out.returncode == 0, out.stderr
     op = pipe.wait_status(never.operation_id, "succeeded")
-    sent = sandbox.requests(method="POST", key="h-never")
+    sent = sandbox.requests(method="POST", key=pk("h-never"))
     assert [p["status"] for p in sent] == [500, 200] and sent[1]["fencing_token"] > sent[0]["fencing_token"]
-    assert op.result_reference == sandbox.effects(key="h-never")[0]["object_id"]
-    assert len(sandbox.effects(key="h-done")) == 1 and len(sandbox.requests(method="POST", key="h-done")) == 1
+    assert op.result_reference == sandbox.effects(key=pk("h-never"))[0]["object_id"]
+    assert len(sandbox.effects(key=pk("h-done"))) == 1 and len(sandbox.requests(method="POST", key=pk("h-done"))) == 1
 
     # Both decisions are in the operation history: who, when, why.
     shown_done = cli_json(pipe, "ops", "show", done.operation_id)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.harness import pk
+
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
@@ -13,7 +15,7 @@ def test_intent_reaches_the_provider_once(pipe, sandbox):
     r = pipe.submit("k-happy")
     op = pipe.wait_status(r.operation_id, "succeeded")
     effects = sandbox.effects()
-    assert [e["idempotency_key"] for e in effects] == ["k-happy"]
+    assert [e["idempotency_key"] for e in effects] == [pk("k-happy")]
     assert op.result_reference == effects[0]["object_id"]
 
 
@@ -27,7 +29,7 @@ def test_commit_then_drop_is_parked_and_reconciled(pipe, sandbox):
     effects = sandbox.effects()
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
     # Exactly one business request was sent: the reconciler asked, it did not re-send.
-    posts = sandbox.requests(method="POST", key="k-drop")
+    posts = sandbox.requests(method="POST", key=pk("k-drop"))
     assert len(posts) == 1
 
 
@@ -42,7 +44,7 @@ def test_one_doorbell_carries_a_batch(pipe, sandbox):
     for op_id in ids:
         pipe.wait_status(op_id, "succeeded")
     effects = sandbox.effects()
-    assert sorted(e["idempotency_key"] for e in effects) == sorted(f"k-batch-{i}" for i in range(30))
+    assert sorted(e["idempotency_key"] for e in effects) == sorted(pk(f"k-batch-{i}") for i in range(30))
     received = worker.log().count("outbox.dispatch[")
     # 3 doorbells (a line for received, one for done), plus at most one per due batch rung again
     # by the relay while the worker held the last one (a held doorbell is no longer in the queue;
@@ -64,7 +66,7 @@ def test_a_slow_targets_batch_is_called_concurrently_after_its_canary(pipe, sand
     pipe.start_worker()
     for op_id in ids:
         pipe.wait_status(op_id, "succeeded")
-    assert sorted(e["idempotency_key"] for e in sandbox.effects()) == sorted(keys)
+    assert sorted(e["idempotency_key"] for e in sandbox.effects()) == sorted(pk(k) for k in keys)
     arrivals = sorted(r["time"] for r in sandbox.requests(method="POST"))
     assert len(arrivals) == 6
     # The canary alone, then the other five together: one after another they would arrive

@@ -21,17 +21,17 @@ from outbox.evidence import EvidenceSink
 from outbox.models import Evidence, Handoff
 from outbox.queries import explain
 from tests.conftest import PG_ADMIN_URL
-from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, wait_for
+from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 def posts(sandbox, key):
-    return sandbox.requests(method="POST", key=key)
+    return sandbox.requests(method="POST", key=pk(key))
 
 
 def lookups(sandbox, key):
-    return sandbox.requests(method="GET", key=key)
+    return sandbox.requests(method="GET", key=pk(key))
 
 
 def test_commit_then_drop_reconciled_with_the_providers_id(pipe, sandbox):
@@ -40,7 +40,7 @@ def test_commit_then_drop_reconciled_with_the_providers_id(pipe, sandbox):
     pipe.start_relay()
     r = pipe.submit("rc-drop")
     op = pipe.wait_status(r.operation_id, "succeeded")
-    effects = sandbox.effects(key="rc-drop")
+    effects = sandbox.effects(key=pk("rc-drop"))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
     # Zero re-sends: the only POST is the one whose answer was dropped; then the lookup.
     sent = posts(sandbox, "rc-drop")
@@ -70,7 +70,7 @@ def test_lookup_down_for_a_while_then_back(pipe, sandbox):
     pipe.advance_to_due(r.operation_id)
     op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
     assert len(posts(sandbox, "rc-down")) == 1
-    effects = sandbox.effects(key="rc-down")
+    effects = sandbox.effects(key=pk("rc-down"))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
 
 
@@ -95,7 +95,7 @@ def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
     pipe.advance_to_due(r.operation_id)
     op = pipe.wait_status(r.operation_id, "reconciliation_required", timeout_s=20)
     assert len(posts(sandbox, "rc-never")) == 1
-    assert len(sandbox.effects(key="rc-never")) == 1  # the effect exists: only a person may say so
+    assert len(sandbox.effects(key=pk("rc-never"))) == 1  # the effect exists: only a person may say so
     with pipe.sessions() as s:
         handoff = s.execute(select(Handoff).where(Handoff.operation_id == op.id)).scalar_one()
         packet = handoff.packet
@@ -103,6 +103,7 @@ def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
     assert packet["operation"] == {
         "operation_id": op.id,
         "idempotency_key": "rc-never",
+        "provider_key": "t1:rc-never",
         "tenant": "t1",
         "action": "payments.refund.create",
         "target": "sandbox",
@@ -156,7 +157,7 @@ def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pi
     sent = posts(sandbox, "rc-lag")
     assert [p["status"] for p in sent] == [500, 200]
     assert sent[1]["fencing_token"] > sent[0]["fencing_token"]
-    assert sent[0]["idempotency_key"] == sent[1]["idempotency_key"] == "rc-lag"
+    assert sent[0]["idempotency_key"] == sent[1]["idempotency_key"] == pk("rc-lag")
     gets = [g for g in lookups(sandbox, "rc-lag") if sent[0]["seq"] < g["seq"] < sent[1]["seq"]]
     assert all(g["status"] == 404 for g in gets) and len(gets) >= 2
     # On the ledger's clock the re-send came after the settle window, from the failed attempt's end.
@@ -164,7 +165,7 @@ def test_early_not_found_waits_for_settle_then_redispatches_with_the_same_key(pi
     assert second.started_at - first.ended_at >= timedelta(seconds=settle_s)
     reasons = [a.error or "" for a in pipe.attempts(r.operation_id, "lookup")]
     assert any("authoritative not found" in x for x in reasons)
-    effects = sandbox.effects(key="rc-lag")
+    effects = sandbox.effects(key=pk("rc-lag"))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
 
 
@@ -178,7 +179,7 @@ def test_provider_without_idempotency_is_never_resent_without_proof(pipe, sandbo
     r = pipe.submit("rc-careless")
     op = pipe.wait_status(r.operation_id, "succeeded")
     assert len(posts(sandbox, "rc-careless")) == 1
-    effects = sandbox.effects(key="rc-careless")
+    effects = sandbox.effects(key=pk("rc-careless"))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
     assert sandbox.duplicates() == []
 
@@ -200,7 +201,7 @@ def test_worker_killed_after_the_provider_committed(pipe, sandbox):
     op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=20)
     assert pipe.attempts(r.operation_id, "lookup")[-1].attempt_class == "succeeded"  # settled by a lookup
     assert [p["status"] for p in posts(sandbox, "rc-crash")] == [200]
-    effects = sandbox.effects(key="rc-crash")
+    effects = sandbox.effects(key=pk("rc-crash"))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
     with pipe.sessions() as s:
         events = [(e["from"], e["to"]) for e in explain(s, op.id).as_json()["history"]]
@@ -264,14 +265,14 @@ def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sand
         r = pipe.submit("ev-down")
         op = pipe.wait_status(r.operation_id, "committed_evidence_degraded", "succeeded")
         assert op.status == "committed_evidence_degraded"
-        assert op.result_reference == sandbox.effects(key="ev-down")[0]["object_id"]
+        assert op.result_reference == sandbox.effects(key=pk("ev-down"))[0]["object_id"]
         # Never retried: the effect happened. Still degraded across a few backfill attempts.
         wait_for(lambda: sink.failed[r.operation_id] >= 3, 15, what="three backfills failing against the dead sink")
         assert pipe.op(r.operation_id).status == "committed_evidence_degraded"
         assert len(posts(sandbox, "ev-down")) == 1
         evidence_db.up()
         op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
-        assert len(posts(sandbox, "ev-down")) == 1 and len(sandbox.effects(key="ev-down")) == 1
+        assert len(posts(sandbox, "ev-down")) == 1 and len(sandbox.effects(key=pk("ev-down"))) == 1
         with sink.engine.connect() as conn:  # type: ignore[union-attr]
             rows = conn.execute(select(Evidence.operation_id, Evidence.provider_reference)).all()
         assert sorted(rows) == sorted(

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from commands.report import parse_since
-from tests.harness import REFUND_ARGS, action, actions_doc
+from tests.harness import REFUND_ARGS, action, actions_doc, pk
 from tests.integration.test_handoffs_cli import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -53,7 +53,7 @@ def test_report_finds_planted_duplicate_and_orphan(pipe, sandbox):
             },
         )
     )
-    sandbox.add_fault(mode="unavailable_503", method="POST", key_pattern="rep-3", count=1)
+    sandbox.add_fault(mode="unavailable_503", method="POST", key_pattern=pk("rep-3"), count=1)
     pipe.start_worker()
     pipe.start_relay()
     ids = [pipe.submit(f"rep-{i}").operation_id for i in range(1, 4)]
@@ -75,7 +75,7 @@ def test_report_finds_planted_duplicate_and_orphan(pipe, sandbox):
 
     orphan = plant(sandbox, "rep-orphan")  # a refund nobody in the ledger asked for
     sandbox.configure(idempotency=False)
-    second = plant(sandbox, "rep-1")  # the provider ignores the key: a second refund for rep-1
+    second = plant(sandbox, pk("rep-1"))  # the provider ignores the key: a second refund for rep-1
     rc, found = report(pipe, "--since", "1h")
     assert rc == 1
     d = found["discrepancies"]
@@ -84,7 +84,12 @@ def test_report_finds_planted_duplicate_and_orphan(pipe, sandbox):
     ]
     assert len(d["duplicates"]) == 1
     dup = d["duplicates"][0]
-    assert dup["idempotency_key"] == "rep-1" and dup["count"] == 2 and second in dup["references"]
+    assert (
+        dup["idempotency_key"] == pk("rep-1")
+        and dup["tenant"] == "t1"
+        and dup["count"] == 2
+        and second in dup["references"]
+    )
     assert d["record_without_document"] == []
     assert found["health"]["duplicate_effects"] == 1 and found["discrepancy_count"] == 2
     human = cli(pipe, "report", "--since", "1h")

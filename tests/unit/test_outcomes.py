@@ -194,6 +194,28 @@ def test_reconciler_judgement():
     assert last.to is Status.RECONCILIATION_REQUIRED
 
 
+def test_not_found_after_the_provider_forgot_the_key_is_no_proof():
+    # Issue 15: a provider keeps keys retention_s; after that its 404 may hide an effect whose key
+    # it forgot, and a re-send would make a second one: a person decides, with the reason.
+    rng, rc = random.Random(3), claim(1, kind="lookup")
+    retention = ACTION.provider_idempotency.retention_s
+    first = T0 - timedelta(seconds=retention)
+    inside = judge(
+        rc,
+        ACTION,
+        lookup("not_found"),
+        now=T0 + timedelta(seconds=6),
+        last_activity=T0,
+        rng=rng,
+        first_sent=first + timedelta(seconds=7),
+    )
+    assert inside.to is Status.NOT_DISPATCHED
+    after = judge(
+        rc, ACTION, lookup("not_found"), now=T0 + timedelta(seconds=6), last_activity=T0, rng=rng, first_sent=first
+    )
+    assert after.to is Status.RECONCILIATION_REQUIRED and "retention_s" in after.reason and "a person" in after.reason
+
+
 NOT_FOUND = Settlement(Status.NOT_DISPATCHED, A.NOT_SENT, "authoritative not found after settle_s=5s")
 
 

@@ -1,0 +1,116 @@
+"""The parts of an action in the actions file: requests, lookups, listings, budgets, breakers.
+
+Plain pydantic models (unknown fields forbidden); downstream/actions.py puts them together into
+targets and actions and checks what crosses models.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BreakerSpec(_Strict):
+    fail_max: int = Field(default=5, gt=0)
+    reset_timeout_s: float = Field(default=30.0, gt=0)
+    success_threshold: int = Field(default=1, gt=0)
+
+
+class RequestSpec(_Strict):
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    path: str
+    query: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        placeholders(value)  # raises on malformed braces
+        return value
+
+    def placeholder_names(self) -> set[str]:
+        names = placeholders(self.path)
+        for template in self.query.values():
+            names |= placeholders(template)
+        return names
+
+
+class ProviderIdempotency(_Strict):
+    header: str = "Idempotency-Key"
+    # How long the provider remembers a key; a replay after this window could run twice.
+    retention_s: float = Field(gt=0)
+
+
+class LookupSpec(_Strict):
+    request: RequestSpec
+    # Only an authoritative lookup's 404 counts as "never executed", and only after settle_s
+    # (the provider's index lag) has passed since the last attempt.
+    authoritative_not_found: bool = False
+    settle_s: float = Field(default=5.0, ge=0)
+    status_field: str = "status"
+    succeeded: list[str] = Field(default_factory=lambda: ["succeeded"])
+    pending: list[str] = Field(default_factory=lambda: ["pending", "processing"])
+    failed: list[str] = Field(default_factory=lambda: ["failed", "canceled"])
+    # Where a list-shaped lookup answer keeps its items; None tries data / items / results.
+    items_field: str | None = None
+    # Field of a found object holding our key; when set, objects with another key are ignored,
+    # so a provider that silently ignores the filter cannot make an unrelated effect "ours".
+    key_field: str | None = None
+
+
+class ListSpec(_Strict):
+    """A listing of recent effects at the provider, for the reconciliation report."""
+
+    request: RequestSpec
+    items_field: str = "data"
+    # Cursor pagination, two common shapes: the response names the next cursor
+    # (next_cursor_field), or the cursor is a field of the last item (Stripe's starting_after).
+    cursor_param: str | None = None
+    next_cursor_field: str | None = None
+    cursor_from_last_item: str | None = None
+    has_more_field: str | None = None
+    page_size_param: str | None = None
+    page_size: int = Field(default=100, gt=0)
+
+    @model_validator(mode="after")
+    def _cursor_source(self) -> ListSpec:
+        if self.cursor_param and not (self.next_cursor_field or self.cursor_from_last_item):
+            raise ValueError("cursor_param needs next_cursor_field or cursor_from_last_item")
+        return self
+
+
+class BudgetSpec(_Strict):
+    max_attempts: int = Field(default=5, gt=0)
+    deadline_s: float = Field(default=3600.0, gt=0)
+    base_delay_s: float = Field(default=0.5, gt=0)
+    max_delay_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BudgetSpec:
+        if self.base_delay_s > self.max_delay_s:
+            raise ValueError(f"base_delay_s ({self.base_delay_s}) must be <= max_delay_s ({self.max_delay_s})")
+        return self
+
+
+def placeholders(template: str) -> set[str]:
+    """The ``{name}`` fields of a path or query template; raises ValueError if malformed."""
+    names: set[str] = set()
+    for _, field, spec, conv in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if not field.isidentifier() or spec or conv:
+            raise ValueError(f"placeholder {{{field}}} must be a plain argument name")
+        names.add(field)
+    return names

@@ -1,0 +1,100 @@
+"""Provider keys scoped by tenant, masking by path and by value, and their checks (issue 15)."""
+
+from __future__ import annotations
+
+import pytest
+
+from downstream.actions import ActionsFileError, parse_actions
+from outbox.masking import MASK, Redactor, mask_paths, path_problem
+from outbox.provider_keys import DEFAULT_RULE, KeyRule, rule_for
+from tests.unit.test_actions import ENV, mutated
+
+
+def test_the_default_provider_key_is_scoped_by_tenant():
+    a = DEFAULT_RULE.render(tenant="a", idempotency_key="refund-1", action="x")
+    b = DEFAULT_RULE.render(tenant="b", idempotency_key="refund-1", action="x")
+    assert (a, b) == ("a:refund-1", "b:refund-1")
+    assert rule_for(None, "x") is DEFAULT_RULE and rule_for({}, "x") is DEFAULT_RULE
+
+
+def test_a_key_over_the_providers_limit_becomes_a_stable_hash_still_per_tenant():
+    rule = KeyRule("{tenant}/{action}/{idempotency_key}", max_length=40)
+    long_key = "k" * 100
+    a = rule.render(tenant="a", idempotency_key=long_key, action="refund")
+    b = rule.render(tenant="b", idempotency_key=long_key, action="refund")
+    assert a.startswith("h:") and len(a) == 40 and a != b
+    assert a == rule.render(tenant="a", idempotency_key=long_key, action="refund")  # stable
+    assert rule.render(tenant="a", idempotency_key="short", action="refund") == "a/refund/short"
+
+
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        ("{tenant}", "must contain {idempotency_key}"),
+        ("{tenant}:{idempotency_key}:{amount}", "unknown placeholder(s) ['amount']"),
+        ("{tenant!r}:{idempotency_key}", "no format spec or conversion"),
+        ("{tenant:{idempotency_key}", "malformed template"),
+    ],
+)
+def test_bad_templates_are_refused(template: str, words: str):
+    with pytest.raises(ValueError, match=None) as exc:
+        KeyRule(template)
+    assert words in str(exc.value)
+
+
+def test_masking_by_dotted_path_reaches_nested_objects_and_lists():
+    value = {
+        "customer": {"email": "x@y", "name": "Ada"},
+        "items": [{"card": "4000", "sku": "s"}, {"sku": "t"}],
+        "token": {"nested": "whole"},
+    }
+    masked = mask_paths(value, ["customer.email", "items[].card", "token", "missing.path"])
+    assert masked == {
+        "customer": {"email": MASK, "name": "Ada"},
+        "items": [{"card": MASK, "sku": "s"}, {"sku": "t"}],
+        "token": MASK,
+    }
+    assert value["customer"]["email"] == "x@y"  # the input is left as it was
+    assert path_problem("items[].card") is None and "segment" in (path_problem("a..b") or "")
+
+
+def test_values_are_redacted_wherever_they_are_echoed():
+    args = {"customer": {"email": "ada@example.com"}, "items": [{"card": "4000-1234"}], "pin": "12"}
+    r = Redactor.of(args, ["customer.email", "items[].card", "pin"])
+    assert r.text("invalid card 4000-1234 for ada@example.com") == f"invalid card {MASK} for {MASK}"
+    assert r.json({"echo": ["ada@example.com"], "n": 12}) == {"echo": [MASK], "n": 12}  # "12": too short to hunt
+    assert not Redactor.of(args, [])
+
+
+def test_a_provider_key_without_tenant_needs_per_tenant_credentials():
+    with pytest.raises(ActionsFileError) as exc:
+        parse_actions(mutated(provider_key="{idempotency_key}"), source="a.yaml", environ=ENV)
+    assert "actions.payments.refund.create.provider_key" in str(exc.value) and "targets.payments.tenants" in str(
+        exc.value
+    )
+    data = mutated(provider_key="{idempotency_key}")
+    data["targets"]["payments"]["tenants"] = {"acme": {"headers": {"Authorization": "Bearer ${TOKEN}"}}}
+    cfg = parse_actions(data, source="a.yaml", environ=ENV)
+    assert cfg.key_rule("payments.refund.create") == KeyRule("{idempotency_key}")
+    target = cfg.targets["payments"]
+    assert target.headers_for("acme") == {"Authorization": "Bearer s3cret"} and target.headers_for("other") is None
+    assert "s3cret" not in repr(target)
+
+
+def test_sensitive_paths_are_checked_against_the_declared_arguments():
+    ok = parse_actions(mutated(sensitive_args=["customer_email", "order_id.x"]), source="a.yaml", environ=ENV)
+    assert ok.action("payments.refund.create").sensitive_args == ["customer_email", "order_id.x"]
+    with pytest.raises(ActionsFileError) as exc:
+        parse_actions(mutated(sensitive_args=["customer.email"]), source="a.yaml", environ=ENV)
+    assert "sensitive_args" in str(exc.value) and "['customer']" in str(exc.value)
+    with pytest.raises(ActionsFileError) as exc:
+        parse_actions(mutated(sensitive_response_fields=["a..b"]), source="a.yaml", environ=ENV)
+    assert "sensitive_response_fields" in str(exc.value)
+
+
+def test_beat_purges_daily():
+    from outbox.settings import Settings
+    from workers.celery_app import PURGE_TASK, make_app
+
+    entry = make_app(Settings()).conf.beat_schedule["purge"]
+    assert entry["task"] == PURGE_TASK and entry["schedule"] == 86400.0
