@@ -74,6 +74,34 @@ def test_lookup_down_for_a_while_then_back(pipe, sandbox):
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
 
 
+def test_not_found_after_the_provider_forgot_the_key_goes_to_a_person(pipe, sandbox):
+    """Issue 15: the provider keeps keys retention_s; a "not found" later than that after the first
+    attempt may be a forgotten key whose effect exists. It is no proof: a person decides, and
+    nothing is re-sent (a re-send under a forgotten key could be a second effect)."""
+    retention_s = 600
+    keys = {"header": "Idempotency-Key", "retention_s": retention_s}
+    budget = {"max_attempts": 4, "deadline_s": 3600, "base_delay_s": 0.1, "max_delay_s": 1}
+    refund = action("/v1/refunds", decimal_args=["amount"], provider_idempotency=keys, budget=budget)
+    pipe.write_actions(actions_doc(sandbox.url, actions={"payments.refund.create": refund}))
+    sandbox.add_fault(mode="drop_before_commit", method="POST", count=1)  # nothing made; the answer lost
+    down = sandbox.add_fault(mode="unavailable_503", method="GET", path="/v1/refunds")
+    pipe.env.update(CLOCK_LEASE)
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-forgot")
+    pipe.wait_attempt_done(r.operation_id, 1)
+    pipe.advance_to_due(r.operation_id)
+    assert pipe.wait_attempt_done(r.operation_id, 1, kind="lookup").status_code == 503
+    # The lookup stays down longer than the provider remembers keys.
+    pipe.advance_ledger_clock(retention_s + 1, operation_ids=[r.operation_id])
+    sandbox.remove_fault(down["id"])
+    pipe.advance_to_due(r.operation_id)
+    op = pipe.wait_status(r.operation_id, "reconciliation_required", timeout_s=20)
+    assert f"retention_s={retention_s}s" in (op.reason or "") and "a person must decide" in (op.reason or "")
+    assert [p["status"] for p in posts(sandbox, "rc-forgot")] == ["reset"]  # never re-sent
+    assert sandbox.effects(key=pk("rc-forgot")) == []
+
+
 def test_lookup_never_back_hands_off_with_a_complete_packet(pipe, sandbox):
     doc = actions_doc(
         sandbox.url,
