@@ -26,6 +26,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.breakers:register",
     "commands.metrics:register",
     "commands.retention:register",
+    "commands.api:register",
     "sandbox.cli:register",
 )
 

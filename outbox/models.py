@@ -239,6 +239,21 @@ class Evidence(Base):
     recorded_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
+class ApiKey(Base):
+    """An HTTP API key (api/keys.py): one tenant, some scopes; only the key's SHA-256 is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the key's first characters, to recognise it
+    tenant: Mapped[str] = mapped_column(String(128))
+    scopes: Mapped[str] = mapped_column(String(255))  # comma-separated
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+
 def core_table(model: type[Base]) -> Table:
     """The Core Table behind a model, for statements built on it (typed: ``__table__`` is
     declared as a FromClause)."""

@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     # of the actions file (checked at start-up): until the provider forgets a key, the arguments
     # are what a person needs to answer for it.
     args_retention_s: float = Field(default=30 * 86400.0, gt=0)
+    # The HTTP API (``agent-outbox serve``): requests per second per key (burst twice that), and
+    # the largest request body accepted (413 above it).
+    api_rate_per_s: float = Field(default=50.0, gt=0)
+    api_max_body_bytes: int = Field(default=1_048_576, gt=0)
 
     @field_validator("database_url", "evidence_url")
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("outbox", "producer", "workers", "downstream", "breaker", "commands", "sandbox")
+PACKAGES = ("outbox", "producer", "workers", "downstream", "breaker", "commands", "sandbox", "api")
 MAX_LINES = 400
 
 

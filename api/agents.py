@@ -1,0 +1,327 @@
+"""What agent runtimes call: submit intents, read operations, wait for an outcome, cancel.
+
+Bodies are parsed with the ledger's exact JSON reader (every number a Decimal, as
+``producer.submit`` wants), so an amount never passes through a binary float on the way in.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from decimal import Decimal
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from api.auth import ApiState, require, state
+from api.keys import Caller
+from api.problems import Problem, conflict_problem, not_found
+from outbox.clock import as_utc
+from outbox.envelope import loads_exact
+from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.models import Operation
+from outbox.queries import explain, operation_json
+from outbox.submit import submit
+from outbox.transitions import request_cancel
+from outbox.typed_outcome import with_outcome
+
+router = APIRouter(prefix="/v1", tags=["agents"])
+MAX_BATCH = 500
+MAX_WAIT_S = 60.0
+
+
+class IntentIn(BaseModel):
+    """One intent (the tenant is the key's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: str = Field(description="a named action of the actions file, e.g. payments.refund.create")
+    args: dict[str, Any] = Field(description="the action's arguments; numbers are read as exact decimals")
+    idempotency_key: str | None = Field(
+        default=None, description="a stable business key (or send it as the Idempotency-Key header)"
+    )
+    subject: str | None = Field(default=None, description="who asks (default: api:key-<id>)")
+    run_id: str | None = None
+    tool_call_id: str | None = None
+    max_attempts: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0)
+
+
+class BatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    intents: list[IntentIn] = Field(max_length=MAX_BATCH)
+
+
+class OperationOut(BaseModel):
+    """An operation: the fields of ``agent-outbox ops show --json`` plus the typed outcome."""
+
+    model_config = ConfigDict(extra="allow")
+
+    operation_id: str
+    tenant: str
+    idempotency_key: str
+    provider_key: str
+    action: str
+    status: str
+    outcome: str = Field(description="SUCCEEDED | FAILED_BEFORE_COMMIT | UNKNOWN | NEEDS_HUMAN | ...")
+    model_message: str = Field(description="one sentence a language model can act on")
+
+
+class BatchItemOut(BaseModel):
+    index: int
+    status: int
+    operation: dict[str, Any] | None = None
+    problem: dict[str, Any] | None = None
+
+
+class BatchOut(BaseModel):
+    results: list[BatchItemOut]
+
+
+class PageOut(BaseModel):
+    operations: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"description": what, "content": {"application/problem+json": {}}}
+    for code, what in {
+        401: "no or unknown API key",
+        403: "the key lacks the scope",
+        404: "no such operation for this key's tenant",
+        413: "body too large",
+        422: "invalid input (the problem names the field)",
+        429: "rate limited (Retry-After)",
+    }.items()
+}
+
+
+SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the same intent, already submitted", "model": OperationOut},
+    409: {"description": "the key was used with other arguments", "content": {"application/problem+json": {}}},
+    **PROBLEMS,
+}
+
+
+def _body(raw: bytes) -> Any:
+    try:
+        return loads_exact(raw.decode("utf-8") if raw else "", field="body")
+    except UnicodeDecodeError:
+        raise InvalidIntent("body", "must be UTF-8 JSON") from None
+
+
+def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str = "") -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise InvalidIntent(where or "body", "must be a JSON object")
+    if "tenant" in obj:
+        raise InvalidIntent(f"{where}tenant", "the tenant is the API key's; leave it out")
+    unknown = sorted(set(obj) - set(IntentIn.model_fields))
+    if unknown:
+        raise InvalidIntent(f"{where}{unknown[0]}", f"unknown field; allowed: {', '.join(IntentIn.model_fields)}")
+    key = obj.get("idempotency_key", header_key)
+    if header_key is not None and obj.get("idempotency_key") not in (None, header_key):
+        raise InvalidIntent(f"{where}idempotency_key", "differs from the Idempotency-Key header; send one")
+    out: dict[str, Any] = {
+        "tenant": caller.tenant,
+        "idempotency_key": key,
+        "action": obj.get("action"),
+        "args": obj.get("args"),
+        "subject": obj.get("subject") or f"api:key-{caller.key_id}",
+        "run_id": obj.get("run_id"),
+        "tool_call_id": obj.get("tool_call_id"),
+    }
+    if obj.get("max_attempts") is not None:
+        m = obj["max_attempts"]
+        if not isinstance(m, Decimal) or m != m.to_integral_value():
+            raise InvalidIntent(f"{where}max_attempts", "must be an integer >= 1")
+        out["max_attempts"] = int(m)
+    if obj.get("deadline_s") is not None:
+        d = obj["deadline_s"]
+        if not isinstance(d, Decimal):
+            raise InvalidIntent(f"{where}deadline_s", "must be a positive number of seconds")
+        out["deadline_s"] = float(d)
+    if not isinstance(out["args"], dict):
+        raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")
+    return out
+
+
+def _operation(session: Session, caller: Caller, operation_id: str) -> dict[str, Any]:
+    op = session.get(Operation, operation_id)
+    if op is None or op.tenant != caller.tenant:
+        raise not_found("operation")  # another tenant's operation does not exist for this key
+    return with_outcome(explain(session, operation_id).as_json())
+
+
+def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
+    receipt = submit(session, **intent, key_rules=st.key_rules)
+    session.flush()
+    return (201 if receipt.new else 200), _operation(session, caller, receipt.operation_id)
+
+
+@router.post(
+    "/intents",
+    status_code=201,
+    response_model=OperationOut,
+    responses=SUBMIT_RESPONSES,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": IntentIn.model_json_schema()}}}
+    },
+)
+async def post_intent(
+    request: Request,
+    caller: Annotated[Caller, Depends(require("submit"))],
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSONResponse:
+    """Submit one intent. 201 when new, 200 with the existing operation when the same intent was
+    already submitted, 409 when the key was used with other arguments."""
+    st = state(request)
+    intent = _intent_fields(_body(await request.body()), idempotency_key, caller)
+
+    def run() -> tuple[int, dict[str, Any]]:
+        with st.sessions.begin() as session:
+            return _submit_one(st, session, intent, caller)
+
+    code, op = await _threaded(run)
+    return JSONResponse(op, status_code=code)
+
+
+@router.post(
+    "/intents:batch",
+    response_model=BatchOut,
+    responses=PROBLEMS,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": BatchIn.model_json_schema()}}}
+    },
+)
+async def post_batch(request: Request, caller: Annotated[Caller, Depends(require("submit"))]) -> JSONResponse:
+    """Up to 500 intents in one transaction; one result per item, in order (201/200 with the
+    operation, or 409/422 with a problem); the good items are stored either way."""
+    st = state(request)
+    body = _body(await request.body())
+    if not isinstance(body, dict) or set(body) != {"intents"} or not isinstance(body["intents"], list):
+        raise InvalidIntent("intents", 'send {"intents": [intent, ...]}')
+    items = body["intents"]
+    if len(items) > MAX_BATCH:
+        raise InvalidIntent("intents", f"at most {MAX_BATCH} intents per batch (got {len(items)})")
+
+    def run() -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = []
+        with st.sessions.begin() as session:
+            for i, obj in enumerate(items):
+                try:
+                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.")
+                    with session.begin_nested():  # a bad item never takes the good ones down
+                        code, op = _submit_one(st, session, intent, caller)
+                    results.append({"index": i, "status": code, "operation": op})
+                except InvalidIntent as exc:
+                    p = Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field)
+                    results.append({"index": i, "status": 422, "problem": p.body()})
+                except IdempotencyConflict as exc:
+                    results.append({"index": i, "status": 409, "problem": conflict_problem(exc).body()})
+        return results
+
+    return JSONResponse({"results": await _threaded(run)})
+
+
+@router.get("/operations/{operation_id}", response_model=OperationOut, responses=PROBLEMS)
+def get_operation(
+    operation_id: str, request: Request, caller: Annotated[Caller, Depends(require("read"))]
+) -> dict[str, Any]:
+    """One operation with its attempt_log, history and typed outcome."""
+    with state(request).sessions() as session:
+        return _operation(session, caller, operation_id)
+
+
+@router.get("/operations", response_model=PageOut, responses=PROBLEMS)
+def list_operations(
+    request: Request,
+    caller: Annotated[Caller, Depends(require("read"))],
+    status: str | None = None,
+    action: str | None = None,
+    idempotency_key: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """This tenant's operations, newest first; pass ``next_cursor`` back as ``cursor`` for more."""
+    stmt = select(Operation).where(Operation.tenant == caller.tenant)
+    for column, value in ((Operation.status, status), (Operation.action, action)):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if idempotency_key is not None:
+        stmt = stmt.where(Operation.idempotency_key == idempotency_key)
+    if cursor:
+        created, last_id = _decode_cursor(cursor)
+        stmt = stmt.where(
+            or_(Operation.created_at < created, and_(Operation.created_at == created, Operation.id < last_id))
+        )
+    stmt = stmt.order_by(Operation.created_at.desc(), Operation.id.desc()).limit(limit + 1)
+    with state(request).sessions() as session:
+        rows = list(session.execute(stmt).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "operations": [with_outcome(operation_json(op)) for op in rows],
+        "next_cursor": _encode_cursor(rows[-1]) if more and rows else None,
+    }
+
+
+def _encode_cursor(op: Operation) -> str:
+    created = as_utc(op.created_at)
+    raw = json.dumps([created.isoformat() if created else None, op.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[Any, str]:
+    import datetime as dt
+
+    try:
+        created, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return dt.datetime.fromisoformat(created), str(last_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidIntent("cursor", "not a cursor this API returned (use next_cursor as it is)") from exc
+
+
+@router.get("/operations/{operation_id}/wait", response_model=OperationOut, responses=PROBLEMS)
+async def wait_operation(
+    operation_id: str,
+    request: Request,
+    caller: Annotated[Caller, Depends(require("read"))],
+    timeout_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 30.0,
+) -> dict[str, Any]:
+    """Long-poll until the outcome is settled (final, or waiting for a person or an approval), or
+    ``timeout_s`` (at most 60) passed; either way 200 with the operation as it is then."""
+    st = state(request)
+
+    def read() -> dict[str, Any]:
+        with st.sessions() as session:
+            return _operation(session, caller, operation_id)
+
+    op: dict[str, Any] = await _threaded(read)
+    if op["outcome"] in ("PENDING", "UNKNOWN") and timeout_s > 0:
+        await st.waiters.wait(operation_id, timeout_s)
+        op = await _threaded(read)
+    return op
+
+
+@router.post("/operations/{operation_id}/cancel", response_model=OperationOut, responses=PROBLEMS)
+def cancel_operation(
+    operation_id: str, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
+) -> dict[str, Any]:
+    """As ``agent-outbox ops cancel``: cancelled if nothing was sent yet; otherwise the request is
+    recorded in the history and the operation ends as what really happened."""
+    with state(request).sessions.begin() as session:
+        _operation(session, caller, operation_id)  # 404 for another tenant's
+        request_cancel(session, operation_id, actor=f"api:key-{caller.key_id}", reason="cancel requested over the API")
+    with state(request).sessions() as session:
+        return _operation(session, caller, operation_id)
+
+
+async def _threaded(fn: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn)

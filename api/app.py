@@ -1,0 +1,151 @@
+"""The FastAPI application (``agent-outbox serve``): routes, error handlers, the body size limit,
+health and readiness."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import agents, operators
+from api.auth import ApiState, RateLimiter
+from api.problems import Problem, conflict_problem, not_found, problem_response
+from api.waiters import Waiters
+from outbox.db import make_engine, make_sessionmaker
+from outbox.errors import IdempotencyConflict, InvalidIntent, OperationNotFound
+from outbox.provider_keys import KeyRules
+from outbox.settings import Settings, load_settings
+from producer.client import key_rules_for
+
+
+class BodyLimit:
+    """Refuses request bodies over ``max_bytes`` (413), whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = Problem(413, "too-large", "Request body too large", f"bodies are limited to {self.max_bytes} bytes")
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await problem_response(too_big)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise too_big
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except Problem as exc:
+            await problem_response(exc)(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None = None) -> FastAPI:
+    settings = settings or load_settings()
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_sessionmaker(engine)
+    api_state = ApiState(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        key_rules=key_rules if key_rules is not None else key_rules_for(settings),
+        waiters=Waiters(sessions),
+        limiter=RateLimiter(settings.api_rate_per_s, max(1.0, settings.api_rate_per_s * 2)),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        api_state.waiters.start()
+        try:
+            yield
+        finally:
+            await api_state.waiters.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="agent-outbox",
+        version="1",
+        description="Intents in, typed outcomes out: the execution layer for agents' side effects.",
+        lifespan=lifespan,
+    )
+    app.state.api = api_state
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc)
+
+    @app.exception_handler(InvalidIntent)
+    async def _invalid(request: Request, exc: InvalidIntent) -> JSONResponse:
+        return problem_response(Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field))
+
+    @app.exception_handler(IdempotencyConflict)
+    async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return problem_response(conflict_problem(exc))
+
+    @app.exception_handler(OperationNotFound)
+    async def _missing(request: Request, exc: OperationNotFound) -> JSONResponse:
+        return problem_response(not_found("operation"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+        return problem_response(Problem(422, "invalid", "Invalid input", str(first.get("msg")), field=where or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
+        return problem_response(Problem(exc.status_code, title.lower().replace(" ", "-"), title, str(exc.detail)))
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "a dependency is unreachable"}})
+    def readyz() -> JSONResponse:
+        """Readiness: the ledger answers (and Redis, when configured)."""
+        checks: dict[str, str] = {}
+        try:
+            with engine.connect() as conn:
+                conn.execute(select(1))
+            checks["ledger"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            checks["ledger"] = f"unreachable: {type(exc).__name__}"
+        if settings.redis_url:
+            checks["redis"] = _redis_check(settings.redis_url)
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+
+    app.include_router(agents.router)
+    app.include_router(operators.router)
+    return app
+
+
+def _redis_check(url: str) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        client.ping()
+        return "ok"
+    except redis.RedisError as exc:
+        return f"unreachable: {type(exc).__name__}"
+    finally:
+        client.close()

@@ -1,0 +1,147 @@
+"""What people call over HTTP (scope ``operate``): handoffs and circuit breakers, as the CLI does.
+
+Handoffs are the key's tenant's only. Breakers belong to targets, which every tenant shares: a
+reset (like the CLI's) takes effect for every tenant's operations, so it is an operator's act.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.agents import PROBLEMS
+from api.auth import require, state
+from api.keys import Caller
+from api.problems import Problem, not_found
+from outbox import handoffs
+from outbox.models import Handoff, Operation
+from outbox.waits import wake_breaker_waits
+
+router = APIRouter(prefix="/v1", tags=["operators"])
+
+
+class ResolveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    resolution: str = Field(alias="as", description="succeeded | not-executed | abandoned")
+    reference: str | None = Field(default=None, description="the provider's reference (with succeeded)")
+    note: str = Field(description="why: what was checked, and where")
+    by: str = Field(description="who decides")
+
+
+class ResetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    by: str = Field(min_length=1, description="who resets")
+
+
+def _handoff(session: Session, caller: Caller, handoff_id: int) -> Handoff:
+    row = session.execute(
+        select(Handoff)
+        .join(Operation, Operation.id == Handoff.operation_id)
+        .where(Handoff.id == handoff_id, Operation.tenant == caller.tenant)
+    ).scalar_one_or_none()
+    if row is None:
+        raise not_found("handoff")
+    return row
+
+
+@router.get("/handoffs", responses=PROBLEMS)
+def list_handoffs(
+    request: Request, caller: Annotated[Caller, Depends(require("operate"))], all: bool = False
+) -> dict[str, Any]:
+    """Open handoffs of this tenant, oldest first (``all=true``: resolved ones too)."""
+    stmt = (
+        select(Handoff).join(Operation, Operation.id == Handoff.operation_id).where(Operation.tenant == caller.tenant)
+    )
+    if not all:
+        stmt = stmt.where(Handoff.status == "open")
+    with state(request).sessions() as session:
+        rows = session.execute(stmt.order_by(Handoff.opened_at, Handoff.id).limit(500)).scalars()
+        return {"handoffs": [handoffs.handoff_json(h) for h in rows]}
+
+
+@router.get("/handoffs/{handoff_id}", responses=PROBLEMS)
+def get_handoff(handoff_id: int, request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> Any:
+    """One handoff with its whole packet."""
+    with state(request).sessions() as session:
+        return handoffs.handoff_json(_handoff(session, caller, handoff_id)) | {
+            "packet": _handoff(session, caller, handoff_id).packet
+        }
+
+
+@router.post("/handoffs/{handoff_id}/resolve", responses=PROBLEMS)
+def resolve_handoff(
+    handoff_id: int, body: ResolveIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
+) -> Any:
+    """A person's decision, as ``agent-outbox handoffs resolve``."""
+    with state(request).sessions.begin() as session:
+        _handoff(session, caller, handoff_id)
+        status = handoffs.resolve(
+            session, handoff_id, resolution=body.resolution, by=body.by, note=body.note, reference=body.reference
+        )
+    with state(request).sessions() as session:
+        return handoffs.handoff_json(_handoff(session, caller, handoff_id)) | {"operation_status": status.value}
+
+
+def _breakers(request: Request) -> tuple[Any, Any]:
+    from workers.runtime import breaker_registry, load_actions_for
+
+    settings = state(request).settings
+    actions = load_actions_for(settings)
+    return actions, breaker_registry(settings, actions)
+
+
+@router.get("/breakers", responses=PROBLEMS)
+def list_breakers(request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> dict[str, Any]:
+    """Every target's breaker: state, failures, opened at, reopens at."""
+    from breaker.operator import status
+
+    _, registry = _breakers(request)
+    try:
+        rows = status(registry.redis_url or registry, sorted(registry.configs), registry.namespace)
+    finally:
+        registry.close()
+    return {
+        "shared": bool(registry.redis_url),
+        "breakers": [
+            {
+                "target": st.target,
+                "state": st.state,
+                "failures": st.failures,
+                "opened_at": st.opened_at.isoformat() if st.opened_at else None,
+                "reopens_at": st.reopens_at.isoformat() if st.reopens_at else None,
+            }
+            for st in rows
+        ],
+    }
+
+
+@router.post("/breakers/{target}/reset", responses=PROBLEMS)
+def reset_breaker(
+    target: str, body: ResetIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
+) -> dict[str, Any]:
+    """Close the target's breaker in every process and wake the operations it parked."""
+    from breaker.operator import reset
+
+    actions, registry = _breakers(request)
+    registry.close()
+    if target not in registry.configs:
+        raise not_found("target")
+    if not registry.redis_url:
+        raise Problem(
+            409, "local-breakers", "No shared breaker", "OUTBOX_REDIS_URL is not set: breakers are per process"
+        )
+    reset(registry.redis_url, target, by=body.by, namespace=registry.namespace)
+    names = sorted(name for name, a in actions.actions.items() if a.target == target)
+    woken = 0
+    if names:
+        with state(request).sessions.begin() as session:
+            woken = len(
+                wake_breaker_waits(session, names, reason=f"breaker for {target} reset by {body.by}", actor=body.by)
+            )
+    return {"target": target, "state": "closed", "reset_by": body.by, "woken": woken}

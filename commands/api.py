@@ -1,0 +1,113 @@
+"""``agent-outbox serve`` (the HTTP API) and ``agent-outbox keys create|list|revoke`` (its keys)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from api.keys import create_key, key_json, list_keys, parse_scopes, revoke
+from commands.ledger import open_engine
+from outbox.db import make_sessionmaker
+from outbox.errors import InvalidIntent
+from outbox.settings import load_settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="the HTTP API for agent runtimes and operators (needs the [api] extra)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8800)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)
+
+    k = sub.add_parser("keys", help="HTTP API keys: create (shown once), list, revoke")
+    ks = k.add_subparsers(dest="keys_command", metavar="SUBCOMMAND")
+    p = ks.add_parser("create", help="a key for one tenant with some scopes; prints the key once")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--scope", required=True, help="comma-separated: submit, read, approve, operate")
+    p.add_argument("--name", help="what the key is for (shown in keys list)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_create)
+    p = ks.add_parser("list", help="keys (never the keys themselves: their first characters)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = ks.add_parser("revoke", help="a revoked key is refused from then on (within 5 s)")
+    p.add_argument("id", type=int, metavar="ID")
+    p.set_defaults(func=cmd_revoke)
+    k.set_defaults(func=lambda a: k.print_help() or 2)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from api.app import create_app
+    except ImportError as exc:
+        raise InvalidIntent(
+            "serve", f"the HTTP API needs its extra: pip install 'agent-outbox-ledger[api]' ({exc})"
+        ) from exc
+    settings = load_settings()
+    open_engine(settings).dispose()  # the embedded default migrates itself; a server says if it is unreachable
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    scopes = parse_scopes(args.scope)
+    engine = open_engine(load_settings())
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            key, row = create_key(session, tenant=args.tenant, scopes=scopes, name=args.name)
+            session.flush()
+            session.refresh(row)
+            shown = key_json(row) | {"key": key}
+    finally:
+        engine.dispose()
+    if args.json:
+        print(json.dumps(shown, sort_keys=True))
+    else:
+        print(f"key {shown['id']} for tenant {args.tenant} ({', '.join(scopes)}): {key}")
+        print("store it now: it is not shown again (only its SHA-256 is kept)")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    engine = open_engine(load_settings())
+    try:
+        with make_sessionmaker(engine)() as session:
+            rows = list_keys(session)
+    finally:
+        engine.dispose()
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    table = Table(title=f"{len(rows)} key(s)")
+    for col in ("id", "prefix", "tenant", "scopes", "name", "created_at", "revoked_at"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["prefix"],
+            r["tenant"],
+            ",".join(r["scopes"]),
+            r["name"] or "",
+            r["created_at"] or "",
+            r["revoked_at"] or "",
+        )
+    Console(width=160).print(table)
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    engine = open_engine(load_settings())
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            done = revoke(session, args.id)
+    finally:
+        engine.dispose()
+    if not done:
+        raise InvalidIntent("ID", f"no active key {args.id} (agent-outbox keys list)")
+    print(f"key {args.id} revoked")
+    return 0

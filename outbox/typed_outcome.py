@@ -1,0 +1,74 @@
+"""The typed outcome: one word and one sentence a language model can act on, for every state.
+
+The same vocabulary in every agent-facing surface (HTTP API, MCP, SDK helpers, console; DESIGN.md,
+"Surfaces"): ``outcome`` says what happened in terms of what the model may do next, and
+``model_message`` says it in one sentence, with the provider's reference or the reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from outbox.states import Status
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED_BEFORE_COMMIT = "FAILED_BEFORE_COMMIT"
+    UNKNOWN = "UNKNOWN"
+    NEEDS_HUMAN = "NEEDS_HUMAN"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    PENDING = "PENDING"
+    CANCELLED = "CANCELLED"
+
+
+OUTCOME_OF: dict[Status, Outcome] = {
+    Status.SUCCEEDED: Outcome.SUCCEEDED,
+    Status.COMMITTED_EVIDENCE_DEGRADED: Outcome.SUCCEEDED,
+    Status.FAILED_BEFORE_COMMIT: Outcome.FAILED_BEFORE_COMMIT,
+    Status.OUTCOME_UNKNOWN: Outcome.UNKNOWN,
+    Status.RECONCILIATION_REQUIRED: Outcome.NEEDS_HUMAN,
+    Status.AWAITING_APPROVAL: Outcome.AWAITING_APPROVAL,
+    Status.NOT_DISPATCHED: Outcome.PENDING,
+    Status.DISPATCHING: Outcome.PENDING,
+    Status.CANCELLED: Outcome.CANCELLED,
+}
+# Outcomes a waiting caller stops waiting at: final, or waiting for a person.
+SETTLED: frozenset[Outcome] = frozenset(set(Outcome) - {Outcome.PENDING, Outcome.UNKNOWN})
+
+
+def outcome_of(status: str | Status) -> Outcome:
+    return OUTCOME_OF[Status(status)]
+
+
+def model_message(op: dict[str, Any]) -> str:
+    """One sentence for the model, from an operation's JSON (outbox/queries.operation_json)."""
+    outcome = outcome_of(op["status"])
+    action = op.get("action") or "the action"
+    if outcome is Outcome.SUCCEEDED:
+        ref = (op.get("result") or {}).get("reference")
+        return f"Already done: {action} succeeded" + (f" (reference {ref})" if ref else "") + "; do not retry."
+    if outcome is Outcome.FAILED_BEFORE_COMMIT:
+        why = op.get("reason") or op.get("last_error") or "no reason recorded"
+        return (
+            f"Not executed: {action} did not happen ({why}); retrying the same intent will not change that, "
+            "a changed intent needs a new idempotency key."
+        )
+    if outcome is Outcome.UNKNOWN:
+        return (
+            f"Outcome unknown: the provider may have executed {action}; do not retry, it is being checked "
+            "with the provider."
+        )
+    if outcome is Outcome.NEEDS_HUMAN:
+        return f"A person is deciding whether {action} happened; do not retry, and do not tell the user it failed."
+    if outcome is Outcome.AWAITING_APPROVAL:
+        return f"{action} is waiting for a person's approval; nothing has been sent. Wait, or check later."
+    if outcome is Outcome.CANCELLED:
+        return f"Cancelled: {action} was cancelled before anything was sent; it did not happen."
+    return f"Accepted, not finished: {action} is queued or in progress; wait for it or check later, do not resubmit."
+
+
+def with_outcome(op: dict[str, Any]) -> dict[str, Any]:
+    """The operation's JSON plus ``outcome`` and ``model_message``."""
+    return op | {"outcome": outcome_of(op["status"]).value, "model_message": model_message(op)}

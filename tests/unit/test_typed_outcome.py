@@ -1,0 +1,45 @@
+"""The typed outcome: every state has one, and each sentence tells the model what it may do."""
+
+from __future__ import annotations
+
+import pytest
+
+from outbox.states import Status
+from outbox.typed_outcome import OUTCOME_OF, SETTLED, Outcome, outcome_of, with_outcome
+
+
+def test_every_state_has_exactly_one_outcome():
+    assert set(OUTCOME_OF) == set(Status)
+    assert SETTLED == {
+        Outcome.SUCCEEDED,
+        Outcome.FAILED_BEFORE_COMMIT,
+        Outcome.NEEDS_HUMAN,
+        Outcome.AWAITING_APPROVAL,
+        Outcome.CANCELLED,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        ("succeeded", ["Already done", "RF-9001", "do not retry"]),
+        ("committed_evidence_degraded", ["Already done", "do not retry"]),
+        ("failed_before_commit", ["Not executed", "amount over limit", "new idempotency key"]),
+        ("outcome_unknown", ["Outcome unknown", "may have executed", "do not retry"]),
+        ("reconciliation_required", ["A person is deciding", "do not retry"]),
+        ("awaiting_approval", ["approval", "nothing has been sent"]),
+        ("not_dispatched", ["not finished", "do not resubmit"]),
+        ("dispatching", ["not finished"]),
+        ("cancelled", ["Cancelled", "did not happen"]),
+    ],
+)
+def test_model_messages(status: str, words: list[str]):
+    op = {
+        "status": status,
+        "action": "payments.refund.create",
+        "result": {"reference": "RF-9001"} if status == "succeeded" else None,
+        "reason": "rejected by the provider (amount over limit)",
+    }
+    out = with_outcome(op)
+    assert out["outcome"] == outcome_of(status).value
+    assert all(w in out["model_message"] for w in words), out["model_message"]
