@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -25,11 +26,13 @@ from outbox.envelope import loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation
 from outbox.queries import explain, operation_json
-from outbox.submit import submit
+from outbox.states import Status
+from outbox.submit import require_storable, submit
 from outbox.transitions import request_cancel
 from outbox.typed_outcome import with_outcome
 
 router = APIRouter(prefix="/v1", tags=["agents"])
+_OPERATION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAX_BATCH = 500
 MAX_WAIT_S = 60.0
 
@@ -150,7 +153,17 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
     return out
 
 
+def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None:
+    """With the actions file at hand, an unknown action is refused now, not by a worker later."""
+    action = intent.get("action")
+    if st.key_rules is not None and isinstance(action, str) and st.key_rules.key_rule(action) is None:
+        known = sorted(getattr(st.key_rules, "actions", {}))
+        raise InvalidIntent(f"{where}action", f"unknown action {action!r}; known: {', '.join(known) or '(none)'}")
+
+
 def _operation(session: Session, caller: Caller, operation_id: str) -> dict[str, Any]:
+    if not _OPERATION_ID.fullmatch(operation_id):
+        raise not_found("operation")
     op = session.get(Operation, operation_id)
     if op is None or op.tenant != caller.tenant:
         raise not_found("operation")  # another tenant's operation does not exist for this key
@@ -181,6 +194,7 @@ async def post_intent(
     already submitted, 409 when the key was used with other arguments."""
     st = state(request)
     intent = _intent_fields(_body(await request.body()), idempotency_key, caller)
+    _known_action(st, intent)
 
     def run() -> tuple[int, dict[str, Any]]:
         with st.sessions.begin() as session:
@@ -215,6 +229,7 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
             for i, obj in enumerate(items):
                 try:
                     intent = _intent_fields(obj, None, caller, where=f"intents.{i}.")
+                    _known_action(st, intent, where=f"intents.{i}.")
                     with session.begin_nested():  # a bad item never takes the good ones down
                         code, op = _submit_one(st, session, intent, caller)
                     results.append({"index": i, "status": code, "operation": op})
@@ -248,6 +263,10 @@ def list_operations(
     cursor: str | None = None,
 ) -> dict[str, Any]:
     """This tenant's operations, newest first; pass ``next_cursor`` back as ``cursor`` for more."""
+    if status is not None and status not in {s.value for s in Status}:
+        raise InvalidIntent("status", f"one of {', '.join(s.value for s in Status)}")
+    for name, value in (("action", action), ("idempotency_key", idempotency_key)):
+        require_storable(name, value)
     stmt = select(Operation).where(Operation.tenant == caller.tenant)
     for column, value in ((Operation.status, status), (Operation.action, action)):
         if value is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -19,9 +19,11 @@ from api.keys import Caller
 from api.problems import Problem, not_found
 from outbox import handoffs
 from outbox.models import Handoff, Operation
+from outbox.submit import require_storable
 from outbox.waits import wake_breaker_waits
 
 router = APIRouter(prefix="/v1", tags=["operators"])
+HandoffId = Annotated[int, Path(ge=1, le=2**63 - 1, description="the handoff's id")]
 
 
 class ResolveIn(BaseModel):
@@ -66,7 +68,7 @@ def list_handoffs(
 
 
 @router.get("/handoffs/{handoff_id}", responses=PROBLEMS)
-def get_handoff(handoff_id: int, request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> Any:
+def get_handoff(handoff_id: HandoffId, request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> Any:
     """One handoff with its whole packet."""
     with state(request).sessions() as session:
         return handoffs.handoff_json(_handoff(session, caller, handoff_id)) | {
@@ -76,9 +78,11 @@ def get_handoff(handoff_id: int, request: Request, caller: Annotated[Caller, Dep
 
 @router.post("/handoffs/{handoff_id}/resolve", responses=PROBLEMS)
 def resolve_handoff(
-    handoff_id: int, body: ResolveIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
+    handoff_id: HandoffId, body: ResolveIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
 ) -> Any:
     """A person's decision, as ``agent-outbox handoffs resolve``."""
+    for name in ("by", "note", "reference"):
+        require_storable(name, getattr(body, name))
     with state(request).sessions.begin() as session:
         _handoff(session, caller, handoff_id)
         status = handoffs.resolve(
@@ -128,6 +132,7 @@ def reset_breaker(
     """Close the target's breaker in every process and wake the operations it parked."""
     from breaker.operator import reset
 
+    require_storable("by", body.by)
     actions, registry = _breakers(request)
     registry.close()
     if target not in registry.configs:

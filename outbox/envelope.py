@@ -134,7 +134,11 @@ def build_envelope(*, tenant: Any, action: Any, args: Any, subject: Any) -> Enve
         raise InvalidIntent("args", f"must be a JSON object, got {type(args).__name__}")
     canonical = canonical_value(args)
     canonical_args = dumps_canonical(canonical)
-    if len(canonical_args.encode()) > MAX_ARGS_BYTES:
+    try:
+        size = len(canonical_args.encode())
+    except UnicodeEncodeError:
+        raise InvalidIntent("args", "must be valid Unicode text (a string or key holds a lone surrogate)") from None
+    if size > MAX_ARGS_BYTES:
         raise InvalidIntent("args", f"larger than {MAX_ARGS_BYTES} bytes once canonicalised")
     whole = dumps_canonical({"tenant": tenant, "action": action, "args": canonical, "subject": subject})
     digest = hashlib.sha256(whole.encode()).hexdigest()

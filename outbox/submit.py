@@ -25,6 +25,8 @@ from outbox.provider_keys import KeyRules, rule_for
 from outbox.states import Status, WaitingFor
 
 MAX_KEY_LEN = 255
+# Ten years: any longer is a mistake (and past what the database's interval arithmetic holds).
+MAX_SECONDS = 10 * 365 * 86400.0
 
 _OP = core_table(Operation)
 
@@ -70,6 +72,18 @@ def _validate_key(key: Any) -> str:
     return key
 
 
+def require_storable(name: str, text: str | None) -> None:
+    """Text the database can store: no lone surrogate (\\ud800 in JSON) and no NUL character."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidIntent(name, "must be valid Unicode text (it holds a lone surrogate)") from None
+    if "\x00" in text:
+        raise InvalidIntent(name, "must not contain a NUL character")
+
+
 def submit(
     session: Session,
     *,
@@ -101,13 +115,22 @@ def submit(
         not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
     ):
         raise InvalidIntent("max_attempts", "must be an integer >= 1 (or None: the action's budget)")
-    if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
-        raise InvalidIntent("deadline_s", "must be a positive number of seconds (or None)")
-    if not isinstance(delay_s, (int, float)) or delay_s < 0:
-        raise InvalidIntent("delay_s", "must be >= 0")
+    if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and 0 < deadline_s <= MAX_SECONDS):
+        raise InvalidIntent("deadline_s", f"must be a positive number of seconds up to {MAX_SECONDS:.0f} (or None)")
+    if not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_SECONDS:
+        raise InvalidIntent("delay_s", f"must be >= 0 and at most {MAX_SECONDS:.0f} seconds")
     for name, ref in (("run_id", run_id), ("tool_call_id", tool_call_id)):
         if ref is not None and (not isinstance(ref, str) or len(ref) > 255):
             raise InvalidIntent(name, "must be a string of at most 255 characters")
+    for name, text in (
+        ("idempotency_key", key),
+        ("tenant", env.tenant),
+        ("action", env.action),
+        ("subject", env.subject),
+        ("run_id", run_id),
+        ("tool_call_id", tool_call_id),
+    ):
+        require_storable(name, text)
 
     operation_id = str(uuid.uuid4())
     status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,14 @@ class Api:
         return httpx.Client(base_url=self.url, headers=headers, timeout=70)
 
 
-@pytest.fixture
-def api(pipe: Any) -> Iterator[Api]:
+@contextmanager
+def _serve(pipe: Any, **settings: str) -> Iterator[Api]:
+    """``agent-outbox serve`` as a subprocess on a free port, over the test's ledger."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = pipe.env | {"OUTBOX_API_MAX_BODY_BYTES": "65536", "OUTBOX_API_RATE_PER_S": "20"}
-    log = open(pipe.tmp / "api.log", "wb")
+    env = pipe.env | settings
+    log = open(pipe.tmp / f"api-{port}.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "commands.main", "serve", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT,
@@ -67,7 +69,7 @@ def api(pipe: Any) -> Iterator[Api]:
 
     def up() -> bool:
         if proc.poll() is not None:
-            raise AssertionError((pipe.tmp / "api.log").read_text())
+            raise AssertionError((pipe.tmp / f"api-{port}.log").read_text())
         try:
             return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
         except httpx.TransportError:
@@ -80,6 +82,12 @@ def api(pipe: Any) -> Iterator[Api]:
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+@pytest.fixture
+def api(pipe: Any) -> Iterator[Api]:
+    with _serve(pipe, OUTBOX_API_MAX_BODY_BYTES="65536", OUTBOX_API_RATE_PER_S="20") as served:
+        yield served
 
 
 def _intent(key: str, **over: Any) -> dict[str, Any]:

@@ -393,3 +393,20 @@ def test_submit_notifies_the_relay_on_commit_only(pg_ledger):
         with pg_ledger.sessions.begin() as s:
             assert not submit(s, **INTENT).new  # a replay inserts nothing and notifies nothing
         assert not list(listener.notifies(timeout=0.3))
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"idempotency_key": "k\x00ey"}, "idempotency_key"),
+        ({"run_id": "r\ud800"}, "run_id"),
+        ({"args": {"note": "lone \udc00 surrogate"}}, "args"),
+        ({"deadline_s": 1.7e308}, "deadline_s"),
+        ({"delay_s": float("inf")}, "delay_s"),
+    ],
+)
+def test_text_and_times_the_database_cannot_hold_are_refused_with_the_field(ledger, over, field):
+    # Found by the API's schema fuzzing (issue 16): each was a database error (HTTP 500), not a 422.
+    with pytest.raises(InvalidIntent) as exc:
+        _submit(ledger, **over)
+    assert exc.value.field == field
