@@ -25,7 +25,7 @@ from outbox.clock import as_utc
 from outbox.envelope import loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation
-from outbox.queries import explain, operation_json
+from outbox.queries import detail_of, operation_json
 from outbox.states import Status
 from outbox.submit import require_storable, submit
 from outbox.transitions import request_cancel
@@ -167,7 +167,7 @@ def _operation(session: Session, caller: Caller, operation_id: str) -> dict[str,
     op = session.get(Operation, operation_id)
     if op is None or op.tenant != caller.tenant:
         raise not_found("operation")  # another tenant's operation does not exist for this key
-    return with_outcome(explain(session, operation_id).as_json())
+    return with_outcome(detail_of(session, op).as_json())
 
 
 def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:

@@ -159,7 +159,11 @@ def find_operation(session: Session, id_or_key: str, *, tenant: str | None = Non
 
 
 def explain(session: Session, id_or_key: str, *, tenant: str | None = None) -> OperationDetail:
-    op = find_operation(session, id_or_key, tenant=tenant)
+    return detail_of(session, find_operation(session, id_or_key, tenant=tenant))
+
+
+def detail_of(session: Session, op: Operation) -> OperationDetail:
+    """An operation already read, with its attempts and history (two indexed reads)."""
     attempts = list(
         session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
     )

@@ -1,0 +1,156 @@
+"""Intents per second through the HTTP API, beside ``producer.submit`` in the same run (issue 16).
+
+In a throwaway PostgreSQL database (created, migrated, dropped even on Ctrl-C), with one
+``agent-outbox serve`` process (uvicorn, one event loop; its sync routes run on its thread pool):
+
+1. ``producer.submit``: one intent per transaction, in this process (the floor: no HTTP at all);
+2. ``POST /v1/intents``: one intent per request, from ``--clients`` concurrent HTTP clients;
+3. ``POST /v1/intents:batch``: 500 intents per request, one transaction each.
+
+    .venv/bin/python -m bench.api_bench [--intents 2000] [--clients 1 8]
+
+Prints a table and writes bench/results/api-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.scratch_database import ScratchDatabase  # noqa: E402
+
+RESULTS_DIR = ROOT / "bench" / "results"
+ARGS = {"order_id": "o-1", "amount": "12.50", "currency": "EUR"}
+
+
+def _intent(run: str, i: int) -> dict[str, Any]:
+    return {"action": "payments.refund.create", "idempotency_key": f"{run}-{i}", "args": ARGS}
+
+
+def _serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commands.main", "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env=os.environ | env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the API server did not start")
+
+
+def _key(env: dict[str, str]) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "commands.main", "keys", "create", "--tenant", "bench", "--scope", "submit", "--json"],
+        cwd=ROOT,
+        env=os.environ | env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return str(json.loads(out.stdout)["key"])
+
+
+def bench_producer(db_url: str, n: int) -> float:
+    from outbox.db import make_engine
+    from producer.client import Outbox
+
+    outbox = Outbox(make_engine(db_url), default_tenant="bench")
+    try:
+        started = time.perf_counter()
+        for i in range(n):
+            outbox.submit(subject="bench", **_intent("producer", i))
+        return n / (time.perf_counter() - started)
+    finally:
+        outbox.close()
+
+
+def bench_single(url: str, key: str, n: int, clients: int) -> float:
+    headers = {"Authorization": f"Bearer {key}"}
+    run = f"single-{clients}"
+
+    def part(offset: int) -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
+            for i in range(offset, n, clients):
+                c.post("/v1/intents", json=_intent(run, i)).raise_for_status()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(part, range(clients)))
+    return n / (time.perf_counter() - started)
+
+
+def bench_batch(url: str, key: str, n: int) -> float:
+    headers = {"Authorization": f"Bearer {key}"}
+    started = time.perf_counter()
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as c:
+        for first in range(0, n, 500):
+            items = [_intent("batch", i) for i in range(first, min(first + 500, n))]
+            r = c.post("/v1/intents:batch", json={"intents": items})
+            r.raise_for_status()
+            assert all(x["status"] == 201 for x in r.json()["results"])
+    return n / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--intents", type=int, default=2000)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    a = p.parse_args(argv)
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPU, Python {platform.python_version()}",
+        "intents": a.intents,
+    }
+    with ScratchDatabase() as db:
+        env = {"OUTBOX_DATABASE_URL": db.url, "OUTBOX_API_RATE_PER_S": "1000000"}
+        env.pop("OUTBOX_ACTIONS_FILE", None)
+        results["producer.submit"] = round(bench_producer(db.url, a.intents), 1)
+        print(f"producer.submit (1 per transaction)      {results['producer.submit']:8.1f} intents/s", flush=True)
+        key = _key(env)
+        proc, url = _serve(env)
+        try:
+            for clients in a.clients:
+                rate = round(bench_single(url, key, a.intents, clients), 1)
+                results[f"POST /v1/intents, {clients} client(s)"] = rate
+                print(f"POST /v1/intents, {clients} client(s)         {rate:8.1f} intents/s", flush=True)
+            rate = round(bench_batch(url, key, a.intents), 1)
+            results["POST /v1/intents:batch (500 per request)"] = rate
+            print(f"POST /v1/intents:batch (500 per request) {rate:8.1f} intents/s", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"api-{dt.date.today().isoformat()}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written: {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
