@@ -153,7 +153,7 @@ def test_wait_returns_each_outcome(pipe, sandbox, api):
     sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern="acme:w-lost", count=1)
     sandbox.add_fault(mode="unavailable_503", method="GET", key_pattern="acme:w-lost")
     sandbox.add_fault(mode="latency", method="POST", latency_ms=800, key_pattern="acme:w-slow")
-    pipe.start_worker()
+    pipe.start_worker(queues="dispatch")  # no reconciler yet: an ambiguous answer stays unknown
     pipe.start_relay()
     key = _key(api.env, "acme", "submit,read,operate")
     with api.client(key) as c:
@@ -164,6 +164,11 @@ def test_wait_returns_each_outcome(pipe, sandbox, api):
         started = time.monotonic()
         slow = c.get(f"/v1/operations/{ids['w-slow']}/wait", params={"timeout_s": 0.2}).json()
         assert slow["outcome"] == "PENDING" and time.monotonic() - started < 5  # the timeout answers as it is
+        # UNKNOWN is not settled: the wait runs to its timeout and answers with it.
+        wait_for(lambda: pipe.op(ids["w-lost"]).status == "outcome_unknown", 20, what="the lost answer parked")
+        unknown = c.get(f"/v1/operations/{ids['w-lost']}/wait", params={"timeout_s": 0.5}).json()
+        assert unknown["outcome"] == "UNKNOWN" and "do not retry" in unknown["model_message"]
+        pipe.start_worker(queues="outcome_unknown")
         got = {k: c.get(f"/v1/operations/{i}/wait", params={"timeout_s": 30}).json() for k, i in ids.items()}
         assert got["w-ok"]["outcome"] == "SUCCEEDED"
         assert (
