@@ -92,7 +92,9 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
 
     @app.exception_handler(InvalidIntent)
     async def _invalid(request: Request, exc: InvalidIntent) -> JSONResponse:
-        return problem_response(Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field))
+        # The ledger names fields as the CLI spells them (--by); over HTTP they are body fields (by).
+        field = exc.field.lstrip("-") if exc.field else exc.field
+        return problem_response(Problem(422, "invalid", "Invalid input", exc.reason, field=field))
 
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:

@@ -6,6 +6,7 @@ reset (like the CLI's) takes effect for every tenant's operations, so it is an o
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -17,11 +18,12 @@ from api.agents import PROBLEMS
 from api.auth import require, state
 from api.keys import Caller
 from api.problems import Problem, not_found
-from outbox import handoffs
+from outbox import approvals, handoffs
 from outbox.models import Handoff, Operation
 from outbox.submit import require_storable
 from outbox.waits import wake_breaker_waits
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["operators"])
 HandoffId = Annotated[int, Path(ge=1, le=2**63 - 1, description="the handoff's id")]
 
@@ -150,3 +152,66 @@ def reset_breaker(
                 wake_breaker_waits(session, names, reason=f"breaker for {target} reset by {body.by}", actor=body.by)
             )
     return {"target": target, "state": "closed", "reset_by": body.by, "woken": woken}
+
+
+class DecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    by: str = Field(min_length=1, description="who decides (not the subject that asked, where the policy says so)")
+    note: str | None = Field(default=None, description="why (required to deny)")
+
+
+@router.get("/approvals", responses=PROBLEMS)
+def list_approvals(request: Request, caller: Annotated[Caller, Depends(require("approve"))]) -> dict[str, Any]:
+    """This tenant's operations awaiting approval, oldest first."""
+    with state(request).sessions() as session:
+        return {"approvals": [approvals.pending_json(op) for op in approvals.pending(session, tenant=caller.tenant)]}
+
+
+@router.post("/approvals/{operation_id}/approve", responses=PROBLEMS)
+def approve_operation(
+    operation_id: str, body: DecisionIn, request: Request, caller: Annotated[Caller, Depends(require("approve"))]
+) -> dict[str, Any]:
+    """Approve under the action's current policy: the operation becomes due (approval bound to its
+    arguments, expiring after the policy's ttl_s)."""
+    from workers.runtime import load_actions_for
+
+    for name in ("by", "note"):
+        require_storable(name, getattr(body, name))
+    actions = load_actions_for(state(request).settings)
+    with state(request).sessions.begin() as session:
+        op = session.get(Operation, operation_id) if len(operation_id) == 36 else None
+        if op is None or op.tenant != caller.tenant:
+            raise not_found("operation")
+        spec = actions.action(op.action).approval
+        row = approvals.approve(
+            session,
+            op.id,
+            by=body.by,
+            note=body.note,
+            policy_version=spec.policy_version,
+            ttl_s=spec.ttl_s,
+            separate_approver=spec.separate_approver,
+            tenant=caller.tenant,
+        )
+        out = approvals.approval_json(row)
+    log.info("approved", extra={"operation_id": operation_id, "approver": body.by})
+    return out
+
+
+@router.post("/approvals/{operation_id}/deny", responses=PROBLEMS)
+def deny_operation(
+    operation_id: str, body: DecisionIn, request: Request, caller: Annotated[Caller, Depends(require("approve"))]
+) -> dict[str, Any]:
+    """Deny: the operation ends cancelled with the reason; nothing is sent."""
+    for name in ("by", "note"):
+        require_storable(name, getattr(body, name))
+    with state(request).sessions.begin() as session:
+        op = session.get(Operation, operation_id) if len(operation_id) == 36 else None
+        if op is None or op.tenant != caller.tenant:
+            raise not_found("operation")
+        out = approvals.approval_json(
+            approvals.deny(session, op.id, by=body.by, note=body.note or "", tenant=caller.tenant)
+        )
+    log.info("denied", extra={"operation_id": operation_id, "approver": body.by})
+    return out

@@ -27,6 +27,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.metrics:register",
     "commands.retention:register",
     "commands.api:register",
+    "commands.approvals:register",
     "sandbox.cli:register",
 )
 

@@ -114,3 +114,36 @@ def placeholders(template: str) -> set[str]:
             raise ValueError(f"placeholder {{{field}}} must be a plain argument name")
         names.add(field)
     return names
+
+
+class ApprovalSpec(_Strict):
+    """When an intent of the action waits for a person, and what the person's approval covers."""
+
+    required: Literal["always", "when", "never"] = "never"
+    # With required: when: a safe expression over the arguments (downstream/conditions.py).
+    when: str | None = None
+    ttl_s: float = Field(default=3600.0, gt=0)
+    policy_version: str = Field(default="1", min_length=1, max_length=64)
+    separate_approver: bool = True
+
+    @model_validator(mode="after")
+    def _condition(self) -> ApprovalSpec:
+        from downstream.conditions import parse_condition
+
+        if self.required == "when":
+            if not self.when:
+                raise ValueError('required: when needs a `when:` expression (e.g. "amount > 500")')
+            parse_condition(self.when)
+        elif self.when is not None:
+            raise ValueError(f"`when:` applies only with required: when (required is {self.required!r})")
+        return self
+
+    def applies(self, args: dict[str, Any]) -> bool:
+        """Whether an intent with these arguments needs a person's approval."""
+        if self.required == "always":
+            return True
+        if self.required == "never" or self.when is None:
+            return False
+        from downstream.conditions import evaluate, parse_condition
+
+        return evaluate(parse_condition(self.when), args)

@@ -20,6 +20,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from downstream.action_specs import (
+    ApprovalSpec,
     BreakerSpec,
     BudgetSpec,
     ListSpec,
@@ -34,6 +35,9 @@ from outbox.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_L
 from outbox.states import AttemptClass
 
 ENV_VAR = "OUTBOX_ACTIONS_FILE"
+# The reconciler's default window (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S):
+# what an approved intent may still take after its deadline before it is settled.
+RECONCILE_WINDOW_S = 12 * 60.0
 
 # Placeholders that are not arguments: the business key (lookups by key), and the list
 # request's window start and page cursor (reconciliation report).
@@ -143,6 +147,8 @@ class ActionConfig(_Strict):
     status_map: dict[int | str, AttemptClass] = Field(default_factory=dict)
     connector: str | None = None
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    # A person's approval before anything is sent (outbox/approvals.py).
+    approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
 
     @field_validator("status_map")
     @classmethod
@@ -241,6 +247,11 @@ class ActionsConfig(_Strict):
         """(action, provider_idempotency.retention_s) of every action whose provider keeps keys."""
         return [(n, a.provider_idempotency.retention_s) for n, a in self.actions.items() if a.provider_idempotency]
 
+    def needs_approval(self, action: str, args: dict[str, Any]) -> bool:
+        """Whether an intent of ``action`` with ``args`` waits for a person (False if unknown here)."""
+        cfg = self.actions.get(action)
+        return cfg is not None and cfg.approval.applies(args)
+
     def key_rule(self, action: str) -> KeyRule | None:
         """The action's provider key rule (outbox.provider_keys.KeyRules); None if unknown here."""
         cfg = self.actions.get(action)
@@ -286,6 +297,20 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
                     f"credentials under targets.{action.target}.tenants",
                 )
             )
+        keys = action.provider_idempotency
+        if action.approval.required != "never" and keys is not None:
+            # An intent approved after the provider forgot its key could execute twice.
+            needed = action.approval.ttl_s + action.budget.deadline_s + RECONCILE_WINDOW_S
+            if needed > keys.retention_s:
+                problems.append(
+                    (
+                        f"{where}.approval.ttl_s",
+                        f"approval.ttl_s {action.approval.ttl_s:g} + budget.deadline_s {action.budget.deadline_s:g} "
+                        f"+ reconcile window {RECONCILE_WINDOW_S:g} = {needed:g}s exceeds "
+                        f"provider_idempotency.retention_s {keys.retention_s:g}: the provider could forget the key "
+                        "before the intent is settled",
+                    )
+                )
         declared = set(action.args) if action.args is not None else None
         specs: list[tuple[str, RequestSpec, frozenset[str]]] = [("request", action.request, RESERVED_PLACEHOLDERS)]
         if action.lookup:

@@ -13,6 +13,7 @@ Each scrape runs four small read-only queries in one short transaction, all on i
 - outcome_unknown backlog: count (above) and age of the oldest, since it was submitted (the
   partial index ``ix_operations_unknown`` holds exactly the backlog).
 - open handoffs: count and age of the oldest (the partial index ``ix_handoffs_open``).
+- approvals pending: count and age of the oldest operation in ``awaiting_approval``.
 - the last reconciliation report's figures, from ``outbox.report_summary`` (no query).
 
 Ages come from the database clock (``db_age_s``), like every time in the ledger. A ledger that
@@ -109,6 +110,12 @@ class LedgerCollector(Collector):
                     Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_now()
                 )
             ).scalar()
+            # Waiting for a person's approval: since they entered the wait (updated_at of the row).
+            approvals_age = session.execute(
+                select(db_age_s(func.min(Operation.updated_at))).where(
+                    Operation.status == Status.AWAITING_APPROVAL.value
+                )
+            ).scalar()
             handoffs_open, handoff_age = session.execute(
                 select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(Handoff.status == "open")
             ).one()
@@ -146,7 +153,14 @@ class LedgerCollector(Collector):
             "outbox_handoffs_oldest_open_age_seconds", "Seconds since the oldest open handoff was opened (0 when none)"
         )
         handoffs_age.add_metric([], max(float(handoff_age or 0.0), 0.0))
-        return [ops, recent, backlog, backlog_age, due, handoffs, handoffs_age]
+        approvals = GaugeMetricFamily("outbox_approvals_pending", "Operations waiting for a person's approval")
+        approvals.add_metric([], open_counts.get(Status.AWAITING_APPROVAL.value, 0))
+        approvals_oldest = GaugeMetricFamily(
+            "outbox_approvals_oldest_pending_age_seconds",
+            "Seconds since the oldest operation awaiting approval entered the wait (0 when none)",
+        )
+        approvals_oldest.add_metric([], max(float(approvals_age or 0.0), 0.0))
+        return [ops, recent, backlog, backlog_age, due, handoffs, handoffs_age, approvals, approvals_oldest]
 
     def _report(self) -> Iterator[GaugeMetricFamily]:
         summary = read_summary(self.report_summary) if self.report_summary is not None else None

@@ -239,6 +239,28 @@ class Evidence(Base):
     recorded_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
+class Approval(Base):
+    """A person's decision on one operation (outbox/approvals.py): bound to its tenant, action, args
+    digest and requesting subject, the policy version it was given under, and an expiry."""
+
+    __tablename__ = "approvals"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(200))
+    args_digest: Mapped[str] = mapped_column(String(64))
+    requested_by: Mapped[str] = mapped_column(String(255))
+    policy_version: Mapped[str] = mapped_column(String(64))
+    decision: Mapped[str] = mapped_column(String(16))
+    approver: Mapped[str] = mapped_column(String(255))
+    note: Mapped[str | None] = mapped_column(Text)
+    decided_at: Mapped[dt.datetime] = mapped_column(TS)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+    __table_args__ = (CheckConstraint("decision IN ('approved', 'denied')", name="decision"),)
+
+
 class ApiKey(Base):
     """An HTTP API key (api/keys.py): one tenant, some scopes; only the key's SHA-256 is stored."""
 

@@ -19,7 +19,7 @@ import hashlib
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 DEFAULT_TEMPLATE = "{tenant}:{idempotency_key}"
 DEFAULT_MAX_LENGTH = 255  # the ledger's column; most providers allow 255 (Stripe) or fewer
@@ -54,9 +54,12 @@ class KeyRule:
 
 
 class KeyRules(Protocol):
-    """Where submit finds an action's rule (the actions file: downstream.actions.ActionsConfig)."""
+    """What the actions file decides at submit (downstream.actions.ActionsConfig): the action's
+    provider key rule, and whether an intent waits for a person's approval."""
 
     def key_rule(self, action: str) -> KeyRule | None: ...
+
+    def needs_approval(self, action: str, args: dict[str, Any]) -> bool: ...
 
 
 def template_fields(template: str) -> set[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, or_, select
@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc
 from outbox.errors import InvalidIntent, OperationNotFound
-from outbox.models import Attempt, Operation, OperationEvent
+from outbox.models import Approval, Attempt, Operation, OperationEvent
 from outbox.states import Status
 
 
@@ -82,6 +82,23 @@ def attempt_json(a: Attempt) -> dict[str, Any]:
     }
 
 
+def approval_json(a: Approval) -> dict[str, Any]:
+    return {
+        "approval_id": a.id,
+        "operation_id": a.operation_id,
+        "tenant": a.tenant,
+        "action": a.action,
+        "args_digest": a.args_digest,
+        "requested_by": a.requested_by,
+        "policy_version": a.policy_version,
+        "decision": a.decision,
+        "approver": a.approver,
+        "note": a.note,
+        "decided_at": _iso(a.decided_at),
+        "expires_at": _iso(a.expires_at),
+    }
+
+
 def event_json(e: OperationEvent) -> dict[str, Any]:
     return {
         "at": _iso(e.at),
@@ -99,11 +116,14 @@ class OperationDetail:
     operation: Operation
     attempts: list[Attempt]
     events: list[OperationEvent]
+    approvals: list[Approval] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         out = operation_json(self.operation)
         out["attempt_log"] = [attempt_json(a) for a in self.attempts]
         out["history"] = [event_json(e) for e in self.events]
+        # The approval this operation was (or was not) sent under: who, when, policy, expiry.
+        out["approval"] = approval_json(self.approvals[-1]) if self.approvals else None
         out["timing"] = self.timing()
         return out
 
@@ -172,7 +192,10 @@ def detail_of(session: Session, op: Operation) -> OperationDetail:
             select(OperationEvent).where(OperationEvent.operation_id == op.id).order_by(OperationEvent.id)
         ).scalars()
     )
-    return OperationDetail(op, attempts, events)
+    approvals = list(
+        session.execute(select(Approval).where(Approval.operation_id == op.id).order_by(Approval.id)).scalars()
+    )
+    return OperationDetail(op, attempts, events, approvals)
 
 
 def count_by_status(session: Session) -> dict[str, int]:

@@ -111,6 +111,10 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (Status.DISPATCHING, Status.NOT_DISPATCHED): "retry scheduled (provably not executed, budget left)",
     (
         Status.DISPATCHING,
+        Status.AWAITING_APPROVAL,
+    ): "approval expired or its policy changed before the send: nothing sent",
+    (
+        Status.DISPATCHING,
         Status.OUTCOME_UNKNOWN,
     ): "ambiguous result, lease expired, or an earlier attempt may still land",
     (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
@@ -236,6 +240,8 @@ class EventKind(str, enum.Enum):
     # still land): who, when and why, with the status unchanged; the flag does the rest.
     CANCEL_REQUESTED = "cancel requested"
     APPROVE = "approve"
+    DENY = "deny"  # a person denied the approval: cancelled, nothing sent
+    APPROVAL_LAPSED = "approval lapsed"  # at the send: expired, or given under another policy version
     RESOLVED_SUCCEEDED = "resolved: succeeded"
     RESOLVED_NOT_EXECUTED = "resolved: not executed"
     RESOLVED_ABANDONED = "resolved: abandoned"

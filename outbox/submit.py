@@ -133,6 +133,8 @@ def submit(
         require_storable(name, text)
 
     operation_id = str(uuid.uuid4())
+    # The actions file's approval rule (the send checks it again: outbox/approvals.py).
+    requires_approval = requires_approval or (key_rules is not None and key_rules.needs_approval(env.action, env.args))
     status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
     provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)

@@ -226,7 +226,8 @@ def _finalize(session: Any, items: Sequence[Finalize]) -> list[tuple[bool, Outbo
 
 def _finalize_write(item: Finalize) -> FinalizeWrite:
     claim, report, to = item.claim, item.report, item.to
-    refund = item.refund_attempt and to is Status.NOT_DISPATCHED
+    # Nothing was sent (a breaker wait, an approval that no longer covers the send): not counted.
+    refund = item.refund_attempt and to in (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL)
     waiting = waiting_on_entry(to, item.waiting_for)
     return FinalizeWrite(
         to,

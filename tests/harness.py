@@ -309,6 +309,7 @@ class Pipeline:
         *,
         action: str = "payments.refund.create",
         tenant: str = "t1",
+        subject: str = "test",
         **kw: Any,
     ) -> Receipt:
         with self.sessions.begin() as s:
@@ -318,7 +319,7 @@ class Pipeline:
                 idempotency_key=key,
                 action=action,
                 args=args or dict(REFUND_ARGS),
-                subject="test",
+                subject=subject,
                 **kw,
             )
 

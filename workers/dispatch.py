@@ -21,7 +21,9 @@ from datetime import timedelta
 
 from breaker import Allowed, Decision, Open
 from outbox import failpoints
+from outbox.approvals import Grant, grants
 from outbox.claims import Claim, claim_due
+from outbox.envelope import loads_exact
 from workers.fan_out import Batch
 from workers.gate import park_while_open_if_due, read_due_ops
 from workers.outcomes import Outcome, deadline_of
@@ -131,8 +133,25 @@ def _gate_and_claim_deciding(
     for op_id, decision in decisions.items():
         if op_id not in claimed:
             rt.breakers.release(decision)  # a probe we will not send: the next caller probes
+    batch = Batch(decisions, closed, approvals=_approvals(rt, claims))
     for claim in claims:
         failpoints.hit("dispatch.after_claim", claim.idempotency_key)
     # Most budget left first here too: after a failed canary each call asks the breaker in turn.
     claims.sort(key=lambda c: c.attempt_count)
-    return outcomes, claims, Batch(decisions, closed)
+    return outcomes, claims, batch
+
+
+def _approvals(rt: Runtime, claims: Sequence[Claim]) -> dict[str, Grant | None]:
+    """For the claims whose action needs approval for their arguments: the approval on record
+    (one query; none at all where no action asks for approvals)."""
+    needing = []
+    for claim in claims:
+        known = rt.actions.actions.get(claim.action)
+        if known is not None and known.approval.required != "never" and claim.args:
+            if known.approval.applies(loads_exact(claim.args)):
+                needing.append(claim.operation_id)
+    if not needing:
+        return {}
+    with rt.sessions() as session:
+        found = grants(session, needing)
+    return {op_id: found.get(op_id) for op_id in needing}

@@ -16,12 +16,13 @@ from breaker import Allowed, BreakerRegistry, Decision, Open, counts_as_failure
 from downstream.actions import ActionConfig, ActionsConfig
 from downstream.connectors import AttemptResult, ConnectorSet
 from outbox import failpoints
+from outbox.approvals import Grant, lapse_reason
 from outbox.claims import Claim
 from outbox.envelope import loads_exact
 from outbox.states import AttemptClass
 from outbox.transitions import AttemptReport
 from workers import metrics
-from workers.outcomes import Outcome, Rejected, Succeeded, before_send, breaker_open, decide
+from workers.outcomes import NeedsApproval, Outcome, Rejected, Succeeded, before_send, breaker_open, decide
 
 Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
 
@@ -42,6 +43,9 @@ class Batch:
     decisions: dict[str, Decision]
     closed: dict[str, Allowed]
     succeeded: dict[str, Allowed] = field(default_factory=dict)  # targets whose success is not yet recorded
+    # Claims whose action needs a person's approval: the approval on record (None: none), read with
+    # the claim and judged again right before the send (outbox/approvals.py).
+    approvals: dict[str, Grant | None] = field(default_factory=dict)
 
     def decision_for(self, claim: Claim, target: str | None) -> Decision | None:
         held = self.decisions.get(claim.operation_id)
@@ -75,6 +79,15 @@ def attempt(
     early = before_send(claim, action, now=claim.now())
     if early is None and not claim.args:
         early = Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
+    if early is None and batch is not None and claim.operation_id in batch.approvals:
+        lapsed = lapse_reason(
+            batch.approvals[claim.operation_id],
+            args_digest=claim.args_digest,
+            policy_version=action.approval.policy_version,
+            now=claim.now(),
+        )
+        if lapsed is not None:
+            early = NeedsApproval(lapsed)
     if early is not None:
         if decision is not None:
             caller.breakers.release(decision)

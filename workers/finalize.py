@@ -19,7 +19,7 @@ from outbox.claims import Claim
 from outbox.errors import StaleFence
 from outbox.evidence import EvidenceSink, finish_with_evidence, records_for_claims
 from outbox.ledger_connection import LedgerConnection
-from outbox.states import AttemptClass, Status
+from outbox.states import AttemptClass, Status, WaitingFor
 from outbox.transitions import (
     AttemptReport,
     Finalize,
@@ -31,7 +31,7 @@ from workers import metrics
 from workers.doorbell import Doorbell
 from workers.fan_out import Attempted
 from workers.late import apply_late_successes
-from workers.outcomes import Ambiguous, Cancelled, Outcome, Rejected, RetryAt, Succeeded
+from workers.outcomes import Ambiguous, Cancelled, NeedsApproval, Outcome, Rejected, RetryAt, Succeeded
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[st
         return Status.FAILED_BEFORE_COMMIT, outcome.why, kw
     if isinstance(outcome, Cancelled):
         return Status.CANCELLED, outcome.why, kw
+    if isinstance(outcome, NeedsApproval):
+        kw.update(refund_attempt=True, waiting_for=WaitingFor.APPROVAL)
+        return Status.AWAITING_APPROVAL, outcome.why, kw
     return Status.OUTCOME_UNKNOWN, outcome.why, kw
 
 
@@ -182,6 +185,8 @@ def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
         log.info("parked in outcome_unknown: %s", reason, extra=fields)
     elif isinstance(outcome, Cancelled):
         log.info("cancelled before send", extra=fields)
+    elif isinstance(outcome, NeedsApproval):
+        log.info("not sent, waiting for approval again: %s", reason, extra=fields)
     else:
         # The only ERROR of the normal path: a final failure, with proof that nothing happened.
         log.error("failed_before_commit: %s", reason, extra=fields)

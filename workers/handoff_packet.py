@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from downstream.actions import ActionConfig, ActionsConfig
 from outbox.late_evidence import PacketBuilder
 from outbox.masking import MASK
-from outbox.models import Attempt, Operation
-from outbox.queries import attempt_json, provider_key_of
+from outbox.models import Approval, Attempt, Operation
+from outbox.queries import approval_json, attempt_json, provider_key_of
 
 
 def masked_args(args_text: str | None, action: ActionConfig | None) -> Any:
@@ -69,9 +69,17 @@ def build_packet(
             "subject": op.subject,
             "run_id": op.run_id,
             "tool_call_id": op.tool_call_id,
-            "approval": None,
+            "approval": _approval(session, op.id),
         },
     }
+
+
+def _approval(session: Session, operation_id: str) -> dict[str, Any] | None:
+    """The latest decision on the operation's approval (who, when, policy version, expiry)."""
+    last = session.execute(
+        select(Approval).where(Approval.operation_id == operation_id).order_by(Approval.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    return approval_json(last) if last is not None else None
 
 
 def packet_builder(actions: ActionsConfig | None) -> PacketBuilder:

@@ -55,7 +55,15 @@ class Cancelled:
     why: str
 
 
-Outcome = Succeeded | RetryAt | Rejected | Ambiguous | Cancelled
+@dataclass(frozen=True)
+class NeedsApproval:
+    """Not sent: the approval on record does not cover this send (expired, another policy version,
+    none): back to awaiting_approval, the attempt not counted."""
+
+    why: str
+
+
+Outcome = Succeeded | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval
 
 
 class BudgetFields(Protocol):

@@ -21,7 +21,7 @@ from outbox.claims import claim_due
 from outbox.clock import as_utc, db_now
 from outbox.handoffs import open_handoff
 from outbox.leases import expire_leases
-from outbox.models import Attempt, Base, Evidence, Handoff, Operation, OperationEvent, core_table
+from outbox.models import ApiKey, Approval, Attempt, Base, Evidence, Handoff, Operation, OperationEvent, core_table
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
 from outbox.testing import advance_ledger_clock, ledger_timestamp_columns
@@ -86,6 +86,25 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
             )
         )
         s.execute(update(Operation).where(Operation.id == done).values(published_at=db_now(-1)))
+        s.execute(
+            insert(ApiKey).values(
+                key_hash="h" * 64, prefix="ao_x", tenant="acme", scopes="read", created_at=db_now(), revoked_at=db_now()
+            )
+        )
+        s.execute(
+            insert(Approval).values(
+                operation_id=done,
+                tenant="acme",
+                action=INTENT["action"],
+                args_digest="d" * 64,
+                requested_by="agent",
+                policy_version="v1",
+                decision="approved",
+                approver="alice",
+                decided_at=db_now(),
+                expires_at=db_now(60),
+            )
+        )
         handoff = open_handoff(s, done, reason="test", packet={"x": 1})
         s.execute(update(Handoff).where(Handoff.id == handoff).values(status="resolved", resolved_at=db_now()))
     leased = _submit(ledger, "k-leased", delay_s=0.0)

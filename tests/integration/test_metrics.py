@@ -175,6 +175,7 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     assert 119 < m[("outbox_oldest_due_age_seconds", ())] < 200
     assert m[("outbox_handoffs_open", ())] == 1
     assert 0 < m[("outbox_handoffs_oldest_open_age_seconds", ())] < 60
+    assert m[("outbox_approvals_pending", ())] == 0 and m[("outbox_approvals_oldest_pending_age_seconds", ())] == 0
     assert m[("outbox_breaker_storage_up", ())] == 1
     assert m[("outbox_breaker_state", (("target", "sandbox"),))] == 2  # open
     assert m[("outbox_report_duplicate_effects", ())] == 2
