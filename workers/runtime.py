@@ -87,6 +87,24 @@ def longest_call_s(actions: ActionsConfig) -> float:
     return max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
 
 
+def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
+    """The actions file checked approvals against the default reconcile window; this deployment's
+    own (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) must fit too."""
+    window = settings.reconcile_max_lookups * settings.reconcile_max_delay_s
+    for name, action in actions.actions.items():
+        keys = action.provider_idempotency
+        if action.approval.required == "never" or keys is None:
+            continue
+        needed = action.approval.ttl_s + action.budget.deadline_s + window
+        if needed > keys.retention_s:
+            raise ConfigError(
+                f"actions.{name}: approval.ttl_s {action.approval.ttl_s:g} + budget.deadline_s "
+                f"{action.budget.deadline_s:g} + this deployment's reconcile window {window:g}s "
+                f"(OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) = {needed:g}s exceeds "
+                f"provider_idempotency.retention_s {keys.retention_s:g}"
+            )
+
+
 def load_actions_for(settings: Settings) -> ActionsConfig:
     if settings.actions_file is None:
         raise ConfigError(
@@ -117,6 +135,7 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     actions = load_actions_for(settings)
     check_time_limits(settings, longest_call_s=longest_call_s(actions))
     check_retention(settings.args_retention_s, actions.key_retentions())
+    check_approval_windows(settings, actions)
     # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)

@@ -56,3 +56,17 @@ def test_the_actions_file_checks_the_rule_and_the_key_retention():
     ok = parse_actions(mutated(approval=approval | {"when": "amount > 500"}), source="a.yaml", environ=ENV)
     assert ok.needs_approval("payments.refund.create", {"amount": "900"})
     assert not ok.needs_approval("payments.refund.create", {"amount": "12.50"})
+
+
+def test_workers_check_the_approval_window_with_this_deployments_reconcile_budget():
+    from outbox.errors import ConfigError
+    from outbox.settings import Settings
+    from workers.runtime import check_approval_windows
+
+    cfg = parse_actions(
+        mutated(approval={"required": "always", "ttl_s": 3600, "policy_version": "v1"}), source="a", environ=ENV
+    )
+    check_approval_windows(Settings(), cfg)  # 3600 + 3600 + 720 <= 86400
+    with pytest.raises(ConfigError) as exc:
+        check_approval_windows(Settings(reconcile_max_lookups=1000, reconcile_max_delay_s=100), cfg)
+    assert "OUTBOX_RECONCILE_MAX_LOOKUPS" in str(exc.value) and "retention_s 86400" in str(exc.value)
