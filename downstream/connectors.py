@@ -289,17 +289,42 @@ def unregister_connector(name_or_action: str) -> None:
         _registry.pop(name_or_action, None)
 
 
-def _checked(action_name: str, connector: Connector) -> Connector:
-    """A hook's lookup must take the fencing token (lookups carry it): say so at start-up."""
+def _accepts(method: Any, name: str) -> bool | None:
+    """Whether ``method`` takes the keyword ``name`` (None: not introspectable)."""
     try:
-        params = inspect.signature(connector.lookup).parameters.values()
+        params = inspect.signature(method).parameters.values()
     except (TypeError, ValueError):
-        return connector  # not introspectable (a C callable): trust it
-    if not any(p.name == "fencing_token" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+class _WithoutTenant:
+    """A hook written before per-tenant credentials: called without ``tenant=`` (its own
+    credentials are its business; HttpConnector's per-tenant headers do not apply to it)."""
+
+    def __init__(self, inner: Connector) -> None:
+        self._inner = inner
+
+    def send(self, *args: Any, tenant: str = "", **kw: Any) -> AttemptResult:
+        return self._inner.send(*args, **kw)
+
+    def lookup(self, *args: Any, tenant: str = "", **kw: Any) -> LookupResult:
+        return self._inner.lookup(*args, **kw)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _checked(action_name: str, connector: Connector) -> Connector:
+    """A hook's lookup must take the fencing token (lookups carry it): say so at start-up. A hook
+    that does not take ``tenant=`` is called without it."""
+    if _accepts(connector.lookup, "fencing_token") is False:
         raise ConfigError(
             f"action {action_name!r}: connector {type(connector).__name__}.lookup() must accept "
             "fencing_token= (the reconciler's token; send it in the action's fencing_header)"
         )
+    if _accepts(connector.send, "tenant") is False or _accepts(connector.lookup, "tenant") is False:
+        return _WithoutTenant(connector)
     return connector
 
 

@@ -17,6 +17,7 @@ The arguments themselves stay in the ledger unmasked (they are what dispatch sen
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -74,7 +75,11 @@ def _mask(node: Any, steps: list[tuple[str, bool]]) -> None:
     if each:
         items = node[name]
         if not isinstance(items, list):
-            node[name] = MASK if not rest else items
+            # Not the list the path expects: mask the same field inside an object all the same.
+            if rest:
+                _mask(items, rest)
+            else:
+                node[name] = MASK
             return
         for i, item in enumerate(items):
             if rest:
@@ -129,6 +134,10 @@ class Redactor:
     @classmethod
     def of(cls, args: Any, paths: Sequence[str]) -> Redactor:
         found = {leaf for v in values_at(args, paths) for leaf in _leaves(v) if len(leaf) >= MIN_REDACTED_LEN}
+        # As a provider may echo them inside JSON text: escaped ("\u00e9", "\/").
+        found |= {json.dumps(v)[1:-1] for v in list(found)} | {
+            json.dumps(v, ensure_ascii=False)[1:-1] for v in list(found)
+        }
         return cls(tuple(sorted(found, key=len, reverse=True)))  # longest first: no partial leftovers
 
     def __bool__(self) -> bool:
@@ -139,6 +148,11 @@ class Redactor:
             return text
         for v in self.values:
             text = text.replace(v, MASK)
+        # An excerpt cut inside a secret: its beginning at the very end of the text goes too.
+        for v in self.values:
+            for n in range(len(v) - 1, MIN_REDACTED_LEN - 1, -1):
+                if text.endswith(v[:n]):
+                    return text[: len(text) - n] + MASK
         return text
 
     def json(self, value: Any) -> Any:

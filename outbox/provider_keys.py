@@ -10,7 +10,9 @@ an operation already submitted (a request that went out under the old key would 
 invisible to lookups under the new one).
 
 A rendered key longer than the provider's limit becomes ``h:`` + the SHA-256 of the rendered key
-(hex, cut to the limit): still one key per (tenant, business key), still stable.
+(hex, cut to the limit): still one key per (tenant, business key), still stable. The tenant is
+rendered with ``%`` and ``:`` percent-escaped, so the separator cannot be forged by a tenant name
+(``acme:eu`` + ``r1`` and ``acme`` + ``eu:r1`` are two keys).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class KeyRule:
         return "tenant" in template_fields(self.template)
 
     def render(self, *, tenant: str, idempotency_key: str, action: str) -> str:
-        key = self.template.format(tenant=tenant, idempotency_key=idempotency_key, action=action)
+        # The tenant is escaped (":" and "%"), so tenant "acme:eu" with key "r1" and tenant "acme"
+        # with key "eu:r1" stay two keys; business keys are sent as they are.
+        key = self.template.format(tenant=escape_tenant(tenant), idempotency_key=idempotency_key, action=action)
         if len(key) <= self.max_length:
             return key
         return HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()[: self.max_length - len(HASH_PREFIX)]
@@ -80,6 +84,10 @@ def template_problem(template: str) -> str | None:
     if "idempotency_key" not in fields:
         return f"{template!r} must contain {{idempotency_key}}: without it every intent would share one key"
     return None
+
+
+def escape_tenant(tenant: str) -> str:
+    return tenant.replace("%", "%25").replace(":", "%3A")
 
 
 DEFAULT_RULE = KeyRule()

@@ -45,9 +45,10 @@ class Outbox:
 
 
 def key_rules_for(settings: Settings) -> KeyRules | None:
-    """The actions file named by OUTBOX_ACTIONS_FILE (its provider_key templates), or None."""
+    """The rules a producer applies at submit (provider keys, approvals) from the actions file named
+    by OUTBOX_ACTIONS_FILE, or None. The targets' secrets are neither needed nor read."""
     if settings.actions_file is None:
         return None
-    from downstream.actions import load_actions
+    from downstream.intent_rules import load_intent_rules
 
-    return load_actions(settings.actions_file)
+    return load_intent_rules(settings.actions_file)

@@ -50,22 +50,24 @@ log = logging.getLogger(__name__)
 
 
 def dispatch_window(
-    session: Session, operation_id: str, *, call_timeout_s: float
+    session: Session, operation_id: str, *, call_timeout_s: float, after: int = 0
 ) -> tuple[datetime | None, datetime | None]:
     """(when the first request may have reached the provider, the latest moment one may have).
 
-    The first: the first dispatch attempt's start (the provider's key retention runs from it).
+    The first: the start of the first dispatch attempt numbered after ``after`` (attempts up to
+    it were proven unable to take effect: the provider's key retention runs from the next one).
     The latest: the end of the last dispatch attempt; if its worker never reported (crashed), its
     start plus the call timeout, since the request may still have been on the wire until then.
     """
     rows = session.execute(
-        select(Attempt.started_at, Attempt.ended_at)
+        select(Attempt.attempt_number, Attempt.started_at, Attempt.ended_at)
         .where(Attempt.operation_id == operation_id, Attempt.kind == AttemptKind.DISPATCH.value)
         .order_by(Attempt.attempt_number)
     ).all()
     if not rows:
         return None, None
-    first, last = as_utc(rows[0].started_at), rows[-1]
+    since = [r for r in rows if r.attempt_number > after] or rows[-1:]
+    first, last = as_utc(since[0].started_at), rows[-1]
     ended = as_utc(last.ended_at)
     if ended is not None:
         return first, ended
@@ -172,7 +174,10 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
     if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
         with rt.sessions() as session:
             first_sent, last_activity = dispatch_window(
-                session, claim.operation_id, call_timeout_s=target.timeout_s + target.connect_timeout_s
+                session,
+                claim.operation_id,
+                call_timeout_s=target.timeout_s + target.connect_timeout_s,
+                after=claim.proven_absent_through,
             )
     verdict = judge(
         claim,

@@ -243,3 +243,25 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
         assert c.attempt_number == 1
     finally:
         engine.dispose()
+
+
+def test_0005_keeps_the_key_a_sent_request_carried_and_scopes_never_sent_ones(old_ledger_url):
+    """Migration 0005 (provider_key): an operation whose request may have gone out keeps the bare key
+    it carried (lookups must ask for that one); one never sent gets the tenant-scoped key."""
+    engine = make_engine(old_ledger_url)
+    try:
+        migrate.upgrade(engine)
+        sessions = make_sessionmaker(engine)
+        args = {"order_id": "o-1", "amount": Decimal("1.00")}
+        with sessions.begin() as s:
+            sent = submit(s, tenant="acme:eu", idempotency_key="k-sent", action="a", args=args, subject="s")
+            submit(s, tenant="acme:eu", idempotency_key="k-queued", action="a", args=args, subject="s")
+        with sessions.begin() as s:
+            claim_due(s, worker="w", lease_s=30, operation_id=sent.operation_id)  # its attempt 1 opens
+        migrate.downgrade(engine, "0004")
+        migrate.upgrade(engine)
+        with sessions() as s:
+            keys = dict(s.execute(select(Operation.idempotency_key, Operation.provider_key)).all())
+        assert keys == {"k-sent": "k-sent", "k-queued": "acme%3Aeu:k-queued"}
+    finally:
+        engine.dispose()

@@ -98,3 +98,43 @@ def test_beat_purges_daily():
 
     entry = make_app(Settings()).conf.beat_schedule["purge"]
     assert entry["task"] == PURGE_TASK and entry["schedule"] == 86400.0
+
+
+def test_a_tenant_name_cannot_forge_the_separator():
+    a = DEFAULT_RULE.render(tenant="acme:eu", idempotency_key="r1", action="x")
+    b = DEFAULT_RULE.render(tenant="acme", idempotency_key="eu:r1", action="x")
+    assert a != b and (a, b) == ("acme%3Aeu:r1", "acme:eu:r1")
+    assert DEFAULT_RULE.render(tenant="50%", idempotency_key="k", action="x") == "50%25:k"
+
+
+def test_a_connector_hook_written_before_tenants_is_called_without_tenant():
+    from downstream.connectors import _checked
+
+    class Legacy:
+        def send(self, name, cfg, *, args, idempotency_key, fencing_token):  # type: ignore[no-untyped-def]
+            return ("sent", idempotency_key)
+
+        def lookup(self, name, cfg, *, args, idempotency_key, fencing_token=None):  # type: ignore[no-untyped-def]
+            return ("looked", idempotency_key)
+
+        def close(self) -> None:
+            pass
+
+    hook = _checked("a", Legacy())  # type: ignore[arg-type]
+    assert hook.send("a", None, args={}, idempotency_key="k", fencing_token=1, tenant="t") == ("sent", "k")  # type: ignore[arg-type]
+    assert hook.lookup("a", None, args={}, idempotency_key="k", fencing_token=1, tenant="t") == ("looked", "k")  # type: ignore[arg-type]
+
+
+def test_a_producer_reads_its_rules_without_the_targets_secrets(tmp_path):
+    import yaml
+
+    from downstream.intent_rules import load_intent_rules
+    from tests.unit.test_actions import BASE
+
+    doc = mutated(provider_key="{tenant}/{idempotency_key}", approval={"required": "always", "ttl_s": 60})
+    assert "${TOKEN}" in str(BASE["targets"])  # a target secret the producer's environment lacks
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rules = load_intent_rules(path, environ={})
+    assert rules.key_rule("payments.refund.create") == KeyRule("{tenant}/{idempotency_key}")
+    assert rules.needs_approval("payments.refund.create", {}) and rules.key_rule("nope") is None
