@@ -139,18 +139,26 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
         "tool_call_id": obj.get("tool_call_id"),
     }
     if obj.get("max_attempts") is not None:
-        m = obj["max_attempts"]
-        if not isinstance(m, Decimal) or m != m.to_integral_value():
-            raise InvalidIntent(f"{where}max_attempts", "must be an integer >= 1")
+        m = _bounded(obj["max_attempts"], f"{where}max_attempts", "an integer from 1 to 1000", integer=True)
+        if not 1 <= m <= 1000:
+            raise InvalidIntent(f"{where}max_attempts", "must be an integer from 1 to 1000")
         out["max_attempts"] = int(m)
     if obj.get("deadline_s") is not None:
-        d = obj["deadline_s"]
-        if not isinstance(d, Decimal):
-            raise InvalidIntent(f"{where}deadline_s", "must be a positive number of seconds")
-        out["deadline_s"] = float(d)
+        out["deadline_s"] = float(_bounded(obj["deadline_s"], f"{where}deadline_s", "a positive number of seconds"))
     if not isinstance(out["args"], dict):
         raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")
     return out
+
+
+def _bounded(value: Any, field: str, what: str, *, integer: bool = False) -> Decimal:
+    """A JSON number within sane magnitude, checked BEFORE any conversion: int(1e600000) alone
+    would hold the server for seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+        raise InvalidIntent(field, f"must be {what}")
+    number = Decimal(value) if isinstance(value, int) else value
+    if not number.is_finite() or number.adjusted() > 12 or (integer and number != number.to_integral_value()):
+        raise InvalidIntent(field, f"must be {what}")
+    return number
 
 
 def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None:
@@ -300,6 +308,8 @@ def _decode_cursor(cursor: str) -> tuple[Any, str]:
 
     try:
         created, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not _OPERATION_ID.fullmatch(str(last_id)):
+            raise ValueError("not an operation id")
         return dt.datetime.fromisoformat(created), str(last_id)
     except (ValueError, TypeError) as exc:
         raise InvalidIntent("cursor", "not a cursor this API returned (use next_cursor as it is)") from exc

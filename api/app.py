@@ -18,7 +18,7 @@ from api.auth import ApiState, RateLimiter
 from api.problems import Problem, conflict_problem, not_found, problem_response
 from api.waiters import Waiters
 from outbox.db import make_engine, make_sessionmaker
-from outbox.errors import IdempotencyConflict, InvalidIntent, OperationNotFound
+from outbox.errors import ConfigError, IdempotencyConflict, IllegalTransition, InvalidIntent, OperationNotFound
 from outbox.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
 from producer.client import key_rules_for
@@ -110,8 +110,19 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         return problem_response(Problem(422, "invalid", "Invalid input", str(first.get("msg")), field=where or None))
 
+    @app.exception_handler(IllegalTransition)
+    async def _moved_on(request: Request, exc: IllegalTransition) -> JSONResponse:
+        detail = f"the operation moved on meanwhile ({exc}); read it again"
+        return problem_response(Problem(409, "conflict", "Conflict", detail))
+
+    @app.exception_handler(ConfigError)
+    async def _unconfigured(request: Request, exc: ConfigError) -> JSONResponse:
+        return problem_response(Problem(503, "not-configured", "Not configured", str(exc)))
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, Problem):  # the body limit, hit while FastAPI read a model body
+            return problem_response(exc.__cause__)
         title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
         return problem_response(Problem(exc.status_code, title.lower().replace(" ", "-"), title, str(exc.detail)))
 

@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.agents import PROBLEMS
+from api.agents import _OPERATION_ID, PROBLEMS
 from api.auth import require, state
 from api.keys import Caller
 from api.problems import Problem, not_found
 from outbox import approvals, handoffs
+from outbox.errors import InvalidIntent
 from outbox.models import Handoff, Operation
 from outbox.submit import require_storable
 from outbox.waits import wake_breaker_waits
@@ -32,15 +33,15 @@ class ResolveIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     resolution: str = Field(alias="as", description="succeeded | not-executed | abandoned")
-    reference: str | None = Field(default=None, description="the provider's reference (with succeeded)")
-    note: str = Field(description="why: what was checked, and where")
-    by: str = Field(description="who decides")
+    reference: str | None = Field(default=None, max_length=255, description="the provider's reference (with succeeded)")
+    note: str = Field(max_length=4000, description="why: what was checked, and where")
+    by: str = Field(max_length=200, description="who decides")
 
 
 class ResetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(min_length=1, description="who resets")
+    by: str = Field(min_length=1, max_length=200, description="who resets")
 
 
 def _handoff(session: Session, caller: Caller, handoff_id: int) -> Handoff:
@@ -154,11 +155,18 @@ def reset_breaker(
     return {"target": target, "state": "closed", "reset_by": body.by, "woken": woken}
 
 
+def _waiting_op(session: Session, caller: Caller, operation_id: str) -> Operation:
+    op = session.get(Operation, operation_id) if _OPERATION_ID.fullmatch(operation_id) else None
+    if op is None or op.tenant != caller.tenant:
+        raise not_found("operation")
+    return op
+
+
 class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(min_length=1, description="who decides (not the subject that asked, where the policy says so)")
-    note: str | None = Field(default=None, description="why (required to deny)")
+    by: str = Field(min_length=1, max_length=200, description="who decides (recorded with this key's id)")
+    note: str | None = Field(default=None, max_length=4000, description="why (required to deny)")
 
 
 @router.get("/approvals", responses=PROBLEMS)
@@ -179,15 +187,25 @@ def approve_operation(
     for name in ("by", "note"):
         require_storable(name, getattr(body, name))
     actions = load_actions_for(state(request).settings)
+    approver = f"{body.by} (api:key-{caller.key_id})"
     with state(request).sessions.begin() as session:
-        op = session.get(Operation, operation_id) if len(operation_id) == 36 else None
-        if op is None or op.tenant != caller.tenant:
-            raise not_found("operation")
-        spec = actions.action(op.action).approval
+        op = _waiting_op(session, caller, operation_id)
+        known = actions.actions.get(op.action)
+        if known is None:
+            raise InvalidIntent(
+                "action", f"{op.action!r} is not in this server's actions file: no policy to approve under"
+            )
+        spec = known.approval
+        # The approving key must not be the one that submitted (its default subject names it): a
+        # key holding both scopes would otherwise approve its own intents under any `by`.
+        if spec.separate_approver and op.subject == f"api:key-{caller.key_id}":
+            raise InvalidIntent("by", f"this key (api:key-{caller.key_id}) submitted the intent and cannot approve it")
+        if spec.separate_approver and body.by == op.subject:
+            raise InvalidIntent("by", f"{body.by!r} asked for this intent and cannot approve it (separate_approver)")
         row = approvals.approve(
             session,
             op.id,
-            by=body.by,
+            by=approver,
             note=body.note,
             policy_version=spec.policy_version,
             ttl_s=spec.ttl_s,
@@ -207,11 +225,11 @@ def deny_operation(
     for name in ("by", "note"):
         require_storable(name, getattr(body, name))
     with state(request).sessions.begin() as session:
-        op = session.get(Operation, operation_id) if len(operation_id) == 36 else None
-        if op is None or op.tenant != caller.tenant:
-            raise not_found("operation")
+        op = _waiting_op(session, caller, operation_id)
         out = approvals.approval_json(
-            approvals.deny(session, op.id, by=body.by, note=body.note or "", tenant=caller.tenant)
+            approvals.deny(
+                session, op.id, by=f"{body.by} (api:key-{caller.key_id})", note=body.note or "", tenant=caller.tenant
+            )
         )
     log.info("denied", extra={"operation_id": operation_id, "approver": body.by})
     return out

@@ -115,6 +115,9 @@ def test_submit_resubmit_conflict_batch_list_and_cancel(pipe, api):
             (_intent("x", tenant="other"), "tenant"),
             (_intent("x", amount_typo=1), "amount_typo"),
             (_intent(" x"), "idempotency_key"),
+            (_intent("x", max_attempts=0), "max_attempts"),
+            (_intent("x", max_attempts=2.5), "max_attempts"),
+            (_intent("x", deadline_s=-1), "deadline_s"),
         ):
             bad = c.post("/v1/intents", json=body)
             assert bad.status_code == 422 and bad.json()["field"] == field, (body, bad.text)
@@ -141,6 +144,16 @@ def test_submit_resubmit_conflict_batch_list_and_cancel(pipe, api):
         assert cancelled.status_code == 200 and cancelled.json()["outcome"] == "CANCELLED"
         shown = c.get(f"/v1/operations/{op['operation_id']}").json()
         assert shown["history"][-1]["event"] == "cancel" and shown["attempt_log"] == []
+
+        # Plain JSON integers are what the schema says; a huge exponent is refused before any arithmetic.
+        ok = c.post("/v1/intents", json=_intent("api-int", max_attempts=3, deadline_s=30))
+        assert ok.status_code == 201 and ok.json()["max_attempts"] == 3, ok.text
+        started = time.monotonic()
+        huge = c.post(
+            "/v1/intents",
+            content='{"action": "' + REFUND + '", "idempotency_key": "h", "args": {}, "max_attempts": 1e600000}',
+        )
+        assert huge.status_code == 422 and time.monotonic() - started < 2
 
         too_big = c.post("/v1/intents", json=_intent("big", args={"blob": "x" * 70_000}))
         assert too_big.status_code == 413 and too_big.json()["status"] == 413
