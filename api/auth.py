@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from fastapi import Depends, Request
@@ -32,10 +32,18 @@ class RateLimiter:
 
     rate_per_s: float
     burst: float
-    buckets: dict[int, tuple[float, float]] = field(default_factory=dict)  # key id -> (tokens, at)
+    buckets: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # key id -> (tokens, at)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def take(self, key_id: int) -> float:
+    def peek(self, key_id: Hashable) -> float:
+        """take() without taking: 0 if a request would be allowed now."""
+        now = time.monotonic()
+        with self.lock:
+            tokens, at = self.buckets.get(key_id, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate_per_s)
+            return 0.0 if tokens >= 1 else (1 - tokens) / self.rate_per_s
+
+    def take(self, key_id: Hashable) -> float:
         """0 if allowed, else the seconds until a request would be."""
         now = time.monotonic()
         with self.lock:
@@ -57,6 +65,8 @@ class ApiState:
     waiters: Waiters
     limiter: RateLimiter
     keys: dict[str, tuple[Caller | None, float]] = field(default_factory=dict)  # presented key -> (caller, at)
+    # Unknown keys cost a ledger query each: a client that keeps presenting them is slowed down.
+    failures: RateLimiter = field(default_factory=lambda: RateLimiter(5.0, 20.0))
 
     def caller_for(self, presented: str) -> Caller | None:
         now = time.monotonic()
@@ -87,8 +97,18 @@ def authenticated(request: Request) -> Caller:
             "send Authorization: Bearer <key> (agent-outbox keys create)",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    client = request.client.host if request.client else "?"
+    if state(request).failures.peek(client) > 0:
+        raise Problem(
+            429,
+            "rate-limited",
+            "Too many requests",
+            "too many unknown keys from this address",
+            headers={"Retry-After": "1"},
+        )
     caller = state(request).caller_for(presented.strip())
     if caller is None:
+        state(request).failures.take(client)
         raise Problem(
             401, "unauthorized", "Unauthorized", "unknown or revoked API key", headers={"WWW-Authenticate": "Bearer"}
         )

@@ -259,6 +259,10 @@ def test_rate_limit_answers_429_with_retry_after(pipe, api):
     assert limited and int(limited[0].headers["retry-after"]) >= 1  # 20/s per key in this server
     assert limited[0].json()["type"].endswith("/rate-limited")
     assert sum(r.status_code == 200 for r in codes) >= 40  # a burst of twice the rate passes
+    # Unknown keys cost a ledger query each: an address that keeps presenting them is slowed down.
+    with api.client("ao_guessing") as c:
+        bad = [c.get("/v1/operations").status_code for _ in range(40)]
+    assert bad[0] == 401 and 429 in bad
 
 
 def test_health_readiness_and_openapi(pipe, api):
