@@ -241,7 +241,6 @@ class EventKind(str, enum.Enum):
     CANCEL_REQUESTED = "cancel requested"
     APPROVE = "approve"
     DENY = "deny"  # a person denied the approval: cancelled, nothing sent
-    APPROVAL_LAPSED = "approval lapsed"  # at the send: expired, or given under another policy version
     RESOLVED_SUCCEEDED = "resolved: succeeded"
     RESOLVED_NOT_EXECUTED = "resolved: not executed"
     RESOLVED_ABANDONED = "resolved: abandoned"
