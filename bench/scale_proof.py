@@ -234,6 +234,10 @@ def private_broker_pipeline(
         redis.kill()
 
 
+# How long a submit batch is retried while the ledger is away (a PostgreSQL restart takes seconds).
+SUBMIT_RETRY_S = 60.0
+
+
 @dataclass
 class Burst:
     """N intents over ACTIONS, 100 per transaction, submitted by a thread of their own."""
@@ -262,13 +266,28 @@ class Burst:
             self.thread.join(timeout_s)
 
     def _run(self, started: float) -> None:
+        try:
+            for first in range(0, self.intents, 100):
+                self._submit_batch(first, min(first + 100, self.intents))
+            _log(f"submitted {self.intents} in {time.monotonic() - started:.1f}s", self.verbose)
+        except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
+            self.errors.append(exc)
+
+    def _submit_batch(self, first: int, end: int) -> None:
+        """One transaction of intents, as an agent's producer would submit it: a ledger that goes
+        away mid-transaction (the PostgreSQL restart fault) is retried with the SAME keys, which is
+        safe (same key + same arguments = the same operation); receipts count only once committed."""
+        from sqlalchemy.exc import DBAPIError
+
         from outbox.submit import submit
 
         names = list(ACTIONS)
-        try:
-            for first in range(0, self.intents, 100):
+        deadline = time.monotonic() + SUBMIT_RETRY_S
+        while True:
+            receipts: dict[str, tuple[str, str]] = {}
+            try:
                 with self.sessions.begin() as s:
-                    for i in range(first, min(first + 100, self.intents)):
+                    for i in range(first, end):
                         name = names[i % len(names)]
                         key = f"{self.key_prefix}-{i:06d}"
                         r = submit(
@@ -279,10 +298,14 @@ class Burst:
                             args=ACTIONS[name][2](i),
                             subject=self.subject,
                         )
-                        self.keys[r.operation_id] = (name, r.provider_key or key)
-            _log(f"submitted {self.intents} in {time.monotonic() - started:.1f}s", self.verbose)
-        except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
-            self.errors.append(exc)
+                        receipts[r.operation_id] = (name, r.provider_key or key)
+            except DBAPIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            self.keys.update(receipts)
+            return
 
 
 def run_scale_proof(
