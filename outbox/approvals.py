@@ -88,6 +88,35 @@ def _require(name: str, value: str | None) -> str:
     return value.strip()
 
 
+def _record(
+    session: Session,
+    op: Operation,
+    decision: str,
+    *,
+    by: str,
+    note: str | None,
+    policy_version: str,
+    ttl_s: float | None,
+) -> Approval:
+    """The decision, bound to what was asked (operation, tenant, action, args digest, subject)."""
+    row = Approval(
+        operation_id=op.id,
+        tenant=op.tenant,
+        action=op.action,
+        args_digest=op.args_digest,
+        requested_by=op.subject,
+        policy_version=policy_version,
+        decision=decision,
+        approver=by,
+        note=note,
+        decided_at=db_now(),
+        expires_at=db_now(ttl_s) if ttl_s is not None else None,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
 def approve(
     session: Session,
     operation_id: str,
@@ -104,21 +133,7 @@ def approve(
     op = _waiting(session, operation_id, tenant)
     if separate_approver and by == op.subject:
         raise InvalidIntent("--by", f"{by!r} asked for this intent and cannot approve it (separate_approver)")
-    row = Approval(
-        operation_id=op.id,
-        tenant=op.tenant,
-        action=op.action,
-        args_digest=op.args_digest,
-        requested_by=op.subject,
-        policy_version=policy_version,
-        decision="approved",
-        approver=by,
-        note=note,
-        decided_at=db_now(),
-        expires_at=db_now(ttl_s),
-    )
-    session.add(row)
-    session.flush()
+    row = _record(session, op, "approved", by=by, note=note, policy_version=policy_version, ttl_s=ttl_s)
     move(
         session,
         op.id,
@@ -138,20 +153,7 @@ def deny(session: Session, operation_id: str, *, by: str, note: str, tenant: str
     """Record a denial: the operation ends cancelled, nothing sent."""
     by, note = _require("--by", by), _require("--note", note)
     op = _waiting(session, operation_id, tenant)
-    row = Approval(
-        operation_id=op.id,
-        tenant=op.tenant,
-        action=op.action,
-        args_digest=op.args_digest,
-        requested_by=op.subject,
-        policy_version="-",
-        decision="denied",
-        approver=by,
-        note=note,
-        decided_at=db_now(),
-    )
-    session.add(row)
-    session.flush()
+    row = _record(session, op, "denied", by=by, note=note, policy_version="-", ttl_s=None)
     move(
         session,
         op.id,
