@@ -171,6 +171,21 @@ class ActionConfig(_Strict):
             raise ValueError("; ".join(problems))
         return value
 
+    def approval_window_problem(self, reconcile_window_s: float) -> str | None:
+        """Why an approved intent could outlive the provider's memory of its key (and so execute
+        twice), given the reconciler's window; None when the approval wait fits."""
+        keys = self.provider_idempotency
+        if self.approval.required == "never" or keys is None:
+            return None
+        needed = self.approval.ttl_s + self.budget.deadline_s + reconcile_window_s
+        if needed <= keys.retention_s:
+            return None
+        return (
+            f"approval.ttl_s {self.approval.ttl_s:g} + budget.deadline_s {self.budget.deadline_s:g} "
+            f"+ reconcile window {reconcile_window_s:g} = {needed:g}s exceeds provider_idempotency.retention_s "
+            f"{keys.retention_s:g}: the provider could forget the key before the intent is settled"
+        )
+
     def redactor(self, args: Any) -> Redactor:
         """Redacts this intent's sensitive argument values wherever the provider echoes them."""
         return Redactor.of(args, self.sensitive_args)
@@ -297,20 +312,9 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
                     f"credentials under targets.{action.target}.tenants",
                 )
             )
-        keys = action.provider_idempotency
-        if action.approval.required != "never" and keys is not None:
-            # An intent approved after the provider forgot its key could execute twice.
-            needed = action.approval.ttl_s + action.budget.deadline_s + RECONCILE_WINDOW_S
-            if needed > keys.retention_s:
-                problems.append(
-                    (
-                        f"{where}.approval.ttl_s",
-                        f"approval.ttl_s {action.approval.ttl_s:g} + budget.deadline_s {action.budget.deadline_s:g} "
-                        f"+ reconcile window {RECONCILE_WINDOW_S:g} = {needed:g}s exceeds "
-                        f"provider_idempotency.retention_s {keys.retention_s:g}: the provider could forget the key "
-                        "before the intent is settled",
-                    )
-                )
+        window = action.approval_window_problem(RECONCILE_WINDOW_S)
+        if window:
+            problems.append((f"{where}.approval.ttl_s", window))
         declared = set(action.args) if action.args is not None else None
         specs: list[tuple[str, RequestSpec, frozenset[str]]] = [("request", action.request, RESERVED_PLACEHOLDERS)]
         if action.lookup:

@@ -92,16 +92,11 @@ def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
     own (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) must fit too."""
     window = settings.reconcile_max_lookups * settings.reconcile_max_delay_s
     for name, action in actions.actions.items():
-        keys = action.provider_idempotency
-        if action.approval.required == "never" or keys is None:
-            continue
-        needed = action.approval.ttl_s + action.budget.deadline_s + window
-        if needed > keys.retention_s:
+        problem = action.approval_window_problem(window)
+        if problem:
             raise ConfigError(
-                f"actions.{name}: approval.ttl_s {action.approval.ttl_s:g} + budget.deadline_s "
-                f"{action.budget.deadline_s:g} + this deployment's reconcile window {window:g}s "
-                f"(OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) = {needed:g}s exceeds "
-                f"provider_idempotency.retention_s {keys.retention_s:g}"
+                f"actions.{name}: {problem} (the reconcile window is this deployment's "
+                "OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S)"
             )
 
 
