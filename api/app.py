@@ -13,12 +13,19 @@ from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import agents, operators
+from api import agents, operators, runs
 from api.auth import ApiState, RateLimiter
 from api.problems import Problem, conflict_problem, not_found, problem_response
 from api.waiters import Waiters
 from outbox.db import make_engine, make_sessionmaker
-from outbox.errors import ConfigError, IdempotencyConflict, IllegalTransition, InvalidIntent, OperationNotFound
+from outbox.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidIntent,
+    OperationNotFound,
+    RunConflict,
+)
 from outbox.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
 from producer.client import key_rules_for
@@ -100,6 +107,10 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
         return problem_response(conflict_problem(exc))
 
+    @app.exception_handler(RunConflict)
+    async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:
+        return problem_response(Problem(409, "run-conflict", "Run conflict", str(exc), field="run_key"))
+
     @app.exception_handler(OperationNotFound)
     async def _missing(request: Request, exc: OperationNotFound) -> JSONResponse:
         return problem_response(not_found("operation"))
@@ -147,6 +158,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
         return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
 
     app.include_router(agents.router)
+    app.include_router(runs.router)
     app.include_router(operators.router)
     return app
 

@@ -11,7 +11,15 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent, OperationNotFound, OutboxError
+from outbox.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    InvalidIntent,
+    OperationNotFound,
+    OutboxError,
+    RunConflict,
+    RunNotFound,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 0, 1, 2, 3
 
@@ -28,6 +36,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.retention:register",
     "commands.api:register",
     "commands.approvals:register",
+    "commands.runs:register",
     "sandbox.cli:register",
 )
 
@@ -73,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidIntent as exc:
         print(f"agent-outbox: invalid input: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    except IdempotencyConflict as exc:
+    except (IdempotencyConflict, RunConflict) as exc:
         print(f"agent-outbox: idempotency conflict: {exc}", file=sys.stderr)
         return EXIT_CONFLICT
-    except OperationNotFound as exc:
+    except (OperationNotFound, RunNotFound) as exc:
         print(f"agent-outbox: not found: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except OutboxError as exc:

@@ -149,6 +149,10 @@ class ActionConfig(_Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     # A person's approval before anything is sent (outbox/approvals.py).
     approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
+    # In a run (outbox/runs.py): an irreversible step is never compensated (a person decides); a draft
+    # has no real effect (never compensated); the run's one commit step, its last, makes drafts real.
+    irreversible: bool = False
+    phase: Literal["draft", "commit"] | None = None
 
     @field_validator("status_map")
     @classmethod
@@ -271,6 +275,12 @@ class ActionsConfig(_Strict):
         """The action's provider key rule (outbox.provider_keys.KeyRules); None if unknown here."""
         cfg = self.actions.get(action)
         return cfg.key_rule if cfg is not None else None
+
+    def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
+        return self.actions[action].phase if action in self.actions else None
+
+    def is_irreversible(self, action: str) -> bool:
+        return action in self.actions and self.actions[action].irreversible
 
 
 def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: list[tuple[str, str]]) -> Any:

@@ -3,7 +3,7 @@
 A producer (an agent service, ``agent-outbox submit``, the HTTP API) renders the provider key and
 decides ``awaiting_approval`` at submit, and nothing more: it must not need the targets' secrets
 (``${PAYMENTS_TOKEN}``) to do so, nor hold them. This reads only ``actions.<name>.provider_key``,
-``provider_key_max_length`` and ``approval`` (``${VAR}`` resolved there only), checked as the
+``provider_key_max_length``, ``approval``, ``phase`` and ``irreversible`` (``${VAR}`` resolved there only), checked as the
 full loader checks them; workers load the whole file (downstream/actions.py).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError
@@ -29,6 +29,9 @@ class IntentRules:
 
     keys: dict[str, KeyRule]
     approvals: dict[str, ApprovalSpec]
+    # What a run records of each step's action at submit (outbox/run_spec.py).
+    phases: dict[str, Literal["draft", "commit"]] = field(default_factory=dict)
+    irreversible: frozenset[str] = frozenset()
 
     @property
     def actions(self) -> dict[str, KeyRule]:
@@ -40,6 +43,12 @@ class IntentRules:
     def needs_approval(self, action: str, args: dict[str, Any]) -> bool:
         spec = self.approvals.get(action)
         return spec is not None and spec.applies(args)
+
+    def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
+        return self.phases.get(action)
+
+    def is_irreversible(self, action: str) -> bool:
+        return action in self.irreversible
 
 
 def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> IntentRules:
@@ -56,12 +65,18 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
     problems: list[tuple[str, str]] = []
     keys: dict[str, KeyRule] = {}
     approvals: dict[str, ApprovalSpec] = {}
+    phases: dict[str, Literal["draft", "commit"]] = {}
+    irreversible: set[str] = set()
     for name, raw in actions.items():
         where = f"actions.{name}"
         if not isinstance(raw, dict):
             problems.append((where, "must be a mapping"))
             continue
-        part = {k: raw[k] for k in ("provider_key", "provider_key_max_length", "approval") if k in raw}
+        part = {
+            k: raw[k]
+            for k in ("provider_key", "provider_key_max_length", "approval", "phase", "irreversible")
+            if k in raw
+        }
         part = resolve_env(part, env, where, problems)
         try:
             keys[name] = KeyRule(
@@ -73,6 +88,15 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             approvals[name] = ApprovalSpec.model_validate(part.get("approval") or {})
         except ValidationError as exc:
             problems.extend((f"{where}.approval." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        phase = part.get("phase")
+        if phase is not None and phase not in ("draft", "commit"):
+            problems.append((f"{where}.phase", "must be 'draft' or 'commit' (or absent)"))
+        elif phase is not None:
+            phases[name] = phase
+        if not isinstance(part.get("irreversible", False), bool):
+            problems.append((f"{where}.irreversible", "must be true or false"))
+        elif part.get("irreversible"):
+            irreversible.add(name)
     if problems:
         raise ActionsFileError(path, problems)
-    return IntentRules(keys, approvals)
+    return IntentRules(keys, approvals, phases, frozenset(irreversible))

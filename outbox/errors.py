@@ -32,6 +32,21 @@ class IdempotencyConflict(OutboxError):
         self.operation_id = operation_id
 
 
+class RunConflict(OutboxError):
+    """The run key was already used for a run with different steps or budget."""
+
+    def __init__(self, run_key: str, run_id: str) -> None:
+        super().__init__(
+            f"run key {run_key!r} was already used for run {run_id} with different steps or budget; "
+            "use a new run key for a changed run"
+        )
+        self.run_key, self.run_id = run_key, run_id
+
+
+class RunNotFound(OutboxError, LookupError):
+    """No run has that id (or tenant + run key)."""
+
+
 class StaleFence(OutboxError):
     """Another worker owns this operation now (or it moved on); our write was refused."""
 

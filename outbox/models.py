@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.run_states import ACTIVE, RunStatus
 from outbox.states import AttemptClass, Status
 
 NAMING = {
@@ -43,6 +44,8 @@ NAMING = {
 }
 
 STATUS_VALUES = ", ".join(f"'{s.value}'" for s in Status)
+RUN_STATUS_VALUES = ", ".join(f"'{s.value}'" for s in RunStatus)
+RUN_ACTIVE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(ACTIVE)) + ")"
 CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
 TS = DateTime(timezone=True)
 # The partial index's condition, spelled the same way by the query that must use it.
@@ -274,6 +277,51 @@ class ApiKey(Base):
     name: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+
+class Run(Base):
+    """A run: an ordered step table submitted at once (outbox/runs.py). Each step is an operation
+    with a derived key, created when it becomes due; compensations are operations too."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    run_key: Mapped[str] = mapped_column(String(255))
+    subject: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(24))
+    # The steps as accepted (outbox/run_spec.py, JSON text): names, actions, canonical args,
+    # compensations, and what the actions file said of each action (phase, irreversible).
+    steps: Mapped[str | None] = mapped_column(Text)
+    spec_digest: Mapped[str] = mapped_column(String(64))
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # The operation the run waits for now (a step, or a compensation), and the step's name.
+    current_op_id: Mapped[str | None] = mapped_column(String(36))
+    holding_step: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    compensate_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Every move of the run with who and why: [{at, from, to, reason, actor}].
+    history: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    resolved_by: Mapped[str | None] = mapped_column(String(255))
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "run_key"),
+        CheckConstraint(f"status IN ({RUN_STATUS_VALUES})", name="status"),
+        CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts"),
+        # What the advance looks at: only moving runs are indexed.
+        Index(
+            "ix_runs_active",
+            "updated_at",
+            postgresql_where=text(RUN_ACTIVE),
+            sqlite_where=text(RUN_ACTIVE),
+        ),
+    )
 
 
 def core_table(model: type[Base]) -> Table:

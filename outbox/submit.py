@@ -99,6 +99,7 @@ def submit(
     delay_s: float = 0.0,
     requires_approval: bool = False,
     key_rules: KeyRules | None = None,
+    provider_key: str | None = None,
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
@@ -107,7 +108,8 @@ def submit(
 
     ``key_rules``: where the action's ``provider_key`` template is found (the loaded actions file,
     downstream.actions.ActionsConfig); None uses the default ``{tenant}:{idempotency_key}``. The key
-    the provider will see is rendered here, once, and stored with the intent.
+    the provider will see is rendered here, once, and stored with the intent. ``provider_key``: a
+    key rendered earlier, with the intent (a run's later steps: outbox/runs.py), used as given.
     """
     key = _validate_key(idempotency_key)
     env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
@@ -137,7 +139,8 @@ def submit(
     requires_approval = requires_approval or (key_rules is not None and key_rules.needs_approval(env.action, env.args))
     status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
-    provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
+    if provider_key is None:
+        provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
     new = NewOperation(
         id=operation_id,
         tenant=env.tenant,

@@ -10,13 +10,31 @@ Inside your own transaction (the point of an outbox)::
                          args={"order_id": "o-17", "amount": "25.00", "currency": "EUR"},
                          subject="agent:support-bot")
 
-Or let the outbox open the transaction: ``Outbox.from_settings().submit(...)``.
+A multi-step run (steps in order, each ``{run_key}:{name}``, compensations in reverse on failure)::
+
+    receipt = submit_run(session, tenant="acme", run_key="po-81", subject="agent:buyer",
+                         steps=[{"name": "order", "action": "shop.order.create", "args": {...},
+                                 "compensate": {"action": "shop.order.cancel", "args": {...}}},
+                                {"name": "notify", "action": "notify.email.send", "args": {...}}],
+                         budget={"max_attempts": 8, "deadline_s": 600})
+
+Or let the outbox open the transaction: ``Outbox.from_settings().submit(...)`` / ``.submit_run(...)``.
 """
 
 from __future__ import annotations
 
-from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
+from outbox.runs import RunReceipt, submit_run
 from outbox.submit import Receipt, submit
 from producer.client import Outbox
 
-__all__ = ["Outbox", "Receipt", "submit", "IdempotencyConflict", "InvalidIntent"]
+__all__ = [
+    "Outbox",
+    "Receipt",
+    "RunReceipt",
+    "submit",
+    "submit_run",
+    "IdempotencyConflict",
+    "InvalidIntent",
+    "RunConflict",
+]

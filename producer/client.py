@@ -9,6 +9,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.db import make_engine, make_sessionmaker
 from outbox.provider_keys import KeyRules
+from outbox.run_spec import StepRules
+from outbox.runs import RunReceipt, submit_run
 from outbox.settings import Settings, load_settings
 from outbox.submit import Receipt, submit
 
@@ -40,11 +42,16 @@ class Outbox:
         with self.sessions.begin() as session:
             return submit(session, tenant=tenant or self.default_tenant, **intent)
 
+    def submit_run(self, *, tenant: str | None = None, **run: Any) -> RunReceipt:
+        run.setdefault("key_rules", self.key_rules)
+        with self.sessions.begin() as session:
+            return submit_run(session, tenant=tenant or self.default_tenant, **run)
+
     def close(self) -> None:
         self.engine.dispose()
 
 
-def key_rules_for(settings: Settings) -> KeyRules | None:
+def key_rules_for(settings: Settings) -> StepRules | None:
     """The rules a producer applies at submit (provider keys, approvals) from the actions file named
     by OUTBOX_ACTIONS_FILE, or None. The targets' secrets are neither needed nor read."""
     if settings.actions_file is None:

@@ -1,4 +1,5 @@
-"""The three resources that change the world: refunds, tickets and emails.
+"""The resources that change the world: refunds, tickets and emails (and, for runs, orders,
+reservations, quotes, quote commits and cancellations).
 
 Each spec validates a request body into parameters and builds the created object. Validation
 failures are `Rejection`s carrying the HTTP status and a Stripe-shaped error.
@@ -99,6 +100,19 @@ def validate_email(body: dict[str, Any], over_limit_amount: Decimal) -> dict[str
     return {"to": to, "subject": subject, "body": text}
 
 
+_RESERVED = frozenset({"id", "object", "status", "idempotency_key", "created"})
+
+
+def requiring(*params: str) -> Callable[[dict[str, Any], Decimal], dict[str, Any]]:
+    """A plain resource: these string params are required, any other field is kept as given."""
+
+    def validate(body: dict[str, Any], over_limit_amount: Decimal) -> dict[str, Any]:
+        kept = {k: v for k, v in body.items() if k not in _RESERVED}
+        return {**kept, **{p: _required_str(body, p) for p in params}}
+
+    return validate
+
+
 @dataclass(frozen=True)
 class ResourceSpec:
     """What differs between resources: URL name, id prefix, object name, statuses, validation."""
@@ -119,5 +133,12 @@ RESOURCES: dict[str, ResourceSpec] = {
         ResourceSpec("refunds", "refund", "re", "succeeded", validate_refund),
         ResourceSpec("tickets", "ticket", "tk", "open", validate_ticket),
         ResourceSpec("emails", "email", "em", "sent", validate_email),
+        # For multi-step runs (agent-outbox runs): an order placed, stock held, a quote drafted and
+        # committed, and a cancellation that undoes any of them (a compensation).
+        ResourceSpec("orders", "order", "or", "placed", requiring("order_ref")),
+        ResourceSpec("reservations", "reservation", "rs", "held", requiring("sku")),
+        ResourceSpec("quotes", "quote", "qt", "draft", requiring("quote_ref")),
+        ResourceSpec("quote_commits", "quote_commit", "qc", "committed", requiring("quote_ref")),
+        ResourceSpec("cancellations", "cancellation", "cx", "done", requiring("undoes")),
     )
 }

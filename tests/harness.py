@@ -32,15 +32,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05, what: str = "condition"
+    predicate: Callable[[], Any],
+    timeout_s: float = 20.0,
+    interval_s: float = 0.05,
+    what: str | Callable[[], str] = "condition",
 ) -> Any:
+    """``what``: said on timeout; a callable is asked then (the state at the moment it failed)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what() if callable(what) else what}")
         time.sleep(interval_s)
 
 
@@ -121,7 +125,7 @@ def action(path: str, **over: Any) -> dict[str, Any]:
             "request": {"method": "GET", "path": path, "query": {"idempotency_key": "{idempotency_key}"}},
             "authoritative_not_found": True,
             "settle_s": 0.5,
-            "succeeded": ["succeeded", "open", "sent"],
+            "succeeded": ["succeeded", "open", "sent", "placed", "held", "draft", "committed", "done"],
             "pending": ["pending"],
             "failed": ["failed"],
         },

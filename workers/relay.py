@@ -5,7 +5,9 @@ Each tick (``run_once``):
    late successes a worker wrote but did not live to apply -> settled (outbox/late_evidence.py);
 2. due ``not_dispatched`` rows never published, due again (a retry), or published longer ago than
    ``republish_after_s`` (the message was lost: broker restart, crashed consumer) -> ``dispatch``;
-3. the same for due ``outcome_unknown`` rows -> ``outcome_unknown`` queue (the reconciler).
+3. runs whose current step settled move on: the next step is submitted, or completed steps are
+   compensated, or the run ends (outbox/run_advance.py);
+4. the same for due ``outcome_unknown`` rows -> ``outcome_unknown`` queue (the reconciler).
 Marking ``published_at`` and selecting happen in one statement (SKIP LOCKED on PostgreSQL), so two
 relays do not publish the same row in the same window; duplicates would be harmless anyway.
 
@@ -50,6 +52,7 @@ from outbox.db import make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
 from outbox.leases import expire_leases
 from outbox.publish import count_due, mark_published, mark_published_if_due
+from outbox.run_advance import advance_due
 from outbox.states import Status
 from workers import metrics
 from workers.doorbell import Doorbell
@@ -116,6 +119,9 @@ class Relay:
         self._evidence = evidence_sink if evidence_sink is not None and evidence_sink.separate else None
         self._sink = evidence_sink or EvidenceSink(None)
         self._packet = packet_builder(actions)
+        self._irreversible = (
+            frozenset(n for n, a in actions.actions.items() if a.irreversible) if actions else frozenset()
+        )
         self._last_backfill = 0.0
         self.stop_event = threading.Event()
         # Ids rung straight from NOTIFY since the last tick; the tick marks them published.
@@ -218,6 +224,8 @@ class Relay:
             settled = late_evidence.apply_unapplied(self.sessions, actor="sweep", sink=self._sink, packet=self._packet)
             if settled:
                 log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))
+        # Runs whose current step settled: submit the next step, compensate, or end (run_advance.py).
+        advance_due(self.sessions, irreversible=self._irreversible)
         reconcile_ids = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
         if reconcile_ids:
             self.doorbell.ring_reconcile(reconcile_ids)

@@ -131,6 +131,10 @@ class LedgerDriver(Protocol):
 
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None: ...
 
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        """Insert a run unless its (tenant, run_key) exists; True if this call inserted it."""
+        ...
+
     def mark_due(
         self,
         engine: Engine,

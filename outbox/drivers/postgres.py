@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.drivers import pg_statements as sql
 from outbox.drivers.base import FinalizeWrite, NewOperation
+from outbox.models import Run, core_table
 from outbox.states import AttemptKind, Status
 
 
@@ -132,6 +133,14 @@ class PostgresDriver:
 
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None:
         _conn(session).cursor().executemany(sql.INSERT_EVIDENCE, list(records))
+
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+
+        stmt = (
+            dialect_insert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
+        )
+        return session.execute(stmt.returning(core_table(Run).c.id)).first() is not None
 
     # -- the relay --------------------------------------------------------------------------------
     def mark_due(

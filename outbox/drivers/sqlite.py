@@ -24,7 +24,7 @@ from outbox.clock import db_age_s, db_now
 from outbox.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
 from outbox.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.events import record_events
-from outbox.models import Attempt, Evidence, Operation, core_table
+from outbox.models import Attempt, Evidence, Operation, Run, core_table
 from outbox.states import AttemptClass, AttemptKind, EventKind, Status
 from outbox.writes import ATTEMPT_REPORT, core_values, finalize_writes
 
@@ -307,6 +307,14 @@ class SqliteDriver:
 
     def insert_evidence(self, session: Session, records: Sequence[dict[str, Any]]) -> None:
         session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
+
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+
+        stmt = (
+            dialect_insert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
+        )
+        return session.execute(stmt.returning(core_table(Run).c.id)).first() is not None
 
     # -- the relay --------------------------------------------------------------------------------
     def mark_due(
