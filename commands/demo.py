@@ -2,8 +2,10 @@
 
 It starts the sandbox provider with a seeded mix of faults (503/429 with Retry-After, commits whose
 answer is lost, truncated bodies, business rejections), plays an agent runtime submitting a few
-hundred intents (with same-key resubmits and one changed-argument conflict), runs relay + workers
-with a progress bar, and ends with what happened and what the provider counted per key.
+hundred intents (with same-key resubmits and one changed-argument conflict) and three multi-step runs
+(a quote drafted then committed, a purchase order, one whose last step is rejected and whose earlier
+steps are compensated), runs relay + workers with a progress bar, and ends with what happened and
+what the provider counted per key.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import func, select
 
+from commands.demo_runs import play_runs, runs_table, wait_runs
 from commands.ledger import open_engine
 from commands.pipeline import Pipeline
 from outbox.db import make_sessionmaker
@@ -32,6 +35,7 @@ from outbox.models import Attempt, Operation
 from outbox.settings import load_settings
 from outbox.states import Status
 from outbox.submit import submit
+from producer.client import key_rules_for
 
 # Settled = nothing more will happen without a person (terminal, or handed off).
 SETTLED = {
@@ -86,7 +90,7 @@ def _actions_file(base_url: str, folder: Path) -> Path:
                 "request": {"method": "GET", "path": path, "query": {"idempotency_key": "{idempotency_key}"}},
                 "authoritative_not_found": True,
                 "settle_s": 1,
-                "succeeded": ["succeeded", "open", "sent"],
+                "succeeded": ["succeeded", "open", "sent", "placed", "held", "draft", "committed", "done"],
                 "pending": ["pending"],
                 "failed": ["failed"],
             },
@@ -106,6 +110,12 @@ def _actions_file(base_url: str, folder: Path) -> Path:
                 "/v1/tickets", ["subject", "body", "customer_id", "priority"], sensitive_args=["customer_id"]
             ),
             "notify.email.send": action("/v1/emails", ["to", "subject", "body"], sensitive_args=["to"]),
+            # For the runs (commands/demo_runs.py): an order, stock held, a quote drafted then committed.
+            "shop.order.create": action("/v1/orders", ["order_ref"]),
+            "shop.stock.reserve": action("/v1/reservations", ["sku", "qty"]),
+            "shop.cancel": action("/v1/cancellations", ["undoes"]),
+            "quote.draft": action("/v1/quotes", ["quote_ref", "amount"], phase="draft"),
+            "quote.commit": action("/v1/quote_commits", ["quote_ref"], phase="commit"),
         },
     }
     path = folder / "demo-actions.yaml"
@@ -170,22 +180,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
             pipeline.start()
             try:
                 submitted, resubmits, conflicts, ids = _play_agent(sessions, tenant, args.intents, rng)
+                run_ids = play_runs(sessions, f"{tenant}-runs", key_rules_for(settings))
                 outcome = _wait(console, sessions, tenant, len(ids), args.timeout_s, pipeline)
+                runs_left = wait_runs(console, sessions, run_ids, args.timeout_s, pipeline)
                 died = pipeline.died()
             finally:
                 pipeline.stop()
         effects = sandbox.effects()
         _summary(console, sessions, tenant, submitted, resubmits, conflicts, ids, effects, outcome)
+        runs_table(console, sessions, run_ids, effects)
         engine.dispose()
         if died is not None:
             kept = _keep_log(log_path, settings.data_dir, run)
             unsettled = len(ids) - sum(n for st, n in outcome.items() if st in SETTLED)
-            when = f" with {unsettled} operation(s) not settled" if unsettled else ""
+            when = (
+                f" with {unsettled} operation(s) and {runs_left} run(s) not settled" if unsettled or runs_left else ""
+            )
             console.print(f"[bold red]{died}{when}.[/] Its last lines:")
             console.print(_tail(kept), markup=False, highlight=False)
             console.print(f"the whole log: {kept}")
             return 1
     console.print(f"explain any operation: agent-outbox ops show <operation_id or key>   (tenant {tenant})")
+    console.print(f"explain any run: agent-outbox runs show <run id or key> --tenant {tenant}-runs")
     return 0
 
 

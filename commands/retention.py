@@ -45,7 +45,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
     else:
         print(
             f"{verb} the arguments and provider responses of {result.operations} terminal operation(s) "
-            f"finished more than {settings.args_retention_s:g}s ago ({result.handoffs} handoff packet(s)); "
+            f"finished more than {settings.args_retention_s:g}s ago ({result.handoffs} handoff packet(s), "
+            f"{result.runs} finished run(s)); "
             "states, digests, references, attempts and history are kept"
         )
     return 0

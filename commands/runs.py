@@ -85,7 +85,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     engine = open_engine(settings)
     try:
         with make_sessionmaker(engine).begin() as session:
-            receipt = runs.submit_run(session, **doc, subject=subject, key_rules=key_rules_for(settings))
+            receipt = runs.submit_run(
+                session,
+                tenant=doc["tenant"],
+                run_key=doc.get("run_key") or "",
+                steps=doc.get("steps") or [],
+                budget=doc.get("budget"),
+                subject=subject,
+                key_rules=key_rules_for(settings),
+            )
     finally:
         engine.dispose()
     print(json.dumps(receipt.as_dict(), sort_keys=True))

@@ -37,8 +37,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from outbox.clock import db_age_s, db_now
 from outbox.db import make_sessionmaker
 from outbox.drivers import driver_for
-from outbox.models import Handoff, Operation
+from outbox.models import Handoff, Operation, Run
 from outbox.report_summary import read_summary
+from outbox.run_states import ACTIVE, RunStatus
 from outbox.states import TERMINAL, Status
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,14 @@ class LedgerCollector(Collector):
             handoffs_open, handoff_age = session.execute(
                 select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(Handoff.status == "open")
             ).one()
+            # Runs still moving, and runs waiting for a person (effects automation will not undo).
+            run_counts = dict(
+                session.execute(
+                    select(Run.status, func.count())
+                    .where(Run.status.in_([*(s.value for s in ACTIVE), RunStatus.NEEDS_PERSON.value]))
+                    .group_by(Run.status)
+                ).all()
+            )
 
         ops = GaugeMetricFamily(
             "outbox_operations", "Operations in each non-terminal status (exact)", labels=["status"]
@@ -160,7 +169,12 @@ class LedgerCollector(Collector):
             "Seconds since the oldest operation awaiting approval entered the wait (0 when none)",
         )
         approvals_oldest.add_metric([], max(float(approvals_age or 0.0), 0.0))
-        return [ops, recent, backlog, backlog_age, due, handoffs, handoffs_age, approvals, approvals_oldest]
+        runs = GaugeMetricFamily(
+            "outbox_runs", "Multi-step runs still moving, or waiting for a person (needs_person)", labels=["status"]
+        )
+        for status in (*sorted(s.value for s in ACTIVE), RunStatus.NEEDS_PERSON.value):
+            runs.add_metric([status], run_counts.get(status, 0))
+        return [ops, recent, backlog, backlog_age, due, handoffs, handoffs_age, approvals, approvals_oldest, runs]
 
     def _report(self) -> Iterator[GaugeMetricFamily]:
         summary = read_summary(self.report_summary) if self.report_summary is not None else None

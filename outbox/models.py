@@ -309,6 +309,8 @@ class Run(Base):
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
     finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # When retention removed the steps' arguments (outbox/retention.py); NULL = still there.
+    purged_at: Mapped[dt.datetime | None] = mapped_column(TS)
 
     __table_args__ = (
         UniqueConstraint("tenant", "run_key"),

@@ -4,13 +4,14 @@
 failed_before_commit, cancelled) that finished more than ``older_than_s`` ago, in batches, each
 batch its own transaction. What stays: states, digests (arguments, result), provider references,
 attempts (their redacted error texts included), the history, evidence records and handoffs (their
-packets lose the intent's arguments too). A purged operation cannot be sent again: if late evidence
+packets lose the intent's arguments too). Finished runs lose their steps' arguments the same way. A purged operation cannot be sent again: if late evidence
 ever reopens one and a person says "not executed", dispatch refuses it (no arguments to send).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -19,7 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import db_now
 from outbox.errors import ConfigError
-from outbox.models import Handoff, Operation
+from outbox.models import Handoff, Operation, Run
+from outbox.run_states import ACTIVE
 from outbox.states import TERMINAL
 
 BATCH = 500
@@ -30,6 +32,7 @@ PURGED = "purged"  # what a handoff packet's intent.args says once purged
 class PurgeResult:
     operations: int = 0
     handoffs: int = 0
+    runs: int = 0
     oldest_finished_at: dt.datetime | None = None
     newest_finished_at: dt.datetime | None = None
 
@@ -39,6 +42,7 @@ class PurgeResult:
             "older_than_s": older_than_s,
             "operations": self.operations,
             "handoffs": self.handoffs,
+            "runs": self.runs,
             "oldest_finished_at": self.oldest_finished_at.isoformat() if self.oldest_finished_at else None,
             "newest_finished_at": self.newest_finished_at.isoformat() if self.newest_finished_at else None,
         }
@@ -81,7 +85,7 @@ def purge(
                 .offset(out.operations if dry_run else 0)
             ).all()
             if not rows:
-                return out
+                break
             ids = [r.id for r in rows]
             out.operations += len(ids)
             out.oldest_finished_at = out.oldest_finished_at or rows[0].finished_at
@@ -95,10 +99,44 @@ def purge(
                     .values(args=None, result=null())  # SQL NULL, not JSON null
                 )
                 if not done.rowcount:  # type: ignore[attr-defined]
-                    return out  # nothing changed: never loop on rows we cannot purge
+                    break  # nothing changed: never loop on rows we cannot purge
                 for h in handoffs:
                     packet = dict(h.packet or {})
                     packet["intent"] = {**(packet.get("intent") or {}), "args": PURGED}
                     h.packet = packet
         if progress is not None:
             progress(out)
+    return _purge_runs(sessions, out, older_than_s=older_than_s, dry_run=dry_run)
+
+
+def _purge_runs(
+    sessions: sessionmaker[Session], out: PurgeResult, *, older_than_s: float, dry_run: bool
+) -> PurgeResult:
+    """Finished runs lose their steps' arguments (names, actions, digests and keys stay)."""
+    due = and_(
+        Run.status.not_in([s.value for s in ACTIVE]),
+        Run.finished_at < db_now(-older_than_s),
+        Run.purged_at.is_(None),
+    )
+    while True:
+        with sessions.begin() as session:
+            stmt = select(Run).where(due).order_by(Run.finished_at, Run.id).limit(BATCH)
+            runs = list(session.execute(stmt.offset(out.runs if dry_run else 0)).scalars())
+            if not runs:
+                return out
+            out.runs += len(runs)
+            if not dry_run:
+                now = session.execute(select(db_now())).scalar_one()
+                for run in runs:
+                    run.steps, run.purged_at = purged_steps(run.steps), now
+
+
+def purged_steps(text: str | None) -> str | None:
+    if text is None:
+        return None
+    steps = json.loads(text)
+    for step in steps:
+        step["args"] = None
+        if step.get("compensate"):
+            step["compensate"]["args"] = None
+    return json.dumps(steps, ensure_ascii=False, separators=(",", ":"))

@@ -171,7 +171,15 @@ class _Advance:
         return True
 
     def submit_op(
-        self, step: Step, *, key: str, action: str, args: str, provider_key: str | None, approval: bool, capped: bool
+        self,
+        step: Step,
+        *,
+        key: str,
+        action: str,
+        args: str | None,
+        provider_key: str | None,
+        approval: bool,
+        capped: bool,
     ) -> Operation | str:
         """Create the operation for a step (or its compensation); a string says why it could not."""
         max_attempts: int | None = None
@@ -180,6 +188,8 @@ class _Advance:
             max_attempts = max(self.run.max_attempts - usage(self.session, self.run, self.steps).used, 1)
         if capped and self.run.deadline_at is not None:
             deadline_s = max((as_utc(self.run.deadline_at) - self.now).total_seconds(), 0.001)  # type: ignore[operator]
+        if args is None:
+            return f"{key}: its arguments were purged (OUTBOX_ARGS_RETENTION_S); a person must act"
         try:
             receipt = submit(
                 self.session,

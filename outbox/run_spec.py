@@ -39,7 +39,7 @@ class StepRules(KeyRules, Protocol):
 @dataclass(frozen=True)
 class Compensation:
     action: str
-    args: str  # canonical JSON text, as an operation stores it
+    args: str | None  # canonical JSON text, as an operation stores it (None once purged)
     args_digest: str
     provider_key: str | None = None
     requires_approval: bool = False
@@ -58,7 +58,7 @@ class Compensation:
 class Step:
     name: str
     action: str
-    args: str  # canonical JSON text
+    args: str | None  # canonical JSON text (None once purged: outbox/retention.py)
     args_digest: str
     compensate: Compensation | None = None
     phase: Phase | None = None

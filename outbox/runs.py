@@ -140,12 +140,20 @@ def list_runs(session: Session, *, status: str | None = None, tenant: str | None
     return list(session.execute(stmt.order_by(Run.created_at.desc(), Run.id).limit(limit)).scalars())
 
 
+def _locked(session: Session, run: Run) -> Run:
+    """The run re-read under its row lock: an advance in progress (the relay's) finishes first, and
+    what this request writes is decided on the run as that advance left it."""
+    stmt = select(Run).where(Run.id == run.id).with_for_update().execution_options(populate_existing=True)
+    return session.execute(stmt).scalar_one()
+
+
 def cancel_run(
     session: Session, run: Run, *, actor: str, compensate: bool = False, reason: str = "cancel requested"
 ) -> Run:
     """Stop the run's future steps; the step in flight is asked to cancel (it keeps a late result).
     ``compensate``: also undo completed steps, in reverse order. A finished run can still be asked
     to compensate when it ended with effects kept (cancelled, or waiting for a person)."""
+    run = _locked(session, run)
     status = RunStatus(run.status)
     kept = status in (RunStatus.CANCELLED, RunStatus.NEEDS_PERSON)
     if status not in ACTIVE and not (compensate and kept):
@@ -172,6 +180,7 @@ def cancel_run(
 
 def resolve_run(session: Session, run: Run, *, actor: str, note: str) -> Run:
     """A person closes a run that waits for one (needs_person), saying what they did."""
+    run = _locked(session, run)
     if run.status != RunStatus.NEEDS_PERSON.value:
         raise InvalidIntent("run", f"run {run.id} is {run.status}: only a run in needs_person is resolved by a person")
     if not note or not note.strip():
@@ -195,6 +204,7 @@ def _op_brief(op: Operation | None) -> dict[str, Any] | None:
     return {
         "operation_id": op.id,
         "idempotency_key": op.idempotency_key,
+        "provider_key": op.provider_key or op.idempotency_key,
         "status": op.status,
         "reason": op.reason,
         "attempts": op.attempt_count,

@@ -279,3 +279,31 @@ def test_cancel_with_compensation_while_a_step_waits_for_approval(pipe, sandbox)
     assert len(_effects(sandbox, "ca", "order")) == len(_effects(sandbox, "ca", "order:compensate")) == 1
     listed = json.loads(_cli(pipe, "runs", "list", "--json").stdout)
     assert [r["status"] for r in listed] == ["cancelled"]
+
+
+def test_runs_submit_from_a_file_names_bad_fields_and_resubmits_the_same_run(pipe, sandbox, tmp_path):
+    _actions(pipe, sandbox)
+    doc = {"tenant": "t1", "run_key": "file-1", "steps": _order_steps("file-1")[:2], "budget": {"max_attempts": 5}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    first = _cli(pipe, "runs", "submit", "--file", str(path))
+    assert first.returncode == 0, first.stderr
+    receipt = json.loads(first.stdout)
+    assert receipt["new"] is True and receipt["status"] == "running"
+    again = json.loads(_cli(pipe, "runs", "submit", "--file", str(path)).stdout)
+    assert again["run_id"] == receipt["run_id"] and again["new"] is False
+    path.write_text(json.dumps(doc | {"budget": {"max_attempts": 6}}))
+    conflict = _cli(pipe, "runs", "submit", "--file", str(path))
+    assert conflict.returncode == 3 and "run key 'file-1' was already used" in conflict.stderr, conflict.stderr
+    for bad, field in (
+        (doc | {"steps": [dict(doc["steps"][0], name="")]}, "steps[0].name"),
+        (doc | {"budgets": {}}, "budgets"),
+        ({"run_key": "x"}, "steps"),
+    ):
+        path.write_text(json.dumps(bad))
+        refused = _cli(pipe, "runs", "submit", "--file", str(path))
+        assert refused.returncode == 2 and f"invalid input: {field}:" in refused.stderr, refused.stderr
+    missing = _cli(pipe, "runs", "show", "no-such-run")
+    assert missing.returncode == 2 and "no run with id or run key" in missing.stderr
+    shown = _cli(pipe, "runs", "show", "file-1", "--tenant", "t1")
+    assert shown.returncode == 0 and "order" in shown.stdout and "budget: 0 of 5 attempts" in shown.stdout, shown.stdout

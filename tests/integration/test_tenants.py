@@ -207,6 +207,7 @@ def test_purge_removes_payload_of_old_terminal_operations_and_keeps_their_story(
         "older_than_s": 90000.0,
         "operations": 3,
         "handoffs": 0,
+        "runs": 0,
         "oldest_finished_at": None,
         "newest_finished_at": None,
     }

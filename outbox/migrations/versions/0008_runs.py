@@ -42,6 +42,7 @@ def upgrade() -> None:
         sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
         sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('purged_at', sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint(f"status IN ({STATUSES})", name=op.f('ck_runs_status')),
         sa.CheckConstraint('max_attempts IS NULL OR max_attempts >= 1', name=op.f('ck_runs_max_attempts')),
         sa.PrimaryKeyConstraint('id', name=op.f('pk_runs')),

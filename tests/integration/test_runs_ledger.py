@@ -1,0 +1,83 @@
+"""Runs on the ledger itself, on both backends (the embedded SQLite default and PostgreSQL): the run
+row and its first step in one transaction, budget caps handed to each step, and retention.
+
+Step outcomes are written here as a worker's finalize would leave them; the pipeline with real
+workers and the sandbox is tests/integration/test_runs.py."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select, update
+
+from outbox.errors import RunConflict
+from outbox.models import Operation, Run
+from outbox.retention import purge
+from outbox.run_advance import advance_due
+from outbox.runs import find_run, run_json, submit_run
+
+STEPS = [
+    {
+        "name": "a",
+        "action": "shop.order.create",
+        "args": {"order_ref": "r-1"},
+        "compensate": {"action": "shop.cancel", "args": {"undoes": "a"}},
+    },
+    {"name": "b", "action": "shop.stock.reserve", "args": {"sku": "S"}},
+]
+
+
+def _submit(ledger, **kw):
+    with ledger.sessions.begin() as s:
+        return submit_run(s, tenant="t1", run_key="r-1", steps=STEPS, subject="agent:x", **kw)
+
+
+def _settle(ledger, key: str, status: str) -> None:
+    with ledger.sessions.begin() as s:
+        s.execute(update(Operation).where(Operation.idempotency_key == key).values(status=status, reason="test"))
+
+
+def test_a_run_and_its_first_step_commit_together_and_later_steps_get_what_is_left(ledger):
+    receipt = _submit(ledger, budget={"max_attempts": 5, "deadline_s": 300})
+    assert receipt.new and _submit(ledger, budget={"max_attempts": 5, "deadline_s": 300}) == receipt.__class__(
+        **(receipt.as_dict() | {"new": False})
+    )
+    with pytest.raises(RunConflict):
+        _submit(ledger, budget={"max_attempts": 6, "deadline_s": 300})
+    with ledger.sessions() as s:
+        first = s.execute(select(Operation).where(Operation.idempotency_key == "r-1:a")).scalar_one()
+        assert (first.run_id, first.max_attempts, first.provider_key) == (receipt.run_id, 5, "t1:r-1:a")
+        assert s.execute(select(Operation).where(Operation.idempotency_key == "r-1:b")).first() is None
+    _settle(ledger, "r-1:a", "succeeded")
+    assert advance_due(ledger.sessions) == 1
+    with ledger.sessions() as s:
+        second = s.execute(select(Operation).where(Operation.idempotency_key == "r-1:b")).scalar_one()
+        assert second.max_attempts == 5 and second.deadline_at is not None  # no attempt reached the provider yet
+        doc = run_json(s, find_run(s, "r-1"))
+        assert doc["holding"]["step"] == "b" and doc["outcome"] == "PENDING"
+    assert advance_due(ledger.sessions) == 0  # nothing to do while step b is not settled
+
+
+def test_a_rolled_back_submit_leaves_neither_run_nor_step(ledger):
+    with pytest.raises(RuntimeError), ledger.sessions.begin() as s:
+        submit_run(s, tenant="t1", run_key="r-1", steps=STEPS, subject="agent:x")
+        raise RuntimeError("the agent's own transaction failed")
+    with ledger.sessions() as s:
+        assert s.execute(select(Run)).first() is None and s.execute(select(Operation)).first() is None
+
+
+def test_retention_purges_finished_runs_arguments_and_keeps_their_story(ledger):
+    _submit(ledger)
+    _settle(ledger, "r-1:a", "succeeded")
+    advance_due(ledger.sessions)
+    _settle(ledger, "r-1:b", "succeeded")
+    advance_due(ledger.sessions)
+    with ledger.sessions() as s:
+        assert find_run(s, "r-1").status == "succeeded"
+    assert purge(ledger.sessions, older_than_s=3600).runs == 0  # finished just now: kept
+    result = purge(ledger.sessions, older_than_s=-1)
+    assert result.runs == 1
+    with ledger.sessions() as s:
+        run = find_run(s, "r-1")
+        assert run.purged_at is not None and '"order_ref"' not in (run.steps or "") and '"r-1"' not in (run.steps or "")
+        assert [st["name"] for st in run_json(s, run)["steps"]] == ["a", "b"]
+    assert purge(ledger.sessions, older_than_s=-1).runs == 0
