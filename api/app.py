@@ -25,6 +25,7 @@ from outbox.errors import (
     InvalidIntent,
     OperationNotFound,
     RunConflict,
+    RunNotMovable,
 )
 from outbox.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
@@ -106,6 +107,10 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
         return problem_response(conflict_problem(exc))
+
+    @app.exception_handler(RunNotMovable)
+    async def _run_not_movable(request: Request, exc: RunNotMovable) -> JSONResponse:
+        return problem_response(Problem(409, "conflict", "Conflict", exc.reason, field=None))
 
     @app.exception_handler(RunConflict)
     async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:

@@ -142,6 +142,7 @@ async def post_cancel(
                 actor=f"api:key-{caller.key_id}",
                 compensate=bool(body.get("compensate")),
                 reason="cancel requested over the API",
+                irreversible=getattr(state(request).key_rules, "irreversible", frozenset()),
             )
 
     await _threaded(run)

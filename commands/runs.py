@@ -101,6 +101,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 1000:
+        raise InvalidIntent("--limit", "must be from 1 to 1000")
     engine = open_engine(load_settings())
     try:
         with make_sessionmaker(engine)() as session:
@@ -156,7 +158,7 @@ def print_run(doc: dict[str, Any]) -> None:
                 f"       compensation {comp['action']}: {c['status']}"
                 + (f" ref {c['result_reference']}" if c["result_reference"] else "")
             )
-    if doc["needs_person"]:
+    if doc["waiting_for_person"]:
         print(f"  a person must review: {', '.join(doc['needs_person'])} (reconciliation_required)")
     print(f"  outcome: {doc['outcome']}: {doc['model_message']}")
 
@@ -176,7 +178,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
+    settings = load_settings()
+    engine = open_engine(settings)
     try:
         with make_sessionmaker(engine).begin() as session:
             run = runs.cancel_run(
@@ -185,6 +188,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 actor=args.by,
                 compensate=args.compensate,
                 reason=args.reason,
+                irreversible=getattr(key_rules_for(settings), "irreversible", frozenset()),
             )
             status, reason = run.status, run.reason
     finally:

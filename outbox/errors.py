@@ -43,6 +43,10 @@ class RunConflict(OutboxError):
         self.run_key, self.run_id = run_key, run_id
 
 
+class RunNotMovable(InvalidIntent):
+    """The run is not in a state this request can act on (cancel a finished run, resolve a moving one)."""
+
+
 class RunNotFound(OutboxError, LookupError):
     """No run has that id (or tenant + run key)."""
 

@@ -39,6 +39,7 @@ from outbox.clock import db_now
 from outbox.evidence import EvidenceSink, record_for
 from outbox.handoffs import open_handoff
 from outbox.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent, core_table
+from outbox.runs import flag_contradiction
 from outbox.states import EFFECT, NO_EFFECT, EventKind, Status
 from outbox.transitions import move
 from outbox.writes import released, success_values
@@ -217,6 +218,7 @@ def _contradiction(
     fresh = session.get(Operation, op.id, populate_existing=True)
     assert fresh is not None
     open_handoff(session, op.id, reason=reason, packet=packet(session, fresh, reason))
+    flag_contradiction(session, fresh, reason=reason, actor=actor)  # its run, if it is a run's step
     # A handoff, and a state that contradicted the provider: one of the ERRORs of DESIGN.md.
     log.error(
         "late evidence contradicts %s: handed to a person",

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.clock import db_now
 from outbox.errors import ConfigError
 from outbox.models import Handoff, Operation, Run
-from outbox.run_states import ACTIVE
+from outbox.run_states import ACTIVE, RunStatus
 from outbox.states import TERMINAL
 
 BATCH = 500
@@ -114,7 +114,8 @@ def _purge_runs(
 ) -> PurgeResult:
     """Finished runs lose their steps' arguments (names, actions, digests and keys stay)."""
     due = and_(
-        Run.status.not_in([s.value for s in ACTIVE]),
+        # Not a run a person still has to act on (needs_person may be compensated from its arguments).
+        Run.status.not_in([*(s.value for s in ACTIVE), RunStatus.NEEDS_PERSON.value]),
         Run.finished_at < db_now(-older_than_s),
         Run.purged_at.is_(None),
     )

@@ -22,101 +22,25 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import or_, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import as_utc, db_now
 from outbox.envelope import loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
-from outbox.models import Attempt, Operation, Run
+from outbox.models import Operation, Run
+from outbox.run_records import UNDOING, compensation_plan, names, record, step_operations, usage
 from outbox.run_spec import Step, steps_from_json
 from outbox.run_states import ACTIVE, RunStatus
-from outbox.states import EFFECT, NO_EFFECT, AttemptClass, AttemptKind, Status
+from outbox.states import EFFECT, NO_EFFECT, AttemptClass, Status
 from outbox.submit import submit
 
 log = logging.getLogger(__name__)
 
 ADVANCE_BATCH = 100
 SETTLED = EFFECT | NO_EFFECT
-UNDOING = "; undoing "  # joins why a run compensates and what it undoes, in its reason
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What a run's steps drew from its budget: attempts that reached (or may have reached) the
-    provider, sends and lookups alike; compensations are not drawn (undoing is never blocked)."""
-
-    dispatches: int
-    lookups: int
-    retries: int  # dispatch attempts after each step's first: the retry-billed calls
-
-    @property
-    def used(self) -> int:
-        return self.dispatches + self.lookups
-
-
-def usage(session: Session, run: Run, steps: Sequence[Step]) -> Usage:
-    keys = [s.key(run.run_key) for s in steps]
-    per_op = (
-        select(
-            Attempt.operation_id,
-            func.sum(case((Attempt.kind == AttemptKind.DISPATCH.value, 1), else_=0)).label("dispatches"),
-            func.sum(case((Attempt.kind == AttemptKind.LOOKUP.value, 1), else_=0)).label("lookups"),
-        )
-        .join(Operation, Operation.id == Attempt.operation_id)
-        .where(
-            Operation.tenant == run.tenant,
-            Operation.idempotency_key.in_(keys),
-            Attempt.attempt_class != AttemptClass.NOT_SENT.value,
-        )
-        .group_by(Attempt.operation_id)
-    )
-    rows = session.execute(per_op).all()
-    dispatches = sum(int(r.dispatches or 0) for r in rows)
-    return Usage(
-        dispatches=dispatches,
-        lookups=sum(int(r.lookups or 0) for r in rows),
-        retries=sum(max(int(r.dispatches or 0) - 1, 0) for r in rows),
-    )
-
-
-def step_operations(session: Session, run: Run, steps: Sequence[Step]) -> dict[str, Operation]:
-    """The run's operations by idempotency key (steps and compensations that exist so far)."""
-    keys = [s.key(run.run_key) for s in steps] + [s.compensation_key(run.run_key) for s in steps if s.compensate]
-    stmt = (
-        select(Operation)
-        .where(Operation.tenant == run.tenant, Operation.idempotency_key.in_(keys))
-        # Core statements (a cancel, a submit) may have moved them in this very session.
-        .execution_options(populate_existing=True)
-    )
-    return {op.idempotency_key: op for op in session.execute(stmt).scalars()}
-
-
-def record(run: Run, now: dt.datetime, *, to: RunStatus | None, reason: str, actor: str) -> None:
-    """Append to the run's history and set its reason (and status, if ``to``)."""
-    entry = {
-        "at": now.isoformat(),
-        "from": run.status,
-        "to": (to or RunStatus(run.status)).value,
-        "reason": reason,
-        "actor": actor,
-    }
-    run.history = [*(run.history or []), entry]
-    run.reason = reason
-    run.updated_at = now
-    if to is not None:
-        run.status = to.value
-        if to not in ACTIVE:
-            run.finished_at = now
-            run.current_op_id = None
-            run.holding_step = None
-
-
-def _names(steps: Sequence[Step]) -> str:
-    return ", ".join(s.name for s in steps) or "none"
 
 
 class _Advance:
@@ -253,7 +177,9 @@ class _Advance:
                 why = f"step {step.name} ({step.action}) ended {status.value}: {op.reason or op.last_error or 'no reason'}"
                 if self.run.cancel_requested:
                     return self.stop(step, "cancel", f"the run was cancelled; {why}")
-                spent = self.budget_spent()
+                # A step the budget cut short stops the run (nothing more is sent); one the provider
+                # refused, or a person cancelled or denied, fails it: its predecessors are undone.
+                spent = self.budget_spent() if op.error_class != AttemptClass.REJECTED.value else None
                 if spent:
                     return self.stop(step, "budget", f"{why}; {spent}")
                 return self.stop(step, "failed", why)
@@ -266,16 +192,16 @@ class _Advance:
         """The forward pass ends at ``at``: cancelled by request, budget spent, or a step failed."""
         done, not_sent = self.done(), self.not_sent()
         real = [s for s in done if s.phase != "draft"]
-        tail = f"; done: {_names(done)}; not sent: {_names(not_sent)}"
+        tail = f"; done: {names(done)}; not sent: {names(not_sent)}"
         undo = kind == "failed" or self.run.compensate_requested
         if not real:
             if kind == "cancel":
                 return self.end(RunStatus.CANCELLED, f"{why}; nothing of the run was done" + tail)
             return self.end(
                 RunStatus.FAILED,
-                f"{why}; nothing of the run was done (drafts only: {_names(done)})"
+                f"{why}; nothing of the run was done (drafts only: {names(done)})"
                 if done
-                else f"{why}; nothing of the run was done; not sent: {_names(not_sent)}",
+                else f"{why}; nothing of the run was done; not sent: {names(not_sent)}",
             )
         if not undo:
             if kind == "cancel":
@@ -292,22 +218,43 @@ class _Advance:
                 RunStatus.NEEDS_PERSON,
                 f"{why}; completed step(s) that cannot be undone: {which}: no compensation was attempted" + tail,
             )
+        plan = [s.name for s in reversed(real)]
         record(
             self.run,
             self.now,
             to=RunStatus.COMPENSATING,
-            reason=f"{why}{UNDOING}{_names(list(reversed(real)))}",
+            reason=f"{why}{UNDOING}{names(list(reversed(real)))}",
             actor=self.actor,
+            undo=plan,
+            because=kind,
         )
         self.run.current_op_id = self.run.holding_step = None
         return self.compensate() or True
 
     # -- compensation -----------------------------------------------------------------------
     def compensate(self) -> bool:
-        real = [s for s in self.done() if s.phase != "draft"]
-        for step in reversed(real):
+        """Undo, in the order planned when compensation began, each step it set out to undo. Anything
+        else found done meanwhile (a late success, a person's "succeeded") was not planned for: a
+        person decides, rather than undo it out of order or leave it unsaid."""
+        started = compensation_plan(self.run) or {}
+        by_name = {s.name: s for s in self.steps}
+        plan = [by_name[n] for n in started.get("undo", []) if n in by_name]
+        why = str(started.get("reason", "a step failed")).rsplit(UNDOING, 1)[0]
+        surprise = [s for s in self.done() if s.phase != "draft" and s not in plan]
+        unsettled = [
+            s for s in self.steps if (o := self.op(s)) is not None and o.status == Status.RECONCILIATION_REQUIRED.value
+        ]
+        if surprise or unsettled:
+            return self.end(
+                RunStatus.NEEDS_PERSON,
+                f"{why}; while its steps were being undone, {names(surprise + unsettled)} turned out done or wait for "
+                f"a person (late evidence, or a person's decision): compensation stopped; undone so far: "
+                f"{names([s for s in plan if self.undone(s)])}",
+            )
+        for step in plan:
             comp = step.compensate
-            assert comp is not None  # checked before compensating began
+            if comp is None or self.cannot_undo(step) == "irreversible":
+                return self.end(RunStatus.NEEDS_PERSON, f"{why}; {step.name} cannot be undone (no compensation)")
             op = self.comp_op(step)
             if op is None:
                 made = self.submit_op(
@@ -328,22 +275,19 @@ class _Advance:
             if status in EFFECT:
                 continue
             if status in NO_EFFECT:
-                undone = [s.name for s in real if (c := self.comp_op(s)) is not None and Status(c.status) in EFFECT]
                 return self.end(
                     RunStatus.NEEDS_PERSON,
-                    f"the compensation of {step.name} ({comp.action}) ended {status.value}: "
-                    f"{op.reason or op.last_error or 'no reason'}; undone: {', '.join(undone) or 'none'}; "
-                    f"still done: {_names([s for s in real if s.name not in undone])}",
+                    f"{why}; the compensation of {step.name} ({comp.action}) ended {status.value}: "
+                    f"{op.reason or op.last_error or 'no reason'}; undone: {names([s for s in plan if self.undone(s)])}; "
+                    f"still done: {names([s for s in plan if not self.undone(s)])}",
                 )
             return self.hold(step, op, f"compensating {step.name}: {status.value}")
-        names = _names(list(reversed(real)))
-        if self.run.cancel_requested:
-            return self.end(RunStatus.CANCELLED, f"cancelled; completed steps undone in reverse order: {names}")
-        started = next(
-            (e["reason"] for e in reversed(self.run.history or []) if e["to"] == "compensating" != e["from"]), ""
-        )
-        why = started.rsplit(UNDOING, 1)[0] or "a step failed"
-        return self.end(RunStatus.COMPENSATED, f"{why}; undone in reverse order: {names}")
+        if started.get("because") == "cancel":
+            return self.end(RunStatus.CANCELLED, f"{why}; completed steps undone in reverse order: {names(plan)}")
+        return self.end(RunStatus.COMPENSATED, f"{why}; undone in reverse order: {names(plan)}")
+
+    def undone(self, step: Step) -> bool:
+        return (c := self.comp_op(step)) is not None and Status(c.status) in EFFECT
 
 
 def advance(session: Session, run: Run, *, actor: str = "advance", irreversible: frozenset[str] = frozenset()) -> bool:
@@ -386,10 +330,14 @@ def advance_due(
         ids = due_run_ids(session, limit=limit)
     moved = 0
     for run_id in ids:
-        with sessions.begin() as session:
-            run = session.execute(
-                select(Run).where(Run.id == run_id).with_for_update(skip_locked=True)
-            ).scalar_one_or_none()
-            if run is not None and advance(session, run, actor=actor, irreversible=irreversible):
-                moved += 1
+        try:
+            with sessions.begin() as session:
+                stmt = select(Run).where(Run.id == run_id).with_for_update(skip_locked=True)
+                run = session.execute(stmt).scalar_one_or_none()
+                if run is not None and advance(session, run, actor=actor, irreversible=irreversible):
+                    moved += 1
+        except OperationalError:
+            raise  # the database is away: the caller's loop waits and retries
+        except Exception:  # noqa: BLE001 - one run that cannot advance must not stop the others, nor the relay
+            log.warning("run %s could not advance; it stays as it is, tried again next tick", run_id, exc_info=True)
     return moved

@@ -24,6 +24,7 @@ from outbox.provider_keys import KeyRules, rule_for
 from outbox.submit import MAX_KEY_LEN, MAX_SECONDS, require_storable
 
 MAX_STEPS = 50
+MAX_RUN_ATTEMPTS = 10_000
 COMPENSATE = "compensate"
 Phase = Literal["draft", "commit"]
 
@@ -168,15 +169,18 @@ def _budget(raw: Any) -> Budget:
     if unknown:
         raise InvalidIntent(f"budget.{sorted(unknown)[0]}", "unknown field; a budget has max_attempts and deadline_s")
     attempts, deadline = raw.get("max_attempts"), raw.get("deadline_s")
-    if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1):
-        raise InvalidIntent("budget.max_attempts", "must be an integer >= 1 (attempts across all steps)")
+    if attempts is not None and (
+        not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_RUN_ATTEMPTS
+    ):
+        raise InvalidIntent(
+            "budget.max_attempts", f"must be an integer from 1 to {MAX_RUN_ATTEMPTS} (attempts across all steps)"
+        )
     if deadline is not None:
-        try:
-            deadline = float(deadline)
-        except (TypeError, ValueError):
-            raise InvalidIntent("budget.deadline_s", "must be a number of seconds") from None
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float, Decimal)):
+            raise InvalidIntent("budget.deadline_s", "must be a number of seconds")
         if not 0 < deadline <= MAX_SECONDS:
             raise InvalidIntent("budget.deadline_s", f"must be a positive number of seconds up to {MAX_SECONDS:.0f}")
+        deadline = float(deadline)
     return Budget(attempts, deadline)
 
 

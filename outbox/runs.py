@@ -23,9 +23,10 @@ from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
 from outbox.drivers import driver_for
-from outbox.errors import InvalidIntent, RunConflict, RunNotFound
+from outbox.errors import InvalidIntent, RunConflict, RunNotFound, RunNotMovable
 from outbox.models import Operation, Run
-from outbox.run_advance import advance, record, step_operations, usage
+from outbox.run_advance import advance
+from outbox.run_records import record, step_operations, usage
 from outbox.run_spec import StepRules, build_run_spec, steps_from_json
 from outbox.run_states import ACTIVE, RUN_MEANING, RunStatus
 from outbox.states import Status
@@ -148,7 +149,13 @@ def _locked(session: Session, run: Run) -> Run:
 
 
 def cancel_run(
-    session: Session, run: Run, *, actor: str, compensate: bool = False, reason: str = "cancel requested"
+    session: Session,
+    run: Run,
+    *,
+    actor: str,
+    compensate: bool = False,
+    reason: str = "cancel requested",
+    irreversible: frozenset[str] = frozenset(),
 ) -> Run:
     """Stop the run's future steps; the step in flight is asked to cancel (it keeps a late result).
     ``compensate``: also undo completed steps, in reverse order. A finished run can still be asked
@@ -157,7 +164,7 @@ def cancel_run(
     status = RunStatus(run.status)
     kept = status in (RunStatus.CANCELLED, RunStatus.NEEDS_PERSON)
     if status not in ACTIVE and not (compensate and kept):
-        raise InvalidIntent(
+        raise RunNotMovable(
             "run", f"run {run.id} is {status.value}: nothing to cancel" + (" or compensate" if compensate else "")
         )
     now = as_utc(session.execute(select(db_now())).scalar_one())
@@ -174,15 +181,25 @@ def cancel_run(
         op = session.get(Operation, run.current_op_id)
         if op is not None and Status(op.status) not in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
             request_cancel(session, op.id, actor=actor, reason=f"run {run.id}: {why}")
-    advance(session, run, actor=actor)
+    advance(session, run, actor=actor, irreversible=irreversible)
     return run
 
 
 def resolve_run(session: Session, run: Run, *, actor: str, note: str) -> Run:
-    """A person closes a run that waits for one (needs_person), saying what they did."""
+    """A person closes a run that waits for one, saying what they did: a run in needs_person, or one
+    held by a step or compensation in reconciliation_required (whose handoff may have been closed as
+    abandoned, which holds the run for good)."""
     run = _locked(session, run)
-    if run.status != RunStatus.NEEDS_PERSON.value:
-        raise InvalidIntent("run", f"run {run.id} is {run.status}: only a run in needs_person is resolved by a person")
+    holder = session.get(Operation, run.current_op_id) if run.current_op_id else None
+    held = (
+        RunStatus(run.status) in ACTIVE and holder is not None and holder.status == Status.RECONCILIATION_REQUIRED.value
+    )
+    if run.status != RunStatus.NEEDS_PERSON.value and not held:
+        raise RunNotMovable(
+            "run",
+            f"run {run.id} is {run.status}: a person resolves a run in needs_person, or one held by a step "
+            "in reconciliation_required",
+        )
     if not note or not note.strip():
         raise InvalidIntent("note", "required: what was done about the effects that remained")
     now = as_utc(session.execute(select(db_now())).scalar_one())
@@ -190,6 +207,28 @@ def resolve_run(session: Session, run: Run, *, actor: str, note: str) -> Run:
     run.resolved_by, run.note = actor, note
     record(run, now, to=RunStatus.RESOLVED, reason=f"resolved by {actor}: {note}", actor=actor)
     return run
+
+
+def flag_contradiction(session: Session, op: Operation, *, reason: str, actor: str) -> None:
+    """A step or compensation that had said "no effect" was contradicted by the provider's late
+    confirmation (outbox/late_evidence.py): whatever its run says now rests on that, so the run goes
+    to a person, also when it had ended (failed, compensated, cancelled, resolved)."""
+    if not op.run_id:
+        return
+    stmt = select(Run).where(Run.id == op.run_id, Run.tenant == op.tenant).with_for_update()
+    run = session.execute(stmt).scalar_one_or_none()
+    if run is None:
+        return  # an intent's free-form run_id, not a run of this ledger
+    now = as_utc(session.execute(select(db_now())).scalar_one())
+    assert now is not None
+    run.finished_at = None
+    record(
+        run,
+        now,
+        to=RunStatus.NEEDS_PERSON,
+        reason=f"{op.idempotency_key} was contradicted by the provider after the run acted on it: {reason}",
+        actor=actor,
+    )
 
 
 # -- what people and models read -------------------------------------------------------------
@@ -263,7 +302,7 @@ def run_json(session: Session, run: Run) -> dict[str, Any]:
             "retries": spent.retries,
             "lookups": spent.lookups,
         },
-        "needs_person": contradicted,
+        "waiting_for_person": contradicted,
         "cancel_requested": run.cancel_requested,
         "compensate_requested": run.compensate_requested,
         "resolved_by": run.resolved_by,

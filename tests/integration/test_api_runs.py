@@ -74,7 +74,7 @@ def test_submit_read_and_cancel_a_run_over_http(pipe, sandbox):
             assert shown["status"] == "succeeded" and shown["outcome"] == "SUCCEEDED", shown
             assert len(sandbox.effects(key="acme:po-7:order")) == len(sandbox.effects(key="acme:po-7:reserve")) == 1
             finished = c.post(f"/v1/runs/{run['run_id']}/cancel", json={"compensate": False})
-            assert finished.status_code == 422 and "nothing to cancel" in finished.json()["detail"]
+            assert finished.status_code == 409 and "nothing to cancel" in finished.json()["detail"]
         with api.client(other) as c:  # another tenant's run does not exist for this key
             assert c.get(f"/v1/runs/{run['run_id']}").status_code == 404
             assert c.post(f"/v1/runs/{run['run_id']}/cancel").status_code == 404

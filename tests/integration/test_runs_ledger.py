@@ -81,3 +81,60 @@ def test_retention_purges_finished_runs_arguments_and_keeps_their_story(ledger):
         assert run.purged_at is not None and '"order_ref"' not in (run.steps or "") and '"r-1"' not in (run.steps or "")
         assert [st["name"] for st in run_json(s, run)["steps"]] == ["a", "b"]
     assert purge(ledger.sessions, older_than_s=-1).runs == 0
+
+
+def test_a_late_success_contradicting_a_failed_step_sends_the_ended_run_to_a_person(ledger):
+    """Step a's request is claimed and the worker freezes; the provider's lookup lists it as failed, so
+    the step ends failed_before_commit and the run ends failed. Then the frozen request lands: the run
+    no longer says "nothing of it was done", a person decides."""
+    from outbox.claims import claim_due, claim_unknown
+    from outbox.clock import db_now
+    from outbox.errors import StaleFence
+    from outbox.evidence import EvidenceSink
+    from outbox.late_evidence import apply_unapplied
+    from outbox.leases import expire_leases
+    from outbox.settlement import settle_if_fenced
+    from outbox.states import AttemptClass, Status
+    from outbox.transitions import AttemptReport, finalize_if_fenced
+
+    _submit(ledger)
+    with ledger.sessions.begin() as s:
+        [frozen] = claim_due(s, worker="zombie", lease_s=30)
+        s.execute(update(Operation).where(Operation.id == frozen.operation_id).values(lease_expires_at=db_now(-1)))
+    with ledger.sessions.begin() as s:
+        expire_leases(s)
+    with ledger.sessions.begin() as s:
+        [r] = claim_unknown(s, worker="reconciler", lease_s=30, operation_id=frozen.operation_id)
+    with ledger.sessions.begin() as s:
+        report = AttemptReport(AttemptClass.REJECTED, status_code=404)
+        settle_if_fenced(s, r, report, to=Status.FAILED_BEFORE_COMMIT, reason="listed as failed")
+    advance_due(ledger.sessions)
+    with ledger.sessions() as s:
+        ended = run_json(s, find_run(s, "r-1"))
+    assert ended["status"] == "failed" and ended["outcome"] == "FAILED_BEFORE_COMMIT"
+
+    with ledger.sessions.begin() as s, pytest.raises(StaleFence):  # the frozen request lands
+        success = AttemptReport(AttemptClass.SUCCEEDED, status_code=201, provider_reference="or_late")
+        finalize_if_fenced(s, frozen, success, to=Status.SUCCEEDED, reason="2xx")
+    apply_unapplied(ledger.sessions, actor="sweep", sink=EvidenceSink(None), packet=lambda s, op, why: {"why": why})
+    with ledger.sessions() as s:
+        flagged = run_json(s, find_run(s, "r-1"))
+    assert flagged["status"] == "needs_person" and flagged["outcome"] == "NEEDS_HUMAN", flagged["reason"]
+    assert "r-1:a was contradicted by the provider" in flagged["reason"]
+    assert flagged["history"][-1]["actor"] == "sweep"
+
+
+def test_a_person_resolves_a_run_held_by_a_step_waiting_for_one_and_no_other(ledger):
+    from outbox.errors import RunNotMovable
+    from outbox.runs import resolve_run
+
+    _submit(ledger)
+    with ledger.sessions.begin() as s, pytest.raises(RunNotMovable):
+        resolve_run(s, find_run(s, "r-1"), actor="alice", note="nothing to do")  # it moves by itself
+    _settle(ledger, "r-1:a", "reconciliation_required")  # e.g. its handoff was closed as abandoned
+    assert advance_due(ledger.sessions) == 0  # held, for good unless a person acts
+    with ledger.sessions.begin() as s:
+        resolve_run(s, find_run(s, "r-1"), actor="alice", note="checked at the provider: order r-1 exists, kept")
+    with ledger.sessions() as s:
+        done = run_json(s, find_run(s, "r-1"))
+    assert done["status"] == "resolved" and done["resolved_by"] == "alice" and "kept" in done["note"]
