@@ -37,6 +37,7 @@ REGISTRARS: tuple[str, ...] = (
     "commands.api:register",
     "commands.approvals:register",
     "commands.runs:register",
+    "commands.mcp:register",
     "sandbox.cli:register",
 )
 

@@ -147,3 +147,23 @@ class ApprovalSpec(_Strict):
         from downstream.conditions import evaluate, parse_condition
 
         return evaluate(parse_condition(self.when), args)
+
+
+class ToolSpec(_Strict):
+    """How an agent runtime sees the action as a tool (agent_tools/): what it is for, its input
+    schema, and which arguments are the business reference its key is made of."""
+
+    description: str | None = Field(default=None, max_length=2000)
+    # JSON Schema of the arguments (type: object). Default: one property per declared `args` name.
+    args_schema: dict[str, Any] | None = None
+    # Arguments that name the business object (an order id, a refund number): the key of a tool call
+    # is {scope}:{action}:{their values}, so two calls about one object are one operation whatever
+    # else the model wrote; without them, the key is made of the canonical arguments' digest.
+    reference_args: list[str] = Field(default_factory=list)
+
+    @field_validator("args_schema")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "object":
+            raise ValueError('must be a JSON Schema with "type": "object"')
+        return value

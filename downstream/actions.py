@@ -27,6 +27,7 @@ from downstream.action_specs import (
     LookupSpec,
     ProviderIdempotency,
     RequestSpec,
+    ToolSpec,
     _Strict,
 )
 from outbox.errors import ConfigError
@@ -35,8 +36,7 @@ from outbox.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_L
 from outbox.states import AttemptClass
 
 ENV_VAR = "OUTBOX_ACTIONS_FILE"
-# The reconciler's default window (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S):
-# what an approved intent may still take after its deadline before it is settled.
+# What an approved intent may still take after its deadline (OUTBOX_RECONCILE_MAX_LOOKUPS x _MAX_DELAY_S).
 RECONCILE_WINDOW_S = 12 * 60.0
 
 # Placeholders that are not arguments: the business key (lookups by key), and the list
@@ -149,10 +149,10 @@ class ActionConfig(_Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     # A person's approval before anything is sent (outbox/approvals.py).
     approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
-    # In a run (outbox/runs.py): an irreversible step is never compensated (a person decides); a draft
-    # has no real effect (never compensated); the run's one commit step, its last, makes drafts real.
+    # Runs (outbox/runs.py): irreversible = never compensated; a draft is never real until its commit step.
     irreversible: bool = False
     phase: Literal["draft", "commit"] | None = None
+    tool: ToolSpec = Field(default_factory=ToolSpec)  # as agent runtimes see it (agent_tools/)
 
     @field_validator("status_map")
     @classmethod

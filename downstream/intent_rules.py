@@ -3,7 +3,7 @@
 A producer (an agent service, ``agent-outbox submit``, the HTTP API) renders the provider key and
 decides ``awaiting_approval`` at submit, and nothing more: it must not need the targets' secrets
 (``${PAYMENTS_TOKEN}``) to do so, nor hold them. This reads only ``actions.<name>.provider_key``,
-``provider_key_max_length``, ``approval``, ``phase`` and ``irreversible`` (``${VAR}`` resolved there only), checked as the
+``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool`` and ``args`` (``${VAR}`` resolved there only), checked as the
 full loader checks them; workers load the whole file (downstream/actions.py).
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from downstream.action_specs import ApprovalSpec
+from downstream.action_specs import ApprovalSpec, ToolSpec
 from downstream.actions import ActionsFileError, resolve_env
 from outbox.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
 
@@ -32,6 +32,9 @@ class IntentRules:
     # What a run records of each step's action at submit (outbox/run_spec.py).
     phases: dict[str, Literal["draft", "commit"]] = field(default_factory=dict)
     irreversible: frozenset[str] = frozenset()
+    # What agent runtimes see (agent_tools/): each action's tool spec and declared argument names.
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    declared_args: dict[str, list[str] | None] = field(default_factory=dict)
 
     @property
     def actions(self) -> dict[str, KeyRule]:
@@ -67,6 +70,8 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
     approvals: dict[str, ApprovalSpec] = {}
     phases: dict[str, Literal["draft", "commit"]] = {}
     irreversible: set[str] = set()
+    tools: dict[str, ToolSpec] = {}
+    args: dict[str, list[str] | None] = {}
     for name, raw in actions.items():
         where = f"actions.{name}"
         if not isinstance(raw, dict):
@@ -74,7 +79,7 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             continue
         part = {
             k: raw[k]
-            for k in ("provider_key", "provider_key_max_length", "approval", "phase", "irreversible")
+            for k in ("provider_key", "provider_key_max_length", "approval", "phase", "irreversible", "tool", "args")
             if k in raw
         }
         part = resolve_env(part, env, where, problems)
@@ -88,6 +93,15 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             approvals[name] = ApprovalSpec.model_validate(part.get("approval") or {})
         except ValidationError as exc:
             problems.extend((f"{where}.approval." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        try:
+            tools[name] = ToolSpec.model_validate(part.get("tool") or {})
+        except ValidationError as exc:
+            problems.extend((f"{where}.tool." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        declared = part.get("args")
+        if declared is not None and not (isinstance(declared, list) and all(isinstance(a, str) for a in declared)):
+            problems.append((f"{where}.args", "must be a list of argument names"))
+        else:
+            args[name] = declared
         phase = part.get("phase")
         if phase is not None and phase not in ("draft", "commit"):
             problems.append((f"{where}.phase", "must be 'draft' or 'commit' (or absent)"))
@@ -99,4 +113,4 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             irreversible.add(name)
     if problems:
         raise ActionsFileError(path, problems)
-    return IntentRules(keys, approvals, phases, frozenset(irreversible))
+    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("outbox", "producer", "workers", "downstream", "breaker", "commands", "sandbox", "api")
+PACKAGES = ("outbox", "producer", "workers", "downstream", "breaker", "commands", "sandbox", "api", "agent_tools")
 MAX_LINES = 400
 
 
@@ -49,6 +49,21 @@ def _imports(name: str, path: Path) -> set[str]:
 def test_no_product_module_is_over_400_lines():
     long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
     assert {n: c for n, c in long.items() if c > MAX_LINES} == {}
+
+
+def test_surfaces_depend_on_the_core_and_never_the_other_way_round():
+    """Agent-facing (api, agent_tools) and operator-facing (commands) code may import the core; the
+    core (outbox, producer, downstream, workers, breaker) never imports a surface."""
+    core = ("outbox", "producer", "downstream", "workers", "breaker")
+    surfaces = ("api", "agent_tools", "commands")
+    wrong = sorted(
+        (name, dep)
+        for name, path in MODULES.items()
+        if name.split(".")[0] in core
+        for dep in _imports(name, path)
+        if dep.split(".")[0] in surfaces
+    )
+    assert wrong == []
 
 
 def test_no_import_cycle():

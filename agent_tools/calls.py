@@ -1,0 +1,179 @@
+"""One idea of a tool call, shared by every agent adapter.
+
+**The key rule.** A model may call the same tool twice (a retry after a timeout, a resumed run, a
+second identical call): each must map to the same operation and answer its outcome instead of acting
+again. So a tool call's idempotency key is made only of what the host owns and what survives retries:
+
+    {scope}:{action}:ref={the declared reference arguments}     (tool.reference_args in the actions file)
+    {scope}:{action}:args={sha256 of the canonical arguments}   (otherwise)
+
+``scope`` is the host's: a conversation, run or thread id (MCP: the ``agent-outbox/scope`` entry of the
+request's ``_meta``, else the server's ``--scope``; OpenAI Agents SDK: what ``scope=`` returns from the
+run context; LangGraph: the thread id). Never the tool call id (a model's retry gets a new one), never
+a model-written "key" argument, never a timestamp. Limits: two calls with the same arguments in one
+scope are one operation, also when a person meant two (give such actions a reference argument, e.g.
+an invoice number); arguments that differ only in what the model wrote freely (a reason text) are two
+operations, unless the action declares reference arguments, which then decide alone.
+
+Numbers: runtimes hand JSON numbers over as binary floats; a float is read back through its shortest
+decimal repr (``12.5`` stays 12.5, exact for up to 15 significant digits). Declare money as strings in
+``tool.args_schema`` to be exact beyond that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from agent_tools.catalog import ToolView, catalog, tool_for
+from downstream.intent_rules import IntentRules
+from outbox import approvals
+from outbox.envelope import canonical_value, dumps_canonical
+from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.models import Operation
+from outbox.queries import operation_json
+from outbox.submit import MAX_KEY_LEN
+from outbox.typed_outcome import SETTLED, Outcome, with_outcome
+from producer.client import Outbox
+
+MAX_SCOPE = 128
+MAX_WAIT_S = 60.0
+
+
+def exact(value: Any) -> Any:
+    """Floats as the decimals they were written as (see the module docstring); the rest unchanged."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exact(v) for v in value]
+    return value
+
+
+def call_key(scope: str, action: str, args: dict[str, Any], reference_args: tuple[str, ...] = ()) -> str:
+    """The idempotency key of a tool call (the module docstring says why it is made this way)."""
+    if not isinstance(scope, str) or not scope.strip() or len(scope) > MAX_SCOPE:
+        raise InvalidIntent("scope", f"required: the host's conversation, run or thread id (1-{MAX_SCOPE} characters)")
+    canonical = canonical_value(exact(args))
+    if reference_args:
+        missing = [a for a in reference_args if canonical.get(a) in (None, "")]
+        if missing:
+            raise InvalidIntent(f"args.{missing[0]}", "required: it names the business object this call is about")
+        ref = "ref=" + ",".join(dumps_canonical(canonical[a]) for a in reference_args)
+    else:
+        ref = "args=" + hashlib.sha256(dumps_canonical(canonical).encode()).hexdigest()[:32]
+    key = f"{scope}:{action}:{ref}"
+    if len(key) > MAX_KEY_LEN:
+        key = f"{scope}:{action[:80]}:h={hashlib.sha256(key.encode()).hexdigest()}"
+    return key
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """What a tool returns to the model: the typed outcome and one sentence (outbox/typed_outcome.py)."""
+
+    outcome: str
+    model_message: str
+    operation_id: str
+    status: str
+    action: str
+    idempotency_key: str
+    reference: str | None
+    new: bool
+    conflict: bool = False  # a call about the same reference with other arguments: this is the first one
+
+    @property
+    def settled(self) -> bool:
+        return Outcome(self.outcome) in SETTLED
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ToolCaller:
+    """Submits tool calls as intents of one tenant and answers with their outcome."""
+
+    def __init__(self, outbox: Outbox, rules: IntentRules, *, tenant: str, subject: str) -> None:
+        self.outbox, self.rules, self.tenant, self.subject = outbox, rules, tenant, subject
+        self.tools: dict[str, ToolView] = catalog(rules)
+
+    def call(self, action: str, args: dict[str, Any], *, scope: str, tool_call_id: str | None = None) -> ToolAnswer:
+        """Submit (or find) the intent of this call and answer its outcome now. Raises InvalidIntent
+        (field named) for bad input: nothing is submitted then."""
+        tool = tool_for(self.tools, action)
+        if not isinstance(args, dict):
+            raise InvalidIntent("args", "must be an object of the tool's arguments")
+        key = call_key(scope, action, args, tool.reference_args)
+        try:
+            receipt = self.outbox.submit(
+                tenant=self.tenant,
+                idempotency_key=key,
+                action=action,
+                args=exact(args),
+                subject=self.subject,
+                run_id=scope,
+                tool_call_id=tool_call_id,
+            )
+        except IdempotencyConflict as exc:
+            # The same business object (reference arguments), other arguments: the first call stands.
+            first = self.get(exc.operation_id)
+            refs = ", ".join(f"{a}={args.get(a)!r}" for a in tool.reference_args)
+            said = (
+                f"A call of {action} for {refs} was already made with other arguments; it stands and no second "
+                f"one is made. {first.model_message}"
+            )
+            return replace(first, model_message=said, conflict=True)
+        return self.get(receipt.operation_id, new=receipt.new)
+
+    def get(self, operation_id: str, *, new: bool = False) -> ToolAnswer:
+        with self.outbox.sessions() as session:
+            op = session.get(Operation, operation_id)
+            if op is None or op.tenant != self.tenant:
+                raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant")
+            doc = with_outcome(operation_json(op))
+        result = doc.get("result") or {}
+        return ToolAnswer(
+            outcome=doc["outcome"],
+            model_message=doc["model_message"],
+            operation_id=doc["operation_id"],
+            status=doc["status"],
+            action=doc["action"],
+            idempotency_key=doc["idempotency_key"],
+            reference=result.get("reference"),
+            new=new,
+        )
+
+    def wait(self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = 0.2) -> ToolAnswer:
+        """Until the outcome is settled (final, or a person is needed) or ``timeout_s`` (at most 60)."""
+        if not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= MAX_WAIT_S:
+            raise InvalidIntent("timeout_s", f"must be from 0 to {MAX_WAIT_S:g} seconds")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            answer = self.get(operation_id)
+            if answer.settled or time.monotonic() >= deadline:
+                return answer
+            time.sleep(interval_s)
+
+    def approve(self, operation_id: str, *, by: str, note: str | None = None) -> None:
+        """A person's approval, recorded as agent-outbox approvals are (who, when, under which policy)."""
+        answer = self.get(operation_id)
+        spec = tool_for(self.tools, answer.action).approval
+        with self.outbox.sessions.begin() as session:
+            approvals.approve(
+                session,
+                operation_id,
+                by=by,
+                note=note,
+                policy_version=spec.policy_version,
+                ttl_s=spec.ttl_s,
+                separate_approver=spec.separate_approver,
+                tenant=self.tenant,
+            )
+
+    def deny(self, operation_id: str, *, by: str, note: str) -> None:
+        with self.outbox.sessions.begin() as session:
+            approvals.deny(session, operation_id, by=by, note=note, tenant=self.tenant)

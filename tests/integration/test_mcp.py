@@ -1,0 +1,178 @@
+"""The MCP server (issue 19) through the official SDK's client, over stdio and over streamable HTTP:
+a real ``agent-outbox mcp`` process, workers, relay, PostgreSQL, Redis and the sandbox, which counts
+every effect."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.harness import action, actions_doc, wait_for
+from tests.integration.test_api import _key
+
+mcp = pytest.importorskip("mcp")
+from mcp import Client  # noqa: E402
+from mcp.client.stdio import StdioServerParameters  # noqa: E402
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+ROOT = Path(__file__).resolve().parents[2]
+REFUND = "payments.refund.create"
+ARGS = {"order_id": "o-81", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
+
+
+def _actions(pipe: Any, sandbox: Any) -> None:
+    refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])
+    refund["tool"] = {"description": "Refund an order.", "reference_args": ["order_id"]}
+    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
+
+
+def _stdio(pipe: Any, *extra: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "commands.main", "mcp", "--tenant", "t1", *extra],
+        env=dict(os.environ) | pipe.env,
+        cwd=str(ROOT),
+    )
+
+
+async def _call(client: Any, name: str, args: dict[str, Any], scope: str = "conv-1") -> Any:
+    return await client.call_tool(name, args, meta={"agent-outbox/scope": scope})
+
+
+def test_stdio_tools_listed_called_once_and_answered_already_done_then_unknown_settles(pipe, sandbox):
+    _actions(pipe, sandbox)
+    pipe.start_worker("sender", queues="dispatch")  # the reconciler starts later: UNKNOWN stays visible
+    pipe.start_relay()
+
+    async def session() -> None:
+        async with Client(_stdio(pipe), read_timeout_seconds=30) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(tools) == {REFUND, "get_operation", "wait_operation"}
+            refund = tools[REFUND]
+            assert refund.annotations.idempotent_hint is True and refund.annotations.destructive_hint is True
+            assert refund.annotations.open_world_hint is True and "order_id" in refund.input_schema["properties"]
+
+            first = await _call(client, REFUND, ARGS)
+            assert not first.is_error, first.content
+            op = first.structured_content
+            assert op["outcome"] == "PENDING" and op["new"] is True
+            assert op["idempotency_key"] == f'conv-1:{REFUND}:ref="o-81"'
+            assert first.content[0].text == op["model_message"]
+            done = await _call(client, "wait_operation", {"operation_id": op["operation_id"], "timeout_s": 20})
+            assert done.structured_content["outcome"] == "SUCCEEDED", done.structured_content
+            # The model calls it again (a retry, another wording of the reason): the same operation.
+            again = await _call(client, REFUND, ARGS | {"reason": "damaged in transit"})
+            assert (
+                again.structured_content["operation_id"] == op["operation_id"]
+                and again.structured_content["new"] is False
+            )
+            assert "Already done" in again.content[0].text and "do not retry" in again.content[0].text
+            assert (
+                again.structured_content["conflict"] is True
+                and "already made with other arguments" in again.content[0].text
+            )
+            same = await _call(client, REFUND, ARGS)  # the very same call: the same, no conflict
+            assert (
+                same.structured_content["operation_id"] == op["operation_id"]
+                and not same.structured_content["conflict"]
+            )
+
+            # An ambiguous answer: UNKNOWN with its message, then settled by the reconciler.
+            sandbox.add_fault(mode="commit_then_drop", path="/v1/refunds", count=1)
+            lost = await _call(client, REFUND, ARGS | {"order_id": "o-82"})
+            unknown = await _call(client, "get_operation", {"operation_id": lost.structured_content["operation_id"]})
+            for _ in range(100):
+                if unknown.structured_content["outcome"] != "PENDING":
+                    break
+                await anyio.sleep(0.1)
+                unknown = await _call(
+                    client, "get_operation", {"operation_id": lost.structured_content["operation_id"]}
+                )
+            assert unknown.structured_content["outcome"] == "UNKNOWN", unknown.structured_content
+            assert "do not retry" in unknown.content[0].text
+            await anyio.to_thread.run_sync(lambda: pipe.start_worker("reconciler", queues="outcome_unknown"))
+            settled = await _call(
+                client, "wait_operation", {"operation_id": lost.structured_content["operation_id"], "timeout_s": 30}
+            )
+            assert settled.structured_content["outcome"] == "SUCCEEDED", settled.structured_content
+
+            bad = await _call(client, REFUND, {"amount": "1.00", "currency": "EUR"})
+            assert bad.is_error and "args.order_id" in bad.content[0].text
+
+    anyio.run(session)
+    assert len(sandbox.effects(key="t1:" + f'conv-1:{REFUND}:ref="o-81"')) == 1
+    assert len(sandbox.effects(key="t1:" + f'conv-1:{REFUND}:ref="o-82"')) == 1
+    assert len(sandbox.effects()) == 2
+
+
+@contextmanager
+def _http_server(pipe: Any) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(pipe.tmp / "mcp-http.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commands.main", "mcp", "--http", "--port", str(port)],
+        cwd=ROOT,
+        env=dict(os.environ) | pipe.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError((pipe.tmp / "mcp-http.log").read_text())
+        try:
+            return httpx.post(url, timeout=1).status_code == 401  # no key: refused, so it is up
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(up, 30, what="mcp http server up")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_http_with_an_api_key_is_that_keys_tenant_and_one_effect(pipe, sandbox):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    _actions(pipe, sandbox)
+    pipe.start_worker()
+    pipe.start_relay()
+    key = _key(pipe.env, "acme", "submit,read")
+    with _http_server(pipe) as url:
+
+        async def session() -> dict[str, Any]:
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+                async with Client(streamable_http_client(url, http_client=http)) as client:
+                    assert REFUND in {t.name for t in (await client.list_tools()).tools}
+                    first = await _call(client, REFUND, ARGS, scope="chat-9")
+                    second = await _call(client, REFUND, ARGS, scope="chat-9")
+                    assert first.structured_content["operation_id"] == second.structured_content["operation_id"]
+                    waited = await _call(
+                        client,
+                        "wait_operation",
+                        {"operation_id": first.structured_content["operation_id"], "timeout_s": 20},
+                    )
+                    return dict(waited.structured_content)
+
+        done = anyio.run(session)
+        assert done["outcome"] == "SUCCEEDED", done
+        assert httpx.post(url, headers={"Authorization": "Bearer nope"}, timeout=5).status_code == 401
+    assert len(sandbox.effects(key=f'acme:chat-9:{REFUND}:ref="o-81"')) == 1
+    assert len(sandbox.effects()) == 1
