@@ -193,9 +193,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if died is not None:
             kept = _keep_log(log_path, settings.data_dir, run)
             unsettled = len(ids) - sum(n for st, n in outcome.items() if st in SETTLED)
-            when = (
-                f" with {unsettled} operation(s) and {runs_left} run(s) not settled" if unsettled or runs_left else ""
-            )
+            when = f" with {unsettled} operation(s) not settled" if unsettled else ""
+            when += f" ({runs_left} run(s) not finished)" if runs_left else ""
             console.print(f"[bold red]{died}{when}.[/] Its last lines:")
             console.print(_tail(kept), markup=False, highlight=False)
             console.print(f"the whole log: {kept}")

@@ -21,7 +21,18 @@ from outbox.claims import claim_due
 from outbox.clock import as_utc, db_now
 from outbox.handoffs import open_handoff
 from outbox.leases import expire_leases
-from outbox.models import ApiKey, Approval, Attempt, Base, Evidence, Handoff, Operation, OperationEvent, core_table
+from outbox.models import (
+    ApiKey,
+    Approval,
+    Attempt,
+    Base,
+    Evidence,
+    Handoff,
+    Operation,
+    OperationEvent,
+    Run,
+    core_table,
+)
 from outbox.states import AttemptClass, Status
 from outbox.submit import submit
 from outbox.testing import advance_ledger_clock, ledger_timestamp_columns
@@ -103,6 +114,25 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
                 approver="alice",
                 decided_at=db_now(),
                 expires_at=db_now(60),
+            )
+        )
+        s.execute(
+            insert(Run).values(
+                id="00000000-0000-0000-0000-000000000001",
+                tenant="acme",
+                run_key="r-1",
+                subject="agent",
+                status="succeeded",
+                steps="[]",
+                spec_digest="d" * 64,
+                deadline_at=db_now(60),
+                cancel_requested=False,
+                compensate_requested=False,
+                history=[],
+                created_at=db_now(),
+                updated_at=db_now(),
+                finished_at=db_now(),
+                purged_at=db_now(),
             )
         )
         handoff = open_handoff(s, done, reason="test", packet={"x": 1})
