@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
@@ -96,7 +97,10 @@ class OutboxTools:
     # -- internals ----------------------------------------------------------------------------
     def _call(self, action: str, args: dict[str, Any], scope: str, tool_call_id: str | None) -> ToolAnswer:
         answer = self.caller.call(action, args, scope=scope, tool_call_id=tool_call_id)
-        return self.caller.wait(answer.operation_id, timeout_s=self.wait_s) if self.wait_s > 0 else answer
+        if self.wait_s <= 0 or answer.settled:
+            return answer
+        waited = self.caller.wait(answer.operation_id, timeout_s=self.wait_s)
+        return replace(waited, new=answer.new, conflict=answer.conflict, model_message=waited.model_message)
 
     def _existing(self, action: str, args: dict[str, Any], scope: str) -> ToolAnswer | None:
         from outbox.models import Operation
