@@ -11,7 +11,7 @@ COPY breaker ./breaker
 COPY sandbox ./sandbox
 COPY commands ./commands
 COPY examples ./examples
-RUN pip install --no-cache-dir '.[flower,api]'
+RUN pip install --no-cache-dir '.[flower,api,mcp]'
 # Celery refuses nothing as root with JSON-only serialisation, but there is no reason to be root.
 RUN useradd --create-home outbox
 USER outbox

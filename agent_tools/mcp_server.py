@@ -161,6 +161,12 @@ class BearerKeys:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope.get("path") == "/healthz":  # liveness, for compose and load balancers: no key needed
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": b'{"status": "ok"}'})
+            return
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
         caller = await anyio.to_thread.run_sync(self.verify, token) if token else None

@@ -174,5 +174,6 @@ def test_http_with_an_api_key_is_that_keys_tenant_and_one_effect(pipe, sandbox):
         done = anyio.run(session)
         assert done["outcome"] == "SUCCEEDED", done
         assert httpx.post(url, headers={"Authorization": "Bearer nope"}, timeout=5).status_code == 401
+        assert httpx.get(url.removesuffix("/mcp") + "/healthz", timeout=5).status_code == 200
     assert len(sandbox.effects(key=f'acme:chat-9:{REFUND}:ref="o-81"')) == 1
     assert len(sandbox.effects()) == 1

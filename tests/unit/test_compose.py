@@ -22,9 +22,19 @@ SERVICES = COMPOSE["services"]
 
 
 def test_expected_services_exist():
-    assert {"postgres", "redis", "migrate", "relay", "worker", "reconciler", "beat", "api", "flower", "sandbox"} <= set(
-        SERVICES
-    )
+    assert {
+        "postgres",
+        "redis",
+        "migrate",
+        "relay",
+        "worker",
+        "reconciler",
+        "beat",
+        "api",
+        "mcp",
+        "flower",
+        "sandbox",
+    } <= set(SERVICES)
 
 
 def test_redis_keeps_queues_across_restarts():
@@ -38,7 +48,7 @@ def test_long_running_services_restart_and_servers_have_healthchecks():
             assert svc["restart"] == "no"
             continue
         assert svc.get("restart") == "unless-stopped", name
-    for name in ("postgres", "redis", "sandbox", "api"):
+    for name in ("postgres", "redis", "sandbox", "api", "mcp"):
         assert "healthcheck" in SERVICES[name], name
 
 
@@ -85,6 +95,7 @@ def test_the_image_installs_flower_as_the_declared_extra():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "flower" in project["optional-dependencies"]
-    assert "'.[flower,api]'" in (ROOT / "Dockerfile").read_text() and "api" in project["optional-dependencies"]
+    assert "'.[flower,api,mcp]'" in (ROOT / "Dockerfile").read_text()
+    assert {"api", "mcp"} <= set(project["optional-dependencies"])
     assert project["name"] != "agent-outbox"  # taken on PyPI by an unrelated project
     assert project["scripts"]["agent-outbox"] == "commands.main:main"
