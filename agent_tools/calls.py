@@ -23,6 +23,7 @@ decimal repr (``12.5`` stays 12.5, exact for up to 15 significant digits). Decla
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
@@ -63,13 +64,42 @@ def call_key(scope: str, action: str, args: dict[str, Any], reference_args: tupl
         missing = [a for a in reference_args if canonical.get(a) in (None, "")]
         if missing:
             raise InvalidIntent(f"args.{missing[0]}", "required: it names the business object this call is about")
-        ref = "ref=" + ",".join(dumps_canonical(canonical[a]) for a in reference_args)
+        ref = "ref=" + ",".join(json.dumps(_as_text(canonical[a]), ensure_ascii=False) for a in reference_args)
     else:
         ref = "args=" + hashlib.sha256(dumps_canonical(canonical).encode()).hexdigest()[:32]
     key = f"{scope}:{action}:{ref}"
-    if len(key) > MAX_KEY_LEN:
-        key = f"{scope}:{action[:80]}:h={hashlib.sha256(key.encode()).hexdigest()}"
+    if len(key) > MAX_KEY_LEN:  # scope and action included in the hash: never longer than 150
+        key = f"{action[:80]}:h={hashlib.sha256(key.encode()).hexdigest()}"
     return key
+
+
+def _as_text(value: Any) -> str:
+    """A reference value as text: the order 81 and the order "81" are one order (a model may write
+    either on a retry)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return dumps_canonical(value)
+
+
+def check_schema(schema: dict[str, Any], args: dict[str, Any]) -> None:
+    """The tool's input schema, enforced (not only shown to the model): the first violation names
+    its field. Floats are checked as the numbers they are."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = ".".join(str(p) for p in first.absolute_path)
+        if first.validator == "additionalProperties":
+            extra = sorted(set(first.instance) - set(first.schema.get("properties", {})))
+            where = ".".join(filter(None, [where, extra[0] if extra else ""]))
+        elif first.validator == "required":
+            missing = [r for r in first.validator_value if r not in first.instance]
+            where = ".".join(filter(None, [where, missing[0] if missing else ""]))
+        raise InvalidIntent(f"args.{where}" if where else "args", first.message)
 
 
 @dataclass(frozen=True)
@@ -107,6 +137,7 @@ class ToolCaller:
         tool = tool_for(self.tools, action)
         if not isinstance(args, dict):
             raise InvalidIntent("args", "must be an object of the tool's arguments")
+        check_schema(tool.input_schema, args)
         key = call_key(scope, action, args, tool.reference_args)
         try:
             receipt = self.outbox.submit(
@@ -117,6 +148,7 @@ class ToolCaller:
                 subject=self.subject,
                 run_id=scope,
                 tool_call_id=tool_call_id,
+                requires_approval=tool.needs_approval(exact(args)),
             )
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.
@@ -159,7 +191,8 @@ class ToolCaller:
             time.sleep(interval_s)
 
     def approve(self, operation_id: str, *, by: str, note: str | None = None) -> None:
-        """A person's approval, recorded as agent-outbox approvals are (who, when, under which policy)."""
+        """A person's approval, recorded as agent-outbox approvals are (who, when, under which policy).
+        Adapters call it only for the operation of the very call the person saw (not a ``conflict``)."""
         answer = self.get(operation_id)
         spec = tool_for(self.tools, answer.action).approval
         with self.outbox.sessions.begin() as session:

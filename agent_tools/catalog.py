@@ -29,7 +29,7 @@ class ToolView:
 
 def _schema(declared: list[str] | None, references: list[str]) -> dict[str, Any]:
     if declared is None:
-        return {"type": "object", "properties": {r: {"type": "string"} for r in references}, "required": references}
+        return {"type": "object", "properties": {r: {} for r in references}, "required": references}
     return {
         "type": "object",
         "properties": {name: {} for name in declared},

@@ -5,8 +5,9 @@
 The node's call is keyed by the graph's ``thread_id`` (agent_tools/calls.py), so a node re-executed
 after an interrupt, a crash or a resume from the checkpointer finds the same operation instead of
 acting again. An action whose ``approval:`` rule covers the call pauses the graph with
-``interrupt({...})``; resume it with ``Command(resume={"approved": True, "by": "alice", "note": ...})``
-(or ``"approved": False``): the decision is written as an agent-outbox approval (who, when, under which
+``interrupt({...})`` showing the operation and its exact arguments; resume it with
+``Command(resume={"operation_id": ..., "approved": True, "by": "alice", "note": ...})`` (or
+``"approved": False``; a resume naming another operation is asked again): the decision is written as an agent-outbox approval (who, when, under which
 policy). The node returns ``{result_key: {outcome, model_message, operation_id, reference, ...}}``.
 """
 
@@ -18,7 +19,8 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import interrupt
 
-from agent_tools.calls import ToolAnswer, ToolCaller
+from agent_tools.calls import ToolAnswer, ToolCaller, exact
+from outbox.envelope import canonical_value, dumps_canonical
 from outbox.errors import InvalidIntent
 
 Node = Callable[[Any, RunnableConfig], dict[str, Any]]
@@ -45,9 +47,16 @@ def outbox_node(
     ``state[result_key]``. ``wait_s``: how long the node waits for a settled outcome."""
 
     def node(state: Any, config: RunnableConfig) -> dict[str, Any]:
-        answer = caller.call(action, dict(args_from(state)), scope=thread_scope(config))
-        if answer.status == "awaiting_approval":
-            answer = _decide(caller, answer, interrupt(_question(answer)))
+        args = dict(args_from(state))
+        answer = caller.call(action, args, scope=thread_scope(config))
+        # A conflict is another call's operation (the same reference, other arguments): it is answered,
+        # never approved on this call's behalf.
+        if answer.status == "awaiting_approval" and not answer.conflict:
+            question = _question(answer, args)
+            decision = interrupt(question)
+            while not _for(decision, answer):  # a resume meant for another operation: ask again
+                decision = interrupt(question | {"error": f"resume with operation_id {answer.operation_id}"})
+            answer = _decide(caller, answer, decision)
         if not answer.settled and wait_s > 0:
             answer = caller.wait(answer.operation_id, timeout_s=wait_s)
         return {result_key: answer.as_dict()}
@@ -55,16 +64,23 @@ def outbox_node(
     return node
 
 
-def _question(answer: ToolAnswer) -> dict[str, Any]:
-    """What the interrupt shows the person (and the host's UI)."""
+def _question(answer: ToolAnswer, args: dict[str, Any]) -> dict[str, Any]:
+    """What the interrupt shows the person (and the host's UI): the operation and its exact arguments."""
     return {
         "kind": "agent-outbox approval",
         "operation_id": answer.operation_id,
         "action": answer.action,
+        "args": dumps_canonical(canonical_value(exact(args))),  # canonical JSON text: what would be sent
         "idempotency_key": answer.idempotency_key,
         "message": answer.model_message,
-        "resume_with": {"approved": "true|false", "by": "who decides", "note": "why"},
+        "resume_with": {"operation_id": answer.operation_id, "approved": "true|false", "by": "who", "note": "why"},
     }
+
+
+def _for(decision: Any, answer: ToolAnswer) -> bool:
+    """The decision names this node's operation: a resume from before the state changed (an edited
+    amount makes another operation) is never applied to an operation nobody saw."""
+    return isinstance(decision, Mapping) and decision.get("operation_id") == answer.operation_id
 
 
 def _decide(caller: ToolCaller, answer: ToolAnswer, decision: Any) -> ToolAnswer:

@@ -22,9 +22,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_tools.calls import MAX_WAIT_S, ToolAnswer, ToolCaller
 from agent_tools.catalog import ToolView
-from outbox.errors import OutboxError
+from outbox.errors import InvalidIntent, OutboxError
 
 SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
+POLL_S = 0.2
 CALLER_KEY = "agent_outbox.caller"  # where the HTTP auth puts the caller's ToolCaller (ASGI scope)
 
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -113,16 +114,31 @@ def refused(exc: OutboxError) -> types.CallToolResult:
 
 
 def dispatch(caller: ToolCaller, name: str, arguments: Mapping[str, Any], scope: str) -> types.CallToolResult:
-    """One tool call, on a worker thread (the ledger calls block)."""
+    """A tool call or a read, on a worker thread (the ledger calls block)."""
     try:
         if name == "get_operation":
             return answered(caller.get(str(arguments.get("operation_id", ""))))
-        if name == "wait_operation":
-            timeout = arguments.get("timeout_s", 30)
-            return answered(caller.wait(str(arguments.get("operation_id", "")), timeout_s=timeout))
         return answered(caller.call(name, dict(arguments), scope=scope))
     except OutboxError as exc:
         return refused(exc)
+
+
+async def wait_for_outcome(caller: ToolCaller, arguments: Mapping[str, Any]) -> types.CallToolResult:
+    """wait_operation: polls on the event loop, holding a worker thread only for each read (a
+    long wait must not take a thread that other calls and other tenants need)."""
+    timeout = arguments.get("timeout_s", 30)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= MAX_WAIT_S:
+        return refused(InvalidIntent("timeout_s", f"must be a number from 0 to {MAX_WAIT_S:g}"))
+    operation_id = str(arguments.get("operation_id", ""))
+    deadline = anyio.current_time() + timeout
+    while True:
+        try:
+            answer = await anyio.to_thread.run_sync(caller.get, operation_id)
+        except OutboxError as exc:
+            return refused(exc)
+        if answer.settled or anyio.current_time() >= deadline:
+            return answered(answer)
+        await anyio.sleep(POLL_S)
 
 
 def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str, tools: list[ToolView]) -> Server[Any]:
@@ -134,9 +150,12 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         meta = params.meta or {}
-        scope = str(meta.get(SCOPE_META) or default_scope)
+        scope = meta.get(SCOPE_META, default_scope)  # present but empty is refused, never replaced
         caller = caller_for(ctx)
-        return await anyio.to_thread.run_sync(dispatch, caller, params.name, params.arguments or {}, scope)
+        arguments = params.arguments or {}
+        if params.name == "wait_operation":
+            return await wait_for_outcome(caller, arguments)
+        return await anyio.to_thread.run_sync(dispatch, caller, params.name, arguments, str(scope))
 
     return Server(
         "agent-outbox",
@@ -158,8 +177,11 @@ class BearerKeys:
         self.app, self.verify = app, verify
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # websockets and anything else: not served
+            await send({"type": "websocket.close", "code": 1008})
             return
         if scope.get("path") == "/healthz":  # liveness, for compose and load balancers: no key needed
             await send(

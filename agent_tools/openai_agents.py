@@ -27,7 +27,7 @@ from agents.tool_context import ToolContext
 
 from agent_tools.calls import ToolAnswer, ToolCaller, call_key
 from agent_tools.catalog import tool_for
-from outbox.errors import OutboxError
+from outbox.errors import InvalidIntent, OutboxError
 
 Scope = Callable[[Any], str]
 
@@ -60,10 +60,13 @@ class OutboxTools:
             return json.dumps(answer.as_dict())
 
         async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
-            if not view.needs_approval(params):
-                return False
-            # Decided already (a repeated call, a resumed run): the operation goes its way, no new pause.
-            existing = await asyncio.to_thread(self._existing, action, params, self.scope(ctx.context))
+            try:
+                if not view.needs_approval(params):
+                    return False
+                # Decided already (a repeated call, a resumed run): the operation goes its way, no new pause.
+                existing = await asyncio.to_thread(self._existing, action, params, self.scope(ctx.context))
+            except (OutboxError, ValueError, TypeError):
+                return False  # the call itself refuses the same input, and submits nothing
             return existing is None or existing.status == "awaiting_approval"
 
         return FunctionTool(
@@ -80,16 +83,41 @@ class OutboxTools:
 
     # -- a person's decision, written down before the SDK hears it -----------------------------
     def approve(self, state: RunState[Any], item: ToolApprovalItem, *, by: str, note: str | None = None) -> ToolAnswer:
+        """Approve the interrupted call: its own operation (submitted now, waiting), bound to the
+        arguments the person saw. Raises InvalidIntent when the call stands for another operation
+        (the same reference, other arguments: approving would send what nobody saw) or when the
+        operation was decided elsewhere."""
         answer = self._submit_for(state, item)
+        if answer.conflict:
+            raise InvalidIntent(
+                "approval",
+                f"this call's arguments differ from those of operation {answer.operation_id} for the same "
+                "reference: nothing to approve here; reject the call",
+            )
         if answer.status == "awaiting_approval":
             self.caller.approve(answer.operation_id, by=by, note=note)
+        elif answer.status == "cancelled":
+            raise InvalidIntent("approval", f"operation {answer.operation_id} was denied or cancelled already")
         state.approve(item)
         return self.caller.get(answer.operation_id)
 
-    def reject(self, state: RunState[Any], item: ToolApprovalItem, *, by: str, note: str) -> ToolAnswer:
-        answer = self._submit_for(state, item)
+    def reject(self, state: RunState[Any], item: ToolApprovalItem, *, by: str, note: str) -> ToolAnswer | None:
+        """Deny the interrupted call (written down: who, when, why; nothing sent). Returns the
+        operation, or None when the call never made one (invalid input)."""
+        try:
+            answer = self._submit_for(state, item)
+        except OutboxError:
+            state.reject(item, rejection_message=f"Rejected by {by}: {note}. Nothing was sent.")
+            return None
+        if answer.conflict:  # the call stands for another operation: that one is not this person's to deny
+            state.reject(item, rejection_message=f"Rejected by {by}: {note}. {answer.model_message}")
+            return answer
         if answer.status == "awaiting_approval":
             self.caller.deny(answer.operation_id, by=by, note=note)
+        elif answer.status != "cancelled":
+            raise InvalidIntent(
+                "reject", f"operation {answer.operation_id} is {answer.status}: it was approved elsewhere already"
+            )
         after = self.caller.get(answer.operation_id)
         state.reject(item, rejection_message=after.model_message)
         return after

@@ -61,16 +61,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
         from api.keys import verify
 
-        callers: dict[str, ToolCaller] = {}
+        callers: dict[int, ToolCaller] = {}
 
         def by_key(token: str) -> ToolCaller | None:
             with outbox.sessions() as session:
                 who = verify(session, token)
             if who is None or "submit" not in who.scopes:
                 return None
-            if who.tenant not in callers:
-                callers[who.tenant] = ToolCaller(outbox, rules, tenant=who.tenant, subject=f"mcp:key-{who.key_id}")
-            return callers[who.tenant]
+            if who.key_id not in callers:  # per key: the key is who asks (and may not approve its own)
+                callers[who.key_id] = ToolCaller(outbox, rules, tenant=who.tenant, subject=f"api:key-{who.key_id}")
+            return callers[who.key_id]
 
         def caller_for(ctx: Any) -> ToolCaller:
             found = ctx.request.scope.get(CALLER_KEY) if ctx.request is not None else None

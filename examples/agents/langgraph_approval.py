@@ -56,9 +56,12 @@ def start(caller: ToolCaller, thread: str, checkpoints: str) -> dict[str, Any]:
 
 
 def resume(caller: ToolCaller, thread: str, checkpoints: str, by: str) -> dict[str, Any]:
-    decision = {"approved": True, "by": by, "note": "checked the order"}
+    config: Any = {"configurable": {"thread_id": thread}}
     with SqliteSaver.from_conn_string(checkpoints) as saver:
-        out = build(caller, saver).invoke(Command(resume=decision), {"configurable": {"thread_id": thread}})
+        graph = build(caller, saver)
+        [waiting] = graph.get_state(config).interrupts  # what the person is shown: operation and arguments
+        decision = {"operation_id": waiting.value["operation_id"], "approved": True, "by": by, "note": "checked"}
+        out = graph.invoke(Command(resume=decision), config)
     return {"outbox": out.get("outbox")}
 
 

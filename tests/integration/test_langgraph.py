@@ -65,3 +65,37 @@ def test_interrupted_for_approval_resumed_in_a_new_process_one_effect(pipe, sand
     with pipe.sessions() as s:
         [record] = approvals.history(s, question["operation_id"])
     assert (record.approver, record.decision, record.policy_version) == ("alice", "approved", "refunds-v1")
+
+
+def test_a_resume_naming_another_operation_is_asked_again_and_approves_nothing(pipe, sandbox):
+    """The person's decision is bound to the operation they were shown: a resume carrying another
+    operation id (a stale screen, an edited state) pauses the graph again; nothing is approved."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    sys.path.insert(0, str(EXAMPLE.parent))
+    from langgraph_approval import build  # type: ignore[import-not-found]
+
+    from agent_tools.calls import ToolCaller
+    from downstream.intent_rules import load_intent_rules
+    from outbox import approvals
+    from producer.client import Outbox
+
+    refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])
+    refund["tool"] = {"reference_args": ["order_id"]}
+    refund["approval"] = {"required": "always", "ttl_s": 600}
+    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
+    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    caller = ToolCaller(Outbox(pipe.sessions.kw["bind"], key_rules=rules), rules, tenant="t1", subject="agent:x")
+    graph, config = build(caller, InMemorySaver()), {"configurable": {"thread_id": "thread-8"}}
+    first = graph.invoke({"order_id": "o-81", "amount": "12.50"}, config)
+    [question] = [i.value for i in first["__interrupt__"]]
+    stale = graph.invoke(Command(resume={"operation_id": "someone-else", "approved": True, "by": "bob"}), config)
+    [again] = [i.value for i in stale["__interrupt__"]]
+    assert again["operation_id"] == question["operation_id"] and "resume with operation_id" in again["error"]
+    with pipe.sessions() as s:
+        assert approvals.history(s, question["operation_id"]) == []
+    assert pipe.op(question["operation_id"]).status == "awaiting_approval"
+    decision = {"operation_id": question["operation_id"], "approved": False, "by": "bob", "note": "not this one"}
+    graph.invoke(Command(resume=decision), config)
+    assert pipe.op(question["operation_id"]).status == "cancelled" and sandbox.requests(method="POST") == []
