@@ -119,9 +119,10 @@ def test_steps_run_in_order_each_once_and_a_resubmission_is_the_same_run(pipe, s
     assert len(_effects(sandbox, "po-1", "order")) == 1
 
 
-@pytest.mark.parametrize("point", ["dispatch.before_send", "dispatch.after_response"])
+@pytest.mark.parametrize("point", ["dispatch.after_claim", "dispatch.before_send", "dispatch.after_response"])
 def test_kill_9_at_a_step_boundary_resumes_with_every_effect_once(pipe, sandbox, point):
-    """before_send: the worker dies as the request is about to leave; after_response: the provider
+    """after_claim: the worker dies holding the step's lease; before_send: as the request is about to
+    leave; after_response: the provider
     committed and the worker died before the ledger recorded it (the lease runs out, the
     reconciler finds the effect). Either way the run resumes at that step, reusing the first."""
     _actions(pipe, sandbox)
