@@ -1,4 +1,5 @@
-"""Flower against the Redis broker sees our workers and tasks, and no business data in them."""
+"""Flower against the Redis broker sees our workers and tasks, and no business data in them; it demands
+credentials, as docker-compose.yml runs it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, t
     worker = pipe.start_worker("flowerw")
     pipe.start_relay()
     port = _free_port()
-    env = dict(os.environ) | pipe.env | {"FLOWER_UNAUTHENTICATED_API": "true"}
+    # As docker-compose.yml runs it: credentials required (FLOWER_BASIC_AUTH).
+    env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": "ops:s3cret"}
     log = open(tmp_path / "flower.log", "wb")
     flower = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
@@ -43,6 +45,8 @@ def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, t
         wait_for(lambda: _get(f"{base}/healthcheck") == "OK", 30, what="flower up")
         # Flower shows only the events it received: wait until its receiver sees the worker first
         # (a doorbell task takes milliseconds; under load it could end before Flower listened).
+        assert httpx.get(f"{base}/api/workers", timeout=5).status_code == 401  # no credentials, nothing shown
+        assert httpx.get(f"{base}/", timeout=5, auth=("ops", "wrong")).status_code == 401
         workers = wait_for(lambda: _json(f"{base}/api/workers?refresh=1"), 30, what="flower sees workers")
         assert any("flowerw" in name for name in workers), workers
         secret = {"order_id": "o-9", "amount": "77.10", "currency": "EUR", "reason": "customer-secret-reason"}
@@ -72,7 +76,7 @@ def _get(url: str) -> str:
 
 def _json(url: str):  # type: ignore[no-untyped-def]
     try:
-        r = httpx.get(url, timeout=5)
+        r = httpx.get(url, timeout=5, auth=("ops", "s3cret"))
         return r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None

@@ -99,3 +99,15 @@ def test_the_image_installs_flower_as_the_declared_extra():
     assert {"api", "mcp"} <= set(project["optional-dependencies"])
     assert project["name"] != "agent-outbox"  # taken on PyPI by an unrelated project
     assert project["scripts"]["agent-outbox"] == "commands.main:main"
+
+
+def test_flower_demands_credentials_and_no_port_binds_to_every_interface_by_default():
+    # Flower can revoke tasks and shut workers down: compose refuses to start it without credentials.
+    assert SERVICES["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+    published = {name: svc["ports"] for name, svc in SERVICES.items() if svc.get("ports")}
+    assert {"api", "mcp", "flower", "metrics", "sandbox"} <= set(published)
+    for name, ports in published.items():
+        for port in ports:
+            host = str(port).rsplit(":", 2)[0]
+            # An address, not only a port: 127.0.0.1 unless the operator sets OUTBOX_PUBLISH_ADDRESS.
+            assert host == "${OUTBOX_PUBLISH_ADDRESS:-127.0.0.1}", (name, port)
