@@ -21,6 +21,7 @@ from api.problems import Problem, not_found
 from outbox import approvals, handoffs
 from outbox.errors import InvalidIntent
 from outbox.models import Handoff, Operation
+from outbox.report_summary import last_report, report_json
 from outbox.submit import require_storable
 from outbox.waits import wake_breaker_waits
 
@@ -101,6 +102,17 @@ def _breakers(request: Request) -> tuple[Any, Any]:
     settings = state(request).settings
     actions = load_actions_for(settings)
     return actions, breaker_registry(settings, actions)
+
+
+@router.get("/reports/latest", responses=PROBLEMS)
+def latest_report(request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> dict[str, Any]:
+    """The last reconciliation report kept in the ledger (whichever host ran it): when, whether every
+    listing was read, and this tenant's findings and counts."""
+    with state(request).sessions() as session:
+        row = last_report(session)
+        if row is None:
+            raise Problem(404, "not-found", "Not found", "no report ran yet: agent-outbox report, or beat's hourly run")
+        return report_json(row, tenant=caller.tenant)
 
 
 @router.get("/breakers", responses=PROBLEMS)

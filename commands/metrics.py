@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
 
 from commands.ledger import LedgerUnavailable, open_engine
 from outbox.ledger_metrics import LedgerCollector
-from outbox.report_summary import summary_path
 from outbox.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -52,11 +51,7 @@ def build_registry(settings: Settings) -> CollectorRegistry:
         # Start anyway: the scrape says outbox_ledger_up 0 until the ledger answers.
         log.warning("metrics: %s", exc)
         engine = open_engine(settings, ensure_schema=False)
-    registry.register(
-        LedgerCollector(
-            engine, terminal_window_s=settings.metrics_terminal_window_s, report_summary=summary_path(settings.data_dir)
-        )
-    )
+    registry.register(LedgerCollector(engine, terminal_window_s=settings.metrics_terminal_window_s))
     if settings.redis_url and settings.actions_file is not None:
         from breaker.metrics import BreakerCollector
         from workers.runtime import breaker_registry, load_actions_for

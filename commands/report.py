@@ -6,18 +6,17 @@ import argparse
 import datetime as dt
 import re
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from commands.ledger import open_engine
 from downstream.listing_report import build_report, dumps
 from outbox.db import make_sessionmaker
 from outbox.errors import InvalidIntent
-from outbox.report_summary import summary_path, write_summary
+from outbox.report_summary import record_report
 from outbox.settings import load_settings
 from workers.runtime import load_actions_for
 
@@ -77,11 +76,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     actions = load_actions_for(settings)
     engine = open_engine(settings)
     try:
-        with make_sessionmaker(engine)() as session:
+        sessions = make_sessionmaker(engine)
+        with sessions() as session:
             report = build_report(session, actions, since=since, now=now)
+        keep_report(sessions, report, started_at=now, ran_by="cli")
     finally:
         engine.dispose()
-    _keep_summary(settings.data_dir, report)
     if args.json:
         print(dumps(report))
     else:
@@ -89,12 +89,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if report["discrepancy_count"] or not report["complete"] else 0
 
 
-def _keep_summary(data_dir: Path, report: dict[str, Any]) -> None:
-    """The headline figures for the metrics exporter (outbox/report_summary.py); never fails the report."""
+def keep_report(sessions: Any, report: dict[str, Any], *, started_at: dt.datetime, ran_by: str) -> None:
+    """Record the report in the ledger, for the exporter, the API and the console
+    (outbox/report_summary.py); never fails the report itself."""
     try:
-        write_summary(summary_path(data_dir), report, finished_at_s=time.time())
-    except OSError as exc:
-        print(f"agent-outbox: report summary not kept for metrics ({exc}); check OUTBOX_DATA_DIR", file=sys.stderr)
+        with sessions.begin() as session:
+            record_report(session, report, started_at=started_at, finished_at=dt.datetime.now(UTC), ran_by=ran_by)
+    except SQLAlchemyError as exc:
+        print(f"agent-outbox: the report was not kept in the ledger ({exc})", file=sys.stderr)
 
 
 def render(report: dict[str, object]) -> None:

@@ -14,7 +14,7 @@ Each scrape runs four small read-only queries in one short transaction, all on i
   partial index ``ix_operations_unknown`` holds exactly the backlog).
 - open handoffs: count and age of the oldest (the partial index ``ix_handoffs_open``).
 - approvals pending: count and age of the oldest operation in ``awaiting_approval``.
-- the last reconciliation report's figures, from ``outbox.report_summary`` (no query).
+- the last reconciliation report's figures, from the ledger (``outbox.report_summary``).
 
 Ages come from the database clock (``db_age_s``), like every time in the ledger. A ledger that
 does not answer gives ``outbox_ledger_up 0`` and a WARNING, never a failed scrape: the process
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -38,7 +37,7 @@ from outbox.clock import db_age_s, db_now
 from outbox.db import make_sessionmaker
 from outbox.drivers import driver_for
 from outbox.models import Handoff, Operation, Run
-from outbox.report_summary import read_summary
+from outbox.report_summary import ReportSummary, read_summary
 from outbox.run_states import ACTIVE, RunStatus
 from outbox.states import TERMINAL, Status
 
@@ -52,13 +51,10 @@ STATEMENT_TIMEOUT_MS = 2000
 
 
 class LedgerCollector(Collector):
-    def __init__(
-        self, engine: Engine, *, terminal_window_s: float = 3600.0, report_summary: Path | None = None
-    ) -> None:
+    def __init__(self, engine: Engine, *, terminal_window_s: float = 3600.0) -> None:
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.terminal_window_s = terminal_window_s
-        self.report_summary = report_summary
         self._warned = False
 
     def describe(self) -> list[GaugeMetricFamily]:
@@ -81,7 +77,6 @@ class LedgerCollector(Collector):
             up.add_metric([], 1)
         yield up
         yield from families
-        yield from self._report()
 
     def _read_ledger(self) -> list[GaugeMetricFamily]:
         with self.sessions.begin() as session:
@@ -120,6 +115,7 @@ class LedgerCollector(Collector):
             handoffs_open, handoff_age = session.execute(
                 select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(Handoff.status == "open")
             ).one()
+            summary = read_summary(session)
             # Runs still moving, and runs waiting for a person (effects automation will not undo).
             run_counts = dict(
                 session.execute(
@@ -174,10 +170,20 @@ class LedgerCollector(Collector):
         )
         for status in (*sorted(s.value for s in ACTIVE), RunStatus.NEEDS_PERSON.value):
             runs.add_metric([status], run_counts.get(status, 0))
-        return [ops, recent, backlog, backlog_age, due, handoffs, handoffs_age, approvals, approvals_oldest, runs]
+        return [
+            ops,
+            recent,
+            backlog,
+            backlog_age,
+            due,
+            handoffs,
+            handoffs_age,
+            approvals,
+            approvals_oldest,
+            runs,
+        ] + list(self._report(summary))
 
-    def _report(self) -> Iterator[GaugeMetricFamily]:
-        summary = read_summary(self.report_summary) if self.report_summary is not None else None
+    def _report(self, summary: ReportSummary | None) -> Iterator[GaugeMetricFamily]:
         if summary is None:
             return  # no report ran here yet: absent, not a made-up 0
         dup = GaugeMetricFamily(

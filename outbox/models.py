@@ -326,6 +326,27 @@ class Run(Base):
     )
 
 
+class ReportRun(Base):
+    """One reconciliation report (agent-outbox report, or beat's hourly run): its headline figures and
+    its findings, kept in the ledger so the exporter, the API and the console read the same report
+    whichever host ran it (outbox/report_runs.py)."""
+
+    __tablename__ = "report_runs"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    started_at: Mapped[dt.datetime] = mapped_column(TS)
+    finished_at: Mapped[dt.datetime] = mapped_column(TS, index=True)
+    since: Mapped[dt.datetime] = mapped_column(TS)
+    complete: Mapped[bool] = mapped_column(Boolean)
+    discrepancies: Mapped[int] = mapped_column(Integer)
+    duplicate_effects: Mapped[int] = mapped_column(Integer)
+    by_tenant: Mapped[dict[str, Any]] = mapped_column(JSON)  # {tenant: {kind: count}}
+    health: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The findings as the report lists them (keys and references, never arguments).
+    findings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    ran_by: Mapped[str] = mapped_column(String(255))
+
+
 def core_table(model: type[Base]) -> Table:
     """The Core Table behind a model, for statements built on it (typed: ``__table__`` is
     declared as a FromClause)."""

@@ -1,25 +1,23 @@
-"""The last reconciliation report's headline figures, kept where the metrics exporter can read them.
+"""Reconciliation reports kept in the ledger: their headline figures and findings.
 
-``agent-outbox report`` writes them after every run to ``OUTBOX_DATA_DIR/report-summary.json``
-(atomically: a scrape never reads half a file); the ledger collector exposes them as gauges. Only
-counts and times go in: no keys, no references, no arguments.
-
-Limit: the file lives on the machine (container) that ran the report. In docker-compose, run the
-report in the ``metrics`` service (``docker compose exec metrics agent-outbox report``), or the
-exporter keeps showing the previous figures (their ``outbox_report_last_run_timestamp_seconds``
-says how old they are).
+``agent-outbox report`` (and beat's scheduled ``outbox.report``) records each run here; the metrics
+exporter, the API and the console read the last one from the ledger, so the figures do not depend on
+which host ran the report. The figures are counts and times; the findings list keys and references
+as the report does (never arguments).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-FILE_NAME = "report-summary.json"
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from outbox.clock import as_utc
+from outbox.models import ReportRun
 
 
 @dataclass(frozen=True)
@@ -30,36 +28,60 @@ class ReportSummary:
     complete: bool
 
 
-def summary_path(data_dir: Path) -> Path:
-    return data_dir / FILE_NAME
-
-
-def write_summary(path: Path, report: dict[str, Any], *, finished_at_s: float) -> ReportSummary:
-    """Keep the figures of ``report`` (the document ``downstream.listing_report.build_report`` returns)."""
-    summary = ReportSummary(
-        finished_at_s=finished_at_s,
-        duplicate_effects=int(report["health"]["duplicate_effects"]),
-        discrepancies=int(report["discrepancy_count"]),
+def record_report(
+    session: Session, report: dict[str, Any], *, started_at: dt.datetime, finished_at: dt.datetime, ran_by: str
+) -> int:
+    """Keep ``report`` (the document downstream.listing_report.build_report returns); returns its id."""
+    report = json.loads(json.dumps(report, default=str))  # plain JSON: times and decimals as text
+    row = ReportRun(
+        started_at=started_at,
+        finished_at=finished_at,
+        since=dt.datetime.fromisoformat(str(report["since"])),
         complete=bool(report["complete"]),
+        discrepancies=int(report["discrepancy_count"]),
+        duplicate_effects=int(report["health"]["duplicate_effects"]),
+        by_tenant=dict(report.get("by_tenant") or {}),
+        health=dict(report["health"]),
+        findings=dict(report.get("discrepancies") or {}),
+        ran_by=ran_by,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".report-summary.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(summary.__dict__, out)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return summary
+    session.add(row)
+    session.flush()
+    return int(row.id)
 
 
-def read_summary(path: Path) -> ReportSummary | None:
-    """None when no report ran here yet (or the file is unreadable: the gauges are then absent)."""
-    try:
-        doc = json.loads(path.read_text())
-        return ReportSummary(
-            float(doc["finished_at_s"]), int(doc["duplicate_effects"]), int(doc["discrepancies"]), bool(doc["complete"])
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+def last_report(session: Session) -> ReportRun | None:
+    return session.execute(
+        select(ReportRun).order_by(ReportRun.finished_at.desc(), ReportRun.id.desc()).limit(1)
+    ).scalar()
+
+
+def read_summary(session: Session) -> ReportSummary | None:
+    """The last report's headline figures; None when no report ran yet (the gauges are then absent)."""
+    row = last_report(session)
+    if row is None:
         return None
+    finished = as_utc(row.finished_at)
+    assert finished is not None
+    return ReportSummary(finished.timestamp(), row.duplicate_effects, row.discrepancies, row.complete)
+
+
+def report_json(row: ReportRun, *, tenant: str | None = None) -> dict[str, Any]:
+    """A report run as the API shows it; ``tenant``: only that tenant's findings and counts."""
+    findings = {
+        kind: [f for f in items if tenant is None or f.get("tenant") == tenant]
+        for kind, items in (row.findings or {}).items()
+    }
+    return {
+        "report_id": row.id,
+        "started_at": (as_utc(row.started_at) or row.started_at).isoformat(),
+        "finished_at": (as_utc(row.finished_at) or row.finished_at).isoformat(),
+        "since": (as_utc(row.since) or row.since).isoformat(),
+        "complete": row.complete,
+        "discrepancy_count": sum(len(v) for v in findings.values()) if tenant else row.discrepancies,
+        "duplicate_effects": row.duplicate_effects if tenant is None else len(findings.get("duplicates", [])),
+        "by_tenant": row.by_tenant if tenant is None else {tenant: (row.by_tenant or {}).get(tenant, {})},
+        "health": row.health if tenant is None else None,
+        "discrepancies": findings,
+        "ran_by": row.ran_by,
+    }

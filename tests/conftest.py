@@ -33,7 +33,17 @@ PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgr
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = bool(os.environ.get("CI"))
 RUN_ID = uuid.uuid4().hex[:10]
-TABLES = ("handoffs", "approvals", "evidence", "operation_events", "attempts", "operations", "api_keys", "runs")
+TABLES = (
+    "handoffs",
+    "approvals",
+    "evidence",
+    "operation_events",
+    "attempts",
+    "operations",
+    "api_keys",
+    "runs",
+    "report_runs",
+)
 
 _skipped_services: dict[str, str] = {}
 

@@ -23,6 +23,8 @@ SWEEP_TASK = "outbox.sweep"
 SWEEP_EVERY_S = 15.0
 PURGE_TASK = "outbox.purge"
 PURGE_EVERY_S = 86400.0  # retention (OUTBOX_ARGS_RETENTION_S): arguments of old terminal operations
+REPORT_TASK = "outbox.report"
+REPORT_EVERY_S = 3600.0  # the reconciliation report over the last 24 h, kept in the ledger
 
 # The embedded broker (kombu's SQLAlchemy transport) polls; its interval can only be set on the
 # transport class (transport options are passed to create_engine). 50 ms keeps the demo snappy
@@ -86,6 +88,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             RECONCILE_TASK: {"queue": UNKNOWN_QUEUE},
             SWEEP_TASK: {"queue": DISPATCH_QUEUE},
             PURGE_TASK: {"queue": DISPATCH_QUEUE},
+            REPORT_TASK: {"queue": DISPATCH_QUEUE},
         },
         beat_schedule={
             "sweep": {
@@ -95,6 +98,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "options": {"expires": SWEEP_EVERY_S},
             },
             "purge": {"task": PURGE_TASK, "schedule": PURGE_EVERY_S, "options": {"expires": PURGE_EVERY_S}},
+            "report": {"task": REPORT_TASK, "schedule": REPORT_EVERY_S, "options": {"expires": REPORT_EVERY_S}},
         },
         worker_hijack_root_logger=False,
         # Task events cost three extra publishes per task; Flower turns them on when it connects

@@ -7,7 +7,7 @@ import logging
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from workers import metrics
-from workers.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, SWEEP_TASK, make_app
+from workers.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, REPORT_TASK, SWEEP_TASK, make_app
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,28 @@ def purge() -> None:
         done = purge_old(rt.sessions, older_than_s=rt.settings.args_retention_s)
         if done.operations:
             log.info("purge: arguments and responses of %d terminal operation(s) removed", done.operations)
+
+
+@app.task(name=REPORT_TASK, ignore_result=True)
+def report() -> None:
+    """Beat, hourly: the reconciliation report over the last 24 h (downstream/listing_report.py), kept in
+    the ledger for the exporter, the API and the console (outbox/report_summary.py)."""
+    import datetime as dt
+
+    from downstream.listing_report import build_report
+    from outbox.report_summary import record_report
+    from workers.outage import riding_out_outages
+    from workers.runtime import get_runtime
+
+    with riding_out_outages("report", []):
+        rt = get_runtime(app)
+        now = dt.datetime.now(dt.UTC)
+        with rt.sessions() as session:
+            found = build_report(session, rt.actions, since=now - dt.timedelta(hours=24), now=now)
+        with rt.sessions.begin() as session:
+            record_report(session, found, started_at=now, finished_at=dt.datetime.now(dt.UTC), ran_by="beat")
+        if found["discrepancy_count"]:
+            log.warning("report: %d discrepancies (agent-outbox report shows them)", found["discrepancy_count"])
 
 
 def _sweep_once() -> None:

@@ -30,6 +30,7 @@ from outbox.models import (
     Handoff,
     Operation,
     OperationEvent,
+    ReportRun,
     Run,
     core_table,
 )
@@ -133,6 +134,20 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
                 updated_at=db_now(),
                 finished_at=db_now(),
                 purged_at=db_now(),
+            )
+        )
+        s.execute(
+            insert(ReportRun).values(
+                started_at=db_now(),
+                finished_at=db_now(),
+                since=db_now(-86400),
+                complete=True,
+                discrepancies=0,
+                duplicate_effects=0,
+                by_tenant={},
+                health={},
+                findings={},
+                ran_by="test",
             )
         )
         handoff = open_handoff(s, done, reason="test", packet={"x": 1})

@@ -3,6 +3,7 @@ and counters summed over prefork-like processes (prometheus_client multiprocess 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from breaker import BreakerConfig, BreakerRegistry
 from outbox.clock import db_now
 from outbox.handoffs import open_handoff
 from outbox.models import Operation
-from outbox.report_summary import summary_path, write_summary
+from outbox.report_summary import record_report
 from outbox.submit import submit
 from tests.harness import REFUND_ARGS, actions_doc, wait_for
 
@@ -122,12 +123,17 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     shared.record(shared.before_call("sandbox"), failure=True)
     shared.close()
 
-    data_dir = tmp_path / "data"
-    write_summary(
-        summary_path(data_dir),
-        {"health": {"duplicate_effects": 2}, "discrepancy_count": 3, "complete": True},
-        finished_at_s=1_800_000_000.0,
-    )
+    data_dir = tmp_path / "data"  # the report is read from the ledger, whichever host ran it
+    finished = dt.datetime.fromtimestamp(1_800_000_000.0, dt.UTC)
+    with pg_ledger.sessions.begin() as s:
+        report = {
+            "since": finished.isoformat(),
+            "health": {"duplicate_effects": 2},
+            "discrepancy_count": 3,
+            "complete": True,
+            "discrepancies": {},
+        }
+        record_report(s, report, started_at=finished, finished_at=finished, ran_by="test")
     env = {
         "OUTBOX_DATABASE_URL": pg_ledger.url,
         "OUTBOX_DATA_DIR": str(data_dir),

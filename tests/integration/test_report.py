@@ -112,3 +112,45 @@ def test_since_accepts_durations_and_timestamps():
     assert parse_since("30m", now=now) == now - dt.timedelta(minutes=30)
     assert parse_since("2026-11-29T10:00:00Z", now=now) == now - dt.timedelta(hours=2)
     assert parse_since("2026-11-29T10:00:00", now=now) == now - dt.timedelta(hours=2)
+
+
+def test_beat_s_report_runs_in_a_worker_and_is_kept_in_the_ledger_for_every_reader(pipe, sandbox):
+    """The hourly ``outbox.report`` task, sent as beat sends it to a real worker, records the report
+    in the ledger; the CLI's run is recorded too, and the API reads the last one (its tenant's part)."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import select
+
+    from api.app import create_app
+    from api.keys import create_key
+    from outbox.models import ReportRun
+    from workers.celery_app import REPORT_TASK, make_app
+
+    pipe.write_actions(
+        actions_doc(sandbox.url, actions={"payments.refund.create": action("/v1/refunds", **{"list": LISTING})})
+    )
+    pipe.start_worker()
+    pipe.start_relay()
+    pipe.wait_status(pipe.submit("rep-beat").operation_id, "succeeded")
+    plant(sandbox, "rep-orphan")  # a document no operation claims: a finding of tenant "(unknown)"
+    make_app(pipe.settings()).send_task(REPORT_TASK)
+
+    def kept() -> list[ReportRun]:
+        with pipe.sessions() as s:
+            return list(s.execute(select(ReportRun).order_by(ReportRun.id)).scalars())
+
+    from tests.harness import wait_for
+
+    [beat] = wait_for(kept, 30, what="the beat report kept in the ledger")
+    assert beat.ran_by == "beat" and beat.complete and beat.discrepancies == 1
+    assert beat.findings["document_without_record"][0]["idempotency_key"] == "rep-orphan"
+    rc, _ = report(pipe)
+    assert rc == 1 and [r.ran_by for r in kept()] == ["beat", "cli"]
+
+    with pipe.sessions.begin() as s:
+        key, _ = create_key(s, tenant="t1", scopes=["operate"])
+    with TestClient(create_app(pipe.settings())) as api:
+        latest = api.get("/v1/reports/latest", headers={"Authorization": f"Bearer {key}"})
+    assert latest.status_code == 200, latest.text
+    doc = latest.json()
+    assert doc["ran_by"] == "cli" and doc["complete"] is True
+    assert doc["discrepancy_count"] == 0 and doc["discrepancies"]["document_without_record"] == []  # not t1's
