@@ -63,6 +63,22 @@ class BodyLimit:
             await problem_response(exc)(scope, receive, send)
 
 
+def _mount_console(app: FastAPI) -> None:
+    """The operator console under /console (console/), when its templates' library is installed."""
+    try:
+        from console import pages
+    except ImportError as exc:  # jinja2 missing: the API runs, the console says how to get it
+        reason = f"the console needs its extra: pip install 'agent-outbox-ledger[api]' ({exc})"
+
+        @app.get("/console", include_in_schema=False)
+        def no_console() -> JSONResponse:
+            return problem_response(Problem(503, "not-installed", "Console not installed", reason))
+
+        return
+    app.include_router(pages.router)
+    app.mount("/console/static", pages.static, name="console-static")
+
+
 def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None = None) -> FastAPI:
     settings = settings or load_settings()
     engine = make_engine(settings.resolved_database_url)
@@ -165,6 +181,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     app.include_router(agents.router)
     app.include_router(runs.router)
     app.include_router(operators.router)
+    _mount_console(app)
     return app
 
 

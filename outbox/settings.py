@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     # the largest request body accepted (413 above it).
     api_rate_per_s: float = Field(default=50.0, gt=0)
     api_max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # Signs the console's session cookies (and their CSRF tokens). Unset: a random secret per server
+    # process (sessions end when it restarts; set it when serving with several processes).
+    console_secret: str | None = Field(default=None, min_length=32)
+    console_session_s: float = Field(default=8 * 3600.0, gt=0)
 
     @field_validator("database_url", "evidence_url")
     @classmethod
