@@ -75,6 +75,9 @@ def _mount_console(app: FastAPI) -> None:
             return problem_response(Problem(503, "not-installed", "Console not installed", reason))
 
         return
+    from console.sessions import Signer
+
+    app.state.console_signer = Signer.of(app.state.api.settings.console_secret)  # once: every request signs alike
     app.include_router(pages.router)
     app.mount("/console/static", pages.static, name="console-static")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -19,13 +19,14 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from api import operators
-from api.agents import _decode_cursor, _encode_cursor
+from api.agents import _OPERATION_ID, _decode_cursor, _encode_cursor
 from api.auth import state
 from api.keys import Caller, verify
 from api.problems import Problem
+from breaker.errors import BreakerError
 from console import views
 from console.sessions import CONSOLE_SCOPES, COOKIE, Signer, caller_of
-from outbox.errors import OutboxError
+from outbox.errors import InvalidIntent, OutboxError
 from outbox.models import Operation, Run
 from outbox.runs import list_runs, run_json
 from outbox.states import Status
@@ -37,10 +38,16 @@ static = StaticFiles(directory=str(HERE / "static"))
 
 
 def signer(request: Request) -> Signer:
-    app_state = request.app.state
-    if not hasattr(app_state, "console_signer"):
-        app_state.console_signer = Signer.of(state(request).settings.console_secret)
-    return app_state.console_signer  # type: ignore[no-any-return]
+    return request.app.state.console_signer  # type: ignore[no-any-return]  # set once by api/app.py
+
+
+NO_STORE = {
+    "Cache-Control": "no-store",  # a tenant's pages stay out of shared caches and the back button
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "Referrer-Policy": "same-origin",
+}
+LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 
 def who(request: Request) -> Caller | None:
@@ -53,19 +60,38 @@ def who(request: Request) -> Caller | None:
 
 def page(request: Request, name: str, caller: Caller | None, **context: Any) -> HTMLResponse:
     cookie = request.cookies.get(COOKIE) or ""
-    csrf = signer(request).csrf(cookie) if cookie else ""
+    sign = signer(request)
+    csrf = sign.csrf(cookie) if cookie else ""
+    error, done, mac = (request.query_params.get(k) for k in ("error", "done", "m"))
     ctx = {
         "caller": caller,
         "csrf": csrf,
-        "error": request.query_params.get("error"),
-        "note": request.query_params.get("done"),
+        "error": error if sign.flash_ok(error, mac) else None,  # only the console's own messages
+        "note": done if sign.flash_ok(done, mac) else None,
     }
-    return templates.TemplateResponse(request, name, ctx | context)
+    return templates.TemplateResponse(request, name, ctx | context, headers=NO_STORE)
 
 
-def back(path: str, *, error: str | None = None, done: str | None = None) -> RedirectResponse:
-    query = f"?error={quote(error)}" if error else (f"?done={quote(done)}" if done else "")
-    return RedirectResponse(f"/console{path}{query}", status_code=303)
+def back(request: Request, path: str, *, error: str | None = None, done: str | None = None) -> RedirectResponse:
+    text = error or done
+    query = f"?{'error' if error else 'done'}={quote(text)}&m={signer(request).flash(text)}" if text else ""
+    return RedirectResponse(f"/console{path}{query}", status_code=303, headers=NO_STORE)
+
+
+def same_origin(request: Request) -> bool:
+    """A POST from the console's own pages, not another site's form (sign-in included: a forged
+    sign-in would put the victim into the forger's tenant)."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or urlparse(origin).netloc == request.headers.get("host", "")
+
+
+def secure_cookie(request: Request) -> bool:
+    configured = state(request).settings.console_cookie_secure
+    if configured is not None:
+        return configured
+    return request.url.scheme == "https" or (request.url.hostname or "") not in LOOPBACK
 
 
 def login_first() -> RedirectResponse:
@@ -74,6 +100,8 @@ def login_first() -> RedirectResponse:
 
 async def form_of(request: Request) -> dict[str, str] | None:
     """The posted form, or None when its CSRF token is missing or wrong."""
+    if not same_origin(request):
+        return None
     form = {k: str(v) for k, v in (await request.form()).items()}
     return form if signer(request).csrf_ok(request.cookies.get(COOKIE), form.get("csrf")) else None
 
@@ -95,16 +123,18 @@ def login_page(request: Request) -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    if not same_origin(request):
+        return Response("sign in from the console's own page", status_code=403)
     form = {k: str(v) for k, v in (await request.form()).items()}
     client = request.client.host if request.client else "?"
     st = state(request)
     if st.failures.peek(client) > 0:
-        return back("/login", error="too many failed sign-ins from this address; wait a second")
+        return back(request, "/login", error="too many failed sign-ins from this address; wait a second")
     with st.sessions() as session:
         caller = verify(session, form.get("key", "").strip())
     if caller is None or not caller.scopes & CONSOLE_SCOPES:
         st.failures.take(client)
-        return back("/login", error="unknown or revoked key, or a key without the operate or approve scope")
+        return back(request, "/login", error="unknown or revoked key, or a key without the operate or approve scope")
     response = RedirectResponse("/console", status_code=303)
     response.set_cookie(
         COOKIE,
@@ -112,7 +142,7 @@ async def login(request: Request) -> Response:
         max_age=int(st.settings.console_session_s),
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure_cookie(request),
         path="/console",
     )
     return response
@@ -154,15 +184,23 @@ def _breakers(request: Request, caller: Caller) -> list[dict[str, Any]]:
         return []
     try:
         return list(operators.list_breakers(request, caller)["breakers"])
-    except (OutboxError, Problem, OSError):
-        return []  # no actions file or Redis here: the page says so
+    except (OutboxError, Problem, OSError, BreakerError):
+        return []  # no actions file, or Redis away: the page says so instead of failing
 
 
 @router.get("/operations", response_class=HTMLResponse)
 def operations(request: Request, q: str = "", status: str = "", action: str = "", cursor: str = "") -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    before = _decode_cursor(cursor) if cursor else None
+    try:
+        for name, text in (("q", q), ("status", status), ("action", action), ("cursor", cursor)):
+            if "\x00" in text or len(text) > 255:
+                raise InvalidIntent(name, "at most 255 characters, no NUL")
+        if status and status not in {s.value for s in Status}:
+            raise InvalidIntent("status", f"unknown state {status!r}")
+        before = _decode_cursor(cursor) if cursor else None
+    except (InvalidIntent, Problem) as exc:
+        return back(request, "/operations", error=refused(exc))
     with state(request).sessions() as session:
         rows = views.search(session, caller.tenant, q=q.strip(), status=status, action=action.strip(), before=before)
     more = _encode_cursor(rows[-1]) if len(rows) == 50 else None
@@ -184,7 +222,7 @@ def operation(request: Request, operation_id: str) -> Response:
     if (caller := who(request)) is None:
         return login_first()
     with state(request).sessions() as session:
-        op = session.get(Operation, operation_id)
+        op = session.get(Operation, operation_id) if _OPERATION_ID.fullmatch(operation_id) else None
         if op is None or op.tenant != caller.tenant:
             return page(request, "missing.html", caller, what="operation")
         shown = views.timeline(session, op)
@@ -195,8 +233,10 @@ def operation(request: Request, operation_id: str) -> Response:
 def handoffs(request: Request) -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    with state(request).sessions() as session:
-        rows = views.open_handoffs(session, caller.tenant)
+    rows = []
+    if "operate" in caller.scopes:  # the packets are for operators, as GET /v1/handoffs
+        with state(request).sessions() as session:
+            rows = views.open_handoffs(session, caller.tenant)
     return page(request, "handoffs.html", caller, rows=rows)
 
 
@@ -218,10 +258,12 @@ def approvals(request: Request) -> Response:
 def runs(request: Request, status: str = "") -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    with state(request).sessions() as session:
-        rows = [
-            run_json(session, r) for r in list_runs(session, tenant=caller.tenant, status=status or None, limit=100)
-        ]
+    try:
+        with state(request).sessions() as session:
+            found = list_runs(session, tenant=caller.tenant, status=status or None, limit=100)
+            rows = [run_json(session, r) for r in found]
+    except InvalidIntent as exc:
+        return back(request, "/runs", error=refused(exc))
     return page(request, "runs.html", caller, rows=rows, status=status)
 
 
@@ -230,7 +272,7 @@ def run(request: Request, run_id: str) -> Response:
     if (caller := who(request)) is None:
         return login_first()
     with state(request).sessions() as session:
-        found = session.get(Run, run_id)
+        found = session.get(Run, run_id) if _OPERATION_ID.fullmatch(run_id) else None  # both are UUIDs
         if found is None or found.tenant != caller.tenant:
             return page(request, "missing.html", caller, what="run")
         doc = run_json(session, found)
@@ -253,6 +295,8 @@ async def resolve(request: Request, handoff_id: int) -> Response:
         return Response("missing or wrong CSRF token", status_code=403)
     try:
         _needs(caller, "operate")
+        if not 1 <= handoff_id < 2**63:
+            raise InvalidIntent("handoff", "no such handoff")
         body = operators.ResolveIn.model_validate(
             {
                 "as": form.get("as"),
@@ -263,8 +307,8 @@ async def resolve(request: Request, handoff_id: int) -> Response:
         )
         operators.resolve_handoff(handoff_id, body, request, caller)
     except (Problem, OutboxError, ValidationError) as exc:
-        return back("/handoffs", error=refused(exc))
-    return back("/handoffs", done=f"handoff {handoff_id} resolved as {form.get('as')}")
+        return back(request, "/handoffs", error=refused(exc))
+    return back(request, "/handoffs", done=f"handoff {handoff_id} resolved as {form.get('as')}")
 
 
 @router.post("/approvals/{operation_id}/{decision}")
@@ -281,10 +325,10 @@ async def decide(request: Request, operation_id: str, decision: str) -> Response
         elif decision == "deny":
             operators.deny_operation(operation_id, body, request, caller)
         else:
-            return back("/approvals", error=f"unknown decision {decision!r}")
+            return back(request, "/approvals", error=f"unknown decision {decision!r}")
     except (Problem, OutboxError, ValidationError) as exc:
-        return back("/approvals", error=refused(exc))
-    return back("/approvals", done=f"{operation_id}: {'approved' if decision == 'approve' else 'denied'}")
+        return back(request, "/approvals", error=refused(exc))
+    return back(request, "/approvals", done=f"{operation_id}: {'approved' if decision == 'approve' else 'denied'}")
 
 
 @router.post("/breakers/{target}/reset")
@@ -297,11 +341,14 @@ async def reset(request: Request, target: str) -> Response:
         _needs(caller, "operate")
         reason = (form.get("reason") or "").strip()
         if not reason:
-            return back("/breakers", error="reason: say why the breaker may close")
+            return back(request, "/breakers", error="reason: say why the breaker may close")
         done = operators.reset_breaker(target, operators.ResetIn(by=f"{form.get('by', '')}: {reason}"), request, caller)
-    except (Problem, OutboxError, ValidationError) as exc:
-        return back("/breakers", error=refused(exc))
-    return back("/breakers", done=f"{target} reset; {done['woken']} operation(s) woken")
+    except (Problem, OutboxError, ValidationError, BreakerError) as exc:
+        return back(request, "/breakers", error=refused(exc))
+    # Targets are shared by every tenant: how many of their operations woke is not this tenant's to see.
+    return back(
+        request, "/breakers", done=f"{target} reset" + (" (its parked operations woken)" if done["woken"] else "")
+    )
 
 
 def _needs(caller: Caller, scope: str) -> None:

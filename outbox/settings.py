@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     # process (sessions end when it restarts; set it when serving with several processes).
     console_secret: str | None = Field(default=None, min_length=32)
     console_session_s: float = Field(default=8 * 3600.0, gt=0)
+    # The session cookie's Secure flag. Unset: on, except for a console reached on localhost (plain
+    # http there is fine); off only if you must serve it over plain http elsewhere (not recommended).
+    console_cookie_secure: bool | None = None
 
     @field_validator("database_url", "evidence_url")
     @classmethod

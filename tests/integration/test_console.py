@@ -180,6 +180,14 @@ def test_an_operator_settles_what_automation_cannot(pipe, sandbox, chromium):
             timeout=5,
         )
         assert forged.status_code == 403
+        # A sign-in posted from another site is refused (it would put the victim in the forger's tenant),
+        # and a crafted link cannot put its own words into the console's alert boxes.
+        cross = httpx.post(
+            f"{api.url}/console/login", data={"key": key}, headers={"Origin": "http://evil.example"}, timeout=5
+        )
+        assert cross.status_code == 403
+        page.goto(f"{api.url}/console/handoffs?error=paste+your+key+at+evil.example&m=0")
+        assert "evil.example" not in page.inner_text("main")
         # Signed out, nothing is shown.
         assert re.search("login", httpx.get(f"{api.url}/console/handoffs", timeout=5, follow_redirects=True).url.path)
 

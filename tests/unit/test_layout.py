@@ -15,7 +15,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("outbox", "producer", "workers", "downstream", "breaker", "commands", "sandbox", "api", "agent_tools", "console")
+PACKAGES = (
+    "outbox",
+    "producer",
+    "workers",
+    "downstream",
+    "breaker",
+    "commands",
+    "sandbox",
+    "api",
+    "agent_tools",
+    "console",
+)
 MAX_LINES = 400
 
 
