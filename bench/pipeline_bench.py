@@ -300,6 +300,37 @@ def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_
     }
 
 
+# ---- the naive pipeline (what a team would write instead) ---------------------------------------
+
+
+def run_naive(env: dict[str, str], dsn: str, tmp: Path, pool: str, w: int, n: int, timeout_s: float) -> dict[str, Any]:
+    from bench import naive_pipeline as naive
+
+    naive.prepare(dsn)
+    with Workers("bench.naive_pipeline", pool, w, env, tmp, queues=naive.QUEUE) as workers:
+        naive.submit(dsn, 2 * w, tag="warm")
+        wait_until(lambda: naive.settled(dsn) >= 2 * w, 60, 0.02, "naive warm-up")
+        naive.prepare(dsn)
+        with CpuSplit() as split:
+            started = time.perf_counter()
+            naive.submit(dsn, n, tag=f"n{pool}{w}-{uuid.uuid4().hex[:6]}")
+            submitted = time.perf_counter()
+            ended = wait_until(lambda: naive.settled(dsn) >= n, timeout_s, 0.02, "naive settled")
+        rss = workers.rss_kib()
+    seconds = ended - started
+    return {
+        "side": "naive",
+        "pool": pool,
+        "workers": w,
+        "ops": n,
+        "seconds": seconds,
+        "ops_per_s": n / seconds,
+        "submit_s": submitted - started,
+        "rss_kib": rss,
+        "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
+    }
+
+
 # ---- report --------------------------------------------------------------------------------------
 
 
@@ -319,10 +350,13 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for pool, w in sorted({(r["pool"], r["workers"]) for r in runs}):
         row: dict[str, Any] = {"pool": pool, "workers": w}
-        for side in ("outbox", "bare"):
+        for side in ("outbox", "bare", "naive"):
             rates = [r["ops_per_s"] for r in runs if (r["side"], r["pool"], r["workers"]) == (side, pool, w)]
-            row[side] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+            if rates:
+                row[side] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
         row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
+        if "naive" in row:
+            row["ratio_naive"] = row["outbox"]["median"] / row["naive"]["median"]
         ours = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w)]
         row["rss_mib_executing"] = statistics.median(
             [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in ours if r["rss_kib"]["executing"]] or [0]
@@ -340,15 +374,21 @@ def print_table(rows: list[dict[str, Any]], n: int, repeats: int) -> None:
     print(f"\nsubmit -> succeeded, N={n}, {repeats} run(s) each: median ops/s [min-max]")
     print(
         f"{'pool':8} {'W':>2} {'outbox ops/s':>24} {'bare Celery ops/s':>24} {'ratio':>6} "
-        f"{'RSS/proc MiB':>13} {'effects==N':>10}"
+        f"{'RSS/proc MiB':>13} {'effects==N':>10}   naive pipeline ops/s (outbox/naive)"
     )
     for r in rows:
         o, b = r["outbox"], r["bare"]
+        naive = r.get("naive")
         print(
             f"{r['pool']:8} {r['workers']:>2} {o['median']:>8.0f} [{o['min']:.0f}-{o['max']:.0f}]".ljust(36)
             + f"{b['median']:>8.0f} [{b['min']:.0f}-{b['max']:.0f}]".ljust(25)
             + f"{r['ratio']:>6.2f} {r['rss_mib_executing']:>6.1f} ({r['rss_mib_bare_executing']:.1f})"
             + f" {str(r['effects_ok']):>10}"
+            + (
+                f"   {naive['median']:.0f} [{naive['min']:.0f}-{naive['max']:.0f}] ({r['ratio_naive']:.2f})"
+                if naive
+                else ""
+            )
         )
 
 
@@ -380,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the outbox's provider calls answering after 800 ms (head-of-line blocking; "
         "bare Celery stays clean, so read the outbox figure, not the ratio)",
     )
+    p.add_argument(
+        "--no-naive",
+        action="store_true",
+        help="leave out the naive pipeline (bench/naive_pipeline.py: task per intent, tenacity, pybreaker)",
+    )
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args(argv)
     n = args.ops or (300 if args.quick else 1000)
@@ -396,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         "BENCH_BARE_EVENTS": "1" if args.bare_events else "0",
     }
     os.environ.update(bare_env)  # bench.bare_celery reads them at import, here and in its workers
+    naive_env = {"BENCH_NAIVE_BROKER_URL": REDIS_URL, "BENCH_NAIVE_PREFIX": root + "naive:"}
     runs: list[dict[str, Any]] = []
     r = redis.Redis.from_url(REDIS_URL)
     try:
@@ -406,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
         ):
             tmp = Path(tmpdir)
             sandbox.configure(request_log_max=1_000_000)
+            dsn = db.url.replace("postgresql+psycopg://", "postgresql://")
+            naive_env |= {"BENCH_NAIVE_DB": dsn, "BENCH_NAIVE_SANDBOX": sandbox.url}
+            from bench.naive_pipeline import configure
+
+            configure(naive_env["BENCH_NAIVE_PREFIX"])
             env = environment(db)
             ob = Outbox(db.url, sandbox.url, tmp, root + "ours:")
             ob.start_relay()
@@ -439,6 +490,14 @@ def main(argv: list[str] | None = None) -> int:
                                 f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
                                 flush=True,
                             )
+                            if not args.no_naive:
+                                res = run_naive(naive_env, dsn, tmp, pool, w, n, args.timeout)
+                                runs.append(res)
+                                print(
+                                    f"[{rep + 1}/{repeats}] naive  {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
+                                    f"(submit {res['submit_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                    flush=True,
+                                )
             finally:
                 ob.stop_relay()
                 ob.engine.dispose()
