@@ -52,12 +52,13 @@ def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def service_missing(name: str, why: str) -> None:
-    """Skip on a laptop, fail in CI: a missing service must never turn into a green CI run."""
+def service_missing(name: str, why: str, *, get_it: str | None = None) -> None:
+    """Skip on a laptop, fail in CI: a missing service must never turn into a green CI run.
+    ``get_it``: how to get it (default: its docker compose service)."""
     if IN_CI:
         pytest.fail(f"{name} is required in CI but unavailable: {why}", pytrace=False)
     _skipped_services[name] = why
-    pytest.skip(f"{name} unavailable ({why}); start it with `docker compose up -d {name}`")
+    pytest.skip(f"{name} unavailable ({why}); get it with `{get_it or f'docker compose up -d {name}'}`")
 
 
 @contextmanager
@@ -191,8 +192,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         for name, why in _skipped_services.items():
             terminalreporter.write_line(f"{name}: {why}")
         terminalreporter.write_line(
-            "The embedded (SQLite) suite ran. To run everything: `docker compose up -d postgres redis`, "
-            "then `make test` (or set OUTBOX_TEST_PG_URL / OUTBOX_TEST_REDIS_URL)."
+            "The embedded (SQLite) suite ran. To run everything: `docker compose up -d postgres redis` and "
+            "`apt-get install chromium faketime`, then `make test` (or set OUTBOX_TEST_PG_URL / OUTBOX_TEST_REDIS_URL)."
         )
 
 

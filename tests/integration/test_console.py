@@ -32,7 +32,7 @@ def chromium() -> Any:
 
     path = shutil.which("chromium") or "/usr/bin/chromium"
     if not os.path.exists(path):
-        service_missing("chromium", "Debian's chromium is not installed (apt-get install chromium)")
+        service_missing("chromium", "Debian's chromium is not installed", get_it="apt-get install chromium")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
         yield browser
