@@ -287,12 +287,21 @@ def breakers(request: Request) -> Response:
 
 
 # -- deciding ------------------------------------------------------------------------------------
-@router.post("/handoffs/{handoff_id}/resolve")
-async def resolve(request: Request, handoff_id: int) -> Response:
+async def deciding(request: Request) -> tuple[Caller, dict[str, str]] | Response:
+    """Who decides and what they posted; or the answer when they may not (signed out, or the form
+    lacks the session's CSRF token or comes from another site)."""
     if (caller := who(request)) is None:
         return login_first()
     if (form := await form_of(request)) is None:
         return Response("missing or wrong CSRF token", status_code=403)
+    return caller, form
+
+
+@router.post("/handoffs/{handoff_id}/resolve")
+async def resolve(request: Request, handoff_id: int) -> Response:
+    if isinstance(got := await deciding(request), Response):
+        return got
+    caller, form = got
     try:
         _needs(caller, "operate")
         if not 1 <= handoff_id < 2**63:
@@ -313,10 +322,9 @@ async def resolve(request: Request, handoff_id: int) -> Response:
 
 @router.post("/approvals/{operation_id}/{decision}")
 async def decide(request: Request, operation_id: str, decision: str) -> Response:
-    if (caller := who(request)) is None:
-        return login_first()
-    if (form := await form_of(request)) is None:
-        return Response("missing or wrong CSRF token", status_code=403)
+    if isinstance(got := await deciding(request), Response):
+        return got
+    caller, form = got
     try:
         _needs(caller, "approve")
         body = operators.DecisionIn.model_validate({"by": form.get("by"), "note": form.get("note") or None})
@@ -333,10 +341,9 @@ async def decide(request: Request, operation_id: str, decision: str) -> Response
 
 @router.post("/breakers/{target}/reset")
 async def reset(request: Request, target: str) -> Response:
-    if (caller := who(request)) is None:
-        return login_first()
-    if (form := await form_of(request)) is None:
-        return Response("missing or wrong CSRF token", status_code=403)
+    if isinstance(got := await deciding(request), Response):
+        return got
+    caller, form = got
     try:
         _needs(caller, "operate")
         reason = (form.get("reason") or "").strip()
