@@ -219,9 +219,7 @@ def approve_operation(
             op.id,
             by=approver,
             note=body.note,
-            policy_version=spec.policy_version,
-            ttl_s=spec.ttl_s,
-            separate_approver=spec.separate_approver,
+            policy=spec,
             tenant=caller.tenant,
         )
         out = approvals.approval_json(row)

@@ -103,9 +103,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
                 op.id,
                 by=args.by,
                 note=args.note,
-                policy_version=spec.policy_version,
-                ttl_s=spec.ttl_s,
-                separate_approver=spec.separate_approver,
+                policy=spec,
             )
             shown = approvals.approval_json(row)
     finally:

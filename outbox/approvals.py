@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -117,21 +117,34 @@ def _record(
     return row
 
 
+class ApprovalPolicy(Protocol):
+    """What an approval is given under: the action's ``approval:`` rule (downstream.action_specs.ApprovalSpec)."""
+
+    @property
+    def policy_version(self) -> str: ...
+
+    @property
+    def ttl_s(self) -> float: ...
+
+    @property
+    def separate_approver(self) -> bool: ...
+
+
 def approve(
     session: Session,
     operation_id: str,
     *,
     by: str,
     note: str | None,
-    policy_version: str,
-    ttl_s: float,
-    separate_approver: bool,
+    policy: ApprovalPolicy,
     tenant: str | None = None,
 ) -> Approval:
-    """Record an approval and make the operation due. ``tenant``: only that tenant's operations."""
+    """Record an approval under the action's current ``policy`` and make the operation due.
+    ``tenant``: only that tenant's operations."""
     by = _require("--by", by)
+    policy_version, ttl_s = policy.policy_version, policy.ttl_s
     op = _waiting(session, operation_id, tenant)
-    if separate_approver and by == op.subject:
+    if policy.separate_approver and by == op.subject:
         raise InvalidIntent("--by", f"{by!r} asked for this intent and cannot approve it (separate_approver)")
     row = _record(session, op, "approved", by=by, note=note, policy_version=policy_version, ttl_s=ttl_s)
     move(
@@ -190,4 +203,15 @@ def history(session: Session, operation_id: str) -> list[Approval]:
     )
 
 
-__all__ = ["Grant", "approval_json", "approve", "deny", "grants", "history", "lapse_reason", "pending", "pending_json"]
+__all__ = [
+    "ApprovalPolicy",
+    "Grant",
+    "approval_json",
+    "approve",
+    "deny",
+    "grants",
+    "history",
+    "lapse_reason",
+    "pending",
+    "pending_json",
+]
