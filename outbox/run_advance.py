@@ -32,7 +32,7 @@ from outbox.envelope import loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation, Run
 from outbox.run_records import UNDOING, compensation_plan, names, record, step_operations, usage
-from outbox.run_spec import Step, steps_from_json
+from outbox.run_spec import Compensation, Step, steps_from_json
 from outbox.run_states import ACTIVE, RunStatus
 from outbox.states import EFFECT, NO_EFFECT, AttemptClass, Status
 from outbox.submit import submit
@@ -94,39 +94,30 @@ class _Advance:
         )
         return True
 
-    def submit_op(
-        self,
-        step: Step,
-        *,
-        key: str,
-        action: str,
-        args: str | None,
-        provider_key: str | None,
-        approval: bool,
-        capped: bool,
-    ) -> Operation | str:
-        """Create the operation for a step (or its compensation); a string says why it could not."""
+    def submit_op(self, key: str, what: Step | Compensation, *, capped: bool) -> Operation | str:
+        """Create the operation for a step, or for its compensation (``capped``: drawn from the run's
+        budget, as steps are and compensations are not); a string says why it could not."""
         max_attempts: int | None = None
         deadline_s: float | None = None
         if capped and self.run.max_attempts is not None:
             max_attempts = max(self.run.max_attempts - usage(self.session, self.run, self.steps).used, 1)
         if capped and self.run.deadline_at is not None:
             deadline_s = max((as_utc(self.run.deadline_at) - self.now).total_seconds(), 0.001)  # type: ignore[operator]
-        if args is None:
+        if what.args is None:
             return f"{key}: its arguments were purged (OUTBOX_ARGS_RETENTION_S); a person must act"
         try:
             receipt = submit(
                 self.session,
                 tenant=self.run.tenant,
                 idempotency_key=key,
-                action=action,
-                args=loads_exact(args),
+                action=what.action,
+                args=loads_exact(what.args),
                 subject=self.run.subject,
                 run_id=self.run.id,
                 max_attempts=max_attempts,
                 deadline_s=deadline_s,
-                requires_approval=approval,
-                provider_key=provider_key,
+                requires_approval=what.requires_approval,
+                provider_key=what.provider_key,
             )
         except IdempotencyConflict as exc:
             return f"the derived key {key!r} is already used by operation {exc.operation_id} with other arguments"
@@ -158,15 +149,7 @@ class _Advance:
                 spent = self.budget_spent()
                 if spent:
                     return self.stop(step, "budget", spent)
-                made = self.submit_op(
-                    step,
-                    key=step.key(self.run.run_key),
-                    action=step.action,
-                    args=step.args,
-                    provider_key=step.provider_key,
-                    approval=step.requires_approval,
-                    capped=True,
-                )
+                made = self.submit_op(step.key(self.run.run_key), step, capped=True)
                 if isinstance(made, str):
                     return self.end(RunStatus.NEEDS_PERSON, f"step {step.name} cannot be submitted: {made}")
                 return self.hold(step, made, f"step {i + 1} of {n} submitted: {step.name} ({step.action})")
@@ -257,15 +240,7 @@ class _Advance:
                 return self.end(RunStatus.NEEDS_PERSON, f"{why}; {step.name} cannot be undone (no compensation)")
             op = self.comp_op(step)
             if op is None:
-                made = self.submit_op(
-                    step,
-                    key=step.compensation_key(self.run.run_key),
-                    action=comp.action,
-                    args=comp.args,
-                    provider_key=comp.provider_key,
-                    approval=comp.requires_approval,
-                    capped=False,
-                )
+                made = self.submit_op(step.compensation_key(self.run.run_key), comp, capped=False)
                 if isinstance(made, str):
                     return self.end(
                         RunStatus.NEEDS_PERSON, f"the compensation of {step.name} cannot be submitted: {made}"
