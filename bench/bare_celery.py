@@ -21,22 +21,27 @@ PREFIX = os.environ.get("BENCH_BARE_PREFIX", "bench-bare:")
 EVENTS = os.environ.get("BENCH_BARE_EVENTS") == "1"
 QUEUE = "bare"
 
+
+def baseline_conf(broker_url: str, prefix: str, queue: str) -> dict[str, object]:
+    """The settings every baseline shares with the outbox's app where they cost something per
+    message (bench/naive_pipeline.py uses them too): JSON, acks_late, prefetch 1, no results."""
+    return {
+        "broker_url": broker_url,
+        "broker_transport_options": {"global_keyprefix": prefix, "visibility_timeout": 3600},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": queue,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+    }
+
+
 app = Celery("bench_bare", set_as_current=False)
-app.conf.update(
-    broker_url=BROKER_URL,
-    broker_transport_options={"global_keyprefix": PREFIX, "visibility_timeout": 3600},
-    task_serializer="json",
-    accept_content=["json"],
-    task_ignore_result=True,
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    task_default_queue=QUEUE,
-    worker_hijack_root_logger=False,
-    worker_send_task_events=EVENTS,
-    task_send_sent_event=EVENTS,
-    broker_connection_retry_on_startup=True,
-)
+app.conf.update(**baseline_conf(BROKER_URL, PREFIX, QUEUE), worker_send_task_events=EVENTS, task_send_sent_event=EVENTS)
 
 _redis: redis.Redis | None = None
 

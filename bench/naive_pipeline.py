@@ -33,6 +33,8 @@ import pybreaker
 from celery import Celery
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from bench.bare_celery import baseline_conf
+
 BROKER_URL = os.environ.get("BENCH_NAIVE_BROKER_URL", "redis://127.0.0.1:6379/0")
 PREFIX = os.environ.get("BENCH_NAIVE_PREFIX", "bench-naive:")
 DB = os.environ.get("BENCH_NAIVE_DB", "")
@@ -44,19 +46,7 @@ SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
     status TEXT NOT NULL DEFAULT 'pending', reference TEXT, error TEXT)"""
 
 app = Celery("bench_naive", set_as_current=False)
-app.conf.update(
-    broker_url=BROKER_URL,
-    broker_transport_options={"global_keyprefix": PREFIX, "visibility_timeout": 3600},
-    task_serializer="json",
-    accept_content=["json"],
-    task_ignore_result=True,
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    task_default_queue=QUEUE,
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-)
+app.conf.update(**baseline_conf(BROKER_URL, PREFIX, QUEUE))
 
 breaker = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=5)
 _conn: psycopg.Connection[Any] | None = None
@@ -116,7 +106,7 @@ def refund(intent_id: int, order_id: str, amount: str) -> None:
 
 def configure(prefix: str) -> None:
     """This process's producer on the key prefix its workers read from the environment."""
-    app.conf.broker_transport_options = {"global_keyprefix": prefix, "visibility_timeout": 3600}
+    app.conf.broker_transport_options = baseline_conf(BROKER_URL, prefix, QUEUE)["broker_transport_options"]
 
 
 def prepare(db_url: str) -> None:
