@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import select
+
 from agent_tools.catalog import ToolView, catalog, tool_for
 from downstream.intent_rules import IntentRules
 from outbox import approvals
@@ -135,10 +137,7 @@ class ToolCaller:
         """Submit (or find) the intent of this call and answer its outcome now. Raises InvalidIntent
         (field named) for bad input: nothing is submitted then."""
         tool = tool_for(self.tools, action)
-        if not isinstance(args, dict):
-            raise InvalidIntent("args", "must be an object of the tool's arguments")
-        check_schema(tool.input_schema, args)
-        key = call_key(scope, action, args, tool.reference_args)
+        key = self.key_of(action, args, scope=scope)
         try:
             receipt = self.outbox.submit(
                 tenant=self.tenant,
@@ -160,6 +159,23 @@ class ToolCaller:
             )
             return replace(first, model_message=said, conflict=True)
         return self.get(receipt.operation_id, new=receipt.new)
+
+    def key_of(self, action: str, args: dict[str, Any], *, scope: str) -> str:
+        """This call's idempotency key, once its arguments match the tool's schema (InvalidIntent if not)."""
+        tool = tool_for(self.tools, action)
+        if not isinstance(args, dict):
+            raise InvalidIntent("args", "must be an object of the tool's arguments")
+        check_schema(tool.input_schema, args)
+        return call_key(scope, action, args, tool.reference_args)
+
+    def find(self, action: str, args: dict[str, Any], *, scope: str) -> ToolAnswer | None:
+        """The operation this call already made, if any (nothing is submitted)."""
+        key = self.key_of(action, args, scope=scope)
+        with self.outbox.sessions() as session:
+            found = session.execute(
+                select(Operation.id).where(Operation.tenant == self.tenant, Operation.idempotency_key == key)
+            ).scalar()
+        return None if found is None else self.get(found)
 
     def get(self, operation_id: str, *, new: bool = False) -> ToolAnswer:
         with self.outbox.sessions() as session:
@@ -201,9 +217,7 @@ class ToolCaller:
                 operation_id,
                 by=by,
                 note=note,
-                policy_version=spec.policy_version,
-                ttl_s=spec.ttl_s,
-                separate_approver=spec.separate_approver,
+                policy=spec,
                 tenant=self.tenant,
             )
 

@@ -25,7 +25,7 @@ from typing import Any
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.tool_context import ToolContext
 
-from agent_tools.calls import ToolAnswer, ToolCaller, call_key
+from agent_tools.calls import ToolAnswer, ToolCaller
 from agent_tools.catalog import tool_for
 from outbox.errors import InvalidIntent, OutboxError
 
@@ -64,7 +64,7 @@ class OutboxTools:
                 if not view.needs_approval(params):
                     return False
                 # Decided already (a repeated call, a resumed run): the operation goes its way, no new pause.
-                existing = await asyncio.to_thread(self._existing, action, params, self.scope(ctx.context))
+                existing = await asyncio.to_thread(self.caller.find, action, params, scope=self.scope(ctx.context))
             except (OutboxError, ValueError, TypeError):
                 return False  # the call itself refuses the same input, and submits nothing
             return existing is None or existing.status == "awaiting_approval"
@@ -129,14 +129,6 @@ class OutboxTools:
             return answer
         waited = self.caller.wait(answer.operation_id, timeout_s=self.wait_s)
         return replace(waited, new=answer.new, conflict=answer.conflict, model_message=waited.model_message)
-
-    def _existing(self, action: str, args: dict[str, Any], scope: str) -> ToolAnswer | None:
-        from outbox.models import Operation
-
-        key = call_key(scope, action, args, tool_for(self.caller.tools, action).reference_args)
-        with self.caller.outbox.sessions() as session:
-            op = session.query(Operation.id).filter_by(tenant=self.caller.tenant, idempotency_key=key).first()
-        return None if op is None else self.caller.get(op.id)
 
     def _submit_for(self, state: RunState[Any], item: ToolApprovalItem) -> ToolAnswer:
         """The intent of an interrupted call (submitted now if the run had not reached it: it then
