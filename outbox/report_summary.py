@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from outbox.clock import as_utc
 from outbox.models import ReportRun
@@ -51,9 +51,12 @@ def record_report(
 
 
 def last_report(session: Session) -> ReportRun | None:
-    return session.execute(
-        select(ReportRun).order_by(ReportRun.finished_at.desc(), ReportRun.id.desc()).limit(1)
-    ).scalar()
+    """The last report; its findings (possibly thousands of rows of JSON) load only when read, so a
+    metrics scrape or a console refresh that wants the figures does not fetch them."""
+    stmt = (
+        select(ReportRun).options(defer(ReportRun.findings)).order_by(ReportRun.finished_at.desc(), ReportRun.id.desc())
+    )
+    return session.execute(stmt.limit(1)).scalar()
 
 
 def read_summary(session: Session) -> ReportSummary | None:
