@@ -91,6 +91,24 @@ def _effects(sandbox: Any, run_key: str, step: str) -> list[dict[str, Any]]:
     return sandbox.effects(key=pk(f"{run_key}:{step}"))
 
 
+def _no_state_lies(pipe: Any, sandbox: Any) -> None:
+    """Every operation of the test (steps and compensations) against what the sandbox made: a state
+    that says an effect happened has exactly one, a state that says none happened has none."""
+    from sqlalchemy import select
+
+    from outbox.models import Operation
+
+    with pipe.sessions() as s:
+        ops = s.execute(select(Operation.provider_key, Operation.status)).all()
+    assert ops
+    for key, status in ops:
+        made = len(sandbox.effects(key=key))
+        if status in ("succeeded", "committed_evidence_degraded"):
+            assert made == 1, (key, status, made)
+        else:
+            assert status in ("failed_before_commit", "cancelled") and made == 0, (key, status, made)
+
+
 def _seq(sandbox: Any, run_key: str, step: str) -> int:
     (effect,) = _effects(sandbox, run_key, step)
     return int(effect["seq"])
@@ -136,6 +154,7 @@ def test_kill_9_at_a_step_boundary_resumes_with_every_effect_once(pipe, sandbox,
     for name in ("order", "reserve", "accrual", "notify"):
         assert len(_effects(sandbox, "k9", name)) == 1, name
     assert len(sandbox.requests(method="POST", key=pk("k9:order"))) == 1  # reused, never re-sent
+    _no_state_lies(pipe, sandbox)
 
 
 def test_relay_restart_between_steps_resumes_from_the_ledger(pipe, sandbox):
@@ -172,6 +191,7 @@ def test_step_3_rejected_compensates_1_and_2_in_reverse_once_each_through_a_faul
     assert len(_effects(sandbox, "cx", "order")) == len(_effects(sandbox, "cx", "reserve")) == 1
     assert done["outcome"] == "FAILED_BEFORE_COMMIT"
     assert [s["state"] for s in done["steps"]] == ["succeeded", "succeeded", "failed_before_commit", "not_sent"]
+    _no_state_lies(pipe, sandbox)
 
 
 def test_an_irreversible_step_and_a_later_failure_go_to_a_person_with_nothing_compensated(pipe, sandbox):
@@ -213,6 +233,7 @@ def test_a_spent_run_budget_stops_further_sends_and_counts_the_retries(pipe, san
     final = _wait_run(pipe, run_id, "cancelled")
     assert "undone in reverse order: reserve, order" in final["reason"]
     assert len(_effects(sandbox, "bud", "reserve:compensate")) == len(_effects(sandbox, "bud", "order:compensate")) == 1
+    _no_state_lies(pipe, sandbox)
 
 
 def test_an_unknown_step_holds_only_its_own_run(pipe, sandbox):
@@ -235,6 +256,7 @@ def test_an_unknown_step_holds_only_its_own_run(pipe, sandbox):
     assert _wait_run(pipe, held)["status"] == "succeeded"
     for name in ("order", "reserve", "accrual", "notify"):
         assert len(_effects(sandbox, "held", name)) == 1, name
+    _no_state_lies(pipe, sandbox)
 
 
 def test_drafts_then_one_commit(pipe, sandbox):
