@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep worker logs under this folder")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
 
     from bench.scratch_database import ScratchDatabase
     from outbox.db import make_engine, make_sessionmaker

@@ -121,20 +121,27 @@ def claim_unknown(
     limit: int = 1,
     operation_id: str | None = None,
     operation_ids: Sequence[str] | None = None,
+    also_due: int = 0,
 ) -> list[Claim]:
     """The reconciler's claim: due ``outcome_unknown`` operations whose lease (if any) has expired
     (only ``operation_id(s)`` if given; up to ``limit``).
 
+    ``also_due``: with ids given, also claim up to this many other due ones, oldest first, in the
+    same statement (a reconcile doorbell's batch filled with whatever else waits for a lookup).
     The status stays ``outcome_unknown`` (nothing is re-sent); the token is bumped, a lease is taken
     and a ``lookup`` attempt row is opened for what the provider will say.
     """
+    ids = _ids(operation_id, operation_ids)
+    if also_due < 0:
+        raise ValueError("also_due must be >= 0")
     return _claim(
         session,
         AttemptKind.LOOKUP,
         worker=worker,
         lease_s=lease_s,
         limit=limit,
-        operation_ids=_ids(operation_id, operation_ids),
+        operation_ids=ids,
+        also_due=also_due if ids is not None else 0,
     )
 
 

@@ -65,7 +65,8 @@ def reconcile(operation_ids: str | list[str]) -> None:
 
     ids = _ids(operation_ids)
     with riding_out_outages("reconcile", ids):
-        reconcile_batch(get_runtime(app), ids)
+        rt = get_runtime(app)
+        reconcile_batch(rt, ids, fill_to=rt.settings.doorbell_batch)
 
 
 def _ids(operation_ids: str | list[str]) -> list[str]:

@@ -311,3 +311,62 @@ def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sand
         assert "evidence backfilled" in events
     finally:
         sink.close()
+
+
+def test_a_reconcile_doorbell_fills_its_batch_and_settles_it_in_one_transaction(pipe, sandbox):
+    """Issue 14: a reconcile doorbell carried 1-2 ids while a backlog of lookups waited; it now
+    claims others that are due up to its batch and settles them in one transaction. One of them
+    losing its lease between lookup and settle must not take the others down: its lookup stays as
+    evidence (stale) and its success is applied from that evidence; every effect is counted once."""
+    from sqlalchemy import update
+
+    from outbox import failpoints
+    from outbox.models import Attempt, Operation
+    from workers.reconcile import reconcile_batch
+    from workers.runtime import build_runtime
+
+    n = 12
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=n)
+    pipe.start_worker(queues="dispatch")  # no reconciler: the lookups wait for the test
+    pipe.start_relay()
+    ids = [pipe.submit(f"rc-fill-{i}").operation_id for i in range(n)]
+    for op_id in ids:
+        pipe.wait_status(op_id, "outcome_unknown")
+    pipe._relay.stop()
+    pipe._relay_thread.join(10)
+
+    stolen: list[str] = []
+
+    def steal_another(_key: str | None) -> None:
+        # Between the first lookup and the settle, someone else (the sweep, another reconciler)
+        # takes a second operation of the batch: its token moves on.
+        with pipe.sessions.begin() as s:
+            victim = s.execute(
+                select(Operation.id).where(
+                    Operation.id.in_(ids), Operation.lease_owner.is_not(None), Operation.status == "outcome_unknown"
+                )
+            ).scalars()
+            other = next(v for v in victim if v != ids[0])
+            s.execute(update(Operation).where(Operation.id == other).values(fencing_token=Operation.fencing_token + 1))
+            stolen.append(other)
+
+    rt = build_runtime(pipe.settings())
+    try:
+        with failpoints.on("reconcile.after_lookup", steal_another):
+            settled = reconcile_batch(rt, [ids[0]], fill_to=10)
+    finally:
+        rt.close()
+    assert len(settled) == 10 and ids[0] in settled  # its own id plus nine others that were due
+    statuses = Counter(pipe.op(i).status for i in ids)
+    assert statuses == {"succeeded": 10, "outcome_unknown": 2}, statuses
+    with pipe.sessions() as s:
+        stale = s.execute(
+            select(Attempt).where(Attempt.operation_id == stolen[0], Attempt.kind == "lookup")
+        ).scalar_one()
+    assert stale.stale and stale.attempt_class == "succeeded"  # the lookup's answer kept as evidence
+    assert pipe.op(stolen[0]).status == "succeeded"  # and applied from it
+    for i in range(n):
+        assert len(sandbox.effects(key=pk(f"rc-fill-{i}"))) == 1
+        assert len(posts(sandbox, f"rc-fill-{i}")) == 1
+    with pipe.sessions() as s:
+        assert s.query(Evidence).filter(Evidence.operation_id.in_(ids)).count() == 10
