@@ -7,6 +7,8 @@ the reconciler's token, and every lookup's answer is kept on its own attempt row
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
@@ -14,12 +16,14 @@ from sqlalchemy.orm import Session
 
 from outbox.claims import Claim
 from outbox.clock import db_now
+from outbox.drivers import driver_for
+from outbox.drivers.base import FinalizeWrite
 from outbox.effect_guard import no_effect_confirmed
-from outbox.errors import IllegalTransition, StaleFence
+from outbox.errors import IllegalTransition, OperationNotFound, StaleFence
 from outbox.models import Attempt, Operation, core_table
 from outbox.states import NO_EFFECT, AttemptKind, EventKind, Status
-from outbox.transitions import AttemptReport, current_row, mark_attempt_stale, move, record_attempt
-from outbox.writes import released, success_values
+from outbox.transitions import AttemptReport, current_row, mark_attempt_stale, move, record_attempt, report_params
+from outbox.writes import SETTLE_WRITES_FOR, released, success_values, waiting_on_entry
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -121,6 +125,68 @@ def settle_if_fenced(
         if wrote:
             mark_attempt_stale(session, claim.attempt_id)
         raise
+
+
+@dataclass(frozen=True)
+class Settle:
+    """One reconciler-claimed operation's settlement, for settle_many_if_fenced."""
+
+    claim: Claim
+    report: AttemptReport
+    to: Status
+    reason: str
+    recheck_in_s: float = 0.0
+    result: dict[str, Any] | None = None
+
+
+def settle_many_if_fenced(session: Session, items: Sequence[Settle]) -> list[StaleFence | None]:
+    """settle_if_fenced for each item, in the caller's transaction, one statement each (pipelined in
+    one round trip on PostgreSQL, as a worker's finalize is); returns each item's refusal.
+
+    Only the settlements without a guard or extra rows (``SETTLE_WRITES_FOR``: succeeded, degraded,
+    not_dispatched without fencing earlier attempts off, outcome_unknown): the others go through
+    settle_if_fenced. A refusal is a stale token (the lookup row keeps the answer, marked stale).
+    """
+    for item in items:
+        if item.claim.kind != AttemptKind.LOOKUP:
+            raise ValueError("settle_many_if_fenced takes reconciler claims (claims.claim_unknown)")
+        if item.to not in SETTLE_WRITES_FOR:
+            raise ValueError(f"settle {item.to.value} with settle_if_fenced")
+    writes = [
+        FinalizeWrite(
+            item.to,
+            refund=False,
+            guard=False,
+            source=Status.OUTCOME_UNKNOWN,
+            params={
+                "reason": item.reason,
+                "event_reason": f"lookup {item.claim.attempt_number} {item.report.klass.value}: {item.reason}",
+                "event": EventKind.LOOKUP_RESULT.value,
+                "actor": item.claim.worker,
+                "operation_id": item.claim.operation_id,
+                "token": item.claim.fencing_token,
+                "attempt_id": item.claim.attempt_id,
+                "waiting_for": (w.value if (w := waiting_on_entry(item.to)) else None),
+                "delay_s": float(max(item.recheck_in_s, 0.0)) if item.to is Status.OUTCOME_UNKNOWN else 0.0,
+                "result": item.result,
+                **report_params(item.report),
+            },
+        )
+        for item in items
+    ]
+    refusals: list[StaleFence | None] = []
+    for item, (wrote, moved) in zip(items, driver_for(session).finalize(session, writes)):
+        if moved:
+            refusals.append(None)
+            continue
+        current = current_row(session, item.claim.operation_id)
+        if current is None:
+            raise OperationNotFound(item.claim.operation_id)
+        if wrote:
+            mark_attempt_stale(session, item.claim.attempt_id)
+        detail = f"now {current.status} with token {current.fencing_token}"
+        refusals.append(StaleFence(item.claim.operation_id, item.claim.fencing_token, detail))
+    return refusals
 
 
 def resolve_by_person(

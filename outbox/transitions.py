@@ -122,7 +122,7 @@ def _record_attempt_stmt(attempt_id: int, report: AttemptReport, *, stale: bool 
     return (
         update(_AT)
         .where(_AT.c.id == attempt_id, _AT.c.ended_at.is_(None))
-        .values(**core_values(ATTEMPT_REPORT, {**_report_params(report), "stale": stale}, _AT))
+        .values(**core_values(ATTEMPT_REPORT, {**report_params(report), "stale": stale}, _AT))
         .returning(_AT.c.id)
     )
 
@@ -244,12 +244,12 @@ def _finalize_write(item: Finalize) -> FinalizeWrite:
             "waiting_for": waiting.value if waiting else None,
             "delay_s": float(max(item.delay_s, 0.0)),
             "result": item.result,
-            **_report_params(report),
+            **report_params(report),
         },
     )
 
 
-def _report_params(report: AttemptReport) -> dict[str, Any]:
+def report_params(report: AttemptReport) -> dict[str, Any]:
     return {
         "klass": report.klass.value,
         "status_code": report.status_code,

@@ -92,6 +92,35 @@ def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
     return tuple(writes)
 
 
+def settle_writes(to: Status) -> WriteSet:
+    """What a reconciler's fenced settlement writes on the operation (outcome_unknown -> ``to``):
+    the lease released, the provider's answer on a success, the next lookup or dispatch time. Not
+    the error columns: they keep the dispatch attempt's error, which the lookup only explains."""
+    if to not in SETTLE_WRITES_FOR:
+        raise ValueError(f"no settlement write set for {to.value}")
+    writes: list[tuple[str, Value]] = [
+        ("status", Param("to")),
+        ("updated_at", Db.NOW),
+        ("reason", Param("reason")),
+        ("waiting_for", Param("waiting_for")),
+        *RELEASE_LEASE,
+    ]
+    if to in EFFECT:
+        writes.extend(SUCCESS)
+    else:
+        writes.append(("next_attempt_at", Db.NOW_PLUS_DELAY))
+    if to in TERMINAL:
+        writes.append(("finished_at", Db.NOW))
+    return tuple(writes)
+
+
+# The settlements written in one statement (settlement.settle_many_if_fenced): those without a
+# guard, a handoff or a value computed from other rows.
+SETTLE_WRITES_FOR = frozenset(
+    {Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED, Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN}
+)
+
+
 def waiting_on_entry(to: Status, scheduled: WaitingFor | None = None) -> WaitingFor | None:
     """What an operation moved to ``to`` waits for: a lookup in outcome_unknown, a person in
     awaiting_approval; in not_dispatched what the move scheduled (None: due now); else nothing."""

@@ -20,31 +20,22 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from breaker import Allowed, Open, counts_as_failure
 from downstream.actions import ActionConfig
-from downstream.lookups import LookupResult
 from outbox import failpoints
 from outbox.claims import Claim, claim_unknown
 from outbox.clock import as_utc
 from outbox.envelope import loads_exact
-from outbox.errors import IllegalTransition, StaleFence
-from outbox.evidence import finish_with_evidence, records_for_claims
-from outbox.handoffs import open_handoff
-from outbox.models import Attempt, Operation
-from outbox.settlement import settle_if_fenced
+from outbox.models import Attempt
 from outbox.states import AttemptClass, AttemptKind, Status
-from outbox.transitions import AttemptReport, commit_even_if_stale
-from workers import metrics
-from workers.handoff_packet import build_packet
 from workers.judge import Settlement, judge
-from workers.late import apply_late_successes
 from workers.outcomes import deadline_of, effective_budget
 from workers.runtime import Runtime
+from workers.settle import Looked, late, settle_all
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +81,7 @@ def reconcile_batch(
     bottleneck of the fault mix). Those taken along get no late-success check first: a lookup
     finds the effect, and the ledger's guard refuses "no effect" while a success is on record."""
     rng = rng or random.Random()
-    settled = _late(rt, operation_ids=list(operation_ids))
+    settled = late(rt, operation_ids=list(operation_ids))
     wanted = [op_id for op_id in operation_ids if op_id not in settled]
     also_due = max(fill_to - len(wanted), 0)
     if not wanted and not also_due:
@@ -107,7 +98,7 @@ def reconcile_batch(
     # A closed breaker admits every lookup: asked once per target per doorbell, and told one
     # success at the end (each failure is told at once, and then the next lookup asks again).
     shared = _SharedBreakers({}, {})
-    looked: list[_Looked] = []
+    looked: list[Looked] = []
     try:
         for claim in claims:
             looked.append(_reconcile_claimed(rt, claim, rng, shared))
@@ -116,7 +107,7 @@ def reconcile_batch(
             rt.breakers.record(decision, failure=False)
         # What was looked up is settled even if a later lookup raised (that one's lease expires
         # and it is looked up again).
-        settlements = _settle_all(rt, looked)
+        settlements = settle_all(rt, looked)
     return settlements
 
 
@@ -131,11 +122,11 @@ def reconcile_operation(rt: Runtime, operation_id: str, *, rng: random.Random | 
     return reconcile_batch(rt, [operation_id], rng=rng).get(operation_id)
 
 
-def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _SharedBreakers) -> _Looked:
+def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _SharedBreakers) -> Looked:
     try:
         action = rt.actions.action(claim.action)
     except KeyError:
-        return _Looked(
+        return Looked(
             claim,
             None,
             Settlement(
@@ -145,7 +136,7 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
             ),
         )
     if action.lookup is None:
-        return _Looked(
+        return Looked(
             claim,
             None,
             Settlement(
@@ -159,7 +150,7 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
     if isinstance(decision, Allowed) and not decision.probe:
         shared.closed[action.target] = decision
     if isinstance(decision, Open):
-        return _Looked(
+        return Looked(
             claim,
             None,
             Settlement(
@@ -211,7 +202,7 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
         with rt.sessions() as session:
             attempts = _dispatch_attempts(session, claim.operation_id)
         verdict = after_not_found(claim, action, verdict, attempts, now=claim.now())
-    return _Looked(claim, found, verdict, action)
+    return Looked(claim, found, verdict, action)
 
 
 @dataclass(frozen=True)
@@ -306,164 +297,3 @@ def after_not_found(
         else ("no earlier attempt can still take effect")
     )
     return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
-
-
-def _late(rt: Runtime, **which: Any) -> dict[str, Status]:
-    return apply_late_successes(rt.sessions, actor=rt.worker_id, evidence=rt.evidence, actions=rt.actions, **which)
-
-
-@dataclass(frozen=True)
-class _Looked:
-    """One claimed operation, looked up (or not: ``found`` None) and judged, not yet settled."""
-
-    claim: Claim
-    found: LookupResult | None
-    verdict: Settlement
-    action: ActionConfig | None = None
-
-    def report(self) -> AttemptReport:
-        found, verdict, action, claim = self.found, self.verdict, self.action, self.claim
-        redactor = action.redactor(loads_exact(claim.args)) if action is not None and claim.args else None
-        error = None if verdict.to is Status.SUCCEEDED else (f"{found.reason}: " if found else "") + verdict.reason
-        return AttemptReport(
-            klass=verdict.klass,
-            status_code=found.status_code if found else None,
-            provider_reference=verdict.reference or (found.provider_reference if found else None),
-            latency_s=found.latency_s if found else None,
-            error=redactor.text(error) if redactor else error,
-        )
-
-    def result(self) -> dict[str, Any] | None:
-        found, action = self.found, self.action
-        result = found.obj if found and self.verdict.to is Status.SUCCEEDED else None
-        if result is not None and action is not None:
-            redactor = action.redactor(loads_exact(self.claim.args)) if self.claim.args else None
-            result = action.masked_response(result, redactor)
-        return result
-
-    def fields(self) -> dict[str, Any]:
-        c = self.claim
-        return {
-            "operation_id": c.operation_id,
-            "idempotency_key": c.idempotency_key,
-            "fencing_token": c.fencing_token,
-            "lookup": c.attempt_number,
-        }
-
-
-def _write_settlement(rt: Runtime, session: Session, item: _Looked, report: AttemptReport, to: Status) -> None:
-    """The fenced move of one looked-up operation (and its handoff when a person must decide)."""
-    verdict = item.verdict
-    settle_if_fenced(
-        session,
-        item.claim,
-        report,
-        to=to,
-        reason=verdict.reason,
-        recheck_in_s=verdict.recheck_in_s,
-        result=item.result(),
-        cannot_land=verdict.cannot_land,
-    )
-    if to is Status.RECONCILIATION_REQUIRED:
-        op = session.get(Operation, item.claim.operation_id)
-        assert op is not None
-        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rt.actions)
-        open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
-
-
-def _settle_all(rt: Runtime, looked: Sequence[_Looked]) -> dict[str, Settlement]:
-    """Settle a doorbell's lookups in ONE transaction: a commit (and its WAL flush) per batch, not
-    per operation. Each operation's writes sit in a savepoint, so one refused settlement leaves the
-    others alone: a stale token keeps its lookup row as evidence (the savepoint is kept, as
-    commit_even_if_stale does alone), a settlement the guard refuses is undone (savepoint rolled
-    back). A separate evidence database needs its own write before each success: one by one then.
-    After the commit: logs, metrics, and what follows (late successes applied, re-dispatch)."""
-    if rt.evidence.separate:
-        return {item.claim.operation_id: _settle(rt, item) for item in looked}
-    if not looked:
-        return {}
-    applied: list[tuple[_Looked, Status]] = []
-    stale_successes: dict[int, dict[str, Any] | None] = {}
-    refused_ids: list[str] = []
-    with rt.sessions.begin() as session:
-        succeeded: list[tuple[Claim, AttemptReport]] = []
-        for item in looked:
-            report = item.report()
-            savepoint = session.begin_nested()
-            try:
-                _write_settlement(rt, session, item, report, item.verdict.to)
-            except StaleFence as exc:
-                savepoint.commit()
-                log.info("stale fence: lookup kept as evidence (%s)", exc, extra=item.fields())
-                if item.verdict.to is Status.SUCCEEDED:
-                    stale_successes[item.claim.attempt_id] = item.result()
-                continue
-            except IllegalTransition as exc:
-                savepoint.rollback()
-                log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
-                refused_ids.append(item.claim.operation_id)
-                continue
-            savepoint.commit()
-            if item.verdict.to is Status.SUCCEEDED:
-                succeeded.append((item.claim, report))
-            applied.append((item, item.verdict.to))
-        # Evidence with the successes themselves: same transaction, one query, one insert.
-        rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
-    if stale_successes:
-        _late(rt, attempt_results=stale_successes)
-    if refused_ids:
-        _late(rt, operation_ids=refused_ids)
-    redispatch = []
-    for item, to in applied:
-        _log_settled(item, to)
-        metrics.record_outcome(to)
-        if to is Status.NOT_DISPATCHED:
-            redispatch.append(item.claim.operation_id)
-    if redispatch:
-        rt.doorbell.ring_dispatch(redispatch)
-    return {item.claim.operation_id: item.verdict for item in looked}
-
-
-def _settle(rt: Runtime, item: _Looked) -> Settlement:
-    """One operation alone (a separate evidence database: its write comes before the success)."""
-    claim, verdict = item.claim, item.verdict
-    report = item.report()
-    applied = verdict.to
-    try:
-        if verdict.to is Status.SUCCEEDED:
-            applied = finish_with_evidence(
-                rt.sessions,
-                rt.evidence,
-                claim,
-                report,
-                lambda session, to: _write_settlement(rt, session, item, report, to),
-            )
-        else:
-            commit_even_if_stale(rt.sessions, lambda session: _write_settlement(rt, session, item, report, verdict.to))
-    except StaleFence as exc:
-        log.info("stale fence: lookup kept as evidence (%s)", exc, extra=item.fields())
-        if verdict.to is Status.SUCCEEDED:
-            _late(rt, attempt_results={claim.attempt_id: item.result()})
-        return verdict
-    except IllegalTransition as exc:
-        # "No effect" refused by the ledger's guard: a success arrived on another attempt while
-        # we looked. It settles the operation instead.
-        log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
-        _late(rt, operation_ids=[claim.operation_id])
-        return verdict
-    _log_settled(item, applied)
-    metrics.record_outcome(applied)
-    if applied is Status.NOT_DISPATCHED:
-        rt.doorbell.ring_dispatch([claim.operation_id])
-    return verdict
-
-
-def _log_settled(item: _Looked, applied: Status) -> None:
-    fields, reason = item.fields(), item.verdict.reason
-    if applied is Status.FAILED_BEFORE_COMMIT:
-        log.error("failed_before_commit: %s", reason, extra=fields)  # a final failure
-    elif applied is Status.RECONCILIATION_REQUIRED:
-        # A handoff to a person is one of the two ERRORs of the normal path (DESIGN.md, Logging).
-        log.error("handed to a person: %s", reason, extra=fields)
-    else:
-        log.info("reconcile: %s -> %s", reason, applied.value, extra=fields)

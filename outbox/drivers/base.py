@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.states import AttemptKind, Status, WaitingFor
+from outbox.writes import WriteSet, finalize_writes, settle_writes
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,20 @@ class FinalizeWrite:
     ``params`` names every parameter of the write sets (outbox/writes.py) except ``to`` and
     ``stale`` (the driver adds them), plus operation_id, token, attempt_id, event, event_reason,
     actor and delay_s. ``guard``: the move claims "no effect" and holds only while no other
-    attempt may have taken effect (effect_guard.py).
+    attempt may have taken effect (effect_guard.py). ``source``: dispatching (a worker's finalize)
+    or outcome_unknown (a reconciler's settlement: its lookup attempt and ``settle_writes``).
     """
 
     to: Status
     refund: bool
     guard: bool
     params: dict[str, Any]
+    source: Status = Status.DISPATCHING
+
+    def write_set(self) -> WriteSet:
+        if self.source is Status.OUTCOME_UNKNOWN:
+            return settle_writes(self.to)
+        return finalize_writes(self.to, refund=self.refund)
 
 
 class ClaimedRow(NamedTuple):

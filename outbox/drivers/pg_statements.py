@@ -20,7 +20,7 @@ import re
 
 from outbox.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
 from outbox.states import AttemptKind, EventKind, Status
-from outbox.writes import ATTEMPT_REPORT, Db, Param, WriteSet, finalize_writes
+from outbox.writes import ATTEMPT_REPORT, Db, Param, WriteSet, finalize_writes, settle_writes
 
 NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
 # pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
@@ -163,13 +163,15 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
 
 # -- finalize -------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=32)
-def finalize(to: Status, refund: bool, guard: bool) -> str:
+def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISPATCHING) -> str:
     """A worker's finalize in one statement: its attempt row, the fenced move, the event row.
+    (``source`` outcome_unknown: a reconciler's settlement of its lookup, ``settle_writes``.)
 
     ``guard``: the move claims "no effect" and must hold only while no other attempt may have
     taken effect (effect_guard.py).
     """
-    where = f"id = :operation_id AND status = '{Status.DISPATCHING.value}' AND fencing_token = :token"
+    writes = settle_writes(to) if source is Status.OUTCOME_UNKNOWN else finalize_writes(to, refund=refund)
+    where = f"id = :operation_id AND status = '{source.value}' AND fencing_token = :token"
     if guard:
         where += " AND " + NO_EFFECT_POSSIBLE
     return _driver_params(f"""
@@ -178,12 +180,12 @@ WITH att AS (
     WHERE id = :attempt_id AND ended_at IS NULL
     RETURNING id
 ), moved AS (
-    UPDATE operations SET {_render(finalize_writes(to, refund=refund))}
+    UPDATE operations SET {_render(writes)}
     WHERE {where}
     RETURNING id, fencing_token
 ), logged AS (
     INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), '{Status.DISPATCHING.value}', :to, fencing_token, :event, :event_reason, :actor
+    SELECT id, clock_timestamp(), '{source.value}', :to, fencing_token, :event, :event_reason, :actor
     FROM moved
     RETURNING id
 )

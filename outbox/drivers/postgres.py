@@ -108,7 +108,7 @@ class PostgresDriver:
                 params = dict(w.params, to=w.to.value, stale=False)
                 if params.get("result") is not None:
                     params["result"] = json.dumps(params["result"])
-                cursor.execute(sql.finalize(w.to, w.refund, w.guard), params)
+                cursor.execute(sql.finalize(w.to, w.refund, w.guard, w.source), params)
                 cursors.append(cursor)
         out = []
         for cursor in cursors:

@@ -26,7 +26,7 @@ from outbox.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.events import record_events
 from outbox.models import Attempt, Evidence, Operation, Run, core_table
 from outbox.states import AttemptClass, AttemptKind, EventKind, Status
-from outbox.writes import ATTEMPT_REPORT, core_values, finalize_writes
+from outbox.writes import ATTEMPT_REPORT, core_values
 
 # Long enough to ride out another process's commit burst on a laptop disk; short enough that
 # a stuck writer surfaces as an error instead of a hang.
@@ -246,23 +246,20 @@ class SqliteDriver:
         )
         where = [
             _OP.c.id == p["operation_id"],
-            _OP.c.status == Status.DISPATCHING.value,
+            _OP.c.status == w.source.value,
             _OP.c.fencing_token == p["token"],
         ]
         if w.guard:
             where.append(no_effect_possible(excluding_attempt=p["attempt_id"]))
         moved = session.execute(
-            update(_OP)
-            .where(*where)
-            .values(**core_values(finalize_writes(w.to, refund=w.refund), p, _OP))
-            .returning(_OP.c.fencing_token)
+            update(_OP).where(*where).values(**core_values(w.write_set(), p, _OP)).returning(_OP.c.fencing_token)
         ).first()
         if moved is None:
             return wrote, False
         record_events(
             session,
             [(p["operation_id"], moved.fencing_token)],
-            from_status=Status.DISPATCHING,
+            from_status=w.source,
             to=w.to,
             kind=p["event"],
             reason=p["event_reason"],

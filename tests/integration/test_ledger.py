@@ -410,3 +410,75 @@ def test_text_and_times_the_database_cannot_hold_are_refused_with_the_field(ledg
     with pytest.raises(InvalidIntent) as exc:
         _submit(ledger, **over)
     assert exc.value.field == field
+
+
+@pytest.mark.parametrize(
+    "to, report, recheck_s",
+    [
+        (Status.SUCCEEDED, AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_1"), 0.0),
+        (Status.NOT_DISPATCHED, AttemptReport(AttemptClass.NOT_SENT, status_code=404, error="not found"), 0.0),
+        (Status.OUTCOME_UNKNOWN, AttemptReport(AttemptClass.AMBIGUOUS, status_code=503, error="lookup down"), 7.0),
+    ],
+)
+def test_batched_settlements_write_what_one_settlement_writes(ledger, to, report, recheck_s):
+    """The reconciler settles a batch in one statement per operation (settle_many_if_fenced, issue
+    14); the rows it leaves must be those settle_if_fenced leaves, and a stale member of the batch
+    is refused alone, its lookup kept as evidence."""
+    from outbox.settlement import Settle, settle_many_if_fenced
+
+    ids = [_submit(ledger, idempotency_key=f"batch-{n}").operation_id for n in range(3)]
+    claims = _claim(ledger, limit=3)
+    with ledger.sessions.begin() as s:
+        for c in claims:
+            finalize_if_fenced(
+                s, c, AttemptReport(AttemptClass.AMBIGUOUS, status_code=502), to=Status.OUTCOME_UNKNOWN, reason="502"
+            )
+    with ledger.sessions.begin() as s:
+        lookups = {c.operation_id: c for c in claim_unknown(s, worker="rec", lease_s=30, limit=3)}
+    one, batched, stolen = (lookups[i] for i in ids)
+    with ledger.sessions.begin() as s:  # someone else takes the third: its token moves on
+        s.execute(update(Operation).where(Operation.id == stolen.operation_id).values(fencing_token=99))
+    result = {"id": "re_1"} if to is Status.SUCCEEDED else None
+    with ledger.sessions.begin() as s:
+        settle_if_fenced(s, one, report, to=to, reason="looked up", recheck_in_s=recheck_s, result=result)
+    with ledger.sessions.begin() as s:
+        refusals = settle_many_if_fenced(
+            s, [Settle(c, report, to, "looked up", recheck_s, result) for c in (batched, stolen)]
+        )
+    assert refusals[0] is None and isinstance(refusals[1], StaleFence)
+
+    def row(op_id):
+        op = _op(ledger, op_id)
+        wait = (op.next_attempt_at - op.updated_at).total_seconds()
+        with ledger.sessions() as s:
+            events = s.execute(
+                select(
+                    OperationEvent.from_status, OperationEvent.to_status, OperationEvent.event, OperationEvent.reason
+                )
+                .where(OperationEvent.operation_id == op_id)
+                .order_by(OperationEvent.id)
+            ).all()
+        [lookup] = [a for a in _attempts(ledger, op_id) if a.kind == "lookup"]
+        return (
+            op.status,
+            op.reason,
+            op.waiting_for,
+            op.lease_owner,
+            op.lease_expires_at,
+            op.result_reference,
+            op.result_digest,
+            op.result,
+            op.error_class,
+            op.last_error,
+            op.finished_at is not None,
+            round(wait) if to is not Status.SUCCEEDED else None,
+            [tuple(e) for e in events],
+            (lookup.attempt_class, lookup.status_code, lookup.error, lookup.ended_at is not None, lookup.stale),
+        )
+
+    assert row(batched.operation_id) == row(one.operation_id)
+    assert row(one.operation_id)[0] == to.value
+    kept = _op(ledger, stolen.operation_id)
+    assert kept.status == "outcome_unknown" and kept.fencing_token == 99
+    [evidence] = [a for a in _attempts(ledger, stolen.operation_id) if a.kind == "lookup"]
+    assert evidence.stale and evidence.attempt_class == report.klass.value
