@@ -51,6 +51,7 @@ from outbox import late_evidence, publish
 from outbox.db import make_sessionmaker
 from outbox.evidence import EvidenceSink, backfill
 from outbox.leases import expire_leases
+from outbox.planner_stats import PlannerStats
 from outbox.publish import count_due, mark_published, mark_published_if_due
 from outbox.run_advance import advance_due
 from outbox.states import Status
@@ -123,6 +124,7 @@ class Relay:
             frozenset(n for n, a in actions.actions.items() if a.irreversible) if actions else frozenset()
         )
         self._last_backfill = 0.0
+        self._planner_stats = PlannerStats(engine)  # a backlog must not run on an empty table's plans
         self.stop_event = threading.Event()
         # Ids rung straight from NOTIFY since the last tick; the tick marks them published.
         self._rung: set[str] = set()
@@ -221,6 +223,7 @@ class Relay:
                 expired = len(expire_leases(session))
             if expired:
                 log.info("leases expired: %d operation(s) parked in outcome_unknown", expired)
+            self._planner_stats.refresh_if_stale()
             settled = late_evidence.apply_unapplied(self.sessions, actor="sweep", sink=self._sink, packet=self._packet)
             if settled:
                 log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))

@@ -139,6 +139,11 @@ class LedgerDriver(Protocol):
 
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None: ...
 
+    def analyze_stale(self, conn: Connection, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
+        """Refresh the planner statistics of those ``tables`` changed by at least ``min_rows`` rows
+        and ``share`` of their rows since their last analysis; returns the tables analyzed."""
+        ...
+
     def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
         """Insert a run unless its (tenant, run_key) exists; True if this call inserted it."""
         ...

@@ -258,5 +258,11 @@ LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 TRY_LEAD = "SELECT pg_try_advisory_lock(%(key)s), clock_timestamp()"
 
 # -- housekeeping ---------------------------------------------------------------------------------
+# Queue tables changed enough since their last ANALYZE (outbox/planner_stats.py).
+STALE_STATISTICS = """
+SELECT relname FROM pg_stat_user_tables
+WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
+  AND n_mod_since_analyze >= GREATEST(%(min_rows)s, %(share)s * n_live_tup)
+"""
 STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"

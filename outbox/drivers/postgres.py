@@ -134,6 +134,15 @@ class PostgresDriver:
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None:
         _conn(session).cursor().executemany(sql.INSERT_EVIDENCE, list(records))
 
+    def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
+        raw = _conn(conn)
+        params = {"tables": list(tables), "min_rows": min_rows, "share": share}
+        stale = [row[0] for row in raw.execute(sql.STALE_STATISTICS, params)]
+        for table in stale:
+            if table in tables:  # a name the caller gave, as PostgreSQL returned it
+                raw.execute(f"ANALYZE {table}")
+        return stale
+
     def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
         from sqlalchemy.dialects.postgresql import insert as dialect_insert
 

@@ -305,6 +305,11 @@ class SqliteDriver:
     def insert_evidence(self, session: Session, records: Sequence[dict[str, Any]]) -> None:
         session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
 
+    def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
+        # SQLite plans every statement on its own (no cached generic plans), from sqlite_stat1
+        # that nothing here writes: without it the planner prefers the primary key for ids.
+        return []
+
     def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
         from sqlalchemy.dialects.sqlite import insert as dialect_insert
 

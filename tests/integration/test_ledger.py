@@ -482,3 +482,45 @@ def test_batched_settlements_write_what_one_settlement_writes(ledger, to, report
     assert kept.status == "outcome_unknown" and kept.fencing_token == 99
     [evidence] = [a for a in _attempts(ledger, stolen.operation_id) if a.kind == "lookup"]
     assert evidence.stale and evidence.attempt_class == report.klass.value
+
+
+def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
+    """Issue 14: the hot statements run on cached generic plans; planned on a nearly empty table, a
+    doorbell's read of ten ids scanned the whole partial index of due rows (3 ms per claim under a
+    10,000-row backlog). The relay's sweep analyzes a queue table that changed enough, and the
+    next execution is planned on the new statistics: ten ids are found through the primary key."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from outbox.drivers import pg_statements as sql
+    from outbox.planner_stats import PlannerStats
+
+    with pg_ledger.engine.begin() as conn:
+        conn.execute(text("ANALYZE operations"))  # analyzed while empty, as on a new deployment
+    with pg_ledger.sessions.begin() as s:
+        for n in range(3000):
+            submit(s, **(INTENT | {"idempotency_key": f"backlog-{n}"}))
+    url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+
+        def plan() -> str:
+            ids = [r[0] for r in conn.execute("SELECT id FROM operations ORDER BY random() LIMIT 10")]
+            return "\n".join(r[0] for r in conn.execute(f"EXPLAIN {sql.READ_DUE}", {"ids": ids}))
+
+        assert "pk_operations" not in plan()  # the trap: planned as if the backlog were not there
+        stats = PlannerStats(pg_ledger.engine, min_interval_s=0)
+        assert wait_for_stats(stats) == ["operations"]
+        assert "pk_operations" in plan(), plan()
+        assert stats.refresh_if_stale() == []  # nothing changed since: nothing analyzed again
+
+
+def wait_for_stats(stats):
+    """The activity counters reach pg_stat_user_tables within about a second of a commit."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if done := stats.refresh_if_stale():
+            return done
+        time.sleep(0.2)
+    return []
