@@ -26,7 +26,8 @@ def _kind(cmdline: str, pid: int) -> str | None:
     if "sandbox" in cmdline:
         return "sandbox"
     if "bench.celery_workers" in cmdline or "celery" in cmdline:
-        return "celery workers"
+        # A worker on the reconcile queue alone is the reconciler (bench/liveness.py runs both).
+        return "reconciler" if "-Q outcome_unknown " in cmdline else "celery workers"
     if "agent-outbox" in cmdline and " relay" in cmdline:
         return "relay"
     return None

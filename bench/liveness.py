@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.cpu_split import CpuSplit  # noqa: E402
 from bench.scale_proof import (  # noqa: E402
     ACTIONS,
     NOT_QUIET,
@@ -155,6 +156,9 @@ class LivenessResult:
     not_sent_why: Counter[str] = field(default_factory=Counter)
     backlog: bool = False  # every intent submitted before the pipeline started
     submit_s: float | None = None  # how long submitting took (before the pipeline, with --backlog)
+    # CPU seconds per kind of process from the start to quiet (bench/cpu_split.py); the bench
+    # process holds the relay, the submitter (unless --backlog) and the sampling.
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def queue_max(self) -> int:
@@ -199,6 +203,8 @@ class LivenessResult:
             "queue_over_2x_due": self.queue_over,
             "attempt_classes": dict(self.attempt_classes),
             "not_sent_why": dict(self.not_sent_why.most_common(10)),
+            "cpu_s": self.cpu_s,
+            "cpu_ms_per_op": {k: round(v * 1000 / max(self.scale.intents, 1), 2) for k, v in self.cpu_s.items()},
             "samples": [[round(x.t, 2), x.settled, x.due, x.queued] for x in self.samples],
         }
 
@@ -291,6 +297,7 @@ def run_liveness(
         pipe.start_relay(republish_after_s=10.0)
         doorbell = Doorbell(make_app(pipe.settings()))
 
+        cpu = CpuSplit().__enter__()
         started = time.monotonic() if backlog else submitter.start()
         plan = ["redis", "kill", "postgres", "outage", "freeze"] if scenario == "faults" else []
         at = {"redis": 0.10, "kill": 0.25, "postgres": 0.40, "outage": 0.55, "freeze": 0.70}
@@ -384,6 +391,8 @@ def run_liveness(
                 _log(f"{dict(counts)} due={due} queued={queued}", verbose)
             time.sleep(SAMPLE_S)
         result.scale.wall_s = time.monotonic() - started
+        cpu.__exit__()
+        result.cpu_s = cpu.seconds
         submitter.join(30)
         if submitter.errors:
             result.scale.violations.append(f"submit failed: {submitter.errors[0]!r}")
@@ -468,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
                 engine.dispose()
         print(results[name].summary(), flush=True)
         print(f"dispatch attempts by class: {dict(results[name].attempt_classes)}")
+        cpu = results[name].cpu_s
+        print(
+            f"CPU ms per operation ({sum(cpu.values()) * 1000 / max(args.intents, 1):.2f} in all): "
+            + ", ".join(f"{k} {v * 1000 / max(args.intents, 1):.2f}" for k, v in cpu.items())
+        )
         for why, n in results[name].not_sent_why.most_common(5):
             print(f"  not sent x{n}: {why}")
         for line in results[name].scale.violations[:30]:

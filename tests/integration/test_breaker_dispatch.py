@@ -238,7 +238,7 @@ def test_open_breaker_is_shared_parks_without_spending_attempts_and_recovers(pip
         wait_for(
             lambda: _breaker(pipe).state == "open" and _parked(pipe, ids, reset_s / 2),
             20,
-            what=f"every operation parked again after probe {window}",
+            what=lambda: f"every operation parked again after probe {window}\n{_where_they_stand(pipe, ids, workers)}",
         )
         probes = _posts_after(sandbox, last)
         assert [p["status"] for p in probes] == [503], (window, probes)
