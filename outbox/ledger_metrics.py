@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox.clock import db_age_s, db_now
+from outbox.clock import db_age_s, db_now, db_scan_now
 from outbox.db import make_sessionmaker
 from outbox.drivers import driver_for
 from outbox.models import Handoff, Operation, Run
@@ -103,7 +103,7 @@ class LedgerCollector(Collector):
             # Due and not yet claimed: how far behind the workers are (the index of due rows).
             due_age = session.execute(
                 select(db_age_s(func.min(Operation.next_attempt_at))).where(
-                    Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_now()
+                    Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_scan_now()
                 )
             ).scalar()
             # Waiting for a person's approval: since they entered the wait (updated_at of the row).

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from outbox.clock import db_now
+from outbox.clock import db_scan_now
 from outbox.drivers import driver_for
 from outbox.models import Operation
 from outbox.states import Status
@@ -54,7 +54,7 @@ def count_due(engine: Engine, *, cap: int) -> int:
     status/next_attempt_at index, never a scan of the backlog)."""
     due = (
         select(Operation.id)
-        .where(Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_now())
+        .where(Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_scan_now())
         .limit(cap)
         .subquery()
     )

@@ -112,7 +112,7 @@ SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id 
 # Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
 _DUE = """
     SELECT id, {rank} AS rank FROM operations
-    WHERE status = '{source}' AND next_attempt_at <= clock_timestamp(){lease_free}{ids}
+    WHERE status = '{source}' AND next_attempt_at <= {now}{lease_free}{ids}
     ORDER BY next_attempt_at
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED"""
@@ -129,7 +129,13 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
     source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
 
     def due(rank: int, ids: str, n: int) -> str:
-        return _DUE.format(rank=rank, source=source.value, lease_free=_LEASE_FREE if lookup else "", ids=ids, limit=n)
+        # Given ids: found through the primary key, the due bound only filters (clock_timestamp()).
+        # Any due rows: the bound must be one the due index can answer (statement_timestamp(), see
+        # outbox/clock.py db_scan_now), else each claim reads the index's every dead entry.
+        now = "clock_timestamp()" if ids == _IDS_IN else "statement_timestamp()"
+        return _DUE.format(
+            rank=rank, source=source.value, now=now, lease_free=_LEASE_FREE if lookup else "", ids=ids, limit=n
+        )
 
     if not with_ids:
         ctes = f"due AS ({due(1, '', int(limit))}\n)"
@@ -237,7 +243,7 @@ def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
     return f"""
 WITH due AS (
     SELECT id FROM operations
-    WHERE status = '{status.value}' AND next_attempt_at <= clock_timestamp()
+    WHERE status = '{status.value}' AND next_attempt_at <= statement_timestamp()
       AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                       OR next_attempt_at < %(leading_since)s::timestamptz))
            OR published_at < next_attempt_at
