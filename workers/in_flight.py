@@ -208,6 +208,10 @@ class InFlight:
                         self._caller.breakers.release(held)
                     b.closed.pop(target, None)
                     result = attempt_claimed(self._caller, claim, None, b)  # asks the breaker now
+                    if (admitted := b.succeeded.get(target)) is not None:
+                        # It answered (not a failure) under a closed breaker: the batch's other
+                        # calls go on with that admission instead of each asking Redis again.
+                        b.closed.setdefault(target, admitted)
         self._learn(target, result[1])
         self._record_success_soon(b, target)
         return result

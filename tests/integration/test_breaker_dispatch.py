@@ -389,3 +389,35 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
     assert set(outcomes) == {spent, fresh}
     assert (pipe.op(spent).attempt_count, pipe.op(fresh).attempt_count) == (3, 1)
     assert _parks(pipe, [spent, fresh]) == {spent: 1, fresh: 0}
+
+
+def test_a_doorbell_that_claims_other_due_operations_asks_the_breaker_once(tmp_path, pipe, sandbox):
+    """Issue 14: a doorbell whose own ids another claim took still claims whatever is due, and
+    those operations had no breaker answer: each call asked Redis for itself (under the fault mix
+    1.2 admissions per operation, two thirds of all claims being such fills). The claim's targets
+    are asked once, as for the ids a doorbell rings. Counted on a private Redis: every breaker
+    decision and record is one EVALSHA."""
+    from tests.harness import PrivateRedis
+    from workers.celery_app import make_app
+    from workers.doorbell import Doorbell
+
+    private = PrivateRedis(tmp_path).start()
+    try:
+        pipe.env["OUTBOX_BROKER_URL"] = private.url
+        pipe.env["OUTBOX_REDIS_URL"] = private.url
+        doorbell = Doorbell(make_app(pipe.settings()))
+        pipe.start_worker("w1")
+        warm = pipe.submit("fill-warm").operation_id  # a new process asks before each call until one answers
+        doorbell.ring_dispatch([warm])
+        wait_for(lambda: pipe.op(warm).status == "succeeded", 20, what="the warm-up succeeded")
+        ops = [pipe.submit(f"fill-{i}").operation_id for i in range(10)]  # no relay: nobody rings them
+        before = int(private.client().info("commandstats")["cmdstat_evalsha"]["calls"])
+        doorbell.ring_dispatch(["00000000-0000-4000-8000-000000000000"])
+        wait_for(lambda: {pipe.op(o).status for o in ops} == {"succeeded"}, 20, what="the fill's 10 succeeded")
+        calls = int(private.client().info("commandstats")["cmdstat_evalsha"]["calls"]) - before
+        assert len(sandbox.effects()) == 11
+        # One admission for the target, one success told when the batch ends (was 10 + 1).
+        assert calls <= 3, calls
+    finally:
+        pipe.stop()
+        private.kill()
