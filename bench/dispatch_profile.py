@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--batch", type=int, default=1, help="ids per doorbell (dispatch_batch)")
     p.add_argument(
+        "--reconcile",
+        action="store_true",
+        help="profile the reconciler instead: every call answers 504 after committing, then each "
+        "operation is looked up (reconcile_batch, --batch ids per doorbell) and found",
+    )
+    p.add_argument(
         "--no-profile",
         action="store_true",
         help="no cProfile: report this process's CPU per operation (all its threads)",
@@ -56,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             from outbox.submit import submit
             from workers.dispatch import dispatch_batch, dispatch_operation
+            from workers.reconcile import reconcile_batch
             from workers.runtime import get_runtime
 
             rt = get_runtime()
@@ -74,17 +81,23 @@ def main(argv: list[str] | None = None) -> int:
                     )
             for op_id in ids[:10]:  # warm-up
                 dispatch_operation(rt, op_id)
+            work, what = dispatch_batch, "dispatches"
+            if args.reconcile:
+                sandbox.add_fault(mode="commit_then_504", probability=1.0, method="POST")
+                for i in range(10, len(ids), 10):
+                    dispatch_batch(rt, ids[i : i + 10])
+                work, what = reconcile_batch, "lookups"
             prof = cProfile.Profile()
             started, cpu_started = time.perf_counter(), time.process_time()
             if not args.no_profile:
                 prof.enable()
             rest = ids[10:]
             for i in range(0, len(rest), args.batch):
-                dispatch_batch(rt, rest[i : i + args.batch])
+                work(rt, rest[i : i + args.batch])
             prof.disable()
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
             print(
-                f"{args.ops} dispatches in-process: {wall / args.ops * 1000:.2f} ms each "
+                f"{args.ops} {what} in-process: {wall / args.ops * 1000:.2f} ms each "
                 f"({args.ops / wall:.0f}/s in one process), CPU {cpu / args.ops * 1000:.2f} ms each; "
                 f"effects {len(sandbox.effects())}"
             )

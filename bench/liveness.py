@@ -159,6 +159,12 @@ class LivenessResult:
     # CPU seconds per kind of process from the start to quiet (bench/cpu_split.py); the bench
     # process holds the relay, the submitter (unless --backlog) and the sampling.
     cpu_s: dict[str, float] = field(default_factory=dict)
+    # Redis commands by name from the broker's start (or last restart) to quiet: broker messages
+    # (LPUSH, BRPOP) and breaker decisions (EVALSHA) per operation.
+    redis_calls: dict[str, int] = field(default_factory=dict)
+    # The operations settled last (what the wall's tail waited for): each attempt as
+    # "kind class +seconds from submit", and the seconds from submit to settled.
+    last_settled: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def queue_max(self) -> int:
@@ -204,6 +210,8 @@ class LivenessResult:
             "attempt_classes": dict(self.attempt_classes),
             "not_sent_why": dict(self.not_sent_why.most_common(10)),
             "cpu_s": self.cpu_s,
+            "redis_calls": self.redis_calls,
+            "last_settled": self.last_settled,
             "cpu_ms_per_op": {k: round(v * 1000 / max(self.scale.intents, 1), 2) for k, v in self.cpu_s.items()},
             "samples": [[round(x.t, 2), x.settled, x.due, x.queued] for x in self.samples],
         }
@@ -241,6 +249,39 @@ def _due_count(sessions: sessionmaker[Session]) -> int:
                 )
             ).scalar_one()
         )
+
+
+def _last_settled(session: Session, n: int = 5) -> list[dict[str, Any]]:
+    from outbox.models import Attempt, Operation
+
+    last = session.execute(select(Operation).order_by(Operation.updated_at.desc()).limit(n)).scalars().all()
+    out = []
+    for op in last:
+        attempts = session.execute(
+            select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.started_at)
+        ).scalars()
+        out.append(
+            {
+                "settled_after_s": round((op.updated_at - op.created_at).total_seconds(), 2),
+                "status": op.status,
+                "attempts": [
+                    f"{a.kind} {a.attempt_class} +{(a.started_at - op.created_at).total_seconds():.2f}s"
+                    for a in attempts
+                ],
+            }
+        )
+    return out
+
+
+def _redis_calls(url: str) -> dict[str, int]:
+    import redis as redis_client
+
+    try:
+        stats = redis_client.Redis.from_url(url).info("commandstats")
+    except redis_client.RedisError:
+        return {}
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    return dict(sorted(calls.items(), key=lambda kv: -kv[1]))
 
 
 def run_liveness(
@@ -393,12 +434,14 @@ def run_liveness(
         result.scale.wall_s = time.monotonic() - started
         cpu.__exit__()
         result.cpu_s = cpu.seconds
+        result.redis_calls = _redis_calls(redis.url)
         submitter.join(30)
         if submitter.errors:
             result.scale.violations.append(f"submit failed: {submitter.errors[0]!r}")
         _check(result.scale, sessions, sandbox, keys, max_attempts=MAX_ATTEMPTS)
         with sessions() as s:
             rows = s.execute(select(Operation.status, Operation.created_at, Operation.updated_at)).all()
+            result.last_settled = _last_settled(s)
             for klass, error, n in s.execute(
                 select(Attempt.attempt_class, Attempt.error, func.count())
                 .where(Attempt.kind == "dispatch")
