@@ -180,6 +180,16 @@ class LivenessResult:
             return None
         return (after[-1].settled - after[0].settled) / (after[-1].t - after[0].t)
 
+    @property
+    def left_after_faults(self) -> int | None:
+        """Operations not yet settled when the last fault ended (what after_faults_ops_s is over:
+        a small remainder, e.g. a frozen worker's claims waiting for their leases, gives a low rate
+        that says nothing about throughput)."""
+        if self.faults_done_at is None or not self.samples:
+            return None
+        at = next((x for x in self.samples if x.t >= self.faults_done_at), self.samples[-1])
+        return self.scale.intents - at.settled
+
     def summary(self) -> str:
         s = self.scale
         after = self.after_faults_ops_s
@@ -187,6 +197,7 @@ class LivenessResult:
             f"liveness {self.scenario}{' (backlog)' if self.backlog else ''} intents={s.intents} "
             f"submit={'-' if self.submit_s is None else f'{self.submit_s:.1f}s'} wall={s.wall_s:.1f}s "
             f"ops/s={s.ops_per_s:.1f} after_faults_ops/s={'-' if after is None else f'{after:.1f}'} "
+            f"left_after_faults={'-' if self.left_after_faults is None else self.left_after_faults} "
             f"succeeded={s.statuses['succeeded']} failed_before_commit={s.statuses['failed_before_commit']} "
             f"reconciliation_required={s.statuses['reconciliation_required']} over_deadline={self.over_deadline} "
             f"reconciled={s.reconciled} retries={s.retries} duplicates={s.duplicates} lost={s.lost} "
@@ -201,6 +212,7 @@ class LivenessResult:
             "submit_s": self.submit_s,
             "after_faults_ops_per_s": self.after_faults_ops_s,
             "faults_done_at_s": self.faults_done_at,
+            "left_after_faults": self.left_after_faults,
             "pg_restarts": self.pg_restarts,
             "outages": self.outages,
             "self_exits": self.self_exits,
