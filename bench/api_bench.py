@@ -1,7 +1,7 @@
 """Intents per second through the HTTP API, beside ``producer.submit`` in the same run (issue 16).
 
-In a throwaway PostgreSQL database (created, migrated, dropped even on Ctrl-C), with one
-``agent-outbox serve`` process (uvicorn, one event loop; its sync routes run on its thread pool):
+In a throwaway PostgreSQL database (created, migrated, dropped even on Ctrl-C), with
+``agent-outbox serve`` (uvicorn; one process, then ``--workers 2``: one per core):
 
 1. ``producer.submit``: one intent per transaction, in this process (the floor: no HTTP at all);
 2. ``POST /v1/intents``: one intent per request, from ``--clients`` concurrent HTTP clients;
@@ -43,12 +43,23 @@ def _intent(run: str, i: int) -> dict[str, Any]:
     return {"action": "payments.refund.create", "idempotency_key": f"{run}-{i}", "args": ARGS}
 
 
-def _serve(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(env: dict[str, str], workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commands.main", "serve", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "commands.main",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--workers",
+            str(workers),
+        ],
         cwd=ROOT,
         env=os.environ | env,
     )
@@ -76,7 +87,7 @@ def _key(env: dict[str, str]) -> str:
     return str(json.loads(out.stdout)["key"])
 
 
-def bench_producer(db_url: str, n: int) -> float:
+def bench_producer(db_url: str, n: int, tag: str = "") -> float:
     from outbox.db import make_engine
     from producer.client import Outbox
 
@@ -84,15 +95,15 @@ def bench_producer(db_url: str, n: int) -> float:
     try:
         started = time.perf_counter()
         for i in range(n):
-            outbox.submit(subject="bench", **_intent("producer", i))
+            outbox.submit(subject="bench", **_intent(f"producer{tag}", i))
         return n / (time.perf_counter() - started)
     finally:
         outbox.close()
 
 
-def bench_single(url: str, key: str, n: int, clients: int) -> float:
+def bench_single(url: str, key: str, n: int, clients: int, tag: str = "") -> float:
     headers = {"Authorization": f"Bearer {key}"}
-    run = f"single-{clients}"
+    run = f"single-{clients}{tag}"
 
     def part(offset: int) -> None:
         with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
@@ -105,12 +116,12 @@ def bench_single(url: str, key: str, n: int, clients: int) -> float:
     return n / (time.perf_counter() - started)
 
 
-def bench_batch(url: str, key: str, n: int) -> float:
+def bench_batch(url: str, key: str, n: int, tag: str = "") -> float:
     headers = {"Authorization": f"Bearer {key}"}
     started = time.perf_counter()
     with httpx.Client(base_url=url, headers=headers, timeout=120) as c:
         for first in range(0, n, 500):
-            items = [_intent("batch", i) for i in range(first, min(first + 500, n))]
+            items = [_intent(f"batch{tag}", i) for i in range(first, min(first + 500, n))]
             r = c.post("/v1/intents:batch", json={"intents": items})
             r.raise_for_status()
             assert all(x["status"] == 201 for x in r.json()["results"])
@@ -121,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--intents", type=int, default=2000)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    p.add_argument(
+        "--server-workers", type=int, nargs="+", default=[1, 2], help="agent-outbox serve --workers to measure"
+    )
     a = p.parse_args(argv)
     results: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -128,23 +142,39 @@ def main(argv: list[str] | None = None) -> int:
         "intents": a.intents,
     }
     with ScratchDatabase() as db:
-        env = {"OUTBOX_DATABASE_URL": db.url, "OUTBOX_API_RATE_PER_S": "1000000"}
+        env = {
+            "OUTBOX_DATABASE_URL": db.url,
+            "OUTBOX_API_RATE_PER_S": "1000000",
+            "OUTBOX_CONSOLE_SECRET": "bench-" + "0" * 32,  # serve --workers > 1 needs one
+        }
         env.pop("OUTBOX_ACTIONS_FILE", None)
         results["producer.submit"] = round(bench_producer(db.url, a.intents), 1)
         print(f"producer.submit (1 per transaction)      {results['producer.submit']:8.1f} intents/s", flush=True)
         key = _key(env)
-        proc, url = _serve(env)
-        try:
-            for clients in a.clients:
-                rate = round(bench_single(url, key, a.intents, clients), 1)
-                results[f"POST /v1/intents, {clients} client(s)"] = rate
-                print(f"POST /v1/intents, {clients} client(s)         {rate:8.1f} intents/s", flush=True)
-            rate = round(bench_batch(url, key, a.intents), 1)
-            results["POST /v1/intents:batch (500 per request)"] = rate
-            print(f"POST /v1/intents:batch (500 per request) {rate:8.1f} intents/s", flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        best = 0.0
+        for workers in a.server_workers:
+            proc, url = _serve(env, workers)
+            where = f"{workers} server process{'es' if workers > 1 else ''}"
+            try:
+                for clients in a.clients:
+                    rate = round(bench_single(url, key, a.intents, clients, tag=f"w{workers}"), 1)
+                    best = max(best, rate)
+                    results[f"POST /v1/intents, {clients} client(s), {where}"] = rate
+                    print(f"POST /v1/intents, {clients} client(s), {where:18} {rate:8.1f} intents/s", flush=True)
+                rate = round(bench_batch(url, key, a.intents, tag=f"w{workers}"), 1)
+                results[f"POST /v1/intents:batch (500 per request), {where}"] = rate
+                print(f"POST /v1/intents:batch (500 per request), {where:18} {rate:8.1f} intents/s", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+        results["producer.submit, again"] = round(bench_producer(db.url, a.intents, tag="again"), 1)
+        floor = (results["producer.submit"] + results["producer.submit, again"]) / 2
+        results["best single-intent POST / producer.submit"] = round(best / floor, 3)
+        print(
+            f"producer.submit again {results['producer.submit, again']:.1f}/s; best POST /v1/intents "
+            f"{best:.1f}/s = {best / floor:.0%} of producer.submit (mean of both)",
+            flush=True,
+        )
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"api-{dt.date.today().isoformat()}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")

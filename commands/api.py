@@ -20,6 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8800)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port (one per core: one process is bound to one core by its GIL); "
+        "more than one needs OUTBOX_CONSOLE_SECRET",
+    )
     p.set_defaults(func=cmd_serve)
 
     k = sub.add_parser("keys", help="HTTP API keys: create (shown once), list, revoke")
@@ -49,8 +56,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "serve", f"the HTTP API needs its extra: pip install 'agent-outbox-ledger[api]' ({exc})"
         ) from exc
     settings = load_settings()
+    if not 1 <= args.workers <= 64:
+        raise InvalidIntent("--workers", "must be from 1 to 64 server processes")
+    if args.workers > 1 and not settings.console_secret:
+        raise InvalidIntent(
+            "OUTBOX_CONSOLE_SECRET",
+            "several server processes must sign console sessions with one secret: set it (at least 32 "
+            "characters, e.g. `openssl rand -hex 32`), or serve with --workers 1",
+        )
     open_engine(settings).dispose()  # the embedded default migrates itself; a server says if it is unreachable
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    if args.workers == 1:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    else:
+        # Each process builds its app from the same OUTBOX_* environment (create_app() reads it).
+        uvicorn.run(
+            "api.app:create_app",
+            factory=True,
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+        )
     return 0
 
 

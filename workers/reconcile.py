@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def dispatch_window(
-    session: Session, operation_id: str, *, call_timeout_s: float, after: int = 0
+    attempts: Sequence[DispatchAttempt], *, call_timeout_s: float, after: int = 0
 ) -> tuple[datetime | None, datetime | None]:
     """(when the first request may have reached the provider, the latest moment one may have).
 
@@ -50,15 +50,10 @@ def dispatch_window(
     The latest: the end of the last dispatch attempt; if its worker never reported (crashed), its
     start plus the call timeout, since the request may still have been on the wire until then.
     """
-    rows = session.execute(
-        select(Attempt.attempt_number, Attempt.started_at, Attempt.ended_at)
-        .where(Attempt.operation_id == operation_id, Attempt.kind == AttemptKind.DISPATCH.value)
-        .order_by(Attempt.attempt_number)
-    ).all()
-    if not rows:
+    if not attempts:
         return None, None
-    since = [r for r in rows if r.attempt_number > after] or rows[-1:]
-    first, last = as_utc(since[0].started_at), rows[-1]
+    since = [a for a in attempts if a.number > after] or list(attempts[-1:])
+    first, last = as_utc(since[0].started_at), attempts[-1]
     ended = as_utc(last.ended_at)
     if ended is not None:
         return first, ended
@@ -179,14 +174,13 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
         rt.breakers.record(decision, failure=failure)
     target = rt.actions.target_of(action)
     first_sent = last_activity = None
+    attempts: list[DispatchAttempt] = []
     if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
         with rt.sessions() as session:
-            first_sent, last_activity = dispatch_window(
-                session,
-                claim.operation_id,
-                call_timeout_s=target.timeout_s + target.connect_timeout_s,
-                after=claim.proven_absent_through,
-            )
+            attempts = _dispatch_attempts(session, claim.operation_id)
+        first_sent, last_activity = dispatch_window(
+            attempts, call_timeout_s=target.timeout_s + target.connect_timeout_s, after=claim.proven_absent_through
+        )
     verdict = judge(
         claim,
         action,
@@ -198,30 +192,43 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
         max_lookups=rt.settings.reconcile_max_lookups,
         max_delay_s=rt.settings.reconcile_max_delay_s,
     )
-    if verdict.to is Status.NOT_DISPATCHED:
-        with rt.sessions() as session:
-            attempts = _dispatch_attempts(session, claim.operation_id)
+    if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
         verdict = after_not_found(claim, action, verdict, attempts, now=claim.now())
     return Looked(claim, found, verdict, action)
 
 
 @dataclass(frozen=True)
 class DispatchAttempt:
-    """What after_not_found needs of one dispatch attempt row."""
+    """What dispatch_window and after_not_found need of one dispatch attempt row."""
 
     number: int
     fencing_token: int
     klass: AttemptClass
     error: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 def _dispatch_attempts(session: Session, operation_id: str) -> list[DispatchAttempt]:
+    """One read of an operation's dispatch attempts, in order: both judgements of a "not found"."""
     rows = session.execute(
-        select(Attempt.attempt_number, Attempt.fencing_token, Attempt.attempt_class, Attempt.error)
+        select(
+            Attempt.attempt_number,
+            Attempt.fencing_token,
+            Attempt.attempt_class,
+            Attempt.error,
+            Attempt.started_at,
+            Attempt.ended_at,
+        )
         .where(Attempt.operation_id == operation_id, Attempt.kind == AttemptKind.DISPATCH.value)
         .order_by(Attempt.attempt_number)
     ).all()
-    return [DispatchAttempt(r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error) for r in rows]
+    return [
+        DispatchAttempt(
+            r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error, r.started_at, r.ended_at
+        )
+        for r in rows
+    ]
 
 
 def after_not_found(
