@@ -25,7 +25,7 @@ from outbox.clock import as_utc
 from outbox.envelope import loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation
-from outbox.queries import detail_of, operation_json
+from outbox.queries import detail_of, details_of, operation_json
 from outbox.states import Status
 from outbox.submit import require_storable, submit
 from outbox.transitions import request_cancel
@@ -169,19 +169,25 @@ def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None
         raise InvalidIntent(f"{where}action", f"unknown action {action!r}; known: {', '.join(known) or '(none)'}")
 
 
-def _operation(session: Session, caller: Caller, operation_id: str) -> dict[str, Any]:
+def _operation(session: Session, caller: Caller, operation_id: str, *, fresh: bool = False) -> dict[str, Any]:
     if not _OPERATION_ID.fullmatch(operation_id):
         raise not_found("operation")
     op = session.get(Operation, operation_id)
     if op is None or op.tenant != caller.tenant:
         raise not_found("operation")  # another tenant's operation does not exist for this key
-    return with_outcome(detail_of(session, op).as_json())
+    return with_outcome(detail_of(session, op, fresh=fresh).as_json())
 
 
 def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
     receipt = submit(session, **intent, key_rules=st.key_rules)
-    session.flush()
-    return (201 if receipt.new else 200), _operation(session, caller, receipt.operation_id)
+    # New: inserted by this transaction, so nothing but its history exists to read.
+    return (201 if receipt.new else 200), _operation(session, caller, receipt.operation_id, fresh=receipt.new)
+
+
+def _operations(session: Session, operation_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The answers for a batch's submitted operations: four reads for the whole batch."""
+    ops = list(session.execute(select(Operation).where(Operation.id.in_(operation_ids))).scalars())
+    return {d.operation.id: with_outcome(d.as_json()) for d in details_of(session, ops)}
 
 
 @router.post(
@@ -239,13 +245,19 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                     intent = _intent_fields(obj, None, caller, where=f"intents.{i}.")
                     _known_action(st, intent, where=f"intents.{i}.")
                     with session.begin_nested():  # a bad item never takes the good ones down
-                        code, op = _submit_one(st, session, intent, caller)
-                    results.append({"index": i, "status": code, "operation": op})
+                        receipt = submit(session, **intent, key_rules=st.key_rules)
+                    results.append(
+                        {"index": i, "status": 201 if receipt.new else 200, "operation": receipt.operation_id}
+                    )
                 except InvalidIntent as exc:
                     p = Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field)
                     results.append({"index": i, "status": 422, "problem": p.body()})
                 except IdempotencyConflict as exc:
                     results.append({"index": i, "status": 409, "problem": conflict_problem(exc).body()})
+            answers = _operations(session, [r["operation"] for r in results if "operation" in r])
+            for r in results:
+                if "operation" in r:
+                    r["operation"] = answers[r["operation"]]
         return results
 
     return JSONResponse({"results": await _threaded(run)})
