@@ -51,7 +51,7 @@ class Api:
 
 
 @contextmanager
-def _serve(pipe: Any, **settings: str) -> Iterator[Api]:
+def _serve(pipe: Any, *args: str, **settings: str) -> Iterator[Api]:
     """``agent-outbox serve`` as a subprocess on a free port, over the test's ledger."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,7 +59,7 @@ def _serve(pipe: Any, **settings: str) -> Iterator[Api]:
     env = pipe.env | settings
     log = open(pipe.tmp / f"api-{port}.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commands.main", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "commands.main", "serve", "--port", str(port), "--log-level", "warning", *args],
         cwd=ROOT,
         env=dict(os.environ) | env,
         stdout=log,
@@ -279,3 +279,34 @@ def test_health_readiness_and_openapi(pipe, api):
         "/v1/handoffs/{handoff_id}/resolve",
     ):
         assert path in spec["paths"], path
+
+
+def test_several_server_processes_share_the_ledger_and_answer_keep_alive_requests_at_once(pipe):
+    """``serve --workers 2``: one process per core. uvicorn's supervisor bound the port without
+    TCP_NODELAY (uvicorn#3149), so each keep-alive request after the first waited ~40 ms for a
+    delayed ACK; and processes that sign console sessions must share a secret."""
+    import statistics
+    import time
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "commands.main", "serve", "--port", "0", "--workers", "2"],
+        cwd=ROOT,
+        env={k: v for k, v in (dict(os.environ) | pipe.env).items() if k != "OUTBOX_CONSOLE_SECRET"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "OUTBOX_CONSOLE_SECRET" in refused.stderr, refused.stderr
+    with _serve(pipe, "--workers", "2", OUTBOX_CONSOLE_SECRET="s" * 40, OUTBOX_API_RATE_PER_S="1000") as api:
+        key = _key(api.env, "acme", "submit,read")
+        took, answers = [], []
+        with api.client(key) as c:
+            for _ in range(15):
+                started = time.perf_counter()
+                r = c.post("/v1/intents", json=_intent("two-processes"))
+                took.append(time.perf_counter() - started)
+                answers.append((r.status_code, r.json()["operation_id"]))
+        assert [code for code, _ in answers] == [201] + [200] * 14, answers
+        assert len({op for _, op in answers}) == 1
+        # Nagle's algorithm against a delayed ACK costs 40 ms a request; a submit here takes a few.
+        assert statistics.median(took[1:]) < 0.03, took
