@@ -31,6 +31,21 @@ def _rss_kib(pid: int) -> int | None:
     return None
 
 
+def _smaps_kib(pid: int, field: str) -> int | None:
+    """A field of /proc/PID/smaps_rollup: Pss (shared pages split among their users) or the
+    process's own pages (Private_Clean + Private_Dirty, its USS)."""
+    try:
+        rows = dict(
+            (line.split(":")[0], int(line.split()[1]))
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+        )
+    except (OSError, ValueError, IndexError):
+        return None
+    if field == "Uss":
+        return rows.get("Private_Clean", 0) + rows.get("Private_Dirty", 0)
+    return rows.get(field)
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -98,7 +113,11 @@ class Workers:
         return [p.pid for p in self.procs]
 
     def rss_kib(self) -> dict[str, list[int]]:
-        out = {"executing": [r for r in map(_rss_kib, self.worker_pids()) if r]}
+        pids = self.worker_pids()
+        out = {"executing": [r for r in map(_rss_kib, pids) if r]}
+        # What a task process costs beyond what it shares with its parent and siblings.
+        out["executing_uss"] = [r for r in (_smaps_kib(p, "Uss") for p in pids) if r]
+        out["executing_pss"] = [r for r in (_smaps_kib(p, "Pss") for p in pids) if r]
         if self.pool == "prefork":
             out["parent"] = [r for r in (_rss_kib(p.pid) for p in self.procs) if r]
         return out

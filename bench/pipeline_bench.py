@@ -358,13 +358,13 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "naive" in row:
             row["ratio_naive"] = row["outbox"]["median"] / row["naive"]["median"]
         ours = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w)]
-        row["rss_mib_executing"] = statistics.median(
-            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in ours if r["rss_kib"]["executing"]] or [0]
-        )
         bare = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("bare", pool, w)]
-        row["rss_mib_bare_executing"] = statistics.median(
-            [statistics.median(r["rss_kib"]["executing"]) / 1024 for r in bare if r["rss_kib"]["executing"]] or [0]
-        )
+        naive_runs = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("naive", pool, w)]
+        for side, side_runs in (("", ours), ("bare_", bare), ("naive_", naive_runs)):
+            # RSS counts the pages a task process shares with its parent; USS only its own.
+            for kind, key in (("rss", "executing"), ("uss", "executing_uss"), ("pss", "executing_pss")):
+                values = [statistics.median(r["rss_kib"][key]) / 1024 for r in side_runs if r["rss_kib"].get(key)]
+                row[f"{kind}_mib_{side}executing"] = statistics.median(values) if values else None
         row["effects_ok"] = all(r["effects"] == r["ops"] and r["duplicates"] == 0 for r in ours)
         rows.append(row)
     return rows
@@ -374,7 +374,7 @@ def print_table(rows: list[dict[str, Any]], n: int, repeats: int) -> None:
     print(f"\nsubmit -> succeeded, N={n}, {repeats} run(s) each: median ops/s [min-max]")
     print(
         f"{'pool':8} {'W':>2} {'outbox ops/s':>24} {'bare Celery ops/s':>24} {'ratio':>6} "
-        f"{'RSS/proc MiB':>13} {'effects==N':>10}   naive pipeline ops/s (outbox/naive)"
+        f"{'RSS/proc MiB':>13} {'USS/proc MiB':>13} {'effects==N':>10}   naive pipeline ops/s (outbox/naive)"
     )
     for r in rows:
         o, b = r["outbox"], r["bare"]
@@ -383,6 +383,7 @@ def print_table(rows: list[dict[str, Any]], n: int, repeats: int) -> None:
             f"{r['pool']:8} {r['workers']:>2} {o['median']:>8.0f} [{o['min']:.0f}-{o['max']:.0f}]".ljust(36)
             + f"{b['median']:>8.0f} [{b['min']:.0f}-{b['max']:.0f}]".ljust(25)
             + f"{r['ratio']:>6.2f} {r['rss_mib_executing']:>6.1f} ({r['rss_mib_bare_executing']:.1f})"
+            + f" {r['uss_mib_executing'] or 0:>6.1f} ({r['uss_mib_bare_executing'] or 0:.1f})"
             + f" {str(r['effects_ok']):>10}"
             + (
                 f"   {naive['median']:.0f} [{naive['min']:.0f}-{naive['max']:.0f}] ({r['ratio_naive']:.2f})"
@@ -509,7 +510,10 @@ def main(argv: list[str] | None = None) -> int:
             r.delete(*keys)
     rows = summarise(runs)
     print_table(rows, n, repeats)
-    print("(RSS = median VmRSS of each task-executing process after the run; bare Celery's in brackets)")
+    print(
+        "(RSS = median VmRSS of each task-executing process after the run; USS = its own pages, not shared "
+        "with its parent or siblings; bare Celery's in brackets)"
+    )
     out = {
         "benchmark": "pipeline",
         "command": "python -m bench.pipeline_bench " + " ".join(argv or sys.argv[1:]),
