@@ -55,7 +55,8 @@ def _children(pid: int) -> list[int]:
 
 @dataclass
 class Workers:
-    """``pool`` = "prefork" (one parent, ``count`` children) or "solo" (``count`` processes)."""
+    """``pool`` = "prefork" (one parent, ``count`` children) or "solo" (``count`` processes);
+    ``nodes`` such worker nodes (``celery worker`` instances), as on that many machines."""
 
     app: str
     pool: str
@@ -63,12 +64,13 @@ class Workers:
     env: dict[str, str]
     tmp: Path
     queues: str | None = None
+    nodes: int = 1
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     ready_files: list[Path] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
     def start(self, timeout_s: float = 60.0) -> Workers:
-        n_procs, conc = (1, self.count) if self.pool == "prefork" else (self.count, 1)
+        n_procs, conc = (self.nodes, self.count) if self.pool == "prefork" else (self.count * self.nodes, 1)
         for i in range(n_procs):
             tag = f"{self.pool}{self.count}-{i}-{uuid.uuid4().hex[:6]}"
             ready, log = self.tmp / f"{tag}.ready", self.tmp / f"{tag}.log"

@@ -209,9 +209,10 @@ def run_outbox(
     presubmit: bool = False,
     submitters: int = 1,
     slow: float = 0.0,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
-    with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown") as workers:
+    with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown", nodes=nodes) as workers:
         warm = f"warm-{tag}"
         ob.submit_all(warm, 2 * w, 1)
         wait_until(lambda: ob.count(warm) == 2 * w, 60, 0.02, "warm-up")
@@ -245,6 +246,7 @@ def run_outbox(
         "side": "outbox",
         "pool": pool,
         "workers": w,
+        "nodes": nodes,
         "ops": n,
         "seconds": seconds,
         "ops_per_s": n / seconds,
@@ -351,13 +353,19 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for pool, w in sorted({(r["pool"], r["workers"]) for r in runs}):
         row: dict[str, Any] = {"pool": pool, "workers": w}
         for side in ("outbox", "bare", "naive"):
-            rates = [r["ops_per_s"] for r in runs if (r["side"], r["pool"], r["workers"]) == (side, pool, w)]
+            rates = [
+                r["ops_per_s"]
+                for r in runs
+                if (r["side"], r["pool"], r["workers"]) == (side, pool, w) and r.get("nodes", 1) == 1
+            ]
             if rates:
                 row[side] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
         row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
         if "naive" in row:
             row["ratio_naive"] = row["outbox"]["median"] / row["naive"]["median"]
-        ours = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w)]
+        ours = [
+            r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w) and r.get("nodes", 1) == 1
+        ]
         bare = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("bare", pool, w)]
         naive_runs = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("naive", pool, w)]
         for side, side_runs in (("", ours), ("bare_", bare), ("naive_", naive_runs)):
@@ -367,6 +375,30 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row[f"{kind}_mib_{side}executing"] = statistics.median(values) if values else None
         row["effects_ok"] = all(r["effects"] == r["ops"] and r["duplicates"] == 0 for r in ours)
         rows.append(row)
+    return rows
+
+
+def scale_out(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The outbox's rate by worker nodes (same pool and processes per node): how throughput grows
+    with workers, and what PostgreSQL spends per operation meanwhile."""
+    rows = []
+    for pool, w, nodes in sorted({(r["pool"], r["workers"], r.get("nodes", 1)) for r in runs if r["side"] == "outbox"}):
+        mine = [
+            r
+            for r in runs
+            if r["side"] == "outbox" and (r["pool"], r["workers"], r.get("nodes", 1)) == (pool, w, nodes)
+        ]
+        rows.append(
+            {
+                "pool": pool,
+                "workers": w,
+                "nodes": nodes,
+                "ops_per_s": statistics.median(r["ops_per_s"] for r in mine),
+                "postgres_cpu_ms_per_op": statistics.median(r["cpu_ms_per_op"].get("postgres", 0.0) for r in mine),
+                "workers_cpu_ms_per_op": statistics.median(r["cpu_ms_per_op"].get("celery workers", 0.0) for r in mine),
+                "cpu_ms_per_op": statistics.median(sum(r["cpu_ms_per_op"].values()) for r in mine),
+            }
+        )
     return rows
 
 
@@ -415,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--bare-events", action="store_true", help="bare Celery also sends task events")
     p.add_argument(
+        "--nodes",
+        default="1",
+        help="comma-separated worker node counts for the outbox (scale-out: each node a `celery worker` with "
+        "--workers processes; the ratios use 1 node)",
+    )
+    p.add_argument(
         "--slow",
         type=float,
         default=0.0,
@@ -430,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     n = args.ops or (300 if args.quick else 1000)
     counts = [int(x) for x in (args.workers or ("2" if args.quick else "2,4")).split(",")]
+    node_counts = [int(x) for x in args.nodes.split(",")]
     pools = (args.pools or ("prefork" if args.quick else "prefork,solo")).split(",")
     repeats = args.repeats or (1 if args.quick else 3)
 
@@ -465,25 +504,28 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(repeats):
                     for pool in pools:
                         for w in counts:
-                            res = run_outbox(
-                                ob,
-                                sandbox,
-                                pool,
-                                w,
-                                n,
-                                args.submit_batch,
-                                args.timeout,
-                                args.presubmit,
-                                args.submitters,
-                                args.slow,
-                            )
-                            runs.append(res)
-                            print(
-                                f"[{rep + 1}/{repeats}] outbox {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
-                                f"(submit {res['submit_s']:.2f}s of {res['seconds']:.2f}s; effects {res['effects']}, "
-                                f"dups {res['duplicates']}; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
-                                flush=True,
-                            )
+                            for nodes in node_counts:
+                                res = run_outbox(
+                                    ob,
+                                    sandbox,
+                                    pool,
+                                    w,
+                                    n,
+                                    args.submit_batch,
+                                    args.timeout,
+                                    args.presubmit,
+                                    args.submitters,
+                                    args.slow,
+                                    nodes,
+                                )
+                                runs.append(res)
+                                print(
+                                    f"[{rep + 1}/{repeats}] outbox {pool} W={w} x{nodes} node(s): "
+                                    f"{res['ops_per_s']:.0f} ops/s (submit {res['submit_s']:.2f}s of "
+                                    f"{res['seconds']:.2f}s; effects {res['effects']}, dups {res['duplicates']}; "
+                                    f"RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                    flush=True,
+                                )
                             res = run_bare(bare_env, tmp, pool, w, n, args.timeout)
                             runs.append(res)
                             print(
@@ -510,6 +552,14 @@ def main(argv: list[str] | None = None) -> int:
             r.delete(*keys)
     rows = summarise(runs)
     print_table(rows, n, repeats)
+    grown = scale_out(runs)
+    if len({r["nodes"] for r in grown}) > 1:
+        print("\nscale-out (outbox): worker nodes -> median ops/s, CPU ms per operation (all / workers / PostgreSQL)")
+        for r in grown:
+            print(
+                f"{r['pool']:8} {r['workers']:>2} x{r['nodes']} node(s) {r['ops_per_s']:>8.0f} ops/s   "
+                f"{r['cpu_ms_per_op']:.2f} / {r['workers_cpu_ms_per_op']:.2f} / {r['postgres_cpu_ms_per_op']:.2f}"
+            )
     print(
         "(RSS = median VmRSS of each task-executing process after the run; USS = its own pages, not shared "
         "with its parent or siblings; bare Celery's in brackets)"
@@ -526,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         "bare_events": args.bare_events,
         "environment": env,
         "summary": rows,
+        "scale_out": grown,
         "runs": runs,
     }
     RESULTS_DIR.mkdir(exist_ok=True)
