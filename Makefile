@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench bench-full clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+# Every figure of bench/README.md's latest section in one run (~30 minutes on 2 cores).
+bench-full: $(STAMP)
+	$(BIN)/python -m bench.run --full
 
 clean:
 	rm -rf $(VENV) .outbox

@@ -12,7 +12,14 @@
 6. claim latency beside a big table (``bench.claim_latency --quick``: 10k and 100k finished rows,
    200 claims each).
 
-Exits non-zero if any benchmark does. Full runs: see bench/README.md.
+``python -m bench.run --full`` (``make bench-full``, about 30 minutes on 2 cores) runs instead
+what issue 21's figures come from, in one go: the pipeline beside bare Celery and the naive
+pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the naive pipeline under the
+fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the fault mix, the mix plus
+process faults), claim latency at 10k and 1M finished rows, and the HTTP API beside
+``producer.submit`` (one and two server processes).
+
+Exits non-zero if any benchmark does. Figures: bench/README.md.
 """
 
 from __future__ import annotations
@@ -41,10 +48,33 @@ BENCHMARKS = [
     [sys.executable, "-m", "bench.claim_latency", "--quick"],
 ]
 
+FULL = [
+    [
+        sys.executable,
+        "-m",
+        "bench.pipeline_bench",
+        "--ops",
+        "2000",
+        "--workers",
+        "2",
+        "--pools",
+        "prefork",
+        "--repeats",
+        "3",
+        "--nodes",
+        "1,2",
+    ],
+    [sys.executable, "-m", "bench.naive_pipeline", "--faults", "--ops", "1000"],
+    [sys.executable, "-m", "bench.liveness", "-q"],
+    [sys.executable, "-m", "bench.claim_latency"],
+    [sys.executable, "-m", "bench.api_bench"],
+]
 
-def main() -> int:
+
+def main(argv: list[str] | None = None) -> int:
+    full = "--full" in (sys.argv[1:] if argv is None else argv)
     failed = []
-    for cmd in BENCHMARKS:
+    for cmd in FULL if full else BENCHMARKS:
         print(f"\n$ {' '.join(cmd[1:])}", flush=True)
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
             failed.append(cmd[2])
