@@ -31,7 +31,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
-# Every figure of bench/README.md's latest section in one run (~30 minutes on 2 cores).
+# Every figure of bench/README.md's latest section in one run (~8 minutes on 2 cores).
 bench-full: $(STAMP)
 	$(BIN)/python -m bench.run --full
 

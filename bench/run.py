@@ -12,7 +12,7 @@
 6. claim latency beside a big table (``bench.claim_latency --quick``: 10k and 100k finished rows,
    200 claims each).
 
-``python -m bench.run --full`` (``make bench-full``, about 30 minutes on 2 cores) runs instead
+``python -m bench.run --full`` (``make bench-full``, about 8 minutes on 2 cores) runs instead
 what issue 21's figures come from, in one go: the pipeline beside bare Celery and the naive
 pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the naive pipeline under the
 fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the fault mix, the mix plus
