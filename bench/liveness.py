@@ -181,6 +181,10 @@ class LivenessResult:
         return (after[-1].settled - after[0].settled) / (after[-1].t - after[0].t)
 
     @property
+    def cpu_ms_per_op(self) -> dict[str, float]:
+        return {k: round(v * 1000 / max(self.scale.intents, 1), 2) for k, v in self.cpu_s.items()}
+
+    @property
     def left_after_faults(self) -> int | None:
         """Operations not yet settled when the last fault ended (what after_faults_ops_s is over:
         a small remainder, e.g. a frozen worker's claims waiting for their leases, gives a low rate
@@ -224,7 +228,7 @@ class LivenessResult:
             "cpu_s": self.cpu_s,
             "redis_calls": self.redis_calls,
             "last_settled": self.last_settled,
-            "cpu_ms_per_op": {k: round(v * 1000 / max(self.scale.intents, 1), 2) for k, v in self.cpu_s.items()},
+            "cpu_ms_per_op": self.cpu_ms_per_op,
             "samples": [[round(x.t, 2), x.settled, x.due, x.queued] for x in self.samples],
         }
 
@@ -532,10 +536,10 @@ def main(argv: list[str] | None = None) -> int:
                 engine.dispose()
         print(results[name].summary(), flush=True)
         print(f"dispatch attempts by class: {dict(results[name].attempt_classes)}")
-        cpu = results[name].cpu_s
+        per_op = results[name].cpu_ms_per_op
         print(
-            f"CPU ms per operation ({sum(cpu.values()) * 1000 / max(args.intents, 1):.2f} in all): "
-            + ", ".join(f"{k} {v * 1000 / max(args.intents, 1):.2f}" for k, v in cpu.items())
+            f"CPU ms per operation ({sum(per_op.values()):.2f} in all): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in per_op.items())
         )
         for why, n in results[name].not_sent_why.most_common(5):
             print(f"  not sent x{n}: {why}")

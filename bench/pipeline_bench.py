@@ -348,32 +348,34 @@ def environment(db: ScratchDatabase) -> dict[str, Any]:
     return info
 
 
+def _measured(runs: list[dict[str, Any]], side: str, pool: str, w: int, nodes: int = 1) -> list[dict[str, Any]]:
+    """The runs of one side and configuration (bare Celery and the naive pipeline run on 1 node)."""
+    return [r for r in runs if (r["side"], r["pool"], r["workers"], r.get("nodes", 1)) == (side, pool, w, nodes)]
+
+
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for pool, w in sorted({(r["pool"], r["workers"]) for r in runs}):
         row: dict[str, Any] = {"pool": pool, "workers": w}
         for side in ("outbox", "bare", "naive"):
-            rates = [
-                r["ops_per_s"]
-                for r in runs
-                if (r["side"], r["pool"], r["workers"]) == (side, pool, w) and r.get("nodes", 1) == 1
-            ]
+            rates = [r["ops_per_s"] for r in _measured(runs, side, pool, w)]
             if rates:
                 row[side] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
         row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
         if "naive" in row:
             row["ratio_naive"] = row["outbox"]["median"] / row["naive"]["median"]
-        ours = [
-            r for r in runs if (r["side"], r["pool"], r["workers"]) == ("outbox", pool, w) and r.get("nodes", 1) == 1
-        ]
-        bare = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("bare", pool, w)]
-        naive_runs = [r for r in runs if (r["side"], r["pool"], r["workers"]) == ("naive", pool, w)]
-        for side, side_runs in (("", ours), ("bare_", bare), ("naive_", naive_runs)):
+        for side, prefix in (("outbox", ""), ("bare", "bare_"), ("naive", "naive_")):
             # RSS counts the pages a task process shares with its parent; USS only its own.
             for kind, key in (("rss", "executing"), ("uss", "executing_uss"), ("pss", "executing_pss")):
-                values = [statistics.median(r["rss_kib"][key]) / 1024 for r in side_runs if r["rss_kib"].get(key)]
-                row[f"{kind}_mib_{side}executing"] = statistics.median(values) if values else None
-        row["effects_ok"] = all(r["effects"] == r["ops"] and r["duplicates"] == 0 for r in ours)
+                values = [
+                    statistics.median(r["rss_kib"][key]) / 1024
+                    for r in _measured(runs, side, pool, w)
+                    if r["rss_kib"].get(key)
+                ]
+                row[f"{kind}_mib_{prefix}executing"] = statistics.median(values) if values else None
+        row["effects_ok"] = all(
+            r["effects"] == r["ops"] and r["duplicates"] == 0 for r in _measured(runs, "outbox", pool, w)
+        )
         rows.append(row)
     return rows
 
@@ -383,11 +385,7 @@ def scale_out(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with workers, and what PostgreSQL spends per operation meanwhile."""
     rows = []
     for pool, w, nodes in sorted({(r["pool"], r["workers"], r.get("nodes", 1)) for r in runs if r["side"] == "outbox"}):
-        mine = [
-            r
-            for r in runs
-            if r["side"] == "outbox" and (r["pool"], r["workers"], r.get("nodes", 1)) == (pool, w, nodes)
-        ]
+        mine = _measured(runs, "outbox", pool, w, nodes)
         rows.append(
             {
                 "pool": pool,
