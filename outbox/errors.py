@@ -32,6 +32,35 @@ class IdempotencyConflict(OutboxError):
         self.operation_id = operation_id
 
 
+class KeySpaceConflict(IdempotencyConflict):
+    """The key belongs to the other kind of operation: a plain intent's key used by a run's step, or
+    a run's step (or compensation) key used by a plain submit. Neither adopts the other's operation."""
+
+    def __init__(self, key: str, operation_id: str, *, owner: str) -> None:
+        OutboxError.__init__(
+            self,
+            f"idempotency key {key!r} belongs to {owner} (operation {operation_id}); "
+            + (
+                "a run's steps never adopt a plain intent's operation: use another run_key"
+                if owner == "a plain intent"
+                else "a plain intent never answers for a run's step: use another key"
+            ),
+        )
+        self.key, self.stored_digest, self.new_digest = key, "", ""
+        self.operation_id, self.owner = operation_id, owner
+
+
+class SelfApproval(OutboxError):
+    """Separation of duties: the identity that submitted an intent may not approve it."""
+
+    def __init__(self, operation_id: str, identity: str) -> None:
+        super().__init__(
+            f"{identity} submitted the intent {operation_id} and cannot approve it (separate_approver): "
+            "another key or person must decide"
+        )
+        self.operation_id, self.identity = operation_id, identity
+
+
 class RunConflict(OutboxError):
     """The run key was already used for a run with different steps or budget."""
 

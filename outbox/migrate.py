@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -24,21 +25,22 @@ def _config() -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to ``revision``; safe to run again (a no-op when up to date)."""
-    cfg = _config()
-    with engine.begin() as conn:
-        # Two `migrate` runs at once (compose restarts, several replicas) must not race.
-        driver_for(conn).lock_for_migration(conn)
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    _run(engine, lambda cfg: command.upgrade(cfg, revision))
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     """Take the schema back to ``revision`` (tests of upgrades; an operator's way back)."""
+    _run(engine, lambda cfg: command.downgrade(cfg, revision))
+
+
+def _run(engine: Engine, step: Callable[[Config], None]) -> None:
     cfg = _config()
-    with engine.begin() as conn:
-        driver_for(conn).lock_for_migration(conn)
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    with engine.connect() as conn, driver_for(conn).migrating(conn):
+        with conn.begin():
+            # Two `migrate` runs at once (compose restarts, several replicas) must not race.
+            driver_for(conn).lock_for_migration(conn)
+            cfg.attributes["connection"] = conn
+            step(cfg)
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outbox.run_states import ACTIVE, RunStatus
-from outbox.states import AttemptClass, Status
+from outbox.states import RECONCILE_CLAIMABLE, AttemptClass, Status
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -47,6 +47,11 @@ STATUS_VALUES = ", ".join(f"'{s.value}'" for s in Status)
 RUN_STATUS_VALUES = ", ".join(f"'{s.value}'" for s in RunStatus)
 RUN_ACTIVE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(ACTIVE)) + ")"
 CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
+KEY_SPACES = ("intent", "run")
+KEY_SPACE_VALUES = ", ".join(f"'{k}'" for k in KEY_SPACES)
+# What the reconciler claims (states.RECONCILE_CLAIMABLE), spelled once: the partial index and the
+# claims that must use it say exactly this.
+RECONCILE_DUE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(RECONCILE_CLAIMABLE)) + ")"
 TS = DateTime(timezone=True)
 # The partial index's condition, spelled the same way by the query that must use it.
 UNAPPLIED_SUCCESS = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
@@ -72,6 +77,14 @@ class Operation(Base):
     args: Mapped[str | None] = mapped_column(Text)
     args_digest: Mapped[str] = mapped_column(String(64))
     subject: Mapped[str] = mapped_column(String(255))
+    # Who submitted it, as an identity the ledger can compare (``key:<api key id>`` for the HTTP
+    # API, MCP over HTTP and the console): separation of duties compares this, never the free-text
+    # subject or approver name. NULL: submitted in-process (producer.submit) without one.
+    submitted_by: Mapped[str | None] = mapped_column(String(255))
+    # Whose key this is: a plain intent's ('intent') or a run's step or compensation ('run'). The
+    # two never adopt each other's operations (outbox/submit.py), so a plain intent never becomes a
+    # run's step, and a run never answers a plain submit.
+    key_space: Mapped[str] = mapped_column(String(8), server_default=text("'intent'"))
     run_id: Mapped[str | None] = mapped_column(String(255))
     tool_call_id: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(32))
@@ -109,6 +122,7 @@ class Operation(Base):
         CheckConstraint(f"status IN ({STATUS_VALUES})", name="status"),
         CheckConstraint(f"error_class IS NULL OR error_class IN ({CLASS_VALUES})", name="error_class"),
         CheckConstraint("fencing_token >= 0", name="fencing_token"),
+        CheckConstraint(f"key_space IN ({KEY_SPACE_VALUES})", name="key_space"),
         CheckConstraint("attempt_count >= 0 AND (max_attempts IS NULL OR max_attempts >= 1)", name="attempts"),
         # What is due: only claimable rows are indexed, so the index stays small while the
         # table grows to millions of finished operations.
@@ -127,8 +141,8 @@ class Operation(Base):
         Index(
             "ix_operations_unknown",
             "next_attempt_at",
-            postgresql_where=text("status = 'outcome_unknown'"),
-            sqlite_where=text("status = 'outcome_unknown'"),
+            postgresql_where=text(RECONCILE_DUE),
+            sqlite_where=text(RECONCILE_DUE),
         ),
         Index("ix_operations_status_updated", "status", "updated_at"),
     )
@@ -289,6 +303,8 @@ class Run(Base):
     tenant: Mapped[str] = mapped_column(String(128))
     run_key: Mapped[str] = mapped_column(String(255))
     subject: Mapped[str] = mapped_column(String(255))
+    # Who submitted the run (operations.submitted_by): its steps carry it, for separation of duties.
+    submitted_by: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(24))
     # The steps as accepted (outbox/run_spec.py, JSON text): names, actions, canonical args,
     # compensations, and what the actions file said of each action (phase, irreversible).

@@ -35,6 +35,7 @@ def operation_json(op: Operation) -> dict[str, Any]:
         "provider_key": provider_key_of(op),
         "action": op.action,
         "subject": op.subject,
+        "submitted_by": op.submitted_by,
         "status": op.status,
         "waiting_for": op.waiting_for,
         "reason": op.reason,

@@ -27,6 +27,8 @@ class Status(str, enum.Enum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     RECONCILIATION_REQUIRED = "reconciliation_required"
     CANCELLED = "cancelled"
+    ACCEPTED = "accepted"
+    FAILED_AT_PROVIDER = "failed_at_provider"
 
     def __str__(self) -> str:
         return self.value
@@ -49,9 +51,19 @@ MEANING: dict[Status, str] = {
     ),
     Status.RECONCILIATION_REQUIRED: "automation could not settle it; a handoff waits for a person",
     Status.CANCELLED: "cancelled before anything that could still take effect was sent",
+    Status.ACCEPTED: (
+        "the provider took the request (a 202, or a status the action calls pending) and has not finished it; "
+        "the reconciler looks it up until the provider says done or failed; nothing is re-sent"
+    ),
+    Status.FAILED_AT_PROVIDER: (
+        "the provider took the request and then reported it failed (a status in the action's lookup.failed): "
+        "no effect remains, but the provider holds a record of it, so it is not failed_before_commit"
+    ),
 }
 
-TERMINAL: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.CANCELLED})
+TERMINAL: frozenset[Status] = frozenset(
+    {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED}
+)
 
 # States that say "the effect happened" (evidence recorded, or being repaired).
 EFFECT: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED})
@@ -59,7 +71,9 @@ EFFECT: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.COMMITTED_EVIDEN
 # Terminal states that say "no effect happened". The ledger enters them only while no attempt can
 # still take effect and none is confirmed (effect_guard.py). A provider-confirmed
 # success that arrives anyway contradicts them: a person reviews (outbox/late_evidence.py).
-NO_EFFECT: frozenset[Status] = frozenset({Status.FAILED_BEFORE_COMMIT, Status.CANCELLED})
+# failed_at_provider is one of them: the provider's own record of the key says it failed, which
+# proves that no attempt of this key can still take effect there.
+NO_EFFECT: frozenset[Status] = frozenset({Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED})
 
 # States that claim no outcome yet. A late success (an attempt whose worker lost its lease and
 # still got the provider's 2xx) settles them: evidence wins (DESIGN.md).
@@ -69,14 +83,15 @@ AWAITING_OUTCOME: frozenset[Status] = frozenset(
         Status.NOT_DISPATCHED,
         Status.DISPATCHING,
         Status.OUTCOME_UNKNOWN,
+        Status.ACCEPTED,
         Status.RECONCILIATION_REQUIRED,
     }
 )
 
-# States a worker may claim from. outcome_unknown rows are claimed by the reconciler, which
-# looks the effect up instead of sending the request again.
+# States a worker may claim from. outcome_unknown and accepted rows are claimed by the reconciler,
+# which looks the effect up instead of sending the request again. A claim keeps the status.
 DISPATCH_CLAIMABLE: frozenset[Status] = frozenset({Status.NOT_DISPATCHED})
-RECONCILE_CLAIMABLE: frozenset[Status] = frozenset({Status.OUTCOME_UNKNOWN})
+RECONCILE_CLAIMABLE: frozenset[Status] = frozenset({Status.OUTCOME_UNKNOWN, Status.ACCEPTED})
 
 # (from, to) -> the event that causes it. Anything not listed is refused.
 ALLOWED: dict[tuple[Status, Status], str] = {
@@ -117,12 +132,27 @@ ALLOWED: dict[tuple[Status, Status], str] = {
         Status.DISPATCHING,
         Status.OUTCOME_UNKNOWN,
     ): "ambiguous result, lease expired, or an earlier attempt may still land",
+    (
+        Status.DISPATCHING,
+        Status.ACCEPTED,
+    ): "2xx that says accepted, not finished (a 202, or a status in lookup.pending)",
+    (Status.DISPATCHING, Status.FAILED_AT_PROVIDER): "2xx whose status says it failed at the provider (lookup.failed)",
     (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
+    # Accepted: the provider has it; only its lookups (or a late answer) settle it. Nothing is sent.
+    (Status.ACCEPTED, Status.ACCEPTED): "reconciler claim / still pending at the provider: re-check later",
+    (Status.ACCEPTED, Status.SUCCEEDED): "lookup found it done, or an attempt's success arrived late",
+    (Status.ACCEPTED, Status.COMMITTED_EVIDENCE_DEGRADED): "lookup found it done, evidence store down",
+    (Status.ACCEPTED, Status.FAILED_AT_PROVIDER): "lookup found it failed at the provider",
+    (Status.ACCEPTED, Status.RECONCILIATION_REQUIRED): "still not finished within the reconciler's budget: handoff",
+    (Status.OUTCOME_UNKNOWN, Status.ACCEPTED): "lookup found it accepted, not finished (a status in lookup.pending)",
+    (Status.OUTCOME_UNKNOWN, Status.FAILED_AT_PROVIDER): "lookup found it failed at the provider",
+    (
+        Status.FAILED_AT_PROVIDER,
+        Status.RECONCILIATION_REQUIRED,
+    ): "late success evidence contradicts it: a person reviews",
     (Status.OUTCOME_UNKNOWN, Status.OUTCOME_UNKNOWN): "reconciler claim / re-check later",
     (Status.OUTCOME_UNKNOWN, Status.SUCCEEDED): "lookup found the effect, or an attempt's success arrived late",
-    (Status.OUTCOME_UNKNOWN, Status.FAILED_BEFORE_COMMIT): (
-        "lookup found it failed at the provider, or found nothing where no attempt can still land"
-    ),
+    (Status.OUTCOME_UNKNOWN, Status.FAILED_BEFORE_COMMIT): "lookup found nothing where no attempt can still land",
     (Status.OUTCOME_UNKNOWN, Status.CANCELLED): "cancel requested; lookup found nothing and no attempt can still land",
     (Status.OUTCOME_UNKNOWN, Status.NOT_DISPATCHED): "lookup found nothing: re-dispatch with the same key",
     (Status.OUTCOME_UNKNOWN, Status.RECONCILIATION_REQUIRED): "cannot settle within budget: handoff",
@@ -173,6 +203,7 @@ class AttemptClass(str, enum.Enum):
     REJECTED = "rejected"  # business rejection (4xx): provably no effect
     AMBIGUOUS = "ambiguous"  # may have happened: timeout after send, reset, 500/502/504, bad 2xx
     SUCCEEDED = "succeeded"  # 2xx with a provider reference
+    ACCEPTED = "accepted"  # 2xx that says taken, not finished: a 202, or a status in lookup.pending
     PENDING = "pending"  # attempt row open: the worker has not reported back (yet)
 
     def __str__(self) -> str:
@@ -207,6 +238,7 @@ class WaitingFor(str, enum.Enum):
     RETRY_AFTER = "retry_after"  # the provider said when to come back (Retry-After)
     APPROVAL = "approval"  # a person must approve first
     LOOKUP = "lookup"  # the reconciler will ask the provider what became of it
+    PROVIDER = "provider"  # accepted: the provider is still processing it; the reconciler asks again
 
     def __str__(self) -> str:
         return self.value
@@ -221,6 +253,7 @@ WAITING_MEANING: dict[WaitingFor, str] = {
     WaitingFor.RETRY_AFTER: "a retry at the time the provider asked for (Retry-After)",
     WaitingFor.APPROVAL: "a person must approve it first",
     WaitingFor.LOOKUP: "the reconciler will ask the provider what became of it, at next_attempt_at",
+    WaitingFor.PROVIDER: "the provider accepted it and is still processing it; the reconciler asks again at next_attempt_at",
 }
 
 

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from outbox.drivers import NewOperation, driver_for
 from outbox.envelope import build_envelope
-from outbox.errors import IdempotencyConflict, InvalidIntent
-from outbox.models import Operation, core_table
+from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
+from outbox.models import KEY_SPACES, Operation, core_table
 from outbox.provider_keys import KeyRules, rule_for
 from outbox.states import Status, WaitingFor
 
@@ -100,6 +100,8 @@ def submit(
     requires_approval: bool = False,
     key_rules: KeyRules | None = None,
     provider_key: str | None = None,
+    submitted_by: str | None = None,
+    key_space: str = "intent",
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
@@ -131,8 +133,13 @@ def submit(
         ("subject", env.subject),
         ("run_id", run_id),
         ("tool_call_id", tool_call_id),
+        ("submitted_by", submitted_by),
     ):
         require_storable(name, text)
+    if submitted_by is not None and not (isinstance(submitted_by, str) and 0 < len(submitted_by) <= 255):
+        raise InvalidIntent("submitted_by", "must be a string of 1-255 characters (an identity such as 'key:12')")
+    if key_space not in KEY_SPACES:
+        raise ValueError(f"key_space must be one of {KEY_SPACES}")
 
     operation_id = str(uuid.uuid4())
     # The actions file's approval rule (the send checks it again: outbox/approvals.py).
@@ -158,6 +165,8 @@ def submit(
         deadline_s=None if deadline_s is None else float(deadline_s),
         delay_s=float(delay_s),
         reason=reason,
+        submitted_by=submitted_by,
+        key_space=key_space,
     )
     inserted = driver_for(session).insert_operation(session, new)
     if inserted:
@@ -172,8 +181,12 @@ def submit(
             _OP.c.result,
             _OP.c.error_class,
             _OP.c.provider_key,
+            _OP.c.key_space,
         ).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
     ).one()
+    if existing.key_space != key_space:
+        owner = "a plain intent" if existing.key_space == "intent" else "a run's step or compensation"
+        raise KeySpaceConflict(key, existing.id, owner=owner)
     if existing.args_digest != env.digest:
         raise IdempotencyConflict(key, existing.args_digest, env.digest, existing.id)
     return Receipt(

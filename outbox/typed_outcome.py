@@ -16,6 +16,7 @@ from outbox.states import Status
 class Outcome(str, enum.Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED_BEFORE_COMMIT = "FAILED_BEFORE_COMMIT"
+    FAILED_AT_PROVIDER = "FAILED_AT_PROVIDER"
     UNKNOWN = "UNKNOWN"
     NEEDS_HUMAN = "NEEDS_HUMAN"
     AWAITING_APPROVAL = "AWAITING_APPROVAL"
@@ -33,17 +34,25 @@ OUTCOME_OF: dict[Status, Outcome] = {
     Status.NOT_DISPATCHED: Outcome.PENDING,
     Status.DISPATCHING: Outcome.PENDING,
     Status.CANCELLED: Outcome.CANCELLED,
+    Status.ACCEPTED: Outcome.PENDING,
+    Status.FAILED_AT_PROVIDER: Outcome.FAILED_AT_PROVIDER,
 }
 # Outcomes a waiting caller stops waiting at: final, or waiting for a person.
 SETTLED: frozenset[Outcome] = frozenset(set(Outcome) - {Outcome.PENDING, Outcome.UNKNOWN})
+
+
+# What a caller may do after a final "did not happen": the same intent answers the same outcome.
+# Agent tools say how to try again in their own terms (agent_tools/calls.py: retry_of).
+_AGAIN = "Retrying the same intent will not change that; a changed intent needs a new idempotency key."
 
 
 def outcome_of(status: str | Status) -> Outcome:
     return OUTCOME_OF[Status(status)]
 
 
-def model_message(op: dict[str, Any]) -> str:
-    """One sentence for the model, from an operation's JSON (outbox/queries.operation_json)."""
+def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
+    """One sentence for the model, from an operation's JSON (outbox/queries.operation_json).
+    ``again``: what a caller may do after a final "did not happen" (a surface's own way to retry)."""
     outcome = outcome_of(op["status"])
     action = op.get("action") or "the action"
     if outcome is Outcome.SUCCEEDED:
@@ -51,9 +60,12 @@ def model_message(op: dict[str, Any]) -> str:
         return f"Already done: {action} succeeded" + (f" (reference {ref})" if ref else "") + "; do not retry."
     if outcome is Outcome.FAILED_BEFORE_COMMIT:
         why = op.get("reason") or op.get("last_error") or "no reason recorded"
+        return f"Not executed: {action} did not happen ({why}). {again}"
+    if outcome is Outcome.FAILED_AT_PROVIDER:
+        why = op.get("reason") or op.get("last_error") or "no reason recorded"
         return (
-            f"Not executed: {action} did not happen ({why}); retrying the same intent will not change that, "
-            "a changed intent needs a new idempotency key."
+            f"Failed at the provider: {action} was accepted and then failed there ({why}); it did not take "
+            f"effect. {again}"
         )
     if outcome is Outcome.UNKNOWN:
         return (
@@ -66,6 +78,14 @@ def model_message(op: dict[str, Any]) -> str:
         return f"{action} is waiting for a person's approval; nothing has been sent. Wait, or check later."
     if outcome is Outcome.CANCELLED:
         return f"Cancelled: {action} was cancelled before anything was sent; it did not happen."
+    if op.get("status") == Status.ACCEPTED.value:
+        ref = (op.get("result") or {}).get("reference")
+        return (
+            f"Accepted, not finished: the provider took {action}"
+            + (f" (reference {ref})" if ref else "")
+            + " and is still processing it; it is being checked with the provider. Do not resubmit; wait for "
+            "it or check later."
+        )
     return f"Accepted, not finished: {action} is queued or in progress; wait for it or check later, do not resubmit."
 
 

@@ -42,6 +42,8 @@ class NewOperation:
     deadline_s: float | None
     delay_s: float
     reason: str
+    submitted_by: str | None = None
+    key_space: str = "intent"  # 'run': a run's step or compensation (models.Operation.key_space)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,10 @@ class LedgerDriver(Protocol):
     def make_engine(self, url: str, **kwargs: Any) -> Engine: ...
 
     def lock_for_migration(self, conn: Connection) -> None: ...
+
+    def migrating(self, conn: Connection) -> AbstractContextManager[None]:
+        """Around a migration, before its transaction begins (SQLite: foreign keys off)."""
+        ...
 
     def set_statement_timeout(self, session: Session, ms: int) -> None: ...
 

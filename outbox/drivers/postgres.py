@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg
@@ -53,6 +53,9 @@ class PostgresDriver:
     def lock_for_migration(self, conn: Connection) -> None:
         conn.exec_driver_sql(sql.MIGRATION_LOCK_SQL)
 
+    def migrating(self, conn: Connection) -> AbstractContextManager[None]:
+        return nullcontext()
+
     def set_statement_timeout(self, session: Session, ms: int) -> None:
         session.connection().exec_driver_sql(sql.STATEMENT_TIMEOUT % int(ms))
 
@@ -79,6 +82,8 @@ class PostgresDriver:
             "deadline_s": new.deadline_s,
             "delay_s": new.delay_s,
             "reason": new.reason,
+            "submitted_by": new.submitted_by,
+            "key_space": new.key_space,
         }
         return bool(_conn(session).execute(statement, params).fetchone()[0])
 

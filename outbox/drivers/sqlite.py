@@ -35,6 +35,10 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
 
+# NewOperation fields written as they are.
+_AS_GIVEN: tuple[str, ...] = ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest")
+_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space")
+
 _CLAIMED = (
     _OP.c.id,
     _OP.c.fencing_token,
@@ -87,6 +91,19 @@ class SqliteDriver:
     def lock_for_migration(self, conn: Connection) -> None:
         """BEGIN IMMEDIATE already holds the one write lock."""
 
+    @contextmanager
+    def migrating(self, conn: Connection) -> Iterator[None]:
+        """Foreign keys off: a rebuilt table's DROP would cascade to every child row. Set outside the
+        migration's transaction (SQLite ignores it inside), checked before it is set back."""
+        raw: Any = conn.connection.dbapi_connection
+        raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            yield
+            if dangling := raw.execute("PRAGMA foreign_key_check").fetchall():
+                raise RuntimeError(f"migration left rows without their parent: {dangling[:5]}")
+        finally:
+            raw.execute("PRAGMA foreign_keys=ON")
+
     def set_statement_timeout(self, session: Session, ms: int) -> None:
         """SQLite has no statement timeout; the busy timeout bounds waiting for the lock."""
 
@@ -99,16 +116,7 @@ class SqliteDriver:
             session.execute(
                 sqlite_insert(_OP)
                 .values(
-                    id=new.id,
-                    tenant=new.tenant,
-                    idempotency_key=new.idempotency_key,
-                    provider_key=new.provider_key,
-                    action=new.action,
-                    args=new.args,
-                    args_digest=new.args_digest,
-                    subject=new.subject,
-                    run_id=new.run_id,
-                    tool_call_id=new.tool_call_id,
+                    **{c: getattr(new, c) for c in _AS_GIVEN},
                     status=new.status.value,
                     waiting_for=new.waiting_for.value if new.waiting_for else None,
                     reason="submitted",

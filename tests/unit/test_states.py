@@ -58,7 +58,26 @@ def test_a_late_success_settles_every_state_that_claims_no_outcome_yet():
 
 
 def test_terminal_set_is_what_the_design_says():
-    assert TERMINAL == {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.CANCELLED}
+    assert TERMINAL == {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED}
+
+
+def test_accepted_is_settled_only_by_what_the_provider_says_and_never_sent_again():
+    # Accepted is not completed: the provider has it. Only its lookups (or a late answer) move it, to
+    # done, to failed at the provider, or to a person; it never goes back to a send.
+    assert sources_of(Status.ACCEPTED) == {Status.DISPATCHING, Status.OUTCOME_UNKNOWN, Status.ACCEPTED}
+    assert {dst for (src, dst) in ALLOWED if src is Status.ACCEPTED} == {
+        Status.ACCEPTED,
+        Status.SUCCEEDED,
+        Status.COMMITTED_EVIDENCE_DEGRADED,
+        Status.FAILED_AT_PROVIDER,
+        Status.RECONCILIATION_REQUIRED,
+    }
+
+
+def test_failed_at_provider_only_from_what_the_provider_said():
+    # The provider took it and reported it failed: a 2xx that says so, or a lookup. Never a guess.
+    assert sources_of(Status.FAILED_AT_PROVIDER) == {Status.DISPATCHING, Status.OUTCOME_UNKNOWN, Status.ACCEPTED}
+    assert not is_allowed(Status.ACCEPTED, Status.FAILED_BEFORE_COMMIT)
 
 
 def test_failed_before_commit_only_after_a_dispatch_or_a_lookup():

@@ -13,6 +13,7 @@ def test_every_state_has_exactly_one_outcome():
     assert SETTLED == {
         Outcome.SUCCEEDED,
         Outcome.FAILED_BEFORE_COMMIT,
+        Outcome.FAILED_AT_PROVIDER,
         Outcome.NEEDS_HUMAN,
         Outcome.AWAITING_APPROVAL,
         Outcome.CANCELLED,
@@ -31,6 +32,8 @@ def test_every_state_has_exactly_one_outcome():
         ("not_dispatched", ["not finished", "do not resubmit"]),
         ("dispatching", ["not finished"]),
         ("cancelled", ["Cancelled", "did not happen"]),
+        ("accepted", ["Accepted, not finished", "still processing", "Do not resubmit"]),
+        ("failed_at_provider", ["Failed at the provider", "did not take effect", "new idempotency key"]),
     ],
 )
 def test_model_messages(status: str, words: list[str]):
