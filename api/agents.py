@@ -135,6 +135,7 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
         "action": obj.get("action"),
         "args": obj.get("args"),
         "subject": obj.get("subject") or f"api:key-{caller.key_id}",
+        "submitted_by": caller.identity,
         "run_id": obj.get("run_id"),
         "tool_call_id": obj.get("tool_call_id"),
     }

@@ -26,6 +26,7 @@ from outbox.errors import (
     OperationNotFound,
     RunConflict,
     RunNotMovable,
+    SelfApproval,
 )
 from outbox.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
@@ -122,6 +123,10 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
         # The ledger names fields as the CLI spells them (--by); over HTTP they are body fields (by).
         field = exc.field.lstrip("-") if exc.field else exc.field
         return problem_response(Problem(422, "invalid", "Invalid input", exc.reason, field=field))
+
+    @app.exception_handler(SelfApproval)
+    async def _self_approval(request: Request, exc: SelfApproval) -> JSONResponse:
+        return problem_response(Problem(403, "separation-of-duties", "Separation of duties", str(exc), field=None))
 
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:

@@ -31,6 +31,12 @@ class Caller:
     tenant: str
     scopes: frozenset[str]
 
+    @property
+    def identity(self) -> str:
+        """The identity recorded as ``submitted_by`` and compared by separation of duties: the key,
+        whatever ``subject`` or ``by`` text a request carries (a console session of the key is the key)."""
+        return f"key:{self.key_id}"
+
 
 def parse_scopes(text: str) -> list[str]:
     scopes = [s.strip() for s in text.split(",") if s.strip()]

@@ -207,20 +207,17 @@ def approve_operation(
             raise InvalidIntent(
                 "action", f"{op.action!r} is not in this server's actions file: no policy to approve under"
             )
-        spec = known.approval
-        # The approving key must not be the one that submitted (its default subject names it): a
-        # key holding both scopes would otherwise approve its own intents under any `by`.
-        if spec.separate_approver and op.subject == f"api:key-{caller.key_id}":
-            raise InvalidIntent("by", f"this key (api:key-{caller.key_id}) submitted the intent and cannot approve it")
-        if spec.separate_approver and body.by == op.subject:
-            raise InvalidIntent("by", f"{body.by!r} asked for this intent and cannot approve it (separate_approver)")
+        # Separation of duties compares the key (identity), not the `subject` or `by` text a
+        # request may set; and `by` may not name the subject either (outbox/approvals.py).
         row = approvals.approve(
             session,
             op.id,
-            by=approver,
+            by=body.by,
+            recorded_as=approver,
             note=body.note,
-            policy=spec,
+            policy=known.approval,
             tenant=caller.tenant,
+            identity=caller.identity,
         )
         out = approvals.approval_json(row)
     log.info("approved", extra={"operation_id": operation_id, "approver": body.by})

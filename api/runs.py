@@ -107,6 +107,7 @@ async def post_run(request: Request, caller: Annotated[Caller, Depends(require("
                 steps=body.get("steps"),  # type: ignore[arg-type]
                 budget=body.get("budget"),
                 subject=body.get("subject") or f"api:key-{caller.key_id}",
+                submitted_by=caller.identity,
                 key_rules=st.key_rules,  # type: ignore[arg-type]
             )
         return (201 if receipt.new else 200), receipt.run_id

@@ -69,7 +69,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             if who is None or "submit" not in who.scopes:
                 return None
             if who.key_id not in callers:  # per key: the key is who asks (and may not approve its own)
-                callers[who.key_id] = ToolCaller(outbox, rules, tenant=who.tenant, subject=f"api:key-{who.key_id}")
+                callers[who.key_id] = ToolCaller(
+                    outbox, rules, tenant=who.tenant, subject=f"api:key-{who.key_id}", identity=who.identity
+                )
             return callers[who.key_id]
 
         def caller_for(ctx: Any) -> ToolCaller:

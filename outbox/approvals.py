@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
-from outbox.errors import InvalidIntent, OperationNotFound
+from outbox.errors import InvalidIntent, OperationNotFound, SelfApproval
 from outbox.models import Approval, Operation
 from outbox.queries import approval_json, operation_json
 from outbox.states import EventKind, Status, WaitingFor
@@ -138,14 +138,24 @@ def approve(
     note: str | None,
     policy: ApprovalPolicy,
     tenant: str | None = None,
+    identity: str | None = None,
+    recorded_as: str | None = None,
 ) -> Approval:
     """Record an approval under the action's current ``policy`` and make the operation due.
-    ``tenant``: only that tenant's operations."""
+    ``tenant``: only that tenant's operations. ``identity``: who decides, as the ledger knows them
+    (``key:<id>`` for an API key or a console session of it); under ``separate_approver`` it must
+    differ from the identity that submitted the intent (``submitted_by``), whatever ``by`` says.
+    The free-text ``by`` must also differ from the intent's subject. ``recorded_as``: how the approver is written down (``by`` and
+    the key, over the API), ``by`` when None."""
     by = _require("--by", by)
     policy_version, ttl_s = policy.policy_version, policy.ttl_s
     op = _waiting(session, operation_id, tenant)
-    if policy.separate_approver and by == op.subject:
-        raise InvalidIntent("--by", f"{by!r} asked for this intent and cannot approve it (separate_approver)")
+    if policy.separate_approver:
+        if identity is not None and identity == op.submitted_by:
+            raise SelfApproval(op.id, identity)
+        if by == op.subject:
+            raise InvalidIntent("--by", f"{by!r} asked for this intent and cannot approve it (separate_approver)")
+    by = recorded_as or by
     row = _record(session, op, "approved", by=by, note=note, policy_version=policy_version, ttl_s=ttl_s)
     move(
         session,

@@ -162,7 +162,7 @@ def test_approvals_over_http_need_the_approve_scope_and_stay_in_the_tenant(pipe,
             body = {"action": "payments.refund.create", "idempotency_key": "ap-self", "args": BIG}
             mine = c.post("/v1/intents", json=body).json()["operation_id"]
             selfish = c.post(f"/v1/approvals/{mine}/approve", json={"by": "someone-else"})
-            assert selfish.status_code == 422 and "submitted the intent" in selfish.json()["detail"]
+            assert selfish.status_code == 403 and "submitted the intent" in selfish.json()["detail"]
         with api.client(stranger) as c:
             assert c.get("/v1/approvals").json()["approvals"] == []
             assert c.post(f"/v1/approvals/{op['operation_id']}/approve", json={"by": "eve"}).status_code == 404
