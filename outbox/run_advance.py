@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.clock import as_utc, db_now
 from outbox.envelope import loads_exact
-from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
 from outbox.models import Operation, Run
 from outbox.run_records import UNDOING, compensation_plan, names, record, step_operations, usage
 from outbox.run_spec import Compensation, Step, steps_from_json
@@ -113,18 +113,25 @@ class _Advance:
                 action=what.action,
                 args=loads_exact(what.args),
                 subject=self.run.subject,
+                submitted_by=self.run.submitted_by,
+                key_space="run",
                 run_id=self.run.id,
                 max_attempts=max_attempts,
                 deadline_s=deadline_s,
                 requires_approval=what.requires_approval,
                 provider_key=what.provider_key,
             )
+        except KeySpaceConflict as exc:
+            return f"the derived key {key!r} is already used by a plain intent (operation {exc.operation_id})"
         except IdempotencyConflict as exc:
             return f"the derived key {key!r} is already used by operation {exc.operation_id} with other arguments"
         except InvalidIntent as exc:
             return f"{key}: {exc}"
         op = self.session.get(Operation, receipt.operation_id)
         assert op is not None
+        if op.run_id != self.run.id:
+            # Two runs' derived keys can meet ("x" + "a:compensate" and "x:a" + "compensate").
+            return f"the derived key {key!r} is already used by another run's operation {op.id}"
         self.ops[key] = op
         return op
 

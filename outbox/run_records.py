@@ -47,6 +47,7 @@ def usage(session: Session, run: Run, steps: Sequence[Step]) -> Usage:
         .where(
             Operation.tenant == run.tenant,
             Operation.idempotency_key.in_(keys),
+            Operation.run_id == run.id,
             Attempt.attempt_class != AttemptClass.NOT_SENT.value,
         )
         .group_by(Attempt.operation_id)
@@ -65,7 +66,9 @@ def step_operations(session: Session, run: Run, steps: Sequence[Step]) -> dict[s
     keys = [s.key(run.run_key) for s in steps] + [s.compensation_key(run.run_key) for s in steps if s.compensate]
     stmt = (
         select(Operation)
-        .where(Operation.tenant == run.tenant, Operation.idempotency_key.in_(keys))
+        # Its own operations only: a plain intent (or another run's step) under one of these keys is
+        # never taken for this run's step (the advance refuses to go on instead).
+        .where(Operation.tenant == run.tenant, Operation.idempotency_key.in_(keys), Operation.run_id == run.id)
         # Core statements (a cancel, a submit) may have moved them in this very session.
         .execution_options(populate_existing=True)
     )

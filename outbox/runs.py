@@ -23,11 +23,11 @@ from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
 from outbox.drivers import driver_for
-from outbox.errors import InvalidIntent, RunConflict, RunNotFound, RunNotMovable
+from outbox.errors import InvalidIntent, KeySpaceConflict, RunConflict, RunNotFound, RunNotMovable
 from outbox.models import Operation, Run
 from outbox.run_advance import advance
 from outbox.run_records import record, step_operations, usage
-from outbox.run_spec import StepRules, build_run_spec, steps_from_json
+from outbox.run_spec import RunSpec, StepRules, build_run_spec, steps_from_json
 from outbox.run_states import ACTIVE, RUN_MEANING, RunStatus
 from outbox.states import Status
 from outbox.transitions import request_cancel
@@ -63,6 +63,7 @@ def submit_run(
     subject: str,
     budget: dict[str, Any] | None = None,
     key_rules: StepRules | None = None,
+    submitted_by: str | None = None,
 ) -> RunReceipt:
     """Write a run and its first step in the caller's transaction (never commits).
 
@@ -70,6 +71,7 @@ def submit_run(
     step's idempotency key is ``{run_key}:{name}``. ``budget``: ``{max_attempts, deadline_s}`` that
     all steps draw from. ``key_rules``: the actions file as a producer reads it
     (downstream.intent_rules), for provider keys, approvals, ``phase`` and ``irreversible``.
+    ``submitted_by``: the submitting identity (``key:<id>``), carried by every step's operation.
     """
     spec = build_run_spec(tenant=tenant, run_key=run_key, steps=steps, subject=subject, budget=budget, rules=key_rules)
     now = as_utc(session.execute(select(db_now())).scalar_one())
@@ -81,6 +83,7 @@ def submit_run(
         "tenant": spec.tenant,
         "run_key": spec.run_key,
         "subject": spec.subject,
+        "submitted_by": submitted_by,
         "status": RunStatus.RUNNING.value,
         "steps": spec.steps_json(),
         "spec_digest": spec.digest,
@@ -102,6 +105,7 @@ def submit_run(
         "updated_at": now,
     }
     if driver_for(session).insert_run(session, values):
+        _refuse_plain_keys(session, spec)
         run = session.get(Run, run_id)
         assert run is not None
         advance(session, run, actor=spec.subject)  # the first step: due at once, in this transaction
@@ -110,6 +114,22 @@ def submit_run(
     if existing.spec_digest != spec.digest:
         raise RunConflict(spec.run_key, existing.id)
     return RunReceipt(existing.id, existing.tenant, existing.run_key, existing.status, False, existing.spec_digest)
+
+
+def _refuse_plain_keys(session: Session, spec: RunSpec) -> None:
+    """A new run whose derived keys a plain intent already holds is refused (the caller's transaction
+    rolls the run back): a plain intent never becomes a run's step. Later steps' keys taken by a plain
+    intent after the run was accepted hold the run for a person instead (outbox/run_advance.py)."""
+    keys = [s.key(spec.run_key) for s in spec.steps] + [
+        s.compensation_key(spec.run_key) for s in spec.steps if s.compensate
+    ]
+    taken = session.execute(
+        select(Operation.id, Operation.idempotency_key)
+        .where(Operation.tenant == spec.tenant, Operation.idempotency_key.in_(keys), Operation.key_space == "intent")
+        .limit(1)
+    ).first()
+    if taken is not None:
+        raise KeySpaceConflict(taken.idempotency_key, taken.id, owner="a plain intent")
 
 
 def find_run(session: Session, id_or_key: str, *, tenant: str | None = None) -> Run:

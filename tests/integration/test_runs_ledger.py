@@ -138,3 +138,48 @@ def test_a_person_resolves_a_run_held_by_a_step_waiting_for_one_and_no_other(led
     with ledger.sessions() as s:
         done = run_json(s, find_run(s, "r-1"))
     assert done["status"] == "resolved" and done["resolved_by"] == "alice" and "kept" in done["note"]
+
+
+def test_a_plain_intent_never_becomes_a_runs_step_nor_a_step_a_plain_intent(ledger):
+    from outbox.errors import KeySpaceConflict
+    from outbox.submit import submit
+
+    # A plain intent holds the key a run would derive for its first step, with the same arguments.
+    with ledger.sessions.begin() as s:
+        plain = submit(
+            s,
+            tenant="t1",
+            idempotency_key="r-1:a",
+            action="shop.order.create",
+            args={"order_ref": "r-1"},
+            subject="agent:x",
+        )
+    with pytest.raises(KeySpaceConflict, match="plain intent"):
+        _submit(ledger)
+    with ledger.sessions() as s:
+        assert s.execute(select(Run)).first() is None  # refused whole: no run, no step adopted
+        assert s.get(Operation, plain.operation_id).key_space == "intent"
+    # The other way: a run's step key never answers a plain submit.
+    with ledger.sessions.begin() as s:
+        submit_run(s, tenant="t1", run_key="r-2", steps=STEPS, subject="agent:x")
+    with pytest.raises(KeySpaceConflict, match="run's step"), ledger.sessions.begin() as s:
+        submit(
+            s,
+            tenant="t1",
+            idempotency_key="r-2:a",
+            action="shop.order.create",
+            args={"order_ref": "r-1"},
+            subject="agent:x",
+        )
+    # A plain intent that takes a later step's key after the run began holds the run for a person
+    # when the run gets there; it is never sent as the step.
+    with ledger.sessions.begin() as s:
+        later = submit(
+            s, tenant="t1", idempotency_key="r-2:b", action="shop.stock.reserve", args={"sku": "S"}, subject="agent:x"
+        )
+    _settle(ledger, "r-2:a", "succeeded")
+    advance_due(ledger.sessions)
+    with ledger.sessions() as s:
+        run = find_run(s, "r-2")
+        assert run.status == "needs_person" and "plain intent" in run.reason, run.reason
+        assert s.get(Operation, later.operation_id).run_id is None
