@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
@@ -31,19 +32,23 @@ from typing import Any
 
 from sqlalchemy import select
 
-from agent_tools.catalog import ToolView, catalog, tool_for
+from agent_tools.catalog import RETRY_OF, ToolView, catalog, tool_for
 from downstream.intent_rules import IntentRules
 from outbox import approvals
-from outbox.envelope import canonical_value, dumps_canonical
+from outbox.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation
 from outbox.queries import operation_json
 from outbox.submit import MAX_KEY_LEN
-from outbox.typed_outcome import SETTLED, Outcome, with_outcome
+from outbox.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
 from producer.client import Outbox
 
 MAX_SCOPE = 128
 MAX_WAIT_S = 60.0
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# Final outcomes that say "it did not happen": the only ones a call may be tried again after. Not
+# CANCELLED: a person's denial is not the model's to route around.
+RETRYABLE = frozenset({Outcome.FAILED_BEFORE_COMMIT, Outcome.FAILED_AT_PROVIDER})
 
 
 def exact(value: Any) -> Any:
@@ -73,6 +78,14 @@ def call_key(scope: str, action: str, args: dict[str, Any], reference_args: tupl
     if len(key) > MAX_KEY_LEN:  # scope and action included in the hash: never longer than 150
         key = f"{action[:80]}:h={hashlib.sha256(key.encode()).hexdigest()}"
     return key
+
+
+def retry_key(key: str, action: str, retry_of: str) -> str:
+    """The key of a call tried again after the operation ``retry_of`` ended "did not happen"."""
+    retried = f"{key}:retry-of={retry_of}"
+    if len(retried) > MAX_KEY_LEN:
+        retried = f"{action[:80]}:h={hashlib.sha256(retried.encode()).hexdigest()}"
+    return retried
 
 
 def _as_text(value: Any) -> str:
@@ -129,25 +142,39 @@ class ToolAnswer:
 class ToolCaller:
     """Submits tool calls as intents of one tenant and answers with their outcome."""
 
-    def __init__(self, outbox: Outbox, rules: IntentRules, *, tenant: str, subject: str) -> None:
+    def __init__(
+        self, outbox: Outbox, rules: IntentRules, *, tenant: str, subject: str, identity: str | None = None
+    ) -> None:
+        """``identity``: who submits, as separation of duties compares it (``key:<id>`` over MCP's HTTP
+        transport); None in-process, where the host is the only one submitting."""
         self.outbox, self.rules, self.tenant, self.subject = outbox, rules, tenant, subject
+        self.identity = identity
         self.tools: dict[str, ToolView] = catalog(rules)
 
     def call(self, action: str, args: dict[str, Any], *, scope: str, tool_call_id: str | None = None) -> ToolAnswer:
         """Submit (or find) the intent of this call and answer its outcome now. Raises InvalidIntent
-        (field named) for bad input: nothing is submitted then."""
+        (field named) for bad input: nothing is submitted then.
+
+        ``args`` may carry ``retry_of``: the operation of this same call that ended with a final "did
+        not happen" (FAILED_BEFORE_COMMIT, FAILED_AT_PROVIDER). The call is then tried again under a key
+        of its own, ``{key}:retry-of={operation_id}``: it cannot collide with the failed record, and a
+        repeat of the retry is the same operation again. Anything else named there is refused."""
         tool = tool_for(self.tools, action)
         key = self.key_of(action, args, scope=scope)
+        plain = {k: v for k, v in args.items() if k != RETRY_OF}
+        if args.get(RETRY_OF) is not None:
+            self._check_retry(tool, args[RETRY_OF], plain, scope=scope)
         try:
             receipt = self.outbox.submit(
                 tenant=self.tenant,
                 idempotency_key=key,
                 action=action,
-                args=exact(args),
+                args=exact(plain),
                 subject=self.subject,
+                submitted_by=self.identity,
                 run_id=scope,
                 tool_call_id=tool_call_id,
-                requires_approval=tool.needs_approval(exact(args)),
+                requires_approval=tool.needs_approval(exact(plain)),
             )
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.
@@ -166,7 +193,51 @@ class ToolCaller:
         if not isinstance(args, dict):
             raise InvalidIntent("args", "must be an object of the tool's arguments")
         check_schema(tool.input_schema, args)
-        return call_key(scope, action, args, tool.reference_args)
+        plain = {k: v for k, v in args.items() if k != RETRY_OF}
+        key = call_key(scope, action, plain, tool.reference_args)
+        retry_of = args.get(RETRY_OF)
+        return key if retry_of is None else retry_key(key, action, retry_of)
+
+    def _check_retry(self, tool: ToolView, retry_of: Any, args: dict[str, Any], *, scope: str) -> None:
+        """``retry_of`` must name a final "did not happen" of this very call: same tenant, action and
+        scope, and the same business object (reference arguments) or the same arguments. Otherwise a
+        retry_of could mint a fresh key for a call that succeeded, and act twice."""
+        found = self._operation(retry_of) if isinstance(retry_of, str) and _UUID.fullmatch(retry_of) else None
+        if found is None:
+            raise InvalidIntent(
+                RETRY_OF, f"no operation {retry_of!r} of this tenant: name the operation_id of the failed call"
+            )
+        op, outcome = found
+        if op.action != tool.action or op.run_id != scope or not self._same_call(tool, op, args):
+            raise InvalidIntent(
+                RETRY_OF,
+                f"operation {op.id} was another call (another action, conversation or object); leave retry_of out: "
+                "this call is answered on its own",
+            )
+        if outcome not in RETRYABLE:
+            raise InvalidIntent(
+                RETRY_OF,
+                f"operation {op.id} is {outcome.value}: only a call that ended FAILED_BEFORE_COMMIT or "
+                "FAILED_AT_PROVIDER may be tried again; leave retry_of out and read that call's outcome",
+            )
+
+    def _operation(self, operation_id: str) -> tuple[Operation, Outcome] | None:
+        with self.outbox.sessions() as session:
+            op = session.get(Operation, operation_id)
+            if op is None or op.tenant != self.tenant:
+                return None
+            session.expunge(op)
+        return op, outcome_of(op.status)
+
+    @staticmethod
+    def _same_call(tool: ToolView, op: Operation, args: dict[str, Any]) -> bool:
+        if op.args is None:  # purged by retention: no way to tell
+            return False
+        before = loads_exact(op.args)
+        now = canonical_value(exact(args))
+        if tool.reference_args:
+            return all(_as_text(before.get(a)) == _as_text(now.get(a)) for a in tool.reference_args)
+        return bool(dumps_canonical(canonical_value(before)) == dumps_canonical(now))
 
     def find(self, action: str, args: dict[str, Any], *, scope: str) -> ToolAnswer | None:
         """The operation this call already made, if any (nothing is submitted)."""
@@ -184,15 +255,32 @@ class ToolCaller:
                 raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant")
             doc = with_outcome(operation_json(op))
         result = doc.get("result") or {}
+        message = doc["model_message"]
+        if Outcome(doc["outcome"]) in RETRYABLE:
+            message = model_message(doc, again=self._again(op.action, op.id))
         return ToolAnswer(
             outcome=doc["outcome"],
-            model_message=doc["model_message"],
+            model_message=message,
             operation_id=doc["operation_id"],
             status=doc["status"],
             action=doc["action"],
             idempotency_key=doc["idempotency_key"],
             reference=result.get("reference"),
             new=new,
+        )
+
+    def _again(self, action: str, operation_id: str) -> str:
+        """How the model tries this call again after a final "did not happen" (``retry_of``)."""
+        tool = self.tools.get(action)
+        refs = ", ".join(tool.reference_args) if tool is not None else ""
+        if refs:
+            return (
+                f"Calling it again answers the same; once the cause is fixed, call this tool again for the same {refs} "
+                f'with retry_of="{operation_id}" (the arguments may be corrected).'
+            )
+        return (
+            "Calling it again with the same arguments answers the same; once the cause is fixed, call this tool "
+            f'again with retry_of="{operation_id}". A call with changed arguments is a new call and needs no retry_of.'
         )
 
     def wait(self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = 0.2) -> ToolAnswer:

@@ -10,6 +10,17 @@ from downstream.action_specs import ApprovalSpec
 from downstream.intent_rules import IntentRules
 from outbox.errors import InvalidIntent
 
+# The one argument every tool has that is not the action's: after a final "did not happen" whose
+# cause was fixed, the model names the failed call's operation to try again (agent_tools/calls.py).
+RETRY_OF = "retry_of"
+RETRY_OF_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "description": (
+        "Only to try again after this tool answered FAILED_BEFORE_COMMIT or FAILED_AT_PROVIDER for the same "
+        "call and the cause was fixed: that answer's operation_id. Leave it out otherwise."
+    ),
+}
+
 
 @dataclass(frozen=True)
 class ToolView:
@@ -54,6 +65,11 @@ def catalog(rules: IntentRules) -> dict[str, ToolView]:
             " second effect. Read `outcome` and `model_message`; never retry an UNKNOWN or PENDING one."
         )
         schema = dict(spec.args_schema) if spec and spec.args_schema else _schema(declared, references)
+        if RETRY_OF in (declared or []) or RETRY_OF in schema.get("properties", {}):
+            raise InvalidIntent(
+                f"actions.{action}.args", f"{RETRY_OF!r} is reserved for trying a failed tool call again; rename it"
+            )
+        schema["properties"] = {**schema.get("properties", {}), RETRY_OF: RETRY_OF_SCHEMA}
         out[action] = ToolView(action, description, schema, tuple(references), approval)
     return out
 

@@ -177,3 +177,48 @@ def test_http_with_an_api_key_is_that_keys_tenant_and_one_effect(pipe, sandbox):
         assert httpx.get(url.removesuffix("/mcp") + "/healthz", timeout=5).status_code == 200
     assert len(sandbox.effects(key=f'acme:chat-9:{REFUND}:ref="o-81"')) == 1
     assert len(sandbox.effects()) == 1
+
+
+def test_a_call_rejected_for_good_is_tried_again_only_with_retry_of_and_once(pipe, sandbox):
+    """After a final business rejection (a limit, later raised) the same call answers "not executed"
+    forever; the model tries again by naming the failed operation (``retry_of``), which is a new key
+    that cannot collide with the old record, and a repeat of the retry is the same operation."""
+    _actions(pipe, sandbox)
+    pipe.start_worker()
+    pipe.start_relay()
+    sandbox.configure(over_limit_amount="10.00")  # 12.50 is refused with 402 (stored, final)
+
+    async def session() -> None:
+        async with Client(_stdio(pipe), read_timeout_seconds=30) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert "retry_of" in tools[REFUND].input_schema["properties"]
+            first = await _call(client, REFUND, ARGS)
+            failed_id = first.structured_content["operation_id"]
+            failed = await _call(client, "wait_operation", {"operation_id": failed_id, "timeout_s": 20})
+            assert failed.structured_content["outcome"] == "FAILED_BEFORE_COMMIT", failed.structured_content
+            assert f'retry_of="{failed_id}"' in failed.content[0].text  # the model is told exactly how
+            again = await _call(client, REFUND, ARGS)  # without retry_of: the same answer, nothing sent
+            assert again.structured_content["operation_id"] == failed_id
+
+            await anyio.to_thread.run_sync(lambda: sandbox.configure(over_limit_amount="10000.00"))  # fixed
+            retried = await _call(client, REFUND, ARGS | {"retry_of": failed_id})
+            assert not retried.is_error, retried.content
+            new_id = retried.structured_content["operation_id"]
+            assert new_id != failed_id and retried.structured_content["new"] is True
+            assert retried.structured_content["idempotency_key"].endswith(f":retry-of={failed_id}")
+            done = await _call(client, "wait_operation", {"operation_id": new_id, "timeout_s": 20})
+            assert done.structured_content["outcome"] == "SUCCEEDED", done.structured_content
+            # The model repeats its retry: the same operation, no second effect.
+            repeat = await _call(client, REFUND, ARGS | {"retry_of": failed_id})
+            assert repeat.structured_content["operation_id"] == new_id and "Already done" in repeat.content[0].text
+            # retry_of cannot mint a new key for a call that succeeded, nor for another object's call.
+            refused = await _call(client, REFUND, ARGS | {"retry_of": new_id})
+            assert refused.is_error and "retry_of" in refused.content[0].text
+            other = await _call(client, REFUND, ARGS | {"order_id": "o-99", "retry_of": failed_id})
+            assert other.is_error and "another call" in other.content[0].text
+            elsewhere = await _call(client, REFUND, ARGS | {"retry_of": failed_id}, scope="conv-2")
+            assert elsewhere.is_error and "another call" in elsewhere.content[0].text
+
+    anyio.run(session)
+    ours = [e for e in sandbox.effects() if e["idempotency_key"].startswith(f't1:conv-1:{REFUND}:ref="o-81"')]
+    assert len(ours) == 1 and len(sandbox.effects()) == 1  # the rejection made none, the retry exactly one
