@@ -1,17 +1,14 @@
-# One image for every agent-outbox process (migrate, relay, worker, reconciler, flower, sandbox).
+# One image for every agent-outbox process (migrate, relay, worker, reconciler, beat, api, mcp,
+# metrics, flower, sandbox).
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY outbox ./outbox
-COPY producer ./producer
-COPY workers ./workers
-COPY downstream ./downstream
-COPY breaker ./breaker
-COPY sandbox ./sandbox
-COPY commands ./commands
-COPY examples ./examples
+# The whole checkout less .dockerignore: pyproject.toml decides which packages the install takes, so
+# a package added or moved is in the image without an edit here (tests/integration/test_image.py
+# replays this context and runs every compose command from it).
+COPY . .
 RUN pip install --no-cache-dir '.[flower,api,mcp]'
 # Celery refuses nothing as root with JSON-only serialisation, but there is no reason to be root.
-RUN useradd --create-home outbox
-USER outbox
+# A numeric USER: Kubernetes' runAsNonRoot can only verify a UID, not a name.
+RUN useradd --create-home --uid 10001 outbox
+USER 10001
