@@ -7,9 +7,12 @@ targets and actions and checks what crosses models.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from outbox.masking import top_field
 
 
 class _Strict(BaseModel):
@@ -167,3 +170,16 @@ class ToolSpec(_Strict):
         if value is not None and value.get("type") != "object":
             raise ValueError('must be a JSON Schema with "type": "object"')
         return value
+
+    def secret_references(self, sensitive_args: Iterable[str]) -> str | None:
+        """Why these references cannot be (None: they can): a tool call's key is written out of their
+        values (agent_tools/calls.py), and keys are shown unmasked everywhere and sent to the provider."""
+        secret = {top_field(path) for path in sensitive_args}
+        exposed = [ref for ref in self.reference_args if ref in secret]
+        if not exposed:
+            return None
+        return (
+            f"{exposed} are sensitive (sensitive_args): a tool call's idempotency key is made of these values "
+            "and is shown in every output and sent to the provider; name a reference that is not secret, or "
+            "none (the key is then a digest of the arguments)"
+        )

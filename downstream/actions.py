@@ -325,6 +325,8 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
         window = action.approval_window_problem(RECONCILE_WINDOW_S)
         if window:
             problems.append((f"{where}.approval.ttl_s", window))
+        if secret := action.tool.secret_references(action.sensitive_args):
+            problems.append((f"{where}.tool.reference_args", secret))
         declared = set(action.args) if action.args is not None else None
         specs: list[tuple[str, RequestSpec, frozenset[str]]] = [("request", action.request, RESERVED_PLACEHOLDERS)]
         if action.lookup:
@@ -355,10 +357,6 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc)
-
-
 def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:
     """Validate an already-parsed YAML tree; ``source`` names it in error messages."""
     if not isinstance(data, dict):
@@ -371,7 +369,7 @@ def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str,
         cfg = ActionsConfig.model_validate(resolved)
     except ValidationError as exc:
         # Only loc + msg: the input value may be a resolved secret.
-        raise ActionsFileError(source, [(_dotted(e["loc"]), e["msg"]) for e in exc.errors()]) from exc
+        raise ActionsFileError(source, [(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]) from exc
     problems = _check_references(cfg)
     if problems:
         raise ActionsFileError(source, problems)

@@ -3,8 +3,9 @@
 A producer (an agent service, ``agent-outbox submit``, the HTTP API) renders the provider key and
 decides ``awaiting_approval`` at submit, and nothing more: it must not need the targets' secrets
 (``${PAYMENTS_TOKEN}``) to do so, nor hold them. This reads only ``actions.<name>.provider_key``,
-``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool`` and ``args`` (``${VAR}`` resolved there only), checked as the
-full loader checks them; workers load the whole file (downstream/actions.py).
+``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool``, ``args`` and
+``sensitive_args`` (``${VAR}`` resolved there only), checked as the full loader checks them;
+workers load the whole file (downstream/actions.py).
 """
 
 from __future__ import annotations
@@ -79,7 +80,16 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             continue
         part = {
             k: raw[k]
-            for k in ("provider_key", "provider_key_max_length", "approval", "phase", "irreversible", "tool", "args")
+            for k in (
+                "provider_key",
+                "provider_key_max_length",
+                "approval",
+                "phase",
+                "irreversible",
+                "tool",
+                "args",
+                "sensitive_args",
+            )
             if k in raw
         }
         part = resolve_env(part, env, where, problems)
@@ -97,6 +107,10 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             tools[name] = ToolSpec.model_validate(part.get("tool") or {})
         except ValidationError as exc:
             problems.extend((f"{where}.tool." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        else:
+            sensitive = part.get("sensitive_args")
+            if isinstance(sensitive, list) and (secret := tools[name].secret_references(map(str, sensitive))):
+                problems.append((f"{where}.tool.reference_args", secret))
         declared = part.get("args")
         if declared is not None and not (isinstance(declared, list) and all(isinstance(a, str) for a in declared)):
             problems.append((f"{where}.args", "must be a list of argument names"))

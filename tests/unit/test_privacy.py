@@ -92,6 +92,37 @@ def test_sensitive_paths_are_checked_against_the_declared_arguments():
     assert "sensitive_response_fields" in str(exc.value)
 
 
+def test_a_sensitive_argument_cannot_be_a_tool_calls_reference(tmp_path):
+    """The key of a tool call is written out of its reference values, and keys are shown unmasked in
+    every output (API, MCP, console, CLI) and sent to the provider: a sensitive reference would put
+    the secret in all of them, so such an actions file is refused, naming both settings, by the
+    workers' loader and by the producers' (the MCP server, the API), which make the keys."""
+    import yaml
+
+    from agent_tools.calls import call_key
+    from downstream.intent_rules import load_intent_rules
+
+    secret = "ada@example.com"
+    assert secret in call_key("chat-1", "payments.refund.create", {"customer_email": secret}, ("customer_email",))
+    for sensitive in (["customer_email"], ["customer_email.address"]):
+        data = mutated(sensitive_args=sensitive, tool={"reference_args": ["order_id", "customer_email"]})
+        with pytest.raises(ActionsFileError) as exc:
+            parse_actions(data, source="a.yaml", environ=ENV)
+        path = tmp_path / "actions.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(ActionsFileError) as producers:
+            load_intent_rules(path, environ=ENV)
+        for refused in (exc.value, producers.value):
+            assert "actions.payments.refund.create.tool.reference_args" in str(refused)
+            assert "['customer_email'] are sensitive" in str(refused)
+    ok = mutated(tool={"reference_args": ["order_id"]})
+    assert parse_actions(ok, source="a.yaml", environ=ENV).action("payments.refund.create").tool.reference_args == [
+        "order_id"
+    ]
+    path.write_text(yaml.safe_dump(ok))
+    assert load_intent_rules(path, environ=ENV).tools["payments.refund.create"].reference_args == ["order_id"]
+
+
 def test_beat_purges_daily():
     from outbox.settings import Settings
     from workers.celery_app import PURGE_TASK, make_app
