@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -41,6 +41,10 @@ DEFAULT_STATUS_MAP: dict[int | str, AttemptClass] = {
     500: A.AMBIGUOUS,
     502: A.AMBIGUOUS,
     504: A.AMBIGUOUS,
+    # 202 Accepted: the provider took the request and has not finished it (RFC 9110 15.3.3). Not
+    # done: the operation waits in `accepted` and lookups settle it. An action whose provider says
+    # 202 for "done" maps it back: status_map: {202: succeeded}.
+    202: A.ACCEPTED,
     "1xx": A.AMBIGUOUS,  # httpx swallows informational responses; anything else here is odd
     "2xx": A.SUCCEEDED,  # only with a parseable body carrying the reference, see below
     "3xx": A.AMBIGUOUS,  # redirects are not followed: we cannot tell whether it acted
@@ -88,10 +92,23 @@ class Classification:
     # Where the failure happened: "local" (the request could not be built from the arguments:
     # our side, never the downstream's health), "transport" (no HTTP answer), "http" (an answer).
     origin: Literal["local", "transport", "http"] = "http"
+    # A 2xx whose status field says the provider failed it (the action's lookup.failed): the
+    # provider took it and holds it as failed, which is not a rejection of the request.
+    failed_at_provider: bool = False
 
     @property
     def provably_not_executed(self) -> bool:
         return self.klass in (A.NOT_SENT, A.NOT_PROCESSED, A.REJECTED)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How a provider's answer says how far it got: the action's lookup.status_field and its lists
+    (downstream.action_specs.LookupSpec). A 2xx whose status is pending is accepted, not done."""
+
+    status_field: str
+    pending: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
 
 
 def classify_exception(exc: BaseException) -> Classification:
@@ -124,11 +141,15 @@ def classify_response(
     result_reference: str | None = "id",
     status_map: Mapping[int | str, AttemptClass] | None = None,
     now: datetime | None = None,
+    progress: Progress | None = None,
 ) -> Classification:
     """Classify a complete HTTP response.
 
     A success needs proof: a JSON object body carrying ``result_reference`` (dotted path).
     A truncated or empty 2xx is AMBIGUOUS, never success (FAULTS.md: proxies cut bodies).
+    Accepted is not completed: a 202, or a 2xx whose ``progress.status_field`` is pending, is
+    ACCEPTED (its reference kept if it has one); one whose status is failed is REJECTED with
+    ``failed_at_provider`` (the provider took it and failed it).
     """
     hdrs = httpx.Headers(headers)
     parsed = _parse_json(body)
@@ -144,14 +165,27 @@ def classify_response(
     def result(k: AttemptClass, reason: str, reference: str | None = None) -> Classification:
         return Classification(k, reason, status_code, retry_after_s, reference, request_id, body_dict)
 
+    if klass is A.ACCEPTED:
+        found = extract(body_dict, result_reference) if body_dict is not None and result_reference else None
+        ref = None if found is None or isinstance(found, (dict, list, bool)) or str(found) == "" else str(found)
+        return result(A.ACCEPTED, f"http_{status_code}_accepted", ref)
     if klass is not A.SUCCEEDED:
         return result(klass, f"http_{status_code}")
     if body_dict is None:
         what = "empty" if not body.strip() else ("not a JSON object" if parsed is not _UNPARSEABLE else "unparseable")
         return result(A.AMBIGUOUS, f"http_{status_code}_body_{what.replace(' ', '_')}")
+    reference = extract(body_dict, result_reference) if result_reference is not None else None
+    said = extract(body_dict, progress.status_field) if progress is not None else None
+    if isinstance(said, str) and progress is not None:
+        ref = None if reference is None or isinstance(reference, (dict, list, bool)) else str(reference) or None
+        if said in progress.pending:
+            return result(A.ACCEPTED, f"http_{status_code}_{progress.status_field}_{said}", ref)
+        if said in progress.failed:
+            return replace(
+                result(A.REJECTED, f"http_{status_code}_{progress.status_field}_{said}", ref), failed_at_provider=True
+            )
     if result_reference is None:
         return result(A.SUCCEEDED, f"http_{status_code}")
-    reference = extract(body_dict, result_reference)
     if reference is None or isinstance(reference, (dict, list, bool)) or str(reference) == "":
         return result(A.AMBIGUOUS, f"http_{status_code}_without_{result_reference}")
     return result(A.SUCCEEDED, f"http_{status_code}", str(reference))

@@ -21,6 +21,7 @@ from downstream.actions import ActionConfig, ActionsConfig, TargetConfig
 from downstream.classify import (
     Classification,
     LocalValidationError,
+    Progress,
     classify_exception,
     classify_response,
 )
@@ -204,12 +205,15 @@ class HttpConnector:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified attempt
             return AttemptResult(classify_exception(exc), digest, None, self._clock() - started, repr(exc))
         latency_s = self._clock() - started
+        spec = action_cfg.lookup
         classification = classify_response(
             response.status_code,
             response.headers,
             response.content,
             result_reference=action_cfg.result_reference,
             status_map=action_cfg.status_map,
+            # The lookup's status lists read the send's own answer too: accepted is not completed.
+            progress=Progress(spec.status_field, tuple(spec.pending), tuple(spec.failed)) if spec else None,
         )
         raw_error = None
         if classification.klass is not AttemptClass.SUCCEEDED:

@@ -20,14 +20,15 @@ from sqlalchemy.orm import Session
 from outbox.clock import LedgerClock, as_utc, db_now
 from outbox.drivers import ClaimedRow, driver_for
 from outbox.models import Operation, core_table
-from outbox.states import AttemptKind, Status, check_allowed
+from outbox.states import RECONCILE_CLAIMABLE, AttemptKind, Status, check_allowed
 
 _OP = core_table(Operation)
 
 
 # The moves a claim makes (in the drivers' one statement); the state table must list them.
 check_allowed("*", [Status.NOT_DISPATCHED], Status.DISPATCHING)
-check_allowed("*", [Status.OUTCOME_UNKNOWN], Status.OUTCOME_UNKNOWN)
+for _status in RECONCILE_CLAIMABLE:
+    check_allowed("*", [_status], _status)
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,15 @@ class Claim:
     clock: LedgerClock | None = None
     # The key the provider sees (outbox/provider_keys.py); "" (claims built by hand): the bare key.
     provider_key: str = ""
+    # The status the claim holds it in: dispatching, or (a lookup) outcome_unknown / accepted.
+    # A lookup is never held in dispatching: a lookup claim built by hand (tests) is outcome_unknown.
+    status: Status = Status.DISPATCHING
 
     def __post_init__(self) -> None:
         if not self.provider_key:
             object.__setattr__(self, "provider_key", self.idempotency_key)
+        if self.kind == AttemptKind.LOOKUP and self.status is Status.DISPATCHING:
+            object.__setattr__(self, "status", Status.OUTCOME_UNKNOWN)
 
     def now(self) -> dt.datetime:
         """The database's time now (as of the claim, plus the monotonic time since)."""
@@ -123,12 +129,12 @@ def claim_unknown(
     operation_ids: Sequence[str] | None = None,
     also_due: int = 0,
 ) -> list[Claim]:
-    """The reconciler's claim: due ``outcome_unknown`` operations whose lease (if any) has expired
-    (only ``operation_id(s)`` if given; up to ``limit``).
+    """The reconciler's claim: due ``outcome_unknown`` and ``accepted`` operations whose lease (if
+    any) has expired (only ``operation_id(s)`` if given; up to ``limit``).
 
     ``also_due``: with ids given, also claim up to this many other due ones, oldest first, in the
     same statement (a reconcile doorbell's batch filled with whatever else waits for a lookup).
-    The status stays ``outcome_unknown`` (nothing is re-sent); the token is bumped, a lease is taken
+    The status stays as it was (nothing is re-sent); the token is bumped, a lease is taken
     and a ``lookup`` attempt row is opened for what the provider will say.
     """
     ids = _ids(operation_id, operation_ids)
@@ -191,6 +197,7 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         open_ambiguity=bool(row.open_ambiguity),
         proven_absent_through=int(row.proven_absent_through or 0),
         clock=LedgerClock(claimed),
+        status=Status(row.status),
     )
 
 
@@ -206,8 +213,7 @@ def extend_lease_if_fenced(session: Session, claim: Claim, *, lease_s: float) ->
         update(_OP)
         .where(
             _OP.c.id == claim.operation_id,
-            _OP.c.status
-            == (Status.DISPATCHING if claim.kind == AttemptKind.DISPATCH else Status.OUTCOME_UNKNOWN).value,
+            _OP.c.status == claim.status.value,
             _OP.c.fencing_token == claim.fencing_token,
         )
         .values(lease_expires_at=db_now(lease_s), updated_at=db_now())

@@ -46,8 +46,12 @@ SETTLE_TARGETS = (
     Status.CANCELLED,
     Status.NOT_DISPATCHED,
     Status.OUTCOME_UNKNOWN,
+    Status.ACCEPTED,
+    Status.FAILED_AT_PROVIDER,
     Status.RECONCILIATION_REQUIRED,
 )
+# Settlements that schedule another lookup (after ``recheck_in_s``).
+RECHECKED = (Status.OUTCOME_UNKNOWN, Status.ACCEPTED)
 
 
 def settle_if_fenced(
@@ -94,13 +98,15 @@ def settle_if_fenced(
         values.update(next_attempt_at=db_now())
         if cannot_land:
             values.update(proven_absent_through=_last_dispatch_number(claim.operation_id))
-    elif to is Status.OUTCOME_UNKNOWN:
+    elif to in RECHECKED:
         values.update(next_attempt_at=db_now(max(recheck_in_s, 0.0)))
+    if to is Status.ACCEPTED:  # the provider's reference and answer, while it finishes
+        values.update(success_values(report.provider_reference, report.response_digest, result))
     try:
         move(
             session,
             claim.operation_id,
-            sources=[Status.OUTCOME_UNKNOWN],
+            sources=[claim.status],
             to=to,
             event=EventKind.LOOKUP_RESULT,
             actor=claim.worker,
@@ -115,12 +121,12 @@ def settle_if_fenced(
         if (
             extra_where
             and current is not None
-            and current.status == Status.OUTCOME_UNKNOWN.value
+            and current.status == claim.status.value
             and current.fencing_token == claim.fencing_token
         ):
             # Still ours: the refusal is the guard (a success is on record), not a lost lease.
             raise IllegalTransition(
-                claim.operation_id, "outcome_unknown with a confirmed success on record", to.value
+                claim.operation_id, f"{claim.status.value} with a confirmed success on record", to.value
             ) from None
         if wrote:
             mark_attempt_stale(session, claim.attempt_id)
@@ -157,7 +163,7 @@ def settle_many_if_fenced(session: Session, items: Sequence[Settle]) -> list[Sta
             item.to,
             refund=False,
             guard=False,
-            source=Status.OUTCOME_UNKNOWN,
+            source=item.claim.status,
             params={
                 "reason": item.reason,
                 "event_reason": f"lookup {item.claim.attempt_number} {item.report.klass.value}: {item.reason}",
@@ -167,7 +173,7 @@ def settle_many_if_fenced(session: Session, items: Sequence[Settle]) -> list[Sta
                 "token": item.claim.fencing_token,
                 "attempt_id": item.claim.attempt_id,
                 "waiting_for": (w.value if (w := waiting_on_entry(item.to)) else None),
-                "delay_s": float(max(item.recheck_in_s, 0.0)) if item.to is Status.OUTCOME_UNKNOWN else 0.0,
+                "delay_s": float(max(item.recheck_in_s, 0.0)) if item.to in RECHECKED else 0.0,
                 "result": item.result,
                 **report_params(item.report),
             },

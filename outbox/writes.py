@@ -81,9 +81,10 @@ def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
         ("reason", Param("reason")),
         ("waiting_for", Param("waiting_for")),
         *RELEASE_LEASE,
-        *(SUCCESS if to in EFFECT else NOT_SUCCESS),
+        # Accepted keeps the provider's reference and answer while the provider finishes.
+        *(SUCCESS if to in EFFECT or to is Status.ACCEPTED else NOT_SUCCESS),
     ]
-    if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
+    if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN, Status.ACCEPTED):
         writes.append(("next_attempt_at", Db.NOW_PLUS_DELAY))
     if refund:
         writes.append(("attempt_count", Db.DECREMENT))
@@ -93,7 +94,7 @@ def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
 
 
 def settle_writes(to: Status) -> WriteSet:
-    """What a reconciler's fenced settlement writes on the operation (outcome_unknown -> ``to``):
+    """What a reconciler's fenced settlement writes on the operation (outcome_unknown or accepted -> ``to``):
     the lease released, the provider's answer on a success, the next lookup or dispatch time. Not
     the error columns: they keep the dispatch attempt's error, which the lookup only explains."""
     if to not in SETTLE_WRITES_FOR:
@@ -108,6 +109,8 @@ def settle_writes(to: Status) -> WriteSet:
     if to in EFFECT:
         writes.extend(SUCCESS)
     else:
+        if to is Status.ACCEPTED:
+            writes.extend(SUCCESS)
         writes.append(("next_attempt_at", Db.NOW_PLUS_DELAY))
     if to in TERMINAL:
         writes.append(("finished_at", Db.NOW))
@@ -117,7 +120,13 @@ def settle_writes(to: Status) -> WriteSet:
 # The settlements written in one statement (settlement.settle_many_if_fenced): those without a
 # guard, a handoff or a value computed from other rows.
 SETTLE_WRITES_FOR = frozenset(
-    {Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED, Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN}
+    {
+        Status.SUCCEEDED,
+        Status.COMMITTED_EVIDENCE_DEGRADED,
+        Status.NOT_DISPATCHED,
+        Status.OUTCOME_UNKNOWN,
+        Status.ACCEPTED,
+    }
 )
 
 
@@ -126,6 +135,8 @@ def waiting_on_entry(to: Status, scheduled: WaitingFor | None = None) -> Waiting
     awaiting_approval; in not_dispatched what the move scheduled (None: due now); else nothing."""
     if to is Status.OUTCOME_UNKNOWN:
         return WaitingFor.LOOKUP
+    if to is Status.ACCEPTED:
+        return WaitingFor.PROVIDER
     if to is Status.AWAITING_APPROVAL:
         return WaitingFor.APPROVAL
     return scheduled if to is Status.NOT_DISPATCHED else None

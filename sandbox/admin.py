@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from sandbox.config import SettingError
-from sandbox.effects import GROUPINGS
+from sandbox.effects import GROUPINGS, Effect
 from sandbox.faults import RuleError, parse_rule
 from sandbox.responses import encode, error_body
 from sandbox.state import SandboxState
@@ -67,8 +67,16 @@ def add_routes(app: web.Application, key: web.AppKey[SandboxState]) -> None:
 
     async def effects(request: web.Request) -> web.Response:
         q = request.query
-        rows = state(request).effects.filter(q.get("resource"), q.get("key"), q.get("tenant"))
-        return _json({"count": len(rows), "data": [e.to_json() for e in rows]})
+        s = state(request)
+        rows = s.effects.filter(q.get("resource"), q.get("key"), q.get("tenant"))
+        now = s.clock.now()
+
+        def shown(e: Effect) -> dict[str, Any]:
+            # What became of the object: pending while processing, then its final or "failed" status.
+            obj = s.objects.by_id.get(e.object_id)
+            return e.to_json() | {"status": obj.status(now) if obj is not None else None}
+
+        return _json({"count": len(rows), "data": [shown(e) for e in rows]})
 
     async def duplicates(request: web.Request) -> web.Response:
         by = request.query.get("by", "key")

@@ -7,6 +7,7 @@ Each request passes three fault phases (faults.py): before commit (nothing happe
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import itertools
 import json
 import logging
@@ -211,13 +212,17 @@ async def create(
             return outcome
         now = clock.now()
         seq = next(state.seq)
-        obj = StoredObject(spec.new_id(), spec, tenant, key, params, now, now + config.processing_s, seq)
+        processing = config.processing_s > 0
+        fails = processing and bool(config.processing_fails) and fnmatch.fnmatchcase(key or "", config.processing_fails)
+        obj = StoredObject(spec.new_id(), spec, tenant, key, params, now, now + config.processing_s, seq, fails)
         objects.add(obj)
         effects.record(Effect(seq, obj.id, resource, tenant, key, digest, token, now))
-        outcome = Outcome(200, encode(obj.render(now)), rid, object_id=obj.id)
+        outcome = Outcome(
+            config.processing_status if processing else 200, encode(obj.render(now)), rid, object_id=obj.id
+        )
         if use_keys:
             assert key is not None
-            keys.complete(tenant, key, StoredResponse(200, outcome.body, rid))
+            keys.complete(tenant, key, StoredResponse(outcome.status, outcome.body, rid))
         return outcome
     finally:
         if use_keys:

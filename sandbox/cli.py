@@ -36,6 +36,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--processing-s", type=float, default=0.0, help="objects read as 'pending' for this long after creation"
     )
+    parser.add_argument(
+        "--processing-status", type=int, default=200, help="status of a creation while processing: 200, 201 or 202"
+    )
+    parser.add_argument(
+        "--processing-fails", default="", help="glob of idempotency keys whose objects end 'failed' after processing"
+    )
     parser.add_argument("--over-limit", default="10000.00", help="refunds above this amount get 402")
     parser.add_argument("--seed", type=int, default=None, help="default seed for probabilistic fault rules")
     parser.add_argument("--access-log", action="store_true", help="log every request (slower)")
@@ -58,6 +64,8 @@ def build_state(args: argparse.Namespace) -> SandboxState:
             "index_lag_s": args.index_lag_s,
             "strict_fencing": args.strict_fencing,
             "processing_s": args.processing_s,
+            "processing_status": args.processing_status,
+            "processing_fails": args.processing_fails,
             "over_limit_amount": args.over_limit,
         }
     )

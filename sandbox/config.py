@@ -30,6 +30,11 @@ class SandboxConfig:
     over_limit_amount: Decimal = Decimal("10000.00")
     # >0: objects are created "pending" and read as settled once this much time has passed.
     processing_s: float = 0.0
+    # The creation's status code while processing is on: 200 (a body saying "pending") or 202.
+    processing_status: int = 200
+    # Objects whose idempotency key matches this glob end "failed" instead (a payout accepted at
+    # 10:00 that fails at 10:05); empty: none fails. Only with processing_s > 0.
+    processing_fails: str = ""
     # Bounds memory in long benchmarks; the oldest request-log entries are dropped first.
     request_log_max: int = 100_000
 
@@ -63,6 +68,14 @@ def _parse(name: str, value: Any) -> Any:
         if not amount.is_finite() or amount <= 0:
             raise SettingError(name, "must be a positive decimal")
         return amount
+    if name == "processing_status":
+        if value not in (200, 201, 202):
+            raise SettingError(name, "must be 200, 201 or 202")
+        return value
+    if name == "processing_fails":
+        if not isinstance(value, str):
+            raise SettingError(name, "must be a glob of idempotency keys (or empty)")
+        return value
     if name == "request_log_max":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SettingError(name, "must be a positive integer")

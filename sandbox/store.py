@@ -22,9 +22,15 @@ class StoredObject:
     created: float
     settles_at: float  # == created unless processing is on
     seq: int
+    fails: bool = False  # processing ends "failed" (sandbox.config processing_fails)
+
+    def status(self, now: float) -> str:
+        if now < self.settles_at:
+            return "pending"
+        return "failed" if self.fails else self.spec.final_status
 
     def render(self, now: float) -> dict[str, Any]:
-        status = self.spec.final_status if now >= self.settles_at else "pending"
+        status = self.status(now)
         return {
             "id": self.id,
             "object": self.spec.object,

@@ -31,7 +31,17 @@ from workers import metrics
 from workers.doorbell import Doorbell
 from workers.fan_out import Attempted
 from workers.late import apply_late_successes
-from workers.outcomes import Ambiguous, Cancelled, NeedsApproval, Outcome, Rejected, RetryAt, Succeeded
+from workers.outcomes import (
+    Accepted,
+    Ambiguous,
+    Cancelled,
+    FailedAtProvider,
+    NeedsApproval,
+    Outcome,
+    Rejected,
+    RetryAt,
+    Succeeded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +77,11 @@ def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[st
         reason = "provider confirmed" + (" (completed after cancel requested)" if claim.cancel_requested else "")
         kw["result"] = outcome.result
         return Status.SUCCEEDED, reason, kw
+    if isinstance(outcome, Accepted):
+        kw.update(result=outcome.result, delay_s=outcome.check_in_s)
+        return Status.ACCEPTED, outcome.why, kw
+    if isinstance(outcome, FailedAtProvider):
+        return Status.FAILED_AT_PROVIDER, outcome.why, kw
     if isinstance(outcome, RetryAt):
         kw.update(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt, waiting_for=outcome.waiting_for)
         return Status.NOT_DISPATCHED, outcome.why, kw
@@ -187,6 +202,10 @@ def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
         log.info("retry scheduled in %.3fs: %s", outcome.delay_s, reason, extra=fields | {"delay_s": outcome.delay_s})
     elif isinstance(outcome, Ambiguous):
         log.info("parked in outcome_unknown: %s", reason, extra=fields)
+    elif isinstance(outcome, Accepted):
+        log.info("accepted, not finished: the reconciler looks it up (%s)", reason, extra=fields)
+    elif isinstance(outcome, FailedAtProvider):
+        log.error("failed_at_provider: %s", reason, extra=fields | {"reference": outcome.reference})  # a final failure
     elif isinstance(outcome, Cancelled):
         log.info("cancelled before send", extra=fields)
     elif isinstance(outcome, NeedsApproval):

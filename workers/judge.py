@@ -1,9 +1,11 @@
 """The reconciler's judgement: what one lookup answer proves for an operation (pure).
 
-found succeeded -> succeeded; found failed -> failed_before_commit; found pending -> re-check;
-not found -> counts only if the lookup is authoritative and settle_s has passed since the last
-dispatch attempt (then the reconciler decides between re-dispatch and an end: reconcile.py);
-lookup unavailable -> re-check with backoff under the reconciler's own budget, then a person.
+found succeeded -> succeeded; found failed -> failed_at_provider (the provider took it and failed
+it: not failed_before_commit); found pending -> accepted, re-checked; not found -> counts only if
+the lookup is authoritative and settle_s has passed since the last dispatch attempt (then the
+reconciler decides between re-dispatch and an end: reconcile.py), and never for an accepted
+operation (the provider said it has it: its index lags); lookup unavailable -> re-check with
+backoff under the reconciler's own budget, then a person.
 """
 
 from __future__ import annotations
@@ -76,14 +78,32 @@ def judge(
             )
         if found.state == "failed":
             return Settlement(
-                Status.FAILED_BEFORE_COMMIT,
+                Status.FAILED_AT_PROVIDER,
                 AttemptClass.REJECTED,
-                "reconciled: the provider holds it as failed/cancelled",
+                "reconciled: the provider took it and holds it as failed/cancelled",
+                reference=found.provider_reference,
             )
         return _recheck(
-            claim, f"found, still {found.state}: re-check later", rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+            claim,
+            f"accepted by the provider, still {found.state}: re-check later",
+            rng,
+            max_lookups=max_lookups,
+            max_delay_s=max_delay_s,
+            to=Status.ACCEPTED,
+            klass=AttemptClass.ACCEPTED,
+            reference=found.provider_reference,
         )
     if found.outcome == "not_found":
+        if claim.status is Status.ACCEPTED:
+            # The provider answered that it took the request: "not found" is its index lagging,
+            # never proof that nothing happened, so nothing is sent again.
+            return _recheck(
+                claim,
+                "accepted by the provider but not found by the lookup (index lag?)",
+                rng,
+                max_lookups=max_lookups,
+                max_delay_s=max_delay_s,
+            )
         if not spec.authoritative_not_found:
             return _recheck(
                 claim,
@@ -98,7 +118,7 @@ def judge(
         if now < settled_at:
             wait_s = (settled_at - now).total_seconds()
             return Settlement(
-                Status.OUTCOME_UNKNOWN,
+                claim.status,
                 AttemptClass.AMBIGUOUS,
                 f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
                 recheck_in_s=wait_s,
@@ -127,16 +147,29 @@ def _key_forgotten(action: ActionConfig, first_sent: datetime | None, now: datet
     )
 
 
-def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:
+def _recheck(
+    claim: Claim,
+    reason: str,
+    rng: random.Random,
+    *,
+    max_lookups: int,
+    max_delay_s: float,
+    to: Status | None = None,
+    klass: AttemptClass = AttemptClass.AMBIGUOUS,
+    reference: str | None = None,
+) -> Settlement:
+    """Look again later, staying where it is (``to``: accepted once the provider says pending)."""
     if claim.attempt_number >= max_lookups:
         return Settlement(
             Status.RECONCILIATION_REQUIRED,
-            AttemptClass.AMBIGUOUS,
+            klass,
             f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide",
+            reference=reference,
         )
     return Settlement(
-        Status.OUTCOME_UNKNOWN,
-        AttemptClass.AMBIGUOUS,
+        to or claim.status,
+        klass,
         reason,
         recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s),
+        reference=reference,
     )

@@ -19,11 +19,35 @@ from outbox.states import AttemptClass, WaitingFor
 
 A = AttemptClass
 
+# The first look at an accepted operation comes no sooner than this (and no sooner than the
+# lookup's settle_s): a provider that answered "processing" a moment ago will say so again.
+ACCEPTED_FIRST_CHECK_S = 1.0
+
 
 @dataclass(frozen=True)
 class Succeeded:
     reference: str | None
     result: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The provider took it and has not finished it (a 202, or a pending status): never sent again,
+    settled by lookups (the reconciler), the first one after ``check_in_s``."""
+
+    reference: str | None
+    result: dict[str, Any] | None
+    why: str
+    check_in_s: float
+
+
+@dataclass(frozen=True)
+class FailedAtProvider:
+    """The provider took it and answered that it failed (a status in lookup.failed): ends
+    failed_at_provider, not failed_before_commit (the provider holds a record of it)."""
+
+    why: str
+    reference: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +87,7 @@ class NeedsApproval:
     why: str
 
 
-Outcome = Succeeded | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval
+Outcome = Succeeded | Accepted | FailedAtProvider | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval
 
 
 class BudgetFields(Protocol):
@@ -181,6 +205,17 @@ def decide(
     """The one policy: classification + budget -> outcome (DESIGN.md, failure classification)."""
     if c.klass is A.SUCCEEDED:
         return Succeeded(c.provider_reference, c.body)
+    if c.klass is A.ACCEPTED:
+        # The first lookup once the provider's index may show it; no lookup: a person (reconciler).
+        check_in_s = max(action.lookup.settle_s, ACCEPTED_FIRST_CHECK_S) if action.lookup is not None else 0.0
+        return Accepted(c.provider_reference, c.body, f"{c.reason}: accepted by the provider, not finished", check_in_s)
+    if c.failed_at_provider:
+        if claim.open_ambiguity:
+            # An earlier attempt is still in doubt: the provider's record (by key) decides, looked up.
+            return Ambiguous(
+                f"{c.reason}: the provider reports it failed; an earlier attempt is in doubt: looking it up"
+            )
+        return FailedAtProvider(f"{c.reason}: the provider took it and reports it failed", c.provider_reference)
     budget = effective_budget(claim, action)
     plan = plan_retry(
         attempt_number=claim.attempt_count,

@@ -149,7 +149,7 @@ def _reconcile_claimed(rt: Runtime, claim: Claim, rng: random.Random, shared: _S
             claim,
             None,
             Settlement(
-                Status.OUTCOME_UNKNOWN,
+                claim.status,
                 AttemptClass.AMBIGUOUS,
                 f"breaker for {action.target} open: lookup later",
                 recheck_in_s=decision.wait_s,

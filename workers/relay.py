@@ -229,7 +229,11 @@ class Relay:
                 log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))
         # Runs whose current step settled: submit the next step, compensate, or end (run_advance.py).
         advance_due(self.sessions, irreversible=self._irreversible)
-        reconcile_ids = self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False)
+        # Lookups due: what may have happened (outcome_unknown) and what the provider is finishing.
+        reconcile_ids = [
+            *self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False),
+            *self._mark_due(Status.ACCEPTED, leased_ok=False),
+        ]
         if reconcile_ids:
             self.doorbell.ring_reconcile(reconcile_ids)
         if self._evidence is not None and now - self._last_backfill >= BACKFILL_EVERY_S:

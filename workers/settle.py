@@ -62,7 +62,8 @@ class Looked:
 
     def result(self) -> dict[str, Any] | None:
         found, action = self.found, self.action
-        result = found.obj if found and self.verdict.to is Status.SUCCEEDED else None
+        # The provider's answer: kept on a success, and on an accepted operation while it finishes.
+        result = found.obj if found and self.verdict.to in (Status.SUCCEEDED, Status.ACCEPTED) else None
         if result is not None and action is not None:
             redactor = action.redactor(loads_exact(self.claim.args)) if self.claim.args else None
             result = action.masked_response(result, redactor)
@@ -210,8 +211,8 @@ def _settle(rt: Runtime, item: Looked) -> Settlement:
 
 def _log_settled(item: Looked, applied: Status) -> None:
     fields, reason = item.fields(), item.verdict.reason
-    if applied is Status.FAILED_BEFORE_COMMIT:
-        log.error("failed_before_commit: %s", reason, extra=fields)  # a final failure
+    if applied in (Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER):
+        log.error("%s: %s", applied.value, reason, extra=fields)  # a final failure
     elif applied is Status.RECONCILIATION_REQUIRED:
         # A handoff to a person is one of the two ERRORs of the normal path (DESIGN.md, Logging).
         log.error("handed to a person: %s", reason, extra=fields)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.states import AttemptKind, Status, WaitingFor
+from outbox.states import RECONCILE_CLAIMABLE, AttemptKind, Status, WaitingFor
 from outbox.writes import WriteSet, finalize_writes, settle_writes
 
 
@@ -54,7 +54,8 @@ class FinalizeWrite:
     ``stale`` (the driver adds them), plus operation_id, token, attempt_id, event, event_reason,
     actor and delay_s. ``guard``: the move claims "no effect" and holds only while no other
     attempt may have taken effect (effect_guard.py). ``source``: dispatching (a worker's finalize)
-    or outcome_unknown (a reconciler's settlement: its lookup attempt and ``settle_writes``).
+    or the claimed row's outcome_unknown / accepted (a reconciler's settlement: its lookup attempt
+    and ``settle_writes``).
     """
 
     to: Status
@@ -64,7 +65,7 @@ class FinalizeWrite:
     source: Status = Status.DISPATCHING
 
     def write_set(self) -> WriteSet:
-        if self.source is Status.OUTCOME_UNKNOWN:
+        if self.source in RECONCILE_CLAIMABLE:
             return settle_writes(self.to)
         return finalize_writes(self.to, refund=self.refund)
 
@@ -89,6 +90,7 @@ class ClaimedRow(NamedTuple):
     cancel_requested: bool
     proven_absent_through: int
     updated_at: dt.datetime
+    status: str  # as claimed: dispatching, or the lookup's outcome_unknown / accepted
     attempt_id: int
     number: int
     open_ambiguity: bool

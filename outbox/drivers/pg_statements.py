@@ -19,7 +19,8 @@ import functools
 import re
 
 from outbox.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
-from outbox.states import AttemptKind, EventKind, Status
+from outbox.models import RECONCILE_DUE
+from outbox.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
 from outbox.writes import ATTEMPT_REPORT, Db, Param, WriteSet, finalize_writes, settle_writes
 
 NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
@@ -90,7 +91,7 @@ WITH {due_ctes}, claimed AS (
     RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.provider_key, o.action,
               o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
-              o.cancel_requested, o.proven_absent_through, o.updated_at
+              o.cancel_requested, o.proven_absent_through, o.updated_at, o.status
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
@@ -103,7 +104,8 @@ WITH {due_ctes}, claimed AS (
     RETURNING id AS attempt_id, operation_id
 ), logged AS (
     INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), '{source}', '{target}', fencing_token, '{event}', '{kind} attempt ' || number, :worker
+    SELECT id, clock_timestamp(), {from_status}, {to_status}, fencing_token, '{event}', '{kind} attempt ' || number,
+        :worker
     FROM numbered
 )
 SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
@@ -112,7 +114,7 @@ SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id 
 # Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
 _DUE = """
     SELECT id, {rank} AS rank FROM operations
-    WHERE status = '{source}' AND next_attempt_at <= {now}{lease_free}{ids}
+    WHERE {source} AND next_attempt_at <= {now}{lease_free}{ids}
     ORDER BY next_attempt_at
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED"""
@@ -126,7 +128,8 @@ _LEASE_FREE = " AND (lease_expires_at IS NULL OR lease_expires_at < clock_timest
 def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
     """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows."""
     lookup = kind is AttemptKind.LOOKUP
-    source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
+    # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
+    source = RECONCILE_DUE if lookup else f"status = '{Status.NOT_DISPATCHED.value}'"
 
     def due(rank: int, ids: str, n: int) -> str:
         # Given ids: found through the primary key, the due bound only filters (clock_timestamp()).
@@ -134,7 +137,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
         # outbox/clock.py db_scan_now), else each claim reads the index's every dead entry.
         now = "clock_timestamp()" if ids == _IDS_IN else "statement_timestamp()"
         return _DUE.format(
-            rank=rank, source=source.value, now=now, lease_free=_LEASE_FREE if lookup else "", ids=ids, limit=n
+            rank=rank, source=source, now=now, lease_free=_LEASE_FREE if lookup else "", ids=ids, limit=n
         )
 
     if not with_ids:
@@ -158,8 +161,8 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
         _CLAIM.format(
             due_ctes=ctes,
             kind=kind.value,
-            source=source.value,
-            target=(Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING).value,
+            from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
+            to_status="status" if lookup else f"'{Status.DISPATCHING.value}'",
             event=(EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM).value,
             may_have_taken_effect=may_have_taken_effect("c"),
             dispatch_sets=dispatch_sets,
@@ -171,12 +174,12 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
 @functools.lru_cache(maxsize=32)
 def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISPATCHING) -> str:
     """A worker's finalize in one statement: its attempt row, the fenced move, the event row.
-    (``source`` outcome_unknown: a reconciler's settlement of its lookup, ``settle_writes``.)
+    (``source`` outcome_unknown or accepted: a reconciler's settlement of its lookup, ``settle_writes``.)
 
     ``guard``: the move claims "no effect" and must hold only while no other attempt may have
     taken effect (effect_guard.py).
     """
-    writes = settle_writes(to) if source is Status.OUTCOME_UNKNOWN else finalize_writes(to, refund=refund)
+    writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
     where = f"id = :operation_id AND status = '{source.value}' AND fencing_token = :token"
     if guard:
         where += " AND " + NO_EFFECT_POSSIBLE

@@ -25,7 +25,7 @@ from outbox.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
 from outbox.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.events import record_events
 from outbox.models import Attempt, Evidence, Operation, Run, core_table
-from outbox.states import AttemptClass, AttemptKind, EventKind, Status
+from outbox.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.writes import ATTEMPT_REPORT, core_values
 
 # Long enough to ride out another process's commit burst on a laptop disk; short enough that
@@ -57,6 +57,7 @@ _CLAIMED = (
     _OP.c.cancel_requested,
     _OP.c.proven_absent_through,
     _OP.c.updated_at,  # the claim's own time (the database's clock)
+    _OP.c.status,
 )
 
 
@@ -168,8 +169,9 @@ class SqliteDriver:
         self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, operation_ids: Any
     ) -> list[ClaimedRow]:
         lookup = kind is AttemptKind.LOOKUP
-        source = Status.OUTCOME_UNKNOWN if lookup else Status.NOT_DISPATCHED
-        guard = [_OP.c.status == source.value, _OP.c.next_attempt_at <= db_now()]
+        # A lookup claim keeps its row's status (outcome_unknown or accepted).
+        sources = sorted(RECONCILE_CLAIMABLE) if lookup else [Status.NOT_DISPATCHED]
+        guard = [_OP.c.status.in_([s.value for s in sources]), _OP.c.next_attempt_at <= db_now()]
         if lookup:
             guard.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
         due = select(_OP.c.id).where(*guard)
@@ -192,9 +194,9 @@ class SqliteDriver:
         # The guard is checked again in the UPDATE itself.
         stmt = update(_OP).values(**values).where(_OP.c.id.in_(due.scalar_subquery()), *guard)
         rows = session.execute(stmt.returning(*_CLAIMED)).all()
-        return [self._open_attempt(session, row, worker, kind, source) for row in rows]
+        return [self._open_attempt(session, row, worker, kind) for row in rows]
 
-    def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind, source: Status) -> ClaimedRow:
+    def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind) -> ClaimedRow:
         open_ambiguity = session.execute(
             text(
                 f"SELECT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
@@ -230,8 +232,8 @@ class SqliteDriver:
         record_events(
             session,
             [(row.id, row.fencing_token)],
-            from_status=source,
-            to=Status.OUTCOME_UNKNOWN if lookup else Status.DISPATCHING,
+            from_status=Status(row.status) if lookup else Status.NOT_DISPATCHED,
+            to=Status(row.status),
             kind=EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM,
             reason=f"{kind.value} attempt {number}",
             actor=worker,

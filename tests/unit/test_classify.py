@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from downstream.classify import (
     DEFAULT_STATUS_MAP,
     LocalValidationError,
+    Progress,
     classify_exception,
     classify_response,
     status_class,
@@ -107,8 +108,29 @@ def test_2xx_without_provable_reference_is_ambiguous(body: bytes) -> None:
 
 def test_dotted_reference_and_no_reference_required() -> None:
     assert classify(200, b'{"data": {"id": 7}}', result_reference="data.id").provider_reference == "7"
-    assert classify(202, b"{}", result_reference=None).klass is A.SUCCEEDED
+    assert classify(201, b"{}", result_reference=None).klass is A.SUCCEEDED
     assert classify(204, b"", result_reference=None).klass is A.AMBIGUOUS
+
+
+PROGRESS = Progress("status", pending=("pending", "processing"), failed=("failed", "canceled"))
+
+
+def test_accepted_is_not_completed() -> None:
+    # A 202, with or without a body, is the provider taking the request, not finishing it.
+    assert classify(202, b'{"id": "po_1"}').klass is A.ACCEPTED
+    assert classify(202, b'{"id": "po_1"}').provider_reference == "po_1"
+    assert classify(202, b"").klass is A.ACCEPTED
+    # A 2xx whose status field says pending/processing is accepted; failed is the provider's failure.
+    pending = classify(200, b'{"id": "po_2", "status": "processing"}', progress=PROGRESS)
+    assert (pending.klass, pending.provider_reference) == (A.ACCEPTED, "po_2")
+    failed = classify(200, b'{"id": "po_3", "status": "failed"}', progress=PROGRESS)
+    assert failed.klass is A.REJECTED and failed.failed_at_provider and failed.provider_reference == "po_3"
+    done = classify(200, b'{"id": "po_4", "status": "succeeded"}', progress=PROGRESS)
+    assert done.klass is A.SUCCEEDED and not done.failed_at_provider
+    # An action whose provider says 202 for done says so (status_map); without a lookup's lists a
+    # status field proves nothing either way.
+    assert classify(202, b'{"id": "x"}', status_map={202: A.SUCCEEDED}).klass is A.SUCCEEDED
+    assert classify(200, b'{"id": "po_5", "status": "pending"}').klass is A.SUCCEEDED
 
 
 @pytest.mark.parametrize("status", [429, 503])
@@ -145,7 +167,7 @@ def test_other_4xx_rejected(status: int, body: bytes) -> None:
     assert classify(status, body).klass is A.REJECTED
 
 
-@given(st.integers(200, 299), st.binary(max_size=64))
+@given(st.integers(200, 299).filter(lambda s: s != 202), st.binary(max_size=64))
 def test_2xx_without_parseable_reference_is_ambiguous(status: int, body: bytes) -> None:
     try:
         parsed = json.loads(body)
@@ -160,7 +182,11 @@ def test_2xx_without_parseable_reference_is_ambiguous(status: int, body: bytes) 
     assert result.klass is (A.SUCCEEDED if has_ref else A.AMBIGUOUS)
 
 
-@given(st.integers(200, 299), st.one_of(st.text(min_size=1), st.integers()), st.dictionaries(st.text(), st.integers()))
+@given(
+    st.integers(200, 299).filter(lambda s: s != 202),  # 202 Accepted: not completed (test_accepted_is_not_completed)
+    st.one_of(st.text(min_size=1), st.integers()),
+    st.dictionaries(st.text(), st.integers()),
+)
 def test_2xx_with_reference_is_success(status: int, ref: object, extra: dict[str, int]) -> None:
     body = json.dumps({**extra, "id": ref}).encode()
     result = classify(status, body)

@@ -178,11 +178,28 @@ def test_reconciler_judgement():
     rc = claim(1, kind="lookup")
     v = judge(rc, ACTION, lookup("found", "succeeded"), now=T0, last_activity=T0, rng=rng)
     assert v.to is Status.SUCCEEDED and v.reference == "re_1"
+    # The provider holds it as failed: it took it and failed it, which is not failed_before_commit.
     assert (
-        judge(rc, ACTION, lookup("found", "failed"), now=T0, last_activity=T0, rng=rng).to
-        is Status.FAILED_BEFORE_COMMIT
+        judge(rc, ACTION, lookup("found", "failed"), now=T0, last_activity=T0, rng=rng).to is Status.FAILED_AT_PROVIDER
     )
-    assert judge(rc, ACTION, lookup("found", "pending"), now=T0, last_activity=T0, rng=rng).to is Status.OUTCOME_UNKNOWN
+    # Found pending: the provider has it; accepted, and looked up again later.
+    pending = judge(rc, ACTION, lookup("found", "pending"), now=T0, last_activity=T0, rng=rng)
+    assert pending.to is Status.ACCEPTED and pending.recheck_in_s > 0 and pending.reference == "re_1"
+    accepted = replace(rc, status=Status.ACCEPTED)
+    # An accepted operation's "not found" is index lag, never a reason to send again.
+    lag = judge(accepted, ACTION, lookup("not_found"), now=T0 + timedelta(seconds=60), last_activity=T0, rng=rng)
+    assert lag.to is Status.ACCEPTED
+    still = judge(accepted, ACTION, lookup("found", "pending"), now=T0, last_activity=T0, rng=rng)
+    assert still.to is Status.ACCEPTED
+    spent = judge(
+        replace(accepted, attempt_number=MAX_LOOKUPS),
+        ACTION,
+        lookup("found", "pending"),
+        now=T0,
+        last_activity=T0,
+        rng=rng,
+    )
+    assert spent.to is Status.RECONCILIATION_REQUIRED
     # Index lag: an early 404 is not proof.
     early = judge(rc, ACTION, lookup("not_found"), now=T0 + timedelta(seconds=1), last_activity=T0, rng=rng)
     assert early.to is Status.OUTCOME_UNKNOWN and early.recheck_in_s == pytest.approx(4)
