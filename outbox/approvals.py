@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outbox.clock import as_utc, db_now
+from outbox.drivers import driver_for
 from outbox.errors import InvalidIntent, OperationNotFound, SelfApproval
 from outbox.models import Approval, Operation
 from outbox.queries import approval_json, operation_json
@@ -169,6 +170,8 @@ def approve(
         next_attempt_at=db_now(),
         waiting_for=None,
     )
+    # Rung on commit like a fresh submit, instead of waiting for the relay's next poll.
+    driver_for(session).notify_due(session, op.id)
     return row
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import case
+
 from outbox.clock import db_now
 from outbox.states import EFFECT, TERMINAL, Status, WaitingFor
 
@@ -28,6 +30,12 @@ class Db(enum.Enum):
     NOW = "now"  # the database's clock
     NOW_PLUS_DELAY = "now + delay_s"  # the database's clock plus the ``delay_s`` parameter
     DECREMENT = "column - 1"
+    # The ``reason`` parameter, noting a cancel that was asked for while the request was out: the
+    # flag is read in the same statement, so a cancel that arrived mid-flight is never left unsaid.
+    REASON_NOTING_CANCEL = "reason (completed after cancel requested)"
+
+
+CANCEL_NOTE = " (completed after cancel requested)"
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
     writes: list[tuple[str, Value]] = [
         ("status", Param("to")),
         ("updated_at", Db.NOW),
-        ("reason", Param("reason")),
+        ("reason", Db.REASON_NOTING_CANCEL if to in EFFECT else Param("reason")),
         ("waiting_for", Param("waiting_for")),
         *RELEASE_LEASE,
         # Accepted keeps the provider's reference and answer while the provider finishes.
@@ -154,6 +162,9 @@ def core_values(writes: WriteSet, params: Mapping[str, Any], table: Any) -> dict
             values[column] = db_now()
         elif value is Db.NOW_PLUS_DELAY:
             values[column] = db_now(max(float(params["delay_s"]), 0.0))
+        elif value is Db.REASON_NOTING_CANCEL:
+            reason = params["reason"]
+            values[column] = case((table.c.cancel_requested, reason + CANCEL_NOTE), else_=reason)
         else:
             values[column] = table.c[column] - 1
     return values

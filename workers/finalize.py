@@ -74,9 +74,9 @@ class Recorder:
 def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
     kw: dict[str, Any] = {}
     if isinstance(outcome, Succeeded):
-        reason = "provider confirmed" + (" (completed after cancel requested)" if claim.cancel_requested else "")
+        # A cancel asked for while the request was out is noted by the write itself (writes.py).
         kw["result"] = outcome.result
-        return Status.SUCCEEDED, reason, kw
+        return Status.SUCCEEDED, "provider confirmed", kw
     if isinstance(outcome, Accepted):
         kw.update(result=outcome.result, delay_s=outcome.check_in_s)
         return Status.ACCEPTED, outcome.why, kw

@@ -123,6 +123,10 @@ class LedgerDriver(Protocol):
 
     def insert_operation(self, session: Any, new: NewOperation) -> bool: ...
 
+    def notify_due(self, session: Any, operation_id: str) -> None:
+        """Tell the relay (on commit) that this operation is due now, where the database can."""
+        ...
+
     def claim(
         self,
         session: Any,

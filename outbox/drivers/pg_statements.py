@@ -21,7 +21,7 @@ import re
 from outbox.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
 from outbox.models import RECONCILE_DUE
 from outbox.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
-from outbox.writes import ATTEMPT_REPORT, Db, Param, WriteSet, finalize_writes, settle_writes
+from outbox.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
 
 NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
 # pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
@@ -45,6 +45,7 @@ def _render(writes: WriteSet) -> str:
             Db.NULL: "NULL",
             Db.NOW: "clock_timestamp()",
             Db.NOW_PLUS_DELAY: "clock_timestamp() + make_interval(secs => :delay_s)",
+            Db.REASON_NOTING_CANCEL: f"CASE WHEN cancel_requested THEN :reason || '{CANCEL_NOTE}' ELSE :reason END",
             Db.DECREMENT: f"{column} - 1",
         }[v]
 
@@ -74,6 +75,8 @@ WITH ins AS (
 SELECT (SELECT count(*) FROM ins)"""
 SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins)"
 SUBMIT_QUIET = _SUBMIT
+# An operation made due by something other than a submit (an approval): the relay hears it on commit.
+NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 
 
 # -- claims ---------------------------------------------------------------------------------------

@@ -87,6 +87,9 @@ class PostgresDriver:
         }
         return bool(_conn(session).execute(statement, params).fetchone()[0])
 
+    def notify_due(self, session: Any, operation_id: str) -> None:
+        _conn(session).execute(sql.NOTIFY_DUE, {"id": operation_id})
+
     def claim(
         self,
         session: Any,

@@ -94,8 +94,7 @@ class SqliteDriver:
 
     @contextmanager
     def migrating(self, conn: Connection) -> Iterator[None]:
-        """Foreign keys off: a rebuilt table's DROP would cascade to every child row. Set outside the
-        migration's transaction (SQLite ignores it inside), checked before it is set back."""
+        """Foreign keys off (a rebuilt table's DROP would cascade), set outside the transaction."""
         raw: Any = conn.connection.dbapi_connection
         raw.execute("PRAGMA foreign_keys=OFF")
         try:
@@ -104,6 +103,9 @@ class SqliteDriver:
                 raise RuntimeError(f"migration left rows without their parent: {dangling[:5]}")
         finally:
             raw.execute("PRAGMA foreign_keys=ON")
+
+    def notify_due(self, session: Session, operation_id: str) -> None:
+        """No NOTIFY: the relay polls."""
 
     def set_statement_timeout(self, session: Session, ms: int) -> None:
         """SQLite has no statement timeout; the busy timeout bounds waiting for the lock."""

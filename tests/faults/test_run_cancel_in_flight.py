@@ -130,6 +130,7 @@ def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_
     op = pipe.op(step1.id)
     # The late success is recorded as what it is, after the cancel request, not dropped.
     assert op.status == Status.SUCCEEDED.value and op.cancel_requested is True, (op.status, op.reason)
+    assert "completed after cancel requested" in (op.reason or ""), op.reason  # DESIGN.md: said, never dropped
     with pipe.sessions() as s:
         events = list(
             s.execute(
