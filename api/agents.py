@@ -15,19 +15,21 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.auth import ApiState, require, state
+from api.bodies import exact_json
 from api.keys import Caller
+from api.openapi import CONFLICT, OPTIONAL_TRIMMED, STORABLE, TRIMMED, WORD, json_body
 from api.problems import Problem, conflict_problem, not_found
 from outbox.clock import as_utc
-from outbox.envelope import loads_exact
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.models import Operation
 from outbox.queries import detail_of, details_of, operation_json
 from outbox.states import Status
-from outbox.submit import require_storable, submit
+from outbox.submit import MAX_KEY_LEN, MAX_SECONDS, require_storable, submit
 from outbox.transitions import request_cancel
 from outbox.typed_outcome import with_outcome
 
@@ -37,25 +39,44 @@ MAX_BATCH = 500
 MAX_WAIT_S = 60.0
 
 
+INTENT_EXAMPLE: JsonDict = {
+    "action": "payments.refund.create",
+    "idempotency_key": "wf-81:invoice-17:refund-2:v1",
+    "args": {"order_id": "o-17", "amount": "25.00", "currency": "EUR"},
+}
+
+
 class IntentIn(BaseModel):
     """One intent (the tenant is the key's)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [INTENT_EXAMPLE]})
 
-    action: str = Field(description="a named action of the actions file, e.g. payments.refund.create")
+    action: str = Field(
+        max_length=200,
+        description="a named action of the actions file, e.g. payments.refund.create",
+        json_schema_extra={"pattern": WORD},
+    )
     args: dict[str, Any] = Field(description="the action's arguments; numbers are read as exact decimals")
     idempotency_key: str | None = Field(
-        default=None, description="a stable business key (or send it as the Idempotency-Key header)"
+        default=None,
+        max_length=MAX_KEY_LEN,
+        description="a stable business key (or send it as the Idempotency-Key header; one of the two is required)",
+        json_schema_extra={"pattern": TRIMMED},
     )
-    subject: str | None = Field(default=None, description="who asks (default: api:key-<id>)")
-    run_id: str | None = None
-    tool_call_id: str | None = None
-    max_attempts: int | None = Field(default=None, ge=1)
-    deadline_s: float | None = Field(default=None, gt=0)
+    subject: str | None = Field(
+        default=None,
+        max_length=255,
+        description="who asks (default: api:key-<id>)",
+        json_schema_extra={"pattern": OPTIONAL_TRIMMED},
+    )
+    run_id: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": STORABLE})
+    tool_call_id: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": STORABLE})
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class BatchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"intents": [INTENT_EXAMPLE]}]})
 
     intents: list[IntentIn] = Field(max_length=MAX_BATCH)
 
@@ -111,13 +132,6 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _body(raw: bytes) -> Any:
-    try:
-        return loads_exact(raw.decode("utf-8") if raw else "", field="body")
-    except UnicodeDecodeError:
-        raise InvalidIntent("body", "must be UTF-8 JSON") from None
-
-
 def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str = "") -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise InvalidIntent(where or "body", "must be a JSON object")
@@ -134,7 +148,7 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
         "idempotency_key": key,
         "action": obj.get("action"),
         "args": obj.get("args"),
-        "subject": obj.get("subject") or f"api:key-{caller.key_id}",
+        "subject": subject_of(obj, caller),
         "submitted_by": caller.identity,
         "run_id": obj.get("run_id"),
         "tool_call_id": obj.get("tool_call_id"),
@@ -149,6 +163,13 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
     if not isinstance(out["args"], dict):
         raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")
     return out
+
+
+def subject_of(obj: dict[str, Any], caller: Caller) -> Any:
+    """The body's subject, or the key's name when it gives none (null or ""); anything else is the
+    body's to answer for (the ledger refuses what is not text)."""
+    subject = obj.get("subject")
+    return f"api:key-{caller.key_id}" if subject is None or subject == "" else subject
 
 
 def _bounded(value: Any, field: str, what: str, *, integer: bool = False) -> Decimal:
@@ -196,9 +217,7 @@ def _operations(session: Session, operation_ids: list[str]) -> dict[str, dict[st
     status_code=201,
     response_model=OperationOut,
     responses=SUBMIT_RESPONSES,
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": IntentIn.model_json_schema()}}}
-    },
+    openapi_extra=json_body(IntentIn),
 )
 async def post_intent(
     request: Request,
@@ -208,7 +227,7 @@ async def post_intent(
     """Submit one intent. 201 when new, 200 with the existing operation when the same intent was
     already submitted, 409 when the key was used with other arguments."""
     st = state(request)
-    intent = _intent_fields(_body(await request.body()), idempotency_key, caller)
+    intent = _intent_fields(exact_json(await request.body()), idempotency_key, caller)
     _known_action(st, intent)
 
     def run() -> tuple[int, dict[str, Any]]:
@@ -223,15 +242,13 @@ async def post_intent(
     "/intents:batch",
     response_model=BatchOut,
     responses=PROBLEMS,
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": BatchIn.model_json_schema()}}}
-    },
+    openapi_extra=json_body(BatchIn),
 )
 async def post_batch(request: Request, caller: Annotated[Caller, Depends(require("submit"))]) -> JSONResponse:
     """Up to 500 intents in one transaction; one result per item, in order (201/200 with the
     operation, or 409/422 with a problem); the good items are stored either way."""
     st = state(request)
-    body = _body(await request.body())
+    body = exact_json(await request.body())
     if not isinstance(body, dict) or set(body) != {"intents"} or not isinstance(body["intents"], list):
         raise InvalidIntent("intents", 'send {"intents": [intent, ...]}')
     items = body["intents"]
@@ -277,15 +294,13 @@ def get_operation(
 def list_operations(
     request: Request,
     caller: Annotated[Caller, Depends(require("read"))],
-    status: str | None = None,
+    status: Status | None = None,
     action: str | None = None,
     idempotency_key: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,
 ) -> dict[str, Any]:
     """This tenant's operations, newest first; pass ``next_cursor`` back as ``cursor`` for more."""
-    if status is not None and status not in {s.value for s in Status}:
-        raise InvalidIntent("status", f"one of {', '.join(s.value for s in Status)}")
     for name, value in (("action", action), ("idempotency_key", idempotency_key)):
         require_storable(name, value)
     stmt = select(Operation).where(Operation.tenant == caller.tenant)
@@ -350,7 +365,7 @@ async def wait_operation(
     return op
 
 
-@router.post("/operations/{operation_id}/cancel", response_model=OperationOut, responses=PROBLEMS)
+@router.post("/operations/{operation_id}/cancel", response_model=OperationOut, responses=PROBLEMS | CONFLICT)
 def cancel_operation(
     operation_id: str, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
 ) -> dict[str, Any]:

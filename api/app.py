@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import agents, operators, runs
+from api import agents, openapi, operators, runs
 from api.auth import ApiState, RateLimiter
-from api.problems import Problem, conflict_problem, not_found, problem_response
+from api.problems import Problem, conflict_problem, malformed_body, not_found, problem_response
 from api.waiters import Waiters
 from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import (
@@ -31,6 +33,8 @@ from outbox.errors import (
 from outbox.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
 from producer.client import key_rules_for
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 
 
 class BodyLimit:
@@ -146,7 +150,16 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        errors = list(exc.errors())
+        first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # FastAPI's parse of a body that is not JSON
+            ctx = first.get("ctx") or {}
+            at = list(first.get("loc", ()))[-1:] or ["?"]
+            return problem_response(
+                malformed_body(f"not valid JSON ({ctx.get('error', 'decode error')} at character {at[0]})")
+            )
+        if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):  # no body at all
+            return problem_response(malformed_body("empty; send a JSON object"))
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         return problem_response(Problem(422, "invalid", "Invalid input", str(first.get("msg")), field=where or None))
 
@@ -163,8 +176,19 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if isinstance(exc.__cause__, Problem):  # the body limit, hit while FastAPI read a model body
             return problem_response(exc.__cause__)
-        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
-        return problem_response(Problem(exc.status_code, title.lower().replace(" ", "-"), title, str(exc.detail)))
+        if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI read a model body
+            return problem_response(malformed_body(f"not UTF-8 (byte {exc.__cause__.start} cannot be decoded)"))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # RFC 9110: a 405 lists the methods the resource has. The router's own 405 names none
+            # for an included router's routes (or only the first route of the path): ask them all.
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
+            return problem_response(Problem(405, "method-not-allowed", "Method not allowed", detail, headers=headers))
+        title = {404: "Not found"}.get(exc.status_code, "Error")
+        kind = title.lower().replace(" ", "-")
+        return problem_response(Problem(exc.status_code, kind, title, str(exc.detail), headers=headers))
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -190,7 +214,21 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     app.include_router(runs.router)
     app.include_router(operators.router)
     _mount_console(app)
+    openapi.install(app)
     return app
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods the requested resource has: those for which a route of the app matches its path
+    (asked of the routes themselves, as the router would, so included routers count too). A
+    mounted app (the console's static files) answers its own methods: GET and HEAD."""
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    allowed = [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
+    return allowed or ["GET", "HEAD"]
 
 
 def _redis_check(url: str) -> str:

@@ -17,9 +17,11 @@ from sqlalchemy.orm import Session
 from api.agents import _OPERATION_ID, PROBLEMS
 from api.auth import require, state
 from api.keys import Caller
+from api.openapi import CONFLICT, NONBLANK, STORABLE, UNCONFIGURED
 from api.problems import Problem, not_found
 from outbox import approvals, handoffs
 from outbox.errors import InvalidIntent
+from outbox.handoffs import RESOLUTIONS
 from outbox.models import Handoff, Operation
 from outbox.report_summary import last_report, report_json
 from outbox.submit import require_storable
@@ -31,18 +33,35 @@ HandoffId = Annotated[int, Path(ge=1, le=2**63 - 1, description="the handoff's i
 
 
 class ResolveIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # The document says what handoffs.resolve checks: a reference goes with "succeeded".
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "if": {"properties": {"as": {"const": "succeeded"}}},
+            "then": {"required": ["reference"], "properties": {"reference": {"type": "string", "minLength": 1}}},
+        },
+    )
 
-    resolution: str = Field(alias="as", description="succeeded | not-executed | abandoned")
-    reference: str | None = Field(default=None, max_length=255, description="the provider's reference (with succeeded)")
-    note: str = Field(max_length=4000, description="why: what was checked, and where")
-    by: str = Field(max_length=200, description="who decides")
+    resolution: str = Field(
+        alias="as", description="succeeded | not-executed | abandoned", json_schema_extra={"enum": list(RESOLUTIONS)}
+    )
+    reference: str | None = Field(
+        default=None,
+        max_length=255,
+        description="the provider's reference (with succeeded)",
+        json_schema_extra={"pattern": STORABLE},
+    )
+    note: str = Field(
+        max_length=4000, description="why: what was checked, and where", json_schema_extra={"pattern": NONBLANK}
+    )
+    by: str = Field(max_length=200, description="who decides", json_schema_extra={"pattern": NONBLANK})
 
 
 class ResetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(min_length=1, max_length=200, description="who resets")
+    by: str = Field(min_length=1, max_length=200, description="who resets", json_schema_extra={"pattern": STORABLE})
 
 
 def _handoff(session: Session, caller: Caller, handoff_id: int) -> Handoff:
@@ -80,7 +99,7 @@ def get_handoff(handoff_id: HandoffId, request: Request, caller: Annotated[Calle
         }
 
 
-@router.post("/handoffs/{handoff_id}/resolve", responses=PROBLEMS)
+@router.post("/handoffs/{handoff_id}/resolve", responses=PROBLEMS | CONFLICT)
 def resolve_handoff(
     handoff_id: HandoffId, body: ResolveIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
 ) -> Any:
@@ -115,7 +134,7 @@ def latest_report(request: Request, caller: Annotated[Caller, Depends(require("o
         return report_json(row, tenant=caller.tenant)
 
 
-@router.get("/breakers", responses=PROBLEMS)
+@router.get("/breakers", responses=PROBLEMS | UNCONFIGURED)
 def list_breakers(request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> dict[str, Any]:
     """Every target's breaker: state, failures, opened at, reopens at."""
     from breaker.operator import status
@@ -140,7 +159,7 @@ def list_breakers(request: Request, caller: Annotated[Caller, Depends(require("o
     }
 
 
-@router.post("/breakers/{target}/reset", responses=PROBLEMS)
+@router.post("/breakers/{target}/reset", responses=PROBLEMS | CONFLICT | UNCONFIGURED)
 def reset_breaker(
     target: str, body: ResetIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
 ) -> dict[str, Any]:
@@ -177,8 +196,15 @@ def _waiting_op(session: Session, caller: Caller, operation_id: str) -> Operatio
 class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(min_length=1, max_length=200, description="who decides (recorded with this key's id)")
-    note: str | None = Field(default=None, max_length=4000, description="why (required to deny)")
+    by: str = Field(
+        min_length=1,
+        max_length=200,
+        description="who decides (recorded with this key's id)",
+        json_schema_extra={"pattern": NONBLANK},
+    )
+    note: str | None = Field(
+        default=None, max_length=4000, description="why (required to deny)", json_schema_extra={"pattern": STORABLE}
+    )
 
 
 @router.get("/approvals", responses=PROBLEMS)
@@ -188,7 +214,7 @@ def list_approvals(request: Request, caller: Annotated[Caller, Depends(require("
         return {"approvals": [approvals.pending_json(op) for op in approvals.pending(session, tenant=caller.tenant)]}
 
 
-@router.post("/approvals/{operation_id}/approve", responses=PROBLEMS)
+@router.post("/approvals/{operation_id}/approve", responses=PROBLEMS | CONFLICT | UNCONFIGURED)
 def approve_operation(
     operation_id: str, body: DecisionIn, request: Request, caller: Annotated[Caller, Depends(require("approve"))]
 ) -> dict[str, Any]:
@@ -224,7 +250,7 @@ def approve_operation(
     return out
 
 
-@router.post("/approvals/{operation_id}/deny", responses=PROBLEMS)
+@router.post("/approvals/{operation_id}/deny", responses=PROBLEMS | CONFLICT)
 def deny_operation(
     operation_id: str, body: DecisionIn, request: Request, caller: Annotated[Caller, Depends(require("approve"))]
 ) -> dict[str, Any]:

@@ -34,6 +34,25 @@ def problem_response(p: Problem) -> JSONResponse:
     return JSONResponse(p.body(), status_code=p.status, media_type=PROBLEM, headers=p.headers)
 
 
+# The shape of every problem body, for the OpenAPI document (api/openapi.py).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "description": PROBLEM_BASE + "<kind>, e.g. invalid, not-found, malformed-body"},
+        "title": {"type": "string"},
+        "status": {"type": "integer", "description": "the HTTP status code, repeated"},
+        "detail": {"type": "string", "description": "what went wrong, for people"},
+        "field": {"type": "string", "description": "the offending field (invalid input)"},
+    },
+}
+
+
+def malformed_body(detail: str) -> Problem:
+    """A body that is not JSON at all: 400, the same on every route, whoever parses the body."""
+    return Problem(400, "malformed-body", "Malformed body", detail, field="body")
+
+
 def not_found(what: str) -> Problem:
     return Problem(404, "not-found", "Not found", f"no {what} with that id for this key's tenant")
 

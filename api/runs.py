@@ -14,36 +14,80 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.agents import PROBLEMS, _body, _threaded
+from api.agents import PROBLEMS, _threaded, subject_of
 from api.auth import require, state
+from api.bodies import exact_json
 from api.keys import Caller
+from api.openapi import CONFLICT, OPTIONAL_TRIMMED, SPACE, TRIMMED, WORD, json_body
 from api.problems import not_found
 from outbox.errors import InvalidIntent
 from outbox.models import Run
+from outbox.run_spec import COMPENSATE, MAX_RUN_ATTEMPTS, MAX_STEPS
 from outbox.runs import cancel_run, run_json, submit_run
+from outbox.submit import MAX_KEY_LEN, MAX_SECONDS
 
 router = APIRouter(prefix="/v1", tags=["runs"])
+# Trimmed text without ':' that is not the word the compensation's key uses (outbox/run_spec.py).
+STEP_NAME = rf"^(?!{COMPENSATE}$)[^{SPACE}\x00:](?:[^\x00:]*[^{SPACE}\x00:])?$"
 _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class CompensateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: str = Field(max_length=200, json_schema_extra={"pattern": WORD})
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class StepIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="unique in the run, no ':'; the step's key is {run_key}:{name}")
-    action: str
+    name: str = Field(
+        max_length=64,
+        description="unique in the run, no ':', not 'compensate'; the step's key is {run_key}:{name}",
+        json_schema_extra={"pattern": STEP_NAME},
+    )
+    action: str = Field(max_length=200, json_schema_extra={"pattern": WORD})
     args: dict[str, Any] = Field(default_factory=dict)
-    compensate: dict[str, Any] | None = Field(default=None, description="{action, args}: undoes this step")
+    compensate: CompensateIn | None = Field(default=None, description="undoes this step")
+
+
+class BudgetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_RUN_ATTEMPTS)
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class RunIn(BaseModel):
     """A run (the tenant is the key's)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "run_key": "po-81",
+                    "steps": [
+                        {
+                            "name": "refund",
+                            "action": "payments.refund.create",
+                            "args": {"order_id": "o-81", "amount": "25.00", "currency": "EUR"},
+                        }
+                    ],
+                }
+            ]
+        },
+    )
 
-    run_key: str = Field(description="a stable business key for the whole task, e.g. po-81")
-    steps: list[StepIn]
-    budget: dict[str, Any] | None = Field(default=None, description="{max_attempts, deadline_s} across all steps")
-    subject: str | None = None
+    run_key: str = Field(
+        max_length=MAX_KEY_LEN,
+        description="a stable business key for the whole task, e.g. po-81",
+        json_schema_extra={"pattern": TRIMMED},
+    )
+    steps: list[StepIn] = Field(min_length=1, max_length=MAX_STEPS)
+    budget: BudgetIn | None = Field(default=None, description="across all steps")
+    subject: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": OPTIONAL_TRIMMED})
 
 
 class RunOut(BaseModel):
@@ -82,14 +126,12 @@ def _run(request: Request, caller: Caller, run_id: str) -> dict[str, Any]:
         409: {"description": "run key used for another run"},
         **PROBLEMS,
     },
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": RunIn.model_json_schema()}}}
-    },
+    openapi_extra=json_body(RunIn),
 )
 async def post_run(request: Request, caller: Annotated[Caller, Depends(require("submit"))]) -> JSONResponse:
     """Submit a run: its steps run in order, each once; 201 when new, 200 when the same run exists."""
     st = state(request)
-    body = _body(await request.body())
+    body = exact_json(await request.body())
     if not isinstance(body, dict):
         raise InvalidIntent("body", "must be a JSON object {run_key, steps, budget?}")
     if "tenant" in body:
@@ -106,7 +148,7 @@ async def post_run(request: Request, caller: Annotated[Caller, Depends(require("
                 run_key=body.get("run_key"),  # type: ignore[arg-type]
                 steps=body.get("steps"),  # type: ignore[arg-type]
                 budget=body.get("budget"),
-                subject=body.get("subject") or f"api:key-{caller.key_id}",
+                subject=subject_of(body, caller),
                 submitted_by=caller.identity,
                 key_rules=st.key_rules,  # type: ignore[arg-type]
             )
@@ -122,14 +164,19 @@ def get_run(run_id: str, request: Request, caller: Annotated[Caller, Depends(req
     return _run(request, caller, run_id)
 
 
-@router.post("/runs/{run_id}/cancel", response_model=RunOut, responses=PROBLEMS)
+@router.post(
+    "/runs/{run_id}/cancel",
+    response_model=RunOut,
+    responses=PROBLEMS | CONFLICT,
+    openapi_extra=json_body(CancelIn, required=False),
+)
 async def post_cancel(
     request: Request, run_id: str, caller: Annotated[Caller, Depends(require("submit"))]
 ) -> dict[str, Any]:
     """Cancel future steps (a step in flight keeps its late result); ``{"compensate": true}`` also
     undoes completed steps in reverse order."""
     _run(request, caller, run_id)  # 404 for another tenant's
-    body = _body(await request.body()) if await request.body() else {}
+    body = exact_json(await request.body()) if await request.body() else {}
     if not isinstance(body, dict) or set(body) - {"compensate"} or not isinstance(body.get("compensate", False), bool):
         raise InvalidIntent("compensate", 'send {"compensate": true|false} or no body')
 
