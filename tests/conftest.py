@@ -29,6 +29,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox import migrate
 from outbox.db import make_engine, make_sessionmaker
 
+# docker-compose.yml's postgres, as published on 127.0.0.1 (its redis is the default below).
+COMPOSE_PG_URL = "postgresql+psycopg://outbox:outbox@127.0.0.1:5432/outbox"
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = bool(os.environ.get("CI"))
@@ -58,7 +60,10 @@ def service_missing(name: str, why: str, *, get_it: str | None = None) -> None:
     if IN_CI:
         pytest.fail(f"{name} is required in CI but unavailable: {why}", pytrace=False)
     _skipped_services[name] = why
-    pytest.skip(f"{name} unavailable ({why}); get it with `{get_it or f'docker compose up -d {name}'}`")
+    default = f"docker compose up -d {name}" + (
+        f" and OUTBOX_TEST_PG_URL={COMPOSE_PG_URL}" if name == "postgres" else ""
+    )
+    pytest.skip(f"{name} unavailable ({why}); get it with `{get_it or default}`")
 
 
 @contextmanager
@@ -193,7 +198,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{name}: {why}")
         terminalreporter.write_line(
             "The embedded (SQLite) suite ran. To run everything: `docker compose up -d postgres redis` and "
-            "`apt-get install chromium faketime`, then `make test` (or set OUTBOX_TEST_PG_URL / OUTBOX_TEST_REDIS_URL)."
+            "`apt-get install chromium faketime`, then "
+            f"`OUTBOX_TEST_PG_URL={COMPOSE_PG_URL} make test` (or point OUTBOX_TEST_PG_URL / OUTBOX_TEST_REDIS_URL "
+            "at servers of your own)."
         )
 
 

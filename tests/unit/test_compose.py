@@ -270,5 +270,9 @@ def test_flower_credentials_come_from_the_environment_and_no_port_binds_to_every
     for name, ports in published.items():
         for port in ports:
             host = str(port).rsplit(":", 2)[0]
+            if name in ("postgres", "redis"):
+                # Reached by the test suite and by hand on this machine; never published further.
+                assert host == "127.0.0.1", (name, port)
+                continue
             # An address, not only a port: 127.0.0.1 unless the operator sets OUTBOX_PUBLISH_ADDRESS.
             assert host == "${OUTBOX_PUBLISH_ADDRESS:-127.0.0.1}", (name, port)
