@@ -12,12 +12,13 @@ no retry limit). Celery logs it as if it were final:
   finished while the connection was down (kombu's Message.ack_log_error): Redis redelivers the
   doorbell after the visibility timeout, or lost it with a restart and the relay rings again; a
   duplicate doorbell finds nothing to claim;
-- ``Pool process <...Worker...> error: SoftTimeLimitExceeded()`` at ERROR from a pool process:
-  on a connection loss Celery cancels the tasks it can no longer acknowledge
-  (``worker_cancel_long_running_tasks_on_connection_loss``, celery_app.py) by SIGTERMing their
-  processes, but leaves their soft time limits armed; one fires while the process is already
-  leaving, after its task ended, and billiard logs it. The operations come back through their
-  leases;
+- on a connection loss Celery cancels the tasks it can no longer acknowledge
+  (``worker_cancel_long_running_tasks_on_connection_loss``, celery_app.py): a WARNING per task
+  ("Task ... cannot be acknowledged after a connection loss ... Terminating it instead"), then,
+  as it leaves their soft time limits armed, "Soft time limit (2.0s) exceeded for ..." at WARNING
+  for a task that has ended, and ``Pool process <...Worker...> error: SoftTimeLimitExceeded()`` at
+  ERROR when the limit's signal reaches the process while it leaves. The operations come back
+  through their leases;
 - beat's ``beat: Connection error: ... Trying again in N seconds...`` at ERROR, per attempt.
 
 ``BrokerOutageLog`` keeps those records and sets their level: the first record of an outage is its
@@ -58,6 +59,8 @@ POOL_LOGGER = "multiprocessing"  # billiard.util.LOGGER_NAME
 BEAT_LOGGER = "celery.beat"
 LOGGERS = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, POOL_LOGGER, BEAT_LOGGER)
 
+_SOFT_LIMIT = "Soft time limit (%ss) exceeded for %s[%s]"
+_CANCELLED_KEPT = 1000  # ids of cancelled tasks remembered for their stale soft limits
 _BEAT_RETRIES = ("beat: Connection error: ", "beat pidbox: Connection error: ")
 _ACK_FAILURES = ("Couldn't ack %r, reason:%r", "Couldn't reject %r, reason:%r")
 
@@ -70,6 +73,7 @@ class BrokerOutageLog(logging.Filter):
         self._clock = clock
         self._lock = threading.Lock()
         self.unreachable_since: float | None = None
+        self._cancelled: dict[str, None] = {}  # task ids, oldest first
 
     def filter(self, record: logging.LogRecord) -> bool:
         if _is_lost(record):
@@ -85,6 +89,18 @@ class BrokerOutageLog(logging.Filter):
             # Never connected yet (a worker or beat starting while the broker is away): this
             # attempt is the outage's first word.
             return _relevel(record, logging.WARNING if first else logging.INFO)
+        if (cancelled := _cancelled_task(record)) is not None:
+            with self._lock:
+                self._cancelled[cancelled] = None
+                while len(self._cancelled) > _CANCELLED_KEPT:
+                    del self._cancelled[next(iter(self._cancelled))]
+            return _relevel(record, logging.INFO)
+        if _is_soft_limit(record):
+            # Only for a task cancelled on the loss: a live task's soft limit is news.
+            with self._lock:
+                stale = _args(record)[2] in self._cancelled
+                self._cancelled.pop(_args(record)[2], None)
+            return _relevel(record, logging.INFO) if stale else True
         if _is_ack_failure(record) or _is_stale_soft_limit(record):
             # Side effects of a loss the consumer reports once (above).
             return _relevel(record, logging.INFO)
@@ -117,6 +133,21 @@ def _is_retry(record: logging.LogRecord) -> bool:
 
         return bool(record.msg == CONNECTION_ERROR)
     return record.name == BEAT_LOGGER and isinstance(record.msg, str) and record.msg.startswith(_BEAT_RETRIES)
+
+
+def _cancelled_task(record: logging.LogRecord) -> str | None:
+    """The id of the task Celery cancels on a connection loss, if that is this record."""
+    if record.name != CONSUMER_LOGGER:
+        return None
+    from celery.worker.consumer.consumer import TERMINATING_TASK_ON_RESTART_AFTER_A_CONNECTION_LOSS as CANCEL
+
+    args = _args(record)
+    task_id = getattr(args[0], "id", None) if record.msg == CANCEL and len(args) == 1 else None
+    return task_id if isinstance(task_id, str) else None
+
+
+def _is_soft_limit(record: logging.LogRecord) -> bool:
+    return record.name == REQUEST_LOGGER and record.msg == _SOFT_LIMIT and len(_args(record)) == 3
 
 
 def _is_ack_failure(record: logging.LogRecord) -> bool:

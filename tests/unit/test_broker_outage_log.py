@@ -147,3 +147,26 @@ def test_every_other_record_passes_unchanged(rec: logging.LogRecord):
     passed(log, lost())  # even during an outage
     level = rec.levelname
     assert passed(log, rec) == (level, rec.getMessage())
+
+
+class Request:
+    """What Celery passes to its cancel warning: the request, whose id names the task."""
+
+    def __init__(self, task_id: str) -> None:
+        self.id = task_id
+
+    def __str__(self) -> str:
+        return f"outbox.reconcile[{self.id}]"
+
+
+def test_a_task_cancelled_on_the_loss_is_info_and_so_is_its_stale_soft_limit():
+    from celery.worker.consumer.consumer import TERMINATING_TASK_ON_RESTART_AFTER_A_CONNECTION_LOSS as CANCEL
+
+    log = BrokerOutageLog(Clock())
+    passed(log, lost())
+    assert passed(log, record(CONSUMER_LOGGER, logging.WARNING, CANCEL, Request("t-1")))[0] == "INFO"
+    soft = "Soft time limit (%ss) exceeded for %s[%s]"
+    assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.reconcile", "t-1"))[0] == "INFO"
+    # Once: a later run of the same task, and any other task, is news.
+    assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.reconcile", "t-1"))[0] == "WARNING"
+    assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.dispatch", "t-2"))[0] == "WARNING"
