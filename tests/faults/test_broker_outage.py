@@ -154,11 +154,12 @@ def test_redis_killed_under_load_loses_nothing_and_logs_no_error(private_redis, 
     assert errors == {name: [] for name in logs}, errors
     # ... and each outage is still reported, once: a worker's WARNINGs are Celery's "Connection to
     # broker lost" (one per outage) and the breakers' own "storage unreachable" (they keep their
-    # state in the same Redis here), nothing per task or per attempt. The relay warns too.
+    # state in the same Redis here), nothing per task or per attempt. The relay warns at most once
+    # per outage (outages closer together than its quiet_s are one to it).
     for w in workers:
         warnings = _records(logs[w.name], "WARNING")
         lost = [r for r in warnings if "consumer: Connection to broker lost" in r]
         assert 1 <= len(lost) <= OUTAGES, (w.name, lost)
         assert [r for r in warnings if r not in lost and "breaker storage" not in r] == [], w.name
         assert "(the broker was unreachable for " in logs[w.name], w.name
-    assert _records(logs["relay"], "WARNING"), "the relay did not report the outage"
+    assert 1 <= len(_records(logs["relay"], "WARNING")) <= OUTAGES, _records(logs["relay"], "WARNING")
