@@ -13,6 +13,7 @@ from celery import Celery
 
 from outbox.errors import ConfigError
 from outbox.settings import Settings, load_settings
+from workers import broker_outage, broker_transport
 
 DISPATCH_QUEUE = "dispatch"
 UNKNOWN_QUEUE = "outcome_unknown"
@@ -119,6 +120,10 @@ def _redis_options(settings: Settings) -> dict[str, Any]:
 def make_app(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
     check_time_limits(settings)
+    # A broker outage is one WARNING per process, not an ERROR per reconnection attempt, and it
+    # no longer takes a prefork worker down with it (both modules say why).
+    broker_outage.install()
+    broker_transport.install()
     if settings.embedded_broker:
         from kombu.transport import sqlalchemy as kombu_sqla
 

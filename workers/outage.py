@@ -12,8 +12,11 @@ exception is a bug and still raises.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import kombu.exceptions
 import psycopg
@@ -47,3 +50,56 @@ def riding_out_outages(task: str, operation_ids: Sequence[str]) -> Iterator[None
             str(exc).strip().splitlines()[0] if str(exc).strip() else "",
             extra={"operation_ids": list(operation_ids)},
         )
+
+
+class OutageReport:
+    """What a loop that retries through an outage says: one WARNING, not one per attempt.
+
+    The first failed attempt of an outage is its WARNING (with the traceback); the next ones are
+    INFO, one line each (retried failures are INFO, STYLE.md); a success ``quiet_s`` after the last
+    failure says, at INFO, that the outage is over and how long it lasted. Only for OUTAGES: any
+    other exception is a bug, and the caller keeps warning about it every time.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        who: str,
+        *,
+        quiet_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # quiet_s: one success does not end an outage; a relay tick with nothing to publish
+        # succeeds while the broker is still away, and the next one fails again.
+        self._log, self._who, self._quiet_s, self._clock = logger, who, quiet_s, clock
+        self._lock = threading.Lock()  # the relay's ticks and its listener share one
+        self._since: float | None = None
+        self._last_failure = 0.0
+        self._failures = 0
+
+    def failed(self, exc: BaseException, msg: str, *args: Any) -> None:
+        with self._lock:
+            first = self._since is None
+            self._last_failure = self._clock()
+            if first:
+                self._since = self._last_failure
+            self._failures += 1
+        if first:
+            self._log.warning(msg, *args, exc_info=exc)
+        else:
+            self._log.info(f"{msg} ({type(exc).__name__}: %s)", *args, _first_line(exc))
+
+    def succeeded(self) -> None:
+        with self._lock:
+            since, now = self._since, self._clock()
+            if since is None or now - self._last_failure < self._quiet_s:
+                return
+            failures, self._since, self._failures = self._failures, None, 0
+        self._log.info(
+            "%s: outage over (attempts failed for %.1fs, %d in all)", self._who, self._last_failure - since, failures
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

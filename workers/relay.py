@@ -58,6 +58,7 @@ from outbox.states import Status
 from workers import metrics
 from workers.doorbell import Doorbell
 from workers.handoff_packet import packet_builder
+from workers.outage import OUTAGES, OutageReport
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class Relay:
         self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
         # Database time this relay took the lead (while it leads): it rings every row due later.
         self.leading_since: datetime | None = None
+        self._outage = OutageReport(log, "relay")  # ticks and rings failing through a ledger or broker outage
 
     # -- one tick ---------------------------------------------------------------------------
     def dispatch_room(self, *, fresh: bool = True) -> tuple[int, int | None]:
@@ -261,11 +263,16 @@ class Relay:
 
     def _safe_tick(self) -> Tick:
         try:
-            return self.run_once()
-        except Exception:  # noqa: BLE001 - the relay must outlive a database or broker blip
+            tick = self.run_once()
+        except OUTAGES as exc:  # the relay must outlive a database or broker outage: one WARNING
+            self._outage.failed(exc, "relay tick failed; retrying")
+        except Exception:  # noqa: BLE001 - nor may a bug stop it (it warns every time)
             log.warning("relay tick failed; retrying", exc_info=True)
-            self.stop_event.wait(min(self.poll_s * 4, 5.0))
-            return Tick(0, 0, 0)
+        else:
+            self._outage.succeeded()
+            return tick
+        self.stop_event.wait(min(self.poll_s * 4, 5.0))
+        return Tick(0, 0, 0)
 
     def _poll_loop(self) -> None:
         while not self.stop_event.is_set():
@@ -332,9 +339,12 @@ class Relay:
             log.info("relay rings doorbells from NOTIFY (leader)")
 
     def _safe_ring(self, ids: list[str]) -> None:
+        # Either way the next tick rings them (published_at is still empty).
         try:
             self.ring_notified(ids)
-        except Exception:  # noqa: BLE001 - the next tick rings them (published_at is still empty)
+        except OUTAGES as exc:
+            self._outage.failed(exc, "relay could not publish %d notified doorbell(s); the next tick retries", len(ids))
+        except Exception:  # noqa: BLE001
             log.warning(
                 "relay could not publish %d notified doorbell(s); the next tick retries", len(ids), exc_info=True
             )
