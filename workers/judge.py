@@ -2,21 +2,26 @@
 
 found succeeded -> succeeded; found failed -> failed_before_commit; found pending -> re-check;
 not found -> counts only if the lookup is authoritative and settle_s has passed since the last
-dispatch attempt (then the reconciler decides between re-dispatch and an end: reconcile.py);
+dispatch attempt; then (``after_not_found``) back to not_dispatched with the SAME key, or, when
+the operation must end (budget spent, cancel requested, the provider rejected the key), ended:
+failed_before_commit / cancelled only if no attempt can still land, else a person decides;
 lookup unavailable -> re-check with backoff under the reconciler's own budget, then a person.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from downstream.actions import ActionConfig
 from downstream.lookups import LookupResult
 from downstream.retry import Budget, next_delay_s
 from outbox.claims import Claim
+from outbox.clock import as_utc
 from outbox.states import AttemptClass, Status
+from workers.outcomes import deadline_of, effective_budget
 
 # The reconciler's own budget, separate from the dispatch budget: lookups are cheap and safe,
 # so it keeps asking for a while before it bothers a person. Defaults of
@@ -80,12 +85,12 @@ def judge(
                 AttemptClass.REJECTED,
                 "reconciled: the provider holds it as failed/cancelled",
             )
-        return _recheck(
+        return recheck(
             claim, f"found, still {found.state}: re-check later", rng, max_lookups=max_lookups, max_delay_s=max_delay_s
         )
     if found.outcome == "not_found":
         if not spec.authoritative_not_found:
-            return _recheck(
+            return recheck(
                 claim,
                 "not found, and this lookup is not authoritative",
                 rng,
@@ -109,7 +114,7 @@ def judge(
         return Settlement(
             Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, f"authoritative not found after settle_s={spec.settle_s:g}s"
         )
-    return _recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
+    return recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
 
 
 def _key_forgotten(action: ActionConfig, first_sent: datetime | None, now: datetime) -> str | None:
@@ -127,7 +132,8 @@ def _key_forgotten(action: ActionConfig, first_sent: datetime | None, now: datet
     )
 
 
-def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:
+def recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int, max_delay_s: float) -> Settlement:
+    """Look again later (backoff), or, with the reconciler's budget spent, a person decides."""
     if claim.attempt_number >= max_lookups:
         return Settlement(
             Status.RECONCILIATION_REQUIRED,
@@ -140,3 +146,117 @@ def _recheck(claim: Claim, reason: str, rng: random.Random, *, max_lookups: int,
         reason,
         recheck_in_s=recheck_delay_s(claim.attempt_number, rng, max_delay_s=max_delay_s),
     )
+
+
+@dataclass(frozen=True)
+class DispatchAttempt:
+    """What dispatch_window and after_not_found need of one dispatch attempt row."""
+
+    number: int
+    fencing_token: int
+    klass: AttemptClass
+    error: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+def dispatch_window(
+    attempts: Sequence[DispatchAttempt], *, call_timeout_s: float, after: int = 0
+) -> tuple[datetime | None, datetime | None]:
+    """(when the first request may have reached the provider, the latest moment one may have).
+
+    The first: the start of the first dispatch attempt numbered after ``after`` (attempts up to
+    it were proven unable to take effect: the provider's key retention runs from the next one).
+    The latest: the end of the last dispatch attempt; if its worker never reported (crashed), its
+    start plus the call timeout, since the request may still have been on the wire until then.
+    """
+    if not attempts:
+        return None, None
+    since = [a for a in attempts if a.number > after] or list(attempts[-1:])
+    first, last = as_utc(since[0].started_at), attempts[-1]
+    ended = as_utc(last.ended_at)
+    if ended is not None:
+        return first, ended
+    started = as_utc(last.started_at)
+    assert started is not None
+    return first, started + timedelta(seconds=call_timeout_s)
+
+
+def after_not_found(
+    claim: Claim,
+    action: ActionConfig,
+    verdict: Settlement,
+    attempts: list[DispatchAttempt],
+    *,
+    now: datetime,
+) -> Settlement:
+    """Pure: the provider has no record of the key. Send again with the same key, or end it?
+
+    What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
+    never reported (a frozen worker, a provider's queue) can take effect after this lookup; no
+    timeout bounds that. They cannot when the action declares ``provider_fencing`` (this lookup
+    carried a newer token, which the provider holds against every older one from now on), or
+    when none is open (``claim.open_ambiguity`` is false: every one was proven unable to land).
+
+    - Send again: the key makes a late landing of an earlier attempt harmless (one effect).
+    - End it, when the budget is spent, a cancel was requested, the provider rejected the last
+      attempt of the key, or an earlier attempt may still land at a provider that honours no keys
+      (a re-send could be a second effect): failed_before_commit (cancelled) only if nothing can land;
+      otherwise a person decides. A poison intent (its worker died after claiming, every time)
+      goes to a person too.
+    """
+    fenced = action.provider_fencing
+    can_land = claim.open_ambiguity and not fenced
+    budget = effective_budget(claim, action)
+    last = attempts[-1] if attempts else None
+    if claim.cancel_requested:
+        ending = "cancel requested"
+    elif claim.attempt_count >= budget.max_attempts:
+        ending = f"attempts used up ({claim.attempt_count}/{budget.max_attempts})"
+    elif now >= deadline_of(claim, action):
+        ending = f"deadline passed ({budget.deadline_s:g}s)"
+    elif last is not None and last.klass is AttemptClass.REJECTED:
+        ending = f"the provider rejected attempt {last.number}: {last.error or 'rejected'}"
+    elif can_land and action.provider_idempotency is None:
+        # Without a key the provider cannot tell a late earlier request from a new one.
+        ending = "the provider does not honour idempotency keys, so sending again could make a second effect"
+    else:
+        fence_note = "; every earlier attempt fenced off by this lookup" if fenced else ""
+        return replace(
+            verdict, reason=f"{verdict.reason}{fence_note}: re-dispatch with the same key", cannot_land=fenced
+        )
+    if last is not None and last.klass is AttemptClass.PENDING and claim.attempt_count >= budget.max_attempts:
+        return Settlement(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
+            f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{budget.max_attempts}) and the "
+            "last worker died before reporting (poison intent?): a person must decide",
+        )
+    if can_land:
+        open_ones = [
+            a
+            for a in attempts
+            if a.number > claim.proven_absent_through and a.klass in (AttemptClass.AMBIGUOUS, AttemptClass.PENDING)
+        ]
+        which = (
+            ", ".join(
+                f"attempt {a.number} (token {a.fencing_token}, "
+                f"{'never reported' if a.klass is AttemptClass.PENDING else 'ambiguous'})"
+                for a in open_ones
+            )
+            or "an earlier attempt"
+        )
+        return Settlement(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
+            f"{verdict.reason}, and it must end ({ending}); but {which} may still take effect: a paused "
+            "worker or the provider's queue can deliver it after this lookup, and this action does not declare "
+            "provider_fencing. Only a person can rule it out",
+        )
+    to = Status.CANCELLED if claim.cancel_requested else Status.FAILED_BEFORE_COMMIT
+    why = (
+        "every earlier attempt fenced off by this lookup"
+        if fenced and claim.open_ambiguity
+        else ("no earlier attempt can still take effect")
+    )
+    return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")

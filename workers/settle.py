@@ -27,16 +27,16 @@ from outbox.states import Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
 from outbox.writes import SETTLE_WRITES_FOR
 from workers import metrics
+from workers.finalize import Recorder
 from workers.handoff_packet import build_packet
 from workers.judge import Settlement
 from workers.late import apply_late_successes
-from workers.runtime import Runtime
 
 log = logging.getLogger("workers.reconcile")
 
 
-def late(rt: Runtime, **which: Any) -> dict[str, Status]:
-    return apply_late_successes(rt.sessions, actor=rt.worker_id, evidence=rt.evidence, actions=rt.actions, **which)
+def late(rec: Recorder, **which: Any) -> dict[str, Status]:
+    return apply_late_successes(rec.sessions, actor=rec.worker_id, evidence=rec.evidence, actions=rec.actions, **which)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Looked:
         }
 
 
-def _write_settlement(rt: Runtime, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
+def _write_settlement(rec: Recorder, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
     """The fenced move of one looked-up operation (and its handoff when a person must decide)."""
     verdict = item.verdict
     settle_if_fenced(
@@ -94,11 +94,11 @@ def _write_settlement(rt: Runtime, session: Session, item: Looked, report: Attem
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)
         assert op is not None
-        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rt.actions)
+        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rec.actions)
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
 
 
-def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
+def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Settlement]:
     """Settle a doorbell's lookups in ONE transaction: one commit (and WAL flush) per batch, and the
     common settlements (found done, send again, look again later) as one statement each, pipelined
     in one round trip like a worker's finalize (settlement.settle_many_if_fenced). One refused
@@ -106,8 +106,8 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
     commit_even_if_stale does alone); a "no effect" the guard refuses is undone (its savepoint).
     A separate evidence database needs its own write before each success: one by one then.
     After the commit: logs, metrics, and what follows (late successes applied, re-dispatch)."""
-    if rt.evidence.separate:
-        return {item.claim.operation_id: _settle(rt, item) for item in looked}
+    if rec.evidence.separate:
+        return {item.claim.operation_id: _settle(rec, item) for item in looked}
     if not looked:
         return {}
     applied: list[tuple[Looked, Status]] = []
@@ -116,7 +116,7 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
     reports = {item.claim.operation_id: item.report() for item in looked}
     one_statement = [i for i in looked if i.verdict.to in SETTLE_WRITES_FOR and not i.verdict.cannot_land]
     others = [i for i in looked if i not in one_statement]
-    with rt.sessions.begin() as session:
+    with rec.sessions.begin() as session:
         refusals = settle_many_if_fenced(
             session,
             [
@@ -141,7 +141,7 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
             # success is on record) and is then undone alone, in its savepoint.
             savepoint = session.begin_nested()
             try:
-                _write_settlement(rt, session, item, reports[item.claim.operation_id], item.verdict.to)
+                _write_settlement(rec, session, item, reports[item.claim.operation_id], item.verdict.to)
             except StaleFence as exc:
                 savepoint.commit()  # the lookup row keeps the answer, marked stale
                 stale.append((item, exc))
@@ -155,14 +155,14 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
             applied.append((item, item.verdict.to))
         # Evidence with the successes themselves: same transaction, one query, one insert.
         succeeded = [(i.claim, reports[i.claim.operation_id]) for i, to in applied if to is Status.SUCCEEDED]
-        rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
+        rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
     for item, refusal in stale:
         log.info("stale fence: lookup kept as evidence (%s)", refusal, extra=item.fields())
     stale_successes = {i.claim.attempt_id: i.result() for i, _ in stale if i.verdict.to is Status.SUCCEEDED}
     if stale_successes:
-        late(rt, attempt_results=stale_successes)
+        late(rec, attempt_results=stale_successes)
     if refused_ids:
-        late(rt, operation_ids=refused_ids)
+        late(rec, operation_ids=refused_ids)
     redispatch = []
     for item, to in applied:
         _log_settled(item, to)
@@ -170,11 +170,11 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
         if to is Status.NOT_DISPATCHED:
             redispatch.append(item.claim.operation_id)
     if redispatch:
-        rt.doorbell.ring_dispatch(redispatch)
+        rec.doorbell.ring_dispatch(redispatch)
     return {item.claim.operation_id: item.verdict for item in looked}
 
 
-def _settle(rt: Runtime, item: Looked) -> Settlement:
+def _settle(rec: Recorder, item: Looked) -> Settlement:
     """One operation alone (a separate evidence database: its write comes before the success)."""
     claim, verdict = item.claim, item.verdict
     report = item.report()
@@ -182,29 +182,31 @@ def _settle(rt: Runtime, item: Looked) -> Settlement:
     try:
         if verdict.to is Status.SUCCEEDED:
             applied = finish_with_evidence(
-                rt.sessions,
-                rt.evidence,
+                rec.sessions,
+                rec.evidence,
                 claim,
                 report,
-                lambda session, to: _write_settlement(rt, session, item, report, to),
+                lambda session, to: _write_settlement(rec, session, item, report, to),
             )
         else:
-            commit_even_if_stale(rt.sessions, lambda session: _write_settlement(rt, session, item, report, verdict.to))
+            commit_even_if_stale(
+                rec.sessions, lambda session: _write_settlement(rec, session, item, report, verdict.to)
+            )
     except StaleFence as exc:
         log.info("stale fence: lookup kept as evidence (%s)", exc, extra=item.fields())
         if verdict.to is Status.SUCCEEDED:
-            late(rt, attempt_results={claim.attempt_id: item.result()})
+            late(rec, attempt_results={claim.attempt_id: item.result()})
         return verdict
     except IllegalTransition as exc:
         # "No effect" refused by the ledger's guard: a success arrived on another attempt while
         # we looked. It settles the operation instead.
         log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
-        late(rt, operation_ids=[claim.operation_id])
+        late(rec, operation_ids=[claim.operation_id])
         return verdict
     _log_settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
-        rt.doorbell.ring_dispatch([claim.operation_id])
+        rec.doorbell.ring_dispatch([claim.operation_id])
     return verdict
 
 

@@ -14,7 +14,7 @@ from downstream.lookups import LookupResult
 from outbox.claims import Claim
 from outbox.states import AttemptClass as A
 from outbox.states import Status, WaitingFor
-from workers.judge import MAX_LOOKUPS, Settlement, judge
+from workers.judge import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
 from workers.outcomes import (
     Ambiguous,
     Cancelled,
@@ -26,7 +26,6 @@ from workers.outcomes import (
     breaker_wait,
     decide,
 )
-from workers.reconcile import DispatchAttempt, after_not_found
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DOC = {
