@@ -4,7 +4,8 @@ found succeeded -> succeeded; found failed -> failed_before_commit; found pendin
 not found -> counts only if the lookup is authoritative and settle_s has passed since the last
 dispatch attempt; then (``after_not_found``) back to not_dispatched with the SAME key, or, when
 the operation must end (budget spent, cancel requested, the provider rejected the key), ended:
-failed_before_commit / cancelled only if no attempt can still land, else a person decides;
+failed_before_commit / cancelled only if no attempt can still land, else a person decides (past
+the deadline alone: after the reconciler's own lookups, which may still find a late landing);
 lookup unavailable -> re-check with backoff under the reconciler's own budget, then a person.
 """
 
@@ -189,6 +190,9 @@ def after_not_found(
     attempts: list[DispatchAttempt],
     *,
     now: datetime,
+    rng: random.Random | None = None,
+    max_lookups: int = MAX_LOOKUPS,
+    max_delay_s: float = RECHECK_MAX_S,
 ) -> Settlement:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
 
@@ -204,9 +208,16 @@ def after_not_found(
       (a re-send could be a second effect): failed_before_commit (cancelled) only if nothing can land;
       otherwise a person decides. A poison intent (its worker died after claiming, every time)
       goes to a person too.
+    - Only the deadline ends it, and an earlier attempt may still land: nothing is sent again (the
+      deadline bounds sends), but the lookups go on within the reconciler's own budget
+      (``max_lookups``, backoff up to ``max_delay_s``): a late landing is found and settles it,
+      and only with that budget spent does a person decide. The deadline may have gone by in our
+      own backlog (lookups queued behind others); that time must not hand the operation to a
+      person by itself.
     """
     fenced = action.provider_fencing
     can_land = claim.open_ambiguity and not fenced
+    deadline_only = False  # the deadline is the only reason it must end
     budget = effective_budget(claim, action)
     last = attempts[-1] if attempts else None
     if claim.cancel_requested:
@@ -215,6 +226,7 @@ def after_not_found(
         ending = f"attempts used up ({claim.attempt_count}/{budget.max_attempts})"
     elif now >= deadline_of(claim, action):
         ending = f"deadline passed ({budget.deadline_s:g}s)"
+        deadline_only = last is None or last.klass is not AttemptClass.REJECTED
     elif last is not None and last.klass is AttemptClass.REJECTED:
         ending = f"the provider rejected attempt {last.number}: {last.error or 'rejected'}"
     elif can_land and action.provider_idempotency is None:
@@ -246,6 +258,15 @@ def after_not_found(
             )
             or "an earlier attempt"
         )
+        if deadline_only and claim.attempt_number < max_lookups:
+            return recheck(
+                claim,
+                f"{verdict.reason}; {ending}, so nothing is sent again; but {which} may still take effect: "
+                f"looking again (lookup {claim.attempt_number} of {max_lookups})",
+                rng or random.Random(),
+                max_lookups=max_lookups,
+                max_delay_s=max_delay_s,
+            )
         return Settlement(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,

@@ -304,7 +304,9 @@ def _judged(
         max_delay_s=max_delay_s,
     )
     if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
-        verdict = after_not_found(claim, action, verdict, attempts, now=claim.now())
+        verdict = after_not_found(
+            claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+        )
     return Looked(claim, found, verdict, action)
 
 
