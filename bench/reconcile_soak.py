@@ -12,8 +12,8 @@ keeps up. Set-up of one run:
   one);
 - two dispatch workers (prefork ``-c 2``) and ONE reconciler as the README starts it
   (``celery -A workers worker -Q outcome_unknown -c 1``), the relay polling every
-  ``relay_poll_s`` (the default 0.5 s); optionally a dispatch worker SIGKILLed every
-  ``kill_every_s`` (its claims expire into outcome_unknown);
+  ``relay_poll_s`` (the default 0.5 s); optionally a dispatch worker SIGKILLed at each of
+  ``kill_at_s`` (its claims expire into outcome_unknown);
 - intents submitted at ``rate`` per second for ``duration_s``, then the pipeline drains.
 
 Sampled every second: the outcome_unknown backlog, its oldest age (since submit, as
@@ -224,7 +224,8 @@ class SoakResult:
     deadline_handoffs: int = 0  # handed to a person with "deadline passed" in the reason
     lookups: int = 0  # lookup attempt rows
     reconcile_tasks: int = 0  # from the reconciler's log
-    fast_tasks: int = 0  # reconcile tasks done in under FAST_TASK_S: a claim that found nothing
+    fast_tasks: int = 0  # reconcile tasks done in under FAST_TASK_S (before lookups were handed off:
+    # a claim that found nothing)
     worker_kills: int = 0
     cpu_s: dict[str, float] = field(default_factory=dict)
     settle_p99_s: dict[str, float] = field(default_factory=dict)  # first / last third of arrivals
@@ -331,7 +332,7 @@ def run_soak(
     reconcilers: int = 1,
     concurrency: int = 1,
     dispatchers: int = 2,
-    kill_every_s: float = 0.0,
+    kill_at_s: tuple[float, ...] = (),
     relay_poll_s: float = RELAY_POLL_S,
     drain_within_s: float = 300.0,
     env: dict[str, str] | None = None,
@@ -374,7 +375,7 @@ def run_soak(
         submitter = Steady(sessions, rate, duration_s, key_prefix=f"soak-{seed}")
         cpu = CpuSplit().__enter__()
         started = submitter.start()
-        next_kill = kill_every_s if kill_every_s else float("inf")
+        kills = sorted(kill_at_s)
         last_print = 0.0
         ended_at: float | None = None
         while True:
@@ -385,7 +386,8 @@ def run_soak(
                 time.sleep(SAMPLE_S)
                 continue
             result.samples.append(sample)
-            if t >= next_kill and submitter.is_alive():
+            if kills and t >= kills[0] and submitter.is_alive():
+                kills.pop(0)
                 victim = workers.pop(rng.randrange(len(workers)))
                 victim.kill()
                 result.worker_kills += 1
@@ -394,7 +396,6 @@ def run_soak(
                         f"d{dispatchers + result.worker_kills}", queues="dispatch", pool="prefork", concurrency=2
                     )
                 )
-                next_kill += kill_every_s
                 _log(f"dispatch worker {victim.name} killed", verbose)
             if verbose and t - last_print >= 10:
                 last_print = t
@@ -506,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
                 reconcilers=args.reconcilers,
                 concurrency=args.concurrency,
                 dispatchers=args.dispatchers,
-                kill_every_s=args.kill_every,
+                kill_at_s=tuple(args.kill_every * k for k in range(1, int(args.duration // args.kill_every) + 1))
+                if args.kill_every
+                else (),
                 relay_poll_s=args.relay_poll,
                 env=dict(e.split("=", 1) for e in args.env),
                 verbose=not args.quiet,
