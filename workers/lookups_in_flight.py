@@ -4,8 +4,13 @@ the process's capacity is its room, not one provider round trip at a time.
 A reconcile doorbell task claims (reconcile.py), hands its claims here and returns: the process
 takes its next doorbell while the lookups are out. Here:
 
-- each lookup runs on a pool thread of its own (a lookup is a read: nothing to order, and every
-  one waits on the provider);
+- a doorbell's lookups of one target run on one pool thread, one after another, while that
+  target answers lookups within SPREAD_AFTER_S: a provider that answers in milliseconds needs
+  nothing more (a thread per lookup cost ~50% more CPU per lookup, and split the settlements into
+  more transactions), and the process's other doorbells run beside it;
+- a target whose last lookups took longer gets a thread per lookup, all of a doorbell's at once;
+  and a lookup still running after HANDOFF_S gives the lookups queued behind it threads of their
+  own (the watchdog, as for dispatch's calls): one slow answer holds only itself;
 - answers go to one settler thread, which judges whatever has arrived (one read of the dispatch
   attempts for all "not found" answers) and settles it in one transaction (settle.settle_all);
 - room: at most ``max_ops`` operations claimed and not yet settled per process
@@ -23,59 +28,28 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from breaker import Allowed, Open, counts_as_failure
-from downstream.actions import ActionConfig
-from downstream.lookups import LookupResult
-from outbox import failpoints
 from outbox.claims import Claim
-from outbox.envelope import loads_exact
-from outbox.models import Attempt
-from outbox.states import AttemptClass, AttemptKind, Status
 from workers import metrics
 from workers.fan_out import Caller
 from workers.finalize import Recorder
-from workers.judge import DispatchAttempt, Settlement, after_not_found, dispatch_window, judge, recheck
+from workers.in_flight import HANDOFF_S, WATCH_EVERY_S
+from workers.judge import Settlement
+from workers.lookup import Asked, LookupBudget, SharedBreakers, ask
 from workers.outage import OUTAGES
-from workers.settle import Looked, settle_all
+from workers.settle import settle_answers
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class LookupBudget:
-    """The reconciler's own budget: lookups before a person decides, and the cap of the backoff
-    between them (OUTBOX_RECONCILE_MAX_LOOKUPS, OUTBOX_RECONCILE_MAX_DELAY_S)."""
-
-    max_lookups: int
-    max_delay_s: float
-
-
-@dataclass
-class SharedBreakers:
-    """A doorbell's breaker answers: a closed breaker admits every lookup, so it is asked once per
-    target per doorbell and told one success at the end (each failure is told at once, and then
-    the next lookup asks again)."""
-
-    closed: dict[str, Allowed]  # target -> the closed breaker's admission, shared by the batch
-    succeeded: dict[str, Allowed]  # target -> a success not yet told
-
-
-@dataclass(frozen=True)
-class Asked:
-    """One claimed operation, and what the provider answered (``found``), or why it was not asked
-    and what follows (``early``)."""
-
-    claim: Claim
-    action: ActionConfig | None
-    found: LookupResult | None = None
-    early: Settlement | None = None
+# A target whose lookups take longer than this (a moving average, per process) gets a thread per
+# lookup: waiting is then most of a lookup, and the hand-off to a thread (~0.1-0.3 ms of CPU) is
+# small beside it. The sandbox answers in ~2 ms, a provider's search endpoint in tens of ms.
+SPREAD_AFTER_S = 0.01
+LATENCY_WEIGHT = 0.3  # of the newest lookup in the moving average
 
 
 @dataclass
@@ -89,6 +63,18 @@ class Doorbatch:
     done: Future[dict[str, Settlement]] = field(default_factory=Future)
 
 
+@dataclass(eq=False)  # a job is itself: held in a set while it runs
+class _Job:
+    """Lookups of one doorbell to one target, run in turn on one pool thread."""
+
+    batch: Doorbatch
+    target: str
+    todo: deque[Claim]
+    running_since: float | None = None
+    finished: list[Asked] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class LookupsInFlight:
     def __init__(self, caller: Caller, recorder: Recorder, budget: LookupBudget, *, max_ops: int) -> None:
         self._caller = caller
@@ -98,10 +84,15 @@ class LookupsInFlight:
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="lookup")
         self._room = threading.Condition()
         self._held = 0  # operations reserved or claimed here, not yet settled
-        self._answers: queue.SimpleQueue[tuple[Doorbatch, Asked] | None] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[tuple[Doorbatch, list[Asked]] | None] = queue.SimpleQueue()
+        self._jobs: set[_Job] = set()
+        self._jobs_lock = threading.Lock()
+        self._latency_s: dict[str, float] = {}  # target -> moving average of its lookups' latency
         self._stop = threading.Event()
         self._settler = threading.Thread(target=self._settle_loop, name="settle", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch_loop, name="lookup-watchdog", daemon=True)
         self._settler.start()
+        self._watchdog.start()
 
     # -- room -------------------------------------------------------------------------------
     def reserve(self, n: int, *, timeout_s: float) -> bool:
@@ -138,14 +129,69 @@ class LookupsInFlight:
         if not batch.waiting:
             batch.done.set_result({})
             return batch.done
-        for asked in settled:
-            self._answers.put((batch, asked))
+        if settled:
+            self._answers.put((batch, list(settled)))
+        groups: dict[str, deque[Claim]] = {}
         for claim in claims:
-            self._pool.submit(self._look_up, batch, claim)
+            groups.setdefault(self._caller.actions.action(claim.action).target, deque()).append(claim)
+        for target, todo in groups.items():
+            if self._latency_s.get(target, 0.0) > SPREAD_AFTER_S:
+                for claim in todo:
+                    self._submit(_Job(batch, target, deque([claim])))
+            else:
+                self._submit(_Job(batch, target, todo))
         return batch.done
 
-    def _look_up(self, batch: Doorbatch, claim: Claim) -> None:
-        self._answers.put((batch, ask(self._caller, claim, batch.shared, batch.rng, self._budget)))
+    def _submit(self, job: _Job) -> None:
+        with self._jobs_lock:
+            self._jobs.add(job)
+        self._pool.submit(self._run, job)
+
+    def _run(self, job: _Job) -> None:
+        try:
+            while True:
+                with job.lock:
+                    if not job.todo:
+                        break
+                    claim = job.todo.popleft()
+                    job.running_since = started = time.monotonic()
+                answer = ask(self._caller, claim, job.batch.shared, job.batch.rng, self._budget)
+                self._learn(job.target, answer, time.monotonic() - started)
+                with job.lock:
+                    job.running_since = None
+                    job.finished.append(answer)
+        finally:
+            with self._jobs_lock:
+                self._jobs.discard(job)
+            with job.lock:
+                finished, job.finished = job.finished, []
+            if finished:
+                self._answers.put((job.batch, finished))
+
+    def _learn(self, target: str, answer: Asked, took_s: float) -> None:
+        if answer.found is None:
+            return  # not asked (breaker open) or cut part-way: says nothing of the target's pace
+        seen = answer.found.latency_s if answer.found.latency_s is not None else took_s
+        before = self._latency_s.get(target)
+        self._latency_s[target] = seen if before is None else before + LATENCY_WEIGHT * (seen - before)
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(WATCH_EVERY_S):
+            now = time.monotonic()
+            with self._jobs_lock:
+                jobs = list(self._jobs)
+            for job in jobs:
+                with job.lock:
+                    slow = job.running_since is not None and now - job.running_since > HANDOFF_S
+                    if not slow or not job.todo:
+                        continue
+                    todo, job.todo = list(job.todo), deque()
+                    finished, job.finished = job.finished, []
+                # What the slow lookup held up: settled now, and the rest looked up beside it.
+                if finished:
+                    self._answers.put((job.batch, finished))
+                for claim in todo:
+                    self._submit(_Job(job.batch, job.target, deque([claim])))
 
     # -- settle -----------------------------------------------------------------------------
     def _settle_loop(self) -> None:
@@ -168,7 +214,8 @@ class LookupsInFlight:
             except Exception:  # noqa: BLE001 - a bug: logged; the thread must outlive it
                 log.exception("settler: unexpected error; the operations concerned come back through their leases")
 
-    def _settle(self, items: list[tuple[Doorbatch, Asked]]) -> None:
+    def _settle(self, arrived: list[tuple[Doorbatch, list[Asked]]]) -> None:
+        items = [(batch, asked) for batch, answers in arrived for asked in answers]
         settlements: dict[str, Settlement] = {}
         ids = [a.claim.operation_id for _, a in items]
         try:
@@ -212,125 +259,4 @@ class LookupsInFlight:
         self._answers.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._settler.join(timeout=5)
-
-
-def breaker_open(action: ActionConfig, decision: Open) -> Settlement:
-    """Not asked: the target's breaker is open; look again when it may close."""
-    return Settlement(
-        Status.OUTCOME_UNKNOWN,
-        AttemptClass.AMBIGUOUS,
-        f"breaker for {action.target} open: lookup later",
-        recheck_in_s=decision.wait_s,
-    )
-
-
-def ask(caller: Caller, claim: Claim, shared: SharedBreakers, rng: random.Random, budget: LookupBudget) -> Asked:
-    """One lookup, on a lookup thread: the breaker, the provider's answer, the breaker told. Nothing
-    here writes to the ledger (settle_answers judges and settles)."""
-    action = caller.actions.action(claim.action)
-    try:
-        decision = shared.closed.get(action.target) or caller.breakers.before_call(action.target)
-        if isinstance(decision, Open):
-            return Asked(claim, action, early=breaker_open(action, decision))
-        found = caller.connectors.for_action(claim.action).lookup(
-            claim.action,
-            action,
-            args=loads_exact(claim.args or "{}"),
-            idempotency_key=claim.provider_key,
-            tenant=claim.tenant,
-            fencing_token=claim.fencing_token,
-        )
-        failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
-        unavailable = found.outcome == "unavailable"
-        failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)
-        if not failure and not decision.probe:
-            shared.succeeded[action.target] = decision
-        else:
-            shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
-            caller.breakers.record(decision, failure=failure)
-        return Asked(claim, action, found)
-    except Exception as exc:  # noqa: BLE001 - a lookup cut part-way proves nothing: look again later
-        log.warning(
-            "lookup cut part-way (%s: %s): looked up again later",
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
-            extra={"operation_id": claim.operation_id, "idempotency_key": claim.idempotency_key},
-        )
-        why = f"the lookup was cut part-way ({type(exc).__name__})"
-        return Asked(
-            claim,
-            action,
-            early=recheck(claim, why, rng, max_lookups=budget.max_lookups, max_delay_s=budget.max_delay_s),
-        )
-
-
-def settle_answers(
-    rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
-) -> dict[str, Settlement]:
-    """Judge what the provider answered (one read of the dispatch attempts for every "not found")
-    and settle it all in one transaction (settle.settle_all)."""
-    not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
-    attempts: dict[str, list[DispatchAttempt]] = {}
-    if not_found:
-        with rec.sessions() as session:
-            attempts = _dispatch_attempts(session, not_found)
-    looked = [_judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget) for rng, a in items]
-    return settle_all(rec, looked)
-
-
-def _judged(
-    rec: Recorder, asked: Asked, rng: random.Random, attempts: list[DispatchAttempt], budget: LookupBudget
-) -> Looked:
-    claim, action, found = asked.claim, asked.action, asked.found
-    if asked.early is not None or found is None or action is None:
-        assert asked.early is not None
-        return Looked(claim, None, asked.early, action)
-    first_sent = last_activity = None
-    if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
-        target = rec.actions.target_of(action)
-        first_sent, last_activity = dispatch_window(
-            attempts, call_timeout_s=target.timeout_s + target.connect_timeout_s, after=claim.proven_absent_through
-        )
-    max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
-    verdict = judge(
-        claim,
-        action,
-        found,
-        now=claim.now(),
-        last_activity=last_activity,
-        first_sent=first_sent,
-        rng=rng,
-        max_lookups=max_lookups,
-        max_delay_s=max_delay_s,
-    )
-    if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
-        verdict = after_not_found(
-            claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
-        )
-    return Looked(claim, found, verdict, action)
-
-
-def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
-    """One read of these operations' dispatch attempts, each in order: both judgements of a "not
-    found" (dispatch_window, after_not_found)."""
-    rows = session.execute(
-        select(
-            Attempt.operation_id,
-            Attempt.attempt_number,
-            Attempt.fencing_token,
-            Attempt.attempt_class,
-            Attempt.error,
-            Attempt.started_at,
-            Attempt.ended_at,
-        )
-        .where(Attempt.operation_id.in_(list(operation_ids)), Attempt.kind == AttemptKind.DISPATCH.value)
-        .order_by(Attempt.operation_id, Attempt.attempt_number)
-    ).all()
-    out: dict[str, list[DispatchAttempt]] = {}
-    for r in rows:
-        out.setdefault(r.operation_id, []).append(
-            DispatchAttempt(
-                r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error, r.started_at, r.ended_at
-            )
-        )
-    return out
+        self._watchdog.join(timeout=1)

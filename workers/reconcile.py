@@ -21,7 +21,7 @@ from downstream.actions import ActionConfig
 from outbox.claims import Claim, claim_unknown
 from outbox.states import AttemptClass, Status
 from workers.judge import Settlement
-from workers.lookups_in_flight import Asked, SharedBreakers, breaker_open
+from workers.lookup import Asked, SharedBreakers, breaker_open
 from workers.runtime import Runtime
 from workers.settle import late
 

@@ -30,7 +30,8 @@ from workers.doorbell import Doorbell
 from workers.fan_out import Caller
 from workers.finalize import Recorder
 from workers.in_flight import InFlight
-from workers.lookups_in_flight import LookupBudget, LookupsInFlight
+from workers.lookup import LookupBudget
+from workers.lookups_in_flight import LookupsInFlight
 
 
 @dataclass

@@ -1,17 +1,21 @@
-"""Settling a reconcile batch: what each lookup proved, written in one transaction.
+"""Settling lookups: what each answer proved, written in one transaction.
 
-The reconciler (reconcile.py) claims a batch of outcome_unknown operations, looks each up and
-judges it (workers/judge.py); here the judgements become fenced moves (outbox/settlement.py), one
-commit per batch, then the logs, metrics and doorbells that follow.
+The reconciler (reconcile.py) claims a batch of outcome_unknown operations and looks each up
+(lookup.py, on the lookup threads of lookups_in_flight.py); here the answers that have arrived are
+judged (judge.py: one read of the dispatch attempts for every "not found") and the judgements
+become fenced moves (outbox/settlement.py), one commit for them all, then the logs, metrics and
+doorbells that follow.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from downstream.actions import ActionConfig
@@ -21,16 +25,17 @@ from outbox.envelope import loads_exact
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.handoffs import open_handoff
-from outbox.models import Operation
+from outbox.models import Attempt, Operation
 from outbox.settlement import Settle, settle_if_fenced, settle_many_if_fenced
-from outbox.states import Status
+from outbox.states import AttemptClass, AttemptKind, Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
 from outbox.writes import SETTLE_WRITES_FOR
 from workers import metrics
 from workers.finalize import Recorder
 from workers.handoff_packet import build_packet
-from workers.judge import Settlement
+from workers.judge import DispatchAttempt, Settlement, after_not_found, dispatch_window, judge
 from workers.late import apply_late_successes
+from workers.lookup import Asked, LookupBudget
 
 log = logging.getLogger("workers.reconcile")
 
@@ -219,3 +224,75 @@ def _log_settled(item: Looked, applied: Status) -> None:
         log.error("handed to a person: %s", reason, extra=fields)
     else:
         log.info("reconcile: %s -> %s", reason, applied.value, extra=fields)
+
+
+def settle_answers(
+    rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
+) -> dict[str, Settlement]:
+    """Judge what the provider answered (one read of the dispatch attempts for every "not found")
+    and settle it all in one transaction (settle.settle_all)."""
+    not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
+    attempts: dict[str, list[DispatchAttempt]] = {}
+    if not_found:
+        with rec.sessions() as session:
+            attempts = _dispatch_attempts(session, not_found)
+    looked = [_judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget) for rng, a in items]
+    return settle_all(rec, looked)
+
+
+def _judged(
+    rec: Recorder, asked: Asked, rng: random.Random, attempts: list[DispatchAttempt], budget: LookupBudget
+) -> Looked:
+    claim, action, found = asked.claim, asked.action, asked.found
+    if asked.early is not None or found is None or action is None:
+        assert asked.early is not None
+        return Looked(claim, None, asked.early, action)
+    first_sent = last_activity = None
+    if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
+        target = rec.actions.target_of(action)
+        first_sent, last_activity = dispatch_window(
+            attempts, call_timeout_s=target.timeout_s + target.connect_timeout_s, after=claim.proven_absent_through
+        )
+    max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
+    verdict = judge(
+        claim,
+        action,
+        found,
+        now=claim.now(),
+        last_activity=last_activity,
+        first_sent=first_sent,
+        rng=rng,
+        max_lookups=max_lookups,
+        max_delay_s=max_delay_s,
+    )
+    if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
+        verdict = after_not_found(
+            claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+        )
+    return Looked(claim, found, verdict, action)
+
+
+def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
+    """One read of these operations' dispatch attempts, each in order: both judgements of a "not
+    found" (dispatch_window, after_not_found)."""
+    rows = session.execute(
+        select(
+            Attempt.operation_id,
+            Attempt.attempt_number,
+            Attempt.fencing_token,
+            Attempt.attempt_class,
+            Attempt.error,
+            Attempt.started_at,
+            Attempt.ended_at,
+        )
+        .where(Attempt.operation_id.in_(list(operation_ids)), Attempt.kind == AttemptKind.DISPATCH.value)
+        .order_by(Attempt.operation_id, Attempt.attempt_number)
+    ).all()
+    out: dict[str, list[DispatchAttempt]] = {}
+    for r in rows:
+        out.setdefault(r.operation_id, []).append(
+            DispatchAttempt(
+                r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error, r.started_at, r.ended_at
+            )
+        )
+    return out
