@@ -336,9 +336,12 @@ def run_soak(
     relay_poll_s: float = RELAY_POLL_S,
     drain_within_s: float = 300.0,
     env: dict[str, str] | None = None,
+    reconciler_env: dict[str, str] | None = None,
     verbose: bool = False,
 ) -> SoakResult:
-    """Run one soak against an EMPTY migrated ledger and a sandbox (reset here)."""
+    """Run one soak against an EMPTY migrated ledger and a sandbox (reset here). ``env``: settings
+    for every process; ``reconciler_env``: for the reconcilers only (e.g. a smaller
+    OUTBOX_MAX_IN_FLIGHT, to see capacity grow with processes)."""
     import random
 
     from outbox.models import Attempt, Operation
@@ -368,7 +371,13 @@ def run_soak(
             pipe.start_worker(f"d{i + 1}", queues="dispatch", pool="prefork", concurrency=2) for i in range(dispatchers)
         ]
         recs = [
-            pipe.start_worker(f"reconciler{i + 1}", queues="outcome_unknown", pool="prefork", concurrency=concurrency)
+            pipe.start_worker(
+                f"reconciler{i + 1}",
+                queues="outcome_unknown",
+                pool="prefork",
+                concurrency=concurrency,
+                extra_env=reconciler_env,
+            )
             for i in range(reconcilers)
         ]
         pipe.start_relay(poll_s=relay_poll_s, republish_after_s=10.0)
@@ -472,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dispatchers", type=int, default=2)
     parser.add_argument("--kill-every", type=float, default=0.0)
     parser.add_argument("--relay-poll", type=float, default=RELAY_POLL_S)
-    parser.add_argument("--env", action="append", default=[], help="OUTBOX_X=value for the workers")
+    parser.add_argument("--env", action="append", default=[], help="OUTBOX_X=value for every process")
+    parser.add_argument("--reconciler-env", action="append", default=[], help="OUTBOX_X=value for the reconcilers")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="keep worker logs under this folder")
     parser.add_argument("-q", "--quiet", action="store_true")
@@ -512,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                 else (),
                 relay_poll_s=args.relay_poll,
                 env=dict(e.split("=", 1) for e in args.env),
+                reconciler_env=dict(e.split("=", 1) for e in args.reconciler_env),
                 verbose=not args.quiet,
             )
         finally:

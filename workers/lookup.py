@@ -11,7 +11,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from breaker import Allowed, Open, counts_as_failure
+from breaker import Allowed, Decision, Open, counts_as_failure
 from downstream.actions import ActionConfig
 from downstream.lookups import LookupResult
 from outbox import failpoints
@@ -68,6 +68,7 @@ def ask(caller: Caller, claim: Claim, shared: SharedBreakers, rng: random.Random
     """One lookup, on a lookup thread: the breaker, the provider's answer, the breaker told. Nothing
     here writes to the ledger (settle_answers judges and settles)."""
     action = caller.actions.action(claim.action)
+    decision: Decision | None = None
     try:
         decision = shared.closed.get(action.target) or caller.breakers.before_call(action.target)
         if isinstance(decision, Open):
@@ -90,6 +91,8 @@ def ask(caller: Caller, claim: Claim, shared: SharedBreakers, rng: random.Random
             caller.breakers.record(decision, failure=failure)
         return Asked(claim, action, found)
     except Exception as exc:  # noqa: BLE001 - a lookup cut part-way proves nothing: look again later
+        if decision is not None:  # a probe must not stay taken until its lock expires
+            caller.breakers.release(decision)
         log.warning(
             "lookup cut part-way (%s: %s): looked up again later",
             type(exc).__name__,

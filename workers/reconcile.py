@@ -81,17 +81,20 @@ def reconcile_batch(
 def _claim(rt: Runtime, wanted: list[str], size: int) -> list[Claim]:
     """The given ids, then whatever else is due up to ``size``: topped up by a second statement
     when some of the ids were no longer claimable (settled, or taken along by another claim)."""
+    worker, lease_s = rt.worker_id, rt.settings.lease_s
     with rt.sessions.begin() as session:
+        if not wanted:
+            return claim_unknown(session, worker=worker, lease_s=lease_s, limit=size)
         claims = claim_unknown(
             session,
-            worker=rt.worker_id,
-            lease_s=rt.settings.lease_s,
+            worker=worker,
+            lease_s=lease_s,
             operation_ids=wanted,
-            limit=max(len(wanted), 1),
+            limit=len(wanted),
             also_due=size - len(wanted),
         )
-        if wanted and len(claims) < size:
-            claims += claim_unknown(session, worker=rt.worker_id, lease_s=rt.settings.lease_s, limit=size - len(claims))
+        if len(claims) < size:
+            claims += claim_unknown(session, worker=worker, lease_s=lease_s, limit=size - len(claims))
     return claims
 
 
