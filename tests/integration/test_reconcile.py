@@ -389,7 +389,7 @@ def _parked_in_outcome_unknown(pipe, sandbox, n: int, prefix: str) -> list[str]:
 def test_a_reconcile_doorbell_whose_ids_were_taken_still_claims_what_is_due(pipe, sandbox):
     """A doorbell only says "lookups may be waiting": when another doorbell's claim took its ids
     along (or they were settled), it must still claim what is due, never find nothing to do while
-    lookups wait (issue 29: a reconciler that fell behind ran thousands of such empty tasks)."""
+    lookups wait (a reconciler that fell behind ran thousands of such empty tasks)."""
     from workers.reconcile import reconcile_batch
     from workers.runtime import build_runtime
 
@@ -410,7 +410,7 @@ def test_a_reconcile_doorbell_whose_ids_were_taken_still_claims_what_is_due(pipe
 
 def test_a_doorbells_lookups_overlap_at_a_slow_provider(pipe, sandbox):
     """A provider's search takes tens or hundreds of milliseconds; one reconciler process must not
-    look its operations up one after another (issue 29: one process drained ~19/s at 50 ms)."""
+    look its operations up one after another (one process then drains ~19/s at 50 ms)."""
     import time
 
     from workers.reconcile import reconcile_batch
@@ -434,7 +434,7 @@ def test_a_doorbells_lookups_overlap_at_a_slow_provider(pipe, sandbox):
 def test_the_relay_rings_due_lookups_once_while_their_doorbells_queue(pipe, sandbox):
     """The relay rings as many reconcile doorbells as the due lookups need, less those queued: a
     reconciler that falls behind must not get each lookup rung again every republish_after_s
-    while its first doorbell still waits (each duplicate claims nothing, issue 29)."""
+    while its first doorbell still waits (each duplicate then claims nothing)."""
     import time
 
     import redis
