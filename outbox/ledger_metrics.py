@@ -1,6 +1,6 @@
 """Ledger metrics, read at scrape time: a prometheus_client collector over the ledger.
 
-Each scrape runs four small read-only queries in one short transaction, all on indexes:
+Each scrape runs a few small read-only queries in one short transaction, all on indexes:
 
 - ``outbox_operations{status}``: exact counts of the non-terminal statuses (the open work), one
   range of the ``(status, updated_at)`` index per status. Its cost follows the open work, not the
@@ -12,6 +12,9 @@ Each scrape runs four small read-only queries in one short transaction, all on i
   A terminal row is never updated again, so its ``updated_at`` is the time it ended.
 - outcome_unknown backlog: count (above) and age of the oldest, since it was submitted (the
   partial index ``ix_operations_unknown`` holds exactly the backlog).
+- lookups due: outcome_unknown operations (``RECONCILE_CLAIMABLE``) whose lookup is due and not
+  held by a reconciler, and how long the oldest has waited since it came due: the reconciler's
+  queue, what an autoscaler scales reconciler replicas on (the same partial index).
 - open handoffs: count and age of the oldest (the partial index ``ix_handoffs_open``).
 - approvals pending: count and age of the oldest operation in ``awaiting_approval``.
 - the last reconciliation report's figures, from the ledger (``outbox.report_summary``).
@@ -37,6 +40,7 @@ from outbox.clock import db_age_s, db_now, db_scan_now
 from outbox.db import make_sessionmaker
 from outbox.drivers import driver_for
 from outbox.models import Handoff, Operation, Run
+from outbox.publish import due_condition
 from outbox.report_summary import ReportSummary, read_summary
 from outbox.run_states import ACTIVE, RunStatus
 from outbox.states import TERMINAL, Status
@@ -106,6 +110,10 @@ class LedgerCollector(Collector):
                     Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_scan_now()
                 )
             ).scalar()
+            # Lookups due and no reconciler on them: the reconciler's queue (what to scale it on).
+            lookups_due, lookups_age = session.execute(
+                select(func.count(), db_age_s(func.min(Operation.next_attempt_at))).where(due_condition(lookups=True))
+            ).one()
             # Waiting for a person's approval: since they entered the wait (updated_at of the row).
             approvals_age = session.execute(
                 select(db_age_s(func.min(Operation.updated_at))).where(
@@ -152,6 +160,18 @@ class LedgerCollector(Collector):
             "backlog in front of the workers, seen before deadlines pass",
         )
         due.add_metric([], max(float(due_age or 0.0), 0.0))
+        lookups = GaugeMetricFamily(
+            "outbox_lookups_due",
+            "Operations whose lookup is due now and that no reconciler holds: the reconciler's backlog, "
+            "beside the unknown ones waiting for a later re-check",
+        )
+        lookups.add_metric([], int(lookups_due))
+        lookups_oldest = GaugeMetricFamily(
+            "outbox_oldest_due_lookup_age_seconds",
+            "Seconds since the oldest due lookup no reconciler holds came due (0 when none): how far behind "
+            "the reconciler is",
+        )
+        lookups_oldest.add_metric([], max(float(lookups_age or 0.0), 0.0))
         handoffs = GaugeMetricFamily("outbox_handoffs_open", "Handoffs waiting for a person")
         handoffs.add_metric([], int(handoffs_open))
         handoffs_age = GaugeMetricFamily(
@@ -176,6 +196,8 @@ class LedgerCollector(Collector):
             backlog,
             backlog_age,
             due,
+            lookups,
+            lookups_oldest,
             handoffs,
             handoffs_age,
             approvals,

@@ -14,12 +14,12 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, and_, func, or_, select
 
 from outbox.clock import db_scan_now
 from outbox.drivers import driver_for
 from outbox.models import Operation
-from outbox.states import Status
+from outbox.states import DISPATCH_CLAIMABLE, RECONCILE_CLAIMABLE, Status
 
 
 def mark_published_if_due(
@@ -49,17 +49,24 @@ def mark_published_if_due(
     )
 
 
-def count_due(engine: Engine, *, cap: int) -> int:
-    """How many ``not_dispatched`` operations are due now, counting up to ``cap`` (a range of the
-    status/next_attempt_at index, never a scan of the backlog)."""
-    due = (
-        select(Operation.id)
-        .where(Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_scan_now())
-        .limit(cap)
-        .subquery()
-    )
+def count_due(engine: Engine, *, cap: int, lookups: bool = False) -> int:
+    """How many operations are due now for a worker (``lookups``: for the reconciler), counting up
+    to ``cap`` (a range of the status's partial next_attempt_at index, never a scan of the
+    backlog). A lookup under way keeps its row due until it is settled: only the rows no
+    reconciler holds count."""
+    due = select(Operation.id).where(due_condition(lookups=lookups)).limit(cap).subquery()
     with engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(due)).scalar_one())
+
+
+def due_condition(*, lookups: bool) -> Any:
+    """Due now for a dispatch worker, or (``lookups``) for the reconciler: its states, and no
+    reconciler's lease on them."""
+    statuses = RECONCILE_CLAIMABLE if lookups else DISPATCH_CLAIMABLE
+    due = and_(Operation.status.in_(sorted(s.value for s in statuses)), Operation.next_attempt_at <= db_scan_now())
+    if not lookups:
+        return due
+    return and_(due, or_(Operation.lease_expires_at.is_(None), Operation.lease_expires_at < db_scan_now()))
 
 
 def mark_published(engine: Engine, operation_ids: Sequence[str]) -> None:

@@ -34,17 +34,22 @@ class Doorbell:
         return self._ring(RECONCILE_TASK, UNKNOWN_QUEUE, list(operation_ids), self.batch)
 
     def queued_dispatch(self) -> int | None:
-        """Dispatch doorbells waiting in the broker (not those a worker holds), or None if unknown.
+        """Dispatch doorbells waiting in the broker (not those a worker holds), or None if unknown."""
+        return self._queued(DISPATCH_QUEUE)
 
-        kombu's passive queue_declare would say this, but with a global_keyprefix its existence
+    def queued_reconcile(self) -> int | None:
+        """Reconcile doorbells waiting in the broker (not those a reconciler holds), or None if unknown."""
+        return self._queued(UNKNOWN_QUEUE)
+
+    def _queued(self, queue: str) -> int | None:
+        """kombu's passive queue_declare would say this, but with a global_keyprefix its existence
         check looks at the unprefixed key and answers NOT_FOUND; the channel's own size query (a
-        LLEN per priority on Redis, a COUNT on the embedded broker) is what it would have called.
-        """
+        LLEN per priority on Redis, a COUNT on the embedded broker) is what it would have called."""
         try:
             with self.app.connection_or_acquire() as conn:
-                return int(conn.default_channel._size(DISPATCH_QUEUE))
+                return int(conn.default_channel._size(queue))
         except Exception:  # noqa: BLE001 - unknown depth: the relay publishes without a bound
-            log.debug("could not read the dispatch queue's depth", exc_info=True)
+            log.debug("could not read the depth of queue %s", queue, exc_info=True)
             return None
 
     def _ring(self, task: str, queue: str, operation_ids: list[str], batch: int) -> int:

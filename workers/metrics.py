@@ -99,6 +99,18 @@ IN_FLIGHT = Gauge(
     multiprocess_mode="livesum",
     registry=PROCESS_REGISTRY,
 )
+LOOKUPS_IN_FLIGHT = Gauge(
+    "outbox_lookups_in_flight",
+    "Reconciler lookups claimed and not yet settled, summed over processes (each <= OUTBOX_MAX_IN_FLIGHT)",
+    multiprocess_mode="livesum",
+    registry=PROCESS_REGISTRY,
+)
+RECONCILE_QUEUE_DEPTH = Gauge(
+    "outbox_reconcile_queue_depth",
+    "Reconcile doorbells waiting in the broker, as the relay last read it (bounded by OUTBOX_RELAY_MAX_QUEUED)",
+    multiprocess_mode="livemax",
+    registry=PROCESS_REGISTRY,
+)
 
 F = TypeVar("F", bound=Callable[..., None])
 _failed_once = False
@@ -160,6 +172,16 @@ def record_dispatch_queue(depth: int) -> None:
 @_never_raises
 def record_in_flight(held: int) -> None:
     IN_FLIGHT.set(held)
+
+
+@_never_raises
+def record_lookups_in_flight(held: int) -> None:
+    LOOKUPS_IN_FLIGHT.set(held)
+
+
+@_never_raises
+def record_reconcile_queue(depth: int) -> None:
+    RECONCILE_QUEUE_DEPTH.set(depth)
 
 
 @_never_raises

@@ -7,7 +7,8 @@ Each tick (``run_once``):
    ``republish_after_s`` (the message was lost: broker restart, crashed consumer) -> ``dispatch``;
 3. runs whose current step settled move on: the next step is submitted, or completed steps are
    compensated, or the run ends (outbox/run_advance.py);
-4. the same for due ``outcome_unknown`` rows -> ``outcome_unknown`` queue (the reconciler).
+4. the same for due lookups (``RECONCILE_CLAIMABLE`` rows no reconciler holds) -> ``outcome_unknown``
+   queue (the reconciler), with the same backpressure.
 Marking ``published_at`` and selecting happen in one statement (SKIP LOCKED on PostgreSQL), so two
 relays do not publish the same row in the same window; duplicates would be harmless anyway.
 
@@ -54,7 +55,7 @@ from outbox.leases import expire_leases
 from outbox.planner_stats import PlannerStats
 from outbox.publish import count_due, mark_published, mark_published_if_due
 from outbox.run_advance import advance_due
-from outbox.states import Status
+from outbox.states import RECONCILE_CLAIMABLE, Status
 from workers import metrics
 from workers.doorbell import Doorbell
 from workers.handoff_packet import packet_builder
@@ -200,6 +201,27 @@ class Relay:
             self._published(self.doorbell.ring_dispatch(ids))
         return ids
 
+    def _ring_lookups(self) -> list[str]:
+        """Ring the reconciler for due lookups as _ring_due rings dispatch: the doorbells the due
+        lookups need, less those queued, up to max_queued; a reconcile doorbell's claim takes
+        whatever lookups are due, so only the count matters."""
+        queued = self.doorbell.queued_reconcile()
+        ids: list[str] = []
+        if queued is None:
+            for status in sorted(RECONCILE_CLAIMABLE):
+                ids += self._mark_due(status, leased_ok=False, queued=None)
+        else:
+            metrics.record_reconcile_queue(queued)
+            batch = self.doorbell.batch
+            due = count_due(self.engine, cap=self.max_queued * batch, lookups=True)
+            wanted = (min(-(-due // batch), self.max_queued) - queued) * batch
+            for status in sorted(RECONCILE_CLAIMABLE):
+                if len(ids) < wanted:
+                    ids += self._mark_due(status, leased_ok=False, limit=wanted - len(ids), queued=0)
+        if ids:
+            self.doorbell.ring_reconcile(ids)
+        return ids
+
     def ring_notified(self, operation_ids: list[str]) -> int:
         """Ring the doorbell for ids that submit notified (committed, due now), as many as the broker
         has room for. Returns messages sent; ids left out stay never-published (a tick rings them)."""
@@ -231,13 +253,7 @@ class Relay:
                 log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))
         # Runs whose current step settled: submit the next step, compensate, or end (run_advance.py).
         advance_due(self.sessions, irreversible=self._irreversible)
-        # Lookups due: what may have happened (outcome_unknown) and what the provider is finishing.
-        reconcile_ids = [
-            *self._mark_due(Status.OUTCOME_UNKNOWN, leased_ok=False),
-            *self._mark_due(Status.ACCEPTED, leased_ok=False),
-        ]
-        if reconcile_ids:
-            self.doorbell.ring_reconcile(reconcile_ids)
+        reconcile_ids = self._ring_lookups()
         if self._evidence is not None and now - self._last_backfill >= BACKFILL_EVERY_S:
             self._last_backfill = now
             with self.sessions.begin() as session:

@@ -30,6 +30,8 @@ from workers.doorbell import Doorbell
 from workers.fan_out import Caller
 from workers.finalize import Recorder
 from workers.in_flight import InFlight
+from workers.lookup import LookupBudget
+from workers.lookups_in_flight import LookupsInFlight
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Runtime:
     ledger: LedgerConnection
     _in_flight: InFlight | None = field(default=None, init=False, repr=False)
     _in_flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _lookups: LookupsInFlight | None = field(default=None, init=False, repr=False)
 
     def caller(self) -> Caller:
         """What fan-out takes to call the downstream."""
@@ -71,11 +74,27 @@ class Runtime:
                 )
             return self._in_flight
 
+    @property
+    def lookups(self) -> LookupsInFlight:
+        """This process's lookups in flight (the reconciler's; threads started on first use). Settling
+        uses only sessions, so the recorder shares the doorbell task's (idle) hot-path connection."""
+        with self._in_flight_lock:
+            if self._lookups is None:
+                budget = LookupBudget(self.settings.reconcile_max_lookups, self.settings.reconcile_max_delay_s)
+                self._lookups = LookupsInFlight(
+                    self.caller(), self.recorder(self.ledger), budget, max_ops=self.settings.max_in_flight
+                )
+            return self._lookups
+
     def close(self) -> None:
         if self._in_flight is not None:
             # Calls already out are finalized if they answer in time; otherwise their leases bring
             # them back (outcome_unknown, then the reconciler).
             self._in_flight.close(timeout_s=longest_call_s(self.actions) + 2.0)
+        if self._lookups is not None:
+            # Lookups out are settled if they answer in time; otherwise their leases expire and
+            # they are claimed again.
+            self._lookups.close(timeout_s=longest_call_s(self.actions) + 2.0)
         self.evidence.close()
         self.ledger.close()
         self.connectors.close()

@@ -1,17 +1,21 @@
-"""Settling a reconcile batch: what each lookup proved, written in one transaction.
+"""Settling lookups: what each answer proved, written in one transaction.
 
-The reconciler (reconcile.py) claims a batch of outcome_unknown operations, looks each up and
-judges it (workers/judge.py); here the judgements become fenced moves (outbox/settlement.py), one
-commit per batch, then the logs, metrics and doorbells that follow.
+The reconciler (reconcile.py) claims a batch of outcome_unknown operations and looks each up
+(lookup.py, on the lookup threads of lookups_in_flight.py); here the answers that have arrived are
+judged (judge.py: one read of the dispatch attempts for every "not found") and the judgements
+become fenced moves (outbox/settlement.py), one commit for them all, then the logs, metrics and
+doorbells that follow.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from downstream.actions import ActionConfig
@@ -21,22 +25,23 @@ from outbox.envelope import loads_exact
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence import finish_with_evidence, records_for_claims
 from outbox.handoffs import open_handoff
-from outbox.models import Operation
+from outbox.models import Attempt, Operation
 from outbox.settlement import Settle, settle_if_fenced, settle_many_if_fenced
-from outbox.states import Status
+from outbox.states import AttemptClass, AttemptKind, Status
 from outbox.transitions import AttemptReport, commit_even_if_stale
 from outbox.writes import SETTLE_WRITES_FOR
 from workers import metrics
+from workers.finalize import Recorder
 from workers.handoff_packet import build_packet
-from workers.judge import Settlement
+from workers.judge import DispatchAttempt, Settlement, after_not_found, dispatch_window, judge
 from workers.late import apply_late_successes
-from workers.runtime import Runtime
+from workers.lookup import Asked, LookupBudget
 
 log = logging.getLogger("workers.reconcile")
 
 
-def late(rt: Runtime, **which: Any) -> dict[str, Status]:
-    return apply_late_successes(rt.sessions, actor=rt.worker_id, evidence=rt.evidence, actions=rt.actions, **which)
+def late(rec: Recorder, **which: Any) -> dict[str, Status]:
+    return apply_late_successes(rec.sessions, actor=rec.worker_id, evidence=rec.evidence, actions=rec.actions, **which)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ class Looked:
         }
 
 
-def _write_settlement(rt: Runtime, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
+def _write_settlement(rec: Recorder, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
     """The fenced move of one looked-up operation (and its handoff when a person must decide)."""
     verdict = item.verdict
     settle_if_fenced(
@@ -95,11 +100,11 @@ def _write_settlement(rt: Runtime, session: Session, item: Looked, report: Attem
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)
         assert op is not None
-        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rt.actions)
+        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rec.actions)
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
 
 
-def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
+def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Settlement]:
     """Settle a doorbell's lookups in ONE transaction: one commit (and WAL flush) per batch, and the
     common settlements (found done, send again, look again later) as one statement each, pipelined
     in one round trip like a worker's finalize (settlement.settle_many_if_fenced). One refused
@@ -107,8 +112,8 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
     commit_even_if_stale does alone); a "no effect" the guard refuses is undone (its savepoint).
     A separate evidence database needs its own write before each success: one by one then.
     After the commit: logs, metrics, and what follows (late successes applied, re-dispatch)."""
-    if rt.evidence.separate:
-        return {item.claim.operation_id: _settle(rt, item) for item in looked}
+    if rec.evidence.separate:
+        return {item.claim.operation_id: _settle(rec, item) for item in looked}
     if not looked:
         return {}
     applied: list[tuple[Looked, Status]] = []
@@ -117,7 +122,7 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
     reports = {item.claim.operation_id: item.report() for item in looked}
     one_statement = [i for i in looked if i.verdict.to in SETTLE_WRITES_FOR and not i.verdict.cannot_land]
     others = [i for i in looked if i not in one_statement]
-    with rt.sessions.begin() as session:
+    with rec.sessions.begin() as session:
         refusals = settle_many_if_fenced(
             session,
             [
@@ -142,7 +147,7 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
             # success is on record) and is then undone alone, in its savepoint.
             savepoint = session.begin_nested()
             try:
-                _write_settlement(rt, session, item, reports[item.claim.operation_id], item.verdict.to)
+                _write_settlement(rec, session, item, reports[item.claim.operation_id], item.verdict.to)
             except StaleFence as exc:
                 savepoint.commit()  # the lookup row keeps the answer, marked stale
                 stale.append((item, exc))
@@ -156,14 +161,14 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
             applied.append((item, item.verdict.to))
         # Evidence with the successes themselves: same transaction, one query, one insert.
         succeeded = [(i.claim, reports[i.claim.operation_id]) for i, to in applied if to is Status.SUCCEEDED]
-        rt.evidence.write_many(records_for_claims(session, succeeded), session=session)
+        rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
     for item, refusal in stale:
         log.info("stale fence: lookup kept as evidence (%s)", refusal, extra=item.fields())
     stale_successes = {i.claim.attempt_id: i.result() for i, _ in stale if i.verdict.to is Status.SUCCEEDED}
     if stale_successes:
-        late(rt, attempt_results=stale_successes)
+        late(rec, attempt_results=stale_successes)
     if refused_ids:
-        late(rt, operation_ids=refused_ids)
+        late(rec, operation_ids=refused_ids)
     redispatch = []
     for item, to in applied:
         _log_settled(item, to)
@@ -171,11 +176,11 @@ def settle_all(rt: Runtime, looked: Sequence[Looked]) -> dict[str, Settlement]:
         if to is Status.NOT_DISPATCHED:
             redispatch.append(item.claim.operation_id)
     if redispatch:
-        rt.doorbell.ring_dispatch(redispatch)
+        rec.doorbell.ring_dispatch(redispatch)
     return {item.claim.operation_id: item.verdict for item in looked}
 
 
-def _settle(rt: Runtime, item: Looked) -> Settlement:
+def _settle(rec: Recorder, item: Looked) -> Settlement:
     """One operation alone (a separate evidence database: its write comes before the success)."""
     claim, verdict = item.claim, item.verdict
     report = item.report()
@@ -183,29 +188,31 @@ def _settle(rt: Runtime, item: Looked) -> Settlement:
     try:
         if verdict.to is Status.SUCCEEDED:
             applied = finish_with_evidence(
-                rt.sessions,
-                rt.evidence,
+                rec.sessions,
+                rec.evidence,
                 claim,
                 report,
-                lambda session, to: _write_settlement(rt, session, item, report, to),
+                lambda session, to: _write_settlement(rec, session, item, report, to),
             )
         else:
-            commit_even_if_stale(rt.sessions, lambda session: _write_settlement(rt, session, item, report, verdict.to))
+            commit_even_if_stale(
+                rec.sessions, lambda session: _write_settlement(rec, session, item, report, verdict.to)
+            )
     except StaleFence as exc:
         log.info("stale fence: lookup kept as evidence (%s)", exc, extra=item.fields())
         if verdict.to is Status.SUCCEEDED:
-            late(rt, attempt_results={claim.attempt_id: item.result()})
+            late(rec, attempt_results={claim.attempt_id: item.result()})
         return verdict
     except IllegalTransition as exc:
         # "No effect" refused by the ledger's guard: a success arrived on another attempt while
         # we looked. It settles the operation instead.
         log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
-        late(rt, operation_ids=[claim.operation_id])
+        late(rec, operation_ids=[claim.operation_id])
         return verdict
     _log_settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
-        rt.doorbell.ring_dispatch([claim.operation_id])
+        rec.doorbell.ring_dispatch([claim.operation_id])
     return verdict
 
 
@@ -218,3 +225,75 @@ def _log_settled(item: Looked, applied: Status) -> None:
         log.error("handed to a person: %s", reason, extra=fields)
     else:
         log.info("reconcile: %s -> %s", reason, applied.value, extra=fields)
+
+
+def settle_answers(
+    rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
+) -> dict[str, Settlement]:
+    """Judge what the provider answered (one read of the dispatch attempts for every "not found")
+    and settle it all in one transaction (settle.settle_all)."""
+    not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
+    attempts: dict[str, list[DispatchAttempt]] = {}
+    if not_found:
+        with rec.sessions() as session:
+            attempts = _dispatch_attempts(session, not_found)
+    looked = [_judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget) for rng, a in items]
+    return settle_all(rec, looked)
+
+
+def _judged(
+    rec: Recorder, asked: Asked, rng: random.Random, attempts: list[DispatchAttempt], budget: LookupBudget
+) -> Looked:
+    claim, action, found = asked.claim, asked.action, asked.found
+    if asked.early is not None or found is None or action is None:
+        assert asked.early is not None
+        return Looked(claim, None, asked.early, action)
+    first_sent = last_activity = None
+    if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
+        target = rec.actions.target_of(action)
+        first_sent, last_activity = dispatch_window(
+            attempts, call_timeout_s=target.timeout_s + target.connect_timeout_s, after=claim.proven_absent_through
+        )
+    max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
+    verdict = judge(
+        claim,
+        action,
+        found,
+        now=claim.now(),
+        last_activity=last_activity,
+        first_sent=first_sent,
+        rng=rng,
+        max_lookups=max_lookups,
+        max_delay_s=max_delay_s,
+    )
+    if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
+        verdict = after_not_found(
+            claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+        )
+    return Looked(claim, found, verdict, action)
+
+
+def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
+    """One read of these operations' dispatch attempts, each in order: both judgements of a "not
+    found" (dispatch_window, after_not_found)."""
+    rows = session.execute(
+        select(
+            Attempt.operation_id,
+            Attempt.attempt_number,
+            Attempt.fencing_token,
+            Attempt.attempt_class,
+            Attempt.error,
+            Attempt.started_at,
+            Attempt.ended_at,
+        )
+        .where(Attempt.operation_id.in_(list(operation_ids)), Attempt.kind == AttemptKind.DISPATCH.value)
+        .order_by(Attempt.operation_id, Attempt.attempt_number)
+    ).all()
+    out: dict[str, list[DispatchAttempt]] = {}
+    for r in rows:
+        out.setdefault(r.operation_id, []).append(
+            DispatchAttempt(
+                r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error, r.started_at, r.ended_at
+            )
+        )
+    return out

@@ -75,7 +75,8 @@ def dispatch(operation_ids: str | list[str]) -> None:
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)
 def reconcile(operation_ids: str | list[str]) -> None:
-    """One reconcile doorbell: an operation id, or a batch of them, looked up in turn."""
+    """One reconcile doorbell: an operation id, or a batch of them, topped up with whatever else is
+    due; the lookups run on the process's lookup threads and the task returns at once."""
     from workers.outage import riding_out_outages
     from workers.reconcile import reconcile_batch
     from workers.runtime import get_runtime
@@ -83,7 +84,8 @@ def reconcile(operation_ids: str | list[str]) -> None:
     ids = _ids(operation_ids)
     with riding_out_outages("reconcile", ids):
         rt = get_runtime(app)
-        reconcile_batch(rt, ids, fill_to=rt.settings.doorbell_batch)
+        # Returns once its lookups are out: the process takes the next doorbell while they run.
+        reconcile_batch(rt, ids, fill_to=rt.settings.doorbell_batch, wait=False)
 
 
 def _ids(operation_ids: str | list[str]) -> list[str]:

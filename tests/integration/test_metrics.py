@@ -102,11 +102,12 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
         with pg_ledger.sessions.begin() as s:
             s.execute(update(Operation).where(Operation.id == op_id).values(status=status, **values))
 
-    # 2 not_dispatched stay (one came due 2 minutes ago); 2 outcome_unknown (one submitted 5 minutes ago); 1 succeeded;
+    # 2 not_dispatched stay (one came due 2 minutes ago); 2 outcome_unknown (one submitted 5 minutes ago whose
+    # lookup came due 90 s ago, one waiting for a re-check in a minute); 1 succeeded;
     # 1 succeeded long ago (outside the terminal window); 1 reconciliation_required with a handoff.
     move(ids[0], "not_dispatched", next_attempt_at=db_now(-120))
-    move(ids[2], "outcome_unknown", created_at=db_now(-300))
-    move(ids[3], "outcome_unknown")
+    move(ids[2], "outcome_unknown", created_at=db_now(-300), next_attempt_at=db_now(-90))
+    move(ids[3], "outcome_unknown", next_attempt_at=db_now(60))
     move(ids[4], "succeeded", updated_at=db_now(), finished_at=db_now())
     move(ids[5], "succeeded", updated_at=db_now(-7200), finished_at=db_now(-7200))
     move(ids[6], "reconciliation_required")
@@ -179,6 +180,9 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     assert m[("outbox_outcome_unknown_backlog", ())] == 2
     assert 299 < m[("outbox_outcome_unknown_oldest_age_seconds", ())] < 400
     assert 119 < m[("outbox_oldest_due_age_seconds", ())] < 200
+    # The reconciler's queue (what to scale it on): the due lookup only, not the later re-check.
+    assert m[("outbox_lookups_due", ())] == 1
+    assert 89 < m[("outbox_oldest_due_lookup_age_seconds", ())] < 190
     assert m[("outbox_handoffs_open", ())] == 1
     assert 0 < m[("outbox_handoffs_oldest_open_age_seconds", ())] < 60
     assert m[("outbox_approvals_pending", ())] == 0 and m[("outbox_approvals_oldest_pending_age_seconds", ())] == 0
@@ -219,6 +223,7 @@ def test_counters_are_summed_across_processes(tmp_path):
         m = scrape(url)
     assert m[("outbox_ledger_up", ())] == 1  # the SQLite side of the same queries
     assert m[("outbox_outcome_unknown_backlog", ())] == 0
+    assert m[("outbox_lookups_due", ())] == 0 and m[("outbox_oldest_due_lookup_age_seconds", ())] == 0
     assert m[("outbox_attempts_total", (("class", "succeeded"), ("target", "sandbox")))] == 2
     assert m[("outbox_attempts_total", (("class", "not_processed"), ("target", "sandbox")))] == 2
     assert m[("outbox_attempt_latency_seconds_count", (("class", "succeeded"), ("target", "sandbox")))] == 2

@@ -370,3 +370,96 @@ def test_a_reconcile_doorbell_fills_its_batch_and_settles_it_in_one_transaction(
         assert len(posts(sandbox, f"rc-fill-{i}")) == 1
     with pipe.sessions() as s:
         assert s.query(Evidence).filter(Evidence.operation_id.in_(ids)).count() == 10
+
+
+def _parked_in_outcome_unknown(pipe, sandbox, n: int, prefix: str) -> list[str]:
+    """n operations whose first request committed and lost its answer, waiting for lookups that
+    nobody makes: the relay is stopped and no reconciler runs."""
+    sandbox.add_fault(mode="commit_then_drop", method="POST", count=n)
+    pipe.start_worker(queues="dispatch")
+    pipe.start_relay()
+    ids = [pipe.submit(f"{prefix}-{i}").operation_id for i in range(n)]
+    for op_id in ids:
+        pipe.wait_status(op_id, "outcome_unknown")
+    pipe._relay.stop()
+    pipe._relay_thread.join(10)
+    return ids
+
+
+def test_a_reconcile_doorbell_whose_ids_were_taken_still_claims_what_is_due(pipe, sandbox):
+    """A doorbell only says "lookups may be waiting": when another doorbell's claim took its ids
+    along (or they were settled), it must still claim what is due, never find nothing to do while
+    lookups wait (a reconciler that fell behind ran thousands of such empty tasks)."""
+    from workers.reconcile import reconcile_batch
+    from workers.runtime import build_runtime
+
+    ids = _parked_in_outcome_unknown(pipe, sandbox, 12, "rc-taken")
+    rt = build_runtime(pipe.settings())
+    try:
+        first = reconcile_batch(rt, ids[:10], fill_to=10)
+        assert sorted(first) == sorted(ids[:10])
+        # The same ten ids rung again (a duplicate doorbell): they are settled, two others wait.
+        again = reconcile_batch(rt, ids[:10], fill_to=10)
+    finally:
+        rt.close()
+    assert sorted(again) == sorted(ids[10:]), again
+    assert Counter(pipe.op(i).status for i in ids) == {"succeeded": 12}
+    for i in range(12):
+        assert len(sandbox.effects(key=pk(f"rc-taken-{i}"))) == 1
+
+
+def test_a_doorbells_lookups_overlap_at_a_slow_provider(pipe, sandbox):
+    """A provider's search takes tens or hundreds of milliseconds; one reconciler process must not
+    look its operations up one after another (one process then drains ~19/s at 50 ms)."""
+    import time
+
+    from workers.reconcile import reconcile_batch
+    from workers.runtime import build_runtime
+
+    ids = _parked_in_outcome_unknown(pipe, sandbox, 10, "rc-slow")
+    sandbox.add_fault(mode="latency", latency_ms=300, method="GET", path="/v1/refunds")
+    rt = build_runtime(pipe.settings())
+    try:
+        started = time.monotonic()
+        settled = reconcile_batch(rt, ids, fill_to=10)
+        took_s = time.monotonic() - started
+    finally:
+        rt.close()
+    assert sorted(settled) == sorted(ids) and {v.to.value for v in settled.values()} == {"succeeded"}
+    # One after another: 10 x 300 ms. Overlapped: the first lookup, then the nine beside each other.
+    assert took_s < 1.5, f"10 lookups of 300 ms took {took_s:.2f}s"
+    assert all(len(sandbox.effects(key=pk(f"rc-slow-{i}"))) == 1 for i in range(10))
+
+
+def test_the_relay_rings_due_lookups_once_while_their_doorbells_queue(pipe, sandbox):
+    """The relay rings as many reconcile doorbells as the due lookups need, less those queued: a
+    reconciler that falls behind must not get each lookup rung again every republish_after_s
+    while its first doorbell still waits (each duplicate then claims nothing)."""
+    import time
+
+    import redis
+
+    from workers.celery_app import make_app
+    from workers.doorbell import Doorbell
+    from workers.relay import Relay
+
+    ids = _parked_in_outcome_unknown(pipe, sandbox, 25, "rc-ring")
+    client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])
+    queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "outcome_unknown"
+    client.delete(queue)  # what the stopped relay rang: start from an empty queue
+    relay = Relay(
+        pipe.sessions.kw["bind"],
+        Doorbell(make_app(pipe.settings()), batch=10),
+        poll_s=30.0,
+        republish_after_s=0.1,
+        sweep_every_s=3600,
+    )
+    first = relay.run_once()
+    assert first.reconcile == len(ids) and client.llen(queue) == 3  # 25 due lookups: 3 doorbells
+    time.sleep(0.3)  # past republish_after_s: nothing was lost, the doorbells still queue
+    relay.run_once()
+    relay.run_once()
+    assert client.llen(queue) == 3
+    client.lpop(queue)  # a reconciler took one doorbell (and claimed nothing yet)
+    relay.run_once()
+    assert client.llen(queue) == 3, "the doorbell taken is replaced, no more"

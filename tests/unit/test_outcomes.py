@@ -14,7 +14,7 @@ from downstream.lookups import LookupResult
 from outbox.claims import Claim
 from outbox.states import AttemptClass as A
 from outbox.states import Status, WaitingFor
-from workers.judge import MAX_LOOKUPS, Settlement, judge
+from workers.judge import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
 from workers.outcomes import (
     Ambiguous,
     Cancelled,
@@ -26,7 +26,6 @@ from workers.outcomes import (
     breaker_wait,
     decide,
 )
-from workers.reconcile import DispatchAttempt, after_not_found
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DOC = {
@@ -260,8 +259,9 @@ def test_not_found_with_budget_left_redispatches_with_the_same_key():
 def test_not_found_when_it_must_end_fails_only_where_nothing_can_land(why, rc, tried):
     now = T0 + timedelta(seconds=61 if why == "deadline" else 1)
     # The issue-12 timeline: attempt 1 may still land (a frozen worker); not found proves nothing
-    # about it, so a person decides instead of failed_before_commit.
-    person = after_not_found(rc, ACTION, NOT_FOUND, tried, now=now)
+    # about it, so a person decides instead of failed_before_commit (past the deadline, once the
+    # reconciler's own lookups are spent: the next test).
+    person = after_not_found(rc, ACTION, NOT_FOUND, tried, now=now, max_lookups=rc.attempt_number)
     assert person.to is Status.RECONCILIATION_REQUIRED, person
     assert "attempt 1 (token 1" in person.reason and "provider_fencing" in person.reason
     # The provider fences: this lookup's newer token locked attempt 1 out.
@@ -270,6 +270,24 @@ def test_not_found_when_it_must_end_fails_only_where_nothing_can_land(why, rc, t
     # Nothing open (every earlier attempt proven unable to land): it ends without a fence too.
     closed = after_not_found(replace(rc, open_ambiguity=False), ACTION, NOT_FOUND, tried, now=now)
     assert closed.to is ended.to
+
+
+def test_not_found_past_the_deadline_looks_again_within_the_reconcilers_budget():
+    # The deadline may have gone by while the lookup queued behind others: nothing is sent again,
+    # but a late landing of attempt 1 would still be found, so the lookups go on before a person.
+    rc = claim(2, kind="lookup", ambiguity=True)
+    tried = attempts(A.AMBIGUOUS, A.NOT_SENT)
+    late = T0 + timedelta(seconds=61)
+    again = after_not_found(rc, ACTION, NOT_FOUND, tried, now=late, rng=random.Random(1), max_lookups=4)
+    assert again.to is Status.OUTCOME_UNKNOWN and again.recheck_in_s > 0, again
+    assert "nothing is sent again" in again.reason and "attempt 1 (token 1, ambiguous)" in again.reason
+    spent = after_not_found(replace(rc, attempt_number=4), ACTION, NOT_FOUND, tried, now=late, max_lookups=4)
+    assert spent.to is Status.RECONCILIATION_REQUIRED and "may still take effect" in spent.reason
+    # Nothing can land (a provider that fences): it ends at once, as before.
+    assert after_not_found(rc, FENCED, NOT_FOUND, tried, now=late).to is Status.FAILED_BEFORE_COMMIT
+    # The deadline beside a rejection: the provider has ruled on the key, a person decides now.
+    rejected = after_not_found(rc, ACTION, NOT_FOUND, attempts(A.AMBIGUOUS, A.REJECTED), now=late)
+    assert rejected.to is Status.RECONCILIATION_REQUIRED
 
 
 def test_a_poison_intent_at_its_cap_goes_to_a_person_even_when_fenced():
