@@ -51,7 +51,7 @@ def _serve(env: dict[str, str], workers: int = 1) -> tuple[subprocess.Popen[byte
         [
             sys.executable,
             "-m",
-            "commands.main",
+            "workers.cli.main",
             "serve",
             "--port",
             str(port),
@@ -77,7 +77,18 @@ def _serve(env: dict[str, str], workers: int = 1) -> tuple[subprocess.Popen[byte
 
 def _key(env: dict[str, str]) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "commands.main", "keys", "create", "--tenant", "bench", "--scope", "submit", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "workers.cli.main",
+            "keys",
+            "create",
+            "--tenant",
+            "bench",
+            "--scope",
+            "submit",
+            "--json",
+        ],
         cwd=ROOT,
         env=os.environ | env,
         capture_output=True,
@@ -88,14 +99,14 @@ def _key(env: dict[str, str]) -> str:
 
 
 def bench_producer(db_url: str, n: int, tag: str = "") -> float:
-    from outbox.db import make_engine
+    from outbox.ledger.db import make_engine
     from producer.client import Outbox
 
     outbox = Outbox(make_engine(db_url), default_tenant="bench")
     try:
         started = time.perf_counter()
         for i in range(n):
-            outbox.submit(subject="bench", **_intent(f"producer{tag}", i))
+            outbox.ledger.submit(subject="bench", **_intent(f"producer{tag}", i))
         return n / (time.perf_counter() - started)
     finally:
         outbox.close()

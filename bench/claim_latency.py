@@ -6,7 +6,7 @@ dropped even on Ctrl-C):
 1. bulk-load N finished operations (``INSERT ... SELECT generate_series``, status ``succeeded``)
    with one dispatch attempt row each (``--no-attempts`` to skip those), then D due
    ``not_dispatched`` rows (default 1000), then ``ANALYZE``;
-2. ``EXPLAIN`` the claim's due subquery (the statement ``outbox.claims`` sends, as a SELECT ... FOR
+2. ``EXPLAIN`` the claim's due subquery (the statement ``outbox.ledger.claims`` sends, as a SELECT ... FOR
    UPDATE SKIP LOCKED) and check that it reads the partial index ``ix_operations_due``;
 3. time K claims (default 500), each = ``claim_due(limit=1)`` in one transaction (SQLAlchemy
    session, exactly as a worker does) + ``finalize_if_fenced(..., to=succeeded)`` in another;
@@ -69,7 +69,7 @@ SELECT gen_random_uuid()::text, 'bench', 'due-' || g, 'refund',
 FROM generate_series(1, %(d)s) AS g
 """
 
-# The due subquery of the PostgreSQL driver's claim (outbox/drivers/pg_statements.py, dispatch kind, no
+# The due subquery of the PostgreSQL driver's claim (outbox/ledger/drivers/pg_statements.py, dispatch kind, no
 # operation id), bound.
 _EXPLAIN = """
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
@@ -121,10 +121,10 @@ def explain(url: str) -> list[str]:
 
 
 def measure(url: str, claims: int, warmup: int = 20) -> dict[str, Any]:
-    from outbox.claims import claim_due
-    from outbox.db import make_engine, make_sessionmaker
-    from outbox.states import AttemptClass, Status
-    from outbox.transitions import AttemptReport, finalize_if_fenced
+    from outbox.ledger.claims import claim_due
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from outbox.ledger.states import AttemptClass, Status
+    from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 
     engine = make_engine(url, pool_size=1, max_overflow=0)
     sessions = make_sessionmaker(engine)

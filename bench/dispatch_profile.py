@@ -1,6 +1,6 @@
 """Where one dispatch's time goes: ``dispatch_operation`` in-process under cProfile, no Celery.
 
-Throwaway database + ``python -m sandbox`` subprocess; N intents submitted first, then each is
+Throwaway database + ``python -m workers.sandbox`` subprocess; N intents submitted first, then each is
 dispatched in this process exactly as a worker's task body would (``get_runtime()`` +
 ``dispatch_batch``, ``--batch`` ids per doorbell). Prints wall time per operation and the top functions by cumulative time.
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from bench.pipeline_bench import REDIS_URL, actions_doc
     from bench.scratch_database import ScratchDatabase
-    from sandbox.testing import SandboxProcess
+    from workers.sandbox.testing import SandboxProcess
 
     prefix = f"bench-dprof-{uuid.uuid4().hex[:8]}:"
     r = redis.Redis.from_url(REDIS_URL)
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                     "OUTBOX_DATA_DIR": str(Path(tmp) / "data"),
                 }
             )
-            from outbox.submit import submit
-            from workers.dispatch import dispatch_batch, dispatch_operation
-            from workers.reconcile import reconcile_batch
-            from workers.runtime import get_runtime
+            from outbox.ledger.submit import submit
+            from workers.dispatch.batch import dispatch_batch, dispatch_operation
+            from workers.reconcile.batch import reconcile_batch
+            from workers.wiring.runtime import get_runtime
 
             rt = get_runtime()
             ids = []
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.reconcile:  # only what was looked up: a breaker opened by the 504s leaves some unsent
                 from sqlalchemy import func, select
 
-                from outbox.models import Attempt
+                from outbox.ledger.models import Attempt
 
                 with rt.sessions() as s:
                     done = s.execute(select(func.count()).where(Attempt.kind == "lookup")).scalar_one()

@@ -116,18 +116,18 @@ def _ledger_worker(
     url: str, worker: str, claim_limit: int, pre_ping: bool, barrier: Any, results: Any, loop: str = "ledger"
 ) -> None:
 
-    from outbox.claims import claim_due
-    from outbox.db import make_engine, make_sessionmaker
-    from outbox.ledger_connection import LedgerConnection
-    from outbox.states import AttemptClass, Status
-    from outbox.transitions import AttemptReport, finalize_if_fenced
+    from outbox.ledger.claims import claim_due
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from outbox.ledger.hot_path import LedgerConnection
+    from outbox.ledger.states import AttemptClass, Status
+    from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 
     engine = make_engine(url, pool_size=1, max_overflow=1, pool_pre_ping=pre_ping)
     report = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_x")
     if loop == "ledger (sessions)":
         sessions = make_sessionmaker(engine)
         claim_tx, finalize_tx = sessions.begin, sessions.begin
-    else:  # what a worker does (workers/dispatch.py): its own connection, one statement each
+    else:  # what a worker does (workers/dispatch/batch.py): its own connection, one statement each
         ledger = LedgerConnection(engine)
         claim_tx, finalize_tx = ledger.one_statement, ledger.one_statement
     with claim_tx() as s:  # connect outside the measured span

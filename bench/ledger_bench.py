@@ -2,7 +2,7 @@
 
 Measures, in a throwaway database (created, migrated, dropped even on Ctrl-C):
 
-1. submit: intents/s with ``outbox.submit.submit``, one intent per transaction and batched;
+1. submit: intents/s with ``outbox.ledger.submit.submit``, one intent per transaction and batched;
 2. claim+finalize: operations/s with 1, 2 and 4 worker processes draining a pre-filled backlog
    through ``claim_due`` + ``finalize_if_fenced`` (two transactions per operation), beside a bare
    ``FOR UPDATE SKIP LOCKED`` loop with the same two commits on a table of the same shape, and
@@ -62,8 +62,8 @@ def _intent(i: int, run: str) -> dict[str, Any]:
 
 def bench_submit(url: str, n: int, batch: int, run: str, pre_ping: bool = False, warmup: int = 20) -> float:
     """Intents per second, ``batch`` submits per transaction, in this process (one connection)."""
-    from outbox.db import make_engine, make_sessionmaker
-    from outbox.submit import submit
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from outbox.ledger.submit import submit
 
     engine = make_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=pre_ping)
     sessions = make_sessionmaker(engine)
@@ -168,7 +168,7 @@ def drain_once(
 
 
 def _label(loop: str, pre_ping: bool) -> str:
-    # The product's default engine has no pre-ping (outbox/db.py); the variant shows its cost.
+    # The product's default engine has no pre-ping (outbox/ledger/db.py); the variant shows its cost.
     return "ledger (pre_ping on)" if loop == "ledger" and pre_ping else loop
 
 

@@ -255,7 +255,7 @@ def restart_postgres() -> None:
 
 
 def _due_count(sessions: sessionmaker[Session]) -> int:
-    from outbox.models import Operation
+    from outbox.ledger.models import Operation
 
     with sessions() as s:
         return int(
@@ -268,7 +268,7 @@ def _due_count(sessions: sessionmaker[Session]) -> int:
 
 
 def _last_settled(session: Session, n: int = 5) -> list[dict[str, Any]]:
-    from outbox.models import Attempt, Operation
+    from outbox.ledger.models import Attempt, Operation
 
     last = session.execute(select(Operation).order_by(Operation.updated_at.desc()).limit(n)).scalars().all()
     out = []
@@ -327,9 +327,9 @@ def run_liveness(
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     clean = scenario == "clean"
-    from outbox.models import Attempt, Operation
-    from workers.celery_app import make_app
-    from workers.doorbell import Doorbell
+    from outbox.ledger.models import Attempt, Operation
+    from workers.relay.doorbell import Doorbell
+    from workers.wiring.celery_app import make_app
 
     result = LivenessResult(ScaleResult(seed=seed, intents=intents, workers=2), scenario=scenario, backlog=backlog)
     rng = random.Random(seed)
@@ -504,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         args.keep.mkdir(parents=True, exist_ok=True)
 
     from bench.scratch_database import ScratchDatabase
-    from outbox.db import make_engine, make_sessionmaker
-    from sandbox.testing import SandboxProcess
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from workers.sandbox.testing import SandboxProcess
 
     results: dict[str, LivenessResult] = {}
     for name in SCENARIOS:

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.celery_workers import Workers
     from bench.scratch_database import ScratchDatabase
-    from sandbox.testing import SandboxProcess
+    from workers.sandbox.testing import SandboxProcess
 
     prefix = f"bench-naive-{uuid.uuid4().hex[:8]}:"
     with tempfile.TemporaryDirectory() as tmp, ScratchDatabase() as db, SandboxProcess() as sandbox:

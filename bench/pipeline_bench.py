@@ -3,7 +3,7 @@
 For each repeat, pool (prefork: one worker with ``-c W``; solo: W worker processes) and worker
 count W, in this order so that both sides see the same machine noise:
 
-1. **outbox**: the sandbox provider (``python -m sandbox``, plain path, no faults) as a subprocess,
+1. **outbox**: the sandbox provider (``python -m workers.sandbox``, plain path, no faults) as a subprocess,
    a throwaway PostgreSQL database (created, migrated, dropped), the relay as its own process
    (``agent-outbox relay``, LISTEN/NOTIFY, as deployed; the clock starts only once it holds the
    NOTIFY leader lock), and W real Celery worker processes (``celery -A workers worker``). After a warm-up (2*W operations,
@@ -105,7 +105,7 @@ class Outbox:
     """Sandbox + database + relay process for the whole run; workers per measurement."""
 
     def __init__(self, db_url: str, sandbox_url: str, tmp: Path, prefix: str) -> None:
-        from outbox.db import make_engine, make_sessionmaker
+        from outbox.ledger.db import make_engine, make_sessionmaker
 
         actions = tmp / "actions.yaml"
         actions.write_text(yaml.safe_dump(actions_doc(sandbox_url), sort_keys=False))
@@ -124,7 +124,7 @@ class Outbox:
 
     def start_relay(self, timeout_s: float = 30.0) -> None:
         """``agent-outbox relay`` as its own process (as deployed: no GIL shared with the agents)."""
-        from outbox.drivers.pg_statements import NOTIFY_LEADER_LOCK
+        from outbox.ledger.drivers.pg_statements import NOTIFY_LEADER_LOCK
 
         exe = Path(sys.executable).with_name("agent-outbox")
         self.relay = subprocess.Popen(
@@ -157,7 +157,7 @@ class Outbox:
     def submit_all(self, tenant: str, n: int, batch: int, submitters: int = 1) -> None:
         """N intents, ``batch`` per transaction, from ``submitters`` concurrent threads (agents)."""
         batch = max(1, batch)
-        from outbox.submit import submit
+        from outbox.ledger.submit import submit
 
         def agent(k: int) -> None:
             for first in range(k * batch, n, batch * submitters):
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = (args.pools or ("prefork" if args.quick else "prefork,solo")).split(",")
     repeats = args.repeats or (1 if args.quick else 3)
 
-    from sandbox.testing import SandboxProcess
+    from workers.sandbox.testing import SandboxProcess
 
     root = f"bench-pipe-{uuid.uuid4().hex[:8]}:"
     bare_env = {

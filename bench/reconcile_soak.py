@@ -153,7 +153,7 @@ class Steady:
     def _submit(self, first: int, end: int) -> None:
         from sqlalchemy.exc import DBAPIError
 
-        from outbox.submit import submit
+        from outbox.ledger.submit import submit
 
         names = list(ACTIONS)
         give_up = time.monotonic() + SUBMIT_RETRY_S
@@ -190,8 +190,8 @@ class Sample:
 
 
 def _sample(sessions: sessionmaker[Session], t: float, submitted: int) -> Sample:
-    from outbox.clock import db_age_s
-    from outbox.models import Operation
+    from outbox.ledger.clock import db_age_s
+    from outbox.ledger.models import Operation
 
     unknown = Operation.status == "outcome_unknown"
     with sessions() as s:
@@ -344,7 +344,7 @@ def run_soak(
     OUTBOX_MAX_IN_FLIGHT, to see capacity grow with processes)."""
     import random
 
-    from outbox.models import Attempt, Operation
+    from outbox.ledger.models import Attempt, Operation
 
     result = SoakResult(
         ScaleResult(seed=seed, intents=0, workers=dispatchers),
@@ -489,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.scratch_database import ScratchDatabase
-    from outbox.db import make_engine, make_sessionmaker
-    from sandbox.testing import SandboxProcess
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from workers.sandbox.testing import SandboxProcess
 
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,8 @@ ARGS = {"order_id": "ord-bench", "amount": "12.50", "currency": "EUR"}
 
 
 def _classes() -> dict[str, Any]:
-    from workers.doorbell import Doorbell
-    from workers.relay import Relay
+    from workers.relay.doorbell import Doorbell
+    from workers.relay.loop import Relay
 
     class RecordingDoorbell(Doorbell):
         """Notes when each operation id has been published (after send_task returned)."""
@@ -72,10 +72,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> dict[str, Any]:
-    from outbox.db import make_engine, make_sessionmaker
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from outbox.ledger.submit import submit
     from outbox.settings import Settings
-    from outbox.submit import submit
-    from workers.celery_app import make_app
+    from workers.wiring.celery_app import make_app
 
     c = _classes()
     settings = Settings(database_url=db_url, broker_url=REDIS_URL, broker_key_prefix=prefix)

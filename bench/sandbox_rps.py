@@ -1,6 +1,6 @@
 """Plain-path throughput of the sandbox: POST /v1/refunds with a unique Idempotency-Key each.
 
-Starts `python -m sandbox` in a subprocess on a free port and drives it with `wrk` (Lua script
+Starts `python -m workers.sandbox` in a subprocess on a free port and drives it with `wrk` (Lua script
 for unique keys) when installed, else with an aiohttp client and N concurrent tasks (the Python
 client then shares the 2 cores with the server, so the figure is a lower bound). Checks afterwards
 that the effects ledger counted one effect per successful request.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandbox.testing import SandboxProcess  # noqa: E402
+from workers.sandbox.testing import SandboxProcess  # noqa: E402
 
 BODY = {"order_id": "ord-bench", "amount": "12.50", "currency": "eur", "reason": "bench"}
 

@@ -42,7 +42,7 @@ Invariants checked once quiet (each failure is one violation, described in ``vio
 - I6 at most ``max_attempts`` dispatch attempts sent per operation (ledger) and at most
   ``max_attempts`` POSTs per key (provider); ``attempt_count`` may exceed the cap by one only when
   that last claim found the budget spent and ended the operation without sending (by design,
-  ``workers/outcomes.py`` ``before_send``; counted as ``budget_end_claims``).
+  ``workers/dispatch/outcomes.py`` ``before_send``; counted as ``budget_end_claims``).
 
     .venv/bin/python -m bench.scale_proof [--intents 3000] [--seed 7] [--workers 4] [--quick]
 
@@ -198,7 +198,7 @@ class ScaleResult:
 
 
 def _status_counts(sessions: sessionmaker[Session]) -> Counter[str]:
-    from outbox.models import Operation
+    from outbox.ledger.models import Operation
 
     with sessions() as s:
         return Counter(
@@ -279,7 +279,7 @@ class Burst:
         safe (same key + same arguments = the same operation); receipts count only once committed."""
         from sqlalchemy.exc import DBAPIError
 
-        from outbox.submit import submit
+        from outbox.ledger.submit import submit
 
         names = list(ACTIONS)
         deadline = time.monotonic() + SUBMIT_RETRY_S
@@ -410,9 +410,9 @@ def _check(
     *,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> None:
-    from outbox.models import Attempt, Handoff, Operation, OperationEvent
-    from outbox.report import state_contradictions
-    from outbox.states import Status
+    from outbox.ledger.models import Attempt, Handoff, Operation, OperationEvent
+    from outbox.ledger.states import Status
+    from outbox.reads.report import state_contradictions
 
     v = result.violations
     valid = {s.value for s in Status}
@@ -497,7 +497,7 @@ def _check(
                     v.append(f"I5: {tag}: handoff {h.id} packet lacks {absent}")
         cap = max_attempts if op.max_attempts is None else min(max_attempts, op.max_attempts)
         # Sent = reached (or may have reached) the provider; a claim that found the budget spent
-        # records a not_sent attempt and ends the operation without sending (workers/reconcile.py
+        # records a not_sent attempt and ends the operation without sending (workers/reconcile/batch.py
         # _cap_redispatch: "the next claim ends it failed_before_commit"), so attempt_count may
         # read max_attempts + 1 in exactly that case.
         sent_rows = [a for a in dispatches if a.attempt_class != "not_sent"]
@@ -541,8 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         args.intents = 300
 
     from bench.scratch_database import ScratchDatabase
-    from outbox.db import make_engine, make_sessionmaker
-    from sandbox.testing import SandboxProcess
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from workers.sandbox.testing import SandboxProcess
 
     with (
         ScratchDatabase() as db,

@@ -16,7 +16,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from outbox import migrate
-from outbox.db import make_engine
+from outbox.ledger.db import make_engine
 
 ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

@@ -90,7 +90,7 @@ class StaleFence(OutboxError):
 
 
 class IllegalTransition(OutboxError):
-    """The state machine does not allow this transition (see outbox/states.py)."""
+    """The state machine does not allow this transition (see outbox/ledger/states.py)."""
 
     def __init__(self, operation_id: str, current: str, new: str) -> None:
         super().__init__(f"operation {operation_id}: {current} -> {new} is not an allowed transition")

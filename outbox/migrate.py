@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from outbox.drivers import driver_for
+from outbox.ledger.drivers import driver_for
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 VERSION_TABLE = "outbox_alembic_version"

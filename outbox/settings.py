@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     # reconciliation instead of one operation.
     doorbell_batch: int = Field(default=10, ge=1, le=100)
     # Operations claimed and not yet finalized, per worker process. Calls run off the doorbell
-    # task's thread (workers/in_flight.py), so a slow call holds only itself; this bounds how many
+    # task's thread (workers/dispatch/in_flight.py), so a slow call holds only itself; this bounds how many
     # a process holds at once. A full process takes no doorbell until room frees up (backpressure).
     max_in_flight: int = Field(default=40, ge=1, le=1000)
     task_events: bool = Field(default=False, description="Celery task events from the start (Flower)")
@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     # messages per operation, at most this much added latency). 0 = publish every wake-up at once.
     relay_linger_s: float = Field(default=0.01, ge=0, le=1)
     # A published doorbell not acted on for this long is assumed lost and published again, but
-    # only while the broker holds no dispatch doorbell (queued is not lost: workers/relay.py).
+    # only while the broker holds no dispatch doorbell (queued is not lost: workers/relay/loop.py).
     republish_after_s: float = Field(default=30.0, gt=0)
     # Dispatch doorbells the relay lets the broker hold at once. A doorbell claims whatever is due
     # (up to doorbell_batch), so this only has to keep every worker process busy between two relay
@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     # (status, updated_at) index. One hour matches a typical dashboard range.
     metrics_terminal_window_s: float = Field(default=3600.0, gt=0)
     # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
-    # older than this (outbox/retention.py). Never shorter than the longest provider key retention
+    # older than this (outbox/privacy/retention.py). Never shorter than the longest provider key retention
     # of the actions file (checked at start-up): until the provider forgets a key, the arguments
     # are what a person needs to answer for it.
     args_retention_s: float = Field(default=30 * 86400.0, gt=0)
@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        return f"sqlite:///{(self.data_dir / 'outbox.db').resolve()}"
+        return f"sqlite:///{(self.data_dir / 'outbox.ledger.db').resolve()}"
 
     @property
     def resolved_broker_url(self) -> str:

@@ -1,6 +1,6 @@
 """Test-only helpers: time as an input. Never imported by product code.
 
-The ledger's clock is the database's (``outbox.clock.db_now``), so a test cannot move it by
+The ledger's clock is the database's (``outbox.ledger.clock.db_now``), so a test cannot move it by
 patching Python. Every decision the ledger or a worker takes about time compares a stored
 timestamp with the database's now: a lease has run out, a row is due, a deadline (counted from
 ``created_at``) has passed, a settle window (counted from the last attempt) is over. Moving every
@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from sqlalchemy import Column, DateTime, Engine, Table, select, update
 from sqlalchemy.orm import Session
 
-from outbox.clock import as_utc, to_db
-from outbox.models import Base, Operation, core_table
+from outbox.ledger.clock import as_utc, to_db
+from outbox.ledger.models import Base, Operation, core_table
 
 __all__ = ["advance_ledger_clock", "ledger_timestamp_columns"]
 

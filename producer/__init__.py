@@ -24,8 +24,8 @@ Or let the outbox open the transaction: ``Outbox.from_settings().submit(...)`` /
 from __future__ import annotations
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
-from outbox.runs import RunReceipt, submit_run
-from outbox.submit import Receipt, submit
+from outbox.ledger.submit import Receipt, submit
+from outbox.runs.lifecycle import RunReceipt, submit_run
 from producer.client import Outbox
 
 __all__ = [

@@ -7,18 +7,18 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.db import make_engine, make_sessionmaker
-from outbox.provider_keys import KeyRules
-from outbox.run_spec import StepRules
-from outbox.runs import RunReceipt, submit_run
+from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.submit import Receipt, submit
+from outbox.runs.lifecycle import RunReceipt, submit_run
+from outbox.runs.spec import StepRules
 from outbox.settings import Settings, load_settings
-from outbox.submit import Receipt, submit
 
 
 class Outbox:
     """Holds an engine on the ledger; ``submit`` commits one intent in its own transaction.
 
-    ``key_rules``: the actions file (downstream.actions.ActionsConfig), so each action's
+    ``key_rules``: the actions file (workers.provider.actions.ActionsConfig), so each action's
     ``provider_key`` template applies; None: the default ``{tenant}:{idempotency_key}``.
     """
 
@@ -56,6 +56,6 @@ def key_rules_for(settings: Settings) -> StepRules | None:
     by OUTBOX_ACTIONS_FILE, or None. The targets' secrets are neither needed nor read."""
     if settings.actions_file is None:
         return None
-    from downstream.intent_rules import load_intent_rules
+    from outbox.actions.rules import load_intent_rules
 
     return load_intent_rules(settings.actions_file)

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import migrate
-from outbox.db import make_engine, make_sessionmaker
+from outbox.ledger.db import make_engine, make_sessionmaker
 
 # docker-compose.yml's postgres, as published on 127.0.0.1 (its redis is the default below).
 COMPOSE_PG_URL = "postgresql+psycopg://outbox:outbox@127.0.0.1:5432/outbox"
@@ -95,7 +95,7 @@ def pg_database_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def sqlite_database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path: Path = tmp_path_factory.mktemp("ledger") / "outbox.db"
+    path: Path = tmp_path_factory.mktemp("ledger") / "outbox.ledger.db"
     url = f"sqlite:///{path}"
     engine = make_engine(url)
     migrate.upgrade(engine)
@@ -135,13 +135,13 @@ def _record_moves(engine: Engine) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from outbox.states import ALLOWED
+    from outbox.ledger.states import ALLOWED
 
     allowed = {(a.value, b.value) for a, b in ALLOWED}
     unlisted = sorted(_MOVES_TAKEN - allowed)
     if unlisted:
         session.config.get_terminal_writer().line(
-            f"moves taken in this run that outbox/states.py ALLOWED does not list: {unlisted}", red=True
+            f"moves taken in this run that outbox/ledger/states.py ALLOWED does not list: {unlisted}", red=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -206,7 +206,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[Any]:
-    from sandbox.testing import SandboxServer
+    from workers.sandbox.testing import SandboxServer
 
     with SandboxServer(seed=1) as server:
         yield server

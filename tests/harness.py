@@ -24,9 +24,9 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.models import Attempt, Operation
+from outbox.ledger.models import Attempt, Operation
+from outbox.ledger.submit import Receipt, submit
 from outbox.settings import Settings
-from outbox.submit import Receipt, submit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -276,12 +276,12 @@ class Pipeline:
         return worker
 
     def start_relay(self, *, poll_s: float = 0.1, republish_after_s: float = 2.0, evidence_sink: Any = None) -> Any:
-        """evidence_sink: an outbox.evidence.EvidenceSink on a separate database, so the relay
+        """evidence_sink: an outbox.evidence.sinks.EvidenceSink on a separate database, so the relay
         backfills committed_evidence_degraded operations (as the real relay does when
         OUTBOX_EVIDENCE_URL is set)."""
-        from workers.celery_app import make_app
-        from workers.doorbell import Doorbell
-        from workers.relay import Relay
+        from workers.relay.doorbell import Doorbell
+        from workers.relay.loop import Relay
+        from workers.wiring.celery_app import make_app
 
         app = make_app(self.settings())
         self._relay = Relay(
@@ -363,7 +363,7 @@ class Pipeline:
     def advance_to_due(self, operation_id: str) -> float:
         """Move this operation's clock (only) to its next due time (``next_attempt_at``), so the
         relay rings it at once; returns the seconds moved (0 if it was due already)."""
-        from outbox.clock import as_utc, db_now
+        from outbox.ledger.clock import as_utc, db_now
 
         with self.sessions() as s:
             due, now = s.execute(select(Operation.next_attempt_at, db_now()).where(Operation.id == operation_id)).one()
@@ -449,7 +449,7 @@ class PrivateRedis:
     """
 
     def __init__(self, tmp: Path, port: int | None = None) -> None:
-        from sandbox.testing import free_port
+        from workers.sandbox.testing import free_port
 
         self.tmp = tmp
         self.port = port or free_port()

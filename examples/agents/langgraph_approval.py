@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from offline import REFUND, offline  # noqa: E402
 
-from agent_tools.calls import ToolCaller  # noqa: E402
-from agent_tools.langgraph import outbox_node  # noqa: E402
+from producer.agents.calls import ToolCaller  # noqa: E402
+from producer.agents.langgraph import outbox_node  # noqa: E402
 
 APPROVAL = {"required": "always", "ttl_s": 600, "policy_version": "refunds-v1"}
 

@@ -30,7 +30,7 @@ META = {"agent-outbox/scope": "conversation-1"}
 async def host() -> None:
     server = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "commands.main", "mcp", "--tenant", "demo"],
+        args=["-m", "workers.cli.main", "mcp", "--tenant", "demo"],
         env=dict(os.environ),
         cwd=str(ROOT),
     )

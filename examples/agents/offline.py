@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from agent_tools.calls import ToolCaller
-from downstream.intent_rules import load_intent_rules
+from outbox.actions.rules import load_intent_rules
+from producer.agents.calls import ToolCaller
 from producer.client import Outbox
 
 REFUND = "payments.refund.create"
@@ -51,8 +51,8 @@ def offline(*, approval: dict[str, Any] | None = None, tenant: str = "demo") -> 
     """(a ToolCaller for ``tenant``, the sandbox). Uses the OUTBOX_* settings already in the
     environment when OUTBOX_ACTIONS_FILE is set (the tests' PostgreSQL pipeline); otherwise starts
     everything here, offline."""
-    from commands.ledger import open_engine
     from outbox.settings import load_settings
+    from workers.cli.ledger import open_engine
 
     if os.environ.get("OUTBOX_ACTIONS_FILE"):
         settings = load_settings()
@@ -67,8 +67,8 @@ def offline(*, approval: dict[str, Any] | None = None, tenant: str = "demo") -> 
             outbox.close()
         return
 
-    from commands.pipeline import Pipeline
-    from sandbox.testing import SandboxServer
+    from workers.cli.pipeline import Pipeline
+    from workers.sandbox.testing import SandboxServer
 
     with SandboxServer(seed=1) as sandbox, tempfile.TemporaryDirectory() as tmp:
         doc = {

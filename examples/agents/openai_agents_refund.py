@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from offline import REFUND, offline  # noqa: E402
 
-from agent_tools.openai_agents import OutboxTools, tool_name  # noqa: E402
+from producer.agents.openai_agents import OutboxTools, tool_name  # noqa: E402
 
 ARGS = {"order_id": "o-81", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from outbox.models import Base
+from outbox.ledger.models import Base
 
 config = context.config
 

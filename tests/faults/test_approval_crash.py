@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from downstream.actions import load_actions
-from outbox.approvals import history
-from outbox.models import OperationEvent
-from outbox.states import EventKind, Status
+from outbox.approvals.decisions import history
+from outbox.ledger.models import OperationEvent
+from outbox.ledger.states import EventKind, Status
 from tests.faults.test_dispatch_faults import holds
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, ROOT, action, actions_doc, pk, wait_for
 from tests.integration.test_tenants import _cli
+from workers.provider.actions import load_actions
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -152,7 +152,7 @@ def test_relay_killed_when_the_approval_commits(pipe, sandbox):
     pipe.start_worker()
     log = open(pipe.tmp / "relay.log", "wb")
     relay = subprocess.Popen(
-        [sys.executable, "-m", "commands.main", "relay"],
+        [sys.executable, "-m", "workers.cli.main", "relay"],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env | {"OUTBOX_RELAY_POLL_S": "0.1"},
         stdout=log,

@@ -3,11 +3,11 @@
 Every operation must still end with one effect at the sandbox, and a broker outage must be
 reported like every other outage: one WARNING per process, never an ERROR (ERROR is for final
 failures, and this run has none). Two things stand in the way. Celery logs an ERROR per
-reconnection attempt ("consumer: Cannot connect to redis://..."; workers/broker_outage.py), and
+reconnection attempt ("consumer: Cannot connect to redis://..."; workers/wiring/broker_outage.py), and
 each outage here outlasts the first attempt, so that one shows every time. And kombu's Redis
 channel, when an outage catches acks_late tasks in flight, stops the worker's main process
 ("Unrecoverable error: AttributeError ... 'hostname'", then "Error on stopping Hub" as it shuts
-down; workers/broker_transport.py): the kills land while reconcile tasks, whose lookups are
+down; workers/wiring/broker_transport.py): the kills land while reconcile tasks, whose lookups are
 slowed, hold unacknowledged messages, which gives that race a chance at each of the four. The
 test runs its own redis-server, never the shared one.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.harness import ROOT, PrivateRedis, WorkerProc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -40,7 +40,7 @@ OUTAGES = 4
 DOWN_S = 1.0  # longer than Celery's first reconnection attempt (at once), shorter than its second (2 s)
 UP_S = 2.5  # time for every worker to reconnect (it retries 2 s after the first failed attempt)
 
-# A record's first line, in Celery's worker format and in the CLI's (commands/main.py).
+# A record's first line, in Celery's worker format and in the CLI's (workers/cli/main.py).
 _RECORD = re.compile(r"^\[[^\]]*: (?P<w>[A-Z]+)/[^\]]*\]|^\d{4}-\d\d-\d\d [\d:,]+ (?P<c>[A-Z]+) ")
 
 
@@ -69,7 +69,7 @@ def relay_process(pipe: Any, private_redis: PrivateRedis, tmp_path: Path) -> Ite
     def start() -> tuple[subprocess.Popen[bytes], Path]:
         log_path = tmp_path / "relay.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "commands.main", "-v", "relay"],
+            [sys.executable, "-m", "workers.cli.main", "-v", "relay"],
             cwd=ROOT,
             env=dict(os.environ) | pipe.env,
             stdout=open(log_path, "wb"),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.harness import action, actions_doc, pk
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.harness import CLOCK_LEASE, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -286,8 +286,8 @@ def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandb
 
 
 def test_doorbell_rung_ten_times_by_two_publishers_claims_once(pipe, sandbox):
-    from workers.celery_app import make_app
-    from workers.doorbell import Doorbell
+    from workers.relay.doorbell import Doorbell
+    from workers.wiring.celery_app import make_app
 
     key = "f19-doorbell"
     w1, w2 = pipe.start_worker("w1"), pipe.start_worker("w2")

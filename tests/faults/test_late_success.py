@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.harness import CLOCK_LEASE, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.harness import CLOCK_LEASE, action, actions_doc, pk
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

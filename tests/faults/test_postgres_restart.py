@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.conftest import PG_ADMIN_URL
 from tests.harness import pk, wait_for
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from outbox.models import Operation
-from outbox.states import Status
+from outbox.ledger.models import Operation
+from outbox.ledger.states import Status
 from tests.harness import PrivateRedis, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from outbox.models import OperationEvent
-from outbox.states import EventKind, Status
+from outbox.ledger.models import OperationEvent
+from outbox.ledger.states import EventKind, Status
 from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
 from tests.integration.test_runs import _run, _wait_run
 from tests.integration.test_tenants import _cli
@@ -55,7 +55,7 @@ def _step_op(pipe: Any, run_id: str, name: str) -> dict[str, Any] | None:
 def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_is_sent(
     pipe, sandbox, where, compensate
 ):
-    from outbox.runs import submit_run
+    from outbox.runs.lifecycle import submit_run
     from producer.client import key_rules_for
 
     run_key = f"late-{where.replace('_', '-')}-{'comp' if compensate else 'keep'}"
@@ -155,7 +155,7 @@ def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_
     assert sandbox.duplicates() == []
     steps = {s["name"]: s for s in final["steps"]}
     assert steps["reserve"]["operation"] is None and steps["reserve"]["state"] == "not_sent"
-    # A run cancelled with compensation ends cancelled (outbox/run_states.py), its steps undone.
+    # A run cancelled with compensation ends cancelled (outbox/runs/states.py), its steps undone.
     assert final["status"] == "cancelled", final["reason"]
     if compensate:
         comp = steps["order"]["compensation"]["operation"]

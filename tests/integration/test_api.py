@@ -26,7 +26,7 @@ REFUND = "payments.refund.create"
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "commands.main", *args],
+        [sys.executable, "-m", "workers.cli.main", *args],
         cwd=ROOT,
         env=dict(os.environ) | env,
         capture_output=True,
@@ -59,7 +59,7 @@ def _serve(pipe: Any, *args: str, **settings: str) -> Iterator[Api]:
     env = pipe.env | settings
     log = open(pipe.tmp / f"api-{port}.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commands.main", "serve", "--port", str(port), "--log-level", "warning", *args],
+        [sys.executable, "-m", "workers.cli.main", "serve", "--port", str(port), "--log-level", "warning", *args],
         cwd=ROOT,
         env=dict(os.environ) | env,
         stdout=log,
@@ -289,7 +289,7 @@ def test_several_server_processes_share_the_ledger_and_answer_keep_alive_request
     import time
 
     refused = subprocess.run(
-        [sys.executable, "-m", "commands.main", "serve", "--port", "0", "--workers", "2"],
+        [sys.executable, "-m", "workers.cli.main", "serve", "--port", "0", "--workers", "2"],
         cwd=ROOT,
         env={k: v for k, v in (dict(os.environ) | pipe.env).items() if k != "OUTBOX_CONSOLE_SECRET"},
         capture_output=True,

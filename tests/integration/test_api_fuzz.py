@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from outbox.states import Status
+from outbox.ledger.states import Status
 from tests.harness import action, actions_doc
 from tests.integration.test_api import Api, _intent, _key, _serve
 

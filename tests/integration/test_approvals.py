@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from downstream.actions import load_actions
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, pk, wait_for
 from tests.integration.test_tenants import _cli
+from workers.provider.actions import load_actions
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 BIG = dict(REFUND_ARGS, amount="900.00")

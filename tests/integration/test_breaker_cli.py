@@ -13,7 +13,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from outbox.models import OperationEvent
+from outbox.ledger.models import OperationEvent
 from tests.harness import REFUND_ARGS, ROOT, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 def _cli(pipe: Any, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "commands.main", "breaker", *args],
+        [sys.executable, "-m", "workers.cli.main", "breaker", *args],
         cwd=ROOT,
         env=env or (dict(os.environ) | pipe.env),
         capture_output=True,

@@ -19,8 +19,8 @@ import redis
 from sqlalchemy import func, select
 
 from breaker import BreakerStatus, status
-from outbox.clock import db_now
-from outbox.models import Attempt, Operation, OperationEvent
+from outbox.ledger.clock import db_now
+from outbox.ledger.models import Attempt, Operation, OperationEvent
 from tests.harness import REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -367,8 +367,8 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
     rings several parking levels at once): the probe must not drain the one with the least left."""
     from sqlalchemy import update
 
-    from workers.dispatch import dispatch_batch
-    from workers.runtime import build_runtime
+    from workers.dispatch.batch import dispatch_batch
+    from workers.wiring.runtime import build_runtime
 
     reset_s = 60.0  # passes only when the test moves the breaker's clock
     pipe.write_actions(_actions(sandbox.url, fail_max=1, reset_s=reset_s, max_attempts=6))
@@ -398,8 +398,8 @@ def test_a_doorbell_that_claims_other_due_operations_asks_the_breaker_once(tmp_p
     are asked once, as for the ids a doorbell rings. Counted on a private Redis: every breaker
     decision and record is one EVALSHA."""
     from tests.harness import PrivateRedis
-    from workers.celery_app import make_app
-    from workers.doorbell import Doorbell
+    from workers.relay.doorbell import Doorbell
+    from workers.wiring.celery_app import make_app
 
     private = PrivateRedis(tmp_path).start()
     try:

@@ -1,4 +1,4 @@
-"""The Redis transport the Celery app installs (workers/broker_transport.py), against a real Redis.
+"""The Redis transport the Celery app installs (workers/wiring/broker_transport.py), against a real Redis.
 
 kombu's own transport answers a request on a channel whose connection was collected with
 ``AttributeError: 'NoneType' object has no attribute 'hostname'`` (celery/kombu#582, #970), which no
@@ -15,8 +15,8 @@ import pytest
 import redis.exceptions
 
 from outbox.settings import Settings
-from workers import broker_transport
-from workers.celery_app import make_app
+from workers.wiring import broker_transport
+from workers.wiring.celery_app import make_app
 
 pytestmark = [pytest.mark.redis]
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from outbox.models import Operation
+from outbox.ledger.models import Operation
 from tests.harness import action, actions_doc, wait_for
 from tests.integration.test_api import _key, _serve
 from tests.integration.test_tenants import SECRET_CARD, SECRET_EMAIL, SECRET_TOKEN

@@ -1,6 +1,6 @@
 """The `agent-outbox` CLI as a real subprocess, on the embedded default (SQLite) and on PostgreSQL.
 
-Exit codes are a contract (commands/main.py): 0 done, 1 failed at run time, 2 invalid input,
+Exit codes are a contract (workers/cli/main.py): 0 done, 1 failed at run time, 2 invalid input,
 3 idempotency conflict. After every bad input, nothing already stored may change.
 Independent invocations run in parallel: each pays ~1 s of interpreter start-up.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from outbox.envelope import build_envelope
+from outbox.ledger.envelope import build_envelope
 
 CLI_TIMEOUT_S = 60.0  # far above a normal run (~1-2 s); a hang fails the test instead of the run
 FIELDS = {
@@ -43,7 +43,7 @@ class Cli:
     def start(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Any:
         full_env = {k: v for k, v in (self.env | (env or {})).items() if v is not None}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "commands.main", *args],
+            [sys.executable, "-m", "workers.cli.main", *args],
             cwd=self.cwd,
             env=full_env,
             stdin=subprocess.PIPE,
@@ -85,7 +85,7 @@ def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
     if request.param == "postgres":
         url = request.getfixturevalue("pg_ledger").url  # migrated and emptied
     else:
-        url = f"sqlite:///{tmp_path / 'fresh' / 'outbox.db'}"  # nothing there yet: migrate creates it
+        url = f"sqlite:///{tmp_path / 'fresh' / 'outbox.ledger.db'}"  # nothing there yet: migrate creates it
     return Cli(tmp_path, _base_env(tmp_path) | {"OUTBOX_DATABASE_URL": url})
 
 
@@ -292,7 +292,7 @@ def test_demo_runs_on_the_embedded_default_in_an_empty_folder(tmp_path: Path) ->
     cli = Cli(tmp_path, _base_env(tmp_path))  # OUTBOX_DATABASE_URL unset: the embedded default
     demo = cli("demo", "--intents", "3")
     assert demo.returncode == 0, demo.stderr[-3000:]
-    assert (tmp_path / "data" / "outbox.db").exists()
+    assert (tmp_path / "data" / "outbox.ledger.db").exists()
 
 
 def test_demo_says_when_its_worker_dies_and_exits_non_zero(
@@ -300,8 +300,8 @@ def test_demo_says_when_its_worker_dies_and_exits_non_zero(
 ) -> None:
     """A pipeline process that ends early is named, with its exit code and its last lines; the demo
     fails; no figure goes negative. (The worker here is a real process that dies at once.)"""
-    from commands import main as cli_main
-    from commands import pipeline
+    from workers.cli import main as cli_main
+    from workers.cli import pipeline
 
     for name in [k for k in os.environ if k.startswith("OUTBOX_")]:
         monkeypatch.delenv(name)
@@ -326,8 +326,8 @@ def test_demo_says_when_its_worker_dies_and_exits_non_zero(
 def test_run_stops_and_says_so_when_its_worker_dies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from commands import main as cli_main
-    from commands import pipeline
+    from workers.cli import main as cli_main
+    from workers.cli import pipeline
 
     for name in [k for k in os.environ if k.startswith("OUTBOX_")]:
         monkeypatch.delenv(name)

@@ -15,15 +15,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from downstream.actions import ActionsConfig, parse_actions
-from downstream.connectors import (
+from outbox.ledger.states import AttemptClass
+from workers.provider.actions import ActionsConfig, parse_actions
+from workers.provider.connectors import (
     ConnectorSet,
     HttpConnector,
     LookupNotDeclared,
     register_connector,
     unregister_connector,
 )
-from outbox.states import AttemptClass
 
 A = AttemptClass
 TIMEOUT_S = 0.3  # the stall handler sleeps past this

@@ -193,6 +193,6 @@ def test_an_operator_settles_what_automation_cannot(pipe, sandbox, chromium):
 
 
 def _rules(pipe: Any) -> Any:
-    from downstream.actions import load_actions
+    from workers.provider.actions import load_actions
 
     return load_actions(pipe.env["OUTBOX_ACTIONS_FILE"])

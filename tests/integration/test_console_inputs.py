@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.keys import create_key
+from outbox.access.keys import create_key
 from outbox.settings import Settings
+from workers.server.app import create_app
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 def cli(pipe, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ) | pipe.env
     return subprocess.run(
-        [sys.executable, "-m", "commands.main", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "workers.cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
 
 

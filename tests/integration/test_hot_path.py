@@ -15,14 +15,14 @@ import pytest
 import redis
 from sqlalchemy import select, text, update
 
-from outbox.claims import claim_due
-from outbox.clock import db_now
 from outbox.errors import StaleFence
-from outbox.ledger_connection import LedgerConnection
-from outbox.models import Attempt, Operation
-from outbox.states import AttemptClass, Status
-from outbox.submit import submit
-from outbox.transitions import AttemptReport, Finalize, finalize_if_fenced, finalize_many_if_fenced
+from outbox.ledger.claims import claim_due
+from outbox.ledger.clock import db_now
+from outbox.ledger.hot_path import LedgerConnection
+from outbox.ledger.models import Attempt, Operation
+from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, Finalize, finalize_if_fenced, finalize_many_if_fenced
 
 ARGS = {"order_id": "o-1", "amount": "10.00", "currency": "EUR"}
 OK = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_1")
@@ -66,7 +66,7 @@ def test_a_batch_finalize_refuses_only_the_operation_whose_token_is_stale(ledger
     stale = claims[1]
     with ledger.sessions.begin() as s:  # another worker took operation 2 after our lease ran out
         s.execute(update(Operation).where(Operation.id == stale.operation_id).values(lease_expires_at=db_now(-1)))
-    from outbox.leases import expire_leases
+    from outbox.ledger.leases import expire_leases
 
     with ledger.sessions.begin() as s:
         assert expire_leases(s) == [stale.operation_id]
@@ -115,9 +115,9 @@ def _queued_ids(client: redis.Redis, queue: str) -> list[str]:
 
 
 def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by_its_tick(pipe):
-    from workers.celery_app import make_app
-    from workers.doorbell import Doorbell
-    from workers.relay import Relay
+    from workers.relay.doorbell import Doorbell
+    from workers.relay.loop import Relay
+    from workers.wiring.celery_app import make_app
 
     client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])
     queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "dispatch"
@@ -156,9 +156,9 @@ def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by
 def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once_the_grace_is_over(pipe):
     """Under load the ticks used to race the listener and ring fresh ids a second time; rows due
     before the relay began leading (nobody rang them from NOTIFY) are not left waiting."""
-    from workers.celery_app import make_app
-    from workers.doorbell import Doorbell
-    from workers.relay import NOTIFIED_GRACE_S, Relay
+    from workers.relay.doorbell import Doorbell
+    from workers.relay.loop import NOTIFIED_GRACE_S, Relay
+    from workers.wiring.celery_app import make_app
 
     client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])
     queue = pipe.env["OUTBOX_BROKER_KEY_PREFIX"] + "dispatch"

@@ -60,7 +60,7 @@ def test_interrupted_for_approval_resumed_in_a_new_process_one_effect(pipe, sand
     assert len(sandbox.effects(key=pk(key))) == 1 and len(sandbox.effects()) == 1
     shown = pipe.op(question["operation_id"])
     assert shown.status == "succeeded"
-    from outbox import approvals
+    from outbox.approvals import decisions as approvals
 
     with pipe.sessions() as s:
         [record] = approvals.history(s, question["operation_id"])
@@ -76,9 +76,9 @@ def test_a_resume_naming_another_operation_is_asked_again_and_approves_nothing(p
     sys.path.insert(0, str(EXAMPLE.parent))
     from langgraph_approval import build  # type: ignore[import-not-found]
 
-    from agent_tools.calls import ToolCaller
-    from downstream.intent_rules import load_intent_rules
-    from outbox import approvals
+    from outbox.actions.rules import load_intent_rules
+    from outbox.approvals import decisions as approvals
+    from producer.agents.calls import ToolCaller
     from producer.client import Outbox
 
     refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])

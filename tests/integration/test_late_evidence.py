@@ -1,4 +1,4 @@
-"""Evidence wins (outbox/late_evidence.py), on SQLite and PostgreSQL: a success that a worker got
+"""Evidence wins (outbox/evidence/late.py), on SQLite and PostgreSQL: a success that a worker got
 after losing its lease settles the operation, and a "no effect" state is never kept beside one.
 
 The processes and the provider are played by the ledger calls they make; tests/faults/
@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from outbox.claims import Claim, claim_due, claim_unknown
-from outbox.clock import db_now
 from outbox.errors import IllegalTransition, StaleFence
-from outbox.evidence import EvidenceSink
-from outbox.late_evidence import CONTRADICTION_EVENT, LATE_EVIDENCE_EVENT, apply_unapplied, unapplied
-from outbox.leases import expire_leases
-from outbox.models import Attempt, Evidence, Handoff, Operation, OperationEvent
-from outbox.report import state_contradictions
-from outbox.settlement import settle_if_fenced
-from outbox.states import AttemptClass, Status
-from outbox.submit import submit
-from outbox.transitions import AttemptReport, finalize_if_fenced, request_cancel
+from outbox.evidence.late import CONTRADICTION_EVENT, LATE_EVIDENCE_EVENT, apply_unapplied, unapplied
+from outbox.evidence.settlement import settle_if_fenced
+from outbox.evidence.sinks import EvidenceSink
+from outbox.ledger.claims import Claim, claim_due, claim_unknown
+from outbox.ledger.clock import db_now
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import Attempt, Evidence, Handoff, Operation, OperationEvent
+from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
+from outbox.reads.report import state_contradictions
 
 INTENT = dict(
     tenant="acme",

@@ -8,17 +8,17 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from outbox.claims import claim_due, claim_unknown, extend_lease_if_fenced
-from outbox.clock import db_now
 from outbox.errors import IdempotencyConflict, IllegalTransition, InvalidIntent, StaleFence
-from outbox.leases import expire_leases
-from outbox.models import Attempt, Operation, OperationEvent
-from outbox.queries import explain
-from outbox.settlement import resolve_by_person, settle_if_fenced
-from outbox.states import AttemptClass, Status
-from outbox.submit import submit
+from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
+from outbox.ledger.claims import claim_due, claim_unknown, extend_lease_if_fenced
+from outbox.ledger.clock import db_now
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import Attempt, Operation, OperationEvent
+from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
+from outbox.reads.queries import explain
 from outbox.testing import advance_ledger_clock
-from outbox.transitions import AttemptReport, finalize_if_fenced, request_cancel
 
 INTENT = dict(
     tenant="acme",
@@ -424,7 +424,7 @@ def test_batched_settlements_write_what_one_settlement_writes(ledger, to, report
     """The reconciler settles a batch in one statement per operation (settle_many_if_fenced, issue
     14); the rows it leaves must be those settle_if_fenced leaves, and a stale member of the batch
     is refused alone, its lookup kept as evidence."""
-    from outbox.settlement import Settle, settle_many_if_fenced
+    from outbox.evidence.settlement import Settle, settle_many_if_fenced
 
     ids = [_submit(ledger, idempotency_key=f"batch-{n}").operation_id for n in range(3)]
     claims = _claim(ledger, limit=3)
@@ -492,8 +492,8 @@ def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from outbox.drivers import pg_statements as sql
-    from outbox.planner_stats import PlannerStats
+    from outbox.ledger.drivers import pg_statements as sql
+    from outbox.ledger.planner_stats import PlannerStats
 
     with pg_ledger.engine.begin() as conn:
         conn.execute(text("ANALYZE operations"))  # analyzed while empty, as on a new deployment
@@ -538,8 +538,8 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from outbox.drivers import pg_statements as sql
-    from outbox.states import AttemptKind
+    from outbox.ledger.drivers import pg_statements as sql
+    from outbox.ledger.states import AttemptKind
 
     with pg_ledger.sessions.begin() as s:
         for n in range(2000):

@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import DateTime, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from outbox.claims import claim_due
-from outbox.clock import as_utc, db_now
-from outbox.handoffs import open_handoff
-from outbox.leases import expire_leases
-from outbox.models import (
+from outbox.evidence.handoffs import open_handoff
+from outbox.ledger.claims import claim_due
+from outbox.ledger.clock import as_utc, db_now
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import (
     ApiKey,
     Approval,
     Attempt,
@@ -34,10 +34,10 @@ from outbox.models import (
     Run,
     core_table,
 )
-from outbox.states import AttemptClass, Status
-from outbox.submit import submit
+from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.testing import advance_ledger_clock, ledger_timestamp_columns
-from outbox.transitions import AttemptReport, finalize_if_fenced
 from tests.harness import wait_for
 
 INTENT = dict(
@@ -307,7 +307,7 @@ def test_no_product_code_imports_the_test_helpers():
     )
     offenders = [
         str(path.relative_to(root))
-        for package in ("outbox", "workers", "breaker", "producer", "commands", "sandbox", "bench", "examples")
+        for package in ("outbox", "workers", "breaker", "producer", "bench", "examples")
         for path in (root / package).rglob("*.py")
         if path != root / "outbox" / "testing.py"
         for line in path.read_text().splitlines()

@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from outbox.claims import claim_due, claim_unknown
-from outbox.db import make_sessionmaker
 from outbox.errors import IdempotencyConflict, StaleFence
-from outbox.leases import expire_leases
-from outbox.models import Attempt, Operation
-from outbox.settlement import settle_if_fenced
-from outbox.states import AttemptClass, Status
-from outbox.submit import submit
+from outbox.evidence.settlement import settle_if_fenced
+from outbox.ledger.claims import claim_due, claim_unknown
+from outbox.ledger.db import make_sessionmaker
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import Attempt, Operation
+from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.testing import advance_ledger_clock
-from outbox.transitions import AttemptReport, finalize_if_fenced
 
 ROUNDS = 20
 JOIN_TIMEOUT_S = 30.0  # far above any lock wait here; a hang must fail the test, not the run

@@ -18,19 +18,19 @@ import pytest
 from sqlalchemy import select, update
 
 from breaker import Open
-from downstream.actions import load_actions
-from outbox import failpoints
-from outbox.claims import claim_due, claim_unknown
-from outbox.clock import db_now
 from outbox.errors import StaleFence
-from outbox.evidence import EvidenceSink, backfill
-from outbox.late_evidence import LATE_EVIDENCE_EVENT, apply_unapplied
-from outbox.leases import expire_leases
-from outbox.models import Attempt, Evidence, Operation, OperationEvent
-from outbox.states import AttemptClass, EventKind, Status, WaitingFor
-from outbox.submit import submit
-from outbox.transitions import AttemptReport, finalize_if_fenced
-from workers.gate import park_while_open_if_due
+from outbox.evidence.late import LATE_EVIDENCE_EVENT, apply_unapplied
+from outbox.evidence.sinks import EvidenceSink, backfill
+from outbox.ledger import failpoints
+from outbox.ledger.claims import claim_due, claim_unknown
+from outbox.ledger.clock import db_now
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import Attempt, Evidence, Operation, OperationEvent
+from outbox.ledger.states import AttemptClass, EventKind, Status, WaitingFor
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
+from workers.dispatch.gate import park_while_open_if_due
+from workers.provider.actions import load_actions
 
 pytestmark = pytest.mark.postgres
 
@@ -208,7 +208,7 @@ def test_breaker_park_then_reset_wakes_only_what_the_breaker_parked(pg_ledger):
         )
     assert _op(pg_ledger, parked).waiting_for == WaitingFor.BREAKER
     assert _op(pg_ledger, retrying).waiting_for == WaitingFor.RETRY_AFTER
-    from outbox.waits import wake_breaker_waits
+    from outbox.ledger.waits import wake_breaker_waits
 
     with pg_ledger.sessions.begin() as s:
         assert wake_breaker_waits(s, ["payments.refund.create"], reason="reset by ops", actor="ops") == [parked]

@@ -39,7 +39,7 @@ def _actions(pipe: Any, sandbox: Any) -> None:
 def _stdio(pipe: Any, *extra: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "commands.main", "mcp", "--tenant", "t1", *extra],
+        args=["-m", "workers.cli.main", "mcp", "--tenant", "t1", *extra],
         env=dict(os.environ) | pipe.env,
         cwd=str(ROOT),
     )
@@ -122,7 +122,7 @@ def _http_server(pipe: Any) -> Iterator[str]:
         port = s.getsockname()[1]
     log = open(pipe.tmp / "mcp-http.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commands.main", "mcp", "--http", "--port", str(port)],
+        [sys.executable, "-m", "workers.cli.main", "mcp", "--http", "--port", str(port)],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env,
         stdout=log,

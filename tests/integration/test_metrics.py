@@ -20,11 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from breaker import BreakerConfig, BreakerRegistry
-from outbox.clock import db_now
-from outbox.handoffs import open_handoff
-from outbox.models import Operation
-from outbox.report_summary import record_report
-from outbox.submit import submit
+from outbox.evidence.handoffs import open_handoff
+from outbox.ledger.clock import db_now
+from outbox.ledger.models import Operation
+from outbox.ledger.submit import submit
+from outbox.reads.report_summary import record_report
 from tests.harness import REFUND_ARGS, actions_doc, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def exporter(env: dict[str, str]) -> Iterator[str]:
     # Only what the test passes decides whether the exporter reads a multiprocess directory.
     base = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "commands.main", "metrics", "--port", str(port)],
+        [sys.executable, "-m", "workers.cli.main", "metrics", "--port", str(port)],
         cwd=ROOT,
         env=base | env,
         stdout=subprocess.PIPE,
@@ -201,7 +201,7 @@ def test_counters_are_summed_across_processes(tmp_path):
     mp.mkdir()
     env = dict(os.environ) | {"PROMETHEUS_MULTIPROC_DIR": str(mp)}
     code = (
-        "from workers.metrics import record_attempt, record_retry, record_outcome\n"
+        "from workers.wiring.metrics import record_attempt, record_retry, record_outcome\n"
         "record_attempt('sandbox', 'succeeded', 0.2)\n"
         "record_attempt('sandbox', 'not_processed', 0.05)\n"
         "record_retry('sandbox', 3.0, 2.0)\n"

@@ -18,9 +18,9 @@ agents = pytest.importorskip("agents")
 from agents import Agent, Runner  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from agent_tools.calls import ToolCaller  # noqa: E402
-from agent_tools.openai_agents import OutboxTools  # noqa: E402
-from downstream.intent_rules import load_intent_rules  # noqa: E402
+from outbox.actions.rules import load_intent_rules  # noqa: E402
+from producer.agents.calls import ToolCaller  # noqa: E402
+from producer.agents.openai_agents import OutboxTools  # noqa: E402
 from producer.client import Outbox  # noqa: E402
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -88,7 +88,7 @@ def test_an_approval_gated_action_pauses_the_run_and_the_approval_resumes_it(pip
     [answer] = _outputs(resumed)
     assert answer["outcome"] == "SUCCEEDED" and answer["operation_id"] == decided.operation_id, answer
     assert resumed.final_output == "Refunded." and len(sandbox.effects()) == 1
-    from outbox import approvals
+    from outbox.approvals import decisions as approvals
 
     with pipe.sessions() as s:
         [record] = approvals.history(s, decided.operation_id)

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from outbox.evidence import EvidenceSink
-from outbox.models import Evidence, Handoff
-from outbox.queries import explain
+from outbox.evidence.sinks import EvidenceSink
+from outbox.ledger.models import Evidence, Handoff
+from outbox.reads.queries import explain
 from tests.conftest import PG_ADMIN_URL
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, pk, wait_for
 
@@ -279,9 +279,9 @@ class WatchedSink(EvidenceSink):
 
 
 def test_evidence_sink_down_after_success_is_degraded_then_backfilled(pipe, sandbox, evidence_db, monkeypatch):
-    import workers.relay
+    import workers.relay.loop
 
-    monkeypatch.setattr(workers.relay, "BACKFILL_EVERY_S", 0.2)  # the relay runs in this process
+    monkeypatch.setattr(workers.relay.loop, "BACKFILL_EVERY_S", 0.2)  # the relay runs in this process
     pipe.env["OUTBOX_EVIDENCE_URL"] = evidence_db.url
     sink = WatchedSink.from_url(evidence_db.url)
     try:
@@ -320,10 +320,10 @@ def test_a_reconcile_doorbell_fills_its_batch_and_settles_it_in_one_transaction(
     evidence (stale) and its success is applied from that evidence; every effect is counted once."""
     from sqlalchemy import update
 
-    from outbox import failpoints
-    from outbox.models import Attempt, Operation
-    from workers.reconcile import reconcile_batch
-    from workers.runtime import build_runtime
+    from outbox.ledger import failpoints
+    from outbox.ledger.models import Attempt, Operation
+    from workers.reconcile.batch import reconcile_batch
+    from workers.wiring.runtime import build_runtime
 
     n = 12
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=n)
@@ -390,8 +390,8 @@ def test_a_reconcile_doorbell_whose_ids_were_taken_still_claims_what_is_due(pipe
     """A doorbell only says "lookups may be waiting": when another doorbell's claim took its ids
     along (or they were settled), it must still claim what is due, never find nothing to do while
     lookups wait (a reconciler that fell behind ran thousands of such empty tasks)."""
-    from workers.reconcile import reconcile_batch
-    from workers.runtime import build_runtime
+    from workers.reconcile.batch import reconcile_batch
+    from workers.wiring.runtime import build_runtime
 
     ids = _parked_in_outcome_unknown(pipe, sandbox, 12, "rc-taken")
     rt = build_runtime(pipe.settings())
@@ -413,8 +413,8 @@ def test_a_doorbells_lookups_overlap_at_a_slow_provider(pipe, sandbox):
     look its operations up one after another (one process then drains ~19/s at 50 ms)."""
     import time
 
-    from workers.reconcile import reconcile_batch
-    from workers.runtime import build_runtime
+    from workers.reconcile.batch import reconcile_batch
+    from workers.wiring.runtime import build_runtime
 
     ids = _parked_in_outcome_unknown(pipe, sandbox, 10, "rc-slow")
     sandbox.add_fault(mode="latency", latency_ms=300, method="GET", path="/v1/refunds")
@@ -439,9 +439,9 @@ def test_the_relay_rings_due_lookups_once_while_their_doorbells_queue(pipe, sand
 
     import redis
 
-    from workers.celery_app import make_app
-    from workers.doorbell import Doorbell
-    from workers.relay import Relay
+    from workers.relay.doorbell import Doorbell
+    from workers.relay.loop import Relay
+    from workers.wiring.celery_app import make_app
 
     ids = _parked_in_outcome_unknown(pipe, sandbox, 25, "rc-ring")
     client = redis.Redis.from_url(pipe.env["OUTBOX_BROKER_URL"])

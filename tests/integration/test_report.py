@@ -12,9 +12,9 @@ import datetime as dt
 import httpx
 import pytest
 
-from commands.report import parse_since
 from tests.harness import REFUND_ARGS, action, actions_doc, pk
 from tests.integration.test_handoffs_cli import cli
+from workers.cli.report import parse_since
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -120,10 +120,10 @@ def test_beat_s_report_runs_in_a_worker_and_is_kept_in_the_ledger_for_every_read
     from fastapi.testclient import TestClient
     from sqlalchemy import select
 
-    from api.app import create_app
-    from api.keys import create_key
-    from outbox.models import ReportRun
-    from workers.celery_app import REPORT_TASK, make_app
+    from outbox.access.keys import create_key
+    from outbox.ledger.models import ReportRun
+    from workers.server.app import create_app
+    from workers.wiring.celery_app import REPORT_TASK, make_app
 
     pipe.write_actions(
         actions_doc(sandbox.url, actions={"payments.refund.create": action("/v1/refunds", **{"list": LISTING})})

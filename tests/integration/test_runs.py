@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from outbox.errors import RunConflict
-from outbox.runs import find_run, run_json, submit_run
+from outbox.runs.lifecycle import find_run, run_json, submit_run
 from tests.harness import action, actions_doc, pk, wait_for
 from tests.integration.test_tenants import _cli
 
@@ -96,7 +96,7 @@ def _no_state_lies(pipe: Any, sandbox: Any) -> None:
     that says an effect happened has exactly one, a state that says none happened has none."""
     from sqlalchemy import select
 
-    from outbox.models import Operation
+    from outbox.ledger.models import Operation
 
     with pipe.sessions() as s:
         ops = s.execute(select(Operation.provider_key, Operation.status)).all()

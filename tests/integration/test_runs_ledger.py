@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import select, update
 
 from outbox.errors import RunConflict
-from outbox.models import Operation, Run
-from outbox.retention import purge
-from outbox.run_advance import advance_due
-from outbox.runs import find_run, run_json, submit_run
+from outbox.ledger.models import Operation, Run
+from outbox.privacy.retention import purge
+from outbox.runs.advance import advance_due
+from outbox.runs.lifecycle import find_run, run_json, submit_run
 
 STEPS = [
     {
@@ -87,15 +87,15 @@ def test_a_late_success_contradicting_a_failed_step_sends_the_ended_run_to_a_per
     """Step a's request is claimed and the worker freezes; the provider's lookup lists it as failed, so
     the step ends failed_before_commit and the run ends failed. Then the frozen request lands: the run
     no longer says "nothing of it was done", a person decides."""
-    from outbox.claims import claim_due, claim_unknown
-    from outbox.clock import db_now
     from outbox.errors import StaleFence
-    from outbox.evidence import EvidenceSink
-    from outbox.late_evidence import apply_unapplied
-    from outbox.leases import expire_leases
-    from outbox.settlement import settle_if_fenced
-    from outbox.states import AttemptClass, Status
-    from outbox.transitions import AttemptReport, finalize_if_fenced
+    from outbox.evidence.late import apply_unapplied
+    from outbox.evidence.settlement import settle_if_fenced
+    from outbox.evidence.sinks import EvidenceSink
+    from outbox.ledger.claims import claim_due, claim_unknown
+    from outbox.ledger.clock import db_now
+    from outbox.ledger.leases import expire_leases
+    from outbox.ledger.states import AttemptClass, Status
+    from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 
     _submit(ledger)
     with ledger.sessions.begin() as s:
@@ -126,7 +126,7 @@ def test_a_late_success_contradicting_a_failed_step_sends_the_ended_run_to_a_per
 
 def test_a_person_resolves_a_run_held_by_a_step_waiting_for_one_and_no_other(ledger):
     from outbox.errors import RunNotMovable
-    from outbox.runs import resolve_run
+    from outbox.runs.lifecycle import resolve_run
 
     _submit(ledger)
     with ledger.sessions.begin() as s, pytest.raises(RunNotMovable):
@@ -142,7 +142,7 @@ def test_a_person_resolves_a_run_held_by_a_step_waiting_for_one_and_no_other(led
 
 def test_a_plain_intent_never_becomes_a_runs_step_nor_a_step_a_plain_intent(ledger):
     from outbox.errors import KeySpaceConflict
-    from outbox.submit import submit
+    from outbox.ledger.submit import submit
 
     # A plain intent holds the key a run would derive for its first step, with the same arguments.
     with ledger.sessions.begin() as s:

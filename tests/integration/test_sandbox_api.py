@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.testing import SandboxProcess, SandboxServer
+from workers.sandbox.testing import SandboxProcess, SandboxServer
 
 REFUND = {"order_id": "ord-17", "amount": "12.50", "currency": "EUR", "reason": "duplicate"}
 

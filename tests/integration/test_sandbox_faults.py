@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.faults import MODES
-from sandbox.testing import SandboxServer
+from workers.sandbox.faults import MODES
+from workers.sandbox.testing import SandboxServer
 
 REFUND = {"order_id": "ord-9", "amount": "40.00", "currency": "usd", "reason": "requested_by_customer"}
 
@@ -255,6 +255,6 @@ def test_retry_after_is_honoured_check_via_request_log(client: httpx.Client, san
 
 
 def test_every_mode_is_documented() -> None:
-    readme = open(__file__.replace("tests/integration/test_sandbox_faults.py", "sandbox/README.md")).read()
+    readme = open(__file__.replace("tests/integration/test_sandbox_faults.py", "workers/sandbox/README.md")).read()
     for mode in MODES:
         assert f"`{mode}`" in readme, mode

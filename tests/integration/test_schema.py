@@ -9,8 +9,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from outbox import migrate
-from outbox.models import CLASS_VALUES, STATUS_VALUES, Base
-from outbox.states import AttemptClass, Status
+from outbox.ledger.models import CLASS_VALUES, STATUS_VALUES, Base
+from outbox.ledger.states import AttemptClass, Status
 
 
 def test_migrated_schema_matches_the_models(ledger):

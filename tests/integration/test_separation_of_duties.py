@@ -10,11 +10,11 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.keys import create_key
-from outbox.models import Approval, Operation
+from outbox.access.keys import create_key
+from outbox.ledger.models import Approval, Operation
 from outbox.settings import Settings
 from tests.harness import REFUND_ARGS, action, actions_doc
+from workers.server.app import create_app
 
 BIG = dict(REFUND_ARGS, amount="900.00")
 APPROVAL = {"required": "when", "when": "amount > 500", "ttl_s": 600, "policy_version": "refunds-v3"}
@@ -102,7 +102,7 @@ def test_a_run_step_carries_its_submitter_and_that_key_cannot_approve_it(app, le
 
 
 def op_identity(key: str, ledger: Any) -> str:
-    from api.keys import verify
+    from outbox.access.keys import verify
 
     with ledger.sessions() as s:
         caller = verify(s, key)

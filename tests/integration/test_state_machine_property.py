@@ -38,16 +38,16 @@ from hypothesis.stateful import (
 from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.claims import Claim, claim_due, claim_unknown
-from outbox.clock import db_now
-from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import IdempotencyConflict, IllegalTransition, StaleFence
-from outbox.evidence import EvidenceSink
-from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied, unapplied
-from outbox.leases import expire_leases
-from outbox.models import Attempt, Handoff, Operation, OperationEvent
-from outbox.settlement import evidence_backfilled, resolve_by_person, settle_if_fenced
-from outbox.states import (
+from outbox.evidence.late import CONTRADICTION_EVENT, apply_unapplied, unapplied
+from outbox.evidence.settlement import evidence_backfilled, resolve_by_person, settle_if_fenced
+from outbox.evidence.sinks import EvidenceSink
+from outbox.ledger.claims import Claim, claim_due, claim_unknown
+from outbox.ledger.clock import db_now
+from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import Attempt, Handoff, Operation, OperationEvent
+from outbox.ledger.states import (
     AWAITING_OUTCOME,
     EFFECT,
     NO_EFFECT,
@@ -57,8 +57,8 @@ from outbox.states import (
     Status,
     is_allowed,
 )
-from outbox.submit import submit
-from outbox.transitions import AttemptReport, approve, finalize_if_fenced, move, request_cancel
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, approve, finalize_if_fenced, move, request_cancel
 
 LEASE_S = 600.0  # never runs out by itself during a run: expiry is an explicit event of the machine
 TABLES = ("handoffs", "evidence", "operation_events", "attempts", "operations")

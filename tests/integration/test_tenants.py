@@ -17,8 +17,8 @@ import httpx
 import pytest
 import redis
 
-from downstream.actions import load_actions
 from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
+from workers.provider.actions import load_actions
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ REFUNDS = "/v1/refunds"
 
 def _cli(pipe: Any, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "commands.main", *args],
+        [sys.executable, "-m", "workers.cli.main", *args],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env,
         capture_output=True,

@@ -28,19 +28,19 @@ import pytest
 from sqlalchemy import inspect, select, update
 
 from outbox import migrate
-from outbox.claims import claim_due, claim_unknown
-from outbox.clock import db_now
-from outbox.db import make_engine, make_sessionmaker
 from outbox.errors import StaleFence
-from outbox.evidence import EvidenceSink
-from outbox.late_evidence import CONTRADICTION_EVENT, apply_unapplied
-from outbox.leases import expire_leases
-from outbox.models import Operation, OperationEvent
-from outbox.settlement import resolve_by_person, settle_if_fenced
-from outbox.states import AttemptClass, Status, WaitingFor
-from outbox.submit import submit
-from outbox.transitions import AttemptReport, finalize_if_fenced
-from outbox.waits import park_for_breaker, wake_breaker_waits
+from outbox.evidence.late import CONTRADICTION_EVENT, apply_unapplied
+from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
+from outbox.evidence.sinks import EvidenceSink
+from outbox.ledger.claims import claim_due, claim_unknown
+from outbox.ledger.clock import db_now
+from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.leases import expire_leases
+from outbox.ledger.models import Operation, OperationEvent
+from outbox.ledger.states import AttemptClass, Status, WaitingFor
+from outbox.ledger.submit import submit
+from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
+from outbox.ledger.waits import park_for_breaker, wake_breaker_waits
 from tests.conftest import scratch_pg_database
 
 PREVIOUS = "0002"

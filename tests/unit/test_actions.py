@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from downstream.actions import ActionsFileError, UnknownAction, load_actions, load_actions_from_env, parse_actions
 from outbox.errors import ConfigError, OutboxError
-from outbox.states import AttemptClass
+from outbox.ledger.states import AttemptClass
+from workers.provider.actions import ActionsFileError, UnknownAction, load_actions, load_actions_from_env, parse_actions
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "actions.yaml"
 
@@ -183,7 +183,7 @@ def test_load_from_env() -> None:
 def test_authoritative_lookup_by_a_key_that_is_never_sent_is_refused():
     # Found by a reconcile test: the provider never saw the key, so its 404 proved nothing and
     # the re-dispatch made a second refund.
-    from downstream.actions import ActionsFileError, parse_actions
+    from workers.provider.actions import ActionsFileError, parse_actions
 
     doc = {
         "targets": {"p": {"base_url": "http://127.0.0.1:1"}},

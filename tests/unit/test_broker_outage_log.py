@@ -1,4 +1,4 @@
-"""The levels a broker outage's records end at (workers/broker_outage.py), record by record.
+"""The levels a broker outage's records end at (workers/wiring/broker_outage.py), record by record.
 
 The records are made the way Celery, kombu and billiard make them (their loggers, message
 templates and arguments); tests/faults/test_broker_outage.py shows the same against real workers
@@ -15,7 +15,7 @@ import redis.exceptions
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.worker.consumer.consumer import CONNECTION_ERROR, CONNECTION_RETRY
 
-from workers.broker_outage import (
+from workers.wiring.broker_outage import (
     BEAT_LOGGER,
     CONNECTION_LOGGER,
     CONSUMER_LOGGER,
@@ -138,7 +138,7 @@ def test_beat_warns_once_per_outage_too():
         record(POOL_LOGGER, logging.ERROR, "Pool process %r error: %r", "<Worker>", SoftTimeLimitExceeded()),
         record(POOL_LOGGER, logging.ERROR, "Pool process %r error: %r", "<Worker>", ValueError("bug")),
         record(BEAT_LOGGER, logging.ERROR, "Message Error: %s\n%s", REFUSED, "stack"),
-        record("workers.settle", logging.ERROR, "failed_before_commit: %s", "rejected"),
+        record("workers.reconcile.settle", logging.ERROR, "failed_before_commit: %s", "rejected"),
     ],
     ids=lambda r: r.getMessage()[:40],
 )

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from downstream.classify import (
+from outbox.ledger.states import PROVABLY_NOT_EXECUTED, AttemptClass
+from workers.provider.classify import (
     DEFAULT_STATUS_MAP,
     LocalValidationError,
     Progress,
@@ -18,7 +19,6 @@ from downstream.classify import (
     classify_response,
     status_class,
 )
-from outbox.states import PROVABLY_NOT_EXECUTED, AttemptClass
 
 A = AttemptClass
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from downstream.actions import load_actions
+from workers.provider.actions import load_actions
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -192,7 +192,7 @@ def _entry_point(command: list[str]) -> list[str]:
     command = service_argv(command)
     if command[0] == "agent-outbox":
         sub = [c for c in command[1:] if not c.startswith("-")][:1]
-        return [sys.executable, "-m", "commands.main", *sub, "--help"]
+        return [sys.executable, "-m", "workers.cli.main", *sub, "--help"]
     if command[0] == "celery":
         # `celery -A workers worker|flower ...`: the app must load and the subcommand exist.
         return [sys.executable, "-m", "celery", *command[1:4], "--help"]
@@ -225,7 +225,7 @@ def test_the_image_installs_flower_as_the_declared_extra():
     assert "'.[flower,api,mcp]'" in (ROOT / "Dockerfile").read_text()
     assert {"api", "mcp"} <= set(project["optional-dependencies"])
     assert project["name"] != "agent-outbox"  # taken on PyPI by an unrelated project
-    assert project["scripts"]["agent-outbox"] == "commands.main:main"
+    assert project["scripts"]["agent-outbox"] == "workers.cli.main:main"
 
 
 def _flower_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outbox.envelope import build_envelope, canonical_value, dumps_canonical, loads_exact
 from outbox.errors import InvalidIntent
+from outbox.ledger.envelope import build_envelope, canonical_value, dumps_canonical, loads_exact
 
 BASE = dict(tenant="acme", action="payments.refund.create", subject="agent:bot")
 

@@ -1,4 +1,4 @@
-"""The dispatch policy (workers/outcomes.py) and the reconciler's judgement, as pure functions."""
+"""The dispatch policy (workers/dispatch/outcomes.py) and the reconciler's judgement, as pure functions."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from downstream.actions import parse_actions
-from downstream.classify import Classification
-from downstream.lookups import LookupResult
-from outbox.claims import Claim
-from outbox.states import AttemptClass as A
-from outbox.states import Status, WaitingFor
-from workers.judge import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
-from workers.outcomes import (
+from outbox.ledger.claims import Claim
+from outbox.ledger.states import AttemptClass as A
+from outbox.ledger.states import Status, WaitingFor
+from workers.dispatch.outcomes import (
     Ambiguous,
     Cancelled,
     Rejected,
@@ -26,6 +22,10 @@ from workers.outcomes import (
     breaker_wait,
     decide,
 )
+from workers.provider.actions import parse_actions
+from workers.provider.classify import Classification
+from workers.provider.lookups import LookupResult
+from workers.reconcile.judge import MAX_LOOKUPS, DispatchAttempt, Settlement, after_not_found, judge
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DOC = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from downstream.actions import ActionsFileError, parse_actions
-from outbox.masking import MASK, Redactor, mask_paths, path_problem
-from outbox.provider_keys import DEFAULT_RULE, KeyRule, rule_for
+from outbox.ledger.provider_keys import DEFAULT_RULE, KeyRule, rule_for
+from outbox.privacy.masking import MASK, Redactor, mask_paths, path_problem
 from tests.unit.test_actions import ENV, mutated
+from workers.provider.actions import ActionsFileError, parse_actions
 
 
 def test_the_default_provider_key_is_scoped_by_tenant():
@@ -99,8 +99,8 @@ def test_a_sensitive_argument_cannot_be_a_tool_calls_reference(tmp_path):
     workers' loader and by the producers' (the MCP server, the API), which make the keys."""
     import yaml
 
-    from agent_tools.calls import call_key
-    from downstream.intent_rules import load_intent_rules
+    from outbox.actions.rules import load_intent_rules
+    from producer.agents.calls import call_key
 
     secret = "ada@example.com"
     assert secret in call_key("chat-1", "payments.refund.create", {"customer_email": secret}, ("customer_email",))
@@ -125,7 +125,7 @@ def test_a_sensitive_argument_cannot_be_a_tool_calls_reference(tmp_path):
 
 def test_beat_purges_daily():
     from outbox.settings import Settings
-    from workers.celery_app import PURGE_TASK, make_app
+    from workers.wiring.celery_app import PURGE_TASK, make_app
 
     entry = make_app(Settings()).conf.beat_schedule["purge"]
     assert entry["task"] == PURGE_TASK and entry["schedule"] == 86400.0
@@ -139,7 +139,7 @@ def test_a_tenant_name_cannot_forge_the_separator():
 
 
 def test_a_connector_hook_written_before_tenants_is_called_without_tenant():
-    from downstream.connectors import _checked
+    from workers.provider.connectors import _checked
 
     class Legacy:
         def send(self, name, cfg, *, args, idempotency_key, fencing_token):  # type: ignore[no-untyped-def]
@@ -159,7 +159,7 @@ def test_a_connector_hook_written_before_tenants_is_called_without_tenant():
 def test_a_producer_reads_its_rules_without_the_targets_secrets(tmp_path):
     import yaml
 
-    from downstream.intent_rules import load_intent_rules
+    from outbox.actions.rules import load_intent_rules
     from tests.unit.test_actions import BASE
 
     doc = mutated(provider_key="{tenant}/{idempotency_key}", approval={"required": "always", "ttl_s": 60})

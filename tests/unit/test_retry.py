@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from downstream.action_specs import BudgetSpec
-from downstream.retry import (
+from outbox.actions.specs import BudgetSpec
+from workers.provider.retry import (
     MAX_RETRY_AFTER_S,
     Budget,
     BudgetSpent,
@@ -165,7 +165,7 @@ def test_the_ledger_clock_is_the_databases_time_advanced_by_the_monotonic_clock(
     from datetime import UTC as _UTC
     from datetime import datetime as _datetime
 
-    from outbox.clock import LedgerClock
+    from outbox.ledger.clock import LedgerClock
 
     read_at = _datetime(2026, 11, 30, 12, 0, tzinfo=_UTC)
     clock = LedgerClock(read_at, mono=_time.monotonic() - 1.5)  # read 1.5 s ago

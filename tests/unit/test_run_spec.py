@@ -1,4 +1,4 @@
-"""A run as submitted (outbox/run_spec.py): bad input names the field and the fix; the digest makes
+"""A run as submitted (outbox/runs/spec.py): bad input names the field and the fix; the digest makes
 a resubmission the same run and a change a conflict; keys are derived, never from a retry."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from downstream.intent_rules import IntentRules
+from outbox.actions.rules import IntentRules
 from outbox.errors import InvalidIntent
-from outbox.run_spec import build_run_spec
+from outbox.runs.spec import build_run_spec
 
 STEPS = [
     {

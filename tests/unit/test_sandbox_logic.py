@@ -8,11 +8,11 @@ from decimal import Decimal
 
 import pytest
 
-from sandbox.config import SandboxConfig, SettingError
-from sandbox.faults import MODES, FaultBook, RuleError, parse_rule
-from sandbox.idempotency import FencingBook, KeyInUse, KeyMismatch, KeyStore, StoredResponse, params_digest
-from sandbox.resources import Rejection, validate_refund
-from sandbox.responses import retry_after_value
+from workers.sandbox.config import SandboxConfig, SettingError
+from workers.sandbox.faults import MODES, FaultBook, RuleError, parse_rule
+from workers.sandbox.idempotency import FencingBook, KeyInUse, KeyMismatch, KeyStore, StoredResponse, params_digest
+from workers.sandbox.resources import Rejection, validate_refund
+from workers.sandbox.responses import retry_after_value
 
 
 def test_every_mode_parses() -> None:

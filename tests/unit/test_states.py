@@ -1,4 +1,4 @@
-"""The transition table in outbox/states.py is the one place that says which status may follow which."""
+"""The transition table in outbox/ledger/states.py is the one place that says which status may follow which."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from outbox.models import STATUS_VALUES, Operation
-from outbox.states import (
+from outbox.ledger.models import STATUS_VALUES, Operation
+from outbox.ledger.states import (
     ALLOWED,
     AWAITING_OUTCOME,
     EFFECT,

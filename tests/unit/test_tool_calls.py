@@ -1,4 +1,4 @@
-"""The key of a tool call (agent_tools/calls.py): the host's scope, the action, and the reference or
+"""The key of a tool call (producer/agents/calls.py): the host's scope, the action, and the reference or
 the arguments; never per retry, never longer than a key may be; the input schema is enforced."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from agent_tools.calls import call_key, check_schema, exact
 from outbox.errors import InvalidIntent
+from producer.agents.calls import call_key, check_schema, exact
 
 REFUND = "payments.refund.create"
 ARGS = {"order_id": "o-81", "amount": "12.50", "currency": "EUR"}

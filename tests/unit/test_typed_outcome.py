@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.states import Status
-from outbox.typed_outcome import OUTCOME_OF, SETTLED, Outcome, outcome_of, with_outcome
+from outbox.ledger.states import Status
+from outbox.reads.typed_outcome import OUTCOME_OF, SETTLED, Outcome, outcome_of, with_outcome
 
 
 def test_every_state_has_exactly_one_outcome():

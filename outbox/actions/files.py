@@ -1,0 +1,47 @@
+"""Reading an actions file: the error that names each bad field, and ``${VAR}`` references.
+
+Both the producer's rules (outbox/actions/rules.py) and the workers' whole file
+(workers/provider/actions.py) read the same file the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from outbox.errors import ConfigError
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ActionsFileError(ConfigError, ValueError):
+    """The actions file is missing or malformed; the message names the file and each bad field."""
+
+    def __init__(self, path: str | os.PathLike[str], problems: list[tuple[str, str]]) -> None:
+        self.path = str(path)
+        self.problems = problems  # (dotted field path, message)
+        lines = "; ".join(f"{field}: {msg}" if field else msg for field, msg in problems)
+        super().__init__(f"{self.path}: {lines}")
+
+
+def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: list[tuple[str, str]]) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
+    if isinstance(value, dict):
+        return {k: resolve_env(v, environ, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env(v, environ, f"{path}.{i}", problems) for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in environ:
+                return environ[name]
+            if default is not None:
+                return default
+            problems.append((path, f"environment variable {name} is not set"))
+            return ""
+
+        return _ENV_REF.sub(sub, value)
+    return value

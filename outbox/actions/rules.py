@@ -1,0 +1,130 @@
+"""What a producer needs of the actions file: each action's provider key rule and approval rule.
+
+A producer (an agent service, ``agent-outbox submit``, the HTTP API) renders the provider key and
+decides ``awaiting_approval`` at submit, and nothing more: it must not need the targets' secrets
+(``${PAYMENTS_TOKEN}``) to do so, nor hold them. This reads only ``actions.<name>.provider_key``,
+``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool``, ``args`` and
+``sensitive_args`` (``${VAR}`` resolved there only), checked as the full loader checks them;
+workers load the whole file (workers/provider/actions.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from outbox.actions.files import ActionsFileError, resolve_env
+from outbox.actions.specs import ApprovalSpec, ToolSpec
+from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
+
+
+@dataclass(frozen=True)
+class IntentRules:
+    """outbox.ledger.provider_keys.KeyRules for the actions of one file."""
+
+    keys: dict[str, KeyRule]
+    approvals: dict[str, ApprovalSpec]
+    # What a run records of each step's action at submit (outbox/runs/spec.py).
+    phases: dict[str, Literal["draft", "commit"]] = field(default_factory=dict)
+    irreversible: frozenset[str] = frozenset()
+    # What agent runtimes see (producer/agents/): each action's tool spec and declared argument names.
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    declared_args: dict[str, list[str] | None] = field(default_factory=dict)
+
+    @property
+    def actions(self) -> dict[str, KeyRule]:
+        return self.keys
+
+    def key_rule(self, action: str) -> KeyRule | None:
+        return self.keys.get(action)
+
+    def needs_approval(self, action: str, args: dict[str, Any]) -> bool:
+        spec = self.approvals.get(action)
+        return spec is not None and spec.applies(args)
+
+    def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
+        return self.phases.get(action)
+
+    def is_irreversible(self, action: str) -> bool:
+        return action in self.irreversible
+
+
+def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> IntentRules:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
+    except yaml.YAMLError as exc:
+        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
+    actions = data.get("actions") if isinstance(data, dict) else None
+    if not isinstance(actions, dict):
+        raise ActionsFileError(path, [("actions", "the file must be a mapping with `actions`")])
+    env = os.environ if environ is None else environ
+    problems: list[tuple[str, str]] = []
+    keys: dict[str, KeyRule] = {}
+    approvals: dict[str, ApprovalSpec] = {}
+    phases: dict[str, Literal["draft", "commit"]] = {}
+    irreversible: set[str] = set()
+    tools: dict[str, ToolSpec] = {}
+    args: dict[str, list[str] | None] = {}
+    for name, raw in actions.items():
+        where = f"actions.{name}"
+        if not isinstance(raw, dict):
+            problems.append((where, "must be a mapping"))
+            continue
+        part = {
+            k: raw[k]
+            for k in (
+                "provider_key",
+                "provider_key_max_length",
+                "approval",
+                "phase",
+                "irreversible",
+                "tool",
+                "args",
+                "sensitive_args",
+            )
+            if k in raw
+        }
+        part = resolve_env(part, env, where, problems)
+        try:
+            keys[name] = KeyRule(
+                part.get("provider_key", DEFAULT_TEMPLATE), int(part.get("provider_key_max_length", DEFAULT_MAX_LENGTH))
+            )
+        except (TypeError, ValueError) as exc:
+            problems.append((f"{where}.provider_key", str(exc)))
+        try:
+            approvals[name] = ApprovalSpec.model_validate(part.get("approval") or {})
+        except ValidationError as exc:
+            problems.extend((f"{where}.approval." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        try:
+            tools[name] = ToolSpec.model_validate(part.get("tool") or {})
+        except ValidationError as exc:
+            problems.extend((f"{where}.tool." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        else:
+            sensitive = part.get("sensitive_args")
+            if isinstance(sensitive, list) and (secret := tools[name].secret_references(map(str, sensitive))):
+                problems.append((f"{where}.tool.reference_args", secret))
+        declared = part.get("args")
+        if declared is not None and not (isinstance(declared, list) and all(isinstance(a, str) for a in declared)):
+            problems.append((f"{where}.args", "must be a list of argument names"))
+        else:
+            args[name] = declared
+        phase = part.get("phase")
+        if phase is not None and phase not in ("draft", "commit"):
+            problems.append((f"{where}.phase", "must be 'draft' or 'commit' (or absent)"))
+        elif phase is not None:
+            phases[name] = phase
+        if not isinstance(part.get("irreversible", False), bool):
+            problems.append((f"{where}.irreversible", "must be true or false"))
+        elif part.get("irreversible"):
+            irreversible.add(name)
+    if problems:
+        raise ActionsFileError(path, problems)
+    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args)

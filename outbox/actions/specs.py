@@ -1,0 +1,185 @@
+"""The parts of an action in the actions file: requests, lookups, listings, budgets, breakers.
+
+Plain pydantic models (unknown fields forbidden); workers/provider/actions.py puts them together into
+targets and actions and checks what crosses models.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from outbox.privacy.masking import top_field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BreakerSpec(_Strict):
+    fail_max: int = Field(default=5, gt=0)
+    reset_timeout_s: float = Field(default=30.0, gt=0)
+    success_threshold: int = Field(default=1, gt=0)
+
+
+class RequestSpec(_Strict):
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    path: str
+    query: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        placeholders(value)  # raises on malformed braces
+        return value
+
+    def placeholder_names(self) -> set[str]:
+        names = placeholders(self.path)
+        for template in self.query.values():
+            names |= placeholders(template)
+        return names
+
+
+class ProviderIdempotency(_Strict):
+    header: str = "Idempotency-Key"
+    # How long the provider remembers a key; a replay after this window could run twice.
+    retention_s: float = Field(gt=0)
+
+
+class LookupSpec(_Strict):
+    request: RequestSpec
+    # Only an authoritative lookup's 404 counts as "never executed", and only after settle_s
+    # (the provider's index lag) has passed since the last attempt.
+    authoritative_not_found: bool = False
+    settle_s: float = Field(default=5.0, ge=0)
+    status_field: str = "status"
+    succeeded: list[str] = Field(default_factory=lambda: ["succeeded"])
+    pending: list[str] = Field(default_factory=lambda: ["pending", "processing"])
+    failed: list[str] = Field(default_factory=lambda: ["failed", "canceled"])
+    # Where a list-shaped lookup answer keeps its items; None tries data / items / results.
+    items_field: str | None = None
+    # Field of a found object holding our key; when set, objects with another key are ignored,
+    # so a provider that silently ignores the filter cannot make an unrelated effect "ours".
+    key_field: str | None = None
+
+
+class ListSpec(_Strict):
+    """A listing of recent effects at the provider, for the reconciliation report."""
+
+    request: RequestSpec
+    items_field: str = "data"
+    # Cursor pagination, two common shapes: the response names the next cursor
+    # (next_cursor_field), or the cursor is a field of the last item (Stripe's starting_after).
+    cursor_param: str | None = None
+    next_cursor_field: str | None = None
+    cursor_from_last_item: str | None = None
+    has_more_field: str | None = None
+    page_size_param: str | None = None
+    page_size: int = Field(default=100, gt=0)
+
+    @model_validator(mode="after")
+    def _cursor_source(self) -> ListSpec:
+        if self.cursor_param and not (self.next_cursor_field or self.cursor_from_last_item):
+            raise ValueError("cursor_param needs next_cursor_field or cursor_from_last_item")
+        return self
+
+
+class BudgetSpec(_Strict):
+    max_attempts: int = Field(default=5, gt=0)
+    deadline_s: float = Field(default=3600.0, gt=0)
+    base_delay_s: float = Field(default=0.5, gt=0)
+    max_delay_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BudgetSpec:
+        if self.base_delay_s > self.max_delay_s:
+            raise ValueError(f"base_delay_s ({self.base_delay_s}) must be <= max_delay_s ({self.max_delay_s})")
+        return self
+
+
+def placeholders(template: str) -> set[str]:
+    """The ``{name}`` fields of a path or query template; raises ValueError if malformed."""
+    names: set[str] = set()
+    for _, field, spec, conv in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if not field.isidentifier() or spec or conv:
+            raise ValueError(f"placeholder {{{field}}} must be a plain argument name")
+        names.add(field)
+    return names
+
+
+class ApprovalSpec(_Strict):
+    """When an intent of the action waits for a person, and what the person's approval covers."""
+
+    required: Literal["always", "when", "never"] = "never"
+    # With required: when: a safe expression over the arguments (outbox/actions/conditions.py).
+    when: str | None = None
+    ttl_s: float = Field(default=3600.0, gt=0)
+    policy_version: str = Field(default="1", min_length=1, max_length=64)
+    separate_approver: bool = True
+
+    @model_validator(mode="after")
+    def _condition(self) -> ApprovalSpec:
+        from outbox.actions.conditions import parse_condition
+
+        if self.required == "when":
+            if not self.when:
+                raise ValueError('required: when needs a `when:` expression (e.g. "amount > 500")')
+            parse_condition(self.when)
+        elif self.when is not None:
+            raise ValueError(f"`when:` applies only with required: when (required is {self.required!r})")
+        return self
+
+    def applies(self, args: dict[str, Any]) -> bool:
+        """Whether an intent with these arguments needs a person's approval."""
+        if self.required == "always":
+            return True
+        if self.required == "never" or self.when is None:
+            return False
+        from outbox.actions.conditions import evaluate, parse_condition
+
+        return evaluate(parse_condition(self.when), args)
+
+
+class ToolSpec(_Strict):
+    """How an agent runtime sees the action as a tool (producer/agents/): what it is for, its input
+    schema, and which arguments are the business reference its key is made of."""
+
+    description: str | None = Field(default=None, max_length=2000)
+    # JSON Schema of the arguments (type: object). Default: one property per declared `args` name.
+    args_schema: dict[str, Any] | None = None
+    # Arguments that name the business object (an order id, a refund number): the key of a tool call
+    # is {scope}:{action}:{their values}, so two calls about one object are one operation whatever
+    # else the model wrote; without them, the key is made of the canonical arguments' digest.
+    reference_args: list[str] = Field(default_factory=list)
+
+    @field_validator("args_schema")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "object":
+            raise ValueError('must be a JSON Schema with "type": "object"')
+        return value
+
+    def secret_references(self, sensitive_args: Iterable[str]) -> str | None:
+        """Why these references cannot be (None: they can): a tool call's key is written out of their
+        values (producer/agents/calls.py), and keys are shown unmasked everywhere and sent to the provider."""
+        secret = {top_field(path) for path in sensitive_args}
+        exposed = [ref for ref in self.reference_args if ref in secret]
+        if not exposed:
+            return None
+        return (
+            f"{exposed} are sensitive (sensitive_args): a tool call's idempotency key is made of these values "
+            "and is shown in every output and sent to the provider; name a reference that is not secret, or "
+            "none (the key is then a digest of the arguments)"
+        )

@@ -1,0 +1,177 @@
+"""What a ledger driver does, and the plain records it is handed.
+
+Business code (submit, claims, transitions, evidence, the relay) says *what* to write; a driver
+says it in its database's terms. Two implement it: ``postgres.PostgresDriver`` (the catalogue of
+statements in ``pg_statements.py``, sent through psycopg) and ``sqlite.SqliteDriver`` (SQLAlchemy
+Core, one writer at a time). ``outbox.ledger.drivers.driver_for`` picks one; no other module asks which
+database it runs on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, WaitingFor
+from outbox.ledger.writes import WriteSet, finalize_writes, settle_writes
+
+
+@dataclass(frozen=True)
+class NewOperation:
+    """An intent's row as submit writes it (times are offsets from the database's clock)."""
+
+    id: str
+    tenant: str
+    idempotency_key: str
+    provider_key: str
+    action: str
+    args: str
+    args_digest: str
+    subject: str
+    run_id: str | None
+    tool_call_id: str | None
+    status: Status
+    waiting_for: WaitingFor | None
+    max_attempts: int | None
+    deadline_s: float | None
+    delay_s: float
+    reason: str
+    submitted_by: str | None = None
+    key_space: str = "intent"  # 'run': a run's step or compensation (models.Operation.key_space)
+
+
+@dataclass(frozen=True)
+class FinalizeWrite:
+    """One worker's fenced finalize: its attempt report and the move, as parameters.
+
+    ``params`` names every parameter of the write sets (outbox/ledger/writes.py) except ``to`` and
+    ``stale`` (the driver adds them), plus operation_id, token, attempt_id, event, event_reason,
+    actor and delay_s. ``guard``: the move claims "no effect" and holds only while no other
+    attempt may have taken effect (effect_guard.py). ``source``: dispatching (a worker's finalize)
+    or the claimed row's outcome_unknown / accepted (a reconciler's settlement: its lookup attempt
+    and ``settle_writes``).
+    """
+
+    to: Status
+    refund: bool
+    guard: bool
+    params: dict[str, Any]
+    source: Status = Status.DISPATCHING
+
+    def write_set(self) -> WriteSet:
+        if self.source in RECONCILE_CLAIMABLE:
+            return settle_writes(self.to)
+        return finalize_writes(self.to, refund=self.refund)
+
+
+class ClaimedRow(NamedTuple):
+    """One claimed operation as a driver returns it (the PostgreSQL rows carry the same names)."""
+
+    id: str
+    fencing_token: int
+    attempt_count: int
+    tenant: str
+    idempotency_key: str
+    provider_key: str | None
+    action: str
+    args: str | None
+    args_digest: str
+    subject: str
+    lease_expires_at: dt.datetime
+    max_attempts: int | None
+    deadline_at: dt.datetime | None
+    created_at: dt.datetime
+    cancel_requested: bool
+    proven_absent_through: int
+    updated_at: dt.datetime
+    status: str  # as claimed: dispatching, or the lookup's outcome_unknown / accepted
+    attempt_id: int
+    number: int
+    open_ambiguity: bool
+
+
+class HotPath(Protocol):
+    """A worker's way to the ledger for its claims and finalizes (outbox/ledger/hot_path.py)."""
+
+    def one_statement(self) -> AbstractContextManager[Any]: ...
+
+    def transaction(self) -> AbstractContextManager[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class LedgerDriver(Protocol):
+    name: str
+
+    def make_engine(self, url: str, **kwargs: Any) -> Engine: ...
+
+    def lock_for_migration(self, conn: Connection) -> None: ...
+
+    def migrating(self, conn: Connection) -> AbstractContextManager[None]:
+        """Around a migration, before its transaction begins (SQLite: foreign keys off)."""
+        ...
+
+    def set_statement_timeout(self, session: Session, ms: int) -> None: ...
+
+    def hot_path(self, engine: Engine, sessions: sessionmaker[Session]) -> HotPath: ...
+
+    def insert_operation(self, session: Any, new: NewOperation) -> bool: ...
+
+    def notify_due(self, session: Any, operation_id: str) -> None:
+        """Tell the relay (on commit) that this operation is due now, where the database can."""
+        ...
+
+    def claim(
+        self,
+        session: Any,
+        kind: AttemptKind,
+        *,
+        worker: str,
+        lease_s: float,
+        limit: int,
+        operation_ids: list[str] | None,
+        also_due: int,
+    ) -> Sequence[Any]: ...
+
+    def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]: ...
+
+    def current_row(self, session: Any, operation_id: str) -> Any: ...
+
+    def mark_attempt_stale(self, session: Any, attempt_id: int) -> None: ...
+
+    def read_due(self, session: Any, operation_ids: Sequence[str]) -> Sequence[Any]: ...
+
+    def attempt_log(self, session: Any, operation_ids: Sequence[str], columns: tuple[str, ...]) -> Sequence[Any]: ...
+
+    def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None: ...
+
+    def analyze_stale(self, conn: Connection, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
+        """Refresh the planner statistics of those ``tables`` changed by at least ``min_rows`` rows
+        and ``share`` of their rows since their last analysis; returns the tables analyzed."""
+        ...
+
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        """Insert a run unless its (tenant, run_key) exists; True if this call inserted it."""
+        ...
+
+    def mark_due(
+        self,
+        engine: Engine,
+        status: Status,
+        *,
+        leased_ok: bool,
+        batch: int,
+        republish_after_s: float,
+        fresh_grace_s: float,
+        leading_since: dt.datetime | None,
+    ) -> Sequence[Any]: ...
+
+    def mark_rung(self, engine: Engine, operation_ids: Sequence[str]) -> None: ...
+
+    def listener(self, engine: Engine) -> Any: ...

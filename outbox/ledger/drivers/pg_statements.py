@@ -1,0 +1,280 @@
+"""The PostgreSQL driver's statements: every SQL text the ledger sends to PostgreSQL, by name.
+
+Plain SQL sent through psycopg (``%(name)s`` parameters), not SQLAlchemy constructs: on the hot
+path SQLAlchemy's per-execute work cost more client CPU than PostgreSQL spent running the
+statements (bench/README.md). Statements that come in shapes (a claim with or without ids, a
+finalize per target status) are built here from named parts, once per shape (``lru_cache``), and
+nowhere else.
+
+Status values and LIMITs are written in as literals, not parameters: psycopg prepares a statement
+after a few executions, and only then can PostgreSQL keep one generic plan for it. With the status
+as a parameter the generic plan cannot use the partial index of that status, and with LIMIT as a
+parameter it is costed for 10% of the table, so PostgreSQL re-planned every claim: planning cost
+as much as running it (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
+from outbox.ledger.models import RECONCILE_DUE
+from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
+from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
+
+NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
+# pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
+NOTIFY_LEADER_LOCK = 0x72656C6179
+# pg_advisory_xact_lock key: two `migrate` runs at once (compose restarts, replicas) must not race.
+MIGRATION_LOCK = 7243011
+
+
+def _driver_params(sql: str) -> str:
+    """SQL written with ``:name`` parameters, as psycopg wants them (``%(name)s``); ``::`` casts stay."""
+    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
+
+
+def _render(writes: WriteSet) -> str:
+    """A write set (outbox/ledger/writes.py) as the SET list of an UPDATE."""
+
+    def value(column: str, v: Param | Db) -> str:
+        if isinstance(v, Param):
+            return f"CAST(:{v.name} AS {v.cast})" if v.cast else f":{v.name}"
+        return {
+            Db.NULL: "NULL",
+            Db.NOW: "clock_timestamp()",
+            Db.NOW_PLUS_DELAY: "clock_timestamp() + make_interval(secs => :delay_s)",
+            Db.REASON_NOTING_CANCEL: f"CASE WHEN cancel_requested THEN :reason || '{CANCEL_NOTE}' ELSE :reason END",
+            Db.DECREMENT: f"{column} - 1",
+        }[v]
+
+    return ", ".join(f"{column} = {value(column, v)}" for column, v in writes)
+
+
+# -- submit ---------------------------------------------------------------------------------------
+# The intent row, its event row and the NOTIFY in ONE statement (one round trip). The event and the
+# notification come only from a row this statement inserted (ON CONFLICT DO NOTHING inserts none
+# for a replay); the NOTIFY is delivered when the caller commits.
+_SUBMIT = f"""
+WITH ins AS (
+    INSERT INTO operations (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
+        tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
+        next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space)
+    VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
+        %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
+        clock_timestamp() + make_interval(secs => %(deadline_s)s::float8),  -- NULL: no deadline
+        clock_timestamp() + make_interval(secs => %(delay_s)s::float8),
+        false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s)
+    ON CONFLICT (tenant, idempotency_key) DO NOTHING
+    RETURNING id
+), logged AS (
+    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    SELECT id, clock_timestamp(), NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
+)
+SELECT (SELECT count(*) FROM ins)"""
+SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins)"
+SUBMIT_QUIET = _SUBMIT
+# An operation made due by something other than a submit (an approval): the relay hears it on commit.
+NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
+
+
+# -- claims ---------------------------------------------------------------------------------------
+# The whole claim in ONE statement: lock due rows with SKIP LOCKED, bump token and lease, number the
+# attempt, open the attempt row and the event row. The CTEs read attempts as of the statement's
+# snapshot, so numbering and the ambiguity check see the rows committed before this claim.
+_CLAIM = """
+WITH {due_ctes}, claimed AS (
+    UPDATE operations o SET
+        fencing_token = o.fencing_token + 1,
+        lease_owner = :worker,
+        lease_expires_at = clock_timestamp() + make_interval(secs => :lease_s),
+        updated_at = clock_timestamp(){dispatch_sets}
+    FROM due WHERE o.id = due.id
+    RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.provider_key, o.action,
+              o.args,
+              o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
+              o.cancel_requested, o.proven_absent_through, o.updated_at, o.status
+), numbered AS (
+    SELECT c.*,
+        (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
+          WHERE a.operation_id = c.id AND a.kind = '{kind}') AS number,
+        EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
+    FROM claimed c
+), opened AS (
+    INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
+    SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false FROM numbered
+    RETURNING id AS attempt_id, operation_id
+), logged AS (
+    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    SELECT id, clock_timestamp(), {from_status}, {to_status}, fencing_token, '{event}', '{kind} attempt ' || number,
+        :worker
+    FROM numbered
+)
+SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
+"""
+
+# Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
+_DUE = """
+    SELECT id, {rank} AS rank FROM operations
+    WHERE {source} AND next_attempt_at <= {now}{lease_free}{ids}
+    ORDER BY next_attempt_at
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED"""
+
+_IDS_IN = " AND id = ANY(CAST(:operation_ids AS varchar[]))"
+_IDS_NOT_IN = " AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))"
+_LEASE_FREE = " AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
+
+
+@functools.lru_cache(maxsize=64)
+def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
+    """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows."""
+    lookup = kind is AttemptKind.LOOKUP
+    # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
+    source = RECONCILE_DUE if lookup else f"status = '{Status.NOT_DISPATCHED.value}'"
+
+    def due(rank: int, ids: str, n: int) -> str:
+        # Given ids: found through the primary key, the due bound only filters (clock_timestamp()).
+        # Any due rows: the bound must be one the due index can answer (statement_timestamp(), see
+        # outbox/ledger/clock.py db_scan_now), else each claim reads the index's every dead entry.
+        now = "clock_timestamp()" if ids == _IDS_IN else "statement_timestamp()"
+        return _DUE.format(
+            rank=rank, source=source, now=now, lease_free=_LEASE_FREE if lookup else "", ids=ids, limit=n
+        )
+
+    if not with_ids:
+        ctes = f"due AS ({due(1, '', int(limit))}\n)"
+    else:
+        ctes = f"wanted AS ({due(0, _IDS_IN, int(limit))}\n)"
+        if others:
+            ctes += (
+                f", others AS ({due(1, _IDS_NOT_IN, int(others))}\n)"
+                ", due AS (SELECT id, rank FROM wanted UNION ALL SELECT id, rank FROM others)"
+            )
+        else:
+            ctes += ", due AS (SELECT id, rank FROM wanted)"
+    dispatch_sets = (
+        ""
+        if lookup
+        else f",\n        status = '{Status.DISPATCHING.value}', attempt_count = o.attempt_count + 1, reason = 'claimed',"
+        " waiting_for = NULL"
+    )
+    return _driver_params(
+        _CLAIM.format(
+            due_ctes=ctes,
+            kind=kind.value,
+            from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
+            to_status="status" if lookup else f"'{Status.DISPATCHING.value}'",
+            event=(EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM).value,
+            may_have_taken_effect=may_have_taken_effect("c"),
+            dispatch_sets=dispatch_sets,
+        )
+    )
+
+
+# -- finalize -------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=32)
+def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISPATCHING) -> str:
+    """A worker's finalize in one statement: its attempt row, the fenced move, the event row.
+    (``source`` outcome_unknown or accepted: a reconciler's settlement of its lookup, ``settle_writes``.)
+
+    ``guard``: the move claims "no effect" and must hold only while no other attempt may have
+    taken effect (effect_guard.py).
+    """
+    writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
+    where = f"id = :operation_id AND status = '{source.value}' AND fencing_token = :token"
+    if guard:
+        where += " AND " + NO_EFFECT_POSSIBLE
+    return _driver_params(f"""
+WITH att AS (
+    UPDATE attempts SET {_render(ATTEMPT_REPORT)}
+    WHERE id = :attempt_id AND ended_at IS NULL
+    RETURNING id
+), moved AS (
+    UPDATE operations SET {_render(writes)}
+    WHERE {where}
+    RETURNING id, fencing_token
+), logged AS (
+    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    SELECT id, clock_timestamp(), '{source.value}', :to, fencing_token, :event, :event_reason, :actor
+    FROM moved
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved
+""")
+
+
+CURRENT_ROW = "SELECT status, fencing_token FROM operations WHERE id = %(id)s"
+MARK_ATTEMPT_STALE = "UPDATE attempts SET stale = true WHERE id = %(id)s"
+
+# A doorbell's first read: which of its ids are due now, with what a deadline check needs.
+READ_DUE = f"""
+SELECT id, action, created_at, deadline_at, max_attempts, attempt_count, clock_timestamp() AS db_now
+FROM operations
+WHERE id = ANY(%(ids)s) AND status = '{Status.NOT_DISPATCHED.value}' AND next_attempt_at <= clock_timestamp()
+"""
+
+
+# -- evidence -------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def attempt_log(columns: tuple[str, ...]) -> str:
+    return f"SELECT {', '.join(columns)} FROM attempts WHERE operation_id = ANY(%(ids)s) ORDER BY id"
+
+
+INSERT_EVIDENCE = """
+INSERT INTO evidence (operation_id, tenant, idempotency_key, action, args_digest, provider_reference,
+                      response_digest, attempt_log_digest, recorded_at)
+VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_digest)s, %(provider_reference)s,
+        %(response_digest)s, %(attempt_log_digest)s, clock_timestamp())
+"""
+
+
+# -- relay ----------------------------------------------------------------------------------------
+MARK_RUNG = f"""
+UPDATE operations SET published_at = clock_timestamp()
+WHERE id = ANY(%(ids)s) AND status = '{Status.NOT_DISPATCHED.value}' AND published_at IS NULL
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
+    """Mark up to ``batch`` due rows of ``status`` published (SKIP LOCKED: two relays never mark the
+    same rows in the same window); returns (id, seconds since due).
+
+    %(fresh_grace_s)s: never-published rows younger than this are left to the NOTIFY path, unless
+    they were due before %(leading_since)s (NULL unless this relay leads the NOTIFY path).
+    """
+    lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
+    return f"""
+WITH due AS (
+    SELECT id FROM operations
+    WHERE status = '{status.value}' AND next_attempt_at <= statement_timestamp()
+      AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
+                                      OR next_attempt_at < %(leading_since)s::timestamptz))
+           OR published_at < next_attempt_at
+           OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
+      {lease}
+    ORDER BY next_attempt_at
+    LIMIT {int(batch)}
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE operations o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
+RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8
+"""
+
+
+LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
+# Session-level lock: released when the connection ends, so a standby takes over. The clock is
+# read after LISTEN began: a row due later commits later, so it is notified.
+TRY_LEAD = "SELECT pg_try_advisory_lock(%(key)s), clock_timestamp()"
+
+# -- housekeeping ---------------------------------------------------------------------------------
+# Queue tables changed enough since their last ANALYZE (outbox/ledger/planner_stats.py).
+STALE_STATISTICS = """
+SELECT relname FROM pg_stat_user_tables
+WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
+  AND n_mod_since_analyze >= GREATEST(%(min_rows)s, %(share)s * n_live_tup)
+"""
+STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
+MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"

@@ -1,0 +1,281 @@
+"""The PostgreSQL ledger driver: the catalogue's statements, sent straight through psycopg.
+
+Every statement runs inside the caller's transaction (a SQLAlchemy session or connection, whose
+driver connection we borrow, or a worker's own psycopg connection from ``hot_path``): SQLAlchemy
+began it and commits or rolls it back. Several finalizes are pipelined: one round trip for a
+whole doorbell batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.ledger.drivers import pg_statements as sql
+from outbox.ledger.drivers.base import FinalizeWrite, NewOperation
+from outbox.ledger.models import Run, core_table
+from outbox.ledger.states import AttemptKind, Status
+
+
+def _conn(bind: Any) -> Any:
+    """The psycopg connection under a session's or connection's current transaction."""
+    if isinstance(bind, Session):
+        return bind.connection().connection.driver_connection
+    if isinstance(bind, Connection):
+        return bind.connection.driver_connection
+    return bind  # already the driver's connection (a worker's hot path)
+
+
+def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
+    rows: list[Any] = _conn(bind).cursor(row_factory=namedtuple_row).execute(statement, params).fetchall()
+    return rows
+
+
+class PostgresDriver:
+    name = "postgresql"
+
+    def make_engine(self, url: str, **kwargs: Any) -> Engine:
+        # No pool pre-ping by default: it costs a round trip and (with psycopg) a counted
+        # transaction per checkout, doubling commits per operation (bench/README.md). A connection
+        # that died in the pool fails its first use, SQLAlchemy invalidates the pool, callers retry.
+        return create_engine(url, **kwargs)
+
+    def lock_for_migration(self, conn: Connection) -> None:
+        conn.exec_driver_sql(sql.MIGRATION_LOCK_SQL)
+
+    def migrating(self, conn: Connection) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def set_statement_timeout(self, session: Session, ms: int) -> None:
+        session.connection().exec_driver_sql(sql.STATEMENT_TIMEOUT % int(ms))
+
+    def hot_path(self, engine: Engine, sessions: sessionmaker[Session]) -> PgHotPath:
+        return PgHotPath(engine)
+
+    # -- writes of the state machine -------------------------------------------------------------
+    def insert_operation(self, session: Any, new: NewOperation) -> bool:
+        statement = sql.SUBMIT_NOTIFY if new.status is Status.NOT_DISPATCHED else sql.SUBMIT_QUIET
+        params = {
+            "id": new.id,
+            "tenant": new.tenant,
+            "key": new.idempotency_key,
+            "provider_key": new.provider_key,
+            "action": new.action,
+            "args": new.args,
+            "digest": new.args_digest,
+            "subject": new.subject,
+            "run_id": new.run_id,
+            "tool_call_id": new.tool_call_id,
+            "status": new.status.value,
+            "waiting_for": new.waiting_for.value if new.waiting_for else None,
+            "max_attempts": new.max_attempts,
+            "deadline_s": new.deadline_s,
+            "delay_s": new.delay_s,
+            "reason": new.reason,
+            "submitted_by": new.submitted_by,
+            "key_space": new.key_space,
+        }
+        return bool(_conn(session).execute(statement, params).fetchone()[0])
+
+    def notify_due(self, session: Any, operation_id: str) -> None:
+        _conn(session).execute(sql.NOTIFY_DUE, {"id": operation_id})
+
+    def claim(
+        self,
+        session: Any,
+        kind: AttemptKind,
+        *,
+        worker: str,
+        lease_s: float,
+        limit: int,
+        operation_ids: list[str] | None,
+        also_due: int,
+    ) -> list[Any]:
+        statement = sql.claim(kind, operation_ids is not None, limit, also_due)
+        return _rows(session, statement, {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)})
+
+    def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
+        """Each write's (attempt row written, operation moved), pipelined in one round trip."""
+        if not writes:
+            return []
+        conn = _conn(session)
+        cursors = []
+        with conn.pipeline():
+            for w in writes:
+                cursor = conn.cursor(row_factory=namedtuple_row)
+                params = dict(w.params, to=w.to.value, stale=False)
+                if params.get("result") is not None:
+                    params["result"] = json.dumps(params["result"])
+                cursor.execute(sql.finalize(w.to, w.refund, w.guard, w.source), params)
+                cursors.append(cursor)
+        out = []
+        for cursor in cursors:
+            row = cursor.fetchone()
+            out.append((bool(row.wrote), bool(row.moved)))
+        return out
+
+    def current_row(self, session: Any, operation_id: str) -> Any:
+        return (
+            _conn(session).cursor(row_factory=namedtuple_row).execute(sql.CURRENT_ROW, {"id": operation_id}).fetchone()
+        )
+
+    def mark_attempt_stale(self, session: Any, attempt_id: int) -> None:
+        _conn(session).execute(sql.MARK_ATTEMPT_STALE, {"id": attempt_id})
+
+    # -- reads of the hot path --------------------------------------------------------------------
+    def read_due(self, session: Any, operation_ids: Sequence[str]) -> list[Any]:
+        return _rows(session, sql.READ_DUE, {"ids": list(operation_ids)})
+
+    def attempt_log(self, session: Any, operation_ids: Sequence[str], columns: tuple[str, ...]) -> list[Any]:
+        return _rows(session, sql.attempt_log(columns), {"ids": list(operation_ids)})
+
+    def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None:
+        _conn(session).cursor().executemany(sql.INSERT_EVIDENCE, list(records))
+
+    def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
+        raw = _conn(conn)
+        params = {"tables": list(tables), "min_rows": min_rows, "share": share}
+        stale = [row[0] for row in raw.execute(sql.STALE_STATISTICS, params)]
+        for table in stale:
+            if table in tables:  # a name the caller gave, as PostgreSQL returned it
+                raw.execute(f"ANALYZE {table}")
+        return stale
+
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+
+        stmt = (
+            dialect_insert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
+        )
+        return session.execute(stmt.returning(core_table(Run).c.id)).first() is not None
+
+    # -- the relay --------------------------------------------------------------------------------
+    def mark_due(
+        self,
+        engine: Engine,
+        status: Status,
+        *,
+        leased_ok: bool,
+        batch: int,
+        republish_after_s: float,
+        fresh_grace_s: float,
+        leading_since: dt.datetime | None,
+    ) -> list[Any]:
+        with engine.begin() as conn:
+            params = {
+                "republish_after_s": float(republish_after_s),
+                "fresh_grace_s": float(fresh_grace_s),
+                "leading_since": leading_since,
+            }
+            rows: list[Any] = _conn(conn).execute(sql.mark_due(status, leased_ok, batch), params).fetchall()
+            return rows
+
+    def mark_rung(self, engine: Engine, operation_ids: Sequence[str]) -> None:
+        with engine.begin() as conn:
+            _conn(conn).execute(sql.MARK_RUNG, {"ids": list(operation_ids)})
+
+    def listener(self, engine: Engine) -> Listener:
+        return Listener(engine)
+
+
+class Listener:
+    """A LISTEN connection for the relay: notified ids, and the NOTIFY-leader lock.
+
+    Raises ``psycopg.Error`` (a database error) when the connection fails; the relay reconnects.
+    """
+
+    errors = (psycopg.Error,)
+
+    def __init__(self, engine: Engine) -> None:
+        self._url = make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @contextmanager
+    def connected(self) -> Iterator[Listener]:
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            conn.execute(sql.LISTEN)
+            self._conn = conn
+            try:
+                yield self
+            finally:
+                self._conn = None
+
+    def fileno(self) -> int:
+        assert self._conn is not None
+        return self._conn.fileno()
+
+    def drain(self) -> list[str]:
+        """Every notification waiting now: the ids submit notified."""
+        assert self._conn is not None
+        return [n.payload for n in self._conn.notifies(timeout=0) if n.payload]
+
+    def try_lead(self) -> dt.datetime | None:
+        """Take the NOTIFY-leader lock if free; the database's time then, or None (not leading)."""
+        assert self._conn is not None
+        row = self._conn.execute(sql.TRY_LEAD, {"key": sql.NOTIFY_LEADER_LOCK}).fetchone()
+        return row[1] if row and row[0] else None
+
+
+class PgHotPath:
+    """A worker process's own psycopg connection, in autocommit mode (outbox/ledger/hot_path.py)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()  # one statement at a time on the one connection
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            # Through the engine's pool so its connect arguments and events apply; detached, so
+            # the pool neither resets nor hands this connection to anyone else.
+            fairy = self.engine.raw_connection()
+            conn = fairy.driver_connection
+            assert isinstance(conn, psycopg.Connection)
+            fairy.detach()
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            conn.autocommit = True
+            self._conn = conn
+        return self._conn
+
+    def one_statement(self) -> AbstractContextManager[Any]:
+        return self._held(begin=False)
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        return self._held(begin=True)
+
+    @contextmanager
+    def _held(self, *, begin: bool) -> Iterator[Any]:
+        with self._lock:
+            conn = self._connect()
+            try:
+                if begin:
+                    with conn.transaction():
+                        yield conn
+                else:
+                    yield conn
+            except psycopg.OperationalError:
+                self._drop()
+                raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

@@ -1,0 +1,53 @@
+"""The one Core spelling of an ``operation_events`` row: the history every move leaves behind.
+
+transitions.move, the breaker park/wake (waits.py) and the SQLite driver write through here; the
+PostgreSQL driver writes the same columns inside its one-statement claim, submit and finalize
+(pg_statements.py), where a separate insert would cost a round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+from outbox.ledger.clock import db_now
+from outbox.ledger.models import OperationEvent, core_table
+from outbox.ledger.states import EventKind, Status
+
+_EV = core_table(OperationEvent)
+
+
+def record_events(
+    session: Session,
+    rows: Sequence[tuple[str, int]],
+    *,
+    from_status: Status | str | None,
+    to: Status,
+    kind: EventKind | str,
+    reason: str | None,
+    actor: str,
+) -> None:
+    """One event row per (operation id, fencing token) in ``rows``, all moving ``from_status`` ->
+    ``to`` (``None``: the operation was created), in one INSERT on the database's clock."""
+    if not rows:
+        return
+    source = Status(from_status).value if from_status is not None else None
+    session.execute(
+        insert(_EV).values(
+            [
+                dict(
+                    operation_id=operation_id,
+                    at=db_now(),
+                    from_status=source,
+                    to_status=to.value,
+                    fencing_token=token,
+                    event=EventKind(kind).value,
+                    reason=reason,
+                    actor=actor,
+                )
+                for operation_id, token in rows
+            ]
+        )
+    )

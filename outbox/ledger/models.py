@@ -1,0 +1,371 @@
+"""The ledger's tables (SQLAlchemy 2.0 typed models).
+
+- ``operations``: one row per intent; the state machine's current position, lease and token.
+- ``attempts``: one row per transport attempt (or lookup); evidence, written once, never overwritten.
+- ``operation_events``: every transition with who and why, so any state can be explained.
+
+The alembic migration in ``migrations/versions`` creates exactly these tables; a test checks that
+the migrated schema and these models agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Status
+from outbox.runs.states import ACTIVE, RunStatus
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATUS_VALUES = ", ".join(f"'{s.value}'" for s in Status)
+RUN_STATUS_VALUES = ", ".join(f"'{s.value}'" for s in RunStatus)
+RUN_ACTIVE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(ACTIVE)) + ")"
+CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
+KEY_SPACES = ("intent", "run")
+KEY_SPACE_VALUES = ", ".join(f"'{k}'" for k in KEY_SPACES)
+# What the reconciler claims (states.RECONCILE_CLAIMABLE), spelled once: the partial index and the
+# claims that must use it say exactly this.
+RECONCILE_DUE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(RECONCILE_CLAIMABLE)) + ")"
+TS = DateTime(timezone=True)
+# The partial index's condition, spelled the same way by the query that must use it.
+UNAPPLIED_SUCCESS = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
+# BIGINT on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
+BIGID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Operation(Base):
+    __tablename__ = "operations"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    # The key the provider sees (outbox/ledger/provider_keys.py), rendered once at submit. NULL only on
+    # rows submitted before migration 0005, whose requests carried the bare idempotency_key.
+    provider_key: Mapped[str | None] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(200))
+    # Canonical JSON text (exact decimals, sorted keys): what dispatch sends, byte-stable.
+    args: Mapped[str | None] = mapped_column(Text)
+    args_digest: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(255))
+    # Who submitted it, as an identity the ledger can compare (``key:<api key id>`` for the HTTP
+    # API, MCP over HTTP and the console): separation of duties compares this, never the free-text
+    # subject or approver name. NULL: submitted in-process (producer.submit) without one.
+    submitted_by: Mapped[str | None] = mapped_column(String(255))
+    # Whose key this is: a plain intent's ('intent') or a run's step or compensation ('run'). The
+    # two never adopt each other's operations (outbox/ledger/submit.py), so a plain intent never becomes a
+    # run's step, and a run never answers a plain submit.
+    key_space: Mapped[str] = mapped_column(String(8), server_default=text("'intent'"))
+    run_id: Mapped[str | None] = mapped_column(String(255))
+    tool_call_id: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(32))
+    # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
+    # NULL when it waits for nothing but its schedule. Code decides on this, people read ``reason``.
+    # No CHECK constraint: adding one to SQLite means copying the table (migration 0004 says why).
+    waiting_for: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    # NULL = the action's budget (actions file) decides; set = this intent's own cap.
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(TS)
+    result_reference: Mapped[str | None] = mapped_column(String(255))
+    result_digest: Mapped[str | None] = mapped_column(String(64))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error_class: Mapped[str | None] = mapped_column(String(32))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Dispatch attempts numbered up to this one were proven not executed by a lookup or a
+    # person; only ambiguous attempts after it keep failed_before_commit out of reach.
+    proven_absent_through: Mapped[int] = mapped_column(Integer, default=0)
+    # When the relay last rang the doorbell for this row; a row due again (retry) or whose
+    # doorbell is older than republish_after_s gets a new one. Lost messages are thus harmless.
+    published_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key"),
+        CheckConstraint(f"status IN ({STATUS_VALUES})", name="status"),
+        CheckConstraint(f"error_class IS NULL OR error_class IN ({CLASS_VALUES})", name="error_class"),
+        CheckConstraint("fencing_token >= 0", name="fencing_token"),
+        CheckConstraint(f"key_space IN ({KEY_SPACE_VALUES})", name="key_space"),
+        CheckConstraint("attempt_count >= 0 AND (max_attempts IS NULL OR max_attempts >= 1)", name="attempts"),
+        # What is due: only claimable rows are indexed, so the index stays small while the
+        # table grows to millions of finished operations.
+        Index(
+            "ix_operations_due",
+            "next_attempt_at",
+            postgresql_where=text("status = 'not_dispatched'"),
+            sqlite_where=text("status = 'not_dispatched'"),
+        ),
+        Index(
+            "ix_operations_leases",
+            "lease_expires_at",
+            postgresql_where=text("status = 'dispatching'"),
+            sqlite_where=text("status = 'dispatching'"),
+        ),
+        Index(
+            "ix_operations_unknown",
+            "next_attempt_at",
+            postgresql_where=text(RECONCILE_DUE),
+            sqlite_where=text(RECONCILE_DUE),
+        ),
+        Index("ix_operations_status_updated", "status", "updated_at"),
+    )
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"))
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    # dispatch = the business request; lookup = the reconciler asking the provider.
+    kind: Mapped[str] = mapped_column(String(16), default="dispatch")
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    worker: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[dt.datetime] = mapped_column(TS)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    request_digest: Mapped[str | None] = mapped_column(String(64))
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    attempt_class: Mapped[str] = mapped_column(String(32), default=AttemptClass.PENDING.value)
+    provider_request_id: Mapped[str | None] = mapped_column(String(255))
+    provider_reference: Mapped[str | None] = mapped_column(String(255))
+    response_digest: Mapped[str | None] = mapped_column(String(64))
+    retry_after_s: Mapped[float | None] = mapped_column(Float)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    # True when this result arrived after the worker had lost the operation (a zombie's late
+    # answer): kept as evidence, never written over the operation row by its worker. A stale
+    # success still settles the operation: evidence wins (late_evidence.py).
+    stale: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Bookkeeping, not evidence: when the ledger applied this stale success to its operation (or
+    # handed the contradiction to a person). NULL on a stale success = not yet applied.
+    applied_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+    __table_args__ = (
+        UniqueConstraint("operation_id", "kind", "attempt_number"),
+        CheckConstraint(f"attempt_class IN ({CLASS_VALUES})", name="attempt_class"),
+        CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
+        # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (late_evidence.py).
+        # Only those rows are indexed, so the sweep stays cheap however large the table grows.
+        Index(
+            "ix_attempts_unapplied_successes",
+            "id",
+            postgresql_where=text(UNAPPLIED_SUCCESS),
+            sqlite_where=text(UNAPPLIED_SUCCESS),
+        ),
+    )
+
+
+class OperationEvent(Base):
+    __tablename__ = "operation_events"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(TS)
+    from_status: Mapped[str | None] = mapped_column(String(32))
+    to_status: Mapped[str] = mapped_column(String(32))
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    event: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(255))
+
+
+class Handoff(Base):
+    """The packet a person needs to take over an operation automation could not settle."""
+
+    __tablename__ = "handoffs"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    opened_at: Mapped[dt.datetime] = mapped_column(TS)
+    reason: Mapped[str] = mapped_column(Text)
+    # The five items of DESIGN.md: ids and key; every attempt; the raw last error and its class;
+    # the suggested next step; the original intent with sensitive fields masked.
+    packet: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    resolution: Mapped[str | None] = mapped_column(String(32))
+    resolved_reference: Mapped[str | None] = mapped_column(String(255))
+    resolved_by: Mapped[str | None] = mapped_column(String(255))
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    note: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint("status IN ('open', 'resolved')", name="status"),
+        CheckConstraint(
+            "resolution IS NULL OR resolution IN ('succeeded', 'not-executed', 'abandoned')", name="resolution"
+        ),
+        Index(
+            "ix_handoffs_open",
+            "opened_at",
+            postgresql_where=text("status = 'open'"),
+            sqlite_where=text("status = 'open'"),
+        ),
+    )
+
+
+class Evidence(Base):
+    """Append-only proof that an effect happened (the default evidence sink)."""
+
+    __tablename__ = "evidence"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(String(36), index=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(200))
+    args_digest: Mapped[str] = mapped_column(String(64))
+    provider_reference: Mapped[str | None] = mapped_column(String(255))
+    response_digest: Mapped[str | None] = mapped_column(String(64))
+    attempt_log_digest: Mapped[str] = mapped_column(String(64))
+    recorded_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+class Approval(Base):
+    """A person's decision on one operation (outbox/approvals/decisions.py): bound to its tenant, action, args
+    digest and requesting subject, the policy version it was given under, and an expiry."""
+
+    __tablename__ = "approvals"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(200))
+    args_digest: Mapped[str] = mapped_column(String(64))
+    requested_by: Mapped[str] = mapped_column(String(255))
+    policy_version: Mapped[str] = mapped_column(String(64))
+    decision: Mapped[str] = mapped_column(String(16))
+    approver: Mapped[str] = mapped_column(String(255))
+    note: Mapped[str | None] = mapped_column(Text)
+    decided_at: Mapped[dt.datetime] = mapped_column(TS)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+    __table_args__ = (CheckConstraint("decision IN ('approved', 'denied')", name="decision"),)
+
+
+class ApiKey(Base):
+    """An HTTP API key (outbox/access/keys.py): one tenant, some scopes; only the key's SHA-256 is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the key's first characters, to recognise it
+    tenant: Mapped[str] = mapped_column(String(128))
+    scopes: Mapped[str] = mapped_column(String(255))  # comma-separated
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+
+class Run(Base):
+    """A run: an ordered step table submitted at once (outbox/runs/lifecycle.py). Each step is an operation
+    with a derived key, created when it becomes due; compensations are operations too."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    run_key: Mapped[str] = mapped_column(String(255))
+    subject: Mapped[str] = mapped_column(String(255))
+    # Who submitted the run (operations.submitted_by): its steps carry it, for separation of duties.
+    submitted_by: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(24))
+    # The steps as accepted (outbox/runs/spec.py, JSON text): names, actions, canonical args,
+    # compensations, and what the actions file said of each action (phase, irreversible).
+    steps: Mapped[str | None] = mapped_column(Text)
+    spec_digest: Mapped[str] = mapped_column(String(64))
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # The operation the run waits for now (a step, or a compensation), and the step's name.
+    current_op_id: Mapped[str | None] = mapped_column(String(36))
+    holding_step: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    compensate_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Every move of the run with who and why: [{at, from, to, reason, actor}].
+    history: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    resolved_by: Mapped[str | None] = mapped_column(String(255))
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # When retention removed the steps' arguments (outbox/privacy/retention.py); NULL = still there.
+    purged_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "run_key"),
+        CheckConstraint(f"status IN ({RUN_STATUS_VALUES})", name="status"),
+        CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts"),
+        # What the advance looks at: only moving runs are indexed.
+        Index(
+            "ix_runs_active",
+            "updated_at",
+            postgresql_where=text(RUN_ACTIVE),
+            sqlite_where=text(RUN_ACTIVE),
+        ),
+    )
+
+
+class ReportRun(Base):
+    """One reconciliation report (agent-outbox report, or beat's hourly run): its headline figures and
+    its findings, kept in the ledger so the exporter, the API and the console read the same report
+    whichever host ran it (outbox/report_runs.py)."""
+
+    __tablename__ = "report_runs"
+
+    id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
+    started_at: Mapped[dt.datetime] = mapped_column(TS)
+    finished_at: Mapped[dt.datetime] = mapped_column(TS, index=True)
+    since: Mapped[dt.datetime] = mapped_column(TS)
+    complete: Mapped[bool] = mapped_column(Boolean)
+    discrepancies: Mapped[int] = mapped_column(Integer)
+    duplicate_effects: Mapped[int] = mapped_column(Integer)
+    by_tenant: Mapped[dict[str, Any]] = mapped_column(JSON)  # {tenant: {kind: count}}
+    health: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The findings as the report lists them (keys and references, never arguments).
+    findings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    ran_by: Mapped[str] = mapped_column(String(255))
+
+
+def core_table(model: type[Base]) -> Table:
+    """The Core Table behind a model, for statements built on it (typed: ``__table__`` is
+    declared as a FromClause)."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table

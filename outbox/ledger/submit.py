@@ -1,0 +1,203 @@
+"""Submit: write an intent into the outbox inside the caller's transaction.
+
+The point of an outbox is that the agent's own rows and its intent commit or roll back together, so
+``submit`` never commits: the caller does. Two concurrent submits of the same (tenant, key) produce
+one row: ``INSERT ... ON CONFLICT DO NOTHING`` lets exactly one win, the loser reads the winner's
+row and compares digests (same digest = the same intent, a different one = ``IdempotencyConflict``).
+On PostgreSQL the insert also queues a NOTIFY that the database delivers on commit (the driver's
+one statement, outbox/ledger/drivers/pg_statements.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
+from outbox.ledger.drivers import NewOperation, driver_for
+from outbox.ledger.envelope import build_envelope
+from outbox.ledger.models import KEY_SPACES, Operation, core_table
+from outbox.ledger.provider_keys import KeyRules, rule_for
+from outbox.ledger.states import Status, WaitingFor
+
+MAX_KEY_LEN = 255
+# Ten years: any longer is a mistake (and past what the database's interval arithmetic holds).
+MAX_SECONDS = 10 * 365 * 86400.0
+
+_OP = core_table(Operation)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What submit hands back to the agent runtime."""
+
+    operation_id: str
+    tenant: str
+    idempotency_key: str
+    status: str
+    new: bool
+    args_digest: str
+    result_reference: str | None = None
+    result: dict[str, Any] | None = None
+    error_class: str | None = None
+    provider_key: str | None = None  # what the provider sees (outbox/ledger/provider_keys.py)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "idempotency_key": self.idempotency_key,
+            "provider_key": self.provider_key,
+            "status": self.status,
+            "new": self.new,
+            "args_digest": self.args_digest,
+            "result": (
+                {"reference": self.result_reference, "response": self.result}
+                if self.result_reference is not None or self.result is not None
+                else None
+            ),
+            "error_class": self.error_class,
+        }
+
+
+def _validate_key(key: Any) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidIntent("idempotency_key", "required: a stable business key such as 'wf-81:invoice-17:refund-2:v1'")
+    if key != key.strip() or len(key) > MAX_KEY_LEN:
+        raise InvalidIntent("idempotency_key", f"must be 1-{MAX_KEY_LEN} characters without surrounding whitespace")
+    return key
+
+
+def require_storable(name: str, text: str | None) -> None:
+    """Text the database can store: no lone surrogate (\\ud800 in JSON) and no NUL character."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidIntent(name, "must be valid Unicode text (it holds a lone surrogate)") from None
+    if "\x00" in text:
+        raise InvalidIntent(name, "must not contain a NUL character")
+
+
+def submit(
+    session: Session,
+    *,
+    tenant: str,
+    idempotency_key: str,
+    action: str,
+    args: dict[str, Any],
+    subject: str,
+    run_id: str | None = None,
+    tool_call_id: str | None = None,
+    max_attempts: int | None = None,
+    deadline_s: float | None = None,
+    delay_s: float = 0.0,
+    requires_approval: bool = False,
+    key_rules: KeyRules | None = None,
+    provider_key: str | None = None,
+    submitted_by: str | None = None,
+    key_space: str = "intent",
+) -> Receipt:
+    """Write one intent in the caller's transaction and return its receipt (never commits).
+
+    ``max_attempts`` / ``deadline_s`` cap this intent's retry budget; None leaves it to the
+    action's budget in the actions file. The tighter of the two applies.
+
+    ``key_rules``: where the action's ``provider_key`` template is found (the loaded actions file,
+    workers.provider.actions.ActionsConfig); None uses the default ``{tenant}:{idempotency_key}``. The key
+    the provider will see is rendered here, once, and stored with the intent. ``provider_key``: a
+    key rendered earlier, with the intent (a run's later steps: outbox/runs/lifecycle.py), used as given.
+    """
+    key = _validate_key(idempotency_key)
+    env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+    ):
+        raise InvalidIntent("max_attempts", "must be an integer >= 1 (or None: the action's budget)")
+    if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and 0 < deadline_s <= MAX_SECONDS):
+        raise InvalidIntent("deadline_s", f"must be a positive number of seconds up to {MAX_SECONDS:.0f} (or None)")
+    if not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_SECONDS:
+        raise InvalidIntent("delay_s", f"must be >= 0 and at most {MAX_SECONDS:.0f} seconds")
+    for name, ref in (("run_id", run_id), ("tool_call_id", tool_call_id)):
+        if ref is not None and (not isinstance(ref, str) or len(ref) > 255):
+            raise InvalidIntent(name, "must be a string of at most 255 characters")
+    for name, text in (
+        ("idempotency_key", key),
+        ("tenant", env.tenant),
+        ("action", env.action),
+        ("subject", env.subject),
+        ("run_id", run_id),
+        ("tool_call_id", tool_call_id),
+        ("submitted_by", submitted_by),
+    ):
+        require_storable(name, text)
+    if submitted_by is not None and not (isinstance(submitted_by, str) and 0 < len(submitted_by) <= 255):
+        raise InvalidIntent("submitted_by", "must be a string of 1-255 characters (an identity such as 'key:12')")
+    if key_space not in KEY_SPACES:
+        raise ValueError(f"key_space must be one of {KEY_SPACES}")
+
+    operation_id = str(uuid.uuid4())
+    # The actions file's approval rule (the send checks it again: outbox/approvals/decisions.py).
+    requires_approval = requires_approval or (key_rules is not None and key_rules.needs_approval(env.action, env.args))
+    status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
+    reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
+    if provider_key is None:
+        provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
+    new = NewOperation(
+        id=operation_id,
+        tenant=env.tenant,
+        idempotency_key=key,
+        provider_key=provider_key,
+        action=env.action,
+        args=env.canonical_args,
+        args_digest=env.digest,
+        subject=env.subject,
+        run_id=run_id,
+        tool_call_id=tool_call_id,
+        status=status,
+        waiting_for=WaitingFor.APPROVAL if requires_approval else None,
+        max_attempts=max_attempts,
+        deadline_s=None if deadline_s is None else float(deadline_s),
+        delay_s=float(delay_s),
+        reason=reason,
+        submitted_by=submitted_by,
+        key_space=key_space,
+    )
+    inserted = driver_for(session).insert_operation(session, new)
+    if inserted:
+        return Receipt(operation_id, env.tenant, key, status.value, True, env.digest, provider_key=provider_key)
+
+    existing = session.execute(
+        select(
+            _OP.c.id,
+            _OP.c.status,
+            _OP.c.args_digest,
+            _OP.c.result_reference,
+            _OP.c.result,
+            _OP.c.error_class,
+            _OP.c.provider_key,
+            _OP.c.key_space,
+        ).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
+    ).one()
+    if existing.key_space != key_space:
+        owner = "a plain intent" if existing.key_space == "intent" else "a run's step or compensation"
+        raise KeySpaceConflict(key, existing.id, owner=owner)
+    if existing.args_digest != env.digest:
+        raise IdempotencyConflict(key, existing.args_digest, env.digest, existing.id)
+    return Receipt(
+        existing.id,
+        env.tenant,
+        key,
+        existing.status,
+        False,
+        existing.args_digest,
+        existing.result_reference,
+        existing.result,
+        existing.error_class,
+        existing.provider_key,
+    )

@@ -1,0 +1,90 @@
+"""Reconciliation reports kept in the ledger: their headline figures and findings.
+
+``agent-outbox report`` (and beat's scheduled ``outbox.report``) records each run here; the metrics
+exporter, the API and the console read the last one from the ledger, so the figures do not depend on
+which host ran the report. The figures are counts and times; the findings list keys and references
+as the report does (never arguments).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, defer
+
+from outbox.ledger.clock import as_utc
+from outbox.ledger.models import ReportRun
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    finished_at_s: float  # epoch seconds
+    duplicate_effects: int
+    discrepancies: int
+    complete: bool
+
+
+def record_report(
+    session: Session, report: dict[str, Any], *, started_at: dt.datetime, finished_at: dt.datetime, ran_by: str
+) -> int:
+    """Keep ``report`` (the document workers.provider.listing_report.build_report returns); returns its id."""
+    report = json.loads(json.dumps(report, default=str))  # plain JSON: times and decimals as text
+    row = ReportRun(
+        started_at=started_at,
+        finished_at=finished_at,
+        since=dt.datetime.fromisoformat(str(report["since"])),
+        complete=bool(report["complete"]),
+        discrepancies=int(report["discrepancy_count"]),
+        duplicate_effects=int(report["health"]["duplicate_effects"]),
+        by_tenant=dict(report.get("by_tenant") or {}),
+        health=dict(report["health"]),
+        findings=dict(report.get("discrepancies") or {}),
+        ran_by=ran_by,
+    )
+    session.add(row)
+    session.flush()
+    return int(row.id)
+
+
+def last_report(session: Session) -> ReportRun | None:
+    """The last report; its findings (possibly thousands of rows of JSON) load only when read, so a
+    metrics scrape or a console refresh that wants the figures does not fetch them."""
+    stmt = (
+        select(ReportRun).options(defer(ReportRun.findings)).order_by(ReportRun.finished_at.desc(), ReportRun.id.desc())
+    )
+    return session.execute(stmt.limit(1)).scalar()
+
+
+def read_summary(session: Session) -> ReportSummary | None:
+    """The last report's headline figures; None when no report ran yet (the gauges are then absent)."""
+    row = last_report(session)
+    if row is None:
+        return None
+    finished = as_utc(row.finished_at)
+    assert finished is not None
+    return ReportSummary(finished.timestamp(), row.duplicate_effects, row.discrepancies, row.complete)
+
+
+def report_json(row: ReportRun, *, tenant: str | None = None) -> dict[str, Any]:
+    """A report run as the API shows it; ``tenant``: only that tenant's findings and counts."""
+    findings = {
+        kind: [f for f in items if tenant is None or f.get("tenant") == tenant]
+        for kind, items in (row.findings or {}).items()
+    }
+    return {
+        "report_id": row.id,
+        "started_at": (as_utc(row.started_at) or row.started_at).isoformat(),
+        "finished_at": (as_utc(row.finished_at) or row.finished_at).isoformat(),
+        "since": (as_utc(row.since) or row.since).isoformat(),
+        "complete": row.complete,
+        "discrepancy_count": sum(len(v) for v in findings.values()) if tenant else row.discrepancies,
+        "duplicate_effects": row.duplicate_effects if tenant is None else len(findings.get("duplicates", [])),
+        "by_tenant": row.by_tenant if tenant is None else {tenant: (row.by_tenant or {}).get(tenant, {})},
+        "health": row.health if tenant is None else None,
+        "discrepancies": findings,
+        "ran_by": row.ran_by,
+    }

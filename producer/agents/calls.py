@@ -1,0 +1,314 @@
+"""One idea of a tool call, shared by every agent adapter.
+
+**The key rule.** A model may call the same tool twice (a retry after a timeout, a resumed run, a
+second identical call): each must map to the same operation and answer its outcome instead of acting
+again. So a tool call's idempotency key is made only of what the host owns and what survives retries:
+
+    {scope}:{action}:ref={the declared reference arguments}     (tool.reference_args in the actions file)
+    {scope}:{action}:args={sha256 of the canonical arguments}   (otherwise)
+
+``scope`` is the host's: a conversation, run or thread id (MCP: the ``agent-outbox/scope`` entry of the
+request's ``_meta``, else the server's ``--scope``; OpenAI Agents SDK: what ``scope=`` returns from the
+run context; LangGraph: the thread id). Never the tool call id (a model's retry gets a new one), never
+a model-written "key" argument, never a timestamp. Limits: two calls with the same arguments in one
+scope are one operation, also when a person meant two (give such actions a reference argument, e.g.
+an invoice number); arguments that differ only in what the model wrote freely (a reason text) are two
+operations, unless the action declares reference arguments, which then decide alone.
+
+Numbers: runtimes hand JSON numbers over as binary floats; a float is read back through its shortest
+decimal repr (``12.5`` stays 12.5, exact for up to 15 significant digits). Declare money as strings in
+``tool.args_schema`` to be exact beyond that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+
+from outbox.actions.rules import IntentRules
+from outbox.approvals import decisions as approvals
+from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
+from outbox.ledger.models import Operation
+from outbox.ledger.submit import MAX_KEY_LEN
+from outbox.reads.queries import operation_json
+from outbox.reads.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
+from producer.agents.catalog import RETRY_OF, ToolView, catalog, tool_for
+from producer.client import Outbox
+
+MAX_SCOPE = 128
+MAX_WAIT_S = 60.0
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# Final outcomes that say "it did not happen": the only ones a call may be tried again after. Not
+# CANCELLED: a person's denial is not the model's to route around.
+RETRYABLE = frozenset({Outcome.FAILED_BEFORE_COMMIT, Outcome.FAILED_AT_PROVIDER})
+
+
+def exact(value: Any) -> Any:
+    """Floats as the decimals they were written as (see the module docstring); the rest unchanged."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exact(v) for v in value]
+    return value
+
+
+def call_key(scope: str, action: str, args: dict[str, Any], reference_args: tuple[str, ...] = ()) -> str:
+    """The idempotency key of a tool call (the module docstring says why it is made this way)."""
+    if not isinstance(scope, str) or not scope.strip() or len(scope) > MAX_SCOPE:
+        raise InvalidIntent("scope", f"required: the host's conversation, run or thread id (1-{MAX_SCOPE} characters)")
+    canonical = canonical_value(exact(args))
+    if reference_args:
+        missing = [a for a in reference_args if canonical.get(a) in (None, "")]
+        if missing:
+            raise InvalidIntent(f"args.{missing[0]}", "required: it names the business object this call is about")
+        ref = "ref=" + ",".join(json.dumps(_as_text(canonical[a]), ensure_ascii=False) for a in reference_args)
+    else:
+        ref = "args=" + hashlib.sha256(dumps_canonical(canonical).encode()).hexdigest()[:32]
+    key = f"{scope}:{action}:{ref}"
+    if len(key) > MAX_KEY_LEN:  # scope and action included in the hash: never longer than 150
+        key = f"{action[:80]}:h={hashlib.sha256(key.encode()).hexdigest()}"
+    return key
+
+
+def retry_key(key: str, action: str, retry_of: str) -> str:
+    """The key of a call tried again after the operation ``retry_of`` ended "did not happen"."""
+    retried = f"{key}:retry-of={retry_of}"
+    if len(retried) > MAX_KEY_LEN:
+        retried = f"{action[:80]}:h={hashlib.sha256(retried.encode()).hexdigest()}"
+    return retried
+
+
+def _as_text(value: Any) -> str:
+    """A reference value as text: the order 81 and the order "81" are one order (a model may write
+    either on a retry)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return dumps_canonical(value)
+
+
+def check_schema(schema: dict[str, Any], args: dict[str, Any]) -> None:
+    """The tool's input schema, enforced (not only shown to the model): the first violation names
+    its field. Floats are checked as the numbers they are."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = ".".join(str(p) for p in first.absolute_path)
+        if first.validator == "additionalProperties":
+            extra = sorted(set(first.instance) - set(first.schema.get("properties", {})))
+            where = ".".join(filter(None, [where, extra[0] if extra else ""]))
+        elif first.validator == "required":
+            missing = [r for r in first.validator_value if r not in first.instance]
+            where = ".".join(filter(None, [where, missing[0] if missing else ""]))
+        raise InvalidIntent(f"args.{where}" if where else "args", first.message)
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """What a tool returns to the model: the typed outcome and one sentence (outbox/reads/typed_outcome.py)."""
+
+    outcome: str
+    model_message: str
+    operation_id: str
+    status: str
+    action: str
+    idempotency_key: str
+    reference: str | None
+    new: bool
+    conflict: bool = False  # a call about the same reference with other arguments: this is the first one
+
+    @property
+    def settled(self) -> bool:
+        return Outcome(self.outcome) in SETTLED
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ToolCaller:
+    """Submits tool calls as intents of one tenant and answers with their outcome."""
+
+    def __init__(
+        self, outbox: Outbox, rules: IntentRules, *, tenant: str, subject: str, identity: str | None = None
+    ) -> None:
+        """``identity``: who submits, as separation of duties compares it (``key:<id>`` over MCP's HTTP
+        transport); None in-process, where the host is the only one submitting."""
+        self.outbox, self.rules, self.tenant, self.subject = outbox, rules, tenant, subject
+        self.identity = identity
+        self.tools: dict[str, ToolView] = catalog(rules)
+
+    def call(self, action: str, args: dict[str, Any], *, scope: str, tool_call_id: str | None = None) -> ToolAnswer:
+        """Submit (or find) the intent of this call and answer its outcome now. Raises InvalidIntent
+        (field named) for bad input: nothing is submitted then.
+
+        ``args`` may carry ``retry_of``: the operation of this same call that ended with a final "did
+        not happen" (FAILED_BEFORE_COMMIT, FAILED_AT_PROVIDER). The call is then tried again under a key
+        of its own, ``{key}:retry-of={operation_id}``: it cannot collide with the failed record, and a
+        repeat of the retry is the same operation again. Anything else named there is refused."""
+        tool = tool_for(self.tools, action)
+        key = self.key_of(action, args, scope=scope)
+        plain = {k: v for k, v in args.items() if k != RETRY_OF}
+        if args.get(RETRY_OF) is not None:
+            self._check_retry(tool, args[RETRY_OF], plain, scope=scope)
+        try:
+            receipt = self.outbox.submit(
+                tenant=self.tenant,
+                idempotency_key=key,
+                action=action,
+                args=exact(plain),
+                subject=self.subject,
+                submitted_by=self.identity,
+                run_id=scope,
+                tool_call_id=tool_call_id,
+                requires_approval=tool.needs_approval(exact(plain)),
+            )
+        except IdempotencyConflict as exc:
+            # The same business object (reference arguments), other arguments: the first call stands.
+            first = self.get(exc.operation_id)
+            refs = ", ".join(f"{a}={args.get(a)!r}" for a in tool.reference_args)
+            said = (
+                f"A call of {action} for {refs} was already made with other arguments; it stands and no second "
+                f"one is made. {first.model_message}"
+            )
+            return replace(first, model_message=said, conflict=True)
+        return self.get(receipt.operation_id, new=receipt.new)
+
+    def key_of(self, action: str, args: dict[str, Any], *, scope: str) -> str:
+        """This call's idempotency key, once its arguments match the tool's schema (InvalidIntent if not)."""
+        tool = tool_for(self.tools, action)
+        if not isinstance(args, dict):
+            raise InvalidIntent("args", "must be an object of the tool's arguments")
+        check_schema(tool.input_schema, args)
+        plain = {k: v for k, v in args.items() if k != RETRY_OF}
+        key = call_key(scope, action, plain, tool.reference_args)
+        retry_of = args.get(RETRY_OF)
+        return key if retry_of is None else retry_key(key, action, retry_of)
+
+    def _check_retry(self, tool: ToolView, retry_of: Any, args: dict[str, Any], *, scope: str) -> None:
+        """``retry_of`` must name a final "did not happen" of this very call: same tenant, action and
+        scope, and the same business object (reference arguments) or the same arguments. Otherwise a
+        retry_of could mint a fresh key for a call that succeeded, and act twice."""
+        found = self._operation(retry_of) if isinstance(retry_of, str) and _UUID.fullmatch(retry_of) else None
+        if found is None:
+            raise InvalidIntent(
+                RETRY_OF, f"no operation {retry_of!r} of this tenant: name the operation_id of the failed call"
+            )
+        op, outcome = found
+        if op.action != tool.action or op.run_id != scope or not self._same_call(tool, op, args):
+            raise InvalidIntent(
+                RETRY_OF,
+                f"operation {op.id} was another call (another action, conversation or object); leave retry_of out: "
+                "this call is answered on its own",
+            )
+        if outcome not in RETRYABLE:
+            raise InvalidIntent(
+                RETRY_OF,
+                f"operation {op.id} is {outcome.value}: only a call that ended FAILED_BEFORE_COMMIT or "
+                "FAILED_AT_PROVIDER may be tried again; leave retry_of out and read that call's outcome",
+            )
+
+    def _operation(self, operation_id: str) -> tuple[Operation, Outcome] | None:
+        with self.outbox.sessions() as session:
+            op = session.get(Operation, operation_id)
+            if op is None or op.tenant != self.tenant:
+                return None
+            session.expunge(op)
+        return op, outcome_of(op.status)
+
+    @staticmethod
+    def _same_call(tool: ToolView, op: Operation, args: dict[str, Any]) -> bool:
+        if op.args is None:  # purged by retention: no way to tell
+            return False
+        before = loads_exact(op.args)
+        now = canonical_value(exact(args))
+        if tool.reference_args:
+            return all(_as_text(before.get(a)) == _as_text(now.get(a)) for a in tool.reference_args)
+        return bool(dumps_canonical(canonical_value(before)) == dumps_canonical(now))
+
+    def find(self, action: str, args: dict[str, Any], *, scope: str) -> ToolAnswer | None:
+        """The operation this call already made, if any (nothing is submitted)."""
+        key = self.key_of(action, args, scope=scope)
+        with self.outbox.sessions() as session:
+            found = session.execute(
+                select(Operation.id).where(Operation.tenant == self.tenant, Operation.idempotency_key == key)
+            ).scalar()
+        return None if found is None else self.get(found)
+
+    def get(self, operation_id: str, *, new: bool = False) -> ToolAnswer:
+        with self.outbox.sessions() as session:
+            op = session.get(Operation, operation_id)
+            if op is None or op.tenant != self.tenant:
+                raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant")
+            doc = with_outcome(operation_json(op))
+        result = doc.get("result") or {}
+        message = doc["model_message"]
+        if Outcome(doc["outcome"]) in RETRYABLE:
+            message = model_message(doc, again=self._again(op.action, op.id))
+        return ToolAnswer(
+            outcome=doc["outcome"],
+            model_message=message,
+            operation_id=doc["operation_id"],
+            status=doc["status"],
+            action=doc["action"],
+            idempotency_key=doc["idempotency_key"],
+            reference=result.get("reference"),
+            new=new,
+        )
+
+    def _again(self, action: str, operation_id: str) -> str:
+        """How the model tries this call again after a final "did not happen" (``retry_of``)."""
+        tool = self.tools.get(action)
+        refs = ", ".join(tool.reference_args) if tool is not None else ""
+        if refs:
+            return (
+                f"Calling it again answers the same; once the cause is fixed, call this tool again for the same {refs} "
+                f'with retry_of="{operation_id}" (the arguments may be corrected).'
+            )
+        return (
+            "Calling it again with the same arguments answers the same; once the cause is fixed, call this tool "
+            f'again with retry_of="{operation_id}". A call with changed arguments is a new call and needs no retry_of.'
+        )
+
+    def wait(self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = 0.2) -> ToolAnswer:
+        """Until the outcome is settled (final, or a person is needed) or ``timeout_s`` (at most 60)."""
+        if not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= MAX_WAIT_S:
+            raise InvalidIntent("timeout_s", f"must be from 0 to {MAX_WAIT_S:g} seconds")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            answer = self.get(operation_id)
+            if answer.settled or time.monotonic() >= deadline:
+                return answer
+            time.sleep(interval_s)
+
+    def approve(self, operation_id: str, *, by: str, note: str | None = None) -> None:
+        """A person's approval, recorded as agent-outbox approvals are (who, when, under which policy).
+        Adapters call it only for the operation of the very call the person saw (not a ``conflict``)."""
+        answer = self.get(operation_id)
+        spec = tool_for(self.tools, answer.action).approval
+        with self.outbox.sessions.begin() as session:
+            approvals.approve(
+                session,
+                operation_id,
+                by=by,
+                note=note,
+                policy=spec,
+                tenant=self.tenant,
+            )
+
+    def deny(self, operation_id: str, *, by: str, note: str) -> None:
+        with self.outbox.sessions.begin() as session:
+            approvals.deny(session, operation_id, by=by, note=note, tenant=self.tenant)

@@ -1,0 +1,209 @@
+"""The MCP server (``agent-outbox mcp``): every action of the actions file as a tool, plus
+``get_operation`` and ``wait_operation``, over stdio or streamable HTTP (official ``mcp`` SDK, v2).
+
+A tool call is submitted as an intent (producer/agents/calls.py: its key is the host's scope, the action
+and the call's reference or arguments, so the same call again is the same operation) and answered at
+once with its typed outcome: ``structuredContent`` carries ``outcome``, ``operation_id``,
+``model_message`` and the provider's reference, and a text part says ``model_message``. Over HTTP
+every request carries an API key (``Authorization: Bearer``, as ``agent-outbox keys create``
+makes them, scope ``submit``); its tenant is the tenant of every call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from outbox.errors import InvalidIntent, OutboxError
+from producer.agents.calls import MAX_WAIT_S, ToolAnswer, ToolCaller
+from producer.agents.catalog import ToolView
+
+SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
+POLL_S = 0.2
+CALLER_KEY = "agent_outbox.caller"  # where the HTTP auth puts the caller's ToolCaller (ASGI scope)
+
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "outcome": {
+            "type": "string",
+            "enum": [
+                "SUCCEEDED",
+                "FAILED_BEFORE_COMMIT",
+                "UNKNOWN",
+                "NEEDS_HUMAN",
+                "AWAITING_APPROVAL",
+                "PENDING",
+                "CANCELLED",
+            ],
+        },
+        "model_message": {"type": "string"},
+        "operation_id": {"type": "string"},
+        "status": {"type": "string"},
+        "action": {"type": "string"},
+        "idempotency_key": {"type": "string"},
+        "reference": {"type": ["string", "null"]},
+        "new": {"type": "boolean"},
+        "conflict": {"type": "boolean"},
+    },
+    "required": ["outcome", "model_message", "operation_id", "status"],
+}
+_OPERATION_ARGS = {"operation_id": {"type": "string", "description": "the operation_id a tool call answered"}}
+
+
+def _tool(view: ToolView) -> types.Tool:
+    return types.Tool(
+        name=view.action,
+        description=view.description,
+        input_schema=view.input_schema,
+        output_schema=ANSWER_SCHEMA,
+        annotations=types.ToolAnnotations(
+            title=view.action,
+            read_only_hint=False,
+            destructive_hint=True,  # it changes the world (a refund, an email): a host should ask
+            idempotent_hint=True,  # the same call again is the same operation, never a second effect
+            open_world_hint=True,  # it reaches a business system outside the host
+        ),
+    )
+
+
+READ_TOOLS = [
+    types.Tool(
+        name="get_operation",
+        description="The outcome of an operation a tool call started, as it is now.",
+        input_schema={"type": "object", "properties": _OPERATION_ARGS, "required": ["operation_id"]},
+        output_schema=ANSWER_SCHEMA,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    ),
+    types.Tool(
+        name="wait_operation",
+        description=(
+            "Wait until an operation's outcome is settled (final, or a person is needed), at most timeout_s "
+            f"seconds (<= {MAX_WAIT_S:g}); then its outcome as it is."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {**_OPERATION_ARGS, "timeout_s": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}},
+            "required": ["operation_id"],
+        },
+        output_schema=ANSWER_SCHEMA,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    ),
+]
+
+
+def answered(answer: ToolAnswer) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(text=answer.model_message)], structured_content=answer.as_dict(), is_error=False
+    )
+
+
+def refused(exc: OutboxError) -> types.CallToolResult:
+    field = getattr(exc, "field", None)
+    text = f"Invalid input ({field}): {getattr(exc, 'reason', exc)}" if field else f"Refused: {exc}"
+    return types.CallToolResult(
+        content=[types.TextContent(text=text + ". Nothing was submitted; correct the call and try again.")],
+        is_error=True,
+    )
+
+
+def dispatch(caller: ToolCaller, name: str, arguments: Mapping[str, Any], scope: str) -> types.CallToolResult:
+    """A tool call or a read, on a worker thread (the ledger calls block)."""
+    try:
+        if name == "get_operation":
+            return answered(caller.get(str(arguments.get("operation_id", ""))))
+        return answered(caller.call(name, dict(arguments), scope=scope))
+    except OutboxError as exc:
+        return refused(exc)
+
+
+async def wait_for_outcome(caller: ToolCaller, arguments: Mapping[str, Any]) -> types.CallToolResult:
+    """wait_operation: polls on the event loop, holding a worker thread only for each read (a
+    long wait must not take a thread that other calls and other tenants need)."""
+    timeout = arguments.get("timeout_s", 30)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= MAX_WAIT_S:
+        return refused(InvalidIntent("timeout_s", f"must be a number from 0 to {MAX_WAIT_S:g}"))
+    operation_id = str(arguments.get("operation_id", ""))
+    deadline = anyio.current_time() + timeout
+    while True:
+        try:
+            answer = await anyio.to_thread.run_sync(caller.get, operation_id)
+        except OutboxError as exc:
+            return refused(exc)
+        if answer.settled or anyio.current_time() >= deadline:
+            return answered(answer)
+        await anyio.sleep(POLL_S)
+
+
+def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str, tools: list[ToolView]) -> Server[Any]:
+    """``caller_for(ctx)``: the ToolCaller of the request's tenant (stdio: one; HTTP: the key's)."""
+    listed = [_tool(v) for v in tools] + READ_TOOLS
+
+    async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        meta = params.meta or {}
+        scope = meta.get(SCOPE_META, default_scope)  # present but empty is refused, never replaced
+        caller = caller_for(ctx)
+        arguments = params.arguments or {}
+        if params.name == "wait_operation":
+            return await wait_for_outcome(caller, arguments)
+        return await anyio.to_thread.run_sync(dispatch, caller, params.name, arguments, str(scope))
+
+    return Server(
+        "agent-outbox",
+        instructions=(
+            "Each tool asks a business system for one effect, at most once: the same call again returns the "
+            "same operation's outcome. Read `outcome` and `model_message`. Never retry UNKNOWN or PENDING "
+            "operations: use wait_operation."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+class BearerKeys:
+    """ASGI middleware: every request carries an agent-outbox API key with scope ``submit``; the
+    ToolCaller of its tenant rides in the ASGI scope for the handlers."""
+
+    def __init__(self, app: ASGIApp, verify: Callable[[str], ToolCaller | None]) -> None:
+        self.app, self.verify = app, verify
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # websockets and anything else: not served
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope.get("path") == "/healthz":  # liveness, for compose and load balancers: no key needed
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": b'{"status": "ok"}'})
+            return
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        caller = await anyio.to_thread.run_sync(self.verify, token) if token else None
+        if caller is None:
+            body = json.dumps(
+                {"error": "unauthorized", "detail": "send Authorization: Bearer <an API key with scope submit>"}
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        scope[CALLER_KEY] = caller
+        await self.app(scope, receive, send)

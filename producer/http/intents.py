@@ -1,0 +1,384 @@
+"""What agent runtimes call: submit intents, read operations, wait for an outcome, cancel.
+
+Bodies are parsed with the ledger's exact JSON reader (every number a Decimal, as
+``producer.submit`` wants), so an amount never passes through a binary float on the way in.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from decimal import Decimal
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from outbox.access.keys import Caller
+from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.ledger.clock import as_utc
+from outbox.ledger.models import Operation
+from outbox.ledger.states import Status
+from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS, require_storable, submit
+from outbox.ledger.transitions import request_cancel
+from outbox.reads.queries import detail_of, details_of, operation_json
+from outbox.reads.typed_outcome import with_outcome
+from producer.http.auth import ApiState, require, state
+from producer.http.bodies import exact_json
+from producer.http.openapi import CONFLICT, OPTIONAL_TRIMMED, STORABLE, TRIMMED, WORD, json_body
+from producer.http.problems import Problem, conflict_problem, not_found
+
+router = APIRouter(prefix="/v1", tags=["agents"])
+_OPERATION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+MAX_BATCH = 500
+MAX_WAIT_S = 60.0
+
+
+INTENT_EXAMPLE: JsonDict = {
+    "action": "payments.refund.create",
+    "idempotency_key": "wf-81:invoice-17:refund-2:v1",
+    "args": {"order_id": "o-17", "amount": "25.00", "currency": "EUR"},
+}
+
+
+class IntentIn(BaseModel):
+    """One intent (the tenant is the key's)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [INTENT_EXAMPLE]})
+
+    action: str = Field(
+        max_length=200,
+        description="a named action of the actions file, e.g. payments.refund.create",
+        json_schema_extra={"pattern": WORD},
+    )
+    args: dict[str, Any] = Field(description="the action's arguments; numbers are read as exact decimals")
+    idempotency_key: str | None = Field(
+        default=None,
+        max_length=MAX_KEY_LEN,
+        description="a stable business key (or send it as the Idempotency-Key header; one of the two is required)",
+        json_schema_extra={"pattern": TRIMMED},
+    )
+    subject: str | None = Field(
+        default=None,
+        max_length=255,
+        description="who asks (default: api:key-<id>)",
+        json_schema_extra={"pattern": OPTIONAL_TRIMMED},
+    )
+    run_id: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": STORABLE})
+    tool_call_id: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": STORABLE})
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+
+
+class BatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"intents": [INTENT_EXAMPLE]}]})
+
+    intents: list[IntentIn] = Field(max_length=MAX_BATCH)
+
+
+class OperationOut(BaseModel):
+    """An operation: the fields of ``agent-outbox ops show --json`` plus the typed outcome."""
+
+    model_config = ConfigDict(extra="allow")
+
+    operation_id: str
+    tenant: str
+    idempotency_key: str
+    provider_key: str
+    action: str
+    status: str
+    outcome: str = Field(description="SUCCEEDED | FAILED_BEFORE_COMMIT | UNKNOWN | NEEDS_HUMAN | ...")
+    model_message: str = Field(description="one sentence a language model can act on")
+
+
+class BatchItemOut(BaseModel):
+    index: int
+    status: int
+    operation: dict[str, Any] | None = None
+    problem: dict[str, Any] | None = None
+
+
+class BatchOut(BaseModel):
+    results: list[BatchItemOut]
+
+
+class PageOut(BaseModel):
+    operations: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"description": what, "content": {"application/problem+json": {}}}
+    for code, what in {
+        401: "no or unknown API key",
+        403: "the key lacks the scope",
+        404: "no such operation for this key's tenant",
+        413: "body too large",
+        422: "invalid input (the problem names the field)",
+        429: "rate limited (Retry-After)",
+    }.items()
+}
+
+
+SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the same intent, already submitted", "model": OperationOut},
+    409: {"description": "the key was used with other arguments", "content": {"application/problem+json": {}}},
+    **PROBLEMS,
+}
+
+
+def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str = "") -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise InvalidIntent(where or "body", "must be a JSON object")
+    if "tenant" in obj:
+        raise InvalidIntent(f"{where}tenant", "the tenant is the API key's; leave it out")
+    unknown = sorted(set(obj) - set(IntentIn.model_fields))
+    if unknown:
+        raise InvalidIntent(f"{where}{unknown[0]}", f"unknown field; allowed: {', '.join(IntentIn.model_fields)}")
+    key = obj.get("idempotency_key", header_key)
+    if header_key is not None and obj.get("idempotency_key") not in (None, header_key):
+        raise InvalidIntent(f"{where}idempotency_key", "differs from the Idempotency-Key header; send one")
+    out: dict[str, Any] = {
+        "tenant": caller.tenant,
+        "idempotency_key": key,
+        "action": obj.get("action"),
+        "args": obj.get("args"),
+        "subject": subject_of(obj, caller),
+        "submitted_by": caller.identity,
+        "run_id": obj.get("run_id"),
+        "tool_call_id": obj.get("tool_call_id"),
+    }
+    if obj.get("max_attempts") is not None:
+        m = _bounded(obj["max_attempts"], f"{where}max_attempts", "an integer from 1 to 1000", integer=True)
+        if not 1 <= m <= 1000:
+            raise InvalidIntent(f"{where}max_attempts", "must be an integer from 1 to 1000")
+        out["max_attempts"] = int(m)
+    if obj.get("deadline_s") is not None:
+        out["deadline_s"] = float(_bounded(obj["deadline_s"], f"{where}deadline_s", "a positive number of seconds"))
+    if not isinstance(out["args"], dict):
+        raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")
+    return out
+
+
+def subject_of(obj: dict[str, Any], caller: Caller) -> Any:
+    """The body's subject, or the key's name when it gives none (null or ""); anything else is the
+    body's to answer for (the ledger refuses what is not text)."""
+    subject = obj.get("subject")
+    return f"api:key-{caller.key_id}" if subject is None or subject == "" else subject
+
+
+def _bounded(value: Any, field: str, what: str, *, integer: bool = False) -> Decimal:
+    """A JSON number within sane magnitude, checked BEFORE any conversion: int(1e600000) alone
+    would hold the server for seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+        raise InvalidIntent(field, f"must be {what}")
+    number = Decimal(value) if isinstance(value, int) else value
+    if not number.is_finite() or number.adjusted() > 12 or (integer and number != number.to_integral_value()):
+        raise InvalidIntent(field, f"must be {what}")
+    return number
+
+
+def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None:
+    """With the actions file at hand, an unknown action is refused now, not by a worker later."""
+    action = intent.get("action")
+    if st.key_rules is not None and isinstance(action, str) and st.key_rules.key_rule(action) is None:
+        known = sorted(getattr(st.key_rules, "actions", {}))
+        raise InvalidIntent(f"{where}action", f"unknown action {action!r}; known: {', '.join(known) or '(none)'}")
+
+
+def _operation(session: Session, caller: Caller, operation_id: str, *, fresh: bool = False) -> dict[str, Any]:
+    if not _OPERATION_ID.fullmatch(operation_id):
+        raise not_found("operation")
+    op = session.get(Operation, operation_id)
+    if op is None or op.tenant != caller.tenant:
+        raise not_found("operation")  # another tenant's operation does not exist for this key
+    return with_outcome(detail_of(session, op, fresh=fresh).as_json())
+
+
+def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
+    receipt = submit(session, **intent, key_rules=st.key_rules)
+    # New: inserted by this transaction, so nothing but its history exists to read.
+    return (201 if receipt.new else 200), _operation(session, caller, receipt.operation_id, fresh=receipt.new)
+
+
+def _operations(session: Session, operation_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The answers for a batch's submitted operations: four reads for the whole batch."""
+    ops = list(session.execute(select(Operation).where(Operation.id.in_(operation_ids))).scalars())
+    return {d.operation.id: with_outcome(d.as_json()) for d in details_of(session, ops)}
+
+
+@router.post(
+    "/intents",
+    status_code=201,
+    response_model=OperationOut,
+    responses=SUBMIT_RESPONSES,
+    openapi_extra=json_body(IntentIn),
+)
+async def post_intent(
+    request: Request,
+    caller: Annotated[Caller, Depends(require("submit"))],
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSONResponse:
+    """Submit one intent. 201 when new, 200 with the existing operation when the same intent was
+    already submitted, 409 when the key was used with other arguments."""
+    st = state(request)
+    intent = _intent_fields(exact_json(await request.body()), idempotency_key, caller)
+    _known_action(st, intent)
+
+    def run() -> tuple[int, dict[str, Any]]:
+        with st.sessions.begin() as session:
+            return _submit_one(st, session, intent, caller)
+
+    code, op = await _threaded(run)
+    return JSONResponse(op, status_code=code)
+
+
+@router.post(
+    "/intents:batch",
+    response_model=BatchOut,
+    responses=PROBLEMS,
+    openapi_extra=json_body(BatchIn),
+)
+async def post_batch(request: Request, caller: Annotated[Caller, Depends(require("submit"))]) -> JSONResponse:
+    """Up to 500 intents in one transaction; one result per item, in order (201/200 with the
+    operation, or 409/422 with a problem); the good items are stored either way."""
+    st = state(request)
+    body = exact_json(await request.body())
+    if not isinstance(body, dict) or set(body) != {"intents"} or not isinstance(body["intents"], list):
+        raise InvalidIntent("intents", 'send {"intents": [intent, ...]}')
+    items = body["intents"]
+    if len(items) > MAX_BATCH:
+        raise InvalidIntent("intents", f"at most {MAX_BATCH} intents per batch (got {len(items)})")
+
+    def run() -> list[dict[str, Any]]:
+        results: list[dict[str, Any]] = []
+        with st.sessions.begin() as session:
+            for i, obj in enumerate(items):
+                try:
+                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.")
+                    _known_action(st, intent, where=f"intents.{i}.")
+                    with session.begin_nested():  # a bad item never takes the good ones down
+                        receipt = submit(session, **intent, key_rules=st.key_rules)
+                    results.append(
+                        {"index": i, "status": 201 if receipt.new else 200, "operation": receipt.operation_id}
+                    )
+                except InvalidIntent as exc:
+                    p = Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field)
+                    results.append({"index": i, "status": 422, "problem": p.body()})
+                except IdempotencyConflict as exc:
+                    results.append({"index": i, "status": 409, "problem": conflict_problem(exc).body()})
+            answers = _operations(session, [r["operation"] for r in results if "operation" in r])
+            for r in results:
+                if "operation" in r:
+                    r["operation"] = answers[r["operation"]]
+        return results
+
+    return JSONResponse({"results": await _threaded(run)})
+
+
+@router.get("/operations/{operation_id}", response_model=OperationOut, responses=PROBLEMS)
+def get_operation(
+    operation_id: str, request: Request, caller: Annotated[Caller, Depends(require("read"))]
+) -> dict[str, Any]:
+    """One operation with its attempt_log, history and typed outcome."""
+    with state(request).sessions() as session:
+        return _operation(session, caller, operation_id)
+
+
+@router.get("/operations", response_model=PageOut, responses=PROBLEMS)
+def list_operations(
+    request: Request,
+    caller: Annotated[Caller, Depends(require("read"))],
+    status: Status | None = None,
+    action: str | None = None,
+    idempotency_key: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """This tenant's operations, newest first; pass ``next_cursor`` back as ``cursor`` for more."""
+    for name, value in (("action", action), ("idempotency_key", idempotency_key)):
+        require_storable(name, value)
+    stmt = select(Operation).where(Operation.tenant == caller.tenant)
+    for column, value in ((Operation.status, status), (Operation.action, action)):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if idempotency_key is not None:
+        stmt = stmt.where(Operation.idempotency_key == idempotency_key)
+    if cursor:
+        created, last_id = _decode_cursor(cursor)
+        stmt = stmt.where(
+            or_(Operation.created_at < created, and_(Operation.created_at == created, Operation.id < last_id))
+        )
+    stmt = stmt.order_by(Operation.created_at.desc(), Operation.id.desc()).limit(limit + 1)
+    with state(request).sessions() as session:
+        rows = list(session.execute(stmt).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "operations": [with_outcome(operation_json(op)) for op in rows],
+        "next_cursor": _encode_cursor(rows[-1]) if more and rows else None,
+    }
+
+
+def _encode_cursor(op: Operation) -> str:
+    created = as_utc(op.created_at)
+    raw = json.dumps([created.isoformat() if created else None, op.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[Any, str]:
+    import datetime as dt
+
+    try:
+        created, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not _OPERATION_ID.fullmatch(str(last_id)):
+            raise ValueError("not an operation id")
+        return dt.datetime.fromisoformat(created), str(last_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidIntent("cursor", "not a cursor this API returned (use next_cursor as it is)") from exc
+
+
+@router.get("/operations/{operation_id}/wait", response_model=OperationOut, responses=PROBLEMS)
+async def wait_operation(
+    operation_id: str,
+    request: Request,
+    caller: Annotated[Caller, Depends(require("read"))],
+    timeout_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 30.0,
+) -> dict[str, Any]:
+    """Long-poll until the outcome is settled (final, or waiting for a person or an approval), or
+    ``timeout_s`` (at most 60) passed; either way 200 with the operation as it is then."""
+    st = state(request)
+
+    def read() -> dict[str, Any]:
+        with st.sessions() as session:
+            return _operation(session, caller, operation_id)
+
+    op: dict[str, Any] = await _threaded(read)
+    if op["outcome"] in ("PENDING", "UNKNOWN") and timeout_s > 0:
+        await st.waiters.wait(operation_id, timeout_s)
+        op = await _threaded(read)
+    return op
+
+
+@router.post("/operations/{operation_id}/cancel", response_model=OperationOut, responses=PROBLEMS | CONFLICT)
+def cancel_operation(
+    operation_id: str, request: Request, caller: Annotated[Caller, Depends(require("submit"))]
+) -> dict[str, Any]:
+    """As ``agent-outbox ops cancel``: cancelled if nothing was sent yet; otherwise the request is
+    recorded in the history and the operation ends as what really happened."""
+    with state(request).sessions.begin() as session:
+        _operation(session, caller, operation_id)  # 404 for another tenant's
+        request_cancel(session, operation_id, actor=f"api:key-{caller.key_id}", reason="cancel requested over the API")
+    with state(request).sessions() as session:
+        return _operation(session, caller, operation_id)
+
+
+async def _threaded(fn: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn)

@@ -1,0 +1,67 @@
+"""Errors as RFC 9457 ``application/problem+json``: ``type``, ``title``, ``status``, ``detail`` and,
+for invalid input, ``field`` (the offending field, as the CLI names it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from outbox.errors import IdempotencyConflict
+
+PROBLEM = "application/problem+json"
+PROBLEM_BASE = "https://agent-outbox.dev/problems/"
+
+
+class Problem(Exception):
+    """An error answered as problem+json."""
+
+    def __init__(
+        self, status: int, kind: str, title: str, detail: str, *, field: str | None = None, headers: Any = None
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.kind, self.title, self.detail, self.field = status, kind, title, detail, field
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        out = {"type": PROBLEM_BASE + self.kind, "title": self.title, "status": self.status, "detail": self.detail}
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+def problem_response(p: Problem) -> JSONResponse:
+    return JSONResponse(p.body(), status_code=p.status, media_type=PROBLEM, headers=p.headers)
+
+
+# The shape of every problem body, for the OpenAPI document (producer/http/openapi.py).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "description": PROBLEM_BASE + "<kind>, e.g. invalid, not-found, malformed-body"},
+        "title": {"type": "string"},
+        "status": {"type": "integer", "description": "the HTTP status code, repeated"},
+        "detail": {"type": "string", "description": "what went wrong, for people"},
+        "field": {"type": "string", "description": "the offending field (invalid input)"},
+    },
+}
+
+
+def malformed_body(detail: str) -> Problem:
+    """A body that is not JSON at all: 400, the same on every route, whoever parses the body."""
+    return Problem(400, "malformed-body", "Malformed body", detail, field="body")
+
+
+def not_found(what: str) -> Problem:
+    return Problem(404, "not-found", "Not found", f"no {what} with that id for this key's tenant")
+
+
+def conflict_problem(exc: IdempotencyConflict) -> Problem:
+    return Problem(
+        409,
+        "idempotency-conflict",
+        "Idempotency conflict",
+        str(exc),
+        field="idempotency_key",
+    )

@@ -1,0 +1,233 @@
+"""Running the pipeline: ``relay``, ``worker``, ``sweep --once`` and ``run`` (relay + workers).
+
+``agent-outbox run`` starts the same pieces production runs as separate processes: a Celery
+worker process (its prefork children do dispatch and reconcile) and the relay (which also sweeps
+expired leases and re-publishes lost doorbells). Configuration comes from ``OUTBOX_*`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from outbox.settings import Settings, load_settings
+from workers.cli.ledger import open_engine
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
+    from workers.relay.loop import Relay
+
+log = logging.getLogger(__name__)
+
+
+def worker_command(
+    settings: Settings,
+    *,
+    concurrency: int | None = None,
+    queues: str = "dispatch,outcome_unknown",
+    loglevel: str = "INFO",
+    name: str | None = None,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        str(concurrency or settings.worker_concurrency),
+        "--loglevel",
+        loglevel,
+        "-n",
+        name or f"outbox-{os.getpid()}@%h",
+    ]
+    if settings.embedded_broker:
+        # Broadcast features need fanout exchanges, which the SQLAlchemy transport lacks.
+        cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    return cmd
+
+
+def build_relay(settings: Settings) -> Relay:
+    """The relay on the configured ledger and broker."""
+    from outbox.evidence.sinks import EvidenceSink
+    from workers.relay.doorbell import Doorbell
+    from workers.relay.loop import Relay
+    from workers.wiring.celery_app import make_app
+    from workers.wiring.embedded_broker import cleanup
+    from workers.wiring.runtime import load_actions_for
+
+    engine = open_engine(settings)
+    url = settings.resolved_broker_url
+    return Relay(
+        engine,
+        Doorbell(make_app(settings), batch=settings.doorbell_batch),
+        poll_s=settings.relay_poll_s,
+        republish_after_s=settings.republish_after_s,
+        linger_s=settings.relay_linger_s,
+        embedded_broker_cleanup=(lambda: cleanup(url)) if settings.embedded_broker else None,
+        evidence_sink=EvidenceSink.from_url(settings.evidence_url) if settings.evidence_url else None,
+        # For handoff packets (what to mask); without the file every argument is masked.
+        actions=load_actions_for(settings) if settings.actions_file else None,
+        max_queued=settings.relay_max_queued,
+    )
+
+
+class Pipeline:
+    """Relay in a thread of this process + one Celery worker subprocess."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        concurrency: int | None = None,
+        loglevel: str = "WARNING",
+        env: dict[str, str] | None = None,
+        worker_output: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self.loglevel = loglevel
+        self.env = env
+        self.worker_output = worker_output
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.relay_thread: threading.Thread | None = None
+        self.relay: Relay | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        from workers.wiring.runtime import load_actions_for
+
+        load_actions_for(self.settings)  # a malformed actions file fails here, with its path
+        self.relay = relay = build_relay(self.settings)
+        self.worker = subprocess.Popen(
+            worker_command(self.settings, concurrency=self.concurrency, loglevel=self.loglevel),
+            env=self.env,
+            stdout=self.worker_output,
+            stderr=self.worker_output,
+        )
+        self.relay_thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
+        self.relay_thread.start()
+
+    def alive(self) -> bool:
+        """The worker process and the relay thread both run."""
+        return (
+            self.worker is not None
+            and self.worker.poll() is None
+            and self.relay_thread is not None
+            and self.relay_thread.is_alive()
+        )
+
+    def died(self) -> str | None:
+        """Which part ended on its own (not through ``stop``), and how; None while both run."""
+        if self._stopping or self.worker is None:
+            return None
+        code = self.worker.poll()
+        if code is not None:
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            return f"the worker process ended ({how})"
+        if self.relay_thread is not None and not self.relay_thread.is_alive():
+            return "the relay stopped"
+        return None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stopping = True
+        if self.relay is not None:
+            self.relay.stop()
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)  # warm shutdown: finish the current task
+            try:
+                self.worker.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+                self.worker.wait()
+        if self.relay_thread is not None:
+            self.relay_thread.join(timeout_s)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="run relay + workers with the OUTBOX_* configuration (Ctrl-C stops)")
+    p.add_argument("--concurrency", type=int, help="worker processes (default OUTBOX_WORKER_CONCURRENCY)")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("relay", help="run the relay (publishes due operations; sweeps expired leases)")
+    p.add_argument("--once", action="store_true", help="one tick, then exit (prints what it did)")
+    p.set_defaults(func=cmd_relay)
+    p = sub.add_parser("sweep", help="expire leases and re-publish lost doorbells")
+    p.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
+    p.set_defaults(func=cmd_relay)
+    p = sub.add_parser("worker", help="run a Celery worker (same as `celery -A workers worker ...`)")
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--queues", default="dispatch,outcome_unknown")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    relay = build_relay(settings)
+    if args.once:
+        relay._last_sweep = -1e9  # a one-shot sweep always sweeps
+        tick = relay.run_once()
+        print(
+            f"expired leases: {tick.expired}; dispatch doorbells: {tick.dispatch}; "
+            f"reconcile doorbells: {tick.reconcile}"
+        )
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+    if settings.metrics_port:
+        from workers.wiring import metrics
+
+        metrics.serve(settings.metrics_port)
+    try:
+        relay.run_forever()
+    except KeyboardInterrupt:
+        relay.stop()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    from workers.wiring.runtime import load_actions_for
+
+    load_actions_for(settings)
+    cmd = worker_command(settings, concurrency=args.concurrency, queues=args.queues, loglevel=args.loglevel)
+    os.execv(cmd[0], cmd)
+    return 0  # pragma: no cover
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=args.loglevel)
+    from workers.wiring import metrics
+
+    metrics.wipe_multiproc_dir()
+    pipeline.start()
+    print(
+        f"agent-outbox running: ledger {settings.resolved_database_url}, broker {settings.resolved_broker_url}; "
+        "Ctrl-C stops",
+        file=sys.stderr,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    died = None
+    try:
+        while not stop.is_set() and died is None:
+            stop.wait(1.0)
+            died = pipeline.died()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        pipeline.stop()
+    if died is not None:
+        # Its output went to this terminal (above); say plainly that it is why we stop.
+        print(f"agent-outbox run: {died}; stopping (see its output above)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,160 @@
+"""Fan-out: one claimed operation's call to the downstream, and what the attempt proved.
+
+Nothing here writes to the ledger: an attempt returns its report (for the attempt row) and its
+outcome (for the one guarded move that finalize.py makes of it). Which thread makes which call,
+and when, is in_flight.py's business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from breaker import Allowed, BreakerRegistry, Decision, Open, counts_as_failure
+from outbox.approvals.decisions import Grant, lapse_reason
+from outbox.ledger import failpoints
+from outbox.ledger.claims import Claim
+from outbox.ledger.envelope import loads_exact
+from outbox.ledger.states import AttemptClass
+from outbox.ledger.transitions import AttemptReport
+from workers.dispatch.outcomes import NeedsApproval, Outcome, Rejected, Succeeded, before_send, breaker_open, decide
+from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.connectors import AttemptResult, ConnectorSet
+from workers.wiring import metrics
+
+Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What calling a downstream takes: the actions file, the connectors and the breakers."""
+
+    actions: ActionsConfig
+    connectors: ConnectorSet
+    breakers: BreakerRegistry
+
+
+@dataclass
+class Batch:
+    """A doorbell's breaker answers: per operation (asked before the claim), per closed target."""
+
+    decisions: dict[str, Decision]
+    closed: dict[str, Allowed]
+    succeeded: dict[str, Allowed] = field(default_factory=dict)  # targets whose success is not yet recorded
+    # Claims whose action needs a person's approval: the approval on record (None: none), read with
+    # the claim and judged again right before the send (outbox/approvals/decisions.py).
+    approvals: dict[str, Grant | None] = field(default_factory=dict)
+
+    def decision_for(self, claim: Claim, target: str | None) -> Decision | None:
+        held = self.decisions.get(claim.operation_id)
+        return held if held is not None or target is None else self.closed.get(target)
+
+
+def attempt_claimed(caller: Caller, claim: Claim, decision: Decision | None, batch: Batch | None = None) -> Attempted:
+    try:
+        action = caller.actions.action(claim.action)
+    except KeyError as exc:
+        if decision is not None:
+            caller.breakers.release(decision)
+        report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
+        return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
+    report, outcome = attempt(caller, claim, action, decision, batch)
+    return claim, report, outcome, action
+
+
+def attempt(
+    caller: Caller,
+    claim: Claim,
+    action: ActionConfig,
+    decision: Decision | None = None,
+    batch: Batch | None = None,
+) -> tuple[AttemptReport, Outcome]:
+    """One attempt of a claimed operation: nothing here writes to the ledger.
+
+    decision: the breaker's answer taken before the claim (None: ask now). With ``batch``, a
+    success under a closed breaker is recorded once per target when the batch ends.
+    """
+    early = before_send(claim, action, now=claim.now())
+    if early is None and not claim.args:
+        early = Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
+    if early is None and batch is not None and claim.operation_id in batch.approvals:
+        lapsed = lapse_reason(
+            batch.approvals[claim.operation_id],
+            args_digest=claim.args_digest,
+            policy_version=action.approval.policy_version,
+            now=claim.now(),
+        )
+        if lapsed is not None:
+            early = NeedsApproval(lapsed)
+    if early is not None:
+        if decision is not None:
+            caller.breakers.release(decision)
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
+        return AttemptReport(AttemptClass.NOT_SENT, error=_why(early)), early
+    if decision is None:
+        decision = caller.breakers.before_call(action.target)
+    if isinstance(decision, Open):
+        outcome = breaker_open(claim, action, wait_s=decision.wait_s, now=claim.now())
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
+        return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open for {decision.wait_s:.3f}s more"), outcome
+    connector = caller.connectors.for_action(claim.action)
+    failpoints.hit("dispatch.before_send", claim.idempotency_key)
+    args = loads_exact(claim.args)
+    result = connector.send(
+        claim.action,
+        action,
+        args=args,
+        idempotency_key=claim.provider_key,
+        tenant=claim.tenant,
+        fencing_token=claim.fencing_token,
+    )
+    c = result.classification
+    # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
+    failure = counts_as_failure(c.status_code, transport_error=_is_transport(result))
+    if batch is not None and not failure and not decision.probe:
+        batch.succeeded[action.target] = decision
+    else:
+        caller.breakers.record(decision, failure=failure)
+    metrics.record_attempt(action.target, c.klass, result.latency_s)
+    return private(action, args, _report(result), decide(claim, action, c, now=claim.now()))
+
+
+def private(action: ActionConfig, args: Any, report: AttemptReport, outcome: Outcome) -> tuple[AttemptReport, Outcome]:
+    """What is stored about an attempt, without the action's secrets: the response's sensitive
+    fields masked, and the intent's sensitive values redacted wherever the provider echoed them."""
+    if not action.sensitive_args and not action.sensitive_response_fields:
+        return report, outcome
+    redactor = action.redactor(args)
+    report = replace(report, error=redactor.text(report.error))
+    if isinstance(outcome, Succeeded):
+        return report, replace(outcome, result=action.masked_response(outcome.result, redactor))
+    return report, replace(outcome, why=redactor.text(outcome.why) or "")
+
+
+def _is_transport(result: AttemptResult) -> bool:
+    # No HTTP answer counts against the breaker; a request we could not build (our bug) does not.
+    return result.classification.origin == "transport"
+
+
+def _report(result: AttemptResult) -> AttemptReport:
+    c = result.classification
+    digest = None
+    if c.body is not None:
+        digest = hashlib.sha256(json.dumps(c.body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return AttemptReport(
+        klass=c.klass,
+        status_code=result.status_code,
+        request_digest=result.request_digest or None,
+        provider_request_id=c.provider_request_id,
+        provider_reference=c.provider_reference,
+        response_digest=digest,
+        retry_after_s=c.retry_after_s,
+        latency_s=result.latency_s,
+        error=None if c.klass is AttemptClass.SUCCEEDED else f"{c.reason}: {result.raw_error or ''}"[:2000],
+    )
+
+
+def _why(outcome: Outcome) -> str:
+    return getattr(outcome, "why", "") or ""

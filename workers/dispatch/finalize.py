@@ -1,0 +1,215 @@
+"""Finalize: each attempt's outcome becomes exactly one guarded move, then its log line and doorbells.
+
+A batch's moves commit in one transaction (each still guarded by its own token): a stale token
+refuses only its own operation, whose attempt evidence is kept. A success refused that way is a
+late success: it settles its operation after the commit (evidence wins).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from outbox.errors import StaleFence
+from outbox.evidence.sinks import EvidenceSink, finish_with_evidence, records_for_claims
+from outbox.ledger.claims import Claim
+from outbox.ledger.hot_path import LedgerConnection
+from outbox.ledger.states import AttemptClass, Status, WaitingFor
+from outbox.ledger.transitions import (
+    AttemptReport,
+    Finalize,
+    commit_even_if_stale,
+    finalize_if_fenced,
+    finalize_many_if_fenced,
+)
+from workers.dispatch.fan_out import Attempted
+from workers.dispatch.outcomes import (
+    Accepted,
+    Ambiguous,
+    Cancelled,
+    FailedAtProvider,
+    NeedsApproval,
+    Outcome,
+    Rejected,
+    RetryAt,
+    Succeeded,
+)
+from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.reconcile.late import apply_late_successes
+from workers.relay.doorbell import Doorbell
+from workers.wiring import metrics
+
+log = logging.getLogger(__name__)
+
+# A move made: the claim, its outcome, the status it moved to, the reason, its log fields.
+Applied = tuple[Claim, Outcome, Status, str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """What finalizing takes: the worker's hot-path connection and sessions, the evidence sink,
+    the doorbell for what follows, and (for late successes' handoff packets) the actions file."""
+
+    ledger: LedgerConnection
+    sessions: sessionmaker[Session]
+    evidence: EvidenceSink
+    doorbell: Doorbell
+    worker_id: str
+    actions: ActionsConfig
+
+    def late(self, attempt_results: dict[int, dict[str, Any] | None]) -> None:
+        apply_late_successes(
+            self.sessions,
+            actor=self.worker_id,
+            evidence=self.evidence,
+            actions=self.actions,
+            attempt_results=attempt_results,
+        )
+
+
+def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
+    kw: dict[str, Any] = {}
+    if isinstance(outcome, Succeeded):
+        # A cancel asked for while the request was out is noted by the write itself (writes.py).
+        kw["result"] = outcome.result
+        return Status.SUCCEEDED, "provider confirmed", kw
+    if isinstance(outcome, Accepted):
+        kw.update(result=outcome.result, delay_s=outcome.check_in_s)
+        return Status.ACCEPTED, outcome.why, kw
+    if isinstance(outcome, FailedAtProvider):
+        return Status.FAILED_AT_PROVIDER, outcome.why, kw
+    if isinstance(outcome, RetryAt):
+        kw.update(delay_s=outcome.delay_s, refund_attempt=outcome.refund_attempt, waiting_for=outcome.waiting_for)
+        return Status.NOT_DISPATCHED, outcome.why, kw
+    if isinstance(outcome, Rejected):
+        return Status.FAILED_BEFORE_COMMIT, outcome.why, kw
+    if isinstance(outcome, Cancelled):
+        return Status.CANCELLED, outcome.why, kw
+    if isinstance(outcome, NeedsApproval):
+        kw.update(refund_attempt=True, waiting_for=WaitingFor.APPROVAL)
+        return Status.AWAITING_APPROVAL, outcome.why, kw
+    return Status.OUTCOME_UNKNOWN, outcome.why, kw
+
+
+def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) -> dict[str, Any]:
+    return {
+        "operation_id": claim.operation_id,
+        "idempotency_key": claim.idempotency_key,
+        "attempt": claim.attempt_number,
+        "fencing_token": claim.fencing_token,
+        "target": action.target if action else None,
+        "class": report.klass.value,
+        "retry_after_s": report.retry_after_s,
+    }
+
+
+def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
+    """Finalize a batch: one transaction for all (each move still guarded by its own token).
+
+    A stale token refuses only its own operation (its attempt evidence is kept); a separate
+    evidence database needs its own write before each success, so that case goes one by one.
+    """
+    if rec.evidence.separate:
+        return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
+    applied: list[Applied] = []
+    succeeded: list[tuple[Claim, AttemptReport]] = []
+    late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
+    ends = []
+    for claim, report, outcome, _ in items:
+        to, reason, kw = _transition_of(claim, outcome)
+        ends.append(Finalize(claim, report, to, reason, **kw))
+    with rec.ledger.transaction() as session:
+        refusals = finalize_many_if_fenced(session, ends)
+        for (claim, report, outcome, action), end, refused in zip(items, ends, refusals):
+            fields = _fields(claim, report, action)
+            if refused is not None:
+                # Another worker (or the sweep) owns it now; our evidence is on our attempt row.
+                log.info("refused: result kept as evidence (%s)", refused, extra=fields)
+                if report.klass is AttemptClass.SUCCEEDED:
+                    late[claim.attempt_id] = end.result
+                continue
+            if end.to is Status.SUCCEEDED:
+                succeeded.append((claim, report))
+            applied.append((claim, outcome, end.to, end.reason, fields))
+        # Evidence with the successes themselves: same transaction, one query, one insert.
+        rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
+    # A failure above rolls the batch back and raises: its leases expire into outcome_unknown and
+    # the reconciler settles them (an outage: workers/relay/outage.py logs it once).
+    _after(rec, applied)
+    if late:
+        # Committed above as evidence; now it settles its operation (evidence wins).
+        rec.late(late)
+    return {c.operation_id: o for c, _, o, _ in items}
+
+
+def _apply_alone(
+    rec: Recorder, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
+) -> Outcome:
+    to, reason, kw = _transition_of(claim, outcome)
+    fields = _fields(claim, report, action)
+    try:
+        if isinstance(outcome, Succeeded):
+            finish_with_evidence(
+                rec.sessions,
+                rec.evidence,
+                claim,
+                report,
+                lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
+            )
+        else:
+            commit_even_if_stale(
+                rec.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+            )
+    except StaleFence as exc:
+        log.info("stale fence: result kept as evidence (%s)", exc, extra=fields)
+        if isinstance(outcome, Succeeded):
+            rec.late({claim.attempt_id: outcome.result})
+        return outcome
+    _after(rec, [(claim, outcome, to, reason, fields)])
+    return outcome
+
+
+def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
+    """After the commit: one log line per operation, then the doorbells that follow from it.
+
+    Not for what went to outcome_unknown: the relay's next tick rings the reconciler for every
+    due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from here,
+    each finalize rang for its own one or two ambiguous calls, and the relay rang the same ids
+    again: under issue 14's fault mix 2,041 reconcile tasks for 3,202 lookups, each paying a
+    Celery message, a late-success query, a claim and a commit, and a Celery publish (~0.3 ms of
+    CPU) in the worker's finalizer per ambiguous batch. The cost: a lookup starts up to
+    OUTBOX_RELAY_POLL_S later, which an ambiguous outcome can afford (settle windows are longer)."""
+    redispatch = []
+    for claim, outcome, to, reason, fields in applied:
+        _log_outcome(outcome, reason, fields)
+        metrics.record_outcome(to)
+        if isinstance(outcome, RetryAt):
+            metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
+            if outcome.delay_s <= 0:
+                redispatch.append(claim.operation_id)
+    if redispatch:
+        rec.doorbell.ring_dispatch(redispatch)
+
+
+def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
+    if isinstance(outcome, Succeeded):
+        log.info("succeeded", extra=fields | {"reference": outcome.reference})
+    elif isinstance(outcome, RetryAt):
+        log.info("retry scheduled in %.3fs: %s", outcome.delay_s, reason, extra=fields | {"delay_s": outcome.delay_s})
+    elif isinstance(outcome, Ambiguous):
+        log.info("parked in outcome_unknown: %s", reason, extra=fields)
+    elif isinstance(outcome, Accepted):
+        log.info("accepted, not finished: the reconciler looks it up (%s)", reason, extra=fields)
+    elif isinstance(outcome, FailedAtProvider):
+        log.error("failed_at_provider: %s", reason, extra=fields | {"reference": outcome.reference})  # a final failure
+    elif isinstance(outcome, Cancelled):
+        log.info("cancelled before send", extra=fields)
+    elif isinstance(outcome, NeedsApproval):
+        log.info("not sent, waiting for approval again: %s", reason, extra=fields)
+    else:
+        # The only ERROR of the normal path: a final failure, with proof that nothing happened.
+        log.error("failed_before_commit: %s", reason, extra=fields)

@@ -1,0 +1,367 @@
+"""The actions file: targets (downstream systems) and actions (named capabilities) in YAML.
+
+Operators add downstreams here without code (DESIGN.md, "Configuration"). The shape is a public
+interface: models forbid unknown fields so a typo fails at load time, with a message that names
+the file and the dotted path of the bad field, instead of silently using a default at 3 a.m.
+
+``${VAR}`` (or ``${VAR:-default}``) in any string value is read from the environment at load
+time, so secrets such as bearer tokens stay out of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from outbox.actions.files import ActionsFileError, resolve_env
+from outbox.actions.specs import (
+    ApprovalSpec,
+    BreakerSpec,
+    BudgetSpec,
+    ListSpec,
+    LookupSpec,
+    ProviderIdempotency,
+    RequestSpec,
+    ToolSpec,
+    _Strict,
+)
+from outbox.errors import ConfigError
+from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_LENGTH, KeyRule, template_problem
+from outbox.ledger.states import AttemptClass
+from outbox.privacy.masking import Redactor, masked_view, path_problem, top_field
+
+ENV_VAR = "OUTBOX_ACTIONS_FILE"
+# What an approved intent may still take after its deadline (OUTBOX_RECONCILE_MAX_LOOKUPS x _MAX_DELAY_S).
+RECONCILE_WINDOW_S = 12 * 60.0
+
+# Placeholders that are not arguments: the business key (lookups by key), and the list
+# request's window start and page cursor (reconciliation report).
+RESERVED_PLACEHOLDERS: frozenset[str] = frozenset({"idempotency_key"})
+LIST_PLACEHOLDERS: frozenset[str] = frozenset({"since", "cursor"})
+
+# Classes a status code may be mapped to. not_sent and pending make no sense for a response:
+# a response proves the request left.
+MAPPABLE_CLASSES: frozenset[AttemptClass] = frozenset(
+    {AttemptClass.NOT_PROCESSED, AttemptClass.REJECTED, AttemptClass.AMBIGUOUS, AttemptClass.SUCCEEDED}
+)
+_STATUS_KEY = re.compile(r"^[1-5](\d\d|xx)$")
+
+
+class UnknownAction(ConfigError, KeyError):
+    """No action of that name is declared in the actions file."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name, self.known = name, sorted(known)
+        super().__init__(f"unknown action {name!r}; known actions: {', '.join(self.known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return str(self.args[0])
+
+
+class TenantCredentials(_Strict):
+    # Header overrides for one tenant's own provider account (values from ${VAR}); repr=False as
+    # for the target's headers.
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+
+
+class TargetConfig(_Strict):
+    base_url: str
+    timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    # repr=False: resolved headers usually carry secrets and must not reach logs via repr().
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Per-tenant credentials: when given, every request carries its tenant's headers over
+    # ``headers``, and an operation of a tenant not listed fails before sending (never with
+    # another tenant's credentials).
+    tenants: dict[str, TenantCredentials] = Field(default_factory=dict, repr=False)
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+    # Pool size per target; one pooled client per target is shared by a worker's threads.
+    max_connections: int = Field(default=20, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    def headers_for(self, tenant: str) -> dict[str, str] | None:
+        """The headers a request of ``tenant`` carries; None if this target has per-tenant
+        credentials and none for ``tenant``."""
+        if not self.tenants:
+            return dict(self.headers)
+        own = self.tenants.get(tenant)
+        return None if own is None else {**self.headers, **own.headers}
+
+
+class ActionConfig(_Strict):
+    target: str
+    request: RequestSpec
+    provider_idempotency: ProviderIdempotency | None = None
+    fencing_header: str | None = None
+    # The provider refuses, for a key, every request whose fencing token is older than the newest
+    # it has seen for that key on any request, lookups included, checked when it commits. Then a
+    # lookup that found nothing (carrying the reconciler's newer token) proves every earlier
+    # attempt can no longer land, and an operation may end failed_before_commit after one. Without
+    # it, an attempt that may still land (a frozen worker, a provider's queue) keeps that state out
+    # of reach: when the budget ends, a person decides. Declare it only if the provider's docs say so.
+    provider_fencing: bool = False
+    on_ambiguous: Literal["lookup", "replay"] = "lookup"
+    # The key the provider sees (outbox/ledger/provider_keys.py): rendered once at submit and stored, so
+    # editing this never changes the key of an operation already submitted. Without {tenant}, two
+    # tenants' equal business keys are one key at the provider: allowed only when the target gives
+    # each tenant its own account (targets.<name>.tenants).
+    provider_key: str = DEFAULT_TEMPLATE
+    # The provider's limit on key length; a longer rendered key is sent as a SHA-256 of it.
+    provider_key_max_length: int = Field(default=DEFAULT_MAX_LENGTH, ge=MIN_MAX_LENGTH, le=DEFAULT_MAX_LENGTH)
+    lookup: LookupSpec | None = None
+    # YAML key `list` (alias: a field named `list` would shadow the builtin in this class).
+    listing: ListSpec | None = Field(default=None, alias="list")
+    # Response field (dotted path allowed) kept as evidence. None: any JSON object 2xx counts.
+    result_reference: str | None = "id"
+    # Declared argument names; when given, placeholders and *_args are checked against them.
+    args: list[str] | None = None
+    # Dotted paths (customer.email, items[].card) masked in every output a person or tool reads;
+    # their values are also redacted from whatever the provider answers (outbox/privacy/masking.py).
+    sensitive_args: list[str] = Field(default_factory=list)
+    # Paths of the provider's answers (a success's body, a found object) masked before they are stored.
+    sensitive_response_fields: list[str] = Field(default_factory=list)
+    decimal_args: list[str] = Field(default_factory=list)
+    # Per-action override of the failure table: {409: ambiguous, "5xx": ambiguous}.
+    status_map: dict[int | str, AttemptClass] = Field(default_factory=dict)
+    connector: str | None = None
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    # A person's approval before anything is sent (outbox/approvals/decisions.py).
+    approval: ApprovalSpec = Field(default_factory=ApprovalSpec)
+    # Runs (outbox/runs/lifecycle.py): irreversible = never compensated; a draft is never real until its commit step.
+    irreversible: bool = False
+    phase: Literal["draft", "commit"] | None = None
+    tool: ToolSpec = Field(default_factory=ToolSpec)  # as agent runtimes see it (producer/agents/)
+
+    @field_validator("status_map")
+    @classmethod
+    def _status_keys(cls, value: dict[int | str, AttemptClass]) -> dict[int | str, AttemptClass]:
+        out: dict[int | str, AttemptClass] = {}
+        for key, klass in value.items():
+            text = str(key).lower()
+            if not _STATUS_KEY.match(text):
+                raise ValueError(f"{key!r} is not a status code (100-599) or family like '5xx'")
+            if klass not in MAPPABLE_CLASSES:
+                raise ValueError(f"{key}: a response cannot be classed {klass.value!r}")
+            out[text if text.endswith("xx") else int(text)] = klass
+        return out
+
+    @field_validator("sensitive_args", "sensitive_response_fields")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        problems = [p for p in (path_problem(path) for path in value) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    def approval_window_problem(self, reconcile_window_s: float) -> str | None:
+        """Why an approved intent could outlive the provider's memory of its key (and so execute
+        twice), given the reconciler's window; None when the approval wait fits."""
+        keys = self.provider_idempotency
+        if self.approval.required == "never" or keys is None:
+            return None
+        needed = self.approval.ttl_s + self.budget.deadline_s + reconcile_window_s
+        if needed <= keys.retention_s:
+            return None
+        return (
+            f"approval.ttl_s {self.approval.ttl_s:g} + budget.deadline_s {self.budget.deadline_s:g} "
+            f"+ reconcile window {reconcile_window_s:g} = {needed:g}s exceeds provider_idempotency.retention_s "
+            f"{keys.retention_s:g}: the provider could forget the key before the intent is settled"
+        )
+
+    def redactor(self, args: Any) -> Redactor:
+        """Redacts this intent's sensitive argument values wherever the provider echoes them."""
+        return Redactor.of(args, self.sensitive_args)
+
+    def masked_args(self, args: Any) -> Any:
+        """The arguments as people see them: sensitive paths masked, and their values redacted
+        wherever else they appear (a card number repeated in a free-text field)."""
+        return masked_view(args, self.sensitive_args, self.redactor(args))
+
+    def masked_response(self, body: Any, redactor: Redactor | None = None) -> Any:
+        return masked_view(body, self.sensitive_response_fields, redactor)
+
+    @field_validator("provider_key")
+    @classmethod
+    def _key_template(cls, value: str) -> str:
+        problem = template_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @property
+    def key_rule(self) -> KeyRule:
+        return KeyRule(self.provider_key, self.provider_key_max_length)
+
+    @field_validator("connector")
+    @classmethod
+    def _connector_ref(cls, value: str | None) -> str | None:
+        if value is not None and value.count(":") > 1:
+            raise ValueError("use 'module:callable' or a registered connector name")
+        return value
+
+    @model_validator(mode="after")
+    def _fencing_needs_header(self) -> ActionConfig:
+        if self.provider_fencing and self.fencing_header is None:
+            raise ValueError("provider_fencing: true needs fencing_header (the header that carries the token)")
+        return self
+
+    @model_validator(mode="after")
+    def _replay_needs_keys(self) -> ActionConfig:
+        # Replaying an ambiguous request is only safe if the provider deduplicates by our key.
+        if self.on_ambiguous == "replay" and self.provider_idempotency is None:
+            raise ValueError("on_ambiguous: replay requires provider_idempotency")
+        # A lookup by our key can only find what carried our key: if the key is never sent, its
+        # 404 is no proof of "never executed", and re-dispatching on it makes a second effect.
+        if (
+            self.lookup is not None
+            and self.lookup.authoritative_not_found
+            and self.provider_idempotency is None
+            and "idempotency_key" in self.lookup.request.placeholder_names()
+        ):
+            raise ValueError(
+                "lookup.authoritative_not_found: a lookup by {idempotency_key} proves nothing when the key "
+                "is never sent; declare provider_idempotency (the header that carries it) or set "
+                "authoritative_not_found: false"
+            )
+        return self
+
+
+class ActionsConfig(_Strict):
+    targets: dict[str, TargetConfig]
+    actions: dict[str, ActionConfig]
+
+    def action(self, name: str) -> ActionConfig:
+        try:
+            return self.actions[name]
+        except KeyError:
+            raise UnknownAction(name, self.actions) from None
+
+    def target_of(self, action: str | ActionConfig) -> TargetConfig:
+        cfg = self.action(action) if isinstance(action, str) else action
+        return self.targets[cfg.target]
+
+    def key_retentions(self) -> list[tuple[str, float]]:
+        """(action, provider_idempotency.retention_s) of every action whose provider keeps keys."""
+        return [(n, a.provider_idempotency.retention_s) for n, a in self.actions.items() if a.provider_idempotency]
+
+    def needs_approval(self, action: str, args: dict[str, Any]) -> bool:
+        """Whether an intent of ``action`` with ``args`` waits for a person (False if unknown here)."""
+        cfg = self.actions.get(action)
+        return cfg is not None and cfg.approval.applies(args)
+
+    def key_rule(self, action: str) -> KeyRule | None:
+        """The action's provider key rule (outbox.ledger.provider_keys.KeyRules); None if unknown here."""
+        cfg = self.actions.get(action)
+        return cfg.key_rule if cfg is not None else None
+
+    def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
+        return self.actions[action].phase if action in self.actions else None
+
+    def is_irreversible(self, action: str) -> bool:
+        return action in self.actions and self.actions[action].irreversible
+
+
+def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot see from inside one model."""
+    problems: list[tuple[str, str]] = []
+    for name, action in cfg.actions.items():
+        where = f"actions.{name}"
+        if action.target not in cfg.targets:
+            problems.append(
+                (f"{where}.target", f"unknown target {action.target!r}; known: {', '.join(sorted(cfg.targets))}")
+            )
+        elif not action.key_rule.scoped_by_tenant and not cfg.targets[action.target].tenants:
+            problems.append(
+                (
+                    f"{where}.provider_key",
+                    f"{action.provider_key!r} has no {{tenant}}: two tenants with the same business key would "
+                    f"share one key (one effect) at the provider; add {{tenant}}, or give each tenant its own "
+                    f"credentials under targets.{action.target}.tenants",
+                )
+            )
+        window = action.approval_window_problem(RECONCILE_WINDOW_S)
+        if window:
+            problems.append((f"{where}.approval.ttl_s", window))
+        if secret := action.tool.secret_references(action.sensitive_args):
+            problems.append((f"{where}.tool.reference_args", secret))
+        declared = set(action.args) if action.args is not None else None
+        specs: list[tuple[str, RequestSpec, frozenset[str]]] = [("request", action.request, RESERVED_PLACEHOLDERS)]
+        if action.lookup:
+            specs.append(("lookup.request", action.lookup.request, RESERVED_PLACEHOLDERS))
+        if action.listing:
+            specs.append(("list.request", action.listing.request, RESERVED_PLACEHOLDERS | LIST_PLACEHOLDERS))
+        for label, spec, reserved in specs:
+            unknown = spec.placeholder_names() - reserved
+            if not unknown:
+                continue
+            if declared is None:
+                problems.append(
+                    (f"{where}.{label}", f"placeholders {sorted(unknown)} need the action's `args:` list to check them")
+                )
+            elif unknown - declared:
+                problems.append(
+                    (
+                        f"{where}.{label}.path",
+                        f"placeholder(s) {sorted(unknown - declared)} are not argument names "
+                        f"(args: {sorted(declared)}; reserved: {sorted(reserved)})",
+                    )
+                )
+        if declared is not None:
+            for field in ("sensitive_args", "decimal_args"):
+                missing = {top_field(path) for path in getattr(action, field)} - declared
+                if missing:
+                    problems.append((f"{where}.{field}", f"{sorted(missing)} are not in args {sorted(declared)}"))
+    return problems
+
+
+def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Validate an already-parsed YAML tree; ``source`` names it in error messages."""
+    if not isinstance(data, dict):
+        raise ActionsFileError(source, [("", "the file must be a mapping with `targets` and `actions`")])
+    problems: list[tuple[str, str]] = []
+    resolved = resolve_env(data, os.environ if environ is None else environ, "", problems)
+    if problems:
+        raise ActionsFileError(source, problems)
+    try:
+        cfg = ActionsConfig.model_validate(resolved)
+    except ValidationError as exc:
+        # Only loc + msg: the input value may be a resolved secret.
+        raise ActionsFileError(source, [(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]) from exc
+    problems = _check_references(cfg)
+    if problems:
+        raise ActionsFileError(source, problems)
+    return cfg
+
+
+def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Read and validate the actions file; raises ActionsFileError naming the path and fields."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
+    return parse_actions(data, source=str(path), environ=environ)
+
+
+def load_actions_from_env(environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Load the file named by OUTBOX_ACTIONS_FILE."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_VAR)
+    if not path:
+        raise ConfigError(f"{ENV_VAR} is not set; point it at an actions file (see examples/actions.yaml)")
+    return load_actions(path, environ=env)

@@ -1,0 +1,93 @@
+"""The handoff packet: everything a person needs to settle an operation (DESIGN.md, five items)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from outbox.evidence.late import PacketBuilder
+from outbox.ledger.models import Approval, Attempt, Operation
+from outbox.privacy.masking import MASK
+from outbox.reads.queries import approval_json, attempt_json, provider_key_of
+from workers.provider.actions import ActionConfig, ActionsConfig
+
+
+def masked_args(args_text: str | None, action: ActionConfig | None) -> Any:
+    """The arguments with the action's sensitive paths masked; the action unknown here (so is what
+    it marks sensitive): every value masked. Purged arguments (agent-outbox purge) are None."""
+    if args_text is None:
+        return None
+    args = json.loads(args_text)
+    if action is not None:
+        return action.masked_args(args)
+    return {k: MASK for k in args} if isinstance(args, dict) else MASK
+
+
+def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> str:
+    where = "the provider's dashboard or API"
+    if action is not None and actions is not None:
+        target = actions.targets.get(action.target)
+        base = target.base_url if target else action.target
+        if action.lookup is not None:
+            req = action.lookup.request
+            query = "&".join(f"{k}={v}" for k, v in (req.query or {}).items()).replace(
+                "{idempotency_key}", provider_key_of(op)
+            )
+            where = f"{req.method} {base}{req.path}" + (f"?{query}" if query else "")
+        else:
+            where = f"{base} (this action declares no lookup)"
+    return (
+        f"Look for idempotency key {provider_key_of(op)!r} (tenant {op.tenant}) at {where}. "
+        f"If the effect exists: agent-outbox handoffs resolve ID --as succeeded --reference <provider id> "
+        f"--by NAME --note TEXT. If the provider confirms it never happened: --as not-executed (re-dispatched "
+        f"with the same key). If neither can be established: --as abandoned with a note."
+    )
+
+
+def build_packet(
+    session: Session, op: Operation, *, reason: str, action: ActionConfig | None, actions: ActionsConfig | None
+) -> dict[str, Any]:
+    attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
+    return {
+        "operation": {
+            "operation_id": op.id,
+            "idempotency_key": op.idempotency_key,
+            "provider_key": provider_key_of(op),
+            "tenant": op.tenant,
+            "action": op.action,
+            "target": action.target if action else None,
+        },
+        "attempts": [attempt_json(a) for a in attempts],
+        "last_error": {"class": op.error_class, "raw": op.last_error, "why_handed_off": reason},
+        "next_step": next_step(op, action, actions),
+        "intent": {
+            "args": masked_args(op.args, action),
+            "args_digest": op.args_digest,
+            "subject": op.subject,
+            "run_id": op.run_id,
+            "tool_call_id": op.tool_call_id,
+            "approval": _approval(session, op.id),
+        },
+    }
+
+
+def _approval(session: Session, operation_id: str) -> dict[str, Any] | None:
+    """The latest decision on the operation's approval (who, when, policy version, expiry)."""
+    last = session.execute(
+        select(Approval).where(Approval.operation_id == operation_id).order_by(Approval.id.desc()).limit(1)
+    ).scalar_one_or_none()
+    return approval_json(last) if last is not None else None
+
+
+def packet_builder(actions: ActionsConfig | None) -> PacketBuilder:
+    """build_packet for whatever operation comes up (late evidence), its action looked up in
+    ``actions``; without an actions file every argument is masked."""
+
+    def build(session: Session, op: Operation, reason: str) -> dict[str, Any]:
+        action = actions.actions.get(op.action) if actions is not None else None
+        return build_packet(session, op, reason=reason, action=action, actions=actions)
+
+    return build

@@ -1,0 +1,107 @@
+"""One lookup of a claimed operation: ask the provider what became of its key, on a lookup thread.
+
+Nothing here writes to the ledger: an answer (``Asked``) is judged and settled by the settler
+(settle.settle_answers). The breaker wraps exactly one lookup, as it wraps one dispatch attempt:
+a closed breaker's admission is shared by a doorbell's lookups (SharedBreakers).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from breaker import Allowed, Decision, Open, counts_as_failure
+from outbox.ledger import failpoints
+from outbox.ledger.claims import Claim
+from outbox.ledger.envelope import loads_exact
+from outbox.ledger.states import AttemptClass
+from workers.dispatch.fan_out import Caller
+from workers.provider.actions import ActionConfig
+from workers.provider.lookups import LookupResult
+from workers.reconcile.judge import Settlement, recheck
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LookupBudget:
+    """The reconciler's own budget: lookups before a person decides, and the cap of the backoff
+    between them (OUTBOX_RECONCILE_MAX_LOOKUPS, OUTBOX_RECONCILE_MAX_DELAY_S)."""
+
+    max_lookups: int
+    max_delay_s: float
+
+
+@dataclass
+class SharedBreakers:
+    """A doorbell's breaker answers: a closed breaker admits every lookup, so it is asked once per
+    target per doorbell and told one success at the end (each failure is told at once, and then
+    the next lookup asks again)."""
+
+    closed: dict[str, Allowed]  # target -> the closed breaker's admission, shared by the batch
+    succeeded: dict[str, Allowed]  # target -> a success not yet told
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One claimed operation, and what the provider answered (``found``), or why it was not asked
+    and what follows (``early``)."""
+
+    claim: Claim
+    action: ActionConfig | None
+    found: LookupResult | None = None
+    early: Settlement | None = None
+
+
+def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Settlement:
+    """Not asked: the target's breaker is open; look again when it may close (staying where it is)."""
+    return Settlement(
+        claim.status,
+        AttemptClass.AMBIGUOUS,
+        f"breaker for {action.target} open: lookup later",
+        recheck_in_s=decision.wait_s,
+    )
+
+
+def ask(caller: Caller, claim: Claim, shared: SharedBreakers, rng: random.Random, budget: LookupBudget) -> Asked:
+    """One lookup, on a lookup thread: the breaker, the provider's answer, the breaker told. Nothing
+    here writes to the ledger (settle_answers judges and settles)."""
+    action = caller.actions.action(claim.action)
+    decision: Decision | None = None
+    try:
+        decision = shared.closed.get(action.target) or caller.breakers.before_call(action.target)
+        if isinstance(decision, Open):
+            return Asked(claim, action, early=breaker_open(claim, action, decision))
+        found = caller.connectors.for_action(claim.action).lookup(
+            claim.action,
+            action,
+            args=loads_exact(claim.args or "{}"),
+            idempotency_key=claim.provider_key,
+            tenant=claim.tenant,
+            fencing_token=claim.fencing_token,
+        )
+        failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
+        unavailable = found.outcome == "unavailable"
+        failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)
+        if not failure and not decision.probe:
+            shared.succeeded[action.target] = decision
+        else:
+            shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
+            caller.breakers.record(decision, failure=failure)
+        return Asked(claim, action, found)
+    except Exception as exc:  # noqa: BLE001 - a lookup cut part-way proves nothing: look again later
+        if decision is not None:  # a probe must not stay taken until its lock expires
+            caller.breakers.release(decision)
+        log.warning(
+            "lookup cut part-way (%s: %s): looked up again later",
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
+            extra={"operation_id": claim.operation_id, "idempotency_key": claim.idempotency_key},
+        )
+        why = f"the lookup was cut part-way ({type(exc).__name__})"
+        return Asked(
+            claim,
+            action,
+            early=recheck(claim, why, rng, max_lookups=budget.max_lookups, max_delay_s=budget.max_delay_s),
+        )

@@ -1,0 +1,299 @@
+"""Settling lookups: what each answer proved, written in one transaction.
+
+The reconciler (reconcile.py) claims a batch of outcome_unknown operations and looks each up
+(lookup.py, on the lookup threads of lookups_in_flight.py); here the answers that have arrived are
+judged (judge.py: one read of the dispatch attempts for every "not found") and the judgements
+become fenced moves (outbox/evidence/settlement.py), one commit for them all, then the logs, metrics and
+doorbells that follow.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from outbox.errors import IllegalTransition, StaleFence
+from outbox.evidence.handoffs import open_handoff
+from outbox.evidence.settlement import Settle, settle_if_fenced, settle_many_if_fenced
+from outbox.evidence.sinks import finish_with_evidence, records_for_claims
+from outbox.ledger.claims import Claim
+from outbox.ledger.envelope import loads_exact
+from outbox.ledger.models import Attempt, Operation
+from outbox.ledger.states import AttemptClass, AttemptKind, Status
+from outbox.ledger.transitions import AttemptReport, commit_even_if_stale
+from outbox.ledger.writes import SETTLE_WRITES_FOR
+from workers.dispatch.finalize import Recorder
+from workers.provider.actions import ActionConfig
+from workers.provider.lookups import LookupResult
+from workers.reconcile.handoff_packet import build_packet
+from workers.reconcile.judge import DispatchAttempt, Settlement, after_not_found, dispatch_window, judge
+from workers.reconcile.late import apply_late_successes
+from workers.reconcile.lookup import Asked, LookupBudget
+from workers.wiring import metrics
+
+log = logging.getLogger("workers.reconcile.batch")
+
+
+def late(rec: Recorder, **which: Any) -> dict[str, Status]:
+    return apply_late_successes(rec.sessions, actor=rec.worker_id, evidence=rec.evidence, actions=rec.actions, **which)
+
+
+@dataclass(frozen=True)
+class Looked:
+    """One claimed operation, looked up (or not: ``found`` None) and judged, not yet settled."""
+
+    claim: Claim
+    found: LookupResult | None
+    verdict: Settlement
+    action: ActionConfig | None = None
+
+    def report(self) -> AttemptReport:
+        found, verdict, action, claim = self.found, self.verdict, self.action, self.claim
+        redactor = action.redactor(loads_exact(claim.args)) if action is not None and claim.args else None
+        error = None if verdict.to is Status.SUCCEEDED else (f"{found.reason}: " if found else "") + verdict.reason
+        return AttemptReport(
+            klass=verdict.klass,
+            status_code=found.status_code if found else None,
+            provider_reference=verdict.reference or (found.provider_reference if found else None),
+            latency_s=found.latency_s if found else None,
+            error=redactor.text(error) if redactor else error,
+        )
+
+    def result(self) -> dict[str, Any] | None:
+        found, action = self.found, self.action
+        # The provider's answer: kept on a success, and on an accepted operation while it finishes.
+        result = found.obj if found and self.verdict.to in (Status.SUCCEEDED, Status.ACCEPTED) else None
+        if result is not None and action is not None:
+            redactor = action.redactor(loads_exact(self.claim.args)) if self.claim.args else None
+            result = action.masked_response(result, redactor)
+        return result
+
+    def fields(self) -> dict[str, Any]:
+        c = self.claim
+        return {
+            "operation_id": c.operation_id,
+            "idempotency_key": c.idempotency_key,
+            "fencing_token": c.fencing_token,
+            "lookup": c.attempt_number,
+        }
+
+
+def _write_settlement(rec: Recorder, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
+    """The fenced move of one looked-up operation (and its handoff when a person must decide)."""
+    verdict = item.verdict
+    settle_if_fenced(
+        session,
+        item.claim,
+        report,
+        to=to,
+        reason=verdict.reason,
+        recheck_in_s=verdict.recheck_in_s,
+        result=item.result(),
+        cannot_land=verdict.cannot_land,
+    )
+    if to is Status.RECONCILIATION_REQUIRED:
+        op = session.get(Operation, item.claim.operation_id)
+        assert op is not None
+        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rec.actions)
+        open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
+
+
+def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Settlement]:
+    """Settle a doorbell's lookups in ONE transaction: one commit (and WAL flush) per batch, and the
+    common settlements (found done, send again, look again later) as one statement each, pipelined
+    in one round trip like a worker's finalize (settlement.settle_many_if_fenced). One refused
+    settlement leaves the others alone: a stale token keeps its lookup row as evidence (as
+    commit_even_if_stale does alone); a "no effect" the guard refuses is undone (its savepoint).
+    A separate evidence database needs its own write before each success: one by one then.
+    After the commit: logs, metrics, and what follows (late successes applied, re-dispatch)."""
+    if rec.evidence.separate:
+        return {item.claim.operation_id: _settle(rec, item) for item in looked}
+    if not looked:
+        return {}
+    applied: list[tuple[Looked, Status]] = []
+    stale: list[tuple[Looked, StaleFence]] = []
+    refused_ids: list[str] = []
+    reports = {item.claim.operation_id: item.report() for item in looked}
+    one_statement = [i for i in looked if i.verdict.to in SETTLE_WRITES_FOR and not i.verdict.cannot_land]
+    others = [i for i in looked if i not in one_statement]
+    with rec.sessions.begin() as session:
+        refusals = settle_many_if_fenced(
+            session,
+            [
+                Settle(
+                    i.claim,
+                    reports[i.claim.operation_id],
+                    i.verdict.to,
+                    i.verdict.reason,
+                    i.verdict.recheck_in_s,
+                    i.result(),
+                )
+                for i in one_statement
+            ],
+        )
+        for item, refused in zip(one_statement, refusals):
+            if refused is None:
+                applied.append((item, item.verdict.to))
+            else:
+                stale.append((item, refused))
+        for item in others:
+            # A "no effect" or a handoff can be refused after its first write (the guard: a
+            # success is on record) and is then undone alone, in its savepoint.
+            savepoint = session.begin_nested()
+            try:
+                _write_settlement(rec, session, item, reports[item.claim.operation_id], item.verdict.to)
+            except StaleFence as exc:
+                savepoint.commit()  # the lookup row keeps the answer, marked stale
+                stale.append((item, exc))
+                continue
+            except IllegalTransition as exc:
+                savepoint.rollback()
+                log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
+                refused_ids.append(item.claim.operation_id)
+                continue
+            savepoint.commit()
+            applied.append((item, item.verdict.to))
+        # Evidence with the successes themselves: same transaction, one query, one insert.
+        succeeded = [(i.claim, reports[i.claim.operation_id]) for i, to in applied if to is Status.SUCCEEDED]
+        rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
+    for item, refusal in stale:
+        log.info("stale fence: lookup kept as evidence (%s)", refusal, extra=item.fields())
+    stale_successes = {i.claim.attempt_id: i.result() for i, _ in stale if i.verdict.to is Status.SUCCEEDED}
+    if stale_successes:
+        late(rec, attempt_results=stale_successes)
+    if refused_ids:
+        late(rec, operation_ids=refused_ids)
+    redispatch = []
+    for item, to in applied:
+        _log_settled(item, to)
+        metrics.record_outcome(to)
+        if to is Status.NOT_DISPATCHED:
+            redispatch.append(item.claim.operation_id)
+    if redispatch:
+        rec.doorbell.ring_dispatch(redispatch)
+    return {item.claim.operation_id: item.verdict for item in looked}
+
+
+def _settle(rec: Recorder, item: Looked) -> Settlement:
+    """One operation alone (a separate evidence database: its write comes before the success)."""
+    claim, verdict = item.claim, item.verdict
+    report = item.report()
+    applied = verdict.to
+    try:
+        if verdict.to is Status.SUCCEEDED:
+            applied = finish_with_evidence(
+                rec.sessions,
+                rec.evidence,
+                claim,
+                report,
+                lambda session, to: _write_settlement(rec, session, item, report, to),
+            )
+        else:
+            commit_even_if_stale(
+                rec.sessions, lambda session: _write_settlement(rec, session, item, report, verdict.to)
+            )
+    except StaleFence as exc:
+        log.info("stale fence: lookup kept as evidence (%s)", exc, extra=item.fields())
+        if verdict.to is Status.SUCCEEDED:
+            late(rec, attempt_results={claim.attempt_id: item.result()})
+        return verdict
+    except IllegalTransition as exc:
+        # "No effect" refused by the ledger's guard: a success arrived on another attempt while
+        # we looked. It settles the operation instead.
+        log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
+        late(rec, operation_ids=[claim.operation_id])
+        return verdict
+    _log_settled(item, applied)
+    metrics.record_outcome(applied)
+    if applied is Status.NOT_DISPATCHED:
+        rec.doorbell.ring_dispatch([claim.operation_id])
+    return verdict
+
+
+def _log_settled(item: Looked, applied: Status) -> None:
+    fields, reason = item.fields(), item.verdict.reason
+    if applied in (Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER):
+        log.error("%s: %s", applied.value, reason, extra=fields)  # a final failure
+    elif applied is Status.RECONCILIATION_REQUIRED:
+        # A handoff to a person is one of the two ERRORs of the normal path (DESIGN.md, Logging).
+        log.error("handed to a person: %s", reason, extra=fields)
+    else:
+        log.info("reconcile: %s -> %s", reason, applied.value, extra=fields)
+
+
+def settle_answers(
+    rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
+) -> dict[str, Settlement]:
+    """Judge what the provider answered (one read of the dispatch attempts for every "not found")
+    and settle it all in one transaction (settle.settle_all)."""
+    not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
+    attempts: dict[str, list[DispatchAttempt]] = {}
+    if not_found:
+        with rec.sessions() as session:
+            attempts = _dispatch_attempts(session, not_found)
+    looked = [_judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget) for rng, a in items]
+    return settle_all(rec, looked)
+
+
+def _judged(
+    rec: Recorder, asked: Asked, rng: random.Random, attempts: list[DispatchAttempt], budget: LookupBudget
+) -> Looked:
+    claim, action, found = asked.claim, asked.action, asked.found
+    if asked.early is not None or found is None or action is None:
+        assert asked.early is not None
+        return Looked(claim, None, asked.early, action)
+    first_sent = last_activity = None
+    if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
+        target = rec.actions.target_of(action)
+        first_sent, last_activity = dispatch_window(
+            attempts, call_timeout_s=target.timeout_s + target.connect_timeout_s, after=claim.proven_absent_through
+        )
+    max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
+    verdict = judge(
+        claim,
+        action,
+        found,
+        now=claim.now(),
+        last_activity=last_activity,
+        first_sent=first_sent,
+        rng=rng,
+        max_lookups=max_lookups,
+        max_delay_s=max_delay_s,
+    )
+    if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
+        verdict = after_not_found(
+            claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+        )
+    return Looked(claim, found, verdict, action)
+
+
+def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
+    """One read of these operations' dispatch attempts, each in order: both judgements of a "not
+    found" (dispatch_window, after_not_found)."""
+    rows = session.execute(
+        select(
+            Attempt.operation_id,
+            Attempt.attempt_number,
+            Attempt.fencing_token,
+            Attempt.attempt_class,
+            Attempt.error,
+            Attempt.started_at,
+            Attempt.ended_at,
+        )
+        .where(Attempt.operation_id.in_(list(operation_ids)), Attempt.kind == AttemptKind.DISPATCH.value)
+        .order_by(Attempt.operation_id, Attempt.attempt_number)
+    ).all()
+    out: dict[str, list[DispatchAttempt]] = {}
+    for r in rows:
+        out.setdefault(r.operation_id, []).append(
+            DispatchAttempt(
+                r.attempt_number, r.fencing_token, AttemptClass(r.attempt_class), r.error, r.started_at, r.ended_at
+            )
+        )
+    return out

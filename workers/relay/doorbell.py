@@ -1,0 +1,62 @@
+"""The doorbell: a broker message that says only "operation X may be due".
+
+It carries the operation id and nothing else (no arguments, no keys: Flower and the broker never
+see business data). Losing one is harmless (the relay re-publishes after republish_after_s);
+ringing twice is harmless (the second finds nothing to claim).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from celery import Celery
+
+from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Doorbell:
+    app: Celery
+    # Doorbells carry up to this many ids. Dispatch: one message, one claim statement and one
+    # finalize transaction serve them all. Reconcile: one message and one late-evidence check
+    # serve them all, each then looked up in turn (a task per id cost the reconciler ~3 ms of
+    # Celery per operation, issue 14).
+    batch: int = 1
+
+    def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
+        return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, list(operation_ids), self.batch)
+
+    def ring_reconcile(self, operation_ids: Iterable[str]) -> int:
+        return self._ring(RECONCILE_TASK, UNKNOWN_QUEUE, list(operation_ids), self.batch)
+
+    def queued_dispatch(self) -> int | None:
+        """Dispatch doorbells waiting in the broker (not those a worker holds), or None if unknown."""
+        return self._queued(DISPATCH_QUEUE)
+
+    def queued_reconcile(self) -> int | None:
+        """Reconcile doorbells waiting in the broker (not those a reconciler holds), or None if unknown."""
+        return self._queued(UNKNOWN_QUEUE)
+
+    def _queued(self, queue: str) -> int | None:
+        """kombu's passive queue_declare would say this, but with a global_keyprefix its existence
+        check looks at the unprefixed key and answers NOT_FOUND; the channel's own size query (a
+        LLEN per priority on Redis, a COUNT on the embedded broker) is what it would have called."""
+        try:
+            with self.app.connection_or_acquire() as conn:
+                return int(conn.default_channel._size(queue))
+        except Exception:  # noqa: BLE001 - unknown depth: the relay publishes without a bound
+            log.debug("could not read the depth of queue %s", queue, exc_info=True)
+            return None
+
+    def _ring(self, task: str, queue: str, operation_ids: list[str], batch: int) -> int:
+        """Publish; returns the number of messages. A message's argument is one id or a list."""
+        chunks = [operation_ids[i : i + batch] for i in range(0, len(operation_ids), max(batch, 1))]
+        with self.app.producer_or_acquire() as producer:
+            for chunk in chunks:
+                arg: str | list[str] = chunk[0] if len(chunk) == 1 else chunk
+                self.app.send_task(task, args=[arg], queue=queue, producer=producer)
+        return len(chunks)

@@ -1,0 +1,246 @@
+"""The FastAPI application (``agent-outbox serve``): routes, error handlers, the body size limit,
+health and readiness."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from outbox.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidIntent,
+    OperationNotFound,
+    RunConflict,
+    RunNotMovable,
+    SelfApproval,
+)
+from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.provider_keys import KeyRules
+from outbox.settings import Settings, load_settings
+from producer.client import key_rules_for
+from producer.http import intents as agents
+from producer.http import openapi, runs
+from producer.http.auth import ApiState, RateLimiter
+from producer.http.problems import Problem, conflict_problem, malformed_body, not_found, problem_response
+from producer.http.waiters import Waiters
+from workers.server import operators
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
+class BodyLimit:
+    """Refuses request bodies over ``max_bytes`` (413), whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = Problem(413, "too-large", "Request body too large", f"bodies are limited to {self.max_bytes} bytes")
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await problem_response(too_big)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise too_big
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except Problem as exc:
+            await problem_response(exc)(scope, receive, send)
+
+
+def _mount_console(app: FastAPI) -> None:
+    """The operator console under /console (workers/console/), when its templates' library is installed."""
+    try:
+        from workers.console import pages
+    except ImportError as exc:  # jinja2 missing: the API runs, the console says how to get it
+        reason = f"the console needs its extra: pip install 'agent-outbox-ledger[api]' ({exc})"
+
+        @app.get("/console", include_in_schema=False)
+        def no_console() -> JSONResponse:
+            return problem_response(Problem(503, "not-installed", "Console not installed", reason))
+
+        return
+    from workers.console.sessions import Signer
+
+    app.state.console_signer = Signer.of(app.state.api.settings.console_secret)  # once: every request signs alike
+    app.include_router(pages.router)
+    app.mount("/console/static", pages.static, name="console-static")
+
+
+def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None = None) -> FastAPI:
+    settings = settings or load_settings()
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_sessionmaker(engine)
+    api_state = ApiState(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        key_rules=key_rules if key_rules is not None else key_rules_for(settings),
+        waiters=Waiters(sessions),
+        limiter=RateLimiter(settings.api_rate_per_s, max(1.0, settings.api_rate_per_s * 2)),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        api_state.waiters.start()
+        try:
+            yield
+        finally:
+            await api_state.waiters.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="agent-outbox",
+        version="1",
+        description="Intents in, typed outcomes out: the execution layer for agents' side effects.",
+        lifespan=lifespan,
+    )
+    app.state.api = api_state
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc)
+
+    @app.exception_handler(InvalidIntent)
+    async def _invalid(request: Request, exc: InvalidIntent) -> JSONResponse:
+        # The ledger names fields as the CLI spells them (--by); over HTTP they are body fields (by).
+        field = exc.field.lstrip("-") if exc.field else exc.field
+        return problem_response(Problem(422, "invalid", "Invalid input", exc.reason, field=field))
+
+    @app.exception_handler(SelfApproval)
+    async def _self_approval(request: Request, exc: SelfApproval) -> JSONResponse:
+        return problem_response(Problem(403, "separation-of-duties", "Separation of duties", str(exc), field=None))
+
+    @app.exception_handler(IdempotencyConflict)
+    async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return problem_response(conflict_problem(exc))
+
+    @app.exception_handler(RunNotMovable)
+    async def _run_not_movable(request: Request, exc: RunNotMovable) -> JSONResponse:
+        return problem_response(Problem(409, "conflict", "Conflict", exc.reason, field=None))
+
+    @app.exception_handler(RunConflict)
+    async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:
+        return problem_response(Problem(409, "run-conflict", "Run conflict", str(exc), field="run_key"))
+
+    @app.exception_handler(OperationNotFound)
+    async def _missing(request: Request, exc: OperationNotFound) -> JSONResponse:
+        return problem_response(not_found("operation"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # FastAPI's parse of a body that is not JSON
+            ctx = first.get("ctx") or {}
+            at = list(first.get("loc", ()))[-1:] or ["?"]
+            return problem_response(
+                malformed_body(f"not valid JSON ({ctx.get('error', 'decode error')} at character {at[0]})")
+            )
+        if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):  # no body at all
+            return problem_response(malformed_body("empty; send a JSON object"))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+        return problem_response(Problem(422, "invalid", "Invalid input", str(first.get("msg")), field=where or None))
+
+    @app.exception_handler(IllegalTransition)
+    async def _moved_on(request: Request, exc: IllegalTransition) -> JSONResponse:
+        detail = f"the operation moved on meanwhile ({exc}); read it again"
+        return problem_response(Problem(409, "conflict", "Conflict", detail))
+
+    @app.exception_handler(ConfigError)
+    async def _unconfigured(request: Request, exc: ConfigError) -> JSONResponse:
+        return problem_response(Problem(503, "not-configured", "Not configured", str(exc)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, Problem):  # the body limit, hit while FastAPI read a model body
+            return problem_response(exc.__cause__)
+        if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI read a model body
+            return problem_response(malformed_body(f"not UTF-8 (byte {exc.__cause__.start} cannot be decoded)"))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # RFC 9110: a 405 lists the methods the resource has. The router's own 405 names none
+            # for an included router's routes (or only the first route of the path): ask them all.
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
+            return problem_response(Problem(405, "method-not-allowed", "Method not allowed", detail, headers=headers))
+        title = {404: "Not found"}.get(exc.status_code, "Error")
+        kind = title.lower().replace(" ", "-")
+        return problem_response(Problem(exc.status_code, kind, title, str(exc.detail), headers=headers))
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "a dependency is unreachable"}})
+    def readyz() -> JSONResponse:
+        """Readiness: the ledger answers (and Redis, when configured)."""
+        checks: dict[str, str] = {}
+        try:
+            with engine.connect() as conn:
+                conn.execute(select(1))
+            checks["ledger"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            checks["ledger"] = f"unreachable: {type(exc).__name__}"
+        if settings.redis_url:
+            checks["redis"] = _redis_check(settings.redis_url)
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+
+    app.include_router(agents.router)
+    app.include_router(runs.router)
+    app.include_router(operators.router)
+    _mount_console(app)
+    openapi.install(app)
+    return app
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods the requested resource has: those for which a route of the app matches its path
+    (asked of the routes themselves, as the router would, so included routers count too). A
+    mounted app (the console's static files) answers its own methods: GET and HEAD."""
+    routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+    allowed = [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
+    return allowed or ["GET", "HEAD"]
+
+
+def _redis_check(url: str) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        client.ping()
+        return "ok"
+    except redis.RedisError as exc:
+        return f"unreachable: {type(exc).__name__}"
+    finally:
+        client.close()

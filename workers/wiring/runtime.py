@@ -1,0 +1,193 @@
+"""Per-process resources of a worker: ledger engine, actions, connectors, breakers, doorbell.
+
+Built lazily in each process (Celery's prefork children must not share a parent's connections),
+and rebuilt when the process id changes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from breaker import BreakerConfig, BreakerRegistry
+from outbox.errors import ConfigError
+from outbox.evidence.sinks import EvidenceSink
+from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.hot_path import LedgerConnection
+from outbox.privacy.retention import check_retention
+from outbox.settings import Settings, load_settings
+from workers.dispatch.fan_out import Caller
+from workers.dispatch.finalize import Recorder
+from workers.dispatch.in_flight import InFlight
+from workers.provider.actions import ActionsConfig, load_actions
+from workers.provider.connectors import ConnectorSet
+from workers.reconcile.in_flight import LookupsInFlight
+from workers.reconcile.lookup import LookupBudget
+from workers.relay.doorbell import Doorbell
+from workers.wiring.celery_app import check_time_limits, make_app
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    actions: ActionsConfig
+    connectors: ConnectorSet
+    breakers: BreakerRegistry
+    doorbell: Doorbell
+    worker_id: str
+    evidence: EvidenceSink
+    # The doorbell task's own connection (gate reads, claims); finalize has another (in_flight);
+    # everything else uses sessions.
+    ledger: LedgerConnection
+    _in_flight: InFlight | None = field(default=None, init=False, repr=False)
+    _in_flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _lookups: LookupsInFlight | None = field(default=None, init=False, repr=False)
+
+    def caller(self) -> Caller:
+        """What fan-out takes to call the downstream."""
+        return Caller(self.actions, self.connectors, self.breakers)
+
+    def recorder(self, ledger: LedgerConnection) -> Recorder:
+        """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""
+        return Recorder(ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions)
+
+    @property
+    def in_flight(self) -> InFlight:
+        """This process's calls in flight (threads started on first use; finalize has its own
+        connection: the claim's belongs to the doorbell task's thread)."""
+        with self._in_flight_lock:
+            if self._in_flight is None:
+                self._in_flight = InFlight(
+                    self.caller(),
+                    self.recorder(LedgerConnection(self.engine, self.sessions)),
+                    max_ops=self.settings.max_in_flight,
+                    lease_s=self.settings.lease_s,
+                )
+            return self._in_flight
+
+    @property
+    def lookups(self) -> LookupsInFlight:
+        """This process's lookups in flight (the reconciler's; threads started on first use). Settling
+        uses only sessions, so the recorder shares the doorbell task's (idle) hot-path connection."""
+        with self._in_flight_lock:
+            if self._lookups is None:
+                budget = LookupBudget(self.settings.reconcile_max_lookups, self.settings.reconcile_max_delay_s)
+                self._lookups = LookupsInFlight(
+                    self.caller(), self.recorder(self.ledger), budget, max_ops=self.settings.max_in_flight
+                )
+            return self._lookups
+
+    def close(self) -> None:
+        if self._in_flight is not None:
+            # Calls already out are finalized if they answer in time; otherwise their leases bring
+            # them back (outcome_unknown, then the reconciler).
+            self._in_flight.close(timeout_s=longest_call_s(self.actions) + 2.0)
+        if self._lookups is not None:
+            # Lookups out are settled if they answer in time; otherwise their leases expire and
+            # they are claimed again.
+            self._lookups.close(timeout_s=longest_call_s(self.actions) + 2.0)
+        self.evidence.close()
+        self.ledger.close()
+        self.connectors.close()
+        self.breakers.close()
+        self.engine.dispose()
+
+
+def longest_call_s(actions: ActionsConfig) -> float:
+    return max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
+
+
+def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
+    """The actions file checked approvals against the default reconcile window; this deployment's
+    own (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) must fit too."""
+    window = settings.reconcile_max_lookups * settings.reconcile_max_delay_s
+    for name, action in actions.actions.items():
+        problem = action.approval_window_problem(window)
+        if problem:
+            raise ConfigError(
+                f"actions.{name}: {problem} (the reconcile window is this deployment's "
+                "OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S)"
+            )
+
+
+def load_actions_for(settings: Settings) -> ActionsConfig:
+    if settings.actions_file is None:
+        raise ConfigError(
+            "OUTBOX_ACTIONS_FILE is not set: workers need the actions/targets file (see examples/actions.yaml)"
+        )
+    return load_actions(settings.actions_file)
+
+
+def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegistry:
+    configs = {
+        name: BreakerConfig(
+            fail_max=t.breaker.fail_max,
+            reset_timeout_s=t.breaker.reset_timeout_s,
+            success_threshold=t.breaker.success_threshold,
+        )
+        for name, t in actions.targets.items()
+    }
+    # The broker key prefix doubles as the breaker namespace: one Redis, several deployments.
+    return BreakerRegistry(
+        configs, redis_url=settings.redis_url or None, namespace=settings.broker_key_prefix or "default"
+    )
+
+
+def build_runtime(settings: Settings | None = None, *, app: Celery | None = None) -> Runtime:
+    """Everything a worker's tasks use. ``app``: the Celery app doorbells are published with (a
+    worker passes its own; otherwise one is made from the settings)."""
+    settings = settings or load_settings()
+    actions = load_actions_for(settings)
+    check_time_limits(settings, longest_call_s=longest_call_s(actions))
+    check_retention(settings.args_retention_s, actions.key_retentions())
+    check_approval_windows(settings, actions)
+    # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
+    # a connection lost anyway invalidates the pool and the doorbell is re-published.
+    engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
+    sessions = make_sessionmaker(engine)
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        actions=actions,
+        connectors=ConnectorSet(actions),
+        breakers=breaker_registry(settings, actions),
+        doorbell=Doorbell(app or make_app(settings), batch=settings.doorbell_batch),
+        # Unique per process start: a restarted container reuses its host name and often its pid,
+        # and must not pass for its predecessor in lease_owner and the history (the fencing token
+        # is what guards writes; this is what people read). host:start:pid.
+        worker_id=f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}",
+        evidence=EvidenceSink.from_url(settings.evidence_url),
+        ledger=LedgerConnection(engine, sessions),
+    )
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_pid: int | None = None
+
+
+def get_runtime(app: Celery | None = None) -> Runtime:
+    """This process's runtime, built on first use (again after a fork)."""
+    global _runtime, _pid
+    with _lock:
+        if _runtime is None or _pid != os.getpid():
+            _runtime, _pid = build_runtime(app=app), os.getpid()
+        return _runtime
+
+
+def reset_runtime() -> None:
+    global _runtime, _pid
+    with _lock:
+        if _runtime is not None and _pid == os.getpid():
+            _runtime.close()
+        _runtime, _pid = None, None

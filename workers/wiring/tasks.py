@@ -1,0 +1,162 @@
+"""Celery tasks. Each takes only an operation id (Flower and the broker see nothing else)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
+
+from workers.wiring import metrics
+from workers.wiring.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, REPORT_TASK, SWEEP_TASK, make_app
+
+log = logging.getLogger(__name__)
+
+app = make_app()
+
+
+@worker_process_init.connect
+def _fresh_runtime(**_: object) -> None:
+    # A forked child must not reuse its parent's database or HTTP connections.
+    from workers.wiring.runtime import reset_runtime
+
+    reset_runtime()
+
+
+# Main process, before the pool forks: empty the multiprocess metrics dir, serve it if asked.
+worker_init.connect(metrics.on_worker_init)
+
+
+@worker_init.connect
+def _preload(**_: object) -> None:
+    # The main process imports what every task process needs (the ledger, SQLAlchemy, psycopg,
+    # httpx, the breakers) before the pool forks: the children share those pages instead of each
+    # importing its own copy after the fork (~40 MiB and ~0.5 s of CPU per child, bench/README.md).
+    # Modules only: no connection is opened here, so a child has nothing of its parent's to reuse.
+    import gc
+
+    import workers.dispatch.batch  # noqa: F401
+    import workers.reconcile.batch  # noqa: F401
+    import workers.wiring.runtime  # noqa: F401
+
+    # The collector writes to every object it scans: frozen, the imported objects stay out of its
+    # scans, so their pages stay shared after the fork (copy-on-write) instead of being copied.
+    gc.freeze()
+
+
+@worker_shutdown.connect
+def _close_solo_runtime(**_: object) -> None:
+    # A solo (or threads) pool runs tasks in the main process: let its calls out be finalized.
+    from workers.wiring.runtime import reset_runtime
+
+    reset_runtime()
+
+
+@worker_process_shutdown.connect
+def _close_runtime(**kw: object) -> None:
+    from workers.wiring.runtime import reset_runtime
+
+    reset_runtime()
+    pid = kw.get("pid")
+    metrics.on_worker_process_shutdown(pid=pid if isinstance(pid, int) else None)
+
+
+@app.task(name=DISPATCH_TASK, ignore_result=True)
+def dispatch(operation_ids: str | list[str]) -> None:
+    """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH)."""
+    from workers.dispatch.batch import dispatch_batch
+    from workers.relay.outage import riding_out_outages
+    from workers.wiring.runtime import get_runtime
+
+    ids = _ids(operation_ids)
+    with riding_out_outages("dispatch", ids):
+        # Returns once its calls are out: the process takes the next doorbell while they run.
+        dispatch_batch(get_runtime(app), ids, wait=False)
+
+
+@app.task(name=RECONCILE_TASK, ignore_result=True)
+def reconcile(operation_ids: str | list[str]) -> None:
+    """One reconcile doorbell: an operation id, or a batch of them, topped up with whatever else is
+    due; the lookups run on the process's lookup threads and the task returns at once."""
+    from workers.reconcile.batch import reconcile_batch
+    from workers.relay.outage import riding_out_outages
+    from workers.wiring.runtime import get_runtime
+
+    ids = _ids(operation_ids)
+    with riding_out_outages("reconcile", ids):
+        rt = get_runtime(app)
+        # Returns once its lookups are out: the process takes the next doorbell while they run.
+        reconcile_batch(rt, ids, fill_to=rt.settings.doorbell_batch, wait=False)
+
+
+def _ids(operation_ids: str | list[str]) -> list[str]:
+    # A doorbell carries one id (older messages, and batches of one) or a list.
+    return [operation_ids] if isinstance(operation_ids, str) else operation_ids
+
+
+@app.task(name=SWEEP_TASK, ignore_result=True)
+def sweep() -> None:
+    """Beat's backstop for the relay: expired leases -> outcome_unknown, lost doorbells re-published."""
+    from workers.relay.outage import riding_out_outages
+
+    with riding_out_outages("sweep", []):
+        _sweep_once()
+
+
+@app.task(name=PURGE_TASK, ignore_result=True)
+def purge() -> None:
+    """Beat, daily: arguments and provider responses of terminal operations older than
+    OUTBOX_ARGS_RETENTION_S (outbox/privacy/retention.py; the worker checked the retention at start-up)."""
+    from outbox.privacy.retention import purge as purge_old
+    from workers.relay.outage import riding_out_outages
+    from workers.wiring.runtime import get_runtime
+
+    with riding_out_outages("purge", []):
+        rt = get_runtime(app)
+        done = purge_old(rt.sessions, older_than_s=rt.settings.args_retention_s)
+        if done.operations:
+            log.info("purge: arguments and responses of %d terminal operation(s) removed", done.operations)
+
+
+@app.task(name=REPORT_TASK, ignore_result=True)
+def report() -> None:
+    """Beat, hourly: the reconciliation report over the last 24 h (workers/provider/listing_report.py), kept in
+    the ledger for the exporter, the API and the console (outbox/reads/report_summary.py)."""
+    import datetime as dt
+
+    from outbox.reads.report_summary import record_report
+    from workers.provider.listing_report import build_report
+    from workers.relay.outage import riding_out_outages
+    from workers.wiring.runtime import get_runtime
+
+    with riding_out_outages("report", []):
+        rt = get_runtime(app)
+        now = dt.datetime.now(dt.UTC)
+        with rt.sessions() as session:
+            found = build_report(session, rt.actions, since=now - dt.timedelta(hours=24), now=now)
+        with rt.sessions.begin() as session:
+            record_report(session, found, started_at=now, finished_at=dt.datetime.now(dt.UTC), ran_by="beat")
+        if found["discrepancy_count"]:
+            log.warning("report: %d discrepancies (agent-outbox report shows them)", found["discrepancy_count"])
+
+
+def _sweep_once() -> None:
+    from workers.relay.loop import Relay
+    from workers.wiring.runtime import get_runtime
+
+    rt = get_runtime(app)
+    relay = Relay(
+        rt.engine,
+        rt.doorbell,
+        republish_after_s=rt.settings.republish_after_s,
+        evidence_sink=rt.evidence,
+        actions=rt.actions,
+        max_queued=rt.settings.relay_max_queued,
+    )
+    tick = relay.run_once()
+    if tick.busy:
+        log.info(
+            "sweep: %d lease(s) expired, %d dispatch and %d reconcile doorbell(s) re-published",
+            tick.expired,
+            tick.dispatch,
+            tick.reconcile,
+        )
