@@ -11,6 +11,10 @@ class ConfigError(OutboxError):
     """A setting is missing or malformed; the message names the variable and the fix."""
 
 
+class MissingDependency(OutboxError, ImportError):
+    """A part asked for needs a package this install left out; the message names what to install."""
+
+
 class InvalidIntent(OutboxError, ValueError):
     """The intent cannot be accepted as given; ``field`` names the offending field."""
 
