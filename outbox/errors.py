@@ -11,8 +11,9 @@ class ConfigError(OutboxError):
     """A setting is missing or malformed; the message names the variable and the fix."""
 
 
-class MissingDependency(OutboxError, ImportError):
-    """A part asked for needs a package this install left out; the message names what to install."""
+class MissingDependency(ConfigError, ImportError):
+    """What the configuration asks for (a PostgreSQL ledger, the sandbox) needs a package this install
+    left out; the message names what to install."""
 
 
 class InvalidIntent(OutboxError, ValueError):

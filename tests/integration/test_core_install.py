@@ -109,20 +109,22 @@ def test_the_cli_and_the_workers_import_without_aiohttp_and_without_a_psycopg_im
 def test_the_sandbox_and_the_demo_name_the_extra_they_need(core):
     for argv in (["agent-outbox", "sandbox", "--port", "0"], ["python", "-m", "workers.sandbox", "--port", "0"]):
         result = core.run(argv)
-        assert result.returncode == 1, result
+        assert result.returncode == 2, result  # like every command that lacks its extra
         assert "pip install 'agent-outbox-ledger[sandbox]'" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
     demo = core.run(["agent-outbox", "demo"])
-    assert demo.returncode == 1, demo
-    assert (
-        demo.stderr.strip() == "agent-outbox: the demo needs the 'demo' extra: pip install 'agent-outbox-ledger[demo]'"
+    assert demo.returncode == 2, demo
+    assert demo.stderr.strip() == (
+        "agent-outbox: the demo needs its extra: pip install 'agent-outbox-ledger[demo]' (No module named 'aiohttp')"
     )
+    serve = core.run(["agent-outbox", "serve"])  # serve and mcp say it the same way
+    assert serve.returncode == 2 and "pip install 'agent-outbox-ledger[api]'" in serve.stderr, serve
 
 
 def test_a_postgresql_ledger_without_a_psycopg_implementation_says_what_to_install(core):
     # Nothing connects: the driver is chosen, and refused, before any connection.
     result = core.run(["agent-outbox", "migrate"], OUTBOX_DATABASE_URL="postgresql+psycopg://outbox@127.0.0.1:1/outbox")
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     message = result.stderr.strip()
     assert message.startswith("agent-outbox: a PostgreSQL ledger needs a psycopg implementation"), message

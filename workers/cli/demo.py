@@ -156,7 +156,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:  # the sandbox's HTTP server: an extra, imported only when the demo runs
         from workers.sandbox.server import bind  # noqa: F401
     except ServerNotInstalled as exc:
-        raise MissingDependency("the demo needs the 'demo' extra: pip install 'agent-outbox-ledger[demo]'") from exc
+        raise MissingDependency(
+            f"the demo needs its extra: pip install 'agent-outbox-ledger[demo]' (No module named {exc.name!r})"
+        ) from exc
     from workers.sandbox.testing import SandboxServer
 
     if args.intents < 1:

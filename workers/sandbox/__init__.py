@@ -13,6 +13,6 @@ class ServerNotInstalled(ModuleNotFoundError):
 
     def __init__(self, missing: str | None) -> None:
         super().__init__(
-            f"the sandbox needs the 'sandbox' extra: pip install 'agent-outbox-ledger[sandbox]' (no module {missing!r})",
+            f"the sandbox needs its extra: pip install 'agent-outbox-ledger[sandbox]' (No module named {missing!r})",
             name=missing,
         )

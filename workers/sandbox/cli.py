@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         from workers.sandbox.server import serve_forever  # aiohttp is imported only when serving
     except ServerNotInstalled as exc:
         print(f"sandbox: {exc}", file=sys.stderr)
-        return 1
+        return 2
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
