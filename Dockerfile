@@ -7,7 +7,8 @@ WORKDIR /app
 # a package added or moved is in the image without an edit here (tests/integration/test_image.py
 # replays this context and runs every compose command from it).
 COPY . .
-RUN pip install --no-cache-dir '.[flower,api,mcp]'
+# Every compose service's extra; `binary`: psycopg's prebuilt implementation, as the slim image has no libpq.
+RUN pip install --no-cache-dir '.[flower,api,mcp,sandbox,binary]'
 # Celery refuses nothing as root with JSON-only serialisation, but there is no reason to be root.
 # A numeric USER: Kubernetes' runAsNonRoot can only verify a UID, not a name.
 RUN useradd --create-home --uid 10001 outbox

@@ -1,19 +1,31 @@
 # The two commands a newcomer types: `make demo` and `make test`.
-# Both create their own virtual environment in .venv on first use.
+# Both create their own virtual environment in .venv on first use; each installs what it runs.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# One stamp per install: `make demo` then `make test` (or the other way round) installs what the
+# second one lacks, and either reinstalls when pyproject.toml changes.
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test lint format bench bench-full clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $@
 
-demo: $(STAMP)
+# The demo's extra: the package and the sandbox provider's server, nothing the tests use.
+$(DEMO_STAMP): pyproject.toml $(VENV)/.created
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
+# The test extra: the demo's packages, PostgreSQL's psycopg, every adapter, pytest, mypy, ruff.
+$(STAMP): pyproject.toml $(VENV)/.created
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(DEMO_STAMP)
 	$(BIN)/agent-outbox demo
 
 test: $(STAMP)

@@ -11,6 +11,11 @@ class ConfigError(OutboxError):
     """A setting is missing or malformed; the message names the variable and the fix."""
 
 
+class MissingDependency(ConfigError, ImportError):
+    """What the configuration asks for (a PostgreSQL ledger, the sandbox) needs a package this install
+    left out; the message names what to install."""
+
+
 class InvalidIntent(OutboxError, ValueError):
     """The intent cannot be accepted as given; ``field`` names the offending field."""
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 
-import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -35,6 +34,7 @@ TABLES = ("operations", "attempts")
 MIN_CHANGED_ROWS = 1000
 MIN_CHANGED_SHARE = 0.2
 MIN_INTERVAL_S = 5.0
+INSUFFICIENT_PRIVILEGE = "42501"  # SQLSTATE (psycopg.errors.InsufficientPrivilege)
 
 
 class PlannerStats:
@@ -54,15 +54,19 @@ class PlannerStats:
         if not self.enabled or now - self._last < self.min_interval_s:
             return []
         self._last = now
+        # The driver's own errors (PEP 249's Error: psycopg.Error on PostgreSQL) reach us unwrapped:
+        # it sends its statements through the driver connection. Asked of the engine, not imported:
+        # a SQLite ledger runs without psycopg.
+        dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
         try:
             with self.engine.connect() as conn:
                 stale = driver_for(self.engine).analyze_stale(
                     conn, TABLES, min_rows=MIN_CHANGED_ROWS, share=MIN_CHANGED_SHARE
                 )
                 conn.commit()
-        except (DBAPIError, psycopg.Error) as exc:
+        except (DBAPIError, dbapi_error) as exc:
             cause = exc.orig if isinstance(exc, DBAPIError) else exc
-            if isinstance(cause, psycopg.errors.InsufficientPrivilege):
+            if getattr(cause, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
                 log.warning("planner statistics left to autovacuum: %s", str(cause).strip())
                 self.enabled = False
             else:  # the ledger is away (the relay's tick says so): try again next time

@@ -162,6 +162,7 @@ def _requirement_closure(project: Distribution, extras: set[str]) -> dict[str, D
     """The distributions `pip install 'project[extras]'` brings, as this venv has them."""
     found: dict[str, Distribution] = {}
     wanted: dict[str, set[str]] = {}
+    own_name, own_extras = canonicalize_name(project.metadata["Name"]), set(extras)
     todo: list[tuple[Distribution, set[str]]] = [(project, extras)]
     while todo:
         dist, dist_extras = todo.pop()
@@ -170,6 +171,11 @@ def _requirement_closure(project: Distribution, extras: set[str]) -> dict[str, D
             if requirement.marker and not any(requirement.marker.evaluate(env) for env in environments):
                 continue
             name = canonicalize_name(requirement.name)
+            if name == own_name:  # an extra made of the project's other extras (`demo` = `[sandbox]`)
+                if more := requirement.extras - own_extras:
+                    own_extras |= more
+                    todo.append((project, more))
+                continue
             if name in found and requirement.extras <= wanted[name]:
                 continue
             wanted.setdefault(name, set()).update(requirement.extras)
@@ -192,6 +198,9 @@ class Image:
     def env(self, service: str, **overrides: str) -> dict[str, str]:
         """The service's compose environment, paths in the image mapped into the replay."""
         env = {"PATH": f"{self.bin}:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8"}
+        # python:3.11-slim has no libpq: psycopg's pure-Python implementation, which loads this
+        # machine's, would not load there. Only the prebuilt one (the `binary` extra) may serve.
+        env["PSYCOPG_IMPL"] = "binary"
         declared = interpolated(SERVICES[service].get("environment", {}), {"FLOWER_BASIC_AUTH": "admin:s3cret"})
         for name, value in declared.items():
             value = str(value)
@@ -208,18 +217,19 @@ class Image:
         return subprocess.run(argv, cwd=self.empty, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
-    tmp = tmp_path_factory.mktemp("image")
-    dockerfile = read_dockerfile((ROOT / "Dockerfile").read_text())
-    root = tmp / "root"
-    replay_copies(dockerfile, build_context(ROOT), root)
-    spec = re.fullmatch(r"(?P<path>[^\[]+)(?:\[(?P<extras>[^\]]*)\])?", dockerfile.install_spec)
-    assert spec, dockerfile.install_spec
-    source = root / posixpath.join(dockerfile.install_dir, spec["path"]).lstrip("/")
-    extras = {e.strip() for e in (spec["extras"] or "").split(",") if e.strip()}
+@dataclass(frozen=True)
+class Installed:
+    """A fresh virtual environment holding the wheel built from a source folder."""
 
-    # The wheel pip builds in the image (build isolation off: this venv's setuptools, no download).
+    bin: Path
+    site: Path
+    dist: PathDistribution  # the project's installed metadata
+    packages: set[str]  # the top-level packages the install put into site-packages
+
+
+def install_wheel(tmp: Path, source: Path, extras: set[str]) -> Installed:
+    """`pip install 'source[extras]'` into tmp/venv, with the distributions taken from this venv."""
+    # The wheel pip builds (build isolation off: this venv's setuptools, no download).
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "wheels", source], check=True)
     (wheel,) = (tmp / "wheels").glob("*.whl")
@@ -256,9 +266,32 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
             script.write_text(f"#!{python}\nimport sys\nfrom {entry.module} import {name}\nsys.exit({entry.attr}())\n")
             script.chmod(0o755)
     (site / "image-dependencies.pth").write_text(f"{deps}\n")
+    return Installed(venv / "bin", site, installed, packages)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
+    tmp = tmp_path_factory.mktemp("image")
+    dockerfile = read_dockerfile((ROOT / "Dockerfile").read_text())
+    root = tmp / "root"
+    replay_copies(dockerfile, build_context(ROOT), root)
+    spec = re.fullmatch(r"(?P<path>[^\[]+)(?:\[(?P<extras>[^\]]*)\])?", dockerfile.install_spec)
+    assert spec, dockerfile.install_spec
+    source = root / posixpath.join(dockerfile.install_dir, spec["path"]).lstrip("/")
+    extras = {e.strip() for e in (spec["extras"] or "").split(",") if e.strip()}
+    installed = install_wheel(tmp, source, extras)
     (tmp / "home").mkdir()
     (tmp / "empty").mkdir()
-    return Image(root, dockerfile.install_dir, source, venv / "bin", site, packages, tmp / "home", tmp / "empty")
+    return Image(
+        root,
+        dockerfile.install_dir,
+        source,
+        installed.bin,
+        installed.site,
+        installed.packages,
+        tmp / "home",
+        tmp / "empty",
+    )
 
 
 def test_the_image_installs_its_packages_and_nothing_of_the_checkout_leaks_in(image):

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import func, select
 
-from outbox.errors import IdempotencyConflict
+from outbox.errors import IdempotencyConflict, MissingDependency
 from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.states import Status
@@ -36,6 +36,7 @@ from producer.client import key_rules_for
 from workers.cli.demo_runs import play_runs, runs_table, wait_runs
 from workers.cli.ledger import open_engine
 from workers.cli.pipeline import Pipeline
+from workers.sandbox import ServerNotInstalled
 
 # Settled = nothing more will happen without a person (terminal, or handed off).
 SETTLED = {
@@ -152,6 +153,12 @@ def _intent(i: int, run: str, rng: random.Random) -> dict[str, Any]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    try:  # the sandbox's HTTP server: an extra, imported only when the demo runs
+        from workers.sandbox.server import bind  # noqa: F401
+    except ServerNotInstalled as exc:
+        raise MissingDependency(
+            f"the demo needs its extra: pip install 'agent-outbox-ledger[demo]' (No module named {exc.name!r})"
+        ) from exc
     from workers.sandbox.testing import SandboxServer
 
     if args.intents < 1:

@@ -19,17 +19,26 @@ from contextlib import contextmanager
 from typing import Any
 
 import kombu.exceptions
-import psycopg
 import redis.exceptions
 import sqlalchemy.exc
 
 log = logging.getLogger(__name__)
 
+
+def _psycopg_outages() -> tuple[type[BaseException], ...]:
+    """A worker's own autocommit connection (outbox/ledger/hot_path.py) raises psycopg's errors
+    unwrapped. Without a psycopg implementation the ledger is SQLite, and there is no such connection."""
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.OperationalError, psycopg.InterfaceError)
+
+
 OUTAGES: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,  # connection refused or lost, "the database system is shutting down"
     sqlalchemy.exc.InterfaceError,  # a connection that was already closed
-    psycopg.OperationalError,  # the same, on a worker's own autocommit connection (ledger_connection.py)
-    psycopg.InterfaceError,
+    *_psycopg_outages(),  # the same, on a worker's own autocommit connection
     redis.exceptions.ConnectionError,  # doorbells to a broker that is away
     redis.exceptions.TimeoutError,
     kombu.exceptions.OperationalError,

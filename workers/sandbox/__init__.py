@@ -6,3 +6,13 @@ nothing from the outbox, workers, producer or breaker packages: it plays the dow
 """
 
 from __future__ import annotations
+
+
+class ServerNotInstalled(ModuleNotFoundError):
+    """The sandbox's HTTP server (aiohttp) is not installed: the core install leaves it out."""
+
+    def __init__(self, missing: str | None) -> None:
+        super().__init__(
+            f"the sandbox needs its extra: pip install 'agent-outbox-ledger[sandbox]' (No module named {missing!r})",
+            name=missing,
+        )

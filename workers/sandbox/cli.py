@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 
+from workers.sandbox import ServerNotInstalled
 from workers.sandbox.config import SandboxConfig, SettingError
 from workers.sandbox.faults import RuleError
 from workers.sandbox.state import SandboxState
@@ -76,7 +77,11 @@ def build_state(args: argparse.Namespace) -> SandboxState:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workers.sandbox.server import serve_forever  # aiohttp is imported only when serving
+    try:
+        from workers.sandbox.server import serve_forever  # aiohttp is imported only when serving
+    except ServerNotInstalled as exc:
+        print(f"sandbox: {exc}", file=sys.stderr)
+        return 2
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

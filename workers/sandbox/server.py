@@ -1,4 +1,8 @@
-"""Starting and stopping the sandbox's aiohttp server (foreground for the CLI, or embedded)."""
+"""Starting and stopping the sandbox's aiohttp server (foreground for the CLI, or embedded).
+
+The one way in to aiohttp: the core install leaves it out (the 'sandbox' extra brings it), so the
+CLI and the workers import this module only when a sandbox is served.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,12 @@ import logging
 import signal
 import socket
 
-from aiohttp import web
+from workers.sandbox import ServerNotInstalled
+
+try:
+    from aiohttp import web
+except ModuleNotFoundError as exc:
+    raise ServerNotInstalled(exc.name) from exc
 
 from workers.sandbox.app import make_app
 from workers.sandbox.state import SandboxState

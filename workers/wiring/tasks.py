@@ -32,11 +32,17 @@ def _preload(**_: object) -> None:
     # httpx, the breakers) before the pool forks: the children share those pages instead of each
     # importing its own copy after the fork (~40 MiB and ~0.5 s of CPU per child, bench/README.md).
     # Modules only: no connection is opened here, so a child has nothing of its parent's to reuse.
+    import contextlib
     import gc
 
     import workers.dispatch.batch  # noqa: F401
     import workers.reconcile.batch  # noqa: F401
     import workers.wiring.runtime  # noqa: F401
+
+    # The ledger imports its PostgreSQL driver (and psycopg) on first use; a SQLite-only install may
+    # have no psycopg implementation, and then there is nothing to share.
+    with contextlib.suppress(ImportError):
+        import outbox.ledger.drivers.postgres  # noqa: F401
 
     # The collector writes to every object it scans: frozen, the imported objects stay out of its
     # scans, so their pages stay shared after the fork (copy-on-write) instead of being copied.

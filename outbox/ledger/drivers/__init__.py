@@ -2,32 +2,66 @@
 
 ``driver_for(bind)`` is the one place that asks which database the ledger runs on; everything
 else calls the driver it returns (outbox/ledger/drivers/base.py says what a driver does).
+
+The PostgreSQL driver is imported when a PostgreSQL ledger is first asked for: psycopg cannot be
+imported without an implementation (its ``binary`` or ``c`` package, or the system's libpq), and a
+SQLite ledger needs none.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from outbox.errors import MissingDependency
 from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, LedgerDriver, NewOperation
-from outbox.ledger.drivers.postgres import PostgresDriver
 from outbox.ledger.drivers.sqlite import SqliteDriver
 
-POSTGRES = PostgresDriver()
 SQLITE = SqliteDriver()
-_BY_BACKEND: dict[str, LedgerDriver] = {"postgresql": POSTGRES, "sqlite": SQLITE}
 
 __all__ = ["ClaimedRow", "FinalizeWrite", "LedgerDriver", "NewOperation", "driver_for", "driver_for_url"]
+
+PSYCOPG_HINT = (
+    "a PostgreSQL ledger needs a psycopg implementation: pip install 'agent-outbox-ledger[binary]' "
+    "(prebuilt, libpq included), or pip install 'psycopg[c]' (built against the system's libpq)"
+)
+
+
+@functools.cache
+def _postgres() -> LedgerDriver:
+    try:
+        from outbox.ledger.drivers.postgres import PostgresDriver
+    except ImportError as exc:
+        if not (exc.name or "").startswith("psycopg") and "psycopg" not in str(exc):
+            raise
+        # psycopg says which implementations it tried ("no pq wrapper available"), not what to install.
+        raise MissingDependency(f"{PSYCOPG_HINT}; psycopg said: {' '.join(str(exc).split())}") from exc
+    return PostgresDriver()
+
+
+def __getattr__(name: str) -> LedgerDriver:
+    if name == "POSTGRES":
+        return _postgres()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _by_backend(backend: str) -> LedgerDriver:
+    if backend == "postgresql":
+        return _postgres()
+    if backend == "sqlite":
+        return SQLITE
+    raise KeyError(backend)
 
 
 def driver_for_url(url: str) -> LedgerDriver:
     backend = make_url(url).get_backend_name()
     try:
-        return _BY_BACKEND[backend]
+        return _by_backend(backend)
     except KeyError:
         raise ValueError(
             f"unsupported ledger database {backend!r}: use postgresql+psycopg://... or sqlite:///..."
@@ -40,8 +74,8 @@ def driver_for(bind: Any) -> LedgerDriver:
         bind = bind.get_bind()
     elif isinstance(bind, Connection):
         bind = bind.engine
-    elif isinstance(bind, psycopg.Connection):
-        return POSTGRES  # a worker's own connection (PostgresDriver.hot_path)
+    elif (psycopg := sys.modules.get("psycopg")) is not None and isinstance(bind, psycopg.Connection):
+        return _postgres()  # a worker's own connection (PostgresDriver.hot_path); never one without psycopg
     elif not isinstance(bind, Engine):
         raise TypeError(f"not a ledger engine, session or connection: {type(bind).__name__}")
-    return _BY_BACKEND[bind.dialect.name]
+    return _by_backend(bind.dialect.name)
