@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case
+from sqlalchemy import case, null
 
 from outbox.ledger.clock import db_now
 from outbox.ledger.states import EFFECT, TERMINAL, Status, WaitingFor
@@ -155,7 +155,9 @@ def core_values(writes: WriteSet, params: Mapping[str, Any], table: Any) -> dict
     values: dict[str, Any] = {}
     for column, value in writes:
         if isinstance(value, Param):
-            values[column] = params[value.name]
+            # A JSON parameter of None is SQL NULL, as PostgreSQL's CAST(NULL AS json), not JSON null.
+            none_is_null = value.cast == "json" and params[value.name] is None
+            values[column] = null() if none_is_null else params[value.name]
         elif value is Db.NULL:
             values[column] = None
         elif value is Db.NOW:

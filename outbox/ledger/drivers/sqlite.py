@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, or_, select, text, true, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -161,14 +161,16 @@ class SqliteDriver:
         operation_ids: list[str] | None,
         also_due: int,
     ) -> list[ClaimedRow]:
-        claimed = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids)
+        given = true() if operation_ids is None else _OP.c.id.in_(operation_ids)
+        claimed = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=limit, within=given)
         if operation_ids is not None and also_due:
-            # One writer at a time (BEGIN IMMEDIATE): a second statement sees the first.
-            claimed += self._claim(session, kind, worker=worker, lease_s=lease_s, limit=also_due, operation_ids=None)
+            # Then other due rows, never a given id; one writer at a time: this statement sees the first.
+            others = _OP.c.id.not_in(operation_ids)
+            claimed += self._claim(session, kind, worker=worker, lease_s=lease_s, limit=also_due, within=others)
         return claimed
 
     def _claim(
-        self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, operation_ids: Any
+        self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, within: Any
     ) -> list[ClaimedRow]:
         lookup = kind is AttemptKind.LOOKUP
         # A lookup claim keeps its row's status (outcome_unknown or accepted).
@@ -176,10 +178,7 @@ class SqliteDriver:
         guard = [_OP.c.status.in_([s.value for s in sources]), _OP.c.next_attempt_at <= db_now()]
         if lookup:
             guard.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
-        due = select(_OP.c.id).where(*guard)
-        if operation_ids is not None:
-            due = due.where(_OP.c.id.in_(operation_ids))
-        due = due.order_by(_OP.c.next_attempt_at).limit(limit)
+        due = select(_OP.c.id).where(*guard, within).order_by(_OP.c.next_attempt_at).limit(limit)
         values: dict[str, Any] = dict(
             fencing_token=_OP.c.fencing_token + 1,
             lease_owner=worker,
@@ -315,7 +314,8 @@ class SqliteDriver:
         )
 
     def insert_evidence(self, session: Session, records: Sequence[dict[str, Any]]) -> None:
-        session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
+        if records:  # an INSERT of no rows is an error here (PostgreSQL's executemany does nothing)
+            session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
 
     def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
         # SQLite plans every statement on its own (no cached generic plans), from sqlite_stat1

@@ -1,0 +1,153 @@
+"""Conformance: the new operation row (insert_operation, notify_due) and the plain reads of it
+(current_row, read_due). See conftest.py for how to run this against a new driver."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from outbox.ledger.clock import db_now
+from outbox.ledger.drivers import driver_for
+from outbox.ledger.states import EventKind, Status, WaitingFor
+
+
+def test_driver_for_an_engine_a_session_and_a_connection_is_the_one_driver_of_its_database(case):
+    assert case.driver.name == case.expect.name
+    with case.sessions() as s, case.engine.connect() as conn:
+        assert driver_for(s) is driver_for(conn) is case.driver
+
+
+def test_insert_operation_writes_the_row_as_given_with_times_from_the_database_clock(case):
+    new = case.new_operation(
+        run_id="run-1", tool_call_id="call-1", max_attempts=3, deadline_s=600.0, delay_s=5.0, submitted_by="key:1"
+    )
+    before = case.db_time()
+    with case.sessions.begin() as s:
+        assert case.driver.insert_operation(s, new) is True
+    row = case.op(new.id)
+    for name in ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest", "subject"):
+        assert getattr(row, name) == getattr(new, name), name
+    assert (row.run_id, row.tool_call_id, row.submitted_by, row.key_space) == ("run-1", "call-1", "key:1", "intent")
+    assert (row.status, row.waiting_for, row.reason) == ("not_dispatched", None, "submitted")
+    assert (row.fencing_token, row.attempt_count, row.max_attempts) == (0, 0, 3)
+    assert (row.cancel_requested, row.proven_absent_through) == (False, 0)
+    assert row.lease_owner is None and row.lease_expires_at is None and row.published_at is None
+    assert row.finished_at is None and row.result is None and row.error_class is None
+    assert 0 <= case.seconds(row.created_at, before) < 5
+    assert case.seconds(row.updated_at, row.created_at) >= 0
+    assert abs(case.seconds(row.next_attempt_at, row.created_at) - 5.0) < 0.5, "due delay_s after now"
+    assert abs(case.seconds(row.deadline_at, row.created_at) - 600.0) < 0.5, "deadline deadline_s after now"
+
+
+def test_insert_operation_without_a_deadline_leaves_deadline_at_null_and_keeps_the_key_space(case):
+    op_id = case.submit(key_space="run", status=Status.AWAITING_APPROVAL, waiting_for=WaitingFor.APPROVAL)
+    row = case.op(op_id)
+    assert row.deadline_at is None and row.max_attempts is None
+    assert (row.key_space, row.status, row.waiting_for) == ("run", "awaiting_approval", "approval")
+
+
+def test_insert_operation_writes_one_submit_event_from_no_status(case):
+    op_id = case.submit(reason="subject agent, run r")
+    (event,) = case.events(op_id)
+    assert (event.from_status, event.to_status, event.event) == (None, "not_dispatched", EventKind.SUBMIT.value)
+    assert (event.fencing_token, event.reason, event.actor) == (0, "subject agent, run r", "agent")
+
+
+def test_insert_operation_returns_false_and_changes_nothing_when_the_tenant_already_has_the_key(case):
+    first = case.new_operation()
+    again = case.new_operation(idempotency_key=first.idempotency_key, args='{"other":1}', args_digest="e" * 64)
+    with case.sessions.begin() as s:
+        assert case.driver.insert_operation(s, first) is True
+    with case.sessions.begin() as s:
+        assert case.driver.insert_operation(s, again) is False
+    row = case.op(first.id)
+    assert (row.args, row.args_digest) == (first.args, first.args_digest)
+    assert case.events(again.id) == [] and len(case.events(first.id)) == 1, "a replay writes no event"
+
+
+def test_insert_operation_takes_the_same_key_in_another_tenant(case):
+    first = case.submit(tenant="a", idempotency_key="same")
+    second = case.submit(tenant="b", idempotency_key="same")
+    assert first != second and case.op(second).tenant == "b"
+
+
+def test_insert_operation_rolls_back_with_the_callers_transaction(case):
+    new = case.new_operation()
+    s: Session
+    with case.sessions() as s:
+        s.begin()
+        assert case.driver.insert_operation(s, new) is True
+        s.rollback()
+    with case.sessions.begin() as s:
+        assert case.driver.current_row(s, new.id) is None
+        assert case.driver.insert_operation(s, new) is True, "nothing of the rolled-back insert remains"
+
+
+def test_insert_operation_notifies_the_listener_on_commit_only_for_a_due_status_where_the_database_notifies(case):
+    listener = case.driver.listener(case.engine)
+    if not case.expect.notifies:
+        assert listener is None, "no NOTIFY: the relay polls (mark_due)"
+        return
+    with listener.connected():
+        waiting = case.new_operation(status=Status.AWAITING_APPROVAL, waiting_for=WaitingFor.APPROVAL)
+        due = case.new_operation()
+        with case.sessions.begin() as s:
+            case.driver.insert_operation(s, waiting)
+        with case.sessions.begin() as s:
+            case.driver.insert_operation(s, due)
+            assert case.heard(listener, {due.id}, timeout_s=0.3) == [], "nothing is told before the commit"
+        assert case.heard(listener, {due.id}) == [due.id], "the due row, once; never the row awaiting approval"
+        with case.sessions.begin() as s:
+            assert case.driver.insert_operation(s, case.new_operation(idempotency_key=due.idempotency_key)) is False
+        assert case.heard(listener, {"none"}, timeout_s=0.3) == [], "a replay inserts nothing and tells nothing"
+
+
+def test_notify_due_tells_the_listener_on_commit_and_not_on_rollback_where_the_database_notifies(case):
+    op_id = case.submit(status=Status.AWAITING_APPROVAL, waiting_for=WaitingFor.APPROVAL)
+    listener = case.driver.listener(case.engine)
+    if not case.expect.notifies:
+        assert listener is None
+        with case.sessions.begin() as s:
+            case.driver.notify_due(s, op_id)  # accepted, does nothing: the relay polls
+        return
+    with listener.connected():
+        with case.sessions() as s:
+            s.begin()
+            case.driver.notify_due(s, op_id)
+            s.rollback()
+        assert case.heard(listener, {op_id}, timeout_s=0.3) == []
+        with case.sessions.begin() as s:
+            case.driver.notify_due(s, op_id)
+        assert case.heard(listener, {op_id}) == [op_id]
+
+
+def test_current_row_is_the_status_and_fencing_token_or_none_for_an_unknown_id(case):
+    op_id = case.submit()
+    claimed = case.claim_one(op_id)
+    with case.sessions() as s:
+        row = case.driver.current_row(s, op_id)
+        assert (row.status, row.fencing_token) == ("dispatching", claimed.fencing_token)
+        assert case.driver.current_row(s, "no-such-operation") is None
+
+
+def test_read_due_returns_only_the_given_ids_that_are_not_dispatched_and_due_now(case):
+    due, later, claimed, waiting, other = (case.submit() for _ in range(5))
+    case.set(later, next_attempt_at=db_now(60))
+    case.claim_one(claimed)
+    case.set(waiting, status=Status.AWAITING_APPROVAL.value)
+    with case.sessions() as s:
+        rows = case.driver.read_due(s, [due, later, claimed, waiting, "no-such-operation"])
+        assert case.driver.read_due(s, []) == []
+    assert [r.id for r in rows] == [due], f"{other} was not asked about"
+
+
+def test_read_due_carries_what_a_deadline_check_needs_and_the_database_time(case):
+    op_id = case.submit(max_attempts=4, deadline_s=120.0)
+    before = case.db_time()
+    with case.sessions() as s:
+        (row,) = case.driver.read_due(s, [op_id])
+    stored = case.op(op_id)
+    assert (row.id, row.action, row.max_attempts, row.attempt_count) == (op_id, stored.action, 4, 0)
+    assert case.seconds(row.created_at, stored.created_at) == 0
+    assert case.seconds(row.deadline_at, stored.deadline_at) == 0
+    assert 0 <= case.seconds(row.db_now, before) < 5, "db_now is the database's clock"
+    assert case.op(op_id) == stored, "a read changes nothing"
