@@ -30,10 +30,10 @@ from workers.dispatch.fan_out import Attempted
 from workers.dispatch.outcomes import (
     Accepted,
     Ambiguous,
+    AttemptOutcome,
     Cancelled,
     FailedAtProvider,
     NeedsApproval,
-    Outcome,
     Rejected,
     RetryAt,
     Succeeded,
@@ -46,7 +46,7 @@ from workers.wiring import metrics
 log = logging.getLogger(__name__)
 
 # A move made: the claim, its outcome, the status it moved to, the reason, its log fields.
-Applied = tuple[Claim, Outcome, Status, str, dict[str, Any]]
+Applied = tuple[Claim, AttemptOutcome, Status, str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Recorder:
         )
 
 
-def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
+def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, dict[str, Any]]:
     kw: dict[str, Any] = {}
     if isinstance(outcome, Succeeded):
         # A cancel asked for while the request was out is noted by the write itself (writes.py).
@@ -107,7 +107,7 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
     }
 
 
-def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
+def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOutcome]:
     """Finalize a batch: one transaction for all (each move still guarded by its own token).
 
     A stale token refuses only its own operation (its attempt evidence is kept); a separate
@@ -147,8 +147,8 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
 
 
 def _apply_alone(
-    rec: Recorder, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
-) -> Outcome:
+    rec: Recorder, claim: Claim, report: AttemptReport, outcome: AttemptOutcome, action: ActionConfig | None
+) -> AttemptOutcome:
     to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
     try:
@@ -195,7 +195,7 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
         rec.doorbell.ring_dispatch(redispatch)
 
 
-def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
+def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -> None:
     if isinstance(outcome, Succeeded):
         log.info("succeeded", extra=fields | {"reference": outcome.reference})
     elif isinstance(outcome, RetryAt):

@@ -39,13 +39,15 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from breaker import Admissions
+from outbox.approvals.decisions import Grant
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
-from workers.dispatch.fan_out import Attempted, Batch, Caller, attempt_claimed
+from workers.dispatch.fan_out import Attempted, Downstream, attempt_claimed
 from workers.dispatch.finalize import Recorder, apply_many
-from workers.dispatch.outcomes import Ambiguous, Outcome
+from workers.dispatch.outcomes import Ambiguous, AttemptOutcome
 from workers.relay.outage import OUTAGES
 from workers.wiring import metrics
 
@@ -67,10 +69,13 @@ FINALIZE_RETRY_S = 20.0
 class Doorbatch:
     """One doorbell's claims on their way: done when every one is finalized."""
 
-    breakers: Batch
+    admissions: Admissions
+    # Claims whose action needs a person's approval: the approval on record (None: none), read with
+    # the claim and judged again right before the send (outbox/approvals/decisions.py).
+    approvals: dict[str, Grant | None]
     waiting: int
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
-    done: Future[dict[str, Outcome]] = field(default_factory=Future)
+    outcomes: dict[str, AttemptOutcome] = field(default_factory=dict)
+    done: Future[dict[str, AttemptOutcome]] = field(default_factory=Future)
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
@@ -86,8 +91,8 @@ class _Job:
 
 
 class InFlight:
-    def __init__(self, caller: Caller, recorder: Recorder, *, max_ops: int, lease_s: float) -> None:
-        self._caller = caller
+    def __init__(self, downstream: Downstream, recorder: Recorder, *, max_ops: int, lease_s: float) -> None:
+        self._downstream = downstream
         self._rec = recorder
         self.max_ops = max_ops
         self._retry_s = min(FINALIZE_RETRY_S, lease_s / 2)
@@ -134,15 +139,17 @@ class InFlight:
         return self._held
 
     # -- calls ------------------------------------------------------------------------------
-    def start(self, claims: Sequence[Claim], breakers: Batch) -> Future[dict[str, Outcome]]:
+    def start(
+        self, claims: Sequence[Claim], admissions: Admissions, approvals: dict[str, Grant | None]
+    ) -> Future[dict[str, AttemptOutcome]]:
         """Call each claim (already reserved); the future holds the outcomes once all are finalized."""
-        batch = Doorbatch(breakers, waiting=len(claims))
+        batch = Doorbatch(admissions, approvals, waiting=len(claims))
         if not claims:
             batch.done.set_result({})
             return batch.done
         groups: dict[str | None, deque[Claim]] = {}
         for claim in claims:
-            known = self._caller.actions.actions.get(claim.action)
+            known = self._downstream.actions.actions.get(claim.action)
             groups.setdefault(known.target if known else None, deque()).append(claim)
         for target, todo in groups.items():
             self._submit(_Job(batch, target, todo))
@@ -180,9 +187,7 @@ class InFlight:
         try:
             return self._call(job, claim)
         except Exception as exc:  # noqa: BLE001 - becomes outcome_unknown; logged with its operation
-            held = job.batch.breakers.decisions.pop(claim.operation_id, None)
-            if held is not None:  # a probe must not stay taken until its lock expires
-                self._caller.breakers.release(held)
+            job.batch.admissions.give_back(claim.operation_id)  # a probe must not stay taken until its lock expires
             log.warning(
                 "attempt cut part-way (%s: %s): parked in outcome_unknown for a lookup",
                 type(exc).__name__,
@@ -193,45 +198,41 @@ class InFlight:
             return claim, AttemptReport(AttemptClass.AMBIGUOUS, error=why), Ambiguous(why), None
 
     def _call(self, job: _Job, claim: Claim) -> Attempted:
-        b, target = job.batch.breakers, job.target
+        admissions, target = job.batch.admissions, job.target
+        call = (self._downstream, admissions, claim, job.batch.approvals)
         if target is None:  # not in the actions file: nothing is sent
-            return attempt_claimed(self._caller, claim, None, b)
+            return attempt_claimed(*call)
         if not self._suspect(target):
-            result = attempt_claimed(self._caller, claim, b.decision_for(claim, target), b)
+            result = attempt_claimed(*call)
         else:
             with self._canary_lock(target):  # one call at a time to a suspect target
                 if not self._suspect(target):  # the call before this one answered well
-                    result = attempt_claimed(self._caller, claim, b.decision_for(claim, target), b)
+                    result = attempt_claimed(*call)
                 else:
-                    held = b.decisions.pop(claim.operation_id, None)
-                    if held is not None:
-                        self._caller.breakers.release(held)
-                    b.closed.pop(target, None)
-                    result = attempt_claimed(self._caller, claim, None, b)  # asks the breaker now
-                    if (admitted := b.succeeded.get(target)) is not None:
-                        # It answered (not a failure) under a closed breaker: the batch's other
-                        # calls go on with that admission instead of each asking Redis again.
-                        b.closed.setdefault(target, admitted)
+                    admissions.give_back(claim.operation_id)
+                    admissions.unshare(target)
+                    result = attempt_claimed(*call)  # asks the breaker now
+                    # Answered (not a failure) under a closed breaker: the batch's other calls go
+                    # on with that admission instead of each asking Redis again.
+                    admissions.share_success(target)
         self._learn(target, result[1])
-        self._record_success_soon(b, target)
+        self._tell_success_soon(admissions, target)
         return result
 
-    def _record_success_soon(self, b: Batch, target: str) -> None:
+    def _tell_success_soon(self, admissions: Admissions, target: str) -> None:
         """Tell the breaker about a success now if it may be counting failures in a row: right
         after a failure seen here, else at most every SUCCESS_EVERY_S per target. Held to the
-        doorbell's end (as before in-flight calls), successes let failures recorded meanwhile by
-        every process run up to fail_max: under a 45% first-request failure rate the breaker
-        opened on a healthy provider (3,457 calls not sent for 3,000 intents, issue 14)."""
-        decision = b.succeeded.get(target)
-        if decision is None:
+        doorbell's end, successes let failures recorded meanwhile by every process run up to
+        fail_max: a provider that fails a large share of first requests and answers the rest
+        would have its breaker opened while it is healthy (bench/README.md)."""
+        if not admissions.success_waiting(target):
             return
         now = time.monotonic()
         if not self._failed_since.get(target) and now - self._success_told.get(target, float("-inf")) < SUCCESS_EVERY_S:
             return
-        if b.succeeded.pop(target, None) is not None:
+        if admissions.tell_success(target):
             self._failed_since[target] = False
             self._success_told[target] = now
-            self._caller.breakers.record(decision, failure=False)
 
     def _suspect(self, target: str | None) -> bool:
         if target is None:
@@ -239,7 +240,7 @@ class InFlight:
         seen = self._failures.get(target)
         if seen is None:
             return True
-        known = self._caller.actions.targets.get(target)
+        known = self._downstream.actions.targets.get(target)
         return seen >= max(1, -(-known.breaker.fail_max // 4)) if known is not None else seen > 0
 
     def _learn(self, target: str, report: AttemptReport) -> None:
@@ -303,7 +304,7 @@ class InFlight:
         attempted = [a for _, results in items for a in results]
         for claim, _, _, _ in attempted:
             failpoints.hit("dispatch.after_response", claim.idempotency_key)
-        outcomes: dict[str, Outcome] = {}
+        outcomes: dict[str, AttemptOutcome] = {}
         try:
             outcomes = self._apply(attempted)
         except Exception:  # noqa: BLE001 - logged; the leases bring these operations back
@@ -318,12 +319,10 @@ class InFlight:
                     batch.outcomes[claim.operation_id] = outcomes.get(claim.operation_id, outcome)
                 batch.waiting -= len(results)
                 if batch.waiting == 0:
-                    for decision in batch.breakers.succeeded.values():
-                        # One success per target per doorbell: each failure was recorded as it happened.
-                        self._caller.breakers.record(decision, failure=False)
+                    batch.admissions.tell_successes()
                     batch.done.set_result(batch.outcomes)
 
-    def _apply(self, attempted: list[Attempted]) -> dict[str, Outcome]:
+    def _apply(self, attempted: list[Attempted]) -> dict[str, AttemptOutcome]:
         give_up = time.monotonic() + self._retry_s
         delay = 0.2
         while True:

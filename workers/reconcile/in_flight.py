@@ -1,7 +1,7 @@
 """Lookups in flight: a reconciler process's claimed lookups, run off the doorbell task's thread, so
 the process's capacity is its room, not one provider round trip at a time.
 
-A reconcile doorbell task claims (reconcile.py), hands its claims here and returns: the process
+A reconcile doorbell task claims (batch.py), hands its claims here and returns: the process
 takes its next doorbell while the lookups are out. Here:
 
 - a doorbell's lookups of one target run on one pool thread, one after another, while that
@@ -13,7 +13,7 @@ takes its next doorbell while the lookups are out. Here:
   and a lookup still running after HANDOFF_S gives the lookups queued behind it threads of their
   own (the watchdog, as for dispatch's calls): one slow answer holds only itself;
 - answers go to one settler thread, which judges whatever has arrived (one read of the dispatch
-  attempts for all "not found" answers) and settles it in one transaction (settle.settle_all);
+  attempts for all "not found" answers) and settles it in one transaction (verdicts.settle_all);
 - room: at most ``max_ops`` operations claimed and not yet settled per process
   (OUTBOX_MAX_IN_FLIGHT). A doorbell task waits for room before it claims (backpressure: the
   broker holds the doorbells, the ledger holds the work).
@@ -34,13 +34,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from breaker import Admissions
 from outbox.ledger.claims import Claim
-from workers.dispatch.fan_out import Caller
+from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
 from workers.dispatch.in_flight import HANDOFF_S, WATCH_EVERY_S
-from workers.reconcile.judge import Settlement
-from workers.reconcile.lookup import Asked, LookupBudget, SharedBreakers, ask
-from workers.reconcile.settle import settle_answers
+from workers.reconcile.judge import Verdict
+from workers.reconcile.lookup import Asked, LookupBudget, ask
+from workers.reconcile.verdicts import settle_answers
 from workers.relay.outage import OUTAGES
 from workers.wiring import metrics
 
@@ -57,11 +58,11 @@ LATENCY_WEIGHT = 0.3  # of the newest lookup in the moving average
 class Doorbatch:
     """One doorbell's claims on their way: done when every one is settled."""
 
-    shared: SharedBreakers
+    admissions: Admissions
     rng: random.Random
     waiting: int
-    settlements: dict[str, Settlement] = field(default_factory=dict)
-    done: Future[dict[str, Settlement]] = field(default_factory=Future)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    done: Future[dict[str, Verdict]] = field(default_factory=Future)
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
@@ -77,9 +78,9 @@ class _Job:
 
 
 class LookupsInFlight:
-    def __init__(self, caller: Caller, recorder: Recorder, budget: LookupBudget, *, max_ops: int) -> None:
-        self._caller = caller
-        self._rec = recorder
+    def __init__(self, downstream: Downstream, recorder: Recorder, budget: LookupBudget, *, max_ops: int) -> None:
+        self._downstream = downstream
+        self.recorder = recorder
         self._budget = budget
         self.max_ops = max_ops
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="lookup")
@@ -122,11 +123,11 @@ class LookupsInFlight:
 
     # -- lookups ----------------------------------------------------------------------------
     def start(
-        self, claims: Sequence[Claim], shared: SharedBreakers, rng: random.Random, settled: Sequence[Asked] = ()
-    ) -> Future[dict[str, Settlement]]:
+        self, claims: Sequence[Claim], admissions: Admissions, rng: random.Random, settled: Sequence[Asked] = ()
+    ) -> Future[dict[str, Verdict]]:
         """Look each claim up (already reserved); ``settled``: claims answered without a lookup
-        (breaker open, no lookup declared). The future holds the settlements once all are settled."""
-        batch = Doorbatch(shared, rng, waiting=len(claims) + len(settled))
+        (breaker open, no lookup declared). The future holds the verdicts once all are settled."""
+        batch = Doorbatch(admissions, rng, waiting=len(claims) + len(settled))
         if not batch.waiting:
             batch.done.set_result({})
             return batch.done
@@ -134,7 +135,7 @@ class LookupsInFlight:
             self._answers.put((batch, list(settled)))
         groups: dict[str, deque[Claim]] = {}
         for claim in claims:
-            groups.setdefault(self._caller.actions.action(claim.action).target, deque()).append(claim)
+            groups.setdefault(self._downstream.actions.action(claim.action).target, deque()).append(claim)
         for target, todo in groups.items():
             if self._latency_s.get(target, 0.0) > SPREAD_AFTER_S:
                 for claim in todo:
@@ -156,7 +157,7 @@ class LookupsInFlight:
                         break
                     claim = job.todo.popleft()
                     job.running_since = started = time.monotonic()
-                answer = ask(self._caller, claim, job.batch.shared, job.batch.rng, self._budget)
+                answer = ask(self._downstream, job.batch.admissions, claim, job.batch.rng, self._budget)
                 self._learn(job.target, answer, time.monotonic() - started)
                 with job.lock:
                     job.running_since = None
@@ -217,10 +218,10 @@ class LookupsInFlight:
 
     def _settle(self, arrived: list[tuple[Doorbatch, list[Asked]]]) -> None:
         items = [(batch, asked) for batch, answers in arrived for asked in answers]
-        settlements: dict[str, Settlement] = {}
+        verdicts: dict[str, Verdict] = {}
         ids = [a.claim.operation_id for _, a in items]
         try:
-            settlements = settle_answers(self._rec, [(b.rng, a) for b, a in items], self._budget)
+            verdicts = settle_answers(self.recorder, [(b.rng, a) for b, a in items], self._budget)
         except OUTAGES as exc:
             # Not retried here: the transaction may have committed before the broker refused a
             # re-dispatch doorbell, and a second settlement would take our own lookups for stale.
@@ -238,14 +239,12 @@ class LookupsInFlight:
         finally:
             self.release(len(items))  # first: nothing below may keep the room taken
             for batch, asked in items:
-                if (verdict := settlements.get(asked.claim.operation_id)) is not None:
-                    batch.settlements[asked.claim.operation_id] = verdict
+                if (verdict := verdicts.get(asked.claim.operation_id)) is not None:
+                    batch.verdicts[asked.claim.operation_id] = verdict
                 batch.waiting -= 1
                 if batch.waiting == 0:
-                    # One success per target per doorbell: each failure was recorded as it happened.
-                    for decision in batch.shared.succeeded.values():
-                        self._caller.breakers.record(decision, failure=False)
-                    batch.done.set_result(batch.settlements)
+                    batch.admissions.tell_successes()
+                    batch.done.set_result(batch.verdicts)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:
