@@ -177,12 +177,12 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     """After the commit: one log line per operation, then the doorbells that follow from it.
 
     Not for what went to outcome_unknown: the relay's next tick rings the reconciler for every
-    due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from here,
-    each finalize rang for its own one or two ambiguous calls, and the relay rang the same ids
-    again: under issue 14's fault mix 2,041 reconcile tasks for 3,202 lookups, each paying a
-    Celery message, a late-success query, a claim and a commit, and a Celery publish (~0.3 ms of
-    CPU) in the worker's finalizer per ambiguous batch. The cost: a lookup starts up to
-    OUTBOX_RELAY_POLL_S later, which an ambiguous outcome can afford (settle windows are longer)."""
+    due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from
+    here, each finalize would ring for its own one or two ambiguous calls and the relay for the
+    same ids again: a reconcile task per one or two lookups, each paying a Celery message, a
+    late-success query, a claim and a commit, and a Celery publish in the worker's finalizer
+    (bench/README.md). The cost: a lookup starts up to OUTBOX_RELAY_POLL_S later, which an
+    ambiguous outcome can afford (settle windows are longer)."""
     redispatch = []
     for claim, outcome, to, reason, fields in applied:
         _log_outcome(outcome, reason, fields)

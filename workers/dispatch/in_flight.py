@@ -1,11 +1,11 @@
 """In flight: a worker process's claimed calls, run off the doorbell task's thread, so a slow call
 holds only itself.
 
-A doorbell task gates and claims (dispatch.py), hands its claims here and returns: the process
+A doorbell task gates and claims (batch.py), hands its claims here and returns: the process
 takes its next doorbell while the calls are out. Here:
 
 - a batch's calls to one target run on one pool thread, one after another: a fast target needs
-  nothing more (a thread per call cost ~40% more CPU per operation than such a call waits,
+  nothing more (handing each call to a thread of its own costs more CPU than such a call waits:
   bench/README.md);
 - a call still running after HANDOFF_S gives away its batch's calls not yet started, one pool
   thread each (the watchdog), so one 1.5 s timeout holds one operation, not the nine behind it;
@@ -13,9 +13,9 @@ takes its next doorbell while the calls are out. Here:
   (a canary): at start, and after a quarter of its breaker's fail_max failures in a row seen by
   this process, until a call answers well. So a process never piles its calls in flight onto a
   target that is going down (with fail_max 3 the breaker opens after 3 failures plus at most one
-  call in flight per other process), while a target that fails some calls and answers others
-  (45% of first requests, issue 14) keeps its calls overlapping: serializing on every failure
-  put each 1.5 s timeout back in front of the calls behind it;
+  call in flight per other process), while a target that fails some calls and answers others (a
+  provider that faults a share of first requests) keeps its calls overlapping: serializing on
+  every failure would put each read timeout back in front of the calls behind it;
 - results go to one finalizer thread, which applies whatever has arrived in one transaction
   (finalize.apply_many) on its own connection; a ledger outage there is retried while the leases
   last (a PostgreSQL restart then costs no reconciliation);
@@ -54,11 +54,11 @@ from workers.wiring import metrics
 log = logging.getLogger(__name__)
 
 # A call running longer than this gives away the calls queued behind it. Well above a healthy
-# call to a nearby provider (2-5 ms, bench/README.md), well below any read timeout.
+# call to a nearby provider (a few milliseconds), well below any read timeout.
 HANDOFF_S = 0.05
 WATCH_EVERY_S = 0.02
 # A target's successes are told to its breaker at most this often per process (see
-# _record_success_soon): each telling is a Redis round trip.
+# _tell_success_soon): each telling is a Redis round trip.
 SUCCESS_EVERY_S = 0.05
 # A finalize that meets a ledger outage is retried this long (bounded by the lease: after it the
 # sweep owns the operation and our write would be refused anyway).

@@ -6,7 +6,7 @@ takes its next doorbell while the lookups are out. Here:
 
 - a doorbell's lookups of one target run on one pool thread, one after another, while that
   target answers lookups within SPREAD_AFTER_S: a provider that answers in milliseconds needs
-  nothing more (a thread per lookup cost more CPU per lookup than the hand-off saved, and split
+  nothing more (a thread per lookup costs more CPU per lookup than the hand-off saves, and splits
   a doorbell's settlements into more transactions: bench/README.md), and the process's other
   doorbells run beside it;
 - a target whose last lookups took longer gets a thread per lookup, all of a doorbell's at once;
@@ -48,8 +48,9 @@ from workers.wiring import metrics
 log = logging.getLogger(__name__)
 
 # A target whose lookups take longer than this (a moving average, per process) gets a thread per
-# lookup: waiting is then most of a lookup, and the hand-off to a thread (~0.1-0.3 ms of CPU) is
-# small beside it. The sandbox answers in ~2 ms, a provider's search endpoint in tens of ms.
+# lookup: waiting is then most of a lookup, and the hand-off to a thread (a fraction of a
+# millisecond of CPU) is small beside it. A nearby provider answers in a few milliseconds, a
+# provider's search endpoint in tens.
 SPREAD_AFTER_S = 0.01
 LATENCY_WEIGHT = 0.3  # of the newest lookup in the moving average
 

@@ -188,7 +188,8 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     check_time_limits(settings, longest_call_s=longest_call_s(actions))
     check_retention(settings.args_retention_s, actions.key_retentions())
     check_approval_windows(settings, actions)
-    # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
+    # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
+    # (bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
     sessions = make_sessionmaker(engine)

@@ -30,7 +30,7 @@ worker_init.connect(metrics.on_worker_init)
 def _preload(**_: object) -> None:
     # The main process imports what every task process needs (the ledger, SQLAlchemy, psycopg,
     # httpx, the breakers) before the pool forks: the children share those pages instead of each
-    # importing its own copy after the fork (~40 MiB and ~0.5 s of CPU per child, bench/README.md).
+    # importing its own copy after the fork (memory and start-up CPU per child: bench/README.md).
     # Modules only: no connection is opened here, so a child has nothing of its parent's to reuse.
     import gc
 
