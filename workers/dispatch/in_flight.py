@@ -66,7 +66,7 @@ FINALIZE_RETRY_S = 20.0
 
 
 @dataclass
-class Doorbatch:
+class _DoorbellCalls:
     """One doorbell's claims on their way: done when every one is finalized."""
 
     admissions: Admissions
@@ -79,10 +79,10 @@ class Doorbatch:
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
-class _Job:
+class _CallJob:
     """Calls to one target of one doorbell, run in turn on one pool thread."""
 
-    batch: Doorbatch
+    batch: _DoorbellCalls
     target: str | None
     todo: deque[Claim]
     running_since: float | None = None
@@ -99,14 +99,14 @@ class InFlight:
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="call")
         self._room = threading.Condition()
         self._held = 0  # operations reserved or claimed here, not yet finalized
-        self._jobs: set[_Job] = set()
+        self._jobs: set[_CallJob] = set()
         self._jobs_lock = threading.Lock()
         # Counted failures in a row per target, as seen by this process (absent: no answer yet).
         self._failures: dict[str, int] = {}
         self._failed_since: dict[str, bool] = {}  # a failure seen here since the last success told
         self._success_told: dict[str, float] = {}  # when a success was last told to the breaker
         self._canaries: dict[str, threading.Lock] = {}
-        self._results: queue.SimpleQueue[tuple[Doorbatch, list[Attempted]] | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[tuple[_DoorbellCalls, list[Attempted]] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._finalizer = threading.Thread(target=self._finalize_loop, name="finalize", daemon=True)
         self._watchdog = threading.Thread(target=self._watch_loop, name="call-watchdog", daemon=True)
@@ -143,7 +143,7 @@ class InFlight:
         self, claims: Sequence[Claim], admissions: Admissions, approvals: dict[str, Grant | None]
     ) -> Future[dict[str, AttemptOutcome]]:
         """Call each claim (already reserved); the future holds the outcomes once all are finalized."""
-        batch = Doorbatch(admissions, approvals, waiting=len(claims))
+        batch = _DoorbellCalls(admissions, approvals, waiting=len(claims))
         if not claims:
             batch.done.set_result({})
             return batch.done
@@ -152,15 +152,15 @@ class InFlight:
             known = self._downstream.actions.actions.get(claim.action)
             groups.setdefault(known.target if known else None, deque()).append(claim)
         for target, todo in groups.items():
-            self._submit(_Job(batch, target, todo))
+            self._submit(_CallJob(batch, target, todo))
         return batch.done
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: _CallJob) -> None:
         with self._jobs_lock:
             self._jobs.add(job)
         self._pool.submit(self._run, job)
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _CallJob) -> None:
         try:
             while True:
                 with job.lock:
@@ -180,7 +180,7 @@ class InFlight:
             if finished:
                 self._results.put((job.batch, finished))
 
-    def _call_or_doubt(self, job: _Job, claim: Claim) -> Attempted:
+    def _call_or_doubt(self, job: _CallJob, claim: Claim) -> Attempted:
         """The call; if it breaks part-way (the breaker's Redis away, a bug), the operation is in
         doubt: it may have been sent, so it goes to the reconciler now, with its room freed, not
         minutes later through lease expiry."""
@@ -197,7 +197,7 @@ class InFlight:
             why = f"the attempt was cut part-way ({type(exc).__name__}); it may have been sent: looking it up"
             return claim, AttemptReport(AttemptClass.AMBIGUOUS, error=why), Ambiguous(why), None
 
-    def _call(self, job: _Job, claim: Claim) -> Attempted:
+    def _call(self, job: _CallJob, claim: Claim) -> Attempted:
         admissions, target = job.batch.admissions, job.target
         call = (self._downstream, admissions, claim, job.batch.approvals)
         if target is None:  # not in the actions file: nothing is sent
@@ -264,7 +264,7 @@ class InFlight:
             for job in jobs:
                 self._hand_off_if_slow(job, now)
 
-    def _hand_off_if_slow(self, job: _Job, now: float) -> None:
+    def _hand_off_if_slow(self, job: _CallJob, now: float) -> None:
         if self._suspect(job.target):
             return  # one at a time until the target answers well: nothing to give away
         with job.lock:
@@ -277,7 +277,7 @@ class InFlight:
         if finished:
             self._results.put((job.batch, finished))
         for claim in todo:
-            self._submit(_Job(job.batch, job.target, deque([claim])))
+            self._submit(_CallJob(job.batch, job.target, deque([claim])))
 
     # -- finalize ---------------------------------------------------------------------------
     def _finalize_loop(self) -> None:
@@ -300,7 +300,7 @@ class InFlight:
             except Exception:  # noqa: BLE001 - a bug: logged; the thread must outlive it
                 log.exception("finalizer: unexpected error; the operations concerned come back through their leases")
 
-    def _finalize(self, items: list[tuple[Doorbatch, list[Attempted]]]) -> None:
+    def _finalize(self, items: list[tuple[_DoorbellCalls, list[Attempted]]]) -> None:
         attempted = [a for _, results in items for a in results]
         for claim, _, _, _ in attempted:
             failpoints.hit("dispatch.after_response", claim.idempotency_key)

@@ -56,7 +56,7 @@ LATENCY_WEIGHT = 0.3  # of the newest lookup in the moving average
 
 
 @dataclass
-class Doorbatch:
+class _DoorbellLookups:
     """One doorbell's claims on their way: done when every one is settled."""
 
     admissions: Admissions
@@ -67,10 +67,10 @@ class Doorbatch:
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
-class _Job:
+class _LookupJob:
     """Lookups of one doorbell to one target, run in turn on one pool thread."""
 
-    batch: Doorbatch
+    batch: _DoorbellLookups
     target: str
     todo: deque[Claim]
     running_since: float | None = None
@@ -87,8 +87,8 @@ class LookupsInFlight:
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="lookup")
         self._room = threading.Condition()
         self._held = 0  # operations reserved or claimed here, not yet settled
-        self._answers: queue.SimpleQueue[tuple[Doorbatch, list[Asked]] | None] = queue.SimpleQueue()
-        self._jobs: set[_Job] = set()
+        self._answers: queue.SimpleQueue[tuple[_DoorbellLookups, list[Asked]] | None] = queue.SimpleQueue()
+        self._jobs: set[_LookupJob] = set()
         self._jobs_lock = threading.Lock()
         self._latency_s: dict[str, float] = {}  # target -> moving average of its lookups' latency
         self._stop = threading.Event()
@@ -128,7 +128,7 @@ class LookupsInFlight:
     ) -> Future[dict[str, Verdict]]:
         """Look each claim up (already reserved); ``settled``: claims answered without a lookup
         (breaker open, no lookup declared). The future holds the verdicts once all are settled."""
-        batch = Doorbatch(admissions, rng, waiting=len(claims) + len(settled))
+        batch = _DoorbellLookups(admissions, rng, waiting=len(claims) + len(settled))
         if not batch.waiting:
             batch.done.set_result({})
             return batch.done
@@ -140,17 +140,17 @@ class LookupsInFlight:
         for target, todo in groups.items():
             if self._latency_s.get(target, 0.0) > SPREAD_AFTER_S:
                 for claim in todo:
-                    self._submit(_Job(batch, target, deque([claim])))
+                    self._submit(_LookupJob(batch, target, deque([claim])))
             else:
-                self._submit(_Job(batch, target, todo))
+                self._submit(_LookupJob(batch, target, todo))
         return batch.done
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: _LookupJob) -> None:
         with self._jobs_lock:
             self._jobs.add(job)
         self._pool.submit(self._run, job)
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _LookupJob) -> None:
         try:
             while True:
                 with job.lock:
@@ -194,7 +194,7 @@ class LookupsInFlight:
                 if finished:
                     self._answers.put((job.batch, finished))
                 for claim in todo:
-                    self._submit(_Job(job.batch, job.target, deque([claim])))
+                    self._submit(_LookupJob(job.batch, job.target, deque([claim])))
 
     # -- settle -----------------------------------------------------------------------------
     def _settle_loop(self) -> None:
@@ -217,7 +217,7 @@ class LookupsInFlight:
             except Exception:  # noqa: BLE001 - a bug: logged; the thread must outlive it
                 log.exception("settler: unexpected error; the operations concerned come back through their leases")
 
-    def _settle(self, arrived: list[tuple[Doorbatch, list[Asked]]]) -> None:
+    def _settle(self, arrived: list[tuple[_DoorbellLookups, list[Asked]]]) -> None:
         items = [(batch, asked) for batch, answers in arrived for asked in answers]
         verdicts: dict[str, Verdict] = {}
         ids = [a.claim.operation_id for _, a in items]
