@@ -36,7 +36,7 @@ class Admissions:
     """
 
     def __init__(self, breakers: BreakerRegistry, *, ask_again_after_failure: bool = False) -> None:
-        self.breakers = breakers
+        self._breakers = breakers
         self._ask_again_after_failure = ask_again_after_failure
         self._held: dict[str, Decision] = {}  # operation id -> its own answer (a probe, an open breaker)
         self._closed: dict[str, Allowed] = {}  # target -> the closed breaker's admission, shared
@@ -46,7 +46,7 @@ class Admissions:
     def ask(self, target: str) -> Decision:
         """The answer for one more call to ``target``: the batch's closed admission, or the
         breaker asked (a closed admission it gives is kept for the batch)."""
-        decision = self._closed.get(target) or self.breakers.before_call(target)
+        decision = self._closed.get(target) or self._breakers.before_call(target)
         if isinstance(decision, Allowed) and not decision.probe:
             self._closed[target] = decision
         return decision
@@ -66,11 +66,11 @@ class Admissions:
             if target in self._closed:
                 answers[target] = self._closed[target]
                 continue
-            decision = self.breakers.before_call(target)
+            decision = self._breakers.before_call(target)
             if isinstance(decision, Allowed) and not decision.probe:
                 self._closed[target] = decision
             else:
-                self.breakers.release(decision)
+                self._breakers.release(decision)
             answers[target] = decision
         return answers
 
@@ -81,7 +81,7 @@ class Admissions:
         held = self._held.get(operation_id)
         if held is not None:
             return held
-        return self._closed.get(target) or self.breakers.before_call(target)
+        return self._closed.get(target) or self._breakers.before_call(target)
 
     def went(self, decision: Allowed, *, failure: bool) -> None:
         """How an admitted call went (``failure`` from ``counts_as_failure``). A success under the
@@ -91,12 +91,12 @@ class Admissions:
             return
         if self._ask_again_after_failure:
             self._closed.pop(decision.target, None)
-        self.breakers.record(decision, failure=failure)
+        self._breakers.record(decision, failure=failure)
 
     def release(self, decision: Decision | None) -> None:
         """A call that will not be sent with ``decision``: a probe is given back."""
         if decision is not None:
-            self.breakers.release(decision)
+            self._breakers.release(decision)
 
     def give_back(self, operation_id: str) -> None:
         """The operation's own answer, unused (or its call cut part-way): a probe is given back."""
@@ -130,7 +130,7 @@ class Admissions:
         decision = self._succeeded.pop(target, None)
         if decision is None:
             return False
-        self.breakers.record(decision, failure=False)
+        self._breakers.record(decision, failure=False)
         return True
 
     def tell_successes(self) -> None:
