@@ -1,8 +1,8 @@
-"""Where one dispatch's time goes: ``dispatch_operation`` in-process under cProfile, no Celery.
+"""Where one dispatch's time goes: ``Dispatcher.dispatch`` in-process under cProfile, no Celery.
 
 Throwaway database + ``python -m workers.sandbox`` subprocess; N intents submitted first, then each is
-dispatched in this process exactly as a worker's task body would (``get_runtime()`` +
-``dispatch_batch``, ``--batch`` ids per doorbell). Prints wall time per operation and the top functions by cumulative time.
+dispatched in this process exactly as a worker's task body would (``get_runtime().dispatcher`` +
+``dispatch``, ``--batch`` ids per doorbell). Prints wall time per operation and the top functions by cumulative time.
 
     .venv/bin/python -m bench.dispatch_profile [--ops 200]
 """
@@ -27,12 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--top", type=int, default=30)
-    p.add_argument("--batch", type=int, default=1, help="ids per doorbell (dispatch_batch)")
+    p.add_argument("--batch", type=int, default=1, help="ids per doorbell (Dispatcher.dispatch)")
     p.add_argument(
         "--reconcile",
         action="store_true",
         help="profile the reconciler instead: every call answers 504 after committing, then each "
-        "operation is looked up (reconcile_batch, --batch ids per doorbell) and found",
+        "operation is looked up (Reconciler.reconcile, --batch ids per doorbell) and found",
     )
     p.add_argument(
         "--lookup-latency-ms",
@@ -67,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             from outbox.ledger.submit import submit
-            from workers.dispatch.batch import dispatch_batch, dispatch_operation
-            from workers.reconcile.batch import reconcile_batch
             from workers.wiring.runtime import get_runtime
 
             rt = get_runtime()
@@ -86,22 +84,22 @@ def main(argv: list[str] | None = None) -> int:
                         ).operation_id
                     )
             for op_id in ids[:10]:  # warm-up
-                dispatch_operation(rt, op_id)
-            work, what = dispatch_batch, "dispatches"
+                rt.dispatcher.dispatch_one(op_id)
+            work, what = rt.dispatcher.dispatch, "dispatches"
             if args.reconcile:
                 sandbox.add_fault(mode="commit_then_504", probability=1.0, method="POST")
                 if args.lookup_latency_ms:
                     sandbox.add_fault(mode="latency", latency_ms=args.lookup_latency_ms, method="GET")
                 for i in range(10, len(ids), 10):
-                    dispatch_batch(rt, ids[i : i + 10])
-                work, what = reconcile_batch, "lookups"
+                    rt.dispatcher.dispatch(ids[i : i + 10])
+                work, what = rt.reconciler.reconcile, "lookups"
             prof = cProfile.Profile()
             started, cpu_started = time.perf_counter(), time.process_time()
             if not args.no_profile:
                 prof.enable()
             rest = ids[10:]
             for i in range(0, len(rest), args.batch):
-                work(rt, rest[i : i + args.batch])
+                work(rest[i : i + args.batch])
             prof.disable()
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
             done = args.ops

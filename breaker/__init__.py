@@ -20,10 +20,14 @@ WARNING on entering and one on leaving that degraded mode (never per call); no e
 reaches the dispatch path. Local breakers still trip, and the ledger's retry budgets bound the
 load on the downstream, so degrading costs at most fail_max attempts per process per reset
 timeout. See breaker/README.md and breaker/registry.py.
+
+A worker asks for a batch of calls at once through ``Admissions`` (breaker/admissions.py): a
+closed breaker's admission shared by the batch, a probe held by one operation or given back.
 """
 
 from __future__ import annotations
 
+from breaker.admissions import Admissions
 from breaker.config import BreakerConfig, counts_as_failure
 from breaker.errors import BreakerError, BreakerStorageUnavailable, UnknownTarget
 from breaker.operator import reset, status
@@ -31,6 +35,7 @@ from breaker.registry import BreakerRegistry
 from breaker.state import Allowed, BreakerStatus, Decision, Open
 
 __all__ = [
+    "Admissions",
     "Allowed",
     "BreakerConfig",
     "BreakerError",

@@ -141,8 +141,9 @@ def settle_if_fenced(
 
 
 @dataclass(frozen=True)
-class Settle:
-    """One reconciler-claimed operation's settlement, for settle_many_if_fenced."""
+class SettlementMove:
+    """One reconciler-claimed operation's fenced move (what its lookup proved), for
+    settle_many_if_fenced."""
 
     claim: Claim
     report: AttemptReport
@@ -152,7 +153,7 @@ class Settle:
     result: dict[str, Any] | None = None
 
 
-def settle_many_if_fenced(session: Session, items: Sequence[Settle]) -> list[StaleFence | None]:
+def settle_many_if_fenced(session: Session, items: Sequence[SettlementMove]) -> list[StaleFence | None]:
     """settle_if_fenced for each item, in the caller's transaction, one statement each (pipelined in
     one round trip on PostgreSQL, as a worker's finalize is); returns each item's refusal.
 

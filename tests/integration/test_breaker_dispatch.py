@@ -367,7 +367,6 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
     rings several parking levels at once): the probe must not drain the one with the least left."""
     from sqlalchemy import update
 
-    from workers.dispatch.batch import dispatch_batch
     from workers.wiring.runtime import build_runtime
 
     reset_s = 60.0  # passes only when the test moves the breaker's clock
@@ -382,7 +381,7 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
         rt.breakers.record(tripping, failure=True)  # fail_max 1: open for reset_s
         assert _breaker(pipe).state == "open"
         pipe.advance_breaker_clock(reset_s)  # half-open: the first operation asked gets the probe
-        outcomes = dispatch_batch(rt, [spent, fresh])
+        outcomes = rt.dispatcher.dispatch([spent, fresh])
     finally:
         rt.close()
     assert [p["idempotency_key"] for p in sandbox.requests(method="POST")] == [pk("k-probe-1")]

@@ -424,7 +424,7 @@ def test_batched_settlements_write_what_one_settlement_writes(ledger, to, report
     """The reconciler settles a batch in one statement per operation (settle_many_if_fenced, issue
     14); the rows it leaves must be those settle_if_fenced leaves, and a stale member of the batch
     is refused alone, its lookup kept as evidence."""
-    from outbox.evidence.settlement import Settle, settle_many_if_fenced
+    from outbox.evidence.settlement import SettlementMove, settle_many_if_fenced
 
     ids = [_submit(ledger, idempotency_key=f"batch-{n}").operation_id for n in range(3)]
     claims = _claim(ledger, limit=3)
@@ -443,7 +443,7 @@ def test_batched_settlements_write_what_one_settlement_writes(ledger, to, report
         settle_if_fenced(s, one, report, to=to, reason="looked up", recheck_in_s=recheck_s, result=result)
     with ledger.sessions.begin() as s:
         refusals = settle_many_if_fenced(
-            s, [Settle(c, report, to, "looked up", recheck_s, result) for c in (batched, stolen)]
+            s, [SettlementMove(c, report, to, "looked up", recheck_s, result) for c in (batched, stolen)]
         )
     assert refusals[0] is None and isinstance(refusals[1], StaleFence)
 

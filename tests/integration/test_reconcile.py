@@ -322,7 +322,6 @@ def test_a_reconcile_doorbell_fills_its_batch_and_settles_it_in_one_transaction(
 
     from outbox.ledger import failpoints
     from outbox.ledger.models import Attempt, Operation
-    from workers.reconcile.batch import reconcile_batch
     from workers.wiring.runtime import build_runtime
 
     n = 12
@@ -353,7 +352,7 @@ def test_a_reconcile_doorbell_fills_its_batch_and_settles_it_in_one_transaction(
     rt = build_runtime(pipe.settings())
     try:
         with failpoints.on("reconcile.after_lookup", steal_another):
-            settled = reconcile_batch(rt, [ids[0]], fill_to=10)
+            settled = rt.reconciler.reconcile([ids[0]], fill_to=10)
     finally:
         rt.close()
     assert len(settled) == 10 and ids[0] in settled  # its own id plus nine others that were due
@@ -390,16 +389,15 @@ def test_a_reconcile_doorbell_whose_ids_were_taken_still_claims_what_is_due(pipe
     """A doorbell only says "lookups may be waiting": when another doorbell's claim took its ids
     along (or they were settled), it must still claim what is due, never find nothing to do while
     lookups wait (a reconciler that fell behind ran thousands of such empty tasks)."""
-    from workers.reconcile.batch import reconcile_batch
     from workers.wiring.runtime import build_runtime
 
     ids = _parked_in_outcome_unknown(pipe, sandbox, 12, "rc-taken")
     rt = build_runtime(pipe.settings())
     try:
-        first = reconcile_batch(rt, ids[:10], fill_to=10)
+        first = rt.reconciler.reconcile(ids[:10], fill_to=10)
         assert sorted(first) == sorted(ids[:10])
         # The same ten ids rung again (a duplicate doorbell): they are settled, two others wait.
-        again = reconcile_batch(rt, ids[:10], fill_to=10)
+        again = rt.reconciler.reconcile(ids[:10], fill_to=10)
     finally:
         rt.close()
     assert sorted(again) == sorted(ids[10:]), again
@@ -413,7 +411,6 @@ def test_a_doorbells_lookups_overlap_at_a_slow_provider(pipe, sandbox):
     look its operations up one after another (one process then drains ~19/s at 50 ms)."""
     import time
 
-    from workers.reconcile.batch import reconcile_batch
     from workers.wiring.runtime import build_runtime
 
     ids = _parked_in_outcome_unknown(pipe, sandbox, 10, "rc-slow")
@@ -421,7 +418,7 @@ def test_a_doorbells_lookups_overlap_at_a_slow_provider(pipe, sandbox):
     rt = build_runtime(pipe.settings())
     try:
         started = time.monotonic()
-        settled = reconcile_batch(rt, ids, fill_to=10)
+        settled = rt.reconciler.reconcile(ids, fill_to=10)
         took_s = time.monotonic() - started
     finally:
         rt.close()

@@ -138,7 +138,7 @@ def test_beat_warns_once_per_outage_too():
         record(POOL_LOGGER, logging.ERROR, "Pool process %r error: %r", "<Worker>", SoftTimeLimitExceeded()),
         record(POOL_LOGGER, logging.ERROR, "Pool process %r error: %r", "<Worker>", ValueError("bug")),
         record(BEAT_LOGGER, logging.ERROR, "Message Error: %s\n%s", REFUSED, "stack"),
-        record("workers.reconcile.settle", logging.ERROR, "failed_before_commit: %s", "rejected"),
+        record("workers.reconcile.batch", logging.ERROR, "failed_before_commit: %s", "rejected"),
     ],
     ids=lambda r: r.getMessage()[:40],
 )

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from outbox.actions.specs import BudgetSpec
 from workers.provider.retry import (
     MAX_RETRY_AFTER_S,
-    Budget,
     BudgetSpent,
     PlannedRetry,
+    RetryBudget,
     backoff_window_s,
     next_delay_s,
     parse_retry_after,
@@ -23,7 +23,7 @@ from workers.provider.retry import (
 )
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
-BUDGET = Budget(max_attempts=6, deadline_s=600, base_delay_s=0.5, max_delay_s=60)
+BUDGET = RetryBudget(max_attempts=6, deadline_s=600, base_delay_s=0.5, max_delay_s=60)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_parse_retry_after_never_raises(value: str) -> None:
 
 def test_budget_mirrors_config() -> None:
     cfg = BudgetSpec(max_attempts=6, deadline_s=600, base_delay_s=0.5, max_delay_s=60)
-    assert Budget.from_config(cfg) == BUDGET
+    assert RetryBudget.from_config(cfg) == BUDGET
 
 
 @given(attempt=st.integers(1, 40), seed=st.integers(0, 2**32))
@@ -174,11 +174,11 @@ def test_the_ledger_clock_is_the_databases_time_advanced_by_the_monotonic_clock(
 
 def test_a_retry_after_beyond_an_hour_is_honoured_or_spends_the_budget() -> None:
     # Issue 15: a Retry-After of two hours used to be cut to one, so the call went out early.
-    long = Budget(max_attempts=5, deadline_s=86400, base_delay_s=0.5, max_delay_s=60)
+    long = RetryBudget(max_attempts=5, deadline_s=86400, base_delay_s=0.5, max_delay_s=60)
     plan = plan_retry(attempt_number=1, budget=long, created_at=NOW, now=NOW, retry_after_s=7200.0)
     assert isinstance(plan, PlannedRetry) and plan.retry_after
     assert plan.at >= NOW + timedelta(seconds=7200)
     # Past the deadline: the budget is spent, the wait is not shortened to fit.
-    short = Budget(max_attempts=5, deadline_s=3600, base_delay_s=0.5, max_delay_s=60)
+    short = RetryBudget(max_attempts=5, deadline_s=3600, base_delay_s=0.5, max_delay_s=60)
     spent = plan_retry(attempt_number=1, budget=short, created_at=NOW, now=NOW, retry_after_s=7200.0)
     assert isinstance(spent, BudgetSpent) and "Retry-After 7200s" in spent.reason

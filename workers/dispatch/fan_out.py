@@ -9,79 +9,73 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from breaker import Allowed, BreakerRegistry, Decision, Open, counts_as_failure
+from breaker import Admissions, Open, counts_as_failure
 from outbox.approvals.decisions import Grant, lapse_reason
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
-from workers.dispatch.outcomes import NeedsApproval, Outcome, Rejected, Succeeded, before_send, breaker_open, decide
+from workers.dispatch.outcomes import (
+    AttemptOutcome,
+    NeedsApproval,
+    Rejected,
+    Succeeded,
+    before_send,
+    breaker_open,
+    decide,
+)
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet
 from workers.wiring import metrics
 
-Attempted = tuple[Claim, AttemptReport, Outcome, ActionConfig | None]
+Attempted = tuple[Claim, AttemptReport, AttemptOutcome, ActionConfig | None]
 
 
 @dataclass(frozen=True)
-class Caller:
-    """What calling a downstream takes: the actions file, the connectors and the breakers."""
+class Downstream:
+    """What calling a provider takes: the actions file (targets, budgets) and the connectors."""
 
     actions: ActionsConfig
     connectors: ConnectorSet
-    breakers: BreakerRegistry
 
 
-@dataclass
-class Batch:
-    """A doorbell's breaker answers: per operation (asked before the claim), per closed target."""
-
-    decisions: dict[str, Decision]
-    closed: dict[str, Allowed]
-    succeeded: dict[str, Allowed] = field(default_factory=dict)  # targets whose success is not yet recorded
-    # Claims whose action needs a person's approval: the approval on record (None: none), read with
-    # the claim and judged again right before the send (outbox/approvals/decisions.py).
-    approvals: dict[str, Grant | None] = field(default_factory=dict)
-
-    def decision_for(self, claim: Claim, target: str | None) -> Decision | None:
-        held = self.decisions.get(claim.operation_id)
-        return held if held is not None or target is None else self.closed.get(target)
-
-
-def attempt_claimed(caller: Caller, claim: Claim, decision: Decision | None, batch: Batch | None = None) -> Attempted:
+def attempt_claimed(
+    downstream: Downstream, admissions: Admissions, claim: Claim, approvals: Mapping[str, Grant | None]
+) -> Attempted:
     try:
-        action = caller.actions.action(claim.action)
+        action = downstream.actions.action(claim.action)
     except KeyError as exc:
-        if decision is not None:
-            caller.breakers.release(decision)
+        admissions.give_back(claim.operation_id)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
         return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
-    report, outcome = attempt(caller, claim, action, decision, batch)
+    report, outcome = attempt(downstream, admissions, claim, action, approvals)
     return claim, report, outcome, action
 
 
 def attempt(
-    caller: Caller,
+    downstream: Downstream,
+    admissions: Admissions,
     claim: Claim,
     action: ActionConfig,
-    decision: Decision | None = None,
-    batch: Batch | None = None,
-) -> tuple[AttemptReport, Outcome]:
+    approvals: Mapping[str, Grant | None],
+) -> tuple[AttemptReport, AttemptOutcome]:
     """One attempt of a claimed operation: nothing here writes to the ledger.
 
-    decision: the breaker's answer taken before the claim (None: ask now). With ``batch``, a
-    success under a closed breaker is recorded once per target when the batch ends.
+    ``admissions``: the doorbell's breaker answers (the operation's own, asked before the claim, or
+    its target's shared one; otherwise the breaker is asked now). ``approvals``: the approval on
+    record for the claims whose action needs one (None: none on record).
     """
     early = before_send(claim, action, now=claim.now())
     if early is None and not claim.args:
         early = Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
-    if early is None and batch is not None and claim.operation_id in batch.approvals:
+    if early is None and claim.operation_id in approvals:
         lapsed = lapse_reason(
-            batch.approvals[claim.operation_id],
+            approvals[claim.operation_id],
             args_digest=claim.args_digest,
             policy_version=action.approval.policy_version,
             now=claim.now(),
@@ -89,17 +83,15 @@ def attempt(
         if lapsed is not None:
             early = NeedsApproval(lapsed)
     if early is not None:
-        if decision is not None:
-            caller.breakers.release(decision)
+        admissions.give_back(claim.operation_id)
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=_why(early)), early
-    if decision is None:
-        decision = caller.breakers.before_call(action.target)
+    decision = admissions.answer_for(claim.operation_id, action.target)
     if isinstance(decision, Open):
         outcome = breaker_open(claim, action, wait_s=decision.wait_s, now=claim.now())
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open for {decision.wait_s:.3f}s more"), outcome
-    connector = caller.connectors.for_action(claim.action)
+    connector = downstream.connectors.for_action(claim.action)
     failpoints.hit("dispatch.before_send", claim.idempotency_key)
     args = loads_exact(claim.args)
     result = connector.send(
@@ -112,16 +104,14 @@ def attempt(
     )
     c = result.classification
     # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
-    failure = counts_as_failure(c.status_code, transport_error=_is_transport(result))
-    if batch is not None and not failure and not decision.probe:
-        batch.succeeded[action.target] = decision
-    else:
-        caller.breakers.record(decision, failure=failure)
+    admissions.went(decision, failure=counts_as_failure(c.status_code, transport_error=_is_transport(result)))
     metrics.record_attempt(action.target, c.klass, result.latency_s)
     return private(action, args, _report(result), decide(claim, action, c, now=claim.now()))
 
 
-def private(action: ActionConfig, args: Any, report: AttemptReport, outcome: Outcome) -> tuple[AttemptReport, Outcome]:
+def private(
+    action: ActionConfig, args: Any, report: AttemptReport, outcome: AttemptOutcome
+) -> tuple[AttemptReport, AttemptOutcome]:
     """What is stored about an attempt, without the action's secrets: the response's sensitive
     fields masked, and the intent's sensitive values redacted wherever the provider echoed them."""
     if not action.sensitive_args and not action.sensitive_response_fields:
@@ -156,5 +146,5 @@ def _report(result: AttemptResult) -> AttemptReport:
     )
 
 
-def _why(outcome: Outcome) -> str:
+def _why(outcome: AttemptOutcome) -> str:
     return getattr(outcome, "why", "") or ""

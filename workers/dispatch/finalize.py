@@ -30,10 +30,10 @@ from workers.dispatch.fan_out import Attempted
 from workers.dispatch.outcomes import (
     Accepted,
     Ambiguous,
+    AttemptOutcome,
     Cancelled,
     FailedAtProvider,
     NeedsApproval,
-    Outcome,
     Rejected,
     RetryAt,
     Succeeded,
@@ -46,7 +46,7 @@ from workers.wiring import metrics
 log = logging.getLogger(__name__)
 
 # A move made: the claim, its outcome, the status it moved to, the reason, its log fields.
-Applied = tuple[Claim, Outcome, Status, str, dict[str, Any]]
+Applied = tuple[Claim, AttemptOutcome, Status, str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Recorder:
         )
 
 
-def _transition_of(claim: Claim, outcome: Outcome) -> tuple[Status, str, dict[str, Any]]:
+def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, dict[str, Any]]:
     kw: dict[str, Any] = {}
     if isinstance(outcome, Succeeded):
         # A cancel asked for while the request was out is noted by the write itself (writes.py).
@@ -107,7 +107,7 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
     }
 
 
-def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
+def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOutcome]:
     """Finalize a batch: one transaction for all (each move still guarded by its own token).
 
     A stale token refuses only its own operation (its attempt evidence is kept); a separate
@@ -147,8 +147,8 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, Outcome]:
 
 
 def _apply_alone(
-    rec: Recorder, claim: Claim, report: AttemptReport, outcome: Outcome, action: ActionConfig | None
-) -> Outcome:
+    rec: Recorder, claim: Claim, report: AttemptReport, outcome: AttemptOutcome, action: ActionConfig | None
+) -> AttemptOutcome:
     to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
     try:
@@ -177,12 +177,12 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     """After the commit: one log line per operation, then the doorbells that follow from it.
 
     Not for what went to outcome_unknown: the relay's next tick rings the reconciler for every
-    due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from here,
-    each finalize rang for its own one or two ambiguous calls, and the relay rang the same ids
-    again: under issue 14's fault mix 2,041 reconcile tasks for 3,202 lookups, each paying a
-    Celery message, a late-success query, a claim and a commit, and a Celery publish (~0.3 ms of
-    CPU) in the worker's finalizer per ambiguous batch. The cost: a lookup starts up to
-    OUTBOX_RELAY_POLL_S later, which an ambiguous outcome can afford (settle windows are longer)."""
+    due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from
+    here, each finalize would ring for its own one or two ambiguous calls and the relay for the
+    same ids again: a reconcile task per one or two lookups, each paying a Celery message, a
+    late-success query, a claim and a commit, and a Celery publish in the worker's finalizer
+    (bench/README.md). The cost: a lookup starts up to OUTBOX_RELAY_POLL_S later, which an
+    ambiguous outcome can afford (settle windows are longer)."""
     redispatch = []
     for claim, outcome, to, reason, fields in applied:
         _log_outcome(outcome, reason, fields)
@@ -195,7 +195,7 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
         rec.doorbell.ring_dispatch(redispatch)
 
 
-def _log_outcome(outcome: Outcome, reason: str, fields: dict[str, Any]) -> None:
+def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -> None:
     if isinstance(outcome, Succeeded):
         log.info("succeeded", extra=fields | {"reference": outcome.reference})
     elif isinstance(outcome, RetryAt):

@@ -1,8 +1,14 @@
-"""The gate of a doorbell: which of its operations are due, and which wait for an open breaker.
+"""The gate of a dispatch doorbell: which of its operations may be claimed and called now.
 
-A doorbell's first read (nothing locked) says which ids are due and what their deadlines are.
-While a downstream's breaker is open an operation is not claimed at all: it is parked until the
-breaker may close (outbox/ledger/waits.py), which costs no fencing token, attempt row or budget.
+A doorbell's first read (nothing locked) says which ids are due and what their deadlines are; each
+one's target's breaker is asked before the claim (Admissions, breaker/admissions.py). While a
+downstream's breaker is open an operation is not claimed at all: it is parked until the breaker may
+close (outbox/ledger/waits.py), which costs no fencing token, attempt row or budget. Past its
+deadline it is claimed anyway, and the claim ends it (the budget is spent either way).
+
+After the claim, two more questions before anything is sent: the operations the claim took along
+(not rung by this doorbell) are admitted once per target, and the approvals on record are read for
+the actions that need one (judged again right before the send, dispatch/fan_out.py).
 """
 
 from __future__ import annotations
@@ -10,18 +16,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from breaker import Open
+from breaker import Admissions, BreakerRegistry, Open
+from outbox.approvals.decisions import Grant, grants
 from outbox.ledger import failpoints
-from outbox.ledger.claims import read_due
+from outbox.ledger.claims import Claim, read_due
 from outbox.ledger.clock import LedgerClock, as_utc
+from outbox.ledger.envelope import loads_exact
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.waits import park_for_breaker
-from workers.dispatch.outcomes import RetryAt, breaker_wait
-from workers.provider.actions import ActionConfig
+from workers.dispatch.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
+from workers.provider.actions import ActionConfig, ActionsConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,89 @@ class _Due:
     max_attempts: int | None
     attempt_count: int
     clock: LedgerClock  # the database's time when read: deadlines are judged on it
+
+
+@dataclass(frozen=True)
+class Passed:
+    """What the gate let through of a doorbell's ids."""
+
+    wanted: list[str]  # due and not parked: to be claimed
+    parked: dict[str, AttemptOutcome]  # waiting for their breaker, unclaimed
+    rung_due: bool  # any rung id was due (none: the claim takes whatever else is due)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What the gate takes: the doorbell task's connection (the due read), sessions (parks and
+    approvals), the actions file (targets, budgets), the breakers, and who parks (the actor)."""
+
+    ledger: LedgerConnection
+    sessions: sessionmaker[Session]
+    actions: ActionsConfig
+    breakers: BreakerRegistry
+    worker_id: str
+
+    def admissions(self) -> Admissions:
+        """A doorbell's breaker answers, shared by its calls (the reconciler's are its own)."""
+        return Admissions(self.breakers)
+
+    def admit(self, operation_ids: Sequence[str], admissions: Admissions) -> Passed:
+        """Ask each due id's breaker (once per target while it is closed): open and the deadline
+        allows the wait, the operation is parked; otherwise it goes to the claim, holding its answer
+        (a probe is that operation's; an open breaker past the deadline ends it at the claim)."""
+        dues = read_due_ops(self.ledger, operation_ids)
+        parked: dict[str, AttemptOutcome] = {}
+        for op_id, due in dues.items():
+            known = self.actions.actions.get(due.action)
+            if known is None:
+                continue  # claimed, and ended there: nothing is sent for an unknown action
+            decision = admissions.ask(known.target)
+            if isinstance(decision, Open) and due.clock.now() + timedelta(seconds=decision.wait_s) <= deadline_of(
+                due, known
+            ):
+                wait = park_while_open_if_due(
+                    self.sessions,
+                    op_id,
+                    known,
+                    decision,
+                    actor=self.worker_id,
+                    spent_attempts=due.attempt_count,
+                    now=due.clock.now(),
+                )
+                if wait is not None:
+                    parked[op_id] = wait
+                continue
+            admissions.hold(op_id, decision)
+        wanted = [op_id for op_id in dues if op_id not in parked]
+        return Passed(wanted, parked, rung_due=bool(dues))
+
+    def admit_taken_along(self, claims: Sequence[Claim], admissions: Admissions) -> None:
+        """The operations the claim took along (not rung by this doorbell) have no breaker answer
+        yet: each target is asked once, as for the rung ones, so a doorbell costs the breaker's
+        Redis one admission per target, not one per call. Open or a probe: left unasked, so each
+        call asks (and one of them probes)."""
+        targets = [
+            known.target
+            for claim in claims
+            if (known := self.actions.actions.get(claim.action)) is not None
+            and not admissions.holds(claim.operation_id)
+        ]
+        admissions.share(targets)
+
+    def approvals(self, claims: Sequence[Claim]) -> dict[str, Grant | None]:
+        """For the claims whose action needs approval for their arguments: the approval on record
+        (one query; none at all where no action asks for approvals)."""
+        needing = []
+        for claim in claims:
+            known = self.actions.actions.get(claim.action)
+            if known is not None and known.approval.required != "never" and claim.args:
+                if known.approval.applies(loads_exact(claim.args)):
+                    needing.append(claim.operation_id)
+        if not needing:
+            return {}
+        with self.sessions() as session:
+            found = grants(session, needing)
+        return {op_id: found.get(op_id) for op_id in needing}
 
 
 def read_due_ops(ledger: LedgerConnection, operation_ids: Sequence[str]) -> dict[str, _Due]:

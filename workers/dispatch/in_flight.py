@@ -1,11 +1,11 @@
 """In flight: a worker process's claimed calls, run off the doorbell task's thread, so a slow call
 holds only itself.
 
-A doorbell task gates and claims (dispatch.py), hands its claims here and returns: the process
+A doorbell task gates and claims (batch.py), hands its claims here and returns: the process
 takes its next doorbell while the calls are out. Here:
 
 - a batch's calls to one target run on one pool thread, one after another: a fast target needs
-  nothing more (a thread per call cost ~40% more CPU per operation than such a call waits,
+  nothing more (handing each call to a thread of its own costs more CPU than such a call waits:
   bench/README.md);
 - a call still running after HANDOFF_S gives away its batch's calls not yet started, one pool
   thread each (the watchdog), so one 1.5 s timeout holds one operation, not the nine behind it;
@@ -13,9 +13,9 @@ takes its next doorbell while the calls are out. Here:
   (a canary): at start, and after a quarter of its breaker's fail_max failures in a row seen by
   this process, until a call answers well. So a process never piles its calls in flight onto a
   target that is going down (with fail_max 3 the breaker opens after 3 failures plus at most one
-  call in flight per other process), while a target that fails some calls and answers others
-  (45% of first requests, issue 14) keeps its calls overlapping: serializing on every failure
-  put each 1.5 s timeout back in front of the calls behind it;
+  call in flight per other process), while a target that fails some calls and answers others (a
+  provider that faults a share of first requests) keeps its calls overlapping: serializing on
+  every failure would put each read timeout back in front of the calls behind it;
 - results go to one finalizer thread, which applies whatever has arrived in one transaction
   (finalize.apply_many) on its own connection; a ledger outage there is retried while the leases
   last (a PostgreSQL restart then costs no reconciliation);
@@ -39,24 +39,26 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from breaker import Admissions
+from outbox.approvals.decisions import Grant
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
-from workers.dispatch.fan_out import Attempted, Batch, Caller, attempt_claimed
+from workers.dispatch.fan_out import Attempted, Downstream, attempt_claimed
 from workers.dispatch.finalize import Recorder, apply_many
-from workers.dispatch.outcomes import Ambiguous, Outcome
+from workers.dispatch.outcomes import Ambiguous, AttemptOutcome
 from workers.relay.outage import OUTAGES
 from workers.wiring import metrics
 
 log = logging.getLogger(__name__)
 
 # A call running longer than this gives away the calls queued behind it. Well above a healthy
-# call to a nearby provider (2-5 ms, bench/README.md), well below any read timeout.
+# call to a nearby provider (a few milliseconds), well below any read timeout.
 HANDOFF_S = 0.05
 WATCH_EVERY_S = 0.02
 # A target's successes are told to its breaker at most this often per process (see
-# _record_success_soon): each telling is a Redis round trip.
+# _tell_success_soon): each telling is a Redis round trip.
 SUCCESS_EVERY_S = 0.05
 # A finalize that meets a ledger outage is retried this long (bounded by the lease: after it the
 # sweep owns the operation and our write would be refused anyway).
@@ -64,20 +66,23 @@ FINALIZE_RETRY_S = 20.0
 
 
 @dataclass
-class Doorbatch:
+class _DoorbellCalls:
     """One doorbell's claims on their way: done when every one is finalized."""
 
-    breakers: Batch
+    admissions: Admissions
+    # Claims whose action needs a person's approval: the approval on record (None: none), read with
+    # the claim and judged again right before the send (outbox/approvals/decisions.py).
+    approvals: dict[str, Grant | None]
     waiting: int
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
-    done: Future[dict[str, Outcome]] = field(default_factory=Future)
+    outcomes: dict[str, AttemptOutcome] = field(default_factory=dict)
+    done: Future[dict[str, AttemptOutcome]] = field(default_factory=Future)
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
-class _Job:
+class _CallJob:
     """Calls to one target of one doorbell, run in turn on one pool thread."""
 
-    batch: Doorbatch
+    batch: _DoorbellCalls
     target: str | None
     todo: deque[Claim]
     running_since: float | None = None
@@ -86,22 +91,22 @@ class _Job:
 
 
 class InFlight:
-    def __init__(self, caller: Caller, recorder: Recorder, *, max_ops: int, lease_s: float) -> None:
-        self._caller = caller
+    def __init__(self, downstream: Downstream, recorder: Recorder, *, max_ops: int, lease_s: float) -> None:
+        self._downstream = downstream
         self._rec = recorder
         self.max_ops = max_ops
         self._retry_s = min(FINALIZE_RETRY_S, lease_s / 2)
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="call")
         self._room = threading.Condition()
         self._held = 0  # operations reserved or claimed here, not yet finalized
-        self._jobs: set[_Job] = set()
+        self._jobs: set[_CallJob] = set()
         self._jobs_lock = threading.Lock()
         # Counted failures in a row per target, as seen by this process (absent: no answer yet).
         self._failures: dict[str, int] = {}
         self._failed_since: dict[str, bool] = {}  # a failure seen here since the last success told
         self._success_told: dict[str, float] = {}  # when a success was last told to the breaker
         self._canaries: dict[str, threading.Lock] = {}
-        self._results: queue.SimpleQueue[tuple[Doorbatch, list[Attempted]] | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[tuple[_DoorbellCalls, list[Attempted]] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._finalizer = threading.Thread(target=self._finalize_loop, name="finalize", daemon=True)
         self._watchdog = threading.Thread(target=self._watch_loop, name="call-watchdog", daemon=True)
@@ -134,26 +139,28 @@ class InFlight:
         return self._held
 
     # -- calls ------------------------------------------------------------------------------
-    def start(self, claims: Sequence[Claim], breakers: Batch) -> Future[dict[str, Outcome]]:
+    def start(
+        self, claims: Sequence[Claim], admissions: Admissions, approvals: dict[str, Grant | None]
+    ) -> Future[dict[str, AttemptOutcome]]:
         """Call each claim (already reserved); the future holds the outcomes once all are finalized."""
-        batch = Doorbatch(breakers, waiting=len(claims))
+        batch = _DoorbellCalls(admissions, approvals, waiting=len(claims))
         if not claims:
             batch.done.set_result({})
             return batch.done
         groups: dict[str | None, deque[Claim]] = {}
         for claim in claims:
-            known = self._caller.actions.actions.get(claim.action)
+            known = self._downstream.actions.actions.get(claim.action)
             groups.setdefault(known.target if known else None, deque()).append(claim)
         for target, todo in groups.items():
-            self._submit(_Job(batch, target, todo))
+            self._submit(_CallJob(batch, target, todo))
         return batch.done
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: _CallJob) -> None:
         with self._jobs_lock:
             self._jobs.add(job)
         self._pool.submit(self._run, job)
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _CallJob) -> None:
         try:
             while True:
                 with job.lock:
@@ -173,16 +180,14 @@ class InFlight:
             if finished:
                 self._results.put((job.batch, finished))
 
-    def _call_or_doubt(self, job: _Job, claim: Claim) -> Attempted:
+    def _call_or_doubt(self, job: _CallJob, claim: Claim) -> Attempted:
         """The call; if it breaks part-way (the breaker's Redis away, a bug), the operation is in
         doubt: it may have been sent, so it goes to the reconciler now, with its room freed, not
         minutes later through lease expiry."""
         try:
             return self._call(job, claim)
         except Exception as exc:  # noqa: BLE001 - becomes outcome_unknown; logged with its operation
-            held = job.batch.breakers.decisions.pop(claim.operation_id, None)
-            if held is not None:  # a probe must not stay taken until its lock expires
-                self._caller.breakers.release(held)
+            job.batch.admissions.give_back(claim.operation_id)  # a probe must not stay taken until its lock expires
             log.warning(
                 "attempt cut part-way (%s: %s): parked in outcome_unknown for a lookup",
                 type(exc).__name__,
@@ -192,46 +197,42 @@ class InFlight:
             why = f"the attempt was cut part-way ({type(exc).__name__}); it may have been sent: looking it up"
             return claim, AttemptReport(AttemptClass.AMBIGUOUS, error=why), Ambiguous(why), None
 
-    def _call(self, job: _Job, claim: Claim) -> Attempted:
-        b, target = job.batch.breakers, job.target
+    def _call(self, job: _CallJob, claim: Claim) -> Attempted:
+        admissions, target = job.batch.admissions, job.target
+        call = (self._downstream, admissions, claim, job.batch.approvals)
         if target is None:  # not in the actions file: nothing is sent
-            return attempt_claimed(self._caller, claim, None, b)
+            return attempt_claimed(*call)
         if not self._suspect(target):
-            result = attempt_claimed(self._caller, claim, b.decision_for(claim, target), b)
+            result = attempt_claimed(*call)
         else:
             with self._canary_lock(target):  # one call at a time to a suspect target
                 if not self._suspect(target):  # the call before this one answered well
-                    result = attempt_claimed(self._caller, claim, b.decision_for(claim, target), b)
+                    result = attempt_claimed(*call)
                 else:
-                    held = b.decisions.pop(claim.operation_id, None)
-                    if held is not None:
-                        self._caller.breakers.release(held)
-                    b.closed.pop(target, None)
-                    result = attempt_claimed(self._caller, claim, None, b)  # asks the breaker now
-                    if (admitted := b.succeeded.get(target)) is not None:
-                        # It answered (not a failure) under a closed breaker: the batch's other
-                        # calls go on with that admission instead of each asking Redis again.
-                        b.closed.setdefault(target, admitted)
+                    admissions.give_back(claim.operation_id)
+                    admissions.unshare(target)
+                    result = attempt_claimed(*call)  # asks the breaker now
+                    # Answered (not a failure) under a closed breaker: the batch's other calls go
+                    # on with that admission instead of each asking Redis again.
+                    admissions.share_success(target)
         self._learn(target, result[1])
-        self._record_success_soon(b, target)
+        self._tell_success_soon(admissions, target)
         return result
 
-    def _record_success_soon(self, b: Batch, target: str) -> None:
+    def _tell_success_soon(self, admissions: Admissions, target: str) -> None:
         """Tell the breaker about a success now if it may be counting failures in a row: right
         after a failure seen here, else at most every SUCCESS_EVERY_S per target. Held to the
-        doorbell's end (as before in-flight calls), successes let failures recorded meanwhile by
-        every process run up to fail_max: under a 45% first-request failure rate the breaker
-        opened on a healthy provider (3,457 calls not sent for 3,000 intents, issue 14)."""
-        decision = b.succeeded.get(target)
-        if decision is None:
+        doorbell's end, successes let failures recorded meanwhile by every process run up to
+        fail_max: a provider that fails a large share of first requests and answers the rest
+        would have its breaker opened while it is healthy (bench/README.md)."""
+        if not admissions.success_waiting(target):
             return
         now = time.monotonic()
         if not self._failed_since.get(target) and now - self._success_told.get(target, float("-inf")) < SUCCESS_EVERY_S:
             return
-        if b.succeeded.pop(target, None) is not None:
+        if admissions.tell_success(target):
             self._failed_since[target] = False
             self._success_told[target] = now
-            self._caller.breakers.record(decision, failure=False)
 
     def _suspect(self, target: str | None) -> bool:
         if target is None:
@@ -239,7 +240,7 @@ class InFlight:
         seen = self._failures.get(target)
         if seen is None:
             return True
-        known = self._caller.actions.targets.get(target)
+        known = self._downstream.actions.targets.get(target)
         return seen >= max(1, -(-known.breaker.fail_max // 4)) if known is not None else seen > 0
 
     def _learn(self, target: str, report: AttemptReport) -> None:
@@ -263,7 +264,7 @@ class InFlight:
             for job in jobs:
                 self._hand_off_if_slow(job, now)
 
-    def _hand_off_if_slow(self, job: _Job, now: float) -> None:
+    def _hand_off_if_slow(self, job: _CallJob, now: float) -> None:
         if self._suspect(job.target):
             return  # one at a time until the target answers well: nothing to give away
         with job.lock:
@@ -276,7 +277,7 @@ class InFlight:
         if finished:
             self._results.put((job.batch, finished))
         for claim in todo:
-            self._submit(_Job(job.batch, job.target, deque([claim])))
+            self._submit(_CallJob(job.batch, job.target, deque([claim])))
 
     # -- finalize ---------------------------------------------------------------------------
     def _finalize_loop(self) -> None:
@@ -299,11 +300,11 @@ class InFlight:
             except Exception:  # noqa: BLE001 - a bug: logged; the thread must outlive it
                 log.exception("finalizer: unexpected error; the operations concerned come back through their leases")
 
-    def _finalize(self, items: list[tuple[Doorbatch, list[Attempted]]]) -> None:
+    def _finalize(self, items: list[tuple[_DoorbellCalls, list[Attempted]]]) -> None:
         attempted = [a for _, results in items for a in results]
         for claim, _, _, _ in attempted:
             failpoints.hit("dispatch.after_response", claim.idempotency_key)
-        outcomes: dict[str, Outcome] = {}
+        outcomes: dict[str, AttemptOutcome] = {}
         try:
             outcomes = self._apply(attempted)
         except Exception:  # noqa: BLE001 - logged; the leases bring these operations back
@@ -318,12 +319,10 @@ class InFlight:
                     batch.outcomes[claim.operation_id] = outcomes.get(claim.operation_id, outcome)
                 batch.waiting -= len(results)
                 if batch.waiting == 0:
-                    for decision in batch.breakers.succeeded.values():
-                        # One success per target per doorbell: each failure was recorded as it happened.
-                        self._caller.breakers.record(decision, failure=False)
+                    batch.admissions.tell_successes()
                     batch.done.set_result(batch.outcomes)
 
-    def _apply(self, attempted: list[Attempted]) -> dict[str, Outcome]:
+    def _apply(self, attempted: list[Attempted]) -> dict[str, AttemptOutcome]:
         give_up = time.monotonic() + self._retry_s
         delay = 0.2
         while True:

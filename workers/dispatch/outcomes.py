@@ -15,7 +15,7 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass, WaitingFor
 from workers.provider.actions import ActionConfig
 from workers.provider.classify import Classification
-from workers.provider.retry import Budget, BudgetSpent, Rng, plan_retry
+from workers.provider.retry import BudgetSpent, RetryBudget, Rng, plan_retry
 
 A = AttemptClass
 
@@ -87,7 +87,7 @@ class NeedsApproval:
     why: str
 
 
-Outcome = Succeeded | Accepted | FailedAtProvider | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval
+AttemptOutcome = Succeeded | Accepted | FailedAtProvider | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval
 
 
 class BudgetFields(Protocol):
@@ -101,14 +101,14 @@ class BudgetFields(Protocol):
     def created_at(self) -> datetime: ...
 
 
-def effective_budget(claim: BudgetFields, action: ActionConfig) -> Budget:
+def effective_budget(claim: BudgetFields, action: ActionConfig) -> RetryBudget:
     """The action's budget, tightened by the intent's own cap (if it set one)."""
     b = action.budget
     max_attempts = b.max_attempts if claim.max_attempts is None else min(b.max_attempts, claim.max_attempts)
     deadline_s = b.deadline_s
     if claim.deadline_at is not None:
         deadline_s = min(deadline_s, (claim.deadline_at - claim.created_at).total_seconds())
-    return Budget(
+    return RetryBudget(
         max_attempts=max_attempts,
         deadline_s=max(deadline_s, 0.0),
         base_delay_s=b.base_delay_s,
@@ -120,7 +120,7 @@ def deadline_of(claim: BudgetFields, action: ActionConfig) -> datetime:
     return claim.created_at + timedelta(seconds=effective_budget(claim, action).deadline_s)
 
 
-def _spent(claim: Claim, action: ActionConfig, why: str) -> Outcome:
+def _spent(claim: Claim, action: ActionConfig, why: str) -> AttemptOutcome:
     """The budget (or the caller) ends the operation: failed only where nothing can have happened.
 
     An earlier attempt that may still take effect (or did: a success on record) sends it to
@@ -135,7 +135,7 @@ def _spent(claim: Claim, action: ActionConfig, why: str) -> Outcome:
     return Rejected(why)
 
 
-def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Outcome | None:
+def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> AttemptOutcome | None:
     """Checks made after the claim and before anything is sent (None = go ahead)."""
     if claim.cancel_requested:
         # Nothing more is sent. If an earlier attempt may still take effect, the reconciler
@@ -160,7 +160,7 @@ def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Outcome
     return None
 
 
-def breaker_open(claim: Claim, action: ActionConfig, *, wait_s: float, now: datetime) -> Outcome:
+def breaker_open(claim: Claim, action: ActionConfig, *, wait_s: float, now: datetime) -> AttemptOutcome:
     """Breaker open: not sent, wait for the reopen time without spending an attempt.
 
     ``wait_s``: until the breaker reopens, measured on the breaker's clock; ``now``: the ledger's.
@@ -201,7 +201,7 @@ def decide(
     *,
     now: datetime,
     rng: Rng | None = None,
-) -> Outcome:
+) -> AttemptOutcome:
     """The one policy: classification + budget -> outcome (DESIGN.md, failure classification)."""
     if c.klass is A.SUCCEEDED:
         return Succeeded(c.provider_reference, c.body)

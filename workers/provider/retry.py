@@ -34,7 +34,7 @@ class Rng(Protocol):
 
 
 @dataclass(frozen=True)
-class Budget:
+class RetryBudget:
     """Per-operation retry budget; mirrors the actions file's ``budget``."""
 
     max_attempts: int = 5
@@ -43,7 +43,7 @@ class Budget:
     max_delay_s: float = 60.0
 
     @classmethod
-    def from_config(cls, cfg: BudgetSpec) -> Budget:
+    def from_config(cls, cfg: BudgetSpec) -> RetryBudget:
         return cls(
             max_attempts=cfg.max_attempts,
             deadline_s=cfg.deadline_s,
@@ -138,14 +138,14 @@ def _call_state(attempt_number: int) -> tenacity.RetryCallState:
     return state
 
 
-def backoff_window_s(attempt: int, budget: Budget) -> float:
+def backoff_window_s(attempt: int, budget: RetryBudget) -> float:
     """Upper bound of the jittered delay after ``attempt`` (1-based): min(base * 2**(n-1), max)."""
     wait = tenacity.wait_exponential(multiplier=budget.base_delay_s, max=budget.max_delay_s)
     return float(wait(_call_state(attempt)))
 
 
 def next_delay_s(
-    attempt: int, budget: Budget, retry_after_s: float | None, rng: Rng | None = None, *, floor_ratio: float = 0.0
+    attempt: int, budget: RetryBudget, retry_after_s: float | None, rng: Rng | None = None, *, floor_ratio: float = 0.0
 ) -> float:
     """Delay before the attempt after ``attempt`` (1-based): full jitter, at least Retry-After.
 
@@ -169,7 +169,7 @@ def next_delay_s(
 def plan_retry(
     *,
     attempt_number: int,
-    budget: Budget,
+    budget: RetryBudget,
     created_at: datetime,
     now: datetime,
     retry_after_s: float | None = None,

@@ -1,19 +1,19 @@
 """Lookups in flight: a reconciler process's claimed lookups, run off the doorbell task's thread, so
 the process's capacity is its room, not one provider round trip at a time.
 
-A reconcile doorbell task claims (reconcile.py), hands its claims here and returns: the process
+A reconcile doorbell task claims (batch.py), hands its claims here and returns: the process
 takes its next doorbell while the lookups are out. Here:
 
 - a doorbell's lookups of one target run on one pool thread, one after another, while that
   target answers lookups within SPREAD_AFTER_S: a provider that answers in milliseconds needs
-  nothing more (a thread per lookup cost more CPU per lookup than the hand-off saved, and split
+  nothing more (a thread per lookup costs more CPU per lookup than the hand-off saves, and splits
   a doorbell's settlements into more transactions: bench/README.md), and the process's other
   doorbells run beside it;
 - a target whose last lookups took longer gets a thread per lookup, all of a doorbell's at once;
   and a lookup still running after HANDOFF_S gives the lookups queued behind it threads of their
   own (the watchdog, as for dispatch's calls): one slow answer holds only itself;
 - answers go to one settler thread, which judges whatever has arrived (one read of the dispatch
-  attempts for all "not found" answers) and settles it in one transaction (settle.settle_all);
+  attempts for all "not found" answers) and settles it in one transaction (verdicts.settle_all);
 - room: at most ``max_ops`` operations claimed and not yet settled per process
   (OUTBOX_MAX_IN_FLIGHT). A doorbell task waits for room before it claims (backpressure: the
   broker holds the doorbells, the ledger holds the work).
@@ -34,41 +34,43 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from breaker import Admissions
 from outbox.ledger.claims import Claim
-from workers.dispatch.fan_out import Caller
+from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
 from workers.dispatch.in_flight import HANDOFF_S, WATCH_EVERY_S
-from workers.reconcile.judge import Settlement
-from workers.reconcile.lookup import Asked, LookupBudget, SharedBreakers, ask
-from workers.reconcile.settle import settle_answers
+from workers.reconcile.judge import Verdict
+from workers.reconcile.lookup import Asked, LookupBudget, ask
+from workers.reconcile.verdicts import settle_answers
 from workers.relay.outage import OUTAGES
 from workers.wiring import metrics
 
 log = logging.getLogger(__name__)
 
 # A target whose lookups take longer than this (a moving average, per process) gets a thread per
-# lookup: waiting is then most of a lookup, and the hand-off to a thread (~0.1-0.3 ms of CPU) is
-# small beside it. The sandbox answers in ~2 ms, a provider's search endpoint in tens of ms.
+# lookup: waiting is then most of a lookup, and the hand-off to a thread (a fraction of a
+# millisecond of CPU) is small beside it. A nearby provider answers in a few milliseconds, a
+# provider's search endpoint in tens.
 SPREAD_AFTER_S = 0.01
 LATENCY_WEIGHT = 0.3  # of the newest lookup in the moving average
 
 
 @dataclass
-class Doorbatch:
+class _DoorbellLookups:
     """One doorbell's claims on their way: done when every one is settled."""
 
-    shared: SharedBreakers
+    admissions: Admissions
     rng: random.Random
     waiting: int
-    settlements: dict[str, Settlement] = field(default_factory=dict)
-    done: Future[dict[str, Settlement]] = field(default_factory=Future)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    done: Future[dict[str, Verdict]] = field(default_factory=Future)
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
-class _Job:
+class _LookupJob:
     """Lookups of one doorbell to one target, run in turn on one pool thread."""
 
-    batch: Doorbatch
+    batch: _DoorbellLookups
     target: str
     todo: deque[Claim]
     running_since: float | None = None
@@ -77,16 +79,16 @@ class _Job:
 
 
 class LookupsInFlight:
-    def __init__(self, caller: Caller, recorder: Recorder, budget: LookupBudget, *, max_ops: int) -> None:
-        self._caller = caller
-        self._rec = recorder
+    def __init__(self, downstream: Downstream, recorder: Recorder, budget: LookupBudget, *, max_ops: int) -> None:
+        self._downstream = downstream
+        self.recorder = recorder
         self._budget = budget
         self.max_ops = max_ops
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="lookup")
         self._room = threading.Condition()
         self._held = 0  # operations reserved or claimed here, not yet settled
-        self._answers: queue.SimpleQueue[tuple[Doorbatch, list[Asked]] | None] = queue.SimpleQueue()
-        self._jobs: set[_Job] = set()
+        self._answers: queue.SimpleQueue[tuple[_DoorbellLookups, list[Asked]] | None] = queue.SimpleQueue()
+        self._jobs: set[_LookupJob] = set()
         self._jobs_lock = threading.Lock()
         self._latency_s: dict[str, float] = {}  # target -> moving average of its lookups' latency
         self._stop = threading.Event()
@@ -122,11 +124,11 @@ class LookupsInFlight:
 
     # -- lookups ----------------------------------------------------------------------------
     def start(
-        self, claims: Sequence[Claim], shared: SharedBreakers, rng: random.Random, settled: Sequence[Asked] = ()
-    ) -> Future[dict[str, Settlement]]:
+        self, claims: Sequence[Claim], admissions: Admissions, rng: random.Random, settled: Sequence[Asked] = ()
+    ) -> Future[dict[str, Verdict]]:
         """Look each claim up (already reserved); ``settled``: claims answered without a lookup
-        (breaker open, no lookup declared). The future holds the settlements once all are settled."""
-        batch = Doorbatch(shared, rng, waiting=len(claims) + len(settled))
+        (breaker open, no lookup declared). The future holds the verdicts once all are settled."""
+        batch = _DoorbellLookups(admissions, rng, waiting=len(claims) + len(settled))
         if not batch.waiting:
             batch.done.set_result({})
             return batch.done
@@ -134,21 +136,21 @@ class LookupsInFlight:
             self._answers.put((batch, list(settled)))
         groups: dict[str, deque[Claim]] = {}
         for claim in claims:
-            groups.setdefault(self._caller.actions.action(claim.action).target, deque()).append(claim)
+            groups.setdefault(self._downstream.actions.action(claim.action).target, deque()).append(claim)
         for target, todo in groups.items():
             if self._latency_s.get(target, 0.0) > SPREAD_AFTER_S:
                 for claim in todo:
-                    self._submit(_Job(batch, target, deque([claim])))
+                    self._submit(_LookupJob(batch, target, deque([claim])))
             else:
-                self._submit(_Job(batch, target, todo))
+                self._submit(_LookupJob(batch, target, todo))
         return batch.done
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: _LookupJob) -> None:
         with self._jobs_lock:
             self._jobs.add(job)
         self._pool.submit(self._run, job)
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _LookupJob) -> None:
         try:
             while True:
                 with job.lock:
@@ -156,7 +158,7 @@ class LookupsInFlight:
                         break
                     claim = job.todo.popleft()
                     job.running_since = started = time.monotonic()
-                answer = ask(self._caller, claim, job.batch.shared, job.batch.rng, self._budget)
+                answer = ask(self._downstream, job.batch.admissions, claim, job.batch.rng, self._budget)
                 self._learn(job.target, answer, time.monotonic() - started)
                 with job.lock:
                     job.running_since = None
@@ -192,7 +194,7 @@ class LookupsInFlight:
                 if finished:
                     self._answers.put((job.batch, finished))
                 for claim in todo:
-                    self._submit(_Job(job.batch, job.target, deque([claim])))
+                    self._submit(_LookupJob(job.batch, job.target, deque([claim])))
 
     # -- settle -----------------------------------------------------------------------------
     def _settle_loop(self) -> None:
@@ -215,12 +217,12 @@ class LookupsInFlight:
             except Exception:  # noqa: BLE001 - a bug: logged; the thread must outlive it
                 log.exception("settler: unexpected error; the operations concerned come back through their leases")
 
-    def _settle(self, arrived: list[tuple[Doorbatch, list[Asked]]]) -> None:
+    def _settle(self, arrived: list[tuple[_DoorbellLookups, list[Asked]]]) -> None:
         items = [(batch, asked) for batch, answers in arrived for asked in answers]
-        settlements: dict[str, Settlement] = {}
+        verdicts: dict[str, Verdict] = {}
         ids = [a.claim.operation_id for _, a in items]
         try:
-            settlements = settle_answers(self._rec, [(b.rng, a) for b, a in items], self._budget)
+            verdicts = settle_answers(self.recorder, [(b.rng, a) for b, a in items], self._budget)
         except OUTAGES as exc:
             # Not retried here: the transaction may have committed before the broker refused a
             # re-dispatch doorbell, and a second settlement would take our own lookups for stale.
@@ -238,14 +240,12 @@ class LookupsInFlight:
         finally:
             self.release(len(items))  # first: nothing below may keep the room taken
             for batch, asked in items:
-                if (verdict := settlements.get(asked.claim.operation_id)) is not None:
-                    batch.settlements[asked.claim.operation_id] = verdict
+                if (verdict := verdicts.get(asked.claim.operation_id)) is not None:
+                    batch.verdicts[asked.claim.operation_id] = verdict
                 batch.waiting -= 1
                 if batch.waiting == 0:
-                    # One success per target per doorbell: each failure was recorded as it happened.
-                    for decision in batch.shared.succeeded.values():
-                        self._caller.breakers.record(decision, failure=False)
-                    batch.done.set_result(batch.settlements)
+                    batch.admissions.tell_successes()
+                    batch.done.set_result(batch.verdicts)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:

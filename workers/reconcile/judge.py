@@ -24,7 +24,7 @@ from outbox.ledger.states import AttemptClass, Status
 from workers.dispatch.outcomes import deadline_of, effective_budget
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
-from workers.provider.retry import Budget, next_delay_s
+from workers.provider.retry import RetryBudget, next_delay_s
 
 # The reconciler's own budget, separate from the dispatch budget: lookups are cheap and safe,
 # so it keeps asking for a while before it bothers a person. Defaults of
@@ -36,7 +36,10 @@ RECHECK_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
-class Settlement:
+class Verdict:
+    """The judge's verdict on one lookup (or on an operation not looked up): the status the
+    operation moves to, what the lookup row records, and when to look again if it stays."""
+
     to: Status
     klass: AttemptClass
     reason: str
@@ -49,7 +52,7 @@ class Settlement:
 def recheck_delay_s(lookup_number: int, rng: random.Random, *, max_delay_s: float = RECHECK_MAX_S) -> float:
     """The wait before lookup ``lookup_number + 1``: the dispatch backoff (workers/provider/retry.py), with
     half of the window as a floor (lookups that come too soon only find the same pending state)."""
-    budget = Budget(base_delay_s=RECHECK_BASE_S, max_delay_s=max_delay_s)
+    budget = RetryBudget(base_delay_s=RECHECK_BASE_S, max_delay_s=max_delay_s)
     return next_delay_s(lookup_number, budget, None, rng, floor_ratio=0.5)
 
 
@@ -64,7 +67,7 @@ def judge(
     first_sent: datetime | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
-) -> Settlement:
+) -> Verdict:
     """Pure: what a lookup answer proves for this operation.
 
     ``max_lookups`` / ``max_delay_s``: the reconciler's budget (Settings.reconcile_max_lookups,
@@ -76,14 +79,14 @@ def judge(
     assert spec is not None
     if found.outcome == "found":
         if found.state == "succeeded":
-            return Settlement(
+            return Verdict(
                 Status.SUCCEEDED,
                 AttemptClass.SUCCEEDED,
                 "reconciled: found at the provider",
                 reference=found.provider_reference,
             )
         if found.state == "failed":
-            return Settlement(
+            return Verdict(
                 Status.FAILED_AT_PROVIDER,
                 AttemptClass.REJECTED,
                 "reconciled: the provider took it and holds it as failed/cancelled",
@@ -123,7 +126,7 @@ def judge(
         settled_at = (last_activity or now) + timedelta(seconds=spec.settle_s)
         if now < settled_at:
             wait_s = (settled_at - now).total_seconds()
-            return Settlement(
+            return Verdict(
                 claim.status,
                 AttemptClass.AMBIGUOUS,
                 f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
@@ -131,8 +134,8 @@ def judge(
             )
         forgotten = _key_forgotten(action, first_sent, now)
         if forgotten:
-            return Settlement(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, forgotten)
-        return Settlement(
+            return Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, forgotten)
+        return Verdict(
             Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, f"authoritative not found after settle_s={spec.settle_s:g}s"
         )
     return recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
@@ -163,17 +166,17 @@ def recheck(
     to: Status | None = None,
     klass: AttemptClass = AttemptClass.AMBIGUOUS,
     reference: str | None = None,
-) -> Settlement:
+) -> Verdict:
     """Look again later (backoff), staying where it is (``to``: accepted once the provider says
     pending), or, with the reconciler's budget spent, a person decides."""
     if claim.attempt_number >= max_lookups:
-        return Settlement(
+        return Verdict(
             Status.RECONCILIATION_REQUIRED,
             klass,
             f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide",
             reference=reference,
         )
-    return Settlement(
+    return Verdict(
         to or claim.status,
         klass,
         reason,
@@ -219,14 +222,14 @@ def dispatch_window(
 def after_not_found(
     claim: Claim,
     action: ActionConfig,
-    verdict: Settlement,
+    verdict: Verdict,
     attempts: list[DispatchAttempt],
     *,
     now: datetime,
     rng: random.Random | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
-) -> Settlement:
+) -> Verdict:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
 
     What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
@@ -271,7 +274,7 @@ def after_not_found(
             verdict, reason=f"{verdict.reason}{fence_note}: re-dispatch with the same key", cannot_land=fenced
         )
     if last is not None and last.klass is AttemptClass.PENDING and claim.attempt_count >= budget.max_attempts:
-        return Settlement(
+        return Verdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,
             f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{budget.max_attempts}) and the "
@@ -300,7 +303,7 @@ def after_not_found(
                 max_lookups=max_lookups,
                 max_delay_s=max_delay_s,
             )
-        return Settlement(
+        return Verdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,
             f"{verdict.reason}, and it must end ({ending}); but {which} may still take effect: a paused "
@@ -313,4 +316,4 @@ def after_not_found(
         if fenced and claim.open_ambiguity
         else ("no earlier attempt can still take effect")
     )
-    return Settlement(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
+    return Verdict(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")

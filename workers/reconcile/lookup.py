@@ -1,8 +1,8 @@
 """One lookup of a claimed operation: ask the provider what became of its key, on a lookup thread.
 
 Nothing here writes to the ledger: an answer (``Asked``) is judged and settled by the settler
-(settle.settle_answers). The breaker wraps exactly one lookup, as it wraps one dispatch attempt:
-a closed breaker's admission is shared by a doorbell's lookups (SharedBreakers).
+(verdicts.settle_answers). The breaker wraps exactly one lookup, as it wraps one dispatch attempt:
+a closed breaker's admission is shared by a doorbell's lookups (Admissions, breaker/admissions.py).
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import logging
 import random
 from dataclasses import dataclass
 
-from breaker import Allowed, Decision, Open, counts_as_failure
+from breaker import Admissions, Decision, Open, counts_as_failure
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
-from workers.dispatch.fan_out import Caller
+from workers.dispatch.fan_out import Downstream
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import Settlement, recheck
+from workers.reconcile.judge import Verdict, recheck
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +33,6 @@ class LookupBudget:
     max_delay_s: float
 
 
-@dataclass
-class SharedBreakers:
-    """A doorbell's breaker answers: a closed breaker admits every lookup, so it is asked once per
-    target per doorbell and told one success at the end (each failure is told at once, and then
-    the next lookup asks again)."""
-
-    closed: dict[str, Allowed]  # target -> the closed breaker's admission, shared by the batch
-    succeeded: dict[str, Allowed]  # target -> a success not yet told
-
-
 @dataclass(frozen=True)
 class Asked:
     """One claimed operation, and what the provider answered (``found``), or why it was not asked
@@ -51,12 +41,12 @@ class Asked:
     claim: Claim
     action: ActionConfig | None
     found: LookupResult | None = None
-    early: Settlement | None = None
+    early: Verdict | None = None
 
 
-def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Settlement:
+def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
     """Not asked: the target's breaker is open; look again when it may close (staying where it is)."""
-    return Settlement(
+    return Verdict(
         claim.status,
         AttemptClass.AMBIGUOUS,
         f"breaker for {action.target} open: lookup later",
@@ -64,16 +54,19 @@ def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Settleme
     )
 
 
-def ask(caller: Caller, claim: Claim, shared: SharedBreakers, rng: random.Random, budget: LookupBudget) -> Asked:
+def ask(
+    downstream: Downstream, admissions: Admissions, claim: Claim, rng: random.Random, budget: LookupBudget
+) -> Asked:
     """One lookup, on a lookup thread: the breaker, the provider's answer, the breaker told. Nothing
-    here writes to the ledger (settle_answers judges and settles)."""
-    action = caller.actions.action(claim.action)
+    here writes to the ledger (settle_answers judges and settles). ``admissions``: the doorbell's
+    (after a failure the next lookup asks the breaker again)."""
+    action = downstream.actions.action(claim.action)
     decision: Decision | None = None
     try:
-        decision = shared.closed.get(action.target) or caller.breakers.before_call(action.target)
+        decision = admissions.answer_for(claim.operation_id, action.target)
         if isinstance(decision, Open):
             return Asked(claim, action, early=breaker_open(claim, action, decision))
-        found = caller.connectors.for_action(claim.action).lookup(
+        found = downstream.connectors.for_action(claim.action).lookup(
             claim.action,
             action,
             args=loads_exact(claim.args or "{}"),
@@ -84,15 +77,10 @@ def ask(caller: Caller, claim: Claim, shared: SharedBreakers, rng: random.Random
         failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
         unavailable = found.outcome == "unavailable"
         failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)
-        if not failure and not decision.probe:
-            shared.succeeded[action.target] = decision
-        else:
-            shared.closed.pop(action.target, None)  # the next lookup asks the breaker again
-            caller.breakers.record(decision, failure=failure)
+        admissions.went(decision, failure=failure)
         return Asked(claim, action, found)
     except Exception as exc:  # noqa: BLE001 - a lookup cut part-way proves nothing: look again later
-        if decision is not None:  # a probe must not stay taken until its lock expires
-            caller.breakers.release(decision)
+        admissions.release(decision)  # a probe must not stay taken until its lock expires
         log.warning(
             "lookup cut part-way (%s: %s): looked up again later",
             type(exc).__name__,

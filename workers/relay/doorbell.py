@@ -23,8 +23,8 @@ class Doorbell:
     app: Celery
     # Doorbells carry up to this many ids. Dispatch: one message, one claim statement and one
     # finalize transaction serve them all. Reconcile: one message and one late-evidence check
-    # serve them all, each then looked up in turn (a task per id cost the reconciler ~3 ms of
-    # Celery per operation, issue 14).
+    # serve them all, each then looked up in turn (a task per id would cost the reconciler a
+    # Celery message, a late-evidence check and a claim per operation).
     batch: int = 1
 
     def ring_dispatch(self, operation_ids: Iterable[str]) -> int:

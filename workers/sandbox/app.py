@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from workers.sandbox import admin
-from workers.sandbox.delivery import Outcome, deliver, error, fail_before_commit
+from workers.sandbox.delivery import Reply, deliver, error, fail_before_commit
 from workers.sandbox.effects import Effect
 from workers.sandbox.faults import BEFORE_COMMIT, FaultRule, RuleError, parse_rule
 from workers.sandbox.idempotency import KeyInUse, KeyMismatch, StoredResponse, params_digest
@@ -112,8 +112,8 @@ async def handle_create(request: web.Request) -> web.StreamResponse:
     a = await arrive(request, key, token_raw)
     if not isinstance(a, Arrival):
         return a
-    outcome = await create(request, a.state, a.spec.name, a.tenant, key, token_raw, a.rule, a.rid)
-    return await deliver(request, a.entry, a.rule, outcome)
+    reply = await create(request, a.state, a.spec.name, a.tenant, key, token_raw, a.rule, a.rid)
+    return await deliver(request, a.entry, a.rule, reply)
 
 
 async def create(
@@ -125,7 +125,7 @@ async def create(
     token_raw: str | None,
     rule: FaultRule | None,
     rid: str,
-) -> Outcome:
+) -> Reply:
     spec = RESOURCES[resource]
     config = state.config
     # Bind the stores now: a reset during a slow request must not leak its object into the next test.
@@ -188,7 +188,7 @@ async def create(
                 "Idempotency-Key",
             )
         if stored is not None:
-            return Outcome(stored.status, stored.body, rid, replayed_from=stored.request_id)
+            return Reply(stored.status, stored.body, rid, replayed_from=stored.request_id)
     try:
         if rule is not None and rule.latency_ms:
             await asyncio.sleep(rule.latency_ms / 1000)  # processing time: the key is in flight
@@ -204,12 +204,12 @@ async def create(
                 raise over_limit(config.over_limit_amount)
             params = spec.validate(body, config.over_limit_amount)
         except Rejection as rejection:
-            outcome = Outcome(rejection.status, encode(rejection.body), rid)
+            reply = Reply(rejection.status, encode(rejection.body), rid)
             # 422 = failed validation, not saved (Stripe); 402 = the endpoint ran and decided: saved.
             if use_keys and rejection.status == 402:
                 assert key is not None
-                keys.complete(tenant, key, StoredResponse(outcome.status, outcome.body, rid))
-            return outcome
+                keys.complete(tenant, key, StoredResponse(reply.status, reply.body, rid))
+            return reply
         now = clock.now()
         seq = next(state.seq)
         processing = config.processing_s > 0
@@ -217,20 +217,18 @@ async def create(
         obj = StoredObject(spec.new_id(), spec, tenant, key, params, now, now + config.processing_s, seq, fails)
         objects.add(obj)
         effects.record(Effect(seq, obj.id, resource, tenant, key, digest, token, now))
-        outcome = Outcome(
-            config.processing_status if processing else 200, encode(obj.render(now)), rid, object_id=obj.id
-        )
+        reply = Reply(config.processing_status if processing else 200, encode(obj.render(now)), rid, object_id=obj.id)
         if use_keys:
             assert key is not None
-            keys.complete(tenant, key, StoredResponse(outcome.status, outcome.body, rid))
-        return outcome
+            keys.complete(tenant, key, StoredResponse(reply.status, reply.body, rid))
+        return reply
     finally:
         if use_keys:
             assert key is not None
             keys.release(tenant, key)  # no-op once completed; frees the key if nothing was saved
 
 
-def _stale_token(rid: str, token: int, seen: int | None) -> Outcome | None:
+def _stale_token(rid: str, token: int, seen: int | None) -> Reply | None:
     """409 stale_token when a newer token than ``token`` was already seen for the key."""
     if seen is None:
         return None
@@ -263,7 +261,7 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
     if key is not None:
         obj = state.objects.find_by_key(tenant, spec.name, key, now, config.index_lag_s)
         if obj is None:
-            outcome = error(
+            reply = error(
                 404,
                 rid,
                 "invalid_request_error",
@@ -272,27 +270,27 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
                 "idempotency_key",
             )
         else:
-            outcome = Outcome(200, encode(obj.render(now)), rid, object_id=obj.id)
-        return await deliver(request, entry, rule, outcome)
+            reply = Reply(200, encode(obj.render(now)), rid, object_id=obj.id)
+        return await deliver(request, entry, rule, reply)
     try:
         created_after = float(q["created_after"]) if "created_after" in q else None
         limit = int(q.get("limit", "10"))
         if not 1 <= limit <= 100:
             raise ValueError
     except ValueError:
-        outcome = error(
+        reply = error(
             400,
             rid,
             "invalid_request_error",
             "invalid_list_params",
             "created_after must be epoch seconds and limit 1..100.",
         )
-        return await deliver(request, entry, rule, outcome)
+        return await deliver(request, entry, rule, reply)
     page, has_more = state.objects.list(
         tenant, spec.name, now, config.index_lag_s, created_after, q.get("starting_after"), limit
     )
     data = {"object": "list", "url": request.path, "has_more": has_more, "data": [o.render(now) for o in page]}
-    return await deliver(request, entry, rule, Outcome(200, encode(data), rid))
+    return await deliver(request, entry, rule, Reply(200, encode(data), rid))
 
 
 async def handle_retrieve(request: web.Request) -> web.StreamResponse:
@@ -303,10 +301,10 @@ async def handle_retrieve(request: web.Request) -> web.StreamResponse:
     now = state.clock.now()
     obj = state.objects.get(tenant, spec.name, request.match_info["id"], now, state.config.index_lag_s)
     if obj is None:
-        outcome = error(404, rid, "invalid_request_error", "resource_missing", f"No such {spec.object}.", "id")
+        reply = error(404, rid, "invalid_request_error", "resource_missing", f"No such {spec.object}.", "id")
     else:
-        outcome = Outcome(200, encode(obj.render(now)), rid, object_id=obj.id)
-    return await deliver(request, entry, rule, outcome)
+        reply = Reply(200, encode(obj.render(now)), rid, object_id=obj.id)
+    return await deliver(request, entry, rule, reply)
 
 
 async def _ensure_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,6 +1,6 @@
-"""What the client receives: the provider's outcome, or that outcome lost, delayed or garbled.
+"""What the client receives: the provider's reply, or that reply lost, delayed or garbled.
 
-Before-commit faults answer without processing anything; after-commit faults take the outcome of a
+Before-commit faults answer without processing anything; after-commit faults take the reply to a
 request that was executed (the object exists) and drop, stall or corrupt it on the way back.
 """
 
@@ -19,7 +19,7 @@ JSON = "application/json"
 
 
 @dataclass
-class Outcome:
+class Reply:
     """What the provider decided, before after-commit faults decide what the client receives."""
 
     status: int
@@ -30,21 +30,21 @@ class Outcome:
     headers: dict[str, str] | None = None
 
 
-def error(status: int, rid: str, type_: str, code: str, message: str, param: str | None = None) -> Outcome:
-    return Outcome(status, encode(error_body(type_, code, message, param)), rid)
+def error(status: int, rid: str, type_: str, code: str, message: str, param: str | None = None) -> Reply:
+    return Reply(status, encode(error_body(type_, code, message, param)), rid)
 
 
-def respond(outcome: Outcome, status: int | None = None, body: bytes | None = None) -> web.Response:
-    headers = {"Request-Id": outcome.request_id}
-    if outcome.replayed_from is not None:
+def respond(reply: Reply, status: int | None = None, body: bytes | None = None) -> web.Response:
+    headers = {"Request-Id": reply.request_id}
+    if reply.replayed_from is not None:
         # Stripe marks replays with these two headers; the body itself is the stored bytes.
         headers["Idempotent-Replayed"] = "true"
-        headers["Original-Request"] = outcome.replayed_from
-    if outcome.headers:
-        headers.update(outcome.headers)
+        headers["Original-Request"] = reply.replayed_from
+    if reply.headers:
+        headers.update(reply.headers)
     return web.Response(
-        status=status if status is not None else outcome.status,
-        body=outcome.body if body is None else body,
+        status=status if status is not None else reply.status,
+        body=reply.body if body is None else body,
         headers=headers,
         content_type=JSON,
     )
@@ -85,49 +85,49 @@ async def fail_before_commit(
     else:  # fail_before_commit
         status, code = rule.status or 500, "api_error"
     type_ = "rate_limit_error" if status == 429 else "api_error"
-    outcome = error(status, rid, type_, code, f"Injected {mode}: nothing was processed.")
-    outcome.headers = headers
+    reply = error(status, rid, type_, code, f"Injected {mode}: nothing was processed.")
+    reply.headers = headers
     entry.status = status
-    return respond(outcome)
+    return respond(reply)
 
 
 _GATEWAY_CODES = {500: "api_error", 502: "bad_gateway", 504: "gateway_timeout"}
 
 
 async def deliver(
-    request: web.Request, entry: RequestEntry, rule: FaultRule | None, outcome: Outcome
+    request: web.Request, entry: RequestEntry, rule: FaultRule | None, reply: Reply
 ) -> web.StreamResponse:
-    """Send the outcome, or lose/delay/garble it if an after-commit fault fired."""
-    entry.object_id = outcome.object_id
-    entry.replayed = outcome.replayed_from is not None
+    """Send the reply, or lose/delay/garble it if an after-commit fault fired."""
+    entry.object_id = reply.object_id
+    entry.replayed = reply.replayed_from is not None
     mode = rule.mode if rule is not None else None
     if mode is None or mode not in AFTER_COMMIT:
-        entry.status = outcome.status
-        return respond(outcome)
+        entry.status = reply.status
+        return respond(reply)
     assert rule is not None
     if mode == "commit_then_drop":
         return drop(request, entry)
     if mode == "commit_then_stall":
         entry.status = "stalled"
         await asyncio.sleep(rule.stall_s)
-        return respond(outcome)  # usually nobody is listening any more
+        return respond(reply)  # usually nobody is listening any more
     if mode in ("commit_then_500", "commit_then_502", "commit_then_504", "commit_then_error"):
         status = int(mode[-3:]) if mode[-3:].isdigit() else (rule.status or 502)
         entry.status = status
         code = _GATEWAY_CODES.get(status, "api_error")
-        return respond(error(status, outcome.request_id, "api_error", code, f"Injected {mode}."))
-    entry.status = outcome.status
+        return respond(error(status, reply.request_id, "api_error", code, f"Injected {mode}."))
+    entry.status = reply.status
     if mode == "truncated_body":
-        return respond(outcome, body=outcome.body[: len(outcome.body) // 2])
+        return respond(reply, body=reply.body[: len(reply.body) // 2])
     if mode == "malformed_body":
-        return respond(outcome, body=b"<html><body><h1>502 Bad Gateway</h1></body></html>")
+        return respond(reply, body=b"<html><body><h1>502 Bad Gateway</h1></body></html>")
     if mode == "empty_body":
-        return respond(outcome, body=b"")
+        return respond(reply, body=b"")
     # commit_then_partial: promise the whole body, send half, then reset.
-    stream = web.StreamResponse(status=outcome.status, headers={"Request-Id": outcome.request_id})
+    stream = web.StreamResponse(status=reply.status, headers={"Request-Id": reply.request_id})
     stream.content_type = JSON
-    stream.content_length = len(outcome.body)
+    stream.content_length = len(reply.body)
     await stream.prepare(request)
-    await stream.write(outcome.body[: len(outcome.body) // 2])
+    await stream.write(reply.body[: len(reply.body) // 2])
     drop(request, entry)
     return stream

@@ -1,4 +1,5 @@
-"""Per-process resources of a worker: ledger engine, actions, connectors, breakers, doorbell.
+"""The process wiring of a worker: its resources (ledger engine, actions, connectors, breakers,
+doorbell), and the dispatcher and reconciler made of them, each given only what it uses.
 
 Built lazily in each process (Celery's prefork children must not share a parent's connections),
 and rebuilt when the process id changes.
@@ -23,11 +24,14 @@ from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.privacy.retention import check_retention
 from outbox.settings import Settings, load_settings
-from workers.dispatch.fan_out import Caller
+from workers.dispatch.batch import Dispatcher
+from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
+from workers.dispatch.gate import Gate
 from workers.dispatch.in_flight import InFlight
 from workers.provider.actions import ActionsConfig, load_actions
 from workers.provider.connectors import ConnectorSet
+from workers.reconcile.batch import Reconciler
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.lookup import LookupBudget
 from workers.relay.doorbell import Doorbell
@@ -51,10 +55,12 @@ class Runtime:
     _in_flight: InFlight | None = field(default=None, init=False, repr=False)
     _in_flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _lookups: LookupsInFlight | None = field(default=None, init=False, repr=False)
+    _dispatcher: Dispatcher | None = field(default=None, init=False, repr=False)
+    _reconciler: Reconciler | None = field(default=None, init=False, repr=False)
 
-    def caller(self) -> Caller:
-        """What fan-out takes to call the downstream."""
-        return Caller(self.actions, self.connectors, self.breakers)
+    def downstream(self) -> Downstream:
+        """What fan-out and lookups take to call a provider."""
+        return Downstream(self.actions, self.connectors)
 
     def recorder(self, ledger: LedgerConnection) -> Recorder:
         """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""
@@ -67,7 +73,7 @@ class Runtime:
         with self._in_flight_lock:
             if self._in_flight is None:
                 self._in_flight = InFlight(
-                    self.caller(),
+                    self.downstream(),
                     self.recorder(LedgerConnection(self.engine, self.sessions)),
                     max_ops=self.settings.max_in_flight,
                     lease_s=self.settings.lease_s,
@@ -82,9 +88,41 @@ class Runtime:
             if self._lookups is None:
                 budget = LookupBudget(self.settings.reconcile_max_lookups, self.settings.reconcile_max_delay_s)
                 self._lookups = LookupsInFlight(
-                    self.caller(), self.recorder(self.ledger), budget, max_ops=self.settings.max_in_flight
+                    self.downstream(), self.recorder(self.ledger), budget, max_ops=self.settings.max_in_flight
                 )
             return self._lookups
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """What a dispatch doorbell takes: the gate (on the doorbell task's connection), the calls
+        in flight, and the claim's terms."""
+        if self._dispatcher is None:
+            gate = Gate(self.ledger, self.sessions, self.actions, self.breakers, self.worker_id)
+            self._dispatcher = Dispatcher(
+                gate,
+                self.in_flight,
+                lease_s=self.settings.lease_s,
+                batch=self.settings.doorbell_batch,
+                room_wait_s=self.room_wait_s,
+            )
+        return self._dispatcher
+
+    @property
+    def reconciler(self) -> Reconciler:
+        """What a reconcile doorbell takes: the recorder its lookups settle with, the breakers, the
+        lookups in flight, and the claim's terms."""
+        if self._reconciler is None:
+            lookups = self.lookups
+            self._reconciler = Reconciler(
+                lookups.recorder, self.breakers, lookups, lease_s=self.settings.lease_s, room_wait_s=self.room_wait_s
+            )
+        return self._reconciler
+
+    @property
+    def room_wait_s(self) -> float:
+        # A doorbell waits for room at most half its task's soft time limit, then leaves the work
+        # to the relay's next doorbell.
+        return self.settings.soft_time_limit_s / 2
 
     def close(self) -> None:
         if self._in_flight is not None:
@@ -150,7 +188,8 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     check_time_limits(settings, longest_call_s=longest_call_s(actions))
     check_retention(settings.args_retention_s, actions.key_retentions())
     check_approval_windows(settings, actions)
-    # No pre-ping: it costs a round trip per transaction (12% of a dispatch, bench/README.md);
+    # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
+    # (bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
     sessions = make_sessionmaker(engine)

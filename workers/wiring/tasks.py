@@ -30,7 +30,7 @@ worker_init.connect(metrics.on_worker_init)
 def _preload(**_: object) -> None:
     # The main process imports what every task process needs (the ledger, SQLAlchemy, psycopg,
     # httpx, the breakers) before the pool forks: the children share those pages instead of each
-    # importing its own copy after the fork (~40 MiB and ~0.5 s of CPU per child, bench/README.md).
+    # importing its own copy after the fork (memory and start-up CPU per child: bench/README.md).
     # Modules only: no connection is opened here, so a child has nothing of its parent's to reuse.
     import contextlib
     import gc
@@ -69,21 +69,19 @@ def _close_runtime(**kw: object) -> None:
 @app.task(name=DISPATCH_TASK, ignore_result=True)
 def dispatch(operation_ids: str | list[str]) -> None:
     """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH)."""
-    from workers.dispatch.batch import dispatch_batch
     from workers.relay.outage import riding_out_outages
     from workers.wiring.runtime import get_runtime
 
     ids = _ids(operation_ids)
     with riding_out_outages("dispatch", ids):
         # Returns once its calls are out: the process takes the next doorbell while they run.
-        dispatch_batch(get_runtime(app), ids, wait=False)
+        get_runtime(app).dispatcher.dispatch(ids, wait=False)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)
 def reconcile(operation_ids: str | list[str]) -> None:
     """One reconcile doorbell: an operation id, or a batch of them, topped up with whatever else is
     due; the lookups run on the process's lookup threads and the task returns at once."""
-    from workers.reconcile.batch import reconcile_batch
     from workers.relay.outage import riding_out_outages
     from workers.wiring.runtime import get_runtime
 
@@ -91,7 +89,7 @@ def reconcile(operation_ids: str | list[str]) -> None:
     with riding_out_outages("reconcile", ids):
         rt = get_runtime(app)
         # Returns once its lookups are out: the process takes the next doorbell while they run.
-        reconcile_batch(rt, ids, fill_to=rt.settings.doorbell_batch, wait=False)
+        rt.reconciler.reconcile(ids, fill_to=rt.settings.doorbell_batch, wait=False)
 
 
 def _ids(operation_ids: str | list[str]) -> list[str]:

@@ -1,10 +1,10 @@
-"""Settling lookups: what each answer proved, written in one transaction.
+"""Verdicts: a doorbell's lookup answers judged and written, whatever has arrived in one transaction.
 
-The reconciler (reconcile.py) claims a batch of outcome_unknown operations and looks each up
-(lookup.py, on the lookup threads of lookups_in_flight.py); here the answers that have arrived are
-judged (judge.py: one read of the dispatch attempts for every "not found") and the judgements
-become fenced moves (outbox/evidence/settlement.py), one commit for them all, then the logs, metrics and
-doorbells that follow.
+The reconciler (batch.py) claims a batch of outcome_unknown operations and looks each up (lookup.py,
+on the lookup threads of in_flight.py); here the answers that have arrived are judged (judge.py:
+one read of the dispatch attempts for every "not found") into verdicts, and the verdicts become the
+ledger's fenced settlement moves (outbox/evidence/settlement.py), one commit for them all, then the
+logs, metrics and doorbells that follow.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence.handoffs import open_handoff
-from outbox.evidence.settlement import Settle, settle_if_fenced, settle_many_if_fenced
+from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_many_if_fenced
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
@@ -32,7 +32,7 @@ from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
 from workers.reconcile.handoff_packet import build_packet
-from workers.reconcile.judge import DispatchAttempt, Settlement, after_not_found, dispatch_window, judge
+from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.wiring import metrics
@@ -50,7 +50,7 @@ class Looked:
 
     claim: Claim
     found: LookupResult | None
-    verdict: Settlement
+    verdict: Verdict
     action: ActionConfig | None = None
 
     def report(self) -> AttemptReport:
@@ -104,7 +104,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
 
 
-def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Settlement]:
+def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
     """Settle a doorbell's lookups in ONE transaction: one commit (and WAL flush) per batch, and the
     common settlements (found done, send again, look again later) as one statement each, pipelined
     in one round trip like a worker's finalize (settlement.settle_many_if_fenced). One refused
@@ -126,7 +126,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Settlement]
         refusals = settle_many_if_fenced(
             session,
             [
-                Settle(
+                SettlementMove(
                     i.claim,
                     reports[i.claim.operation_id],
                     i.verdict.to,
@@ -180,7 +180,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Settlement]
     return {item.claim.operation_id: item.verdict for item in looked}
 
 
-def _settle(rec: Recorder, item: Looked) -> Settlement:
+def _settle(rec: Recorder, item: Looked) -> Verdict:
     """One operation alone (a separate evidence database: its write comes before the success)."""
     claim, verdict = item.claim, item.verdict
     report = item.report()
@@ -229,9 +229,9 @@ def _log_settled(item: Looked, applied: Status) -> None:
 
 def settle_answers(
     rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
-) -> dict[str, Settlement]:
+) -> dict[str, Verdict]:
     """Judge what the provider answered (one read of the dispatch attempts for every "not found")
-    and settle it all in one transaction (settle.settle_all)."""
+    and settle it all in one transaction (settle_all)."""
     not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
     attempts: dict[str, list[DispatchAttempt]] = {}
     if not_found:
