@@ -36,7 +36,7 @@ from outbox.ledger.claims import claim_due, claim_unknown
 from outbox.ledger.clock import db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import Operation, OperationEvent
+from outbox.ledger.models import ATTEMPTS, Operation, OperationEvent
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
@@ -147,7 +147,7 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
     try:
         migrate.upgrade(engine)
         assert migrate.current_revision(engine) == migrate.head_revision()
-        assert "applied_at" in {c["name"] for c in inspect(engine).get_columns("attempts")}
+        assert "applied_at" in {c["name"] for c in inspect(engine).get_columns(ATTEMPTS)}
         moved = apply_unapplied(
             sessions, actor="sweep", sink=EvidenceSink(None), packet=lambda s, op, why: {"why": why}
         )
