@@ -11,8 +11,9 @@ transactions), so every object it creates there carries ``PREFIX``: the tables, 
 table). An application's own ``runs`` or ``approvals`` table is never ours. SQL written as text
 names the tables by these constants, never by spelling them again.
 
-The alembic migration in ``migrations/versions`` creates exactly these tables; a test checks that
-the migrated schema and these models agree.
+A new ledger is created from these models; one of an earlier release is brought to them by the
+alembic migrations in ``migrations/versions`` (outbox/migrate.py). A test checks that both ways
+give exactly these tables, indexes and constraint names.
 """
 
 from __future__ import annotations

@@ -1,17 +1,20 @@
-"""The alembic-migrated schema is exactly what the models declare, on both backends."""
+"""The ledger's schema is exactly what the models declare, on both backends, whichever way it was made:
+a new ledger is created from the models and marked as at head (outbox/migrate.py), a ledger of an
+earlier release is brought there by every migration in turn. Both are checked here against a
+database made straight from the models."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
 from outbox import migrate
@@ -20,9 +23,41 @@ from outbox.ledger.models import ATTEMPTS, CLASS_VALUES, OPERATIONS, PREFIX, STA
 from outbox.ledger.states import AttemptClass, Status
 from tests.conftest import scratch_pg_database
 
+FIRST = ScriptDirectory(str(migrate.MIGRATIONS)).get_base()  # the first release's schema
 
-def test_migrated_schema_matches_the_models(ledger):
-    with ledger.engine.connect() as conn:
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def made(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
+    """Three databases of one backend, read (never written) by the tests: ``upgraded``, brought to head
+    by every migration in turn (a ledger of the first release, upgraded); ``new``, made by `migrate`
+    on an empty database; ``models``, straight from the models (``create_all``)."""
+    engines: dict[str, Engine] = {}
+    with ExitStack() as stack:
+        for how in ("upgraded", "new", "models"):
+            name = f"{how}_{uuid.uuid4().hex[:8]}"
+            if request.param == "sqlite":
+                url = f"sqlite:///{tmp_path_factory.mktemp('schema') / name}.db"
+            else:
+                url = stack.enter_context(scratch_pg_database(f"outbox_test_{name}", revision="base"))
+            engine = engines[how] = make_engine(url)
+            stack.callback(engine.dispose)
+            if how == "models":
+                Base.metadata.create_all(engine)
+                continue
+            if how == "upgraded":
+                migrate.upgrade(engine, FIRST)
+            migrate.upgrade(engine)
+            assert migrate.current_revision(engine) == migrate.head_revision()
+        yield engines
+
+
+@pytest.fixture
+def upgraded(made: dict[str, Engine]) -> Engine:
+    return made["upgraded"]
+
+
+def test_migrated_schema_matches_the_models(upgraded):
+    with upgraded.connect() as conn:
         ctx = MigrationContext.configure(
             conn, opts={"version_table": migrate.VERSION_TABLE, "compare_type": True, "compare_server_default": True}
         )
@@ -36,37 +71,37 @@ def test_migration_is_at_head(ledger):
     assert migrate.current_revision(ledger.engine) == migrate.head_revision()
 
 
-def _checks(ledger, table):
-    return {c["name"]: re.sub(r"\s+", " ", c["sqltext"]) for c in inspect(ledger.engine).get_check_constraints(table)}
+def _checks(engine, table):
+    return {c["name"]: re.sub(r"\s+", " ", c["sqltext"]) for c in inspect(engine).get_check_constraints(table)}
 
 
-def test_status_check_constraint_matches_the_enum(ledger):
+def test_status_check_constraint_matches_the_enum(upgraded):
     # compare_metadata ignores CHECK constraints; a status added to the enum but not migrated would
     # only fail at run time, when the first operation tries to enter it.
-    sql = _checks(ledger, OPERATIONS)[f"ck_{OPERATIONS}_status"]
+    sql = _checks(upgraded, OPERATIONS)[f"ck_{OPERATIONS}_status"]
     assert sorted(re.findall(r"'([a-z_]+)'", sql)) == sorted(s.value for s in Status)
     assert sorted(re.findall(r"'([a-z_]+)'", STATUS_VALUES)) == sorted(s.value for s in Status)
 
 
-def test_attempt_class_check_constraints_match_the_enum(ledger):
+def test_attempt_class_check_constraints_match_the_enum(upgraded):
     expected = sorted(c.value for c in AttemptClass)
-    assert sorted(re.findall(r"'([a-z_]+)'", _checks(ledger, ATTEMPTS)[f"ck_{ATTEMPTS}_attempt_class"])) == expected
-    assert sorted(re.findall(r"'([a-z_]+)'", _checks(ledger, OPERATIONS)[f"ck_{OPERATIONS}_error_class"])) == expected
+    assert sorted(re.findall(r"'([a-z_]+)'", _checks(upgraded, ATTEMPTS)[f"ck_{ATTEMPTS}_attempt_class"])) == expected
+    assert sorted(re.findall(r"'([a-z_]+)'", _checks(upgraded, OPERATIONS)[f"ck_{OPERATIONS}_error_class"])) == expected
     assert sorted(re.findall(r"'([a-z_]+)'", CLASS_VALUES)) == expected
 
 
-def test_every_model_check_constraint_exists_in_the_database(ledger):
+def test_every_model_check_constraint_exists_in_the_database(upgraded):
     for table in Base.metadata.sorted_tables:
         declared = {c.name for c in table.constraints if c.__class__.__name__ == "CheckConstraint"}
-        assert declared <= set(_checks(ledger, table.name)), table.name
+        assert declared <= set(_checks(upgraded, table.name)), table.name
 
 
-def test_partial_indexes_are_partial(ledger):
+def test_partial_indexes_are_partial(upgraded):
     # The due/lease/unknown indexes stay small only if their WHERE clause survived the migration.
-    indexes = {i["name"]: i for i in inspect(ledger.engine).get_indexes(OPERATIONS)}
+    indexes = {i["name"]: i for i in inspect(upgraded).get_indexes(OPERATIONS)}
     for name in (f"ix_{OPERATIONS}_due", f"ix_{OPERATIONS}_leases", f"ix_{OPERATIONS}_unknown"):
         assert name in indexes
-        where = indexes[name].get("dialect_options", {}).get(f"{ledger.engine.dialect.name}_where")
+        where = indexes[name].get("dialect_options", {}).get(f"{upgraded.dialect.name}_where")
         assert where is not None and "status" in str(where), (name, indexes[name])
 
 
@@ -74,34 +109,6 @@ def test_migrate_twice_is_a_no_op(ledger):
     before = migrate.current_revision(ledger.engine)
     migrate.upgrade(ledger.engine)
     assert migrate.current_revision(ledger.engine) == before == migrate.head_revision()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[bool], Engine]]:
-    """Empty databases of one backend, made on demand: ``fresh(True)`` migrated to head,
-    ``fresh(False)`` created straight from the models (``create_all``)."""
-    engines: list[Engine] = []
-    with ExitStack() as stack:
-
-        def make(migrated: bool) -> Engine:
-            name = f"{'migrated' if migrated else 'models'}_{uuid.uuid4().hex[:8]}"
-            if request.param == "sqlite":
-                url = f"sqlite:///{tmp_path / name}.db"
-            else:
-                url = stack.enter_context(scratch_pg_database(f"outbox_test_{name}", revision="base"))
-            engine = make_engine(url)
-            engines.append(engine)
-            if migrated:
-                migrate.upgrade(engine)
-            else:
-                Base.metadata.create_all(engine)
-            return engine
-
-        try:
-            yield make
-        finally:
-            for engine in engines:
-                engine.dispose()
 
 
 def _names(engine: Engine) -> dict[str, Any]:
@@ -124,11 +131,12 @@ def _names(engine: Engine) -> dict[str, Any]:
     return found
 
 
-def test_the_migrated_schema_names_everything_as_the_models_do(fresh):
+def test_the_schema_names_everything_as_the_models_do(made):
     # compare_metadata matches constraints by their columns, not their names, and sees no sequences.
-    migrated, models = _names(fresh(True)), _names(fresh(False))
-    assert migrated == models
-    assert set(migrated) >= {OPERATIONS, ATTEMPTS}
+    models = _names(made["models"])
+    assert set(models) >= {OPERATIONS, ATTEMPTS}
+    assert _names(made["upgraded"]) == models
+    assert _names(made["new"]) == models
 
 
 def _every_object(engine: Engine) -> list[str]:
@@ -148,9 +156,10 @@ def _every_object(engine: Engine) -> list[str]:
         )
 
 
-def test_every_object_the_ledger_creates_carries_the_prefix(fresh):
+@pytest.mark.parametrize("how", ["new", "upgraded"])
+def test_every_object_the_ledger_creates_carries_the_prefix(made, how):
     """So the ledger installs into an application's database beside any tables of its own."""
-    names = _every_object(fresh(True))
+    names = _every_object(made[how])
     # An index's or constraint's kind comes first (the models' naming convention); SQLite names
     # the indexes of UNIQUE constraints itself; an array type is its row type's name after "_".
     carries = re.compile(rf"^((ix|uq|pk|fk|ck)_|sqlite_autoindex_|_)?{PREFIX}")
