@@ -14,6 +14,11 @@ Migration 0003 (late evidence) adds ``attempts.applied_at``. An operation that e
 failed_before_commit before the upgrade while a stale success sat on its attempt row (issue 12)
 is then found by the first sweep and handed to a person; a stale success beside a success is
 only stamped.
+
+Migration 0011 renames every table (``outbox_...``). From 4cd0727's schema (0009), real workers
+first leave work in flight (a lease held by a worker that died mid-call, parked unknown, a handoff,
+an approval waiting, a run between two steps) and stop; after the upgrade today's workers, the
+relay and the people settle all of it, and the sandbox counts every effect exactly once.
 """
 
 from __future__ import annotations
@@ -299,9 +304,9 @@ def _by_key(p: Any, key: str) -> Operation:
 def test_a_ledger_of_4cd0727_with_work_in_flight_upgrades_and_real_workers_settle_it(
     redis_url: str, sandbox: Any, tmp_path: Path
 ) -> None:
-    """Previous-release workers leave work in every in-flight state and stop; the schema is taken back
-    to 4cd0727's (0009: unprefixed tables); `migrate` brings it to head; workers of today's release
-    settle everything, each effect made exactly once at the provider."""
+    """Workers leave work in every in-flight state and stop; the schema is taken back to 4cd0727's
+    (0009: tables without the prefix); `migrate` brings it to head; workers started after it settle
+    everything, each effect made exactly once at the provider."""
     with scratch_pg_database(f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}") as url:
         engine = make_engine(url)
         sessions = make_sessionmaker(engine)
