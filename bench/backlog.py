@@ -1,6 +1,6 @@
 """The backlog both loops drain: M due ``not_dispatched`` rows, in the ledger and in a bare twin.
 
-``bare_operations`` is ``CREATE TABLE ... (LIKE operations INCLUDING ALL)``: the same columns,
+``bare_operations`` is ``CREATE TABLE ... (LIKE outbox_operations INCLUDING ALL)``: the same columns,
 defaults, CHECK constraints, primary key, unique key and the same partial indexes, so the bare
 loop pays the same index maintenance per UPDATE as the ledger does. It has no foreign keys
 pointing at it and no attempt or event rows: that difference is what the comparison measures.
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import psycopg
 
-LEDGER_TABLE = "operations"
+from outbox.ledger.models import OPERATIONS
+
+LEDGER_TABLE = OPERATIONS
 BARE_TABLE = "bare_operations"
 
 _FILL = """
@@ -43,7 +45,7 @@ def refill(conn: psycopg.Connection, table: str, m: int, batch: str) -> None:
     with autovacuum off, so dead tuples from an earlier run would otherwise slow the next one).
     """
     if table == LEDGER_TABLE:
-        conn.execute("TRUNCATE operations RESTART IDENTITY CASCADE")  # and every table that refers to it
+        conn.execute(f"TRUNCATE {LEDGER_TABLE} RESTART IDENTITY CASCADE")  # and every table that refers to it
     else:
         conn.execute(f"TRUNCATE {table}")
     conn.execute(_FILL.format(table=table), {"m": m, "batch": batch})

@@ -7,7 +7,7 @@ dropped even on Ctrl-C):
    with one dispatch attempt row each (``--no-attempts`` to skip those), then D due
    ``not_dispatched`` rows (default 1000), then ``ANALYZE``;
 2. ``EXPLAIN`` the claim's due subquery (the statement ``outbox.ledger.claims`` sends, as a SELECT ... FOR
-   UPDATE SKIP LOCKED) and check that it reads the partial index ``ix_operations_due``;
+   UPDATE SKIP LOCKED) and check that it reads the partial index of due rows (``DUE_INDEX``);
 3. time K claims (default 500), each = ``claim_due(limit=1)`` in one transaction (SQLAlchemy
    session, exactly as a worker does) + ``finalize_if_fenced(..., to=succeeded)`` in another;
    report p50/p99/max of the claim and of claim+finalize, in ms, after a short warm-up.
@@ -29,16 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.scratch_database import ScratchDatabase, libpq
+from outbox.ledger.models import ATTEMPTS, OPERATIONS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DUE_INDEX = f"ix_{OPERATIONS}_due"
 
-_FINISHED = """
-INSERT INTO operations (
+_FINISHED = f"""
+INSERT INTO {OPERATIONS} (
     id, tenant, idempotency_key, action, args, args_digest, subject, status, reason,
     fencing_token, attempt_count, max_attempts, deadline_at, next_attempt_at, result_reference,
     cancel_requested, proven_absent_through, published_at, created_at, updated_at, finished_at)
 SELECT 'done-' || lpad(g::text, 10, '0'), 'bench', 'done-' || g, 'refund',
-       '{"amount":"12.50","currency":"eur","order_id":"ord-' || g || '"}',
+       '{{"amount":"12.50","currency":"eur","order_id":"ord-' || g || '"}}',
        md5(g::text) || md5(g::text), 'agent-bench', 'succeeded', 'bench',
        1, 1, 5, now() - interval '1 day',
        -- finished rows keep their old due time: spread over the past month
@@ -48,21 +50,21 @@ SELECT 'done-' || lpad(g::text, 10, '0'), 'bench', 'done-' || g, 'refund',
 FROM generate_series(1, %(n)s) AS g
 """
 
-_FINISHED_ATTEMPTS = """
-INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, ended_at,
+_FINISHED_ATTEMPTS = f"""
+INSERT INTO {ATTEMPTS} (operation_id, attempt_number, kind, fencing_token, worker, started_at, ended_at,
                       status_code, attempt_class, provider_reference, latency_s, stale)
 SELECT 'done-' || lpad(g::text, 10, '0'), 1, 'dispatch', 1, 'bench', now() - interval '30 days',
        now() - interval '30 days', 200, 'succeeded', 're_' || g, 0.01, false
 FROM generate_series(1, %(n)s) AS g
 """
 
-_DUE = """
-INSERT INTO operations (
+_DUE = f"""
+INSERT INTO {OPERATIONS} (
     id, tenant, idempotency_key, action, args, args_digest, subject, status, reason,
     fencing_token, attempt_count, max_attempts, deadline_at, next_attempt_at,
     cancel_requested, proven_absent_through, created_at, updated_at)
 SELECT gen_random_uuid()::text, 'bench', 'due-' || g, 'refund',
-       '{"amount":"12.50","currency":"eur","order_id":"ord-' || g || '"}',
+       '{{"amount":"12.50","currency":"eur","order_id":"ord-' || g || '"}}',
        md5(g::text) || md5(g::text), 'agent-bench', 'not_dispatched', 'submitted',
        0, 0, 5, now() + interval '1 hour', now() - interval '1 hour' + g * interval '1 millisecond',
        false, 0, now(), now()
@@ -71,9 +73,9 @@ FROM generate_series(1, %(d)s) AS g
 
 # The due subquery of the PostgreSQL driver's claim (outbox/ledger/drivers/pg_statements.py, dispatch kind, no
 # operation id), bound.
-_EXPLAIN = """
+_EXPLAIN = f"""
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
-SELECT id FROM operations
+SELECT id FROM {OPERATIONS}
 WHERE status = 'not_dispatched' AND next_attempt_at <= clock_timestamp()
   AND (false OR lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
   AND (CAST(NULL AS varchar) IS NULL OR id = NULL)
@@ -102,11 +104,11 @@ def load(url: str, rows: int, due: int, attempts: bool) -> dict[str, float]:
             timings["load_attempts_s"] = time.perf_counter() - t
         conn.execute(_DUE, {"d": due})
         t = time.perf_counter()
-        conn.execute("VACUUM ANALYZE operations")
-        conn.execute("VACUUM ANALYZE attempts")
+        conn.execute(f"VACUUM ANALYZE {OPERATIONS}")
+        conn.execute(f"VACUUM ANALYZE {ATTEMPTS}")
         timings["vacuum_analyze_s"] = time.perf_counter() - t
         timings["table_mb"] = float(
-            conn.execute("SELECT pg_total_relation_size('operations') / 1048576.0").fetchone()[0]
+            conn.execute(f"SELECT pg_total_relation_size('{OPERATIONS}') / 1048576.0").fetchone()[0]
         )  # type: ignore[index]
     return timings
 
@@ -160,7 +162,7 @@ def run_one(rows: int, due: int, claims: int, attempts: bool) -> dict[str, Any]:
         result["load"] = load(db.url, rows, due, attempts)
         plan = explain(db.url)
         result["explain"] = plan
-        result["uses_ix_operations_due"] = any("ix_operations_due" in line for line in plan)
+        result["uses_ix_operations_due"] = any(DUE_INDEX in line for line in plan)
         result.update(measure(db.url, claims))
     return result
 
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             f"claim-latency rows={n} due={args.due} claims={claims} load={load_s:.1f}s "
             f"table={r['load']['table_mb']:.0f}MB claim p50={c['p50']:.2f}ms p99={c['p99']:.2f}ms "
             f"max={c['max']:.2f}ms claim+finalize p50={cf['p50']:.2f}ms p99={cf['p99']:.2f}ms "
-            f"ix_operations_due={'yes' if r['uses_ix_operations_due'] else 'NO'}",
+            f"{DUE_INDEX}={'yes' if r['uses_ix_operations_due'] else 'NO'}",
             flush=True,
         )
     biggest = results[-1]

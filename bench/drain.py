@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.ledger.models import ATTEMPTS, OPERATION_EVENTS, OPERATIONS
+
 LEASE_S = 60.0  # far longer than any one claim->finalize here: no lease ever expires mid-run
 RESULT_TIMEOUT_S = 600.0  # a stuck worker fails the run instead of hanging it
 
@@ -52,15 +54,15 @@ WHERE id = %(id)s AND status = 'dispatching' AND fencing_token = %(token)s
 """
 
 
-EVIDENCE_CLAIM = """
+EVIDENCE_CLAIM = f"""
 WITH due AS (
-    SELECT id FROM operations
+    SELECT id FROM {OPERATIONS}
     WHERE status = 'not_dispatched' AND next_attempt_at <= clock_timestamp()
     ORDER BY next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE operations o
+UPDATE {OPERATIONS} o
 SET status = 'dispatching', reason = 'claimed', fencing_token = o.fencing_token + 1,
     lease_owner = %(worker)s, lease_expires_at = clock_timestamp() + make_interval(secs => 60.0),
     attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()
@@ -69,28 +71,28 @@ RETURNING o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o
           o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at,
           o.created_at, o.cancel_requested, o.proven_absent_through
 """
-EVIDENCE_AMBIGUITY = """
-SELECT EXISTS (SELECT * FROM attempts WHERE operation_id = %(id)s AND kind = 'dispatch'
+EVIDENCE_AMBIGUITY = f"""
+SELECT EXISTS (SELECT * FROM {ATTEMPTS} WHERE operation_id = %(id)s AND kind = 'dispatch'
                AND attempt_number > %(through)s AND attempt_class IN ('ambiguous', 'pending'))
 """
-EVIDENCE_ATTEMPT = """
-INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at,
+EVIDENCE_ATTEMPT = f"""
+INSERT INTO {ATTEMPTS} (operation_id, attempt_number, kind, fencing_token, worker, started_at,
                       attempt_class, stale)
 VALUES (%(id)s, %(number)s, 'dispatch', %(token)s, %(worker)s, clock_timestamp(), 'pending', false)
 RETURNING id
 """
-EVIDENCE_EVENT = """
-INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event,
+EVIDENCE_EVENT = f"""
+INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event,
                               reason, actor)
 VALUES (%(id)s, clock_timestamp(), %(src)s, %(dst)s, %(token)s, %(event)s, %(reason)s, %(worker)s)
 """
-EVIDENCE_RECORD = """
-UPDATE attempts SET ended_at = clock_timestamp(), attempt_class = 'succeeded', status_code = 200,
+EVIDENCE_RECORD = f"""
+UPDATE {ATTEMPTS} SET ended_at = clock_timestamp(), attempt_class = 'succeeded', status_code = 200,
     provider_reference = 're_x', stale = false
 WHERE id = %(attempt)s AND ended_at IS NULL RETURNING id
 """
-EVIDENCE_FINALIZE = """
-UPDATE operations SET status = 'succeeded', reason = 'bench', lease_owner = NULL,
+EVIDENCE_FINALIZE = f"""
+UPDATE {OPERATIONS} SET status = 'succeeded', reason = 'bench', lease_owner = NULL,
     lease_expires_at = NULL, result_reference = 're_x', result_digest = NULL, result = 'null',
     error_class = NULL, updated_at = clock_timestamp(), finished_at = clock_timestamp()
 WHERE id = %(id)s AND status IN ('dispatching') AND fencing_token = %(token)s

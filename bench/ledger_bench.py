@@ -101,7 +101,7 @@ def _commits_of_run(db: ScratchDatabase, admin: psycopg.Connection, k: int, pre_
     x1, id1 = settled_xacts(admin, db.name), _next_xid(admin)
     result = drain(db.url, "ledger", processes=1, claim_limit=1, pre_ping=pre_ping)
     x2, id2 = settled_xacts(admin, db.name), _next_xid(admin)
-    (finished,) = conn_count(db, "SELECT count(*) FROM operations WHERE status = 'succeeded'")
+    (finished,) = conn_count(db, f"SELECT count(*) FROM {backlog.LEDGER_TABLE} WHERE status = 'succeeded'")
     if result.ops != k or finished != k:
         raise RuntimeError(f"commit count run: drained {result.ops}, succeeded {finished}, expected {k}")
     return {"submit": x1 - x0, "drain": x2 - x1, "xids_submit": id1 - id0, "xids_drain": id2 - id1, "end": x2}

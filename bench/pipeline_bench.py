@@ -45,6 +45,7 @@ from sqlalchemy import text
 from bench.celery_workers import Workers
 from bench.cpu_split import CpuSplit
 from bench.scratch_database import ScratchDatabase
+from outbox.ledger.models import OPERATIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -185,7 +186,7 @@ class Outbox:
         with self.engine.connect() as c:
             return int(
                 c.execute(
-                    text("SELECT count(*) FROM operations WHERE tenant = :t AND status = :s"),
+                    text(f"SELECT count(*) FROM {OPERATIONS} WHERE tenant = :t AND status = :s"),
                     {"t": tenant, "s": status},
                 ).scalar_one()
             )
@@ -193,7 +194,7 @@ class Outbox:
     def statuses(self, tenant: str) -> dict[str, int]:
         with self.engine.connect() as c:
             rows = c.execute(
-                text("SELECT status, count(*) FROM operations WHERE tenant = :t GROUP BY status"), {"t": tenant}
+                text(f"SELECT status, count(*) FROM {OPERATIONS} WHERE tenant = :t GROUP BY status"), {"t": tenant}
             ).all()
         return {r[0]: int(r[1]) for r in rows}
 

@@ -28,6 +28,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import migrate
 from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.models import (
+    API_KEYS,
+    APPROVALS,
+    ATTEMPTS,
+    EVIDENCE,
+    HANDOFFS,
+    OPERATION_EVENTS,
+    OPERATIONS,
+    REPORT_RUNS,
+    RUNS,
+)
 
 # docker-compose.yml's postgres, as published on 127.0.0.1 (its redis is the default below).
 COMPOSE_PG_URL = "postgresql+psycopg://outbox:outbox@127.0.0.1:5432/outbox"
@@ -35,17 +46,7 @@ PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql+psycopg://postgr
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = bool(os.environ.get("CI"))
 RUN_ID = uuid.uuid4().hex[:10]
-TABLES = (
-    "handoffs",
-    "approvals",
-    "evidence",
-    "operation_events",
-    "attempts",
-    "operations",
-    "api_keys",
-    "runs",
-    "report_runs",
-)
+TABLES = (HANDOFFS, APPROVALS, EVIDENCE, OPERATION_EVENTS, ATTEMPTS, OPERATIONS, API_KEYS, RUNS, REPORT_RUNS)
 
 _skipped_services: dict[str, str] = {}
 
@@ -127,7 +128,7 @@ def _record_moves(engine: Engine) -> None:
         rows = conn.execute(
             # A "cancel requested" row records a request, not a move (its status stays as it was).
             text(
-                "SELECT DISTINCT from_status, to_status FROM operation_events"
+                f"SELECT DISTINCT from_status, to_status FROM {OPERATION_EVENTS}"
                 " WHERE from_status IS NOT NULL AND event <> 'cancel requested'"
             )
         ).all()

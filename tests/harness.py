@@ -275,10 +275,13 @@ class Pipeline:
             raise AssertionError(f"worker {name} exited: {worker.log()[-3000:]}")
         return worker
 
-    def start_relay(self, *, poll_s: float = 0.1, republish_after_s: float = 2.0, evidence_sink: Any = None) -> Any:
+    def start_relay(
+        self, *, poll_s: float = 0.1, republish_after_s: float = 2.0, evidence_sink: Any = None, thread: bool = True
+    ) -> Any:
         """evidence_sink: an outbox.evidence.sinks.EvidenceSink on a separate database, so the relay
         backfills committed_evidence_degraded operations (as the real relay does when
-        OUTBOX_EVIDENCE_URL is set)."""
+        OUTBOX_EVIDENCE_URL is set). ``thread=False``: the relay is made, not started; the test
+        runs each of its ticks (``run_once()``), so nothing is rung or advanced behind its back."""
         from workers.relay.doorbell import Doorbell
         from workers.relay.loop import Relay
         from workers.wiring.celery_app import make_app
@@ -293,6 +296,8 @@ class Pipeline:
             evidence_sink=evidence_sink,
             max_queued=self.settings().relay_max_queued,
         )
+        if not thread:
+            return self._relay
         self._relay_thread = threading.Thread(target=self._relay.run_forever, daemon=True)
         self._relay_thread.start()
         return self._relay

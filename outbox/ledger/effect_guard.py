@@ -13,8 +13,8 @@ refuses to enter them while any attempt of the operation says otherwise:
   ``proven_absent_through``: a lookup that carried a newer fencing token to a provider that fences
   (``provider_fencing``), the provider's own record of the key as failed, or a person's decision.
 
-One spelling of each condition, for both dialects, as SQL over ``attempts a``; ``op`` names the
-operations row in the enclosing statement.
+One spelling of each condition, for both dialects, as SQL over the attempts table aliased ``a``;
+``op`` names the operations row in the enclosing statement.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import text
+
+from outbox.ledger.models import ATTEMPTS, OPERATIONS
 
 _CONFIRMED = "a.attempt_class = 'succeeded'"
 
@@ -42,20 +44,18 @@ def may_have_taken_effect(op: str) -> str:
 
 def _none(op: str, condition: str) -> str:
     # :attempt_id is the caller's own attempt (its class is the one being written), 0 for none.
-    return (
-        f"NOT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = {op}.id AND a.id <> :attempt_id AND {condition})"
-    )
+    return f"NOT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.operation_id = {op}.id AND a.id <> :attempt_id AND {condition})"
 
 
 # For a worker or a cancel: nothing may have taken effect.
-NO_EFFECT_POSSIBLE = _none("operations", may_have_taken_effect("operations"))
+NO_EFFECT_POSSIBLE = _none(OPERATIONS, may_have_taken_effect(OPERATIONS))
 # For a settlement that itself proves every attempt unable to land (and writes that proof in the
 # same statement): only a confirmation can still contradict it.
-NO_EFFECT_CONFIRMED = _none("operations", _CONFIRMED)
+NO_EFFECT_CONFIRMED = _none(OPERATIONS, _CONFIRMED)
 
 
 def no_effect_possible(*, excluding_attempt: int = 0) -> Any:
-    """NO_EFFECT_POSSIBLE as a clause for an UPDATE of ``operations`` built with SQLAlchemy."""
+    """NO_EFFECT_POSSIBLE as a clause for an UPDATE of the operations table built with SQLAlchemy."""
     return text(NO_EFFECT_POSSIBLE).bindparams(attempt_id=excluding_attempt)
 
 

@@ -1,11 +1,19 @@
 """The ledger's tables (SQLAlchemy 2.0 typed models).
 
-- ``operations``: one row per intent; the state machine's current position, lease and token.
-- ``attempts``: one row per transport attempt (or lookup); evidence, written once, never overwritten.
-- ``operation_events``: every transition with who and why, so any state can be explained.
+- ``outbox_operations``: one row per intent; the state machine's current position, lease and token.
+- ``outbox_attempts``: one row per transport attempt (or lookup); evidence, written once, never
+  overwritten.
+- ``outbox_operation_events``: every transition with who and why, so any state can be explained.
 
-The alembic migration in ``migrations/versions`` creates exactly these tables; a test checks that
-the migrated schema and these models agree.
+The ledger lives in the application's own database (its intents commit in the application's
+transactions), so every object it creates there carries ``PREFIX``: the tables, and through
+``NAMING`` their indexes and constraints (PostgreSQL names a serial column's sequence after its
+table). An application's own ``runs`` or ``approvals`` table is never ours. SQL written as text
+names the tables by these constants, never by spelling them again.
+
+A new ledger is created from these models; one of an earlier release is brought to them by the
+alembic migrations in ``migrations/versions`` (outbox/migrate.py). A test checks that both ways
+give exactly these tables, indexes and constraint names.
 """
 
 from __future__ import annotations
@@ -34,6 +42,17 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Status
 from outbox.runs.states import ACTIVE, RunStatus
+
+PREFIX = "outbox_"
+OPERATIONS = PREFIX + "operations"
+ATTEMPTS = PREFIX + "attempts"
+OPERATION_EVENTS = PREFIX + "operation_events"
+HANDOFFS = PREFIX + "handoffs"
+EVIDENCE = PREFIX + "evidence"
+APPROVALS = PREFIX + "approvals"
+API_KEYS = PREFIX + "api_keys"
+RUNS = PREFIX + "runs"
+REPORT_RUNS = PREFIX + "report_runs"
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -64,7 +83,7 @@ class Base(DeclarativeBase):
 
 
 class Operation(Base):
-    __tablename__ = "operations"
+    __tablename__ = OPERATIONS
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
@@ -127,32 +146,32 @@ class Operation(Base):
         # What is due: only claimable rows are indexed, so the index stays small while the
         # table grows to millions of finished operations.
         Index(
-            "ix_operations_due",
+            f"ix_{OPERATIONS}_due",
             "next_attempt_at",
             postgresql_where=text("status = 'not_dispatched'"),
             sqlite_where=text("status = 'not_dispatched'"),
         ),
         Index(
-            "ix_operations_leases",
+            f"ix_{OPERATIONS}_leases",
             "lease_expires_at",
             postgresql_where=text("status = 'dispatching'"),
             sqlite_where=text("status = 'dispatching'"),
         ),
         Index(
-            "ix_operations_unknown",
+            f"ix_{OPERATIONS}_unknown",
             "next_attempt_at",
             postgresql_where=text(RECONCILE_DUE),
             sqlite_where=text(RECONCILE_DUE),
         ),
-        Index("ix_operations_status_updated", "status", "updated_at"),
+        Index(f"ix_{OPERATIONS}_status_updated", "status", "updated_at"),
     )
 
 
 class Attempt(Base):
-    __tablename__ = "attempts"
+    __tablename__ = ATTEMPTS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
-    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"))
+    operation_id: Mapped[str] = mapped_column(ForeignKey(f"{OPERATIONS}.id", ondelete="CASCADE"))
     attempt_number: Mapped[int] = mapped_column(Integer)
     # dispatch = the business request; lookup = the reconciler asking the provider.
     kind: Mapped[str] = mapped_column(String(16), default="dispatch")
@@ -184,7 +203,7 @@ class Attempt(Base):
         # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (late_evidence.py).
         # Only those rows are indexed, so the sweep stays cheap however large the table grows.
         Index(
-            "ix_attempts_unapplied_successes",
+            f"ix_{ATTEMPTS}_unapplied_successes",
             "id",
             postgresql_where=text(UNAPPLIED_SUCCESS),
             sqlite_where=text(UNAPPLIED_SUCCESS),
@@ -193,10 +212,10 @@ class Attempt(Base):
 
 
 class OperationEvent(Base):
-    __tablename__ = "operation_events"
+    __tablename__ = OPERATION_EVENTS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
-    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey(f"{OPERATIONS}.id", ondelete="CASCADE"), index=True)
     at: Mapped[dt.datetime] = mapped_column(TS)
     from_status: Mapped[str | None] = mapped_column(String(32))
     to_status: Mapped[str] = mapped_column(String(32))
@@ -209,10 +228,10 @@ class OperationEvent(Base):
 class Handoff(Base):
     """The packet a person needs to take over an operation automation could not settle."""
 
-    __tablename__ = "handoffs"
+    __tablename__ = HANDOFFS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
-    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey(f"{OPERATIONS}.id", ondelete="CASCADE"), index=True)
     opened_at: Mapped[dt.datetime] = mapped_column(TS)
     reason: Mapped[str] = mapped_column(Text)
     # The five items of DESIGN.md: ids and key; every attempt; the raw last error and its class;
@@ -231,7 +250,7 @@ class Handoff(Base):
             "resolution IS NULL OR resolution IN ('succeeded', 'not-executed', 'abandoned')", name="resolution"
         ),
         Index(
-            "ix_handoffs_open",
+            f"ix_{HANDOFFS}_open",
             "opened_at",
             postgresql_where=text("status = 'open'"),
             sqlite_where=text("status = 'open'"),
@@ -242,7 +261,7 @@ class Handoff(Base):
 class Evidence(Base):
     """Append-only proof that an effect happened (the default evidence sink)."""
 
-    __tablename__ = "evidence"
+    __tablename__ = EVIDENCE
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
     operation_id: Mapped[str] = mapped_column(String(36), index=True)
@@ -260,10 +279,10 @@ class Approval(Base):
     """A person's decision on one operation (outbox/approvals/decisions.py): bound to its tenant, action, args
     digest and requesting subject, the policy version it was given under, and an expiry."""
 
-    __tablename__ = "approvals"
+    __tablename__ = APPROVALS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
-    operation_id: Mapped[str] = mapped_column(ForeignKey("operations.id", ondelete="CASCADE"), index=True)
+    operation_id: Mapped[str] = mapped_column(ForeignKey(f"{OPERATIONS}.id", ondelete="CASCADE"), index=True)
     tenant: Mapped[str] = mapped_column(String(128))
     action: Mapped[str] = mapped_column(String(200))
     args_digest: Mapped[str] = mapped_column(String(64))
@@ -281,7 +300,7 @@ class Approval(Base):
 class ApiKey(Base):
     """An HTTP API key (outbox/access/keys.py): one tenant, some scopes; only the key's SHA-256 is stored."""
 
-    __tablename__ = "api_keys"
+    __tablename__ = API_KEYS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
@@ -297,7 +316,7 @@ class Run(Base):
     """A run: an ordered step table submitted at once (outbox/runs/lifecycle.py). Each step is an operation
     with a derived key, created when it becomes due; compensations are operations too."""
 
-    __tablename__ = "runs"
+    __tablename__ = RUNS
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
@@ -334,7 +353,7 @@ class Run(Base):
         CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts"),
         # What the advance looks at: only moving runs are indexed.
         Index(
-            "ix_runs_active",
+            f"ix_{RUNS}_active",
             "updated_at",
             postgresql_where=text(RUN_ACTIVE),
             sqlite_where=text(RUN_ACTIVE),
@@ -347,7 +366,7 @@ class ReportRun(Base):
     its findings, kept in the ledger so the exporter, the API and the console read the same report
     whichever host ran it (outbox/report_runs.py)."""
 
-    __tablename__ = "report_runs"
+    __tablename__ = REPORT_RUNS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)
     started_at: Mapped[dt.datetime] = mapped_column(TS)

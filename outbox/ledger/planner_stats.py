@@ -25,10 +25,11 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.ledger.drivers import driver_for
+from outbox.ledger.models import ATTEMPTS, OPERATIONS
 
 log = logging.getLogger(__name__)
 
-TABLES = ("operations", "attempts")
+TABLES = (OPERATIONS, ATTEMPTS)
 # Analyze a table when at least this many of its rows changed since its last analysis, and at
 # least this share of its live rows (a large steady ledger is not re-analyzed for every burst).
 MIN_CHANGED_ROWS = 1000

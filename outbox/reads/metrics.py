@@ -11,11 +11,11 @@ Each scrape runs a few small read-only queries in one short transaction, all on 
   rate of endings comes exactly from the workers' ``outbox_outcomes_total`` counter instead.
   A terminal row is never updated again, so its ``updated_at`` is the time it ended.
 - outcome_unknown backlog: count (above) and age of the oldest, since it was submitted (the
-  partial index ``ix_operations_unknown`` holds exactly the backlog).
+  partial index ``ix_outbox_operations_unknown`` holds exactly the backlog).
 - lookups due: outcome_unknown operations (``RECONCILE_CLAIMABLE``) whose lookup is due and not
   held by a reconciler, and how long the oldest has waited since it came due: the reconciler's
   queue, what an autoscaler scales reconciler replicas on (the same partial index).
-- open handoffs: count and age of the oldest (the partial index ``ix_handoffs_open``).
+- open handoffs: count and age of the oldest (the partial index ``ix_outbox_handoffs_open``).
 - approvals pending: count and age of the oldest operation in ``awaiting_approval``.
 - the last reconciliation report's figures, from the ledger (``outbox.reads.report_summary``).
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, aliased
 from outbox.evidence.late import CONTRADICTION_EVENT
 from outbox.ledger.clock import as_utc
 from outbox.ledger.effect_guard import may_still_land
-from outbox.ledger.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent
+from outbox.ledger.models import OPERATIONS, UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent
 from outbox.ledger.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, AttemptClass, AttemptKind, Status
 
 # Statuses in which the ledger holds that the effect exists at the provider.
@@ -226,7 +226,7 @@ _SUCCESS = _A.attempt_class == AttemptClass.SUCCEEDED.value
 # (statuses, attempt condition, why): an attempt of the operation that its state denies.
 CONTRADICTIONS: tuple[tuple[frozenset[Status], Any, str], ...] = (
     (NO_EFFECT, _SUCCESS, "the provider confirmed an effect on this attempt, the state says none happened"),
-    (NO_EFFECT, text(may_still_land("operations")), "ended with no effect while this attempt may still take effect"),
+    (NO_EFFECT, text(may_still_land(OPERATIONS)), "ended with no effect while this attempt may still take effect"),
     (
         AWAITING_OUTCOME,
         text(UNAPPLIED_SUCCESS),

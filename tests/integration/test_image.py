@@ -34,6 +34,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from sqlalchemy.engine import make_url
 
+from outbox.ledger.models import OPERATIONS
 from tests.conftest import scratch_pg_database
 from tests.unit.test_compose import SERVICES, interpolated
 
@@ -337,7 +338,7 @@ def image_ledger(image: Image) -> Iterator[str]:
 def test_migrate_creates_the_ledger_from_the_image(image_ledger):
     libpq = make_url(image_ledger).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(libpq) as conn:
-        assert conn.execute("SELECT count(*) FROM operations").fetchone() == (0,)
+        assert conn.execute(f"SELECT count(*) FROM {OPERATIONS}").fetchone() == (0,)
         assert conn.execute("SELECT version_num FROM outbox_alembic_version").fetchone() is not None
 
 

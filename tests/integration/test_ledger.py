@@ -13,7 +13,7 @@ from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
 from outbox.ledger.claims import claim_due, claim_unknown, extend_lease_if_fenced
 from outbox.ledger.clock import db_now
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import Attempt, Operation, OperationEvent
+from outbox.ledger.models import OPERATIONS, Attempt, Operation, OperationEvent
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
@@ -371,7 +371,7 @@ def test_schema_refuses_unknown_status(ledger):
     _submit(ledger)
     with pytest.raises(IntegrityError):  # the CHECK constraint, on both backends
         with ledger.sessions.begin() as s:
-            s.execute(text("UPDATE operations SET status = 'done'"))
+            s.execute(text(f"UPDATE {OPERATIONS} SET status = 'done'"))
 
 
 def test_submit_notifies_the_relay_on_commit_only(pg_ledger):
@@ -496,7 +496,7 @@ def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
     from outbox.ledger.planner_stats import PlannerStats
 
     with pg_ledger.engine.begin() as conn:
-        conn.execute(text("ANALYZE operations"))  # analyzed while empty, as on a new deployment
+        conn.execute(text(f"ANALYZE {OPERATIONS}"))  # analyzed while empty, as on a new deployment
     with pg_ledger.sessions.begin() as s:
         for n in range(3000):
             submit(s, **(INTENT | {"idempotency_key": f"backlog-{n}"}))
@@ -504,13 +504,13 @@ def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
     with psycopg.connect(url, autocommit=True) as conn:
 
         def plan() -> str:
-            ids = [r[0] for r in conn.execute("SELECT id FROM operations ORDER BY random() LIMIT 10")]
+            ids = [r[0] for r in conn.execute(f"SELECT id FROM {OPERATIONS} ORDER BY random() LIMIT 10")]
             return "\n".join(r[0] for r in conn.execute(f"EXPLAIN {sql.READ_DUE}", {"ids": ids}))
 
-        assert "pk_operations" not in plan()  # the trap: planned as if the backlog were not there
+        assert f"pk_{OPERATIONS}" not in plan()  # the trap: planned as if the backlog were not there
         stats = PlannerStats(pg_ledger.engine, min_interval_s=0)
-        assert wait_for_stats(stats) == ["operations"]
-        assert "pk_operations" in plan(), plan()
+        assert wait_for_stats(stats) == [OPERATIONS]
+        assert f"pk_{OPERATIONS}" in plan(), plan()
         assert stats.refresh_if_stale() == []  # nothing changed since: nothing analyzed again
 
 
@@ -545,7 +545,7 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
         for n in range(2000):
             submit(s, **(INTENT | {"idempotency_key": f"churn-{n}"}))
     with pg_ledger.engine.begin() as conn:
-        conn.execute(text("ANALYZE operations"))
+        conn.execute(text(f"ANALYZE {OPERATIONS}"))
     for _ in range(195):  # 1,950 claimed: their due-index entries are dead, 50 rows still due
         assert len(_claim(pg_ledger, limit=10)) == 10
     url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -561,7 +561,7 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
             nodes = [json.loads(plan)[0]["Plan"] if isinstance(plan, str) else plan[0]["Plan"]]
             while nodes:
                 node = nodes.pop()
-                if node.get("Relation Name") == "operations" and node.get("Alias") == "operations":
+                if node.get("Relation Name") == OPERATIONS and node.get("Alias") == OPERATIONS:
                     assert node["Node Type"] == "Index Scan", node["Node Type"]
                     assert "statement_timestamp()" in node.get("Index Cond", ""), node
                     return int(node["Shared Hit Blocks"]) + int(node.get("Shared Read Blocks", 0))

@@ -180,17 +180,19 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
 
 def test_the_column_list_is_every_datetime_column_of_the_models_operations_last():
     found = {t.name: [c.name for c in cols] for t, cols in ledger_timestamp_columns().items()}
-    assert list(found)[-1] == "operations"  # moved last: no decision sees an operation ahead of its attempts
+    # Operations move last: no decision sees an operation ahead of its attempts.
+    assert list(found)[-1] == core_table(Operation).name
     for model in (Operation, Attempt, OperationEvent, Handoff, Evidence):
         table = core_table(model)
         assert found[table.name] == [c.name for c in table.columns if isinstance(c.type, DateTime)]
-    for table, names in {
-        "operations": ["lease_expires_at", "deadline_at", "next_attempt_at", "published_at", "created_at"],
-        "attempts": ["started_at", "ended_at", "applied_at"],
-        "operation_events": ["at"],
-        "handoffs": ["opened_at", "resolved_at"],
-        "evidence": ["recorded_at"],
+    for model, names in {
+        Operation: ["lease_expires_at", "deadline_at", "next_attempt_at", "published_at", "created_at"],
+        Attempt: ["started_at", "ended_at", "applied_at"],
+        OperationEvent: ["at"],
+        Handoff: ["opened_at", "resolved_at"],
+        Evidence: ["recorded_at"],
     }.items():
+        table = core_table(model).name
         assert set(names) <= set(found[table]), (table, found[table])
 
 

@@ -46,7 +46,7 @@ from outbox.ledger.claims import Claim, claim_due, claim_unknown
 from outbox.ledger.clock import db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import Attempt, Handoff, Operation, OperationEvent
+from outbox.ledger.models import Attempt, Evidence, Handoff, Operation, OperationEvent, core_table
 from outbox.ledger.states import (
     AWAITING_OUTCOME,
     EFFECT,
@@ -61,7 +61,7 @@ from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, approve, finalize_if_fenced, move, request_cancel
 
 LEASE_S = 600.0  # never runs out by itself during a run: expiry is an explicit event of the machine
-TABLES = ("handoffs", "evidence", "operation_events", "attempts", "operations")
+TABLES = tuple(core_table(m).name for m in (Handoff, Evidence, OperationEvent, Attempt, Operation))
 OPEN = (AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value)
 SUCCESS = AttemptClass.SUCCEEDED.value
 SINK = EvidenceSink(None)  # the ledger's own evidence table

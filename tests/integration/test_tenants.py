@@ -173,8 +173,10 @@ def test_a_canary_secret_reaches_no_output(pipe, sandbox):
     with pipe.sessions() as s:
         from sqlalchemy import text
 
-        stored = s.execute(text("SELECT result::text, last_error FROM operations")).all()
-        stored += s.execute(text("SELECT error, NULL FROM attempts")).all()
+        from outbox.ledger.models import ATTEMPTS, OPERATIONS
+
+        stored = s.execute(text(f"SELECT result::text, last_error FROM {OPERATIONS}")).all()
+        stored += s.execute(text(f"SELECT error, NULL FROM {ATTEMPTS}")).all()
     outputs["stored results and errors"] = json.dumps([list(r) for r in stored], default=str)
     assert outputs["ops show ok --json"] and outputs["worker log (DEBUG)"]
     leaks = {

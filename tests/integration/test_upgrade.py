@@ -14,6 +14,11 @@ Migration 0003 (late evidence) adds ``attempts.applied_at``. An operation that e
 failed_before_commit before the upgrade while a stale success sat on its attempt row (issue 12)
 is then found by the first sweep and handed to a person; a stale success beside a success is
 only stamped.
+
+Migration 0011 renames every table (``outbox_...``). From 4cd0727's schema (0009), real workers
+first leave work in flight (a lease held by a worker that died mid-call, parked unknown, a handoff,
+an approval waiting, a run between two steps) and stop; after the upgrade today's workers, the
+relay and the people settle all of it, and the sandbox counts every effect exactly once.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import pytest
 from sqlalchemy import inspect, select, update
 
 from outbox import migrate
+from outbox.actions.rules import load_intent_rules
 from outbox.errors import StaleFence
 from outbox.evidence.late import CONTRADICTION_EVENT, apply_unapplied
 from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
@@ -36,12 +42,16 @@ from outbox.ledger.claims import claim_due, claim_unknown
 from outbox.ledger.clock import db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import Operation, OperationEvent
+from outbox.ledger.models import ATTEMPTS, Handoff, Operation, OperationEvent
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.ledger.waits import park_for_breaker, wake_breaker_waits
+from outbox.runs.advance import advance_due
+from outbox.runs.lifecycle import find_run, submit_run
 from tests.conftest import scratch_pg_database
+from tests.harness import CLOCK_LEASE, action, actions_doc, pipeline, pk, wait_for
+from tests.integration.test_tenants import _cli
 
 PREVIOUS = "0002"
 
@@ -147,7 +157,7 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
     try:
         migrate.upgrade(engine)
         assert migrate.current_revision(engine) == migrate.head_revision()
-        assert "applied_at" in {c["name"] for c in inspect(engine).get_columns("attempts")}
+        assert "applied_at" in {c["name"] for c in inspect(engine).get_columns(ATTEMPTS)}
         moved = apply_unapplied(
             sessions, actor="sweep", sink=EvidenceSink(None), packet=lambda s, op, why: {"why": why}
         )
@@ -265,3 +275,142 @@ def test_0005_keeps_the_key_a_sent_request_carried_and_scopes_never_sent_ones(ol
         assert keys == {"k-sent": "k-sent", "k-queued": "acme%3Aeu:k-queued"}
     finally:
         engine.dispose()
+
+
+# -- from 4cd0727's schema (0009), with work in flight, to head, settled by real workers -------------
+ON_4CD0727 = "0009"
+BIG_REFUND = {"order_id": "o-9", "amount": "900.00", "currency": "EUR"}
+
+
+def _tick_until(relay: Any, done: Any, what: str, timeout_s: float = 30) -> None:
+    """The relay's ticks (doorbells, sweeps, run advances) one at a time until ``done()``; none after."""
+
+    def step() -> bool:
+        if done():
+            return True
+        relay.run_once()
+        return False
+
+    wait_for(step, timeout_s, what=what)
+
+
+def _by_key(p: Any, key: str) -> Operation:
+    with p.sessions() as s:
+        return s.execute(select(Operation).where(Operation.idempotency_key == key)).scalar_one()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_ledger_of_4cd0727_with_work_in_flight_upgrades_and_real_workers_settle_it(
+    redis_url: str, sandbox: Any, tmp_path: Path
+) -> None:
+    """Workers leave work in every in-flight state and stop; the schema is taken back to 4cd0727's
+    (0009: tables without the prefix); `migrate` brings it to head; workers started after it settle
+    everything, each effect made exactly once at the provider."""
+    with scratch_pg_database(f"outbox_test_upgrade_{uuid.uuid4().hex[:10]}") as url:
+        engine = make_engine(url)
+        sessions = make_sessionmaker(engine)
+        with pipeline(
+            db_url=url, sessions=sessions, redis_url=redis_url, tmp=tmp_path, sandbox_url=sandbox.url, env=CLOCK_LEASE
+        ) as p:
+            refund = action(
+                "/v1/refunds",
+                decimal_args=["amount"],
+                approval={"required": "when", "when": "amount > 500", "ttl_s": 3600, "policy_version": "v1"},
+            )
+            actions = {
+                "payments.refund.create": refund,
+                "support.ticket.create": action("/v1/tickets", lookup=None),  # ambiguous: a person decides
+                "shop.order.create": action("/v1/orders"),
+                "shop.stock.reserve": action("/v1/reservations"),
+            }
+            p.write_actions(actions_doc(sandbox.url, actions=actions))
+            rules = load_intent_rules(p.env["OUTBOX_ACTIONS_FILE"])
+            # The provider commits and the answer is lost: a lookup (unknown) or a person (person) settles it.
+            sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern=pk("unknown"), count=1)
+            sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern=pk("person"), count=1)
+            relay = p.start_relay(thread=False)
+            # Waiting for a person: the action declares no lookup, so the reconciler hands it over.
+            with_reconciler = p.start_worker("old-1")
+            person = p.submit("person", {"subject": "refund", "customer_id": "c-1"}, action="support.ticket.create")
+            approval = p.submit("approval", dict(BIG_REFUND), key_rules=rules, subject="agent:bot").operation_id
+            _tick_until(relay, lambda: p.op(person.operation_id).status == "reconciliation_required", "a handoff")
+            with_reconciler.stop()
+            # Parked unknown, with no reconciler left to look it up; then a worker dies mid-call,
+            # after the provider answered "leased" and before writing it down: its lease stays.
+            doomed = p.start_worker(
+                "old-2", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": "dispatch.after_response=exit@leased"}
+            )
+            unknown = p.submit("unknown", key_rules=rules).operation_id
+            _tick_until(relay, lambda: p.op(unknown).status == "outcome_unknown", "unknown parked")
+            leased = p.submit("leased", key_rules=rules).operation_id
+            _tick_until(relay, lambda: doomed.proc.poll() is not None, "the worker dead mid-call")
+            # A run between two steps: its first step succeeded, its second is due and never sent.
+            p.start_worker("old-3", queues="dispatch")
+            with p.sessions.begin() as s:
+                steps = [
+                    {"name": "order", "action": "shop.order.create", "args": {"order_ref": "mid"}},
+                    {"name": "reserve", "action": "shop.stock.reserve", "args": {"sku": "A-1", "qty": 2}},
+                ]
+                run_id = submit_run(
+                    s, tenant="t1", run_key="mid", steps=steps, subject="agent:buyer", key_rules=rules
+                ).run_id
+            _tick_until(relay, lambda: _by_key(p, "mid:order").status == "succeeded", "the run's first step")
+            advance_due(p.sessions)
+            p.stop()  # the previous release's workers stop for the upgrade
+            assert p.op(leased).status == "dispatching" and p.op(leased).lease_owner is not None
+            assert p.op(approval).status == "awaiting_approval"
+            second = _by_key(p, "mid:reserve")
+            assert second.status == "not_dispatched" and p.attempts(second.id) == []
+            with p.sessions() as s:
+                assert s.execute(select(Handoff.status).where(Handoff.operation_id == person.operation_id)).all() == [
+                    ("open",)
+                ]
+            migrate.downgrade(engine, ON_4CD0727)
+            assert {"operations", "runs", "approvals"} <= set(inspect(engine).get_table_names())
+            engine.dispose()
+
+            engine = make_engine(url)  # today's release: `agent-outbox migrate`, then its workers start
+            migrate.upgrade(engine)
+            assert migrate.current_revision(engine) == migrate.head_revision()
+            assert not {"operations", "runs", "approvals"} & set(inspect(engine).get_table_names())
+            p.sessions = make_sessionmaker(engine)
+            p.workers.clear()
+            p.start_worker("new")
+            p.start_relay()
+            done = _cli(p, "approvals", "approve", approval, "--by", "alice", "--note", "checked after the upgrade")
+            assert done.returncode == 0, done.stderr
+            with p.sessions() as s:
+                handoff = s.execute(select(Handoff.id).where(Handoff.operation_id == person.operation_id)).scalar_one()
+            [found] = sandbox.effects(key=pk("person"))
+            args = [
+                "--as",
+                "succeeded",
+                "--reference",
+                found["object_id"],
+                "--by",
+                "alice",
+                "--note",
+                "in the dashboard",
+            ]
+            done = _cli(p, "handoffs", "resolve", str(handoff), *args)
+            assert done.returncode == 0, done.stderr
+            p.advance_ledger_clock(p.lease_s + 1, operation_ids=[leased])  # the dead worker's lease runs out
+            for op_id in (unknown, person.operation_id, approval, leased, second.id):
+                p.wait_status(op_id, "succeeded", timeout_s=60)
+            wait_for(lambda: _run_status(p, run_id) == "succeeded", 30, what="the run finished")
+            with p.sessions() as s:
+                ops = s.execute(select(Operation.provider_key, Operation.status)).all()
+                open_handoffs = s.execute(select(Handoff.id).where(Handoff.status == "open")).all()
+            assert len(ops) == 6 and {status for _, status in ops} == {"succeeded"} and open_handoffs == []
+            assert all(len(sandbox.effects(key=key)) == 1 for key, _ in ops), ops
+            assert sandbox.duplicates() == []
+            # Found by lookups, never sent again.
+            assert len(sandbox.requests(method="POST", key=pk("leased"))) == 1
+            assert len(sandbox.requests(method="POST", key=pk("unknown"))) == 1
+        engine.dispose()
+
+
+def _run_status(p: Any, run_id: str) -> str:
+    with p.sessions() as s:
+        return find_run(s, run_id).status

@@ -19,7 +19,7 @@ import functools
 import re
 
 from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
-from outbox.ledger.models import RECONCILE_DUE
+from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
 
@@ -58,7 +58,7 @@ def _render(writes: WriteSet) -> str:
 # for a replay); the NOTIFY is delivered when the caller commits.
 _SUBMIT = f"""
 WITH ins AS (
-    INSERT INTO operations (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
+    INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
         tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
         next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space)
     VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
@@ -69,7 +69,7 @@ WITH ins AS (
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
     RETURNING id
 ), logged AS (
-    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
     SELECT id, clock_timestamp(), NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
 )
 SELECT (SELECT count(*) FROM ins)"""
@@ -85,7 +85,7 @@ NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 # snapshot, so numbering and the ambiguity check see the rows committed before this claim.
 _CLAIM = """
 WITH {due_ctes}, claimed AS (
-    UPDATE operations o SET
+    UPDATE {operations} o SET
         fencing_token = o.fencing_token + 1,
         lease_owner = :worker,
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_s),
@@ -97,16 +97,16 @@ WITH {due_ctes}, claimed AS (
               o.cancel_requested, o.proven_absent_through, o.updated_at, o.status
 ), numbered AS (
     SELECT c.*,
-        (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM attempts a
+        (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM {attempts} a
           WHERE a.operation_id = c.id AND a.kind = '{kind}') AS number,
-        EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
+        EXISTS (SELECT 1 FROM {attempts} a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
     FROM claimed c
 ), opened AS (
-    INSERT INTO attempts (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
+    INSERT INTO {attempts} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
     SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false FROM numbered
     RETURNING id AS attempt_id, operation_id
 ), logged AS (
-    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    INSERT INTO {events} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
     SELECT id, clock_timestamp(), {from_status}, {to_status}, fencing_token, '{event}', '{kind} attempt ' || number,
         :worker
     FROM numbered
@@ -116,7 +116,7 @@ SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id 
 
 # Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
 _DUE = """
-    SELECT id, {rank} AS rank FROM operations
+    SELECT id, {rank} AS rank FROM {operations}
     WHERE {source} AND next_attempt_at <= {now}{lease_free}{ids}
     ORDER BY next_attempt_at
     LIMIT {limit}
@@ -140,7 +140,13 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
         # outbox/ledger/clock.py db_scan_now), else each claim reads the index's every dead entry.
         now = "clock_timestamp()" if ids == _IDS_IN else "statement_timestamp()"
         return _DUE.format(
-            rank=rank, source=source, now=now, lease_free=_LEASE_FREE if lookup else "", ids=ids, limit=n
+            rank=rank,
+            source=source,
+            now=now,
+            lease_free=_LEASE_FREE if lookup else "",
+            ids=ids,
+            limit=n,
+            operations=OPERATIONS,
         )
 
     if not with_ids:
@@ -169,6 +175,9 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
             event=(EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM).value,
             may_have_taken_effect=may_have_taken_effect("c"),
             dispatch_sets=dispatch_sets,
+            operations=OPERATIONS,
+            attempts=ATTEMPTS,
+            events=OPERATION_EVENTS,
         )
     )
 
@@ -188,15 +197,15 @@ def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISP
         where += " AND " + NO_EFFECT_POSSIBLE
     return _driver_params(f"""
 WITH att AS (
-    UPDATE attempts SET {_render(ATTEMPT_REPORT)}
+    UPDATE {ATTEMPTS} SET {_render(ATTEMPT_REPORT)}
     WHERE id = :attempt_id AND ended_at IS NULL
     RETURNING id
 ), moved AS (
-    UPDATE operations SET {_render(writes)}
+    UPDATE {OPERATIONS} SET {_render(writes)}
     WHERE {where}
     RETURNING id, fencing_token
 ), logged AS (
-    INSERT INTO operation_events (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
     SELECT id, clock_timestamp(), '{source.value}', :to, fencing_token, :event, :event_reason, :actor
     FROM moved
     RETURNING id
@@ -205,13 +214,13 @@ SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS move
 """)
 
 
-CURRENT_ROW = "SELECT status, fencing_token FROM operations WHERE id = %(id)s"
-MARK_ATTEMPT_STALE = "UPDATE attempts SET stale = true WHERE id = %(id)s"
+CURRENT_ROW = f"SELECT status, fencing_token FROM {OPERATIONS} WHERE id = %(id)s"
+MARK_ATTEMPT_STALE = f"UPDATE {ATTEMPTS} SET stale = true WHERE id = %(id)s"
 
 # A doorbell's first read: which of its ids are due now, with what a deadline check needs.
 READ_DUE = f"""
 SELECT id, action, created_at, deadline_at, max_attempts, attempt_count, clock_timestamp() AS db_now
-FROM operations
+FROM {OPERATIONS}
 WHERE id = ANY(%(ids)s) AND status = '{Status.NOT_DISPATCHED.value}' AND next_attempt_at <= clock_timestamp()
 """
 
@@ -219,11 +228,11 @@ WHERE id = ANY(%(ids)s) AND status = '{Status.NOT_DISPATCHED.value}' AND next_at
 # -- evidence -------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def attempt_log(columns: tuple[str, ...]) -> str:
-    return f"SELECT {', '.join(columns)} FROM attempts WHERE operation_id = ANY(%(ids)s) ORDER BY id"
+    return f"SELECT {', '.join(columns)} FROM {ATTEMPTS} WHERE operation_id = ANY(%(ids)s) ORDER BY id"
 
 
-INSERT_EVIDENCE = """
-INSERT INTO evidence (operation_id, tenant, idempotency_key, action, args_digest, provider_reference,
+INSERT_EVIDENCE = f"""
+INSERT INTO {EVIDENCE} (operation_id, tenant, idempotency_key, action, args_digest, provider_reference,
                       response_digest, attempt_log_digest, recorded_at)
 VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_digest)s, %(provider_reference)s,
         %(response_digest)s, %(attempt_log_digest)s, clock_timestamp())
@@ -232,7 +241,7 @@ VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_di
 
 # -- relay ----------------------------------------------------------------------------------------
 MARK_RUNG = f"""
-UPDATE operations SET published_at = clock_timestamp()
+UPDATE {OPERATIONS} SET published_at = clock_timestamp()
 WHERE id = ANY(%(ids)s) AND status = '{Status.NOT_DISPATCHED.value}' AND published_at IS NULL
 """
 
@@ -248,7 +257,7 @@ def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
     lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
     return f"""
 WITH due AS (
-    SELECT id FROM operations
+    SELECT id FROM {OPERATIONS}
     WHERE status = '{status.value}' AND next_attempt_at <= statement_timestamp()
       AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                       OR next_attempt_at < %(leading_since)s::timestamptz))
@@ -259,7 +268,7 @@ WITH due AS (
     LIMIT {int(batch)}
     FOR UPDATE SKIP LOCKED
 )
-UPDATE operations o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
+UPDATE {OPERATIONS} o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
 RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8
 """
 

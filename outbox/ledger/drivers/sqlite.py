@@ -24,7 +24,7 @@ from outbox.ledger.clock import db_age_s, db_now
 from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
-from outbox.ledger.models import Attempt, Evidence, Operation, Run, core_table
+from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Evidence, Operation, Run, core_table
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, core_values
 
@@ -200,8 +200,8 @@ class SqliteDriver:
     def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind) -> ClaimedRow:
         open_ambiguity = session.execute(
             text(
-                f"SELECT EXISTS (SELECT 1 FROM attempts a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
-                " FROM operations o WHERE o.id = :id"
+                f"SELECT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
+                f" FROM {OPERATIONS} o WHERE o.id = :id"
             ),
             {"id": row.id},
         ).scalar_one()
