@@ -3,11 +3,11 @@
 The ledger's hot statements are prepared once per connection and run on generic plans
 (drivers/pg_statements.py). PostgreSQL plans them from the statistics of the moment, and its
 autovacuum refreshes those only after 10% of a table has changed, checking once a minute. A queue
-table outruns that: planned while ``operations`` was empty (a new deployment) or while the due
+table outruns that: planned while ``outbox_operations`` was empty (a new deployment) or while the due
 set was tiny (a steady state), a doorbell's claim of ten ids scanned the whole partial index of
 due rows, and the evidence query scanned all of ``attempts``: per doorbell, work proportional
-to the backlog, just when a backlog builds (issue 14: 3 ms per claim instead of 0.05 ms; the
-fault mix ran 10% faster after one ANALYZE). ``refresh_if_stale`` runs ANALYZE on a queue table
+to the backlog, just when a backlog builds (bench/README.md has the figures). ``refresh_if_stale``
+runs ANALYZE on a queue table
 once enough of it changed since its last analysis; ANALYZE invalidates the cached plans, so every
 connection re-plans its next execution.
 
