@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
-from rich.table import Table
-
 from outbox.access.keys import create_key, key_json, list_keys, parse_scopes, revoke
 from outbox.errors import InvalidIntent
-from outbox.ledger.db import make_sessionmaker
 from outbox.settings import load_settings
-from workers.cli.ledger import open_engine
+from workers.cli import render
+from workers.cli.ledger import ledger, open_engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -101,15 +98,11 @@ def _serve_processes(args: argparse.Namespace) -> None:
 
 def cmd_create(args: argparse.Namespace) -> int:
     scopes = parse_scopes(args.scope)
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            key, row = create_key(session, tenant=args.tenant, scopes=scopes, name=args.name)
-            session.flush()
-            session.refresh(row)
-            shown = key_json(row) | {"key": key}
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions.begin() as session:
+        key, row = create_key(session, tenant=args.tenant, scopes=scopes, name=args.name)
+        session.flush()
+        session.refresh(row)
+        shown = key_json(row) | {"key": key}
     if args.json:
         print(json.dumps(shown, sort_keys=True))
     else:
@@ -118,40 +111,26 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
+COLUMNS: list[render.Column] = [
+    ("id", lambda r: r["id"]),
+    ("prefix", lambda r: r["prefix"]),
+    ("tenant", lambda r: r["tenant"]),
+    ("scopes", lambda r: ",".join(r["scopes"])),
+    ("name", lambda r: r["name"]),
+    ("created_at", lambda r: r["created_at"]),
+    ("revoked_at", lambda r: r["revoked_at"]),
+]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            rows = list_keys(session)
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(rows, indent=2, sort_keys=True))
-        return 0
-    table = Table(title=f"{len(rows)} key(s)")
-    for col in ("id", "prefix", "tenant", "scopes", "name", "created_at", "revoked_at"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["prefix"],
-            r["tenant"],
-            ",".join(r["scopes"]),
-            r["name"] or "",
-            r["created_at"] or "",
-            r["revoked_at"] or "",
-        )
-    Console(width=160).print(table)
-    return 0
+    with ledger() as sessions, sessions() as session:
+        rows = list_keys(session)
+    return render.listing(rows, as_json=args.json, title="{n} key(s)", columns=COLUMNS)
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            done = revoke(session, args.id)
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions.begin() as session:
+        done = revoke(session, args.id)
     if not done:
         raise InvalidIntent("ID", f"no active key {args.id} (agent-outbox keys list)")
     print(f"key {args.id} revoked")

@@ -11,22 +11,14 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from outbox.errors import (
-    ConfigError,
-    IdempotencyConflict,
-    InvalidIntent,
-    OperationNotFound,
-    OutboxError,
-    RunConflict,
-    RunNotFound,
-)
+from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent, NotFound, OutboxError, RunConflict
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 0, 1, 2, 3
 
 # Each entry registers one family of subcommands; optional ones are skipped when their package
 # is absent so that the ledger commands never depend on them.
 REGISTRARS: tuple[str, ...] = (
-    "workers.cli.ledger:register",
+    "workers.cli.operations:register",
     "workers.cli.pipeline:register",
     "workers.cli.handoffs:register",
     "workers.cli.report:register",
@@ -86,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IdempotencyConflict, RunConflict) as exc:
         print(f"agent-outbox: idempotency conflict: {exc}", file=sys.stderr)
         return EXIT_CONFLICT
-    except (OperationNotFound, RunNotFound) as exc:
+    except NotFound as exc:
         print(f"agent-outbox: not found: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except OutboxError as exc:
