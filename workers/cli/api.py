@@ -9,6 +9,7 @@ from outbox.access.keys import create_key, key_json, list_keys, parse_scopes, re
 from outbox.errors import InvalidIntent
 from outbox.settings import load_settings
 from workers.cli import render
+from workers.cli.flags import add_log_level, log_level
 from workers.cli.ledger import ledger, open_engine
 
 
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="the HTTP API for agent runtimes and operators (needs the [api] extra)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8800)
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_log_level(p, what="the server's log output (default info)")
     p.add_argument(
         "--workers",
         type=int,
@@ -63,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     open_engine(settings).dispose()  # the embedded default migrates itself; a server says if it is unreachable
     if args.workers == 1:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=log_level(args, "info").lower())
     else:
         _serve_processes(args)
     return 0
@@ -88,7 +89,7 @@ def _serve_processes(args: argparse.Namespace) -> None:
         workers=args.workers,
         host=args.host,
         port=args.port,
-        log_level=args.log_level,
+        log_level=log_level(args, "info").lower(),
     )
     bound = config.bind_socket()
     sock = socket.socket(fileno=bound.detach())  # family, type and proto read back from the kernel
