@@ -81,8 +81,29 @@ class RunNotMovable(InvalidIntent):
     """The run is not in a state this request can act on (cancel a finished run, resolve a moving one)."""
 
 
-class RunNotFound(OutboxError, LookupError):
+class NotFound(OutboxError, LookupError):
+    """Nothing of that kind has that id for the caller. Another tenant's record is not found either:
+    a surface answers the same whether it exists elsewhere or nowhere (``what`` names the kind)."""
+
+    what = "record"
+
+
+class RunNotFound(NotFound):
     """No run has that id (or tenant + run key)."""
+
+    what = "run"
+
+
+class HandoffNotFound(NotFound):
+    """No handoff has that id (in the caller's tenant)."""
+
+    what = "handoff"
+
+
+class ReportNotFound(NotFound):
+    """No reconciliation report was kept in the ledger yet."""
+
+    what = "report"
 
 
 class StaleFence(OutboxError):
@@ -102,5 +123,7 @@ class IllegalTransition(OutboxError):
         self.operation_id, self.current, self.new = operation_id, current, new
 
 
-class OperationNotFound(OutboxError, LookupError):
+class OperationNotFound(NotFound):
     """No operation has that id (or tenant + idempotency key)."""
+
+    what = "operation"

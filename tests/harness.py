@@ -28,6 +28,10 @@ from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.submit import Receipt, submit
 from outbox.settings import Settings
 
+# The tests import the sandbox's actions document from here (one copy, shared with the demo).
+from workers.sandbox.scenario import action as action
+from workers.sandbox.scenario import actions_doc
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -113,51 +117,6 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def action(path: str, **over: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "target": "sandbox",
-        "request": {"method": "POST", "path": path},
-        "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
-        "fencing_header": "X-Fencing-Token",
-        "lookup": {
-            "request": {"method": "GET", "path": path, "query": {"idempotency_key": "{idempotency_key}"}},
-            "authoritative_not_found": True,
-            "settle_s": 0.5,
-            "succeeded": ["succeeded", "open", "sent", "placed", "held", "draft", "committed", "done"],
-            "pending": ["pending"],
-            "failed": ["failed"],
-        },
-        "result_reference": "id",
-        "budget": {"max_attempts": 4, "deadline_s": 120, "base_delay_s": 0.1, "max_delay_s": 1},
-    }
-    doc.update(over)
-    return doc
-
-
-def actions_doc(
-    base_url: str,
-    *,
-    timeout_s: float = 1.0,
-    breaker: dict[str, Any] | None = None,
-    actions: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "targets": {
-            "sandbox": {
-                "base_url": base_url,
-                "timeout_s": timeout_s,
-                "connect_timeout_s": 0.5,
-                "breaker": breaker or {"fail_max": 1000, "reset_timeout_s": 5},
-            }
-        },
-        "actions": actions
-        or {
-            "payments.refund.create": action("/v1/refunds", decimal_args=["amount"]),
-            "support.ticket.create": action("/v1/tickets"),
-        },
-    }
 
 
 # For tests that move the ledger's clock (Pipeline.advance_ledger_clock) to run leases out: a

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
-from outbox.errors import InvalidIntent, OperationNotFound
+from outbox.errors import InvalidIntent
 from outbox.evidence.settlement import resolve_by_person
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.models import Handoff
-from outbox.ledger.states import EventKind, Status
+from outbox.ledger.states import EventKind, HandoffStatus, Resolution, Status
 from outbox.ledger.transitions import move
-
-RESOLUTIONS = ("succeeded", "not-executed", "abandoned")
 
 
 def open_handoff(session: Session, operation_id: str, *, reason: str, packet: dict[str, Any]) -> int:
@@ -22,31 +20,23 @@ def open_handoff(session: Session, operation_id: str, *, reason: str, packet: di
     return int(
         session.execute(
             insert(Handoff)
-            .values(operation_id=operation_id, opened_at=db_now(), reason=reason, packet=packet, status="open")
+            .values(
+                operation_id=operation_id,
+                opened_at=db_now(),
+                reason=reason,
+                packet=packet,
+                status=HandoffStatus.OPEN.value,
+            )
             .returning(Handoff.id)
         ).scalar_one()
     )
 
 
-def list_handoffs(session: Session, *, status: str | None = "open", limit: int = 100) -> list[Handoff]:
-    stmt = select(Handoff)
-    if status is not None:
-        stmt = stmt.where(Handoff.status == status)
-    return list(session.execute(stmt.order_by(Handoff.opened_at, Handoff.id).limit(limit)).scalars())
-
-
-def get_handoff(session: Session, handoff_id: int) -> Handoff:
-    handoff = session.get(Handoff, handoff_id)
-    if handoff is None:
-        raise OperationNotFound(f"no handoff {handoff_id}")
-    return handoff
-
-
 def resolve(
     session: Session,
-    handoff_id: int,
+    handoff: Handoff,
     *,
-    resolution: str,
+    resolution: Resolution | str,
     by: str,
     note: str,
     reference: str | None = None,
@@ -55,21 +45,23 @@ def resolve(
 
     succeeded (with the provider reference found) -> the operation succeeds; not-executed -> it is
     re-dispatched with the SAME key; abandoned -> it stays reconciliation_required, closed by a person.
+    Which handoff a caller may resolve (its tenant's) is the service's to say (outbox/service/handoffs.py).
     """
-    if resolution not in RESOLUTIONS:
-        raise InvalidIntent("--as", f"one of {', '.join(RESOLUTIONS)}")
+    try:
+        resolution = Resolution(resolution)
+    except ValueError:
+        raise InvalidIntent("--as", f"one of {', '.join(r.value for r in Resolution)}") from None
     if not by or not by.strip():
         raise InvalidIntent("--by", "required: who resolves this handoff")
     if not note or not note.strip():
         raise InvalidIntent("--note", "required: why (what was checked, where)")
-    if resolution == "succeeded" and not reference:
+    if resolution is Resolution.SUCCEEDED and not reference:
         raise InvalidIntent("--reference", "required with --as succeeded: the provider's reference you found")
-    handoff = get_handoff(session, handoff_id)
-    if handoff.status != "open":
+    if handoff.status != HandoffStatus.OPEN.value:
         raise InvalidIntent(
-            "ID", f"handoff {handoff_id} was already resolved as {handoff.resolution} by {handoff.resolved_by}"
+            "ID", f"handoff {handoff.id} was already resolved as {handoff.resolution} by {handoff.resolved_by}"
         )
-    if resolution == "abandoned":
+    if resolution is Resolution.ABANDONED:
         move(
             session,
             handoff.operation_id,
@@ -86,10 +78,10 @@ def resolve(
         )
     session.execute(
         update(Handoff)
-        .where(Handoff.id == handoff_id, Handoff.status == "open")
+        .where(Handoff.id == handoff.id, Handoff.status == HandoffStatus.OPEN.value)
         .values(
-            status="resolved",
-            resolution=resolution,
+            status=HandoffStatus.RESOLVED.value,
+            resolution=resolution.value,
             resolved_reference=reference,
             resolved_by=by,
             resolved_at=db_now(),

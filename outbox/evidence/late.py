@@ -39,7 +39,7 @@ from outbox.evidence.sinks import EvidenceSink, record_for
 from outbox.ledger import failpoints
 from outbox.ledger.clock import db_now
 from outbox.ledger.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent, core_table
-from outbox.ledger.states import EFFECT, NO_EFFECT, EventKind, Status
+from outbox.ledger.states import EFFECT, NO_EFFECT, EventKind, HandoffStatus, Resolution, Status
 from outbox.ledger.transitions import move
 from outbox.ledger.writes import released, success_values
 from outbox.runs.lifecycle import flag_contradiction
@@ -159,10 +159,10 @@ def apply(
     if status is Status.RECONCILIATION_REQUIRED:
         session.execute(
             update(Handoff)
-            .where(Handoff.operation_id == op.id, Handoff.status == "open")
+            .where(Handoff.operation_id == op.id, Handoff.status == HandoffStatus.OPEN.value)
             .values(
-                status="resolved",
-                resolution="succeeded",
+                status=HandoffStatus.RESOLVED.value,
+                resolution=Resolution.SUCCEEDED.value,
                 resolved_reference=late.provider_reference,
                 resolved_by=actor,
                 resolved_at=db_now(),
@@ -190,7 +190,11 @@ def _in_review(session: Session, operation_id: str) -> bool:
         .where(OperationEvent.operation_id == operation_id, OperationEvent.event == CONTRADICTION_EVENT)
         .exists()
     )
-    open_handoff = select(Handoff.id).where(Handoff.operation_id == operation_id, Handoff.status == "open").exists()
+    open_handoff = (
+        select(Handoff.id)
+        .where(Handoff.operation_id == operation_id, Handoff.status == HandoffStatus.OPEN.value)
+        .exists()
+    )
     return bool(session.execute(select(flagged & open_handoff)).scalar())
 
 

@@ -21,7 +21,7 @@ from outbox.ledger.drivers import driver_for
 from outbox.ledger.drivers.base import FinalizeWrite
 from outbox.ledger.effect_guard import no_effect_confirmed
 from outbox.ledger.models import Attempt, Operation, core_table
-from outbox.ledger.states import NO_EFFECT, AttemptKind, EventKind, Status
+from outbox.ledger.states import NO_EFFECT, AttemptKind, EventKind, Resolution, Status
 from outbox.ledger.transitions import (
     AttemptReport,
     current_row,
@@ -207,7 +207,7 @@ def resolve_by_person(
     session: Session,
     operation_id: str,
     *,
-    outcome: str,
+    outcome: Resolution | str,
     by: str,
     note: str,
     reference: str | None = None,
@@ -217,7 +217,8 @@ def resolve_by_person(
     ``outcome``: ``succeeded`` (with the provider ``reference`` they found) or ``not-executed``
     (they confirmed nothing happened: re-dispatch with the SAME key).
     """
-    if outcome == "succeeded":
+    outcome = Resolution(outcome)
+    if outcome is Resolution.SUCCEEDED:
         if not reference:
             raise ValueError("a succeeded resolution needs the provider reference")
         move(
@@ -232,7 +233,7 @@ def resolve_by_person(
             error_class=None,
         )
         return Status.SUCCEEDED
-    if outcome == "not-executed":
+    if outcome is Resolution.NOT_EXECUTED:
         move(
             session,
             operation_id,
@@ -245,7 +246,7 @@ def resolve_by_person(
             next_attempt_at=db_now(),
         )
         return Status.NOT_DISPATCHED
-    raise ValueError(f"unknown resolution {outcome!r}: succeeded | not-executed")
+    raise ValueError(f"a person resolves {outcome.value!r} without a move of the operation")
 
 
 def evidence_backfilled(session: Session, operation_id: str, *, actor: str = "backfill") -> None:

@@ -283,3 +283,19 @@ class EventKind(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class HandoffStatus(str, enum.Enum):
+    """A handoff is open until a person, or the provider's late confirmation, resolves it. The
+    database's CHECK on ``handoffs.status`` lists the same words (tests/unit/test_states.py)."""
+
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+class Resolution(str, enum.Enum):
+    """What a person found when they resolved a handoff; it decides the operation's next state."""
+
+    SUCCEEDED = "succeeded"  # the effect is there (with the provider's reference): succeeded
+    NOT_EXECUTED = "not-executed"  # proven absent at the provider: sent again under the same key
+    ABANDONED = "abandoned"  # nobody can tell: it stays reconciliation_required, closed by a person

@@ -41,7 +41,7 @@ from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Handoff, Operation, Run
 from outbox.ledger.publish import due_condition
-from outbox.ledger.states import TERMINAL, Status
+from outbox.ledger.states import TERMINAL, HandoffStatus, Status
 from outbox.reads.report_summary import ReportSummary, read_summary
 from outbox.runs.states import ACTIVE, RunStatus
 
@@ -121,7 +121,9 @@ class LedgerCollector(Collector):
                 )
             ).scalar()
             handoffs_open, handoff_age = session.execute(
-                select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(Handoff.status == "open")
+                select(func.count(), db_age_s(func.min(Handoff.opened_at))).where(
+                    Handoff.status == HandoffStatus.OPEN.value
+                )
             ).one()
             summary = read_summary(session)
             # Runs still moving, and runs waiting for a person (effects automation will not undo).

@@ -1,4 +1,5 @@
-"""Read-side queries: list and explain operations (the CLI and, later, the console use these)."""
+"""Read-side queries: an operation as every surface shows it (its JSON, attempts, history, approval);
+the tenant-scoped use cases built on them are outbox/service/."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from outbox.errors import InvalidIntent, OperationNotFound
+from outbox.errors import OperationNotFound
 from outbox.ledger.clock import as_utc
 from outbox.ledger.models import Approval, Attempt, Operation, OperationEvent
-from outbox.ledger.states import Status
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -141,27 +141,6 @@ class OperationDetail:
             "queue_wait_s": round((first - created).total_seconds(), 3) if first and created else None,
             "provider_time_s": round(sum(latencies), 3) if latencies else None,
         }
-
-
-def list_operations(
-    session: Session,
-    *,
-    status: str | None = None,
-    tenant: str | None = None,
-    action: str | None = None,
-    limit: int = 100,
-) -> list[Operation]:
-    stmt = select(Operation)
-    if status is not None:
-        if status not in {s.value for s in Status}:
-            raise InvalidIntent("status", f"unknown status {status!r}; one of: " + ", ".join(s.value for s in Status))
-        stmt = stmt.where(Operation.status == status)
-    if tenant is not None:
-        stmt = stmt.where(Operation.tenant == tenant)
-    if action is not None:
-        stmt = stmt.where(Operation.action == action)
-    stmt = stmt.order_by(Operation.created_at.desc(), Operation.id).limit(limit)
-    return list(session.execute(stmt).scalars())
 
 
 def find_operation(session: Session, id_or_key: str, *, tenant: str | None = None) -> Operation:

@@ -32,7 +32,15 @@ from outbox.evidence.late import CONTRADICTION_EVENT
 from outbox.ledger.clock import as_utc
 from outbox.ledger.effect_guard import may_still_land
 from outbox.ledger.models import OPERATIONS, UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent
-from outbox.ledger.states import AWAITING_OUTCOME, EFFECT, NO_EFFECT, AttemptClass, AttemptKind, Status
+from outbox.ledger.states import (
+    AWAITING_OUTCOME,
+    EFFECT,
+    NO_EFFECT,
+    AttemptClass,
+    AttemptKind,
+    HandoffStatus,
+    Status,
+)
 
 # Statuses in which the ledger holds that the effect exists at the provider.
 EFFECT_STATUSES = (Status.SUCCEEDED.value, Status.COMMITTED_EVIDENCE_DEGRADED.value)
@@ -186,11 +194,11 @@ def handoff_figures(session: Session, *, since: dt.datetime) -> dict[str, Any]:
     durations = []
     for r in rows:
         opened, resolved = as_utc(r.opened_at), as_utc(r.resolved_at)
-        if r.status == "resolved" and opened is not None and resolved is not None:
+        if r.status == HandoffStatus.RESOLVED.value and opened is not None and resolved is not None:
             durations.append((resolved - opened).total_seconds())
     return {
-        "open": sum(1 for r in rows if r.status == "open"),
-        "resolved": sum(1 for r in rows if r.status == "resolved"),
+        "open": sum(1 for r in rows if r.status == HandoffStatus.OPEN.value),
+        "resolved": sum(1 for r in rows if r.status == HandoffStatus.RESOLVED.value),
         "time_to_resolution_s": {
             "median": round(statistics.median(durations), 3) if durations else None,
             "max": round(max(durations), 3) if durations else None,

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import time
 from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -33,19 +31,17 @@ from typing import Any
 from sqlalchemy import select
 
 from outbox.actions.rules import IntentRules
-from outbox.approvals import decisions as approvals
-from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.errors import IdempotencyConflict, InvalidIntent, OperationNotFound
 from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.ledger.models import Operation
 from outbox.ledger.submit import MAX_KEY_LEN
 from outbox.reads.queries import operation_json
 from outbox.reads.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
+from outbox.service import approvals, operations, waiting
 from producer.agents.catalog import RETRY_OF, ToolView, catalog, tool_for
 from producer.client import Outbox
 
 MAX_SCOPE = 128
-MAX_WAIT_S = 60.0
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # Final outcomes that say "it did not happen": the only ones a call may be tried again after. Not
 # CANCELLED: a person's denial is not the model's to route around.
 RETRYABLE = frozenset({Outcome.FAILED_BEFORE_COMMIT, Outcome.FAILED_AT_PROVIDER})
@@ -202,7 +198,7 @@ class ToolCaller:
         """``retry_of`` must name a final "did not happen" of this very call: same tenant, action and
         scope, and the same business object (reference arguments) or the same arguments. Otherwise a
         retry_of could mint a fresh key for a call that succeeded, and act twice."""
-        found = self._operation(retry_of) if isinstance(retry_of, str) and _UUID.fullmatch(retry_of) else None
+        found = self._operation(retry_of) if isinstance(retry_of, str) else None
         if found is None:
             raise InvalidIntent(
                 RETRY_OF, f"no operation {retry_of!r} of this tenant: name the operation_id of the failed call"
@@ -223,8 +219,9 @@ class ToolCaller:
 
     def _operation(self, operation_id: str) -> tuple[Operation, Outcome] | None:
         with self.outbox.sessions() as session:
-            op = session.get(Operation, operation_id)
-            if op is None or op.tenant != self.tenant:
+            try:
+                op = operations.get(session, self.tenant, operation_id)
+            except OperationNotFound:
                 return None
             session.expunge(op)
         return op, outcome_of(op.status)
@@ -250,9 +247,11 @@ class ToolCaller:
 
     def get(self, operation_id: str, *, new: bool = False) -> ToolAnswer:
         with self.outbox.sessions() as session:
-            op = session.get(Operation, operation_id)
-            if op is None or op.tenant != self.tenant:
-                raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant")
+            try:
+                op = operations.get(session, self.tenant, operation_id)
+            except OperationNotFound:
+                # To a model, a wrong id is a wrong argument: it corrects the call.
+                raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant") from None
             doc = with_outcome(operation_json(op))
         result = doc.get("result") or {}
         message = doc["model_message"]
@@ -283,32 +282,21 @@ class ToolCaller:
             f'again with retry_of="{operation_id}". A call with changed arguments is a new call and needs no retry_of.'
         )
 
-    def wait(self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = 0.2) -> ToolAnswer:
+    def wait(self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = waiting.POLL_S) -> ToolAnswer:
         """Until the outcome is settled (final, or a person is needed) or ``timeout_s`` (at most 60)."""
-        if not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= MAX_WAIT_S:
-            raise InvalidIntent("timeout_s", f"must be from 0 to {MAX_WAIT_S:g} seconds")
-        deadline = time.monotonic() + timeout_s
-        while True:
-            answer = self.get(operation_id)
-            if answer.settled or time.monotonic() >= deadline:
-                return answer
-            time.sleep(interval_s)
+        waiting.timeout_of(timeout_s)
+        answer = self.get(operation_id)
+        if answer.settled or not timeout_s:
+            return answer
+        waiting.wait(self.outbox.sessions, operation_id, timeout_s=timeout_s, poll_s=interval_s)
+        return self.get(operation_id)
 
     def approve(self, operation_id: str, *, by: str, note: str | None = None) -> None:
         """A person's approval, recorded as agent-outbox approvals are (who, when, under which policy).
         Adapters call it only for the operation of the very call the person saw (not a ``conflict``)."""
-        answer = self.get(operation_id)
-        spec = tool_for(self.tools, answer.action).approval
         with self.outbox.sessions.begin() as session:
-            approvals.approve(
-                session,
-                operation_id,
-                by=by,
-                note=note,
-                policy=spec,
-                tenant=self.tenant,
-            )
+            approvals.approve(session, self.tenant, operation_id, by=by, note=note, policies=self.rules.approvals)
 
     def deny(self, operation_id: str, *, by: str, note: str) -> None:
         with self.outbox.sessions.begin() as session:
-            approvals.deny(session, operation_id, by=by, note=note, tenant=self.tenant)
+            approvals.deny(session, self.tenant, operation_id, by=by, note=note)

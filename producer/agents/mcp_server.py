@@ -20,12 +20,13 @@ import mcp_types as types
 from mcp.server import Server
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from outbox.errors import InvalidIntent, OutboxError
-from producer.agents.calls import MAX_WAIT_S, ToolAnswer, ToolCaller
+from outbox.errors import OutboxError
+from outbox.service import waiting
+from outbox.service.waiting import MAX_WAIT_S
+from producer.agents.calls import ToolAnswer, ToolCaller
 from producer.agents.catalog import ToolView
 
 SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
-POLL_S = 0.2
 CALLER_KEY = "agent_outbox.caller"  # where the HTTP auth puts the caller's ToolCaller (ASGI scope)
 
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -124,21 +125,19 @@ def dispatch(caller: ToolCaller, name: str, arguments: Mapping[str, Any], scope:
 
 
 async def wait_for_outcome(caller: ToolCaller, arguments: Mapping[str, Any]) -> types.CallToolResult:
-    """wait_operation: polls on the event loop, holding a worker thread only for each read (a
-    long wait must not take a thread that other calls and other tenants need)."""
-    timeout = arguments.get("timeout_s", 30)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= MAX_WAIT_S:
-        return refused(InvalidIntent("timeout_s", f"must be a number from 0 to {MAX_WAIT_S:g}"))
+    """wait_operation: waits on the event loop (outbox.service.waiting.wait_async), holding a worker
+    thread only for each read (a long wait must not take a thread that other calls and other
+    tenants need)."""
     operation_id = str(arguments.get("operation_id", ""))
-    deadline = anyio.current_time() + timeout
-    while True:
-        try:
-            answer = await anyio.to_thread.run_sync(caller.get, operation_id)
-        except OutboxError as exc:
-            return refused(exc)
-        if answer.settled or anyio.current_time() >= deadline:
+    try:
+        timeout_s = waiting.timeout_of(arguments.get("timeout_s", 30))
+        answer = await anyio.to_thread.run_sync(caller.get, operation_id)
+        if answer.settled or not timeout_s:
             return answered(answer)
-        await anyio.sleep(POLL_S)
+        await waiting.wait_async(caller.outbox.sessions, operation_id, timeout_s=timeout_s)
+        return answered(await anyio.to_thread.run_sync(caller.get, operation_id))
+    except OutboxError as exc:
+        return refused(exc)
 
 
 def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str, tools: list[ToolView]) -> Server[Any]:

@@ -6,9 +6,6 @@ Bodies are parsed with the ledger's exact JSON reader (every number a Decimal, a
 
 from __future__ import annotations
 
-import base64
-import json
-import re
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -16,27 +13,22 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
-from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from outbox.access.keys import Caller
 from outbox.errors import IdempotencyConflict, InvalidIntent
-from outbox.ledger.clock import as_utc
-from outbox.ledger.models import Operation
 from outbox.ledger.states import Status
-from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS, require_storable, submit
-from outbox.ledger.transitions import request_cancel
-from outbox.reads.queries import detail_of, details_of, operation_json
-from outbox.reads.typed_outcome import with_outcome
+from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS, submit
+from outbox.reads.queries import operation_json
+from outbox.reads.typed_outcome import SETTLED, Outcome, with_outcome
+from outbox.service import operations, waiting
 from producer.http.auth import ApiState, require, state
 from producer.http.bodies import exact_json
 from producer.http.openapi import CONFLICT, OPTIONAL_TRIMMED, STORABLE, TRIMMED, WORD, json_body
-from producer.http.problems import Problem, conflict_problem, not_found
+from producer.http.problems import Problem, conflict_problem
 
 router = APIRouter(prefix="/v1", tags=["agents"])
-_OPERATION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAX_BATCH = 500
-MAX_WAIT_S = 60.0
 
 
 INTENT_EXAMPLE: JsonDict = {
@@ -191,25 +183,11 @@ def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None
         raise InvalidIntent(f"{where}action", f"unknown action {action!r}; known: {', '.join(known) or '(none)'}")
 
 
-def _operation(session: Session, caller: Caller, operation_id: str, *, fresh: bool = False) -> dict[str, Any]:
-    if not _OPERATION_ID.fullmatch(operation_id):
-        raise not_found("operation")
-    op = session.get(Operation, operation_id)
-    if op is None or op.tenant != caller.tenant:
-        raise not_found("operation")  # another tenant's operation does not exist for this key
-    return with_outcome(detail_of(session, op, fresh=fresh).as_json())
-
-
 def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
     receipt = submit(session, **intent, key_rules=st.key_rules)
     # New: inserted by this transaction, so nothing but its history exists to read.
-    return (201 if receipt.new else 200), _operation(session, caller, receipt.operation_id, fresh=receipt.new)
-
-
-def _operations(session: Session, operation_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """The answers for a batch's submitted operations: four reads for the whole batch."""
-    ops = list(session.execute(select(Operation).where(Operation.id.in_(operation_ids))).scalars())
-    return {d.operation.id: with_outcome(d.as_json()) for d in details_of(session, ops)}
+    op = operations.get(session, caller.tenant, receipt.operation_id)
+    return (201 if receipt.new else 200), operations.answer(session, op, fresh=receipt.new)
 
 
 @router.post(
@@ -272,7 +250,7 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                     results.append({"index": i, "status": 422, "problem": p.body()})
                 except IdempotencyConflict as exc:
                     results.append({"index": i, "status": 409, "problem": conflict_problem(exc).body()})
-            answers = _operations(session, [r["operation"] for r in results if "operation" in r])
+            answers = operations.answers(session, [r["operation"] for r in results if "operation" in r])
             for r in results:
                 if "operation" in r:
                     r["operation"] = answers[r["operation"]]
@@ -287,7 +265,7 @@ def get_operation(
 ) -> dict[str, Any]:
     """One operation with its attempt_log, history and typed outcome."""
     with state(request).sessions() as session:
-        return _operation(session, caller, operation_id)
+        return operations.read(session, caller.tenant, operation_id)
 
 
 @router.get("/operations", response_model=PageOut, responses=PROBLEMS)
@@ -301,46 +279,20 @@ def list_operations(
     cursor: str | None = None,
 ) -> dict[str, Any]:
     """This tenant's operations, newest first; pass ``next_cursor`` back as ``cursor`` for more."""
-    for name, value in (("action", action), ("idempotency_key", idempotency_key)):
-        require_storable(name, value)
-    stmt = select(Operation).where(Operation.tenant == caller.tenant)
-    for column, value in ((Operation.status, status), (Operation.action, action)):
-        if value is not None:
-            stmt = stmt.where(column == value)
-    if idempotency_key is not None:
-        stmt = stmt.where(Operation.idempotency_key == idempotency_key)
-    if cursor:
-        created, last_id = _decode_cursor(cursor)
-        stmt = stmt.where(
-            or_(Operation.created_at < created, and_(Operation.created_at == created, Operation.id < last_id))
-        )
-    stmt = stmt.order_by(Operation.created_at.desc(), Operation.id.desc()).limit(limit + 1)
     with state(request).sessions() as session:
-        rows = list(session.execute(stmt).scalars())
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {
-        "operations": [with_outcome(operation_json(op)) for op in rows],
-        "next_cursor": _encode_cursor(rows[-1]) if more and rows else None,
-    }
-
-
-def _encode_cursor(op: Operation) -> str:
-    created = as_utc(op.created_at)
-    raw = json.dumps([created.isoformat() if created else None, op.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[Any, str]:
-    import datetime as dt
-
-    try:
-        created, last_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not _OPERATION_ID.fullmatch(str(last_id)):
-            raise ValueError("not an operation id")
-        return dt.datetime.fromisoformat(created), str(last_id)
-    except (ValueError, TypeError) as exc:
-        raise InvalidIntent("cursor", "not a cursor this API returned (use next_cursor as it is)") from exc
+        found = operations.page(
+            session,
+            caller.tenant,
+            status=status.value if status is not None else None,
+            action=action,
+            idempotency_key=idempotency_key,
+            cursor=cursor,
+            limit=limit,
+        )
+        return {
+            "operations": [with_outcome(operation_json(op)) for op in found.operations],
+            "next_cursor": found.next_cursor,
+        }
 
 
 @router.get("/operations/{operation_id}/wait", response_model=OperationOut, responses=PROBLEMS)
@@ -348,7 +300,7 @@ async def wait_operation(
     operation_id: str,
     request: Request,
     caller: Annotated[Caller, Depends(require("read"))],
-    timeout_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 30.0,
+    timeout_s: Annotated[float, Query(ge=0, le=waiting.MAX_WAIT_S)] = 30.0,
 ) -> dict[str, Any]:
     """Long-poll until the outcome is settled (final, or waiting for a person or an approval), or
     ``timeout_s`` (at most 60) passed; either way 200 with the operation as it is then."""
@@ -356,10 +308,10 @@ async def wait_operation(
 
     def read() -> dict[str, Any]:
         with st.sessions() as session:
-            return _operation(session, caller, operation_id)
+            return operations.read(session, caller.tenant, operation_id)
 
     op: dict[str, Any] = await _threaded(read)
-    if op["outcome"] in ("PENDING", "UNKNOWN") and timeout_s > 0:
+    if Outcome(op["outcome"]) not in SETTLED and timeout_s > 0:
         await st.waiters.wait(operation_id, timeout_s)
         op = await _threaded(read)
     return op
@@ -372,10 +324,15 @@ def cancel_operation(
     """As ``agent-outbox ops cancel``: cancelled if nothing was sent yet; otherwise the request is
     recorded in the history and the operation ends as what really happened."""
     with state(request).sessions.begin() as session:
-        _operation(session, caller, operation_id)  # 404 for another tenant's
-        request_cancel(session, operation_id, actor=f"api:key-{caller.key_id}", reason="cancel requested over the API")
+        operations.cancel(
+            session,
+            caller.tenant,
+            operation_id,
+            actor=f"api:key-{caller.key_id}",
+            reason="cancel requested over the API",
+        )
     with state(request).sessions() as session:
-        return _operation(session, caller, operation_id)
+        return operations.read(session, caller.tenant, operation_id)
 
 
 async def _threaded(fn: Any) -> Any:

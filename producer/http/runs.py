@@ -7,7 +7,6 @@ under the same key is 409.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -16,20 +15,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.access.keys import Caller
 from outbox.errors import InvalidIntent
-from outbox.ledger.models import Run
 from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS
-from outbox.runs.lifecycle import cancel_run, run_json, submit_run
+from outbox.runs.lifecycle import submit_run
 from outbox.runs.spec import COMPENSATE, MAX_RUN_ATTEMPTS, MAX_STEPS
+from outbox.service import runs
 from producer.http.auth import require, state
 from producer.http.bodies import exact_json
 from producer.http.intents import PROBLEMS, _threaded, subject_of
 from producer.http.openapi import CONFLICT, OPTIONAL_TRIMMED, SPACE, TRIMMED, WORD, json_body
-from producer.http.problems import not_found
 
 router = APIRouter(prefix="/v1", tags=["runs"])
 # Trimmed text without ':' that is not the word the compensation's key uses (outbox/runs/spec.py).
 STEP_NAME = rf"^(?!{COMPENSATE}$)[^{SPACE}\x00:](?:[^\x00:]*[^{SPACE}\x00:])?$"
-_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class CompensateIn(BaseModel):
@@ -108,13 +105,8 @@ class CancelIn(BaseModel):
 
 
 def _run(request: Request, caller: Caller, run_id: str) -> dict[str, Any]:
-    if not _RUN_ID.fullmatch(run_id):
-        raise not_found("run")
     with state(request).sessions() as session:
-        run = session.get(Run, run_id)
-        if run is None or run.tenant != caller.tenant:
-            raise not_found("run")
-        return run_json(session, run)
+        return runs.read(session, caller.tenant, run_id)
 
 
 @router.post(
@@ -182,11 +174,10 @@ async def post_cancel(
 
     def run() -> None:
         with state(request).sessions.begin() as session:
-            target = session.get(Run, run_id)
-            assert target is not None
-            cancel_run(
+            runs.cancel(
                 session,
-                target,
+                caller.tenant,
+                run_id,
                 actor=f"api:key-{caller.key_id}",
                 compensate=bool(body.get("compensate")),
                 reason="cancel requested over the API",

@@ -1,9 +1,9 @@
 """The long-poll behind ``GET /v1/operations/{id}/wait``: one shared poller per server process.
 
-Waiting requests register their operation id and sleep on an event; one background task reads
-the status of every waited-for operation in ONE query per tick and wakes those whose outcome is
-settled (final, or waiting for a person). A hundred waiting requests cost one query per tick, not
-a hundred loops.
+Waiting requests register their operation id and sleep on an event; one background task asks
+which waited-for operations are settled (final, or waiting for a person) in ONE query per tick
+(outbox.service.waiting.settled, the read every waiter makes) and wakes them. A hundred waiting
+requests cost one query per tick, not a hundred loops.
 """
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ import asyncio
 import contextlib
 from collections import defaultdict
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.ledger.models import Operation
-from outbox.reads.typed_outcome import SETTLED, outcome_of
-
-TICK_S = 0.2
+from outbox.service.waiting import POLL_S, settled
 
 
 class Waiters:
@@ -50,14 +46,13 @@ class Waiters:
                 if not waiting:
                     self._events.pop(operation_id, None)
 
-    def _settled(self, ids: list[str]) -> list[str]:
+    def _settled(self, ids: list[str]) -> set[str]:
         with self._sessions() as session:
-            rows = session.execute(select(Operation.id, Operation.status).where(Operation.id.in_(ids))).all()
-        return [r.id for r in rows if outcome_of(r.status) in SETTLED]
+            return settled(session, ids)
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(POLL_S)
             ids = list(self._events)
             if not ids:
                 continue

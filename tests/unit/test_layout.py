@@ -130,3 +130,19 @@ def test_sql_text_lives_in_outbox_only():
 def test_ledger_tables_are_written_in_outbox_only(model):
     write = re.compile(rf"\b(insert|update|delete)\(\s*{model}\b|core_table\(\s*{model}\s*\)")
     assert sorted(n for n, src in _outside("outbox").items() if write.search(src)) == []
+
+
+def test_surfaces_call_the_service_layer_not_each_others_routes():
+    """The console, the command line and the agent tools read and decide through the service layer
+    (outbox/service/, workers/service/), never through the HTTP API's route modules; and the service
+    layer is the ledger's top floor: nothing else in outbox imports it."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    routes = {
+        n
+        for n, p in MODULES.items()
+        if n.startswith(("producer.http", "workers.server")) and "APIRouter(" in p.read_text()
+    }
+    surfaces = ("workers.console", "workers.cli", "producer.agents", "workers.service")
+    assert sorted((n, d) for n, deps in graph.items() if n.startswith(surfaces) for d in deps if d in routes) == []
+    below = [n for n in MODULES if n.startswith("outbox.") and not n.startswith("outbox.service")]
+    assert sorted((n, d) for n in below for d in graph[n] if d.startswith("outbox.service")) == []

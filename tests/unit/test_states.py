@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from outbox.ledger.models import STATUS_VALUES, Operation
+from outbox.ledger.models import STATUS_VALUES, Handoff, Operation
 from outbox.ledger.states import (
     ALLOWED,
     AWAITING_OUTCOME,
@@ -15,6 +15,8 @@ from outbox.ledger.states import (
     NO_EFFECT,
     TERMINAL,
     WAITING_MEANING,
+    HandoffStatus,
+    Resolution,
     Status,
     WaitingFor,
     is_allowed,
@@ -123,3 +125,12 @@ def test_db_check_constraint_lists_exactly_the_enum():
     ]
     status_checks = [c for c in checks if c.startswith("status IN")]
     assert status_checks == [f"status IN ({STATUS_VALUES})"]
+
+
+def test_handoff_checks_list_exactly_the_enums():
+    """The words a handoff's status and resolution may take are the enums' (the database refuses others)."""
+    checks = {c.name: str(c.sqltext) for c in Handoff.__table__.constraints if hasattr(c, "sqltext")}
+    status = next(text for name, text in checks.items() if str(name).endswith("status"))
+    resolution = next(text for name, text in checks.items() if str(name).endswith("resolution"))
+    assert sorted(re.findall(r"'([a-z-]+)'", status)) == sorted(s.value for s in HandoffStatus)
+    assert sorted(re.findall(r"'([a-z-]+)'", resolution)) == sorted(r.value for r in Resolution)

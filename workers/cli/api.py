@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
-from rich.table import Table
-
 from outbox.access.keys import create_key, key_json, list_keys, parse_scopes, revoke
 from outbox.errors import InvalidIntent
-from outbox.ledger.db import make_sessionmaker
 from outbox.settings import load_settings
-from workers.cli.ledger import open_engine
+from workers.cli import render
+from workers.cli.flags import add_log_level, log_level
+from workers.cli.ledger import ledger, open_engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="the HTTP API for agent runtimes and operators (needs the [api] extra)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8800)
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_log_level(p, what="the server's log output (default info)")
     p.add_argument(
         "--workers",
         type=int,
@@ -66,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     open_engine(settings).dispose()  # the embedded default migrates itself; a server says if it is unreachable
     if args.workers == 1:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=log_level(args, "info").lower())
     else:
         _serve_processes(args)
     return 0
@@ -91,7 +89,7 @@ def _serve_processes(args: argparse.Namespace) -> None:
         workers=args.workers,
         host=args.host,
         port=args.port,
-        log_level=args.log_level,
+        log_level=log_level(args, "info").lower(),
     )
     bound = config.bind_socket()
     sock = socket.socket(fileno=bound.detach())  # family, type and proto read back from the kernel
@@ -101,15 +99,11 @@ def _serve_processes(args: argparse.Namespace) -> None:
 
 def cmd_create(args: argparse.Namespace) -> int:
     scopes = parse_scopes(args.scope)
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            key, row = create_key(session, tenant=args.tenant, scopes=scopes, name=args.name)
-            session.flush()
-            session.refresh(row)
-            shown = key_json(row) | {"key": key}
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions.begin() as session:
+        key, row = create_key(session, tenant=args.tenant, scopes=scopes, name=args.name)
+        session.flush()
+        session.refresh(row)
+        shown = key_json(row) | {"key": key}
     if args.json:
         print(json.dumps(shown, sort_keys=True))
     else:
@@ -118,40 +112,26 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
+COLUMNS: list[render.Column] = [
+    ("id", lambda r: r["id"]),
+    ("prefix", lambda r: r["prefix"]),
+    ("tenant", lambda r: r["tenant"]),
+    ("scopes", lambda r: ",".join(r["scopes"])),
+    ("name", lambda r: r["name"]),
+    ("created_at", lambda r: r["created_at"]),
+    ("revoked_at", lambda r: r["revoked_at"]),
+]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            rows = list_keys(session)
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(rows, indent=2, sort_keys=True))
-        return 0
-    table = Table(title=f"{len(rows)} key(s)")
-    for col in ("id", "prefix", "tenant", "scopes", "name", "created_at", "revoked_at"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(
-            str(r["id"]),
-            r["prefix"],
-            r["tenant"],
-            ",".join(r["scopes"]),
-            r["name"] or "",
-            r["created_at"] or "",
-            r["revoked_at"] or "",
-        )
-    Console(width=160).print(table)
-    return 0
+    with ledger() as sessions, sessions() as session:
+        rows = list_keys(session)
+    return render.listing(rows, as_json=args.json, title="{n} key(s)", columns=COLUMNS)
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            done = revoke(session, args.id)
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions.begin() as session:
+        done = revoke(session, args.id)
     if not done:
         raise InvalidIntent("ID", f"no active key {args.id} (agent-outbox keys list)")
     print(f"key {args.id} revoked")

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 
-from rich.console import Console
-from rich.table import Table
-
-from outbox.approvals import decisions as approvals
-from outbox.errors import InvalidIntent
-from outbox.ledger.db import make_sessionmaker
-from outbox.ledger.models import Operation
-from outbox.reads.queries import operation_json
+from outbox.approvals.decisions import pending_json
+from outbox.service import approvals
 from outbox.settings import load_settings
-from workers.cli.ledger import open_engine
-from workers.wiring.runtime import load_actions_for
-
-log = logging.getLogger("agent_outbox.approvals")
+from workers.cli import render
+from workers.cli.ledger import ledger
+from workers.service.policies import approval_policies
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,39 +36,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.set_defaults(func=lambda args: a.print_help() or 2)
 
 
+COLUMNS: list[render.Column] = [
+    ("operation_id", lambda r: r["operation_id"]),
+    ("tenant", lambda r: r["tenant"]),
+    ("action", lambda r: r["action"]),
+    ("subject", lambda r: r["subject"]),
+    ("waiting since", lambda r: r["waiting_since"]),
+    ("reason", lambda r: r["reason"]),
+]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            rows = [approvals.pending_json(op) for op in approvals.pending(session, tenant=args.tenant)]
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(rows, indent=2, sort_keys=True))
-        return 0
-    table = Table(title=f"{len(rows)} operation(s) awaiting approval")
-    for col in ("operation_id", "tenant", "action", "subject", "waiting since", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["operation_id"], r["tenant"], r["action"], r["subject"], r["waiting_since"] or "", r["reason"])
-    Console(width=160).print(table)
-    return 0
+    with ledger() as sessions, sessions() as session:
+        rows = [pending_json(op) for op in approvals.pending(session, args.tenant)]
+    return render.listing(rows, as_json=args.json, title="{n} operation(s) awaiting approval", columns=COLUMNS)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            op = session.get(Operation, args.id)
-            if op is None:
-                raise InvalidIntent("OPERATION_ID", f"no operation {args.id}")
-            doc = operation_json(op) | {
-                "approvals": [approvals.approval_json(a) for a in approvals.history(session, op.id)]
-            }
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions() as session:
+        doc = approvals.show(session, None, args.id)
     if args.json:
-        print(json.dumps(doc, indent=2, sort_keys=True))
+        render.emit_json(doc)
         return 0
     print(f"{doc['operation_id']}  {doc['tenant']} / {doc['idempotency_key']}  {doc['action']}: {doc['status']}")
     for a in doc["approvals"]:
@@ -90,36 +69,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_approve(args: argparse.Namespace) -> int:
     settings = load_settings()
-    actions = load_actions_for(settings)
-    engine = open_engine(settings)
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            op = session.get(Operation, args.id)
-            if op is None:
-                raise InvalidIntent("OPERATION_ID", f"no operation {args.id}")
-            spec = actions.action(op.action).approval
-            row = approvals.approve(
-                session,
-                op.id,
-                by=args.by,
-                note=args.note,
-                policy=spec,
-            )
-            shown = approvals.approval_json(row)
-    finally:
-        engine.dispose()
-    log.info("approved", extra={"operation_id": args.id, "approver": args.by})
-    print(f"{args.id}: approved by {args.by} (approval {shown['approval_id']}, policy {shown['policy_version']})")
+    policies = approval_policies(settings)
+    with ledger(settings) as sessions, sessions.begin() as session:
+        row = approvals.approve(session, None, args.id, by=args.by, note=args.note, policies=policies)
+        approval_id, policy_version = row.id, row.policy_version
+    print(f"{args.id}: approved by {args.by} (approval {approval_id}, policy {policy_version})")
     return 0
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            approvals.deny(session, args.id, by=args.by, note=args.note)
-    finally:
-        engine.dispose()
-    log.info("denied", extra={"operation_id": args.id, "approver": args.by})
+    with ledger() as sessions, sessions.begin() as session:
+        approvals.deny(session, None, args.id, by=args.by, note=args.note)
     print(f"{args.id}: denied by {args.by}; cancelled, nothing sent")
     return 0

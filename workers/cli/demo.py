@@ -27,25 +27,22 @@ from rich.table import Table
 from sqlalchemy import func, select
 
 from outbox.errors import IdempotencyConflict, MissingDependency
-from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.models import Attempt, Operation
-from outbox.ledger.states import Status
 from outbox.ledger.submit import submit
+from outbox.reads.typed_outcome import SETTLED, outcome_of
 from outbox.settings import load_settings
 from producer.client import key_rules_for
 from workers.cli.demo_runs import play_runs, runs_table, wait_runs
-from workers.cli.ledger import open_engine
+from workers.cli.ledger import ledger
 from workers.cli.pipeline import Pipeline
 from workers.sandbox import ServerNotInstalled
+from workers.sandbox.scenario import action, actions_doc
 
-# Settled = nothing more will happen without a person (terminal, or handed off).
-SETTLED = {
-    Status.SUCCEEDED.value,
-    Status.FAILED_BEFORE_COMMIT.value,
-    Status.CANCELLED.value,
-    Status.RECONCILIATION_REQUIRED.value,
-    Status.COMMITTED_EVIDENCE_DEGRADED.value,
-}
+
+def settled(status: str) -> bool:
+    """Nothing more will happen without a person: final, or handed off (as every waiter has it)."""
+    return outcome_of(status) in SETTLED
+
 
 # The seeded fault mix on POST /v1/refunds (and friends): each rule fires on a share of calls.
 FAULTS: list[dict[str, Any]] = [
@@ -73,52 +70,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _actions_file(base_url: str, folder: Path) -> Path:
-    target = {
-        "base_url": base_url,
-        "timeout_s": 2,
-        "connect_timeout_s": 1,
-        "breaker": {"fail_max": 50, "reset_timeout_s": 5},
-    }
+    """The tests' actions document (workers/sandbox/scenario.py) with a larger retry budget, a
+    breaker that tolerates the fault mix, and the runs' actions."""
     budget = {"max_attempts": 5, "deadline_s": 120, "base_delay_s": 0.2, "max_delay_s": 2}
 
-    def action(path: str, args: list[str], **extra: Any) -> dict[str, Any]:
-        return {
-            "target": "sandbox",
-            "request": {"method": "POST", "path": path},
-            "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
-            "fencing_header": "X-Fencing-Token",
-            "lookup": {
-                "request": {"method": "GET", "path": path, "query": {"idempotency_key": "{idempotency_key}"}},
-                "authoritative_not_found": True,
-                "settle_s": 1,
-                "succeeded": ["succeeded", "open", "sent", "placed", "held", "draft", "committed", "done"],
-                "pending": ["pending"],
-                "failed": ["failed"],
-            },
-            "result_reference": "id",
-            "args": args,
-            "budget": budget,
-            **extra,
-        }
+    def act(path: str, args: list[str], **extra: Any) -> dict[str, Any]:
+        return action(path, settle_s=1, args=args, budget=budget, **extra)
 
-    doc = {
-        "targets": {"sandbox": target},
-        "actions": {
-            "payments.refund.create": action(
+    doc = actions_doc(
+        base_url,
+        timeout_s=2,
+        connect_timeout_s=1,
+        breaker={"fail_max": 50, "reset_timeout_s": 5},
+        actions={
+            "payments.refund.create": act(
                 "/v1/refunds", ["order_id", "amount", "currency", "reason"], decimal_args=["amount"]
             ),
-            "support.ticket.create": action(
+            "support.ticket.create": act(
                 "/v1/tickets", ["subject", "body", "customer_id", "priority"], sensitive_args=["customer_id"]
             ),
-            "notify.email.send": action("/v1/emails", ["to", "subject", "body"], sensitive_args=["to"]),
+            "notify.email.send": act("/v1/emails", ["to", "subject", "body"], sensitive_args=["to"]),
             # For the runs (workers/cli/demo_runs.py): an order, stock held, a quote drafted then committed.
-            "shop.order.create": action("/v1/orders", ["order_ref"]),
-            "shop.stock.reserve": action("/v1/reservations", ["sku", "qty"]),
-            "shop.cancel": action("/v1/cancellations", ["undoes"]),
-            "quote.draft": action("/v1/quotes", ["quote_ref", "amount"], phase="draft"),
-            "quote.commit": action("/v1/quote_commits", ["quote_ref"], phase="commit"),
+            "shop.order.create": act("/v1/orders", ["order_ref"]),
+            "shop.stock.reserve": act("/v1/reservations", ["sku", "qty"]),
+            "shop.cancel": act("/v1/cancellations", ["undoes"]),
+            "quote.draft": act("/v1/quotes", ["quote_ref", "amount"], phase="draft"),
+            "quote.commit": act("/v1/quote_commits", ["quote_ref"], phase="commit"),
         },
-    }
+    )
     path = folder / "demo-actions.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -174,15 +153,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             sandbox.add_fault(**rule, seed=args.seed)
         os.environ["OUTBOX_ACTIONS_FILE"] = str(_actions_file(sandbox.url, Path(tmp)))
         settings = load_settings()
-        engine = open_engine(settings)
-        sessions = make_sessionmaker(engine)
-        console.print(
-            f"ledger  {engine.url.render_as_string(hide_password=True)}\n"
-            f"broker  {settings.resolved_broker_url}\n"
-            f"sandbox {sandbox.url} with faults: " + ", ".join(f"{f['mode']} {f['probability']:.0%}" for f in FAULTS)
-        )
         log_path = Path(tmp) / "worker.log"
-        with open(log_path, "wb") as worker_log:
+        with ledger(settings) as sessions, open(log_path, "wb") as worker_log:
+            console.print(
+                f"ledger  {sessions.kw['bind'].url.render_as_string(hide_password=True)}\n"
+                f"broker  {settings.resolved_broker_url}\n"
+                f"sandbox {sandbox.url} with faults: "
+                + ", ".join(f"{f['mode']} {f['probability']:.0%}" for f in FAULTS)
+            )
             pipeline = Pipeline(settings, loglevel="INFO", worker_output=worker_log.fileno())
             pipeline.start()
             try:
@@ -193,13 +171,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 died = pipeline.died()
             finally:
                 pipeline.stop()
-        effects = sandbox.effects()
-        _summary(console, sessions, tenant, submitted, resubmits, conflicts, ids, effects, outcome)
-        runs_table(console, sessions, run_ids, effects)
-        engine.dispose()
+            effects = sandbox.effects()
+            _summary(console, sessions, tenant, submitted, resubmits, conflicts, ids, effects, outcome)
+            runs_table(console, sessions, run_ids, effects)
         if died is not None:
             kept = _keep_log(log_path, settings.data_dir, run)
-            unsettled = len(ids) - sum(n for st, n in outcome.items() if st in SETTLED)
+            unsettled = len(ids) - sum(n for st, n in outcome.items() if settled(st))
             when = f" with {unsettled} operation(s) not settled" if unsettled else ""
             when += f" ({runs_left} run(s) not finished)" if runs_left else ""
             console.print(f"[bold red]{died}{when}.[/] Its last lines:")
@@ -275,13 +252,13 @@ def _wait(console: Console, sessions, tenant: str, total: int, timeout_s: float,
         task = progress.add_task("", total=total)
         while True:
             counts = _counts(sessions, tenant)
-            settled = sum(n for st, n in counts.items() if st in SETTLED)
+            done = sum(n for st, n in counts.items() if settled(st))
             progress.update(
                 task,
-                completed=settled,
-                description=" ".join(f"{st}={n}" for st, n in sorted(counts.items()) if st not in SETTLED),
+                completed=done,
+                description=" ".join(f"{st}={n}" for st, n in sorted(counts.items()) if not settled(st)),
             )
-            if settled >= total or time.monotonic() > deadline or not pipeline.alive():
+            if done >= total or time.monotonic() > deadline or not pipeline.alive():
                 return counts
             time.sleep(0.25)
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
-from rich.table import Table
-
 from outbox.errors import InvalidIntent
-from outbox.evidence import handoffs
+from outbox.evidence.handoffs import handoff_json
 from outbox.evidence.sinks import EvidenceSink, backfill
-from outbox.ledger.db import make_sessionmaker
+from outbox.ledger.states import Resolution
+from outbox.service import handoffs
 from outbox.settings import load_settings
-from workers.cli.ledger import open_engine
+from workers.cli import render
+from workers.cli.ledger import ledger
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_show)
     p = hs.add_parser("resolve", help="write a person's decision back")
     p.add_argument("id", type=int, metavar="ID")
-    p.add_argument("--as", dest="resolution", required=True, choices=handoffs.RESOLUTIONS)
+    p.add_argument("--as", dest="resolution", required=True, choices=[r.value for r in Resolution])
     p.add_argument("--reference", help="the provider's reference (required with --as succeeded)")
     p.add_argument("--note", required=True, help="why: what was checked, and where")
     p.add_argument("--by", required=True, help="who decides")
@@ -43,47 +42,30 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.set_defaults(func=lambda a: e.print_help() or 2)
 
 
+COLUMNS: list[render.Column] = [
+    ("id", lambda r: r["handoff_id"]),
+    ("operation_id", lambda r: r["operation_id"]),
+    ("key", lambda r: r["packet"]["operation"]["idempotency_key"]),
+    ("action", lambda r: r["packet"]["operation"]["action"]),
+    ("opened_at", lambda r: (r["opened_at"] or "")[:19]),
+    ("status", lambda r: r["status"] + (f" ({r['resolution']})" if r["resolution"] else "")),
+    ("reason", lambda r: r["reason"][:80]),
+]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            rows = [
-                handoffs.handoff_json(h) for h in handoffs.list_handoffs(session, status=None if args.all else "open")
-            ]
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(rows, indent=2, sort_keys=True))
-        return 0
-    table = Table(title=f"{len(rows)} handoff(s)")
-    for col in ("id", "operation_id", "key", "action", "opened_at", "status", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        op = r["packet"]["operation"]
-        table.add_row(
-            str(r["handoff_id"]),
-            r["operation_id"],
-            op["idempotency_key"],
-            op["action"],
-            (r["opened_at"] or "")[:19],
-            r["status"] + (f" ({r['resolution']})" if r["resolution"] else ""),
-            r["reason"][:80],
-        )
-    Console(width=160).print(table)
-    return 0
+    with ledger() as sessions, sessions() as session:
+        rows = [handoff_json(row.handoff) for row in handoffs.listing(session, None, include_resolved=args.all)]
+    return render.listing(rows, as_json=args.json, title="{n} handoff(s)", columns=COLUMNS)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            row = handoffs.handoff_json(handoffs.get_handoff(session, args.id))
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions() as session:
+        row = handoff_json(handoffs.get(session, None, args.id))
     if args.json:
-        print(json.dumps(row, indent=2, sort_keys=True))
+        render.emit_json(row)
         return 0
-    console = Console(width=160, highlight=False)
+    console = render.console()
     packet = row["packet"]
     op = packet["operation"]
     console.print(f"[bold]handoff {row['handoff_id']}[/] ({row['status']}) opened {row['opened_at']}")
@@ -91,22 +73,26 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"1. operation {op['operation_id']}  key {op['idempotency_key']}  tenant {op['tenant']}  "
         f"action {op['action']}  target {op['target']}"
     )
-    table = Table(title="2. every attempt")
-    for col in ("#", "kind", "started", "token", "sent (digest)", "status", "class", "reference", "error"):
-        table.add_column(col, overflow="fold")
-    for a in packet["attempts"]:
-        table.add_row(
-            str(a["attempt_number"]),
-            a["kind"],
-            (a["started_at"] or "")[:23],
-            str(a["fencing_token"]),
-            (a["request_digest"] or "")[:12],
-            str(a["status_code"] or ""),
-            a["class"] + (" (stale)" if a["stale"] else ""),
-            a["provider_reference"] or "",
-            (a["error"] or "")[:60],
+    console.print(
+        render.table(
+            "2. every attempt",
+            ("#", "kind", "started", "token", "sent (digest)", "status", "class", "reference", "error"),
+            (
+                (
+                    a["attempt_number"],
+                    a["kind"],
+                    (a["started_at"] or "")[:23],
+                    a["fencing_token"],
+                    (a["request_digest"] or "")[:12],
+                    a["status_code"] or "",
+                    a["class"] + (" (stale)" if a["stale"] else ""),
+                    a["provider_reference"],
+                    (a["error"] or "")[:60],
+                )
+                for a in packet["attempts"]
+            ),
         )
-    console.print(table)
+    )
     err = packet["last_error"]
     console.print(f"3. last error ({err['class']}): {err['raw']}\n   handed off because: {err['why_handed_off']}")
     console.print(f"4. next step: {packet['next_step']}")
@@ -126,27 +112,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_resolve(args: argparse.Namespace) -> int:
     if args.resolution != "succeeded" and args.reference:
         raise InvalidIntent("--reference", "only with --as succeeded")
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            status = handoffs.resolve(
-                session, args.id, resolution=args.resolution, by=args.by, note=args.note, reference=args.reference
-            )
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions.begin() as session:
+        status = handoffs.resolve(
+            session, None, args.id, resolution=args.resolution, by=args.by, note=args.note, reference=args.reference
+        )
     print(f"handoff {args.id} resolved as {args.resolution} by {args.by}: operation is now {status.value}")
     return 0
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     settings = load_settings()
-    engine = open_engine(settings)
     sink = EvidenceSink.from_url(settings.evidence_url)
     try:
-        with make_sessionmaker(engine).begin() as session:
+        with ledger(settings) as sessions, sessions.begin() as session:
             written, failing = backfill(session, sink)
     finally:
         sink.close()
-        engine.dispose()
     print(f"evidence written for {written} operation(s); {failing} still failing")
     return 0 if not failing else 1

@@ -11,22 +11,15 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from outbox.errors import (
-    ConfigError,
-    IdempotencyConflict,
-    InvalidIntent,
-    OperationNotFound,
-    OutboxError,
-    RunConflict,
-    RunNotFound,
-)
+from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent, NotFound, OutboxError, RunConflict
+from workers.cli.flags import add_log_level, add_version, log_level
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 0, 1, 2, 3
 
 # Each entry registers one family of subcommands; optional ones are skipped when their package
 # is absent so that the ledger commands never depend on them.
 REGISTRARS: tuple[str, ...] = (
-    "workers.cli.ledger:register",
+    "workers.cli.operations:register",
     "workers.cli.pipeline:register",
     "workers.cli.handoffs:register",
     "workers.cli.report:register",
@@ -58,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agent-outbox",
         description="Execute AI agent side effects at most once, and say so honestly when unsure.",
     )
+    add_version(parser)
+    add_log_level(parser, what="this command's log output (default warning)", default=None)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for spec in REGISTRARS:
@@ -70,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    level = log_level(args, logging.getLevelName(logging.WARNING - 10 * min(args.verbose, 2)))
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
@@ -86,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IdempotencyConflict, RunConflict) as exc:
         print(f"agent-outbox: idempotency conflict: {exc}", file=sys.stderr)
         return EXIT_CONFLICT
-    except (OperationNotFound, RunNotFound) as exc:
+    except NotFound as exc:
         print(f"agent-outbox: not found: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except OutboxError as exc:

@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from outbox.settings import Settings, load_settings
+from workers.cli.flags import add_log_level, log_level
 from workers.cli.ledger import open_engine
 
 if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
@@ -155,7 +156,7 @@ class Pipeline:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="run relay + workers with the OUTBOX_* configuration (Ctrl-C stops)")
     p.add_argument("--concurrency", type=int, help="worker processes (default OUTBOX_WORKER_CONCURRENCY)")
-    p.add_argument("--loglevel", default="INFO")
+    add_log_level(p, what="the log output of the relay and the worker (default: info for the worker)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("relay", help="run the relay (publishes due operations; sweeps expired leases)")
     p.add_argument("--once", action="store_true", help="one tick, then exit (prints what it did)")
@@ -166,7 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("worker", help="run a Celery worker (same as `celery -A workers worker ...`)")
     p.add_argument("--concurrency", type=int)
     p.add_argument("--queues", default="dispatch,outcome_unknown")
-    p.add_argument("--loglevel", default="INFO")
+    add_log_level(p, what="the worker's log output (default info)")
     p.set_defaults(func=cmd_worker)
 
 
@@ -198,14 +199,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.wiring.runtime import load_actions_for
 
     load_actions_for(settings)
-    cmd = worker_command(settings, concurrency=args.concurrency, queues=args.queues, loglevel=args.loglevel)
+    cmd = worker_command(settings, concurrency=args.concurrency, queues=args.queues, loglevel=log_level(args, "INFO"))
     os.execv(cmd[0], cmd)
     return 0  # pragma: no cover
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings()
-    pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=args.loglevel)
+    pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=log_level(args, "INFO"))
     from workers.wiring import metrics
 
     metrics.wipe_multiproc_dir()

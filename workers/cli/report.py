@@ -13,10 +13,9 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.errors import InvalidIntent
-from outbox.ledger.db import make_sessionmaker
 from outbox.reads.report_summary import record_report
 from outbox.settings import load_settings
-from workers.cli.ledger import open_engine
+from workers.cli.ledger import ledger
 from workers.provider.listing_report import build_report, dumps
 from workers.wiring.runtime import load_actions_for
 
@@ -76,14 +75,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     since = parse_since(args.since, now=now)
     settings = load_settings()
     actions = load_actions_for(settings)
-    engine = open_engine(settings)
-    try:
-        sessions = make_sessionmaker(engine)
+    with ledger(settings) as sessions:
         with sessions() as session:
             report = build_report(session, actions, since=since, now=now)
         keep_report(sessions, report, started_at=now, ran_by="cli")
-    finally:
-        engine.dispose()
     if args.json:
         print(dumps(report))
     else:

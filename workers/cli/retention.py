@@ -6,10 +6,9 @@ import argparse
 import json
 import sys
 
-from outbox.ledger.db import make_sessionmaker
 from outbox.privacy.retention import PurgeResult, check_retention, purge
 from outbox.settings import load_settings
-from workers.cli.ledger import open_engine
+from workers.cli.ledger import ledger
 from workers.wiring.runtime import load_actions_for
 
 
@@ -33,13 +32,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
     def progress(r: PurgeResult) -> None:
         print(f"... {verb} {r.operations} operation(s) so far", file=sys.stderr, flush=True)
 
-    engine = open_engine(settings)
-    try:
-        result = purge(
-            make_sessionmaker(engine), older_than_s=settings.args_retention_s, dry_run=args.dry_run, progress=progress
-        )
-    finally:
-        engine.dispose()
+    with ledger(settings) as sessions:
+        result = purge(sessions, older_than_s=settings.args_retention_s, dry_run=args.dry_run, progress=progress)
     if args.json:
         print(json.dumps(result.as_dict(dry_run=args.dry_run, older_than_s=settings.args_retention_s), sort_keys=True))
     else:

@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from outbox.errors import InvalidIntent
-from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.envelope import loads_exact
-from outbox.runs import lifecycle as runs
+from outbox.runs.lifecycle import run_json, submit_run
+from outbox.service import runs
 from outbox.settings import load_settings
 from producer.client import key_rules_for
-from workers.cli.ledger import open_engine
+from workers.cli import render
+from workers.cli.ledger import ledger
 
 RUN_FIELDS = {"tenant", "run_key", "steps", "budget", "subject"}
 
@@ -82,56 +80,42 @@ def cmd_submit(args: argparse.Namespace) -> int:
     doc = read_run_file(args.file, settings.default_tenant)
     subject = args.subject or doc.pop("subject", None) or "cli"
     doc.pop("subject", None)
-    engine = open_engine(settings)
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            receipt = runs.submit_run(
-                session,
-                tenant=doc["tenant"],
-                run_key=doc.get("run_key") or "",
-                steps=doc.get("steps") or [],
-                budget=doc.get("budget"),
-                subject=subject,
-                key_rules=key_rules_for(settings),
-            )
-    finally:
-        engine.dispose()
+    with ledger(settings) as sessions, sessions.begin() as session:
+        receipt = submit_run(
+            session,
+            tenant=doc["tenant"],
+            run_key=doc.get("run_key") or "",
+            steps=doc.get("steps") or [],
+            budget=doc.get("budget"),
+            subject=subject,
+            key_rules=key_rules_for(settings),
+        )
     print(json.dumps(receipt.as_dict(), sort_keys=True))
     return 0
+
+
+def _done(r: dict[str, Any]) -> str:
+    done = sum(1 for s in r["steps"] if s["state"] in ("succeeded", "committed_evidence_degraded"))
+    return f"{done}/{len(r['steps'])} done"
+
+
+COLUMNS: list[render.Column] = [
+    ("run_id", lambda r: r["run_id"]),
+    ("tenant", lambda r: r["tenant"]),
+    ("run_key", lambda r: r["run_key"]),
+    ("status", lambda r: r["status"]),
+    ("steps", _done),
+    ("holding", lambda r: f"{r['holding']['step']} ({r['holding']['status']})" if r["holding"] else ""),
+    ("reason", lambda r: r["reason"]),
+]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= 1000:
         raise InvalidIntent("--limit", "must be from 1 to 1000")
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            rows = [
-                runs.run_json(session, r)
-                for r in runs.list_runs(session, status=args.status, tenant=args.tenant, limit=args.limit)
-            ]
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(rows, indent=2, sort_keys=True))
-        return 0
-    table = Table(title=f"{len(rows)} run(s)")
-    for col in ("run_id", "tenant", "run_key", "status", "steps", "holding", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        done = sum(1 for s in r["steps"] if s["state"] in ("succeeded", "committed_evidence_degraded"))
-        holding = r["holding"]
-        table.add_row(
-            r["run_id"],
-            r["tenant"],
-            r["run_key"],
-            r["status"],
-            f"{done}/{len(r['steps'])} done",
-            f"{holding['step']} ({holding['status']})" if holding else "",
-            r["reason"] or "",
-        )
-    Console(width=180).print(table)
-    return 0
+    with ledger() as sessions, sessions() as session:
+        rows = [run_json(session, r) for r in runs.listing(session, args.tenant, status=args.status, limit=args.limit)]
+    return render.listing(rows, as_json=args.json, title="{n} run(s)", columns=COLUMNS)
 
 
 def print_run(doc: dict[str, Any]) -> None:
@@ -159,19 +143,15 @@ def print_run(doc: dict[str, Any]) -> None:
                 + (f" ref {c['result_reference']}" if c["result_reference"] else "")
             )
     if doc["waiting_for_person"]:
-        print(f"  a person must review: {', '.join(doc['needs_person'])} (reconciliation_required)")
+        print(f"  a person must review: {', '.join(doc['waiting_for_person'])} (reconciliation_required)")
     print(f"  outcome: {doc['outcome']}: {doc['model_message']}")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine)() as session:
-            doc = runs.run_json(session, runs.find_run(session, args.run, tenant=args.tenant))
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions() as session:
+        doc = run_json(session, runs.find(session, args.tenant, args.run))
     if args.json:
-        print(json.dumps(doc, indent=2, sort_keys=True))
+        render.emit_json(doc)
     else:
         print_run(doc)
     return 0
@@ -179,33 +159,24 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     settings = load_settings()
-    engine = open_engine(settings)
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            run = runs.cancel_run(
-                session,
-                runs.find_run(session, args.run, tenant=args.tenant),
-                actor=args.by,
-                compensate=args.compensate,
-                reason=args.reason,
-                irreversible=getattr(key_rules_for(settings), "irreversible", frozenset()),
-            )
-            status, reason = run.status, run.reason
-    finally:
-        engine.dispose()
+    with ledger(settings) as sessions, sessions.begin() as session:
+        run = runs.cancel(
+            session,
+            None,
+            runs.find(session, args.tenant, args.run).id,
+            actor=args.by,
+            compensate=args.compensate,
+            reason=args.reason,
+            irreversible=getattr(key_rules_for(settings), "irreversible", frozenset()),
+        )
+        status, reason = run.status, run.reason
     print(f"{args.run}: {status} ({reason})")
     return 0
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    engine = open_engine(load_settings())
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            run = runs.resolve_run(
-                session, runs.find_run(session, args.run, tenant=args.tenant), actor=args.by, note=args.note
-            )
-            status = run.status
-    finally:
-        engine.dispose()
+    with ledger() as sessions, sessions.begin() as session:
+        run = runs.resolve(session, None, runs.find(session, args.tenant, args.run).id, actor=args.by, note=args.note)
+        status = run.status
     print(f"{args.run}: {status} by {args.by}")
     return 0

@@ -1,8 +1,10 @@
 """The console's pages and forms (``/console``), mounted into the API app (workers/server/app.py).
 
-Reads go through workers/console/views.py; every decision (resolve a handoff, approve, deny, reset a breaker)
-calls the API's own operator functions (workers/server/operators.py), so the console adds no second path to the
-ledger. A POST without the session's CSRF token is refused (403), whatever else it carries.
+Every read and decision (list, show, resolve a handoff, approve, deny, reset a breaker) calls the
+service layer the API and the CLI call (outbox/service/, workers/service/), so the console adds no
+second path to the ledger; workers/console/views.py holds what only its pages show (the overview's
+figures, an operation's timeline). A POST without the session's CSRF token is refused (403),
+whatever else it carries.
 """
 
 from __future__ import annotations
@@ -16,20 +18,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import ValidationError
 
 from breaker.errors import BreakerError
 from outbox.access.keys import Caller, verify
-from outbox.errors import InvalidIntent, OutboxError
-from outbox.ledger.models import Operation, Run
+from outbox.approvals.decisions import pending_json
+from outbox.errors import InvalidIntent, NotFound, OutboxError
 from outbox.ledger.states import Status
-from outbox.runs.lifecycle import list_runs, run_json
+from outbox.runs.lifecycle import run_json
+from outbox.service import approvals as approval_service
+from outbox.service import handoffs as handoff_service
+from outbox.service import operations as operation_service
+from outbox.service import runs as run_service
 from producer.http.auth import state
-from producer.http.intents import _OPERATION_ID, _decode_cursor, _encode_cursor
-from producer.http.problems import Problem
 from workers.console import views
 from workers.console.sessions import CONSOLE_SCOPES, COOKIE, Signer, caller_of
-from workers.server import operators
+from workers.service import breakers as breaker_service
+from workers.service.policies import approval_policies
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -107,11 +111,8 @@ async def form_of(request: Request) -> dict[str, str] | None:
 
 
 def refused(exc: Exception) -> str:
-    if isinstance(exc, Problem):
-        return exc.detail
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    if isinstance(exc, NotFound):
+        return f"no such {exc.what}"  # as the API: the same whether it is another tenant's or nobody's
     return str(exc)
 
 
@@ -183,9 +184,11 @@ def _breakers(request: Request, caller: Caller) -> list[dict[str, Any]]:
     if "operate" not in caller.scopes:
         return []
     try:
-        return list(operators.list_breakers(request, caller)["breakers"])
-    except (OutboxError, Problem, OSError, BreakerError):
+        board = breaker_service.board(state(request).settings)
+    except (OutboxError, OSError, BreakerError):
         return []  # no actions file, or Redis away: the page says so instead of failing
+    # Per process (no OUTBOX_REDIS_URL): this server cannot see the workers' breakers.
+    return [row.as_json() for row in board.breakers] if board.shared else []
 
 
 @router.get("/operations", response_class=HTMLResponse)
@@ -194,25 +197,28 @@ def operations(request: Request, q: str = "", status: str = "", action: str = ""
         return login_first()
     try:
         for name, text in (("q", q), ("status", status), ("action", action), ("cursor", cursor)):
-            if "\x00" in text or len(text) > 255:
-                raise InvalidIntent(name, "at most 255 characters, no NUL")
-        if status and status not in {s.value for s in Status}:
-            raise InvalidIntent("status", f"unknown state {status!r}")
-        before = _decode_cursor(cursor) if cursor else None
-    except (InvalidIntent, Problem) as exc:
+            if len(text) > 255:
+                raise InvalidIntent(name, "at most 255 characters")
+        with state(request).sessions() as session:
+            found = operation_service.page(
+                session,
+                caller.tenant,
+                status=status or None,
+                action=action.strip() or None,
+                search=q.strip() or None,
+                cursor=cursor or None,
+            )
+    except InvalidIntent as exc:
         return back(request, "/operations", error=refused(exc))
-    with state(request).sessions() as session:
-        rows = views.search(session, caller.tenant, q=q.strip(), status=status, action=action.strip(), before=before)
-    more = _encode_cursor(rows[-1]) if len(rows) == 50 else None
     return page(
         request,
         "operations.html",
         caller,
-        rows=rows,
+        rows=found.operations,
         q=q,
         status=status,
         action=action,
-        more=more,
+        more=found.next_cursor,
         statuses=[s.value for s in Status],
     )
 
@@ -221,11 +227,11 @@ def operations(request: Request, q: str = "", status: str = "", action: str = ""
 def operation(request: Request, operation_id: str) -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    with state(request).sessions() as session:
-        op = session.get(Operation, operation_id) if _OPERATION_ID.fullmatch(operation_id) else None
-        if op is None or op.tenant != caller.tenant:
-            return page(request, "missing.html", caller, what="operation")
-        shown = views.timeline(session, op)
+    try:
+        with state(request).sessions() as session:
+            shown = views.timeline(session, operation_service.get(session, caller.tenant, operation_id))
+    except NotFound:
+        return page(request, "missing.html", caller, what="operation")
     return page(request, "operation.html", caller, **shown)
 
 
@@ -233,10 +239,10 @@ def operation(request: Request, operation_id: str) -> Response:
 def handoffs(request: Request) -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    rows = []
+    rows: list[handoff_service.HandoffRow] = []
     if "operate" in caller.scopes:  # the packets are for operators, as GET /v1/handoffs
         with state(request).sessions() as session:
-            rows = views.open_handoffs(session, caller.tenant)
+            rows = handoff_service.listing(session, caller.tenant, limit=200)
     return page(request, "handoffs.html", caller, rows=rows)
 
 
@@ -244,13 +250,12 @@ def handoffs(request: Request) -> Response:
 def approvals(request: Request) -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    rows = operators.list_approvals(request, caller)["approvals"] if "approve" in caller.scopes else []
-    with state(request).sessions() as session:
-        deadlines = {
-            r["operation_id"]: op.deadline_at
-            for r in rows
-            if (op := session.get(Operation, r["operation_id"])) is not None
-        }
+    waiting = []
+    if "approve" in caller.scopes:
+        with state(request).sessions() as session:
+            waiting = approval_service.pending(session, caller.tenant)
+    rows = [pending_json(op) for op in waiting]
+    deadlines = {op.id: op.deadline_at for op in waiting}
     return page(request, "approvals.html", caller, rows=rows, deadlines=deadlines, now=dt.datetime.now(dt.UTC))
 
 
@@ -260,8 +265,7 @@ def runs(request: Request, status: str = "") -> Response:
         return login_first()
     try:
         with state(request).sessions() as session:
-            found = list_runs(session, tenant=caller.tenant, status=status or None, limit=100)
-            rows = [run_json(session, r) for r in found]
+            rows = [run_json(session, r) for r in run_service.listing(session, caller.tenant, status=status or None)]
     except InvalidIntent as exc:
         return back(request, "/runs", error=refused(exc))
     return page(request, "runs.html", caller, rows=rows, status=status)
@@ -271,11 +275,11 @@ def runs(request: Request, status: str = "") -> Response:
 def run(request: Request, run_id: str) -> Response:
     if (caller := who(request)) is None:
         return login_first()
-    with state(request).sessions() as session:
-        found = session.get(Run, run_id) if _OPERATION_ID.fullmatch(run_id) else None  # both are UUIDs
-        if found is None or found.tenant != caller.tenant:
-            return page(request, "missing.html", caller, what="run")
-        doc = run_json(session, found)
+    try:
+        with state(request).sessions() as session:
+            doc = run_service.read(session, caller.tenant, run_id)
+    except NotFound:
+        return page(request, "missing.html", caller, what="run")
     return page(request, "run.html", caller, run=doc)
 
 
@@ -287,77 +291,79 @@ def breakers(request: Request) -> Response:
 
 
 # -- deciding ------------------------------------------------------------------------------------
-async def deciding(request: Request) -> tuple[Caller, dict[str, str]] | Response:
-    """Who decides and what they posted; or the answer when they may not (signed out, or the form
-    lacks the session's CSRF token or comes from another site)."""
+async def deciding(request: Request, scope: str, page_path: str) -> tuple[Caller, dict[str, str]] | Response:
+    """Who decides and what they posted; or the answer when they may not (signed out, the form
+    lacks the session's CSRF token or comes from another site, or the key lacks ``scope``)."""
     if (caller := who(request)) is None:
         return login_first()
     if (form := await form_of(request)) is None:
         return Response("missing or wrong CSRF token", status_code=403)
+    if scope not in caller.scopes:
+        return back(request, page_path, error=f"this key lacks the {scope!r} scope")
     return caller, form
 
 
 @router.post("/handoffs/{handoff_id}/resolve")
 async def resolve(request: Request, handoff_id: int) -> Response:
-    if isinstance(got := await deciding(request), Response):
+    if isinstance(got := await deciding(request, "operate", "/handoffs"), Response):
         return got
     caller, form = got
     try:
-        _needs(caller, "operate")
-        if not 1 <= handoff_id < 2**63:
-            raise InvalidIntent("handoff", "no such handoff")
-        body = operators.ResolveIn.model_validate(
-            {
-                "as": form.get("as"),
-                "reference": form.get("reference") or None,
-                "note": form.get("note"),
-                "by": form.get("by"),
-            }
-        )
-        operators.resolve_handoff(handoff_id, body, request, caller)
-    except (Problem, OutboxError, ValidationError) as exc:
+        with state(request).sessions.begin() as session:
+            handoff_service.resolve(
+                session,
+                caller.tenant,
+                handoff_id,
+                resolution=form.get("as", ""),
+                by=form.get("by", ""),
+                note=form.get("note", ""),
+                reference=form.get("reference") or None,
+            )
+    except OutboxError as exc:
         return back(request, "/handoffs", error=refused(exc))
     return back(request, "/handoffs", done=f"handoff {handoff_id} resolved as {form.get('as')}")
 
 
 @router.post("/approvals/{operation_id}/{decision}")
 async def decide(request: Request, operation_id: str, decision: str) -> Response:
-    if isinstance(got := await deciding(request), Response):
+    if isinstance(got := await deciding(request, "approve", "/approvals"), Response):
         return got
     caller, form = got
+    if decision not in ("approve", "deny"):
+        return back(request, "/approvals", error=f"unknown decision {decision!r}")
+    st = state(request)
+    approved = decision == "approve"
     try:
-        _needs(caller, "approve")
-        body = operators.DecisionIn.model_validate({"by": form.get("by"), "note": form.get("note") or None})
-        if decision == "approve":
-            operators.approve_operation(operation_id, body, request, caller)
-        elif decision == "deny":
-            operators.deny_operation(operation_id, body, request, caller)
-        else:
-            return back(request, "/approvals", error=f"unknown decision {decision!r}")
-    except (Problem, OutboxError, ValidationError) as exc:
+        policies = approval_policies(st.settings) if approved else {}
+        with st.sessions.begin() as session:
+            approval_service.decide(
+                session,
+                caller,
+                operation_id,
+                approved=approved,
+                by=form.get("by", ""),
+                note=form.get("note") or None,
+                policies=policies,
+            )
+    except OutboxError as exc:
         return back(request, "/approvals", error=refused(exc))
-    return back(request, "/approvals", done=f"{operation_id}: {'approved' if decision == 'approve' else 'denied'}")
+    return back(request, "/approvals", done=f"{operation_id}: {'approved' if approved else 'denied'}")
 
 
 @router.post("/breakers/{target}/reset")
 async def reset(request: Request, target: str) -> Response:
-    if isinstance(got := await deciding(request), Response):
+    if isinstance(got := await deciding(request, "operate", "/breakers"), Response):
         return got
     caller, form = got
+    reason = (form.get("reason") or "").strip()
+    if not reason:
+        return back(request, "/breakers", error="reason: say why the breaker may close")
+    st = state(request)
     try:
-        _needs(caller, "operate")
-        reason = (form.get("reason") or "").strip()
-        if not reason:
-            return back(request, "/breakers", error="reason: say why the breaker may close")
-        done = operators.reset_breaker(target, operators.ResetIn(by=f"{form.get('by', '')}: {reason}"), request, caller)
-    except (Problem, OutboxError, ValidationError, BreakerError) as exc:
+        done = breaker_service.reset_and_wake(
+            st.settings, breaker_service.opened(st.sessions), target, by=f"{form.get('by', '')}: {reason}"
+        )
+    except (OutboxError, BreakerError) as exc:
         return back(request, "/breakers", error=refused(exc))
     # Targets are shared by every tenant: how many of their operations woke is not this tenant's to see.
-    return back(
-        request, "/breakers", done=f"{target} reset" + (" (its parked operations woken)" if done["woken"] else "")
-    )
-
-
-def _needs(caller: Caller, scope: str) -> None:
-    if scope not in caller.scopes:
-        raise Problem(403, "forbidden", "Forbidden", f"this key lacks the {scope!r} scope")
+    return back(request, "/breakers", done=f"{target} reset" + (" (its parked operations woken)" if done.woken else ""))

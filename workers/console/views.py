@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.models import Handoff, Operation, Run
-from outbox.ledger.states import Status
+from outbox.ledger.states import HandoffStatus, Status
 from outbox.reads.queries import attempt_json, detail_of, event_json
 from outbox.reads.report_summary import last_report
 from outbox.reads.typed_outcome import outcome_of
@@ -36,7 +36,7 @@ def counters(session: Session, tenant: str) -> dict[str, Any]:
         select(func.count())
         .select_from(Handoff)
         .join(Operation, Operation.id == Handoff.operation_id)
-        .where(Handoff.status == "open", Operation.tenant == tenant)
+        .where(Handoff.status == HandoffStatus.OPEN.value, Operation.tenant == tenant)
     ).scalar_one()
     runs = dict(
         session.execute(
@@ -93,37 +93,6 @@ def outcome_chart(session: Session, tenant: str, *, hours: int = CHART_HOURS) ->
     return buckets
 
 
-def search(
-    session: Session,
-    tenant: str,
-    *,
-    q: str = "",
-    status: str = "",
-    action: str = "",
-    before: tuple[Any, str] | None = None,
-    limit: int = 50,
-) -> list[Operation]:
-    """Newest first, one page: keyset over (created_at, id), so a page is as quick at row 10,000,000
-    as at row 1. ``q``: an operation id, or an idempotency key (exact, or its beginning)."""
-    stmt = select(Operation).where(Operation.tenant == tenant)
-    if q:
-        stmt = stmt.where(
-            or_(
-                Operation.id == q,
-                Operation.idempotency_key == q,
-                Operation.idempotency_key.startswith(q, autoescape=True),
-            )
-        )
-    if status:
-        stmt = stmt.where(Operation.status == status)
-    if action:
-        stmt = stmt.where(Operation.action == action)
-    if before is not None:
-        at, op_id = before
-        stmt = stmt.where(or_(Operation.created_at < at, (Operation.created_at == at) & (Operation.id < op_id)))
-    return list(session.execute(stmt.order_by(Operation.created_at.desc(), Operation.id.desc()).limit(limit)).scalars())
-
-
 def timeline(session: Session, op: Operation) -> dict[str, Any]:
     """Every attempt and every transition of one operation, in time order, with its approval, its
     handoffs (their packets carry the intent with sensitive fields masked) and its run."""
@@ -146,14 +115,3 @@ def timeline(session: Session, op: Operation) -> dict[str, Any]:
         "handoffs": handoffs,
         "run": run if run is not None and run.tenant == op.tenant else None,
     }
-
-
-def open_handoffs(session: Session, tenant: str, limit: int = 200) -> list[tuple[Handoff, Operation]]:
-    rows = session.execute(
-        select(Handoff, Operation)
-        .join(Operation, Operation.id == Handoff.operation_id)
-        .where(Handoff.status == "open", Operation.tenant == tenant)
-        .order_by(Handoff.opened_at, Handoff.id)
-        .limit(limit)
-    ).all()
-    return [(h, o) for h, o in rows]

@@ -46,7 +46,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--over-limit", default="10000.00", help="refunds above this amount get 402")
     parser.add_argument("--seed", type=int, default=None, help="default seed for probabilistic fault rules")
     parser.add_argument("--access-log", action="store_true", help="log every request (slower)")
-    parser.add_argument("--log-level", default="WARNING")
+    # As agent-outbox spells it everywhere (--loglevel too); unset: WARNING, or what was given
+    # before the subcommand (agent-outbox --log-level debug sandbox).
+    parser.add_argument(
+        "--log-level", "--loglevel", dest="log_level", metavar="LEVEL", default=argparse.SUPPRESS, type=str.upper
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"sandbox: {exc}", file=sys.stderr)
         return 2
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    level = getattr(args, "log_level", None) or "WARNING"
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         state = build_state(args)
     except (ValueError, RuleError, SettingError) as exc:

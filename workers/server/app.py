@@ -20,7 +20,8 @@ from outbox.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidIntent,
-    OperationNotFound,
+    NotFound,
+    ReportNotFound,
     RunConflict,
     RunNotMovable,
     SelfApproval,
@@ -146,9 +147,14 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:
         return problem_response(Problem(409, "run-conflict", "Run conflict", str(exc), field="run_key"))
 
-    @app.exception_handler(OperationNotFound)
-    async def _missing(request: Request, exc: OperationNotFound) -> JSONResponse:
-        return problem_response(not_found("operation"))
+    @app.exception_handler(NotFound)
+    async def _missing(request: Request, exc: NotFound) -> JSONResponse:
+        # The same answer whether it exists in another tenant or nowhere: never the ledger's text.
+        return problem_response(not_found(exc.what))
+
+    @app.exception_handler(ReportNotFound)
+    async def _no_report(request: Request, exc: ReportNotFound) -> JSONResponse:
+        return problem_response(Problem(404, "not-found", "Not found", str(exc)))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
