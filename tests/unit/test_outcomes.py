@@ -17,6 +17,7 @@ from workers.dispatch.outcomes import (
     Rejected,
     RetryAt,
     Succeeded,
+    after_failed_probe,
     before_send,
     breaker_open,
     breaker_wait,
@@ -317,3 +318,19 @@ def test_a_deadline_missed_in_our_own_backlog_says_so():
     assert first.why == "deadline passed before attempt 1 (60s): 75.0s all of it waiting for a worker (our backlog)"
     again = before_send(claim(2), ACTION, now=late)
     assert isinstance(again, Rejected) and again.why.endswith("75.0s since submit")
+
+
+def test_a_failed_probe_waits_for_the_reopen_time_in_probe_order_not_on_the_short_backoff():
+    # On the short backoff the probing operation is due first when the window ends, and probes
+    # again: under load one operation spent its whole budget on probes while others waited.
+    c = claim(3)
+    backoff = RetryAt(0.3, "http_503; attempt 3/6 after 0.3s")
+    waited = after_failed_probe(c, ACTION, backoff, reopen_s=20.0)
+    assert isinstance(waited, RetryAt) and waited.waiting_for.value == "breaker"
+    assert waited.delay_s >= 20.0 and not waited.refund_attempt  # it was sent: the attempt counts
+    fresh = after_failed_probe(claim(1), ACTION, backoff, reopen_s=20.0)
+    assert fresh.delay_s < waited.delay_s  # less budget spent: due first, the next probe
+    # Anything but a retry on the backoff is left as it is (a final answer, an ambiguity).
+    assert after_failed_probe(c, ACTION, Rejected("x"), reopen_s=20.0) == Rejected("x")
+    # A reopen past the deadline: the budget's own answer stands (the next claim ends it).
+    assert after_failed_probe(c, ACTION, backoff, reopen_s=120.0) == backoff

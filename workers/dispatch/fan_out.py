@@ -25,6 +25,7 @@ from workers.dispatch.outcomes import (
     NeedsApproval,
     Rejected,
     Succeeded,
+    after_failed_probe,
     before_send,
     breaker_open,
     decide,
@@ -104,9 +105,14 @@ def attempt(
     )
     c = result.classification
     # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
-    admissions.went(decision, failure=counts_as_failure(c.status_code, transport_error=_is_transport(result)))
+    failed = counts_as_failure(c.status_code, transport_error=_is_transport(result))
+    admissions.went(decision, failure=failed)
     metrics.record_attempt(action.target, c.klass, result.latency_s)
-    return private(action, args, _report(result), decide(claim, action, c, now=claim.now()))
+    outcome = decide(claim, action, c, now=claim.now())
+    if failed and decision.probe:
+        reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s
+        outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s)
+    return private(action, args, _report(result), outcome)
 
 
 def private(

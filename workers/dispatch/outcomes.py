@@ -7,7 +7,7 @@ transition of the ledger.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -191,6 +191,26 @@ def breaker_wait(action: ActionConfig, *, wait_s: float, now: datetime, spent_at
         f"breaker for {action.target} open until {reopens_at.isoformat()}",
         refund_attempt=True,
         waiting_for=WaitingFor.BREAKER,
+    )
+
+
+def after_failed_probe(
+    claim: Claim, action: ActionConfig, outcome: AttemptOutcome, *, reopen_s: float
+) -> AttemptOutcome:
+    """The half-open probe failed: the breaker is open again for its whole reset window. A retry on
+    the short backoff would make this operation due first when the window ends, and probe again,
+    spending its budget while others wait; so it waits for the reopen time in probe order, like
+    every parked operation (its attempt was sent, so it is not refunded)."""
+    if not isinstance(outcome, RetryAt) or outcome.waiting_for is WaitingFor.BREAKER:
+        return outcome
+    if claim.now() + timedelta(seconds=reopen_s) > deadline_of(claim, action):
+        return outcome  # the deadline comes first: the budget's own answer stands
+    wait = breaker_wait(action, wait_s=reopen_s, now=claim.now(), spent_attempts=claim.attempt_count)
+    return replace(
+        wait,
+        delay_s=max(wait.delay_s, outcome.delay_s),
+        why=f"{outcome.why}; the probe failed: {wait.why}",
+        refund_attempt=False,
     )
 
 
