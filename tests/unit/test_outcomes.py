@@ -325,12 +325,12 @@ def test_a_failed_probe_waits_for_the_reopen_time_in_probe_order_not_on_the_shor
     # again: under load one operation spent its whole budget on probes while others waited.
     c = claim(3)
     backoff = RetryAt(0.3, "http_503; attempt 3/6 after 0.3s")
-    waited = after_failed_probe(c, ACTION, backoff, reopen_s=20.0)
+    waited = after_failed_probe(c, ACTION, backoff, reopen_s=20.0, now=T0)
     assert isinstance(waited, RetryAt) and waited.waiting_for.value == "breaker"
     assert waited.delay_s >= 20.0 and not waited.refund_attempt  # it was sent: the attempt counts
-    fresh = after_failed_probe(claim(1), ACTION, backoff, reopen_s=20.0)
+    fresh = after_failed_probe(claim(1), ACTION, backoff, reopen_s=20.0, now=T0)
     assert fresh.delay_s < waited.delay_s  # less budget spent: due first, the next probe
     # Anything but a retry on the backoff is left as it is (a final answer, an ambiguity).
-    assert after_failed_probe(c, ACTION, Rejected("x"), reopen_s=20.0) == Rejected("x")
+    assert after_failed_probe(c, ACTION, Rejected("x"), reopen_s=20.0, now=T0) == Rejected("x")
     # A reopen past the deadline: the budget's own answer stands (the next claim ends it).
-    assert after_failed_probe(c, ACTION, backoff, reopen_s=120.0) == backoff
+    assert after_failed_probe(c, ACTION, backoff, reopen_s=120.0, now=T0) == backoff

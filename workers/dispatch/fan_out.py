@@ -111,7 +111,7 @@ def attempt(
     outcome = decide(claim, action, c, now=claim.now())
     if failed and decision.probe:
         reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s
-        outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s)
+        outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s, now=claim.now())
     return private(action, args, _report(result), outcome)
 
 

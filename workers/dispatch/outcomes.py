@@ -195,7 +195,7 @@ def breaker_wait(action: ActionConfig, *, wait_s: float, now: datetime, spent_at
 
 
 def after_failed_probe(
-    claim: Claim, action: ActionConfig, outcome: AttemptOutcome, *, reopen_s: float
+    claim: Claim, action: ActionConfig, outcome: AttemptOutcome, *, reopen_s: float, now: datetime
 ) -> AttemptOutcome:
     """The half-open probe failed: the breaker is open again for its whole reset window. A retry on
     the short backoff would make this operation due first when the window ends, and probe again,
@@ -203,9 +203,9 @@ def after_failed_probe(
     every parked operation (its attempt was sent, so it is not refunded)."""
     if not isinstance(outcome, RetryAt) or outcome.waiting_for is WaitingFor.BREAKER:
         return outcome
-    if claim.now() + timedelta(seconds=reopen_s) > deadline_of(claim, action):
+    if now + timedelta(seconds=reopen_s) > deadline_of(claim, action):
         return outcome  # the deadline comes first: the budget's own answer stands
-    wait = breaker_wait(action, wait_s=reopen_s, now=claim.now(), spent_attempts=claim.attempt_count)
+    wait = breaker_wait(action, wait_s=reopen_s, now=now, spent_attempts=claim.attempt_count)
     return replace(
         wait,
         delay_s=max(wait.delay_s, outcome.delay_s),
