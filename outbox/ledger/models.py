@@ -40,8 +40,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Status
-from outbox.runs.states import ACTIVE, RunStatus
 
 PREFIX = "outbox_"
 OPERATIONS = PREFIX + "operations"

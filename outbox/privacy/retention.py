@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import ConfigError
 from outbox.ledger.clock import db_now
 from outbox.ledger.models import Handoff, Operation, Run
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import TERMINAL
-from outbox.runs.states import ACTIVE, RunStatus
 
 BATCH = 500
 PURGED = "purged"  # what a handoff packet's intent.args says once purged

@@ -41,9 +41,9 @@ from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Handoff, Operation, Run
 from outbox.ledger.publish import due_condition
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import TERMINAL, HandoffStatus, Status
 from outbox.reads.report_summary import ReportSummary, read_summary
-from outbox.runs.states import ACTIVE, RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Operation, Run
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import EFFECT, NO_EFFECT, AttemptClass, Status
 from outbox.ledger.submit import submit
 from outbox.runs.records import UNDOING, compensation_plan, names, record, step_operations, usage
 from outbox.runs.spec import Compensation, Step, steps_from_json
-from outbox.runs.states import ACTIVE, RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from outbox.errors import InvalidIntent, KeySpaceConflict, RunConflict, RunNotFo
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Operation, Run
+from outbox.ledger.run_states import ACTIVE, RUN_MEANING, RunStatus
 from outbox.ledger.states import Status
 from outbox.ledger.transitions import request_cancel
-from outbox.reads.typed_outcome import Outcome, outcome_of
+from outbox.ledger.typed_outcome import Outcome, outcome_of
 from outbox.runs.advance import advance
 from outbox.runs.records import record, step_operations, usage
 from outbox.runs.spec import RunSpec, StepRules, build_run_spec, steps_from_json
-from outbox.runs.states import ACTIVE, RUN_MEANING, RunStatus
 
 
 @dataclass(frozen=True)
@@ -359,7 +359,7 @@ def run_outcome(run: Run, holder: Operation | None, contradicted: list[str]) -> 
 
 
 def run_message(run: Run, outcome: Outcome, holder: Operation | None, steps: Any, ops: dict[str, Operation]) -> str:
-    """One sentence for the model, in the operations' vocabulary (outbox/reads/typed_outcome.py)."""
+    """One sentence for the model, in the operations' vocabulary (outbox/ledger/typed_outcome.py)."""
     name = f"run {run.run_key}"
     refs = [
         f"{s.name}: {o.result_reference}" for s in steps if (o := ops.get(s.key(run.run_key))) and o.result_reference

@@ -14,9 +14,9 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from outbox.ledger.models import Attempt, Operation, Run
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import AttemptClass, AttemptKind
 from outbox.runs.spec import Step
-from outbox.runs.states import ACTIVE, RunStatus
 
 UNDOING = "; undoing "  # joins why a run compensates and what it undoes, in its reason
 

@@ -19,8 +19,8 @@ from outbox.ledger.models import Operation, Run
 from outbox.ledger.states import Status
 from outbox.ledger.submit import require_storable
 from outbox.ledger.transitions import request_cancel
+from outbox.ledger.typed_outcome import with_outcome
 from outbox.reads.queries import detail_of, details_of, find_operation
-from outbox.reads.typed_outcome import with_outcome
 
 # Operation and run ids are UUIDs: anything else is not found, without asking the database.
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

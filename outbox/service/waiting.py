@@ -1,4 +1,4 @@
-"""Waiting for a settled outcome: final, or waiting for a person (outbox.reads.typed_outcome.SETTLED).
+"""Waiting for a settled outcome: final, or waiting for a person (outbox.ledger.typed_outcome.SETTLED).
 
 One read answers every waiter: which of these operations are settled, in one query whatever their
 number. The HTTP API's shared long-poll (producer/http/waiters.py) asks it once per tick for all its
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import InvalidIntent
 from outbox.ledger.models import Operation
-from outbox.reads.typed_outcome import SETTLED, outcome_of
+from outbox.ledger.typed_outcome import SETTLED, outcome_of
 
 # A waiter holds a request (or a tool call) open: a minute stays within common proxies' idle
 # timeouts (nginx and AWS load balancers default to 60 s); a caller that needs longer waits again.

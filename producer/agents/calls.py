@@ -35,8 +35,8 @@ from outbox.errors import IdempotencyConflict, InvalidIntent, OperationNotFound
 from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.ledger.models import Operation
 from outbox.ledger.submit import MAX_KEY_LEN
+from outbox.ledger.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
 from outbox.reads.queries import operation_json
-from outbox.reads.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
 from outbox.service import approvals, operations, waiting
 from producer.agents.catalog import RETRY_OF, ToolView, catalog, tool_for
 from producer.client import Outbox
@@ -115,7 +115,7 @@ def check_schema(schema: dict[str, Any], args: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class ToolAnswer:
-    """What a tool returns to the model: the typed outcome and one sentence (outbox/reads/typed_outcome.py)."""
+    """What a tool returns to the model: the typed outcome and one sentence (outbox/ledger/typed_outcome.py)."""
 
     outcome: str
     model_message: str

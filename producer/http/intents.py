@@ -19,8 +19,8 @@ from outbox.access.keys import Caller
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.ledger.states import Status
 from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS, submit
+from outbox.ledger.typed_outcome import SETTLED, Outcome, with_outcome
 from outbox.reads.queries import operation_json
-from outbox.reads.typed_outcome import SETTLED, Outcome, with_outcome
 from outbox.service import operations, waiting
 from producer.http.auth import ApiState, require, state
 from producer.http.bodies import exact_json

@@ -155,7 +155,7 @@ def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_
     assert sandbox.duplicates() == []
     steps = {s["name"]: s for s in final["steps"]}
     assert steps["reserve"]["operation"] is None and steps["reserve"]["state"] == "not_sent"
-    # A run cancelled with compensation ends cancelled (outbox/runs/states.py), its steps undone.
+    # A run cancelled with compensation ends cancelled (outbox/ledger/run_states.py), its steps undone.
     assert final["status"] == "cancelled", final["reason"]
     if compensate:
         comp = steps["order"]["compensation"]["operation"]

@@ -4,6 +4,7 @@
 - no import cycle between product modules (lazy imports inside functions count too);
 - only the ledger drivers (outbox/ledger/drivers/) ask which database they run on;
 - SQL text lives in outbox/ only; writes to the ledger's tables happen in outbox/ only.
+- inside outbox/, rooms import only rooms on floors below their own (ledger first, service last).
 """
 
 from __future__ import annotations
@@ -146,3 +147,37 @@ def test_surfaces_call_the_service_layer_not_each_others_routes():
     assert sorted((n, d) for n, deps in graph.items() if n.startswith(surfaces) for d in deps if d in routes) == []
     below = [n for n in MODULES if n.startswith("outbox.") and not n.startswith("outbox.service")]
     assert sorted((n, d) for n in below for d in graph[n] if d.startswith("outbox.service")) == []
+
+
+# The ledger's rooms, lowest floor first: a room imports only rooms on floors below its own.
+# errors and settings sit under every room; migrate and testing stand above them all.
+OUTBOX_ROOMS = ("ledger", "privacy", "actions", "access", "runs", "evidence", "reads", "approvals", "service")
+OUTBOX_BASE = ("errors", "settings")
+OUTBOX_TOP = ("migrate", "testing")
+
+
+def _floor(module: str) -> int:
+    room = module.split(".")[1]
+    if room in OUTBOX_BASE:  # settings reads errors: the base has its own order
+        return OUTBOX_BASE.index(room) - len(OUTBOX_BASE)
+    if room in OUTBOX_TOP:
+        return len(OUTBOX_ROOMS)
+    return OUTBOX_ROOMS.index(room)
+
+
+def test_every_ledger_module_lives_in_a_known_room():
+    rooms = set(OUTBOX_ROOMS) | set(OUTBOX_BASE) | set(OUTBOX_TOP)
+    assert sorted(n for n in MODULES if n.startswith("outbox.") and n.split(".")[1] not in rooms) == []
+
+
+def test_the_ledgers_rooms_import_only_rooms_before_them():
+    """outbox/ is rooms by concept (the README's layout table); the order is the direction: the core
+    (ledger) knows no run, approval or report; runs know no evidence; the service layer is the top."""
+    upward = sorted(
+        (name, dep)
+        for name, path in MODULES.items()
+        if name.startswith("outbox.")
+        for dep in _imports(name, path)
+        if dep.startswith("outbox.") and dep.split(".")[1] != name.split(".")[1] and _floor(dep) >= _floor(name)
+    )
+    assert upward == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outbox.ledger.states import Status
-from outbox.reads.typed_outcome import OUTCOME_OF, SETTLED, Outcome, outcome_of, with_outcome
+from outbox.ledger.typed_outcome import OUTCOME_OF, SETTLED, Outcome, outcome_of, with_outcome
 
 
 def test_every_state_has_exactly_one_outcome():

@@ -29,7 +29,7 @@ from sqlalchemy import func, select
 from outbox.errors import IdempotencyConflict, MissingDependency
 from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.submit import submit
-from outbox.reads.typed_outcome import SETTLED, outcome_of
+from outbox.ledger.typed_outcome import SETTLED, outcome_of
 from outbox.settings import load_settings
 from producer.client import key_rules_for
 from workers.cli.demo_runs import play_runs, runs_table, wait_runs

@@ -15,9 +15,9 @@ from rich.table import Table
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.models import Run
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.runs.lifecycle import run_json, submit_run
 from outbox.runs.spec import StepRules
-from outbox.runs.states import ACTIVE, RunStatus
 from workers.cli.pipeline import Pipeline
 
 

@@ -10,11 +10,11 @@ from sqlalchemy.orm import Session
 
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.models import Handoff, Operation, Run
+from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import HandoffStatus, Status
+from outbox.ledger.typed_outcome import outcome_of
 from outbox.reads.queries import attempt_json, detail_of, event_json
 from outbox.reads.report_summary import last_report
-from outbox.reads.typed_outcome import outcome_of
-from outbox.runs.states import ACTIVE, RunStatus
 
 CHART_HOURS = 12
 
