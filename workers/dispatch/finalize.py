@@ -192,7 +192,7 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
             if outcome.delay_s <= 0:
                 redispatch.append(claim.operation_id)
     if redispatch:
-        rec.doorbell.ring_dispatch(redispatch)
+        rec.doorbell.ring_dispatch_after_commit(redispatch)
 
 
 def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -> None:

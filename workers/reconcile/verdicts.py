@@ -176,7 +176,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
         if to is Status.NOT_DISPATCHED:
             redispatch.append(item.claim.operation_id)
     if redispatch:
-        rec.doorbell.ring_dispatch(redispatch)
+        rec.doorbell.ring_dispatch_after_commit(redispatch)
     return {item.claim.operation_id: item.verdict for item in looked}
 
 
@@ -212,7 +212,7 @@ def _settle(rec: Recorder, item: Looked) -> Verdict:
     _log_settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
-        rec.doorbell.ring_dispatch([claim.operation_id])
+        rec.doorbell.ring_dispatch_after_commit([claim.operation_id])
     return verdict
 
 

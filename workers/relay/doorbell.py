@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
+from workers.relay.outage import BROKER_OUTAGES
 from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,23 @@ class Doorbell:
 
     def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
         return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, list(operation_ids), self.batch)
+
+    def ring_dispatch_after_commit(self, operation_ids: Iterable[str]) -> None:
+        """Ring for operations a committed transaction made due again (a retry without backoff, a
+        lookup's "send again"). The commit is what counts: with the broker away, the relay
+        re-publishes them after republish_after_s, so the outage (which Celery's consumer and the
+        relay report, once each) costs them that wait and neither a WARNING of their own nor an
+        exception that would make the caller think its transaction failed."""
+        ids = list(operation_ids)
+        try:
+            self.ring_dispatch(ids)
+        except BROKER_OUTAGES as exc:
+            log.info(
+                "doorbell for %d operation(s) not rung (%s): the relay re-publishes them",
+                len(ids),
+                type(exc).__name__,
+                extra={"operation_ids": ids},
+            )
 
     def ring_reconcile(self, operation_ids: Iterable[str]) -> int:
         return self._ring(RECONCILE_TASK, UNKNOWN_QUEUE, list(operation_ids), self.batch)

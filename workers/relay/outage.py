@@ -35,13 +35,17 @@ def _psycopg_outages() -> tuple[type[BaseException], ...]:
     return (psycopg.OperationalError, psycopg.InterfaceError)
 
 
+# Doorbells to a broker that is away.
+BROKER_OUTAGES: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    kombu.exceptions.OperationalError,
+)
 OUTAGES: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,  # connection refused or lost, "the database system is shutting down"
     sqlalchemy.exc.InterfaceError,  # a connection that was already closed
     *_psycopg_outages(),  # the same, on a worker's own autocommit connection
-    redis.exceptions.ConnectionError,  # doorbells to a broker that is away
-    redis.exceptions.TimeoutError,
-    kombu.exceptions.OperationalError,
+    *BROKER_OUTAGES,
 )
 
 

@@ -1,0 +1,42 @@
+"""A doorbell rung after a commit: the commit is what counts, a broker outage is no failure of it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+from celery import Celery
+
+from workers.relay.doorbell import Doorbell
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def unreachable_broker() -> Celery:
+    app = Celery("doorbell-test", broker=f"redis://127.0.0.1:{_closed_port()}/0")
+    app.conf.task_publish_retry = False
+    app.conf.broker_connection_retry = False
+    app.conf.broker_connection_timeout = 0.5
+    return app
+
+
+def test_a_doorbell_after_commit_with_the_broker_away_is_info_not_an_exception(unreachable_broker, caplog):
+    """Under a Redis outage a reconciler's settlement committed "send again" and then its doorbell
+    raised: the task logged "settling lookups interrupted by an outage" (a WARNING per settlement,
+    saying the operations would be looked up again, which they would not: they were due and the
+    relay re-publishes them). tests/faults/test_broker_outage.py caught it under load."""
+    bell = Doorbell(unreachable_broker)
+    with pytest.raises(Exception):  # noqa: B017 - the plain ring still says the broker is away
+        bell.ring_dispatch(["op-1"])
+    caplog.set_level(logging.INFO, logger="workers.relay.doorbell")
+    bell.ring_dispatch_after_commit(["op-1", "op-2"])
+    records = [r for r in caplog.records if r.name == "workers.relay.doorbell"]
+    assert [(r.levelname, r.getMessage()) for r in records][-1][0] == "INFO"
+    assert "2 operation(s) not rung" in records[-1].getMessage()
+    assert records[-1].operation_ids == ["op-1", "op-2"]
