@@ -105,10 +105,19 @@ class AsyncOutboxClient:
             calls.operations(status=status, action=action, idempotency_key=idempotency_key, limit=limit, cursor=cursor)
         )
 
-    async def iter_operations(self, *, page_size: int = 100, **filters: str) -> AsyncIterator[Operation]:
+    async def iter_operations(
+        self,
+        *,
+        page_size: int = 100,
+        status: str | None = None,
+        action: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncIterator[Operation]:
         cursor: str | None = None
         while True:
-            page = await self.operations(limit=page_size, cursor=cursor, **filters)
+            page = await self.operations(
+                status=status, action=action, idempotency_key=idempotency_key, limit=page_size, cursor=cursor
+            )
             for op in page.operations:
                 yield op
             if page.next_cursor is None:

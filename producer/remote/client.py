@@ -147,11 +147,20 @@ class OutboxClient:
             calls.operations(status=status, action=action, idempotency_key=idempotency_key, limit=limit, cursor=cursor)
         )
 
-    def iter_operations(self, *, page_size: int = 100, **filters: str) -> Iterator[Operation]:
-        """Every operation matching ``filters`` (status, action, idempotency_key), page by page."""
+    def iter_operations(
+        self,
+        *,
+        page_size: int = 100,
+        status: str | None = None,
+        action: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Iterator[Operation]:
+        """Every operation matching the filters, newest first, page by page."""
         cursor: str | None = None
         while True:
-            page = self.operations(limit=page_size, cursor=cursor, **filters)
+            page = self.operations(
+                status=status, action=action, idempotency_key=idempotency_key, limit=page_size, cursor=cursor
+            )
             yield from page.operations
             if page.next_cursor is None:
                 return

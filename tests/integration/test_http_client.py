@@ -320,7 +320,7 @@ def test_runs(served):
         with pytest.raises(RunConflict) as changed:
             outbox.submit_run("cl-run", [dict(steps[0], args={"subject": "other"})])
         assert changed.value.run_id == run.run_id and changed.value.field == "run_key"
-        wait_for(lambda: outbox.get_run(run.run_id).outcome == "SUCCEEDED", 30, what="the run succeeded")
+        wait_for(lambda: outbox.get_run(run.run_id).outcome == "SUCCEEDED", 30, 0.3, what="the run succeeded")
     assert _effects(served, "cl-run:open") == 1
 
 
