@@ -184,8 +184,9 @@ def problem_of(response: httpx.Response, *, retry_after_s: float | None = None) 
 
 def invalid(field: str, detail: str) -> InvalidInput:
     """Refused before sending, as the server refuses it (the same type, status and field)."""
-    body = {"type": PROBLEM_BASE + "invalid", "title": "Invalid input", "status": 422, "detail": detail, "field": field}
-    return InvalidInput(type=body["type"], title=body["title"], status=422, detail=detail, field=field, body=body)
+    kind, title = PROBLEM_BASE + "invalid", "Invalid input"
+    body = {"type": kind, "title": title, "status": 422, "detail": detail, "field": field}
+    return InvalidInput(type=kind, title=title, status=422, detail=detail, field=field, body=body)
 
 
 def _problem_body(response: httpx.Response) -> dict[str, Any]:
