@@ -321,6 +321,20 @@ def test_the_async_client(served):
     assert done.outcome == "SUCCEEDED" and again.new is False and listed == [done.operation_id]
     assert _effects(served, "cl-async") == 1
 
+    # Its lost answer is asked again with the same key too.
+    proxy = DroppingProxy(served.url, drop=1)
+
+    async def lost() -> Any:
+        async with AsyncOutboxClient(proxy.url, served.keys["agent"]) as outbox:
+            return await outbox.submit(TICKET, _ticket("lost async"), idempotency_key="cl-async-lost")
+
+    try:
+        op = asyncio.run(lost())
+        assert proxy.dropped == 1 and op.new is False
+        assert proxy.seen.decode().count("POST /v1/intents HTTP/1.1") == 2
+    finally:
+        proxy.close()
+
 
 def test_runs(served):
     steps = [{"name": "open", "action": TICKET, "args": _ticket("run printer")}]
