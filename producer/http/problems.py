@@ -1,5 +1,7 @@
 """Errors as RFC 9457 ``application/problem+json``: ``type``, ``title``, ``status``, ``detail`` and,
-for invalid input, ``field`` (the offending field, as the CLI names it)."""
+for invalid input, ``field`` (the offending field, as the CLI names it). A conflict also names what
+holds the key (``idempotency_key`` and ``operation_id``; ``run_key`` and ``run_id``), as extension
+members a client reads without parsing the detail (producer/remote/problems.py)."""
 
 from __future__ import annotations
 
@@ -17,17 +19,26 @@ class Problem(Exception):
     """An error answered as problem+json."""
 
     def __init__(
-        self, status: int, kind: str, title: str, detail: str, *, field: str | None = None, headers: Any = None
+        self,
+        status: int,
+        kind: str,
+        title: str,
+        detail: str,
+        *,
+        field: str | None = None,
+        headers: Any = None,
+        members: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status, self.kind, self.title, self.detail, self.field = status, kind, title, detail, field
         self.headers = headers or {}
+        self.members = members or {}  # RFC 9457 extension members
 
     def body(self) -> dict[str, Any]:
         out = {"type": PROBLEM_BASE + self.kind, "title": self.title, "status": self.status, "detail": self.detail}
         if self.field is not None:
             out["field"] = self.field
-        return out
+        return self.members | out
 
 
 def problem_response(p: Problem) -> JSONResponse:
@@ -44,6 +55,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "status": {"type": "integer", "description": "the HTTP status code, repeated"},
         "detail": {"type": "string", "description": "what went wrong, for people"},
         "field": {"type": "string", "description": "the offending field (invalid input)"},
+        "idempotency_key": {"type": "string", "description": "an idempotency conflict's key"},
+        "operation_id": {"type": "string", "description": "the operation that holds that key"},
+        "run_key": {"type": "string", "description": "a run conflict's run key"},
+        "run_id": {"type": "string", "description": "the run that holds that run key"},
     },
 }
 
@@ -64,4 +79,5 @@ def conflict_problem(exc: IdempotencyConflict) -> Problem:
         "Idempotency conflict",
         str(exc),
         field="idempotency_key",
+        members={"idempotency_key": exc.key, "operation_id": exc.operation_id},
     )

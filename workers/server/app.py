@@ -145,7 +145,10 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
 
     @app.exception_handler(RunConflict)
     async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:
-        return problem_response(Problem(409, "run-conflict", "Run conflict", str(exc), field="run_key"))
+        members = {"run_key": exc.run_key, "run_id": exc.run_id}
+        return problem_response(
+            Problem(409, "run-conflict", "Run conflict", str(exc), field="run_key", members=members)
+        )
 
     @app.exception_handler(NotFound)
     async def _missing(request: Request, exc: NotFound) -> JSONResponse:
