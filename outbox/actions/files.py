@@ -26,12 +26,26 @@ class ActionsFileError(ConfigError, ValueError):
         super().__init__(f"{self.path}: {lines}")
 
 
-def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: list[tuple[str, str]]) -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
+def unset_message(name: str) -> str:
+    return f"environment variable {name} is not set"
+
+
+def resolve_env(
+    value: Any,
+    environ: Mapping[str, str],
+    path: str,
+    problems: list[tuple[str, str]],
+    unset: list[tuple[str, str]] | None = None,
+) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree. A variable that
+    is not set (and has no default) becomes "" and a problem, or, given ``unset``, an entry
+    (path, VAR) there instead: whoever reads the file decides whether that is an error."""
     if isinstance(value, dict):
-        return {k: resolve_env(v, environ, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+        return {
+            k: resolve_env(v, environ, f"{path}.{k}" if path else str(k), problems, unset) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [resolve_env(v, environ, f"{path}.{i}", problems) for i, v in enumerate(value)]
+        return [resolve_env(v, environ, f"{path}.{i}", problems, unset) for i, v in enumerate(value)]
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:
@@ -40,7 +54,10 @@ def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: lis
                 return environ[name]
             if default is not None:
                 return default
-            problems.append((path, f"environment variable {name} is not set"))
+            if unset is not None:
+                unset.append((path, name))
+            else:
+                problems.append((path, unset_message(name)))
             return ""
 
         return _ENV_REF.sub(sub, value)
