@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from workers.cli.main import main
-from workers.provider.actions import ActionsFileError, parse_actions
+from workers.provider.actions import ActionsFileError, load_actions, parse_actions
 
 ROOT = Path(__file__).resolve().parents[2]
 REFUND = "payments.refund.create"
@@ -81,7 +81,7 @@ def test_every_problem_is_reported_with_its_dotted_path(tmp_path: Path, capsys: 
     assert len(lines) == 3, lines  # the invalid refund's placeholders are not guessed at
 
 
-def test_the_loader_stops_at_nothing_either(tmp_path: Path) -> None:
+def test_the_loader_collects_every_problem_too(tmp_path: Path) -> None:
     doc = broken()
     del doc["actions"][REFUND]["retries"]
     doc["actions"][REFUND]["budget"] = {"max_attempts": 2}
@@ -149,3 +149,17 @@ def test_help_says_what_an_unset_variable_is(capsys: pytest.CaptureFixture[str])
         main(["actions", "check", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "is a note, not an error" in text and "--strict" in text
+
+
+def test_a_key_declared_twice_is_a_problem_not_a_silent_replacement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = yaml.safe_dump(GOOD, sort_keys=False)
+    twice = text + "  support.ticket.create: {target: support, request: {method: POST, path: /v1/other}}\n"
+    path = tmp_path / "actions.yaml"
+    path.write_text(twice)
+    code, out, _ = check(capsys, str(path))
+    assert code == 1
+    assert out.splitlines()[0].startswith("actions.support.ticket.create: declared twice (lines ")
+    with pytest.raises(ActionsFileError, match="declared twice"):
+        load_actions(path, environ=SET)

@@ -1,6 +1,6 @@
 """``agent-outbox actions check FILE``: the actions file checked offline, every problem at once.
 
-The loader's own checks (workers/provider/actions.py ``read_actions``), so what passes here is what
+The loader's own checks (workers/provider/actions.py ``read_actions_file``), so what passes here is what
 workers load; plus what workers check against the ``OUTBOX_*`` settings when they start. No network,
 no database, no secret needed.
 """
@@ -45,10 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def check_file(path: str, *, strict: bool) -> dict[str, Any]:
     """The file's problems and notes as ``--json`` prints them."""
-    from workers.provider.actions import read_actions, read_yaml
+    from workers.provider.actions import read_actions_file
 
     try:
-        reading = read_actions(read_yaml(path), strict=strict)
+        reading = read_actions_file(path, strict=strict)
     except ActionsFileError as exc:  # unreadable, or not YAML
         problems, notes, counts = exc.problems, [], (0, 0)
     else:

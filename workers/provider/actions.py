@@ -13,14 +13,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from outbox.actions.files import ActionsFileError, resolve_env, unset_message
+from outbox.actions.files import ActionsFileError, read_yaml, resolve_env, unset_message
 from outbox.actions.specs import (
     ApprovalSpec,
     BudgetSpec,
@@ -315,18 +313,14 @@ def _message(error: Any) -> str:
 
 def _valid_parts(resolved: dict[str, Any]) -> ActionsConfig:
     """The targets and actions that are valid on their own, for the checks across them."""
-
-    def valid(model: type[TargetConfig] | type[ActionConfig], part: Any) -> Any:
-        try:
-            return model.model_validate(part)
-        except ValidationError:
-            return None
-
-    parts = {}
+    parts: dict[str, dict[str, Any]] = {"targets": {}, "actions": {}}
     for field, model in (("targets", TargetConfig), ("actions", ActionConfig)):
         raw = resolved.get(field)
-        checked = {n: valid(model, p) for n, p in raw.items()} if isinstance(raw, dict) else {}
-        parts[field] = {n: v for n, v in checked.items() if v is not None}
+        for name, part in raw.items() if isinstance(raw, dict) else ():
+            try:
+                parts[field][name] = model.model_validate(part)
+            except ValidationError:
+                pass  # reported by the whole file's validation
     return ActionsConfig.model_construct(**parts)
 
 
@@ -366,21 +360,21 @@ def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str,
     return reading.config
 
 
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """The file's YAML tree; ActionsFileError when it cannot be read or is not YAML."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
+def read_actions_file(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None, strict: bool = True
+) -> ActionsReading:
+    """Every problem of the file (``read_actions``), keys declared twice first."""
+    data, twice = read_yaml(path)
+    reading = read_actions(data, environ=environ, strict=strict)
+    return replace(reading, config=None if twice else reading.config, problems=twice + reading.problems)
 
 
 def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionsConfig:
     """Read and validate the actions file; raises ActionsFileError naming the path and every bad field."""
-    return parse_actions(read_yaml(path), source=str(path), environ=environ)
+    reading = read_actions_file(path, environ=environ)
+    if reading.config is None:
+        raise ActionsFileError(path, reading.problems)
+    return reading.config
 
 
 def load_actions_from_env(environ: Mapping[str, str] | None = None) -> ActionsConfig:

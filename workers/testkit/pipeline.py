@@ -22,9 +22,10 @@ from typing import Any
 
 import yaml
 
+from outbox.actions.files import read_yaml
 from outbox.ledger.submit import Receipt
 from outbox.settings import Settings, load_settings
-from workers.provider.actions import ActionsConfig, load_actions, read_actions, read_yaml
+from workers.provider.actions import ActionsConfig, load_actions, read_actions_file
 from workers.sandbox.scenario import FAULT_MIX
 from workers.sandbox.testing import SandboxAdmin
 
@@ -65,8 +66,8 @@ def point_at(source: Path, provider_url: str, dest: Path, environ: Mapping[str, 
     itself fail here, each named (as ``agent-outbox actions check`` names them)."""
     from outbox.actions.files import ActionsFileError
 
-    data = read_yaml(source)
-    reading = read_actions(data, environ=environ, strict=False)
+    reading = read_actions_file(source, environ=environ, strict=False)
+    data, _ = read_yaml(source)
     if reading.problems:
         raise ActionsFileError(source, reading.problems)
     unset = {name for _, name in reading.unset}

@@ -28,7 +28,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, cast
 
 import pytest
 
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 ACTIONS_ENV = "OUTBOX_TESTKIT_ACTIONS"
 PROVIDER_ENV = "OUTBOX_TESTKIT_PROVIDER_URL"
-SCOPES = ("function", "module", "session")
+Scope = Literal["function", "module", "session"]
+SCOPES: tuple[Scope, ...] = ("function", "module", "session")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,11 +75,11 @@ def _setting(config: pytest.Config, option: str, env: str, ini: str) -> tuple[st
     return None
 
 
-def _scope(fixture_name: str, config: pytest.Config) -> str:
+def _scope(fixture_name: str, config: pytest.Config) -> Scope:
     scope = str(config.getini("outbox_pipeline_scope") or "function")
     if scope not in SCOPES:
         raise pytest.UsageError(f"outbox_pipeline_scope = {scope!r}: use one of {', '.join(SCOPES)}")
-    return scope
+    return cast(Scope, scope)
 
 
 @pytest.fixture(scope="session")
@@ -125,7 +126,7 @@ def outbox_provider(pytestconfig: pytest.Config) -> Iterator[SandboxAdmin]:
         yield server
 
 
-@pytest.fixture(scope=_scope)  # type: ignore[call-overload]
+@pytest.fixture(scope=_scope)
 def outbox_running_pipeline(
     outbox_actions_file: Path, outbox_provider: SandboxAdmin, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OutboxPipeline]:
