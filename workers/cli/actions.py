@@ -47,10 +47,11 @@ def check_file(path: str, *, strict: bool) -> dict[str, Any]:
     """The file's problems and notes as ``--json`` prints them."""
     from workers.provider.actions import read_actions_file
 
+    notes: list[dict[str, str]] = []
     try:
         reading = read_actions_file(path, strict=strict)
     except ActionsFileError as exc:  # unreadable, or not YAML
-        problems, notes, counts = exc.problems, [], (0, 0)
+        problems, counts = list(exc.problems), (0, 0)
     else:
         problems, counts = list(reading.problems), reading.declared
         notes = [
@@ -61,9 +62,8 @@ def check_file(path: str, *, strict: bool) -> dict[str, Any]:
             from outbox.settings import load_settings
             from workers.wiring.runtime import start_up_problems
 
-            problems += [
-                ("", f"workers would refuse to start: {p}") for p in start_up_problems(load_settings(), reading.config)
-            ]
+            refused = start_up_problems(load_settings(), reading.config)
+            problems += [("", f"workers would refuse to start: {why}") for why in refused]
     return {
         "file": path,
         "ok": not problems,

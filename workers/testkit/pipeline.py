@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from outbox.actions.files import read_yaml
+from outbox.errors import ConfigError
 from outbox.ledger.submit import Receipt
 from outbox.settings import Settings, load_settings
 from workers.provider.actions import ActionsConfig, load_actions, read_actions_file
@@ -136,6 +137,7 @@ class OutboxPipeline:
         from producer.client import Outbox
         from workers.cli.ledger import open_engine
         from workers.cli.pipeline import Pipeline
+        from workers.wiring.runtime import start_up_problems
 
         point_at(self.source, self.provider.url, self.actions_file, os.environ)
         self.actions = load_actions(self.actions_file)
@@ -146,6 +148,9 @@ class OutboxPipeline:
         }
         with _environment(outbox_vars):
             settings: Settings = load_settings()
+        problems = start_up_problems(settings, self.actions)
+        if problems:  # the worker would refuse to start: say why here, not as a test that times out
+            raise ConfigError(f"{self.source}: " + "; ".join(problems))
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")} | outbox_vars
         self._log = open(self.log_path, "wb")
         self._pipeline = Pipeline(settings, concurrency=1, loglevel="INFO", env=env, worker_output=self._log.fileno())
