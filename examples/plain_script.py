@@ -15,7 +15,6 @@ same order answers the same operation, and the provider refunds once.
 from __future__ import annotations
 
 import sys
-from decimal import Decimal
 
 from outbox.service import operations, waiting
 from producer import Outbox
@@ -27,7 +26,8 @@ def main(order_id: str = "o-17", amount: str = "25.00") -> int:
         receipt = outbox.submit(
             idempotency_key=f"refund:{order_id}:v1",  # the business identity, never per run or retry
             action="payments.refund.create",
-            args={"order_id": order_id, "amount": Decimal(amount), "currency": "EUR", "reason": "damaged"},
+            # Money as a decimal string: the action's decimal_args refuses numbers (25.00 would be 25).
+            args={"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "damaged"},
             subject="script:refunds",
         )
         print(f"operation {receipt.operation_id}: {receipt.status} (new: {receipt.new})")

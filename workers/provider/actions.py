@@ -321,7 +321,7 @@ def _valid_parts(resolved: dict[str, Any]) -> ActionsConfig:
                 parts[field][name] = model.model_validate(part)
             except ValidationError:
                 pass  # reported by the whole file's validation
-    return ActionsConfig.model_construct(**parts)
+    return ActionsConfig.model_construct(targets=parts["targets"], actions=parts["actions"])
 
 
 def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict: bool = True) -> ActionsReading:

@@ -28,7 +28,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 
@@ -79,7 +79,7 @@ def _scope(fixture_name: str, config: pytest.Config) -> Scope:
     scope = str(config.getini("outbox_pipeline_scope") or "function")
     if scope not in SCOPES:
         raise pytest.UsageError(f"outbox_pipeline_scope = {scope!r}: use one of {', '.join(SCOPES)}")
-    return cast(Scope, scope)
+    return scope
 
 
 @pytest.fixture(scope="session")

@@ -160,13 +160,18 @@ def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
 def start_up_problems(settings: Settings, actions: ActionsConfig) -> list[str]:
     """Every reason a worker would refuse to start with this actions file under these settings
     (``agent-outbox actions check`` reports them too)."""
-    checks = (
-        lambda: check_time_limits(settings, longest_call_s=longest_call_s(actions)),
-        lambda: check_retention(settings.args_retention_s, actions.key_retentions()),
-        lambda: check_approval_windows(settings, actions),
-    )
+
+    def time_limits() -> None:
+        check_time_limits(settings, longest_call_s=longest_call_s(actions))
+
+    def retention() -> None:
+        check_retention(settings.args_retention_s, actions.key_retentions())
+
+    def approval_windows() -> None:
+        check_approval_windows(settings, actions)
+
     problems = []
-    for check in checks:
+    for check in (time_limits, retention, approval_windows):
         try:
             check()
         except ConfigError as exc:
