@@ -71,10 +71,16 @@ def test_the_example_tests_pass_from_a_fresh_copy(tmp_path: Path) -> None:
 
 
 def test_the_example_runs_against_a_provider_of_ones_own_by_url(tmp_path: Path) -> None:
+    """Also: the actions file named on the command line, and a pipeline per test (the default scope)."""
     with SandboxServer(seed=3) as own:  # stands for the user's fake: it serves the sandbox's admin API
-        done = run_example(tmp_path, "-k", "same_key or lost", OUTBOX_TESTKIT_PROVIDER_URL=own.url)
+        done = run_example(
+            tmp_path,
+            *("-k", "same_key or lost", "--outbox-actions", "actions.yaml", "-o", "outbox_pipeline_scope=function"),
+            OUTBOX_TESTKIT_PROVIDER_URL=own.url,
+        )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         assert "2 passed" in done.stdout
+        assert len(list(tmp_path.glob("pytest-of-*/pytest-[0-9]*/outbox[0-9]*"))) == 2  # a pipeline per test
         assert {e["idempotency_key"].split(":", 1)[1] for e in own.effects()} == {"wf-81:refund:v1", "wf-82:refund:v1"}
 
 
