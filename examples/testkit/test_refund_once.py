@@ -15,6 +15,13 @@ def refund(order_id: str, amount: str = "25.00") -> dict[str, str]:
     return {"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "damaged"}
 
 
+def test_the_refund_happens_once_under_the_fault_mix(outbox_pipeline):  # the README's five lines
+    outbox_pipeline.inject_fault_mix(seed=7)  # each key's first request: 503, 429, a lost answer...
+    refund = outbox_pipeline.submit("payments.refund.create", {"order_id": "o-81", "amount": "25", "currency": "EUR"})
+    assert outbox_pipeline.settle(refund).status == "succeeded"
+    assert outbox_pipeline.effects(refund) == 1
+
+
 def test_each_refund_happens_once_under_the_fault_mix(outbox_pipeline):
     outbox_pipeline.inject_fault_mix(seed=7)  # every first request fails: 503, 429, lost answers...
     refunds = [outbox_pipeline.submit(REFUND, refund(f"o-{i}")) for i in range(6)]

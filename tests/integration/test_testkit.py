@@ -67,7 +67,7 @@ def test_the_plugin_is_an_entry_point_that_imports_nothing_heavy() -> None:
 def test_the_example_tests_pass_from_a_fresh_copy(tmp_path: Path) -> None:
     done = run_example(tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "4 passed" in done.stdout
+    assert "5 passed" in done.stdout
 
 
 def test_the_example_runs_against_a_provider_of_ones_own_by_url(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ A user's test of their own actions file, in five lines::
 
     def test_the_refund_happens_once_under_the_fault_mix(outbox_pipeline):
         outbox_pipeline.inject_fault_mix(seed=7)
-        refund = outbox_pipeline.submit("payments.refund.create", {"order_id": "o-81", "amount": "25.00", "currency": "EUR"})
+        refund = outbox_pipeline.submit("payments.refund.create", {"order_id": "o-81", "amount": "25", "currency": "EUR"})
         assert outbox_pipeline.settle(refund).status == "succeeded"
         assert outbox_pipeline.effects(refund) == 1
 
