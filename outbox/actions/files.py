@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from outbox.errors import ConfigError
 
@@ -26,12 +29,26 @@ class ActionsFileError(ConfigError, ValueError):
         super().__init__(f"{self.path}: {lines}")
 
 
-def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: list[tuple[str, str]]) -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree."""
+def unset_message(name: str) -> str:
+    return f"environment variable {name} is not set"
+
+
+def resolve_env(
+    value: Any,
+    environ: Mapping[str, str],
+    path: str,
+    problems: list[tuple[str, str]],
+    unset: list[tuple[str, str]] | None = None,
+) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree. A variable that
+    is not set (and has no default) becomes "" and a problem, or, given ``unset``, an entry
+    (path, VAR) there instead: whoever reads the file decides whether that is an error."""
     if isinstance(value, dict):
-        return {k: resolve_env(v, environ, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+        return {
+            k: resolve_env(v, environ, f"{path}.{k}" if path else str(k), problems, unset) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [resolve_env(v, environ, f"{path}.{i}", problems) for i, v in enumerate(value)]
+        return [resolve_env(v, environ, f"{path}.{i}", problems, unset) for i, v in enumerate(value)]
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:
@@ -40,8 +57,51 @@ def resolve_env(value: Any, environ: Mapping[str, str], path: str, problems: lis
                 return environ[name]
             if default is not None:
                 return default
-            problems.append((path, f"environment variable {name} is not set"))
+            if unset is not None:
+                unset.append((path, name))
+            else:
+                problems.append((path, unset_message(name)))
             return ""
 
         return _ENV_REF.sub(sub, value)
     return value
+
+
+def duplicate_keys(text: str) -> list[tuple[str, str]]:
+    """(dotted path, message) for each key a mapping of the YAML ``text`` declares twice: YAML keeps
+    the last one silently, so a second action of the same name would replace the first unseen."""
+    problems: list[tuple[str, str]] = []
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, f"{path}.{i}")
+        if not isinstance(node, yaml.MappingNode):
+            return
+        lines: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+            where = f"{path}.{name}" if path else name
+            line = key.start_mark.line + 1
+            if name in lines:
+                problems.append((where, f"declared twice (lines {lines[name]} and {line}); YAML keeps the last"))
+            lines.setdefault(name, line)
+            walk(value, where)
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, "")
+    return problems
+
+
+def read_yaml(path: str | os.PathLike[str]) -> tuple[Any, list[tuple[str, str]]]:
+    """The file's YAML tree and its keys declared twice; ActionsFileError when it cannot be read or
+    is not YAML."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
+    try:
+        return yaml.safe_load(text), duplicate_keys(text)
+    except yaml.YAMLError as exc:
+        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc

@@ -13,13 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import ValidationError
 
-from outbox.actions.files import ActionsFileError, resolve_env
+from outbox.actions.files import ActionsFileError, read_yaml, resolve_env
 from outbox.actions.specs import ApprovalSpec, ToolSpec
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
 
@@ -56,12 +54,7 @@ class IntentRules:
 
 
 def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> IntentRules:
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
-    except yaml.YAMLError as exc:
-        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
+    data, _ = read_yaml(path)  # keys declared twice: the workers' loader refuses the file
     actions = data.get("actions") if isinstance(data, dict) else None
     if not isinstance(actions, dict):
         raise ActionsFileError(path, [("actions", "the file must be a mapping with `actions`")])

@@ -36,7 +36,7 @@ from workers.cli.demo_runs import play_runs, runs_table, wait_runs
 from workers.cli.ledger import ledger
 from workers.cli.pipeline import Pipeline
 from workers.sandbox import ServerNotInstalled
-from workers.sandbox.scenario import action, actions_doc
+from workers.sandbox.scenario import FAULT_MIX, action, actions_doc
 
 
 def settled(status: str) -> bool:
@@ -45,20 +45,7 @@ def settled(status: str) -> bool:
 
 
 # The seeded fault mix on POST /v1/refunds (and friends): each rule fires on a share of calls.
-FAULTS: list[dict[str, Any]] = [
-    {"mode": "unavailable_503", "method": "POST", "probability": 0.06, "retry_after_s": 1},
-    {
-        "mode": "rate_limited_429",
-        "method": "POST",
-        "probability": 0.06,
-        "retry_after_s": 1,
-        "retry_after_http_date": True,
-    },
-    {"mode": "commit_then_drop", "method": "POST", "probability": 0.03},
-    {"mode": "commit_then_502", "method": "POST", "probability": 0.03},
-    {"mode": "truncated_body", "method": "POST", "probability": 0.02},
-    {"mode": "drop_before_commit", "method": "POST", "probability": 0.02},
-]
+FAULTS: list[dict[str, Any]] = FAULT_MIX
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -31,6 +31,7 @@ REGISTRARS: tuple[str, ...] = (
     "workers.cli.approvals:register",
     "workers.cli.runs:register",
     "workers.cli.mcp:register",
+    "workers.cli.actions:register",
     "workers.sandbox.cli:register",
 )
 

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from outbox.actions.files import ActionsFileError, resolve_env
+from outbox.actions.files import ActionsFileError, read_yaml, resolve_env, unset_message
 from outbox.actions.specs import (
     ApprovalSpec,
-    BreakerSpec,
     BudgetSpec,
     ListSpec,
     LookupSpec,
@@ -35,6 +33,8 @@ from outbox.errors import ConfigError
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_LENGTH, KeyRule, template_problem
 from outbox.ledger.states import AttemptClass
 from outbox.privacy.masking import Redactor, masked_view, path_problem, top_field
+from workers.provider.targets import TargetConfig as TargetConfig
+from workers.provider.targets import TenantCredentials as TenantCredentials
 
 ENV_VAR = "OUTBOX_ACTIONS_FILE"
 # What an approved intent may still take after its deadline (OUTBOX_RECONCILE_MAX_LOOKUPS x _MAX_DELAY_S).
@@ -62,42 +62,6 @@ class UnknownAction(ConfigError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message otherwise
         return str(self.args[0])
-
-
-class TenantCredentials(_Strict):
-    # Header overrides for one tenant's own provider account (values from ${VAR}); repr=False as
-    # for the target's headers.
-    headers: dict[str, str] = Field(default_factory=dict, repr=False)
-
-
-class TargetConfig(_Strict):
-    base_url: str
-    timeout_s: float = Field(default=10.0, gt=0)
-    connect_timeout_s: float = Field(default=2.0, gt=0)
-    # repr=False: resolved headers usually carry secrets and must not reach logs via repr().
-    headers: dict[str, str] = Field(default_factory=dict, repr=False)
-    # Per-tenant credentials: when given, every request carries its tenant's headers over
-    # ``headers``, and an operation of a tenant not listed fails before sending (never with
-    # another tenant's credentials).
-    tenants: dict[str, TenantCredentials] = Field(default_factory=dict, repr=False)
-    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
-    # Pool size per target; one pooled client per target is shared by a worker's threads.
-    max_connections: int = Field(default=20, gt=0)
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
-
-    def headers_for(self, tenant: str) -> dict[str, str] | None:
-        """The headers a request of ``tenant`` carries; None if this target has per-tenant
-        credentials and none for ``tenant``."""
-        if not self.tenants:
-            return dict(self.headers)
-        own = self.tenants.get(tenant)
-        return None if own is None else {**self.headers, **own.headers}
 
 
 class ActionConfig(_Strict):
@@ -273,16 +237,21 @@ class ActionsConfig(_Strict):
         return action in self.actions and self.actions[action].irreversible
 
 
-def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
-    """Cross-field checks pydantic cannot see from inside one model."""
+def _check_references(cfg: ActionsConfig, declared_targets: Collection[str]) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot see from inside one model. ``cfg`` may hold only the parts
+    that are valid on their own; ``declared_targets`` names every target the file declares."""
     problems: list[tuple[str, str]] = []
     for name, action in cfg.actions.items():
         where = f"actions.{name}"
-        if action.target not in cfg.targets:
+        if action.target not in declared_targets:
             problems.append(
-                (f"{where}.target", f"unknown target {action.target!r}; known: {', '.join(sorted(cfg.targets))}")
+                (f"{where}.target", f"unknown target {action.target!r}; known: {', '.join(sorted(declared_targets))}")
             )
-        elif not action.key_rule.scoped_by_tenant and not cfg.targets[action.target].tenants:
+        elif (
+            action.target in cfg.targets  # else the target itself is invalid (reported there)
+            and not action.key_rule.scoped_by_tenant
+            and not cfg.targets[action.target].tenants
+        ):
             problems.append(
                 (
                     f"{where}.provider_key",
@@ -326,36 +295,86 @@ def _check_references(cfg: ActionsConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:
-    """Validate an already-parsed YAML tree; ``source`` names it in error messages."""
+@dataclass(frozen=True)
+class ActionsReading:
+    """Everything wrong with an actions file, not only the first thing."""
+
+    config: ActionsConfig | None  # None when there is any problem
+    problems: list[tuple[str, str]]  # (dotted path, message), in the order of the file's checks
+    unset: list[tuple[str, str]]  # (dotted path, VAR): ${VAR} references whose variable is not set
+    declared: tuple[int, int] = (0, 0)  # actions, targets the file declares (valid or not)
+
+
+def _message(error: Any) -> str:
+    # Only the message, never the input: the value may be a resolved secret.
+    msg = str(error["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def _valid_parts(resolved: dict[str, Any]) -> ActionsConfig:
+    """The targets and actions that are valid on their own, for the checks across them."""
+    parts: dict[str, dict[str, Any]] = {"targets": {}, "actions": {}}
+    for field, model in (("targets", TargetConfig), ("actions", ActionConfig)):
+        raw = resolved.get(field)
+        for name, part in raw.items() if isinstance(raw, dict) else ():
+            try:
+                parts[field][name] = model.model_validate(part)
+            except ValidationError:
+                pass  # reported by the whole file's validation
+    return ActionsConfig.model_construct(targets=parts["targets"], actions=parts["actions"])
+
+
+def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict: bool = True) -> ActionsReading:
+    """Every problem of an already-parsed YAML tree, each with its dotted path. ``strict``: a ``${VAR}``
+    whose variable is not set is a problem (as when workers start); otherwise it is only listed in
+    ``unset`` and the fields that hold it are not checked (a file checked where secrets are absent)."""
     if not isinstance(data, dict):
-        raise ActionsFileError(source, [("", "the file must be a mapping with `targets` and `actions`")])
+        return ActionsReading(None, [("", "the file must be a mapping with `targets` and `actions`")], [])
     problems: list[tuple[str, str]] = []
-    resolved = resolve_env(data, os.environ if environ is None else environ, "", problems)
-    if problems:
-        raise ActionsFileError(source, problems)
+    unset: list[tuple[str, str]] = []
+    resolved = resolve_env(data, os.environ if environ is None else environ, "", problems, unset)
+    if strict:
+        problems += [(path, unset_message(name)) for path, name in unset]
+    blank = {path for path, _ in unset}
     try:
         cfg = ActionsConfig.model_validate(resolved)
     except ValidationError as exc:
-        # Only loc + msg: the input value may be a resolved secret.
-        raise ActionsFileError(source, [(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]) from exc
-    problems = _check_references(cfg)
-    if problems:
-        raise ActionsFileError(source, problems)
-    return cfg
+        for e in exc.errors():
+            path = ".".join(str(p) for p in e["loc"])
+            if not any(path == b or path.startswith(b + ".") for b in blank):
+                problems.append((path, _message(e)))
+        cfg = _valid_parts(resolved)
+    targets = resolved.get("targets")
+    declared_targets = list(targets) if isinstance(targets, dict) else []
+    problems += _check_references(cfg, declared_targets)
+    actions = resolved.get("actions")
+    declared = (len(actions) if isinstance(actions, dict) else 0, len(declared_targets))
+    return ActionsReading(None if problems else cfg, problems, unset, declared)
+
+
+def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:
+    """Validate an already-parsed YAML tree; ``source`` names it in error messages, with every problem."""
+    reading = read_actions(data, environ=environ)
+    if reading.config is None:
+        raise ActionsFileError(source, reading.problems)
+    return reading.config
+
+
+def read_actions_file(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None, strict: bool = True
+) -> ActionsReading:
+    """Every problem of the file (``read_actions``), keys declared twice first."""
+    data, twice = read_yaml(path)
+    reading = read_actions(data, environ=environ, strict=strict)
+    return replace(reading, config=None if twice else reading.config, problems=twice + reading.problems)
 
 
 def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionsConfig:
-    """Read and validate the actions file; raises ActionsFileError naming the path and fields."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ActionsFileError(path, [("", f"cannot read the file: {exc.strerror or exc}")]) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
-    return parse_actions(data, source=str(path), environ=environ)
+    """Read and validate the actions file; raises ActionsFileError naming the path and every bad field."""
+    reading = read_actions_file(path, environ=environ)
+    if reading.config is None:
+        raise ActionsFileError(path, reading.problems)
+    return reading.config
 
 
 def load_actions_from_env(environ: Mapping[str, str] | None = None) -> ActionsConfig:

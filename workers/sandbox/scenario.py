@@ -9,6 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
+# The seeded fault mix of the demo and of the test kit (workers/testkit/): what a careless provider
+# does to a share of the creating requests (POST), before it commits (503 and 429 with Retry-After,
+# a dropped connection) or after (the answer lost to a reset, a 502, a truncated body).
+FAULT_MIX: list[dict[str, Any]] = [
+    {"mode": "unavailable_503", "method": "POST", "probability": 0.06, "retry_after_s": 1},
+    {
+        "mode": "rate_limited_429",
+        "method": "POST",
+        "probability": 0.06,
+        "retry_after_s": 1,
+        "retry_after_http_date": True,
+    },
+    {"mode": "commit_then_drop", "method": "POST", "probability": 0.03},
+    {"mode": "commit_then_502", "method": "POST", "probability": 0.03},
+    {"mode": "truncated_body", "method": "POST", "probability": 0.02},
+    {"mode": "drop_before_commit", "method": "POST", "probability": 0.02},
+]
+
 # What a looked-up sandbox object's status means (workers/sandbox/resources.py sets them).
 SUCCEEDED = ["succeeded", "open", "sent", "placed", "held", "draft", "committed", "done"]
 

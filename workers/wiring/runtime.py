@@ -157,6 +157,28 @@ def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
             )
 
 
+def start_up_problems(settings: Settings, actions: ActionsConfig) -> list[str]:
+    """Every reason a worker would refuse to start with this actions file under these settings
+    (``agent-outbox actions check`` reports them too)."""
+
+    def time_limits() -> None:
+        check_time_limits(settings, longest_call_s=longest_call_s(actions))
+
+    def retention() -> None:
+        check_retention(settings.args_retention_s, actions.key_retentions())
+
+    def approval_windows() -> None:
+        check_approval_windows(settings, actions)
+
+    problems = []
+    for check in (time_limits, retention, approval_windows):
+        try:
+            check()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def load_actions_for(settings: Settings) -> ActionsConfig:
     if settings.actions_file is None:
         raise ConfigError(
@@ -185,9 +207,9 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     worker passes its own; otherwise one is made from the settings)."""
     settings = settings or load_settings()
     actions = load_actions_for(settings)
-    check_time_limits(settings, longest_call_s=longest_call_s(actions))
-    check_retention(settings.args_retention_s, actions.key_retentions())
-    check_approval_windows(settings, actions)
+    problems = start_up_problems(settings, actions)
+    if problems:
+        raise ConfigError("; ".join(problems))
     # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
     # (bench/README.md);
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
