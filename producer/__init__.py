@@ -27,11 +27,15 @@ From asyncio (SQLAlchemy ``AsyncSession`` on asyncpg or psycopg's async connecti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
 from outbox.ledger.submit import Receipt, submit
 from outbox.runs.lifecycle import RunReceipt, submit_run
-from producer.aio import AsyncOutbox, submit_async, submit_run_async
 from producer.client import Outbox
+
+if TYPE_CHECKING:
+    from producer.aio import AsyncOutbox, submit_async, submit_run_async
 
 __all__ = [
     "AsyncOutbox",
@@ -46,3 +50,13 @@ __all__ = [
     "InvalidIntent",
     "RunConflict",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The async names load SQLAlchemy's asyncio extension, which needs greenlet (extra [asyncio]):
+    # imported when first asked for, so the core install imports ``producer`` without it.
+    if name in ("AsyncOutbox", "submit_async", "submit_run_async"):
+        from producer import aio
+
+        return getattr(aio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,9 +18,13 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from outbox.errors import MissingDependency
+from outbox.ledger.db import ASYNC_HINT, make_async_engine, make_async_sessionmaker
 
-from outbox.ledger.db import make_async_engine, make_async_sessionmaker
+try:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+except ImportError as exc:  # SQLAlchemy's asyncio extension needs greenlet
+    raise MissingDependency(f"{ASYNC_HINT} ({exc})") from exc
 from outbox.ledger.provider_keys import KeyRules
 from outbox.ledger.submit import Receipt, submit
 from outbox.runs.lifecycle import RunReceipt, submit_run

@@ -44,6 +44,6 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
 
 def make_async_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    from sqlalchemy.ext.asyncio import async_sessionmaker
+    from sqlalchemy.ext import asyncio
 
-    return async_sessionmaker(engine, expire_on_commit=False)
+    return asyncio.async_sessionmaker(engine, expire_on_commit=False)
