@@ -87,8 +87,8 @@ WITH ins AS (
     INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
     SELECT id, clock_timestamp(), NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
 )
-SELECT (SELECT count(*) FROM ins)"""
-SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins)"
+SELECT (SELECT count(*) FROM ins) AS inserted"""
+SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins) AS notified"
 SUBMIT_QUIET = _SUBMIT
 # An operation made due by something other than a submit (an approval): the relay hears it on commit.
 NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"

@@ -61,11 +61,16 @@ def _text(statement: str) -> TextClause:
     return text(sql.named(statement))
 
 
-def _execute(bind: Any, statement: str, params: dict[str, Any]) -> Any:
-    """Run one catalogue statement in ``bind``'s transaction; a cursor or a result (rows by name)."""
+def _execute(bind: Any, statement: str, params: dict[str, Any], *, by_name: bool = True) -> Any:
+    """Run one catalogue statement in ``bind``'s transaction; a cursor or a result. ``by_name``: rows
+    read by column name (else by position: psycopg's plain tuples, the cheapest)."""
     raw = _raw(bind)
     if raw is not None:
-        return raw.cursor(row_factory=namedtuple_row).execute(statement, params)
+        return (
+            raw.cursor(row_factory=namedtuple_row).execute(statement, params)
+            if by_name
+            else raw.execute(statement, params)
+        )
     return bind.execute(_text(statement), params)
 
 
@@ -129,10 +134,10 @@ class PostgresDriver:
             "submitted_by": new.submitted_by,
             "key_space": new.key_space,
         }
-        return bool(_execute(session, statement, params).fetchone()[0])
+        return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
 
     def notify_due(self, session: Any, operation_id: str) -> None:
-        _execute(session, sql.NOTIFY_DUE, {"id": operation_id})
+        _execute(session, sql.NOTIFY_DUE, {"id": operation_id}, by_name=False)
 
     def claim(
         self,
@@ -178,7 +183,7 @@ class PostgresDriver:
         return _execute(session, sql.CURRENT_ROW, {"id": operation_id}).fetchone()
 
     def mark_attempt_stale(self, session: Any, attempt_id: int) -> None:
-        _execute(session, sql.MARK_ATTEMPT_STALE, {"id": attempt_id})
+        _execute(session, sql.MARK_ATTEMPT_STALE, {"id": attempt_id}, by_name=False)
 
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> list[Any]:
@@ -232,7 +237,7 @@ class PostgresDriver:
 
     def mark_rung(self, engine: Engine, operation_ids: Sequence[str]) -> None:
         with engine.begin() as conn:
-            _execute(conn, sql.MARK_RUNG, {"ids": list(operation_ids)})
+            _execute(conn, sql.MARK_RUNG, {"ids": list(operation_ids)}, by_name=False)
 
     def listener(self, engine: Engine) -> Listener:
         return Listener(engine)
