@@ -17,8 +17,8 @@ Run it (a PostgreSQL ledger, migrated with ``agent-outbox migrate``)::
 tests/integration/test_fastapi_example.py runs it offline against a database of its own.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations at run time, and
+# their dependency (`session`) is local to create_app.
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager

@@ -6,6 +6,7 @@ intent rolls back with the row."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +32,7 @@ def _example() -> ModuleType:
     spec = importlib.util.spec_from_file_location("fastapi_async_example", APP)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # SQLAlchemy and FastAPI read its annotations by module name
     spec.loader.exec_module(module)
     return module
 
