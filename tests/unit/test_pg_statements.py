@@ -16,7 +16,10 @@ from outbox.ledger.writes import SETTLE_WRITES_FOR
 STATEMENTS = {
     name: value
     for name, value in vars(sql).items()
-    if name.isupper() and isinstance(value, str) and re.match(r"\s*(WITH|SELECT|INSERT|UPDATE)\b", value)
+    if name.isupper()
+    and not name.startswith("_")
+    and isinstance(value, str)
+    and re.match(r"\s*(WITH|SELECT|INSERT|UPDATE)\b", value)
 }
 SHAPES = {
     "claim": [sql.claim(kind, ids, 10, others) for kind in AttemptKind for ids in (False, True) for others in (0, 5)],

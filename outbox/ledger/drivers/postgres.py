@@ -175,7 +175,7 @@ class PostgresDriver:
                 cursors.append(cursor)
         out = []
         for cursor in cursors:
-            row = cursor.fetchone()
+            row: Any = cursor.fetchone()
             out.append((bool(row.wrote), bool(row.moved)))
         return out
 
