@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Operation
-from producer import Receipt, submit, submit_async
+from producer import AsyncOutbox, Receipt, submit, submit_async
 from tests.conftest import RUN_ID, scratch_pg_database
 from tests.harness import REFUND_ARGS, Pipeline, pipeline, pk
 
@@ -110,6 +110,7 @@ class World:
     sandbox: Any
     ledger: Engine
     apps: dict[str, App]
+    runner: asyncio.Runner
 
     def app_rows(self, order_id: str) -> int:
         with Session(self.ledger) as s:
@@ -141,7 +142,7 @@ def world(redis_url: str, sandbox_server: Any, tmp_path_factory: pytest.TempPath
             try:
                 pipe.start_worker()
                 pipe.start_relay()
-                yield World(pipe, sandbox_server, ledger, apps)
+                yield World(pipe, sandbox_server, ledger, apps, runner)
             finally:
                 for app in apps.values():
                     app.dispose()
@@ -186,3 +187,34 @@ def test_a_rollback_leaves_no_intent_no_row_and_rings_no_doorbell(world, driver)
     assert receipt.new
     world.pipe.wait_status(receipt.operation_id, "succeeded")
     assert len(world.sandbox.effects(key=pk(key))) == 1 and world.app_rows(order_id) == 1
+
+
+def test_async_outbox_from_the_pipelines_settings_submits_an_intent_and_a_run_each_dispatched_once(world):
+    """OUTBOX_DATABASE_URL is postgresql+psycopg://: AsyncOutbox opens it through psycopg's async
+    connection, with the actions file's rules (provider keys)."""
+
+    async def go() -> tuple[Receipt, Any]:
+        async with AsyncOutbox.from_settings(world.pipe.settings()) as outbox:
+            assert outbox.engine.dialect.driver == "psycopg" and outbox.engine.dialect.is_async
+            receipt = await outbox.submit(
+                tenant="t1",
+                idempotency_key="refund-async-outbox",
+                action="payments.refund.create",
+                args=REFUND_ARGS | {"order_id": "o-async-outbox"},
+                subject="app:refunds",
+            )
+            run = await outbox.submit_run(
+                tenant="t1",
+                run_key="run-async-outbox",
+                subject="app:refunds",
+                steps=[{"name": "refund", "action": "payments.refund.create", "args": REFUND_ARGS}],
+            )
+            return receipt, run
+
+    receipt, run = world.runner.run(go())
+    world.pipe.wait_status(receipt.operation_id, "succeeded")
+    with Session(world.ledger) as s:
+        (step,) = s.execute(select(Operation).where(Operation.run_id == run.run_id)).scalars()
+    world.pipe.wait_status(step.id, "succeeded")
+    for key in (receipt.provider_key, step.provider_key):
+        assert len(world.sandbox.effects(key=key)) == 1
