@@ -30,7 +30,8 @@ Adding a driver (say, MySQL):
    suite runs on the new database too.
 3. Add its entry to ``DRIVERS`` below: that URL fixture, and its ``Expected`` values. Where
    drivers may legitimately differ (NOTIFY, statement timeouts, planner statistics), each driver
-   states its own value and the tests assert it: a third driver's author sees each choice.
+   states its own value and the tests assert it: a third driver's author sees each choice. List
+   the ways applications reach it (their SQLAlchemy drivers, sync and async) in ``ACCESS``.
 4. Run this folder until it is green. ``test_driver_checklist.py`` fails when the protocol gains a
    method no test here calls.
 
