@@ -10,7 +10,9 @@
 5. the scale-out proof (``bench.scale_proof --quick``: 300 intents, 4 workers + reconciler, seeded
    faults, a private Redis restart and a worker SIGKILL mid-run; exits 1 on any invariant violation);
 6. claim latency beside a big table (``bench.claim_latency --quick``: 10k and 100k finished rows,
-   200 claims each).
+   200 claims each);
+7. submit in the caller's transaction per driver (``bench.submit_drivers --quick``: psycopg 3,
+   psycopg2, asyncpg, psycopg 3 async; 300 intents each).
 
 ``python -m bench.run --full`` (``make bench-full``, about 8 minutes on 2 cores) runs instead
 what issue 21's figures come from, in one go: the pipeline beside bare Celery and the naive
@@ -46,6 +48,7 @@ BENCHMARKS = [
     [sys.executable, "-m", "bench.relay_latency", "--quick"],
     [sys.executable, "-m", "bench.scale_proof", "--quick", "-q"],
     [sys.executable, "-m", "bench.claim_latency", "--quick"],
+    [sys.executable, "-m", "bench.submit_drivers", "--quick"],
 ]
 
 FULL = [

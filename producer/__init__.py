@@ -19,22 +19,44 @@ A multi-step run (steps in order, each ``{run_key}:{name}``, compensations in re
                          budget={"max_attempts": 8, "deadline_s": 600})
 
 Or let the outbox open the transaction: ``Outbox.from_settings().submit(...)`` / ``.submit_run(...)``.
+
+From asyncio (SQLAlchemy ``AsyncSession`` on asyncpg or psycopg's async connection), the same in your
+``async with session.begin():`` as ``await submit_async(session, ...)`` / ``submit_run_async``, or
+``await AsyncOutbox.from_settings().submit(...)`` (producer/aio.py).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
 from outbox.ledger.submit import Receipt, submit
 from outbox.runs.lifecycle import RunReceipt, submit_run
 from producer.client import Outbox
 
+if TYPE_CHECKING:
+    from producer.aio import AsyncOutbox, submit_async, submit_run_async
+
 __all__ = [
+    "AsyncOutbox",
     "Outbox",
     "Receipt",
     "RunReceipt",
     "submit",
     "submit_run",
+    "submit_async",
+    "submit_run_async",
     "IdempotencyConflict",
     "InvalidIntent",
     "RunConflict",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The async names load SQLAlchemy's asyncio extension, which needs greenlet (extra [asyncio]):
+    # imported when first asked for, so the core install imports ``producer`` without it.
+    if name in ("AsyncOutbox", "submit_async", "submit_run_async"):
+        from producer import aio
+
+        return getattr(aio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

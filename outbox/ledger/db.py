@@ -2,16 +2,27 @@
 
 ``make_engine`` asks the driver of the URL's database (outbox/ledger/drivers/) to build the engine: the
 SQLite driver makes the file safe for several processes, the PostgreSQL driver keeps the pool lean.
+``make_async_engine`` does the same for an asyncio application (``producer.AsyncOutbox``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.errors import MissingDependency
 from outbox.ledger.drivers import driver_for_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+ASYNC_HINT = (
+    "an async engine needs SQLAlchemy's asyncio extra (greenlet): pip install 'agent-outbox-ledger[asyncio]' "
+    "(or '[asyncpg]' for asyncpg)"
+)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -21,3 +32,18 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine on the ledger's database (``postgresql+asyncpg://``, or ``postgresql+psycopg://``
+    through psycopg's async connection, or a SQLite file through aiosqlite). A URL of a sync-only
+    driver (``postgresql://``: psycopg2; ``sqlite://``) opens the same database through an async one."""
+    if importlib.util.find_spec("greenlet") is None:
+        raise MissingDependency(ASYNC_HINT)
+    return driver_for_url(url).make_async_engine(url, **kwargs)
+
+
+def make_async_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    from sqlalchemy.ext import asyncio
+
+    return asyncio.async_sessionmaker(engine, expire_on_commit=False)

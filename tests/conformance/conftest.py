@@ -11,7 +11,8 @@ PostgreSQL is skipped on a laptop without it, as everywhere in the suite. Every 
 
 The checklist, by topic (as River's riverdrivertest is organised):
 
-- test_driver_operations.py: insert_operation, notify_due, current_row, read_due
+- test_driver_operations.py: insert_operation, notify_due, current_row, read_due; insert_operation,
+  notify_due and the producer's submit / submit_run also through each access path (below)
 - test_driver_claims.py: claim, for a worker (dispatch) and for the reconciler (lookup)
 - test_driver_finalize.py: finalize (each target, the "no effect" guard, stale tokens, refunds,
   batches, settlements), mark_attempt_stale
@@ -29,9 +30,17 @@ Adding a driver (say, MySQL):
    suite runs on the new database too.
 3. Add its entry to ``DRIVERS`` below: that URL fixture, and its ``Expected`` values. Where
    drivers may legitimately differ (NOTIFY, statement timeouts, planner statistics), each driver
-   states its own value and the tests assert it: a third driver's author sees each choice.
+   states its own value and the tests assert it: a third driver's author sees each choice. List
+   the ways applications reach it (their SQLAlchemy drivers, sync and async) in ``ACCESS``.
 4. Run this folder until it is green. ``test_driver_checklist.py`` fails when the protocol gains a
    method no test here calls.
+
+Access paths: an application's own transaction reaches a driver on the application's driver, not
+the ledger's. The PostgreSQL driver sends its statements raw through a sync psycopg 3 connection and
+through SQLAlchemy on any other (psycopg2, asyncpg, psycopg's async connection); an ``AsyncSession``
+reaches either driver under ``run_sync`` (producer/aio.py). Tests that take the ``access`` fixture
+(a ``Case`` whose ``within`` runs one transaction on one path of ``ACCESS``) run on every path; a
+new driver lists its paths there.
 
 Rows are set up and read through the models (``core_table(...)``) or the drivers' own methods,
 never by table name. Times are read through ``as_utc`` as the callers do: SQLite hands back
@@ -40,16 +49,19 @@ naive UTC datetimes, PostgreSQL aware ones.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from sqlalchemy import Engine, delete, exc, insert, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.clock import as_utc, db_now
@@ -114,7 +126,56 @@ DRIVERS: dict[str, tuple[str, Expected]] = {
     ),
 }
 
+# How an application's transaction reaches each driver: the DRIVERS entry, the SQLAlchemy driver
+# of the application's URL, and whether it is an AsyncSession (run_sync) or a sync Session.
+ACCESS: dict[str, tuple[str, str, bool]] = {
+    "sqlite": ("sqlite", "sqlite", False),
+    "sqlite-aiosqlite": ("sqlite", "sqlite+aiosqlite", True),
+    "postgres-psycopg": ("postgres", "postgresql+psycopg", False),  # the raw path (the workers' too)
+    "postgres-psycopg2": ("postgres", "postgresql+psycopg2", False),
+    "postgres-asyncpg": ("postgres", "postgresql+asyncpg", True),
+    "postgres-psycopg-async": ("postgres", "postgresql+psycopg", True),
+}
+
 ARGS = '{"amount":"10.00","order_id":"o-1"}'
+T = TypeVar("T")
+
+
+class Access(Protocol):
+    def run(self, fn: Callable[[Session], T], *, commit: bool) -> T: ...
+
+
+@dataclass(frozen=True)
+class SyncAccess:
+    sessions: sessionmaker[Session]
+
+    def run(self, fn: Callable[[Session], T], *, commit: bool) -> T:
+        with self.sessions() as s:
+            s.begin()
+            out = fn(s)
+            s.commit() if commit else s.rollback()
+            return out
+
+
+@dataclass(frozen=True)
+class AsyncAccess:
+    """An AsyncSession's transaction; ``fn`` runs on its sync session (``run_sync``), as
+    producer.submit_async runs submit."""
+
+    engine: AsyncEngine
+    runner: asyncio.Runner
+
+    def run(self, fn: Callable[[Session], T], *, commit: bool) -> T:
+        async def go() -> T:
+            async with AsyncSession(self.engine, expire_on_commit=False) as s:
+                await s.begin()
+                out = await s.run_sync(fn)
+                await (s.commit() if commit else s.rollback())
+                return out
+
+        return self.runner.run(go())
+
+
 _keys = itertools.count()
 
 
@@ -128,9 +189,15 @@ class Case:
     sessions: sessionmaker[Session]
     expect: Expected
     driver: LedgerDriver = field(init=False)
+    access: Access = field(init=False)  # the ledger's own sessions, unless the access fixture says
 
     def __post_init__(self) -> None:
         self.driver = driver_for(self.engine)
+        self.access = SyncAccess(self.sessions)
+
+    def within(self, fn: Callable[[Session], T], *, commit: bool = True) -> T:
+        """``fn(session)`` in one transaction of this case's access path, then commit (or roll back)."""
+        return self.access.run(fn, commit=commit)
 
     # -- setting up -------------------------------------------------------------------------------
     def new_operation(self, **fields: Any) -> NewOperation:
@@ -158,8 +225,7 @@ class Case:
     def submit(self, **fields: Any) -> str:
         """A new operation, committed; its id."""
         new = self.new_operation(**fields)
-        with self.sessions.begin() as s:
-            assert self.driver.insert_operation(s, new)
+        assert self.within(lambda s: self.driver.insert_operation(s, new))
         return new.id
 
     def submit_many(self, n: int, *, spaced_s: float = 1.0) -> list[str]:
@@ -314,13 +380,49 @@ def conformance_engines() -> Iterator[dict[str, Engine]]:
         engine.dispose()
 
 
-@pytest.fixture(params=sorted(DRIVERS))
-def case(request: pytest.FixtureRequest, conformance_engines: dict[str, Engine]) -> Case:
-    """One driver on an emptied ledger, with what it is expected to do."""
-    url_fixture, expect = DRIVERS[request.param]
+def _case(request: pytest.FixtureRequest, backend: str, engines: dict[str, Engine]) -> Case:
+    url_fixture, expect = DRIVERS[backend]
     url = request.getfixturevalue(url_fixture)
-    engine = conformance_engines.get(url) or conformance_engines.setdefault(url, make_engine(url))
+    engine = engines.get(url) or engines.setdefault(url, make_engine(url))
     with engine.begin() as conn:  # DELETE, not TRUNCATE: a few rows go in milliseconds
         for table in reversed(Base.metadata.sorted_tables):
             conn.execute(delete(table))
-    return Case(request.param, url, engine, make_sessionmaker(engine), expect)
+    return Case(backend, url, engine, make_sessionmaker(engine), expect)
+
+
+@pytest.fixture(params=sorted(DRIVERS))
+def case(request: pytest.FixtureRequest, conformance_engines: dict[str, Engine]) -> Case:
+    """One driver on an emptied ledger, with what it is expected to do."""
+    return _case(request, request.param, conformance_engines)
+
+
+@pytest.fixture(scope="session")
+def access_engines() -> Iterator[tuple[asyncio.Runner, dict[str, Any]]]:
+    """The applications' engines, one per access path, and the one event loop of the async ones."""
+    engines: dict[str, Any] = {}
+    with asyncio.Runner() as runner:
+        yield runner, engines
+        for engine in engines.values():
+            if isinstance(engine, AsyncEngine):
+                runner.run(engine.dispose())
+            else:
+                engine.dispose()
+
+
+@pytest.fixture(params=sorted(ACCESS))
+def access(
+    request: pytest.FixtureRequest,
+    conformance_engines: dict[str, Engine],
+    access_engines: tuple[asyncio.Runner, dict[str, Any]],
+) -> Case:
+    """One driver on an emptied ledger, its ``within`` on one access path (an application's driver)."""
+    backend, drivername, is_async = ACCESS[request.param]
+    case = _case(request, backend, conformance_engines)
+    runner, engines = access_engines
+    if request.param not in engines:
+        url = make_url(case.url).set(drivername=drivername).render_as_string(hide_password=False)
+        make = case.driver.make_async_engine if is_async else case.driver.make_engine
+        engines[request.param] = make(url)
+    engine = engines[request.param]
+    case.access = AsyncAccess(engine, runner) if is_async else SyncAccess(make_sessionmaker(engine))
+    return case

@@ -48,6 +48,27 @@ def test_make_engine_opens_the_url_with_the_callers_engine_options(case):
         engine.dispose()
 
 
+def test_make_async_engine_opens_the_same_database_through_an_async_driver(case):
+    """A URL of a sync-only driver (the ledger's own settings) opens the database through an async one."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    op_id = case.submit()
+    engine = case.driver.make_async_engine(case.url)
+
+    async def read() -> list[Any]:
+        try:
+            async with AsyncSession(engine) as s:
+                return list((await s.execute(select(OP.c.id))).scalars())
+        finally:
+            await engine.dispose()
+
+    assert engine.dialect.is_async and driver_for(engine.sync_engine) is case.driver
+    assert make_url(str(engine.url)).database == make_url(case.url).database
+    assert asyncio.run(read()) == [op_id]
+
+
 def test_make_engine_enforces_foreign_keys(case):
     with pytest.raises(exc.IntegrityError):
         case.add_attempt("no-such-operation", 1, AttemptClass.PENDING)

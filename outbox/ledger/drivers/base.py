@@ -2,8 +2,8 @@
 
 Business code (submit, claims, transitions, evidence, the relay) says *what* to write; a driver
 says it in its database's terms. Two implement it: ``postgres.PostgresDriver`` (the catalogue of
-statements in ``pg_statements.py``, sent through psycopg) and ``sqlite.SqliteDriver`` (SQLAlchemy
-Core, one writer at a time). ``outbox.ledger.drivers.driver_for`` picks one; no other module asks which
+statements in ``pg_statements.py``, sent through psycopg, or through SQLAlchemy when an application's
+transaction runs on another driver) and ``sqlite.SqliteDriver`` (SQLAlchemy Core, one writer at a time). ``outbox.ledger.drivers.driver_for`` picks one; no other module asks which
 database it runs on.
 """
 
@@ -13,13 +13,16 @@ import datetime as dt
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, WaitingFor
 from outbox.ledger.writes import WriteSet, finalize_writes, settle_writes
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,11 @@ class LedgerDriver(Protocol):
     name: str
 
     def make_engine(self, url: str, **kwargs: Any) -> Engine: ...
+
+    def make_async_engine(self, url: str, **kwargs: Any) -> AsyncEngine:
+        """The same database for an asyncio application (``producer.AsyncOutbox``); a URL of a
+        driver that has no async mode opens the database through one that has."""
+        ...
 
     def lock_for_migration(self, conn: Connection) -> None: ...
 

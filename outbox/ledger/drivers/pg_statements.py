@@ -6,6 +6,13 @@ statements (bench/README.md). Statements that come in shapes (a claim with or wi
 finalize per target status) are built here from named parts, once per shape (``lru_cache``), and
 nowhere else.
 
+Written for psycopg 3 (``%(name)s``), the hot path's driver; ``named`` gives any statement in
+SQLAlchemy's ``:name`` form, for a caller's transaction on another driver (psycopg2, asyncpg,
+psycopg's async connection: outbox/ledger/drivers/postgres.py). So a cast next to a parameter is
+written ``CAST(... AS type)``, never ``%(name)s::type``, which SQLAlchemy would not read as a
+parameter; asyncpg types every parameter from its context, and the casts keep those types the
+ones psycopg sends.
+
 Status values and LIMITs are written in as literals, not parameters: psycopg prepares a statement
 after a few executions, and only then can PostgreSQL keep one generic plan for it. With the status
 as a parameter the generic plan cannot use the partial index of that status, and with LIMIT as a
@@ -33,6 +40,14 @@ MIGRATION_LOCK = 7243011
 def _driver_params(sql: str) -> str:
     """SQL written with ``:name`` parameters, as psycopg wants them (``%(name)s``); ``::`` casts stay."""
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
+
+
+@functools.lru_cache(maxsize=128)
+def named(statement: str) -> str:
+    """A catalogue statement with SQLAlchemy's ``:name`` parameters (``text()``) instead of psycopg's."""
+    if re.search(r"%\(\w+\)s::", statement):
+        raise ValueError("a parameter cast as %(name)s::type: write CAST(%(name)s AS type)")
+    return re.sub(r"%\((\w+)\)s", r":\1", statement)
 
 
 def _render(writes: WriteSet) -> str:
@@ -63,8 +78,8 @@ WITH ins AS (
         next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space)
     VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
         %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
-        clock_timestamp() + make_interval(secs => %(deadline_s)s::float8),  -- NULL: no deadline
-        clock_timestamp() + make_interval(secs => %(delay_s)s::float8),
+        clock_timestamp() + make_interval(secs => CAST(%(deadline_s)s AS float8)),  -- NULL: no deadline
+        clock_timestamp() + make_interval(secs => CAST(%(delay_s)s AS float8)),
         false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s)
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
     RETURNING id
@@ -72,8 +87,8 @@ WITH ins AS (
     INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
     SELECT id, clock_timestamp(), NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
 )
-SELECT (SELECT count(*) FROM ins)"""
-SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins)"
+SELECT (SELECT count(*) FROM ins) AS inserted"""
+SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins) AS notified"
 SUBMIT_QUIET = _SUBMIT
 # An operation made due by something other than a submit (an approval): the relay hears it on commit.
 NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
@@ -260,7 +275,7 @@ WITH due AS (
     SELECT id FROM {OPERATIONS}
     WHERE status = '{status.value}' AND next_attempt_at <= statement_timestamp()
       AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
-                                      OR next_attempt_at < %(leading_since)s::timestamptz))
+                                      OR next_attempt_at < CAST(%(leading_since)s AS timestamptz)))
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
       {lease}

@@ -4,40 +4,78 @@ Every statement runs inside the caller's transaction (a SQLAlchemy session or co
 driver connection we borrow, or a worker's own psycopg connection from ``hot_path``): SQLAlchemy
 began it and commits or rolls it back. Several finalizes are pipelined: one round trip for a
 whole doorbell batch.
+
+An application's own transaction may run on another driver: psycopg2 (SQLAlchemy's default for
+``postgresql://``), asyncpg or psycopg's async connection (an ``AsyncSession``, whose sync session
+``run_sync`` hands us: producer/aio.py). There the same catalogue statements go through
+SQLAlchemy (``text()`` on the caller's session), so they are one text and one meaning on every
+driver; only a sync psycopg connection takes the raw path, which the workers' hot path and the
+submit benchmarks measure (bench/README.md).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine, TextClause, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.errors import MissingDependency
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.drivers.base import FinalizeWrite, NewOperation
 from outbox.ledger.models import Run, core_table
 from outbox.ledger.states import AttemptKind, Status
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
-def _conn(bind: Any) -> Any:
-    """The psycopg connection under a session's or connection's current transaction."""
+# Drivers SQLAlchemy runs only synchronously: their URLs open the same database through psycopg's
+# async connection (psycopg is a core dependency) when an async engine is asked for.
+_SYNC_ONLY = {"postgresql", "postgresql+psycopg2", "postgresql+psycopg2cffi", "postgresql+pg8000"}
+ASYNCPG_HINT = "postgresql+asyncpg:// needs asyncpg: pip install 'agent-outbox-ledger[asyncpg]'"
+
+
+def _raw(bind: Any) -> psycopg.Connection[Any] | None:
+    """The sync psycopg connection under a session's or connection's current transaction (or a
+    worker's own); None when another driver carries it, so the statement goes through SQLAlchemy."""
     if isinstance(bind, Session):
-        return bind.connection().connection.driver_connection
-    if isinstance(bind, Connection):
-        return bind.connection.driver_connection
-    return bind  # already the driver's connection (a worker's hot path)
+        conn = bind.connection().connection.driver_connection
+    elif isinstance(bind, Connection):
+        conn = bind.connection.driver_connection
+    else:
+        conn = bind  # already the driver's connection (a worker's hot path)
+    return conn if isinstance(conn, psycopg.Connection) else None
+
+
+@functools.lru_cache(maxsize=128)
+def _text(statement: str) -> TextClause:
+    return text(sql.named(statement))
+
+
+def _execute(bind: Any, statement: str, params: dict[str, Any], *, by_name: bool = True) -> Any:
+    """Run one catalogue statement in ``bind``'s transaction; a cursor or a result. ``by_name``: rows
+    read by column name (else by position: psycopg's plain tuples, the cheapest)."""
+    raw = _raw(bind)
+    if raw is not None:
+        return (
+            raw.cursor(row_factory=namedtuple_row).execute(statement, params)
+            if by_name
+            else raw.execute(statement, params)
+        )
+    return bind.execute(_text(statement), params)
 
 
 def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
-    rows: list[Any] = _conn(bind).cursor(row_factory=namedtuple_row).execute(statement, params).fetchall()
+    rows: list[Any] = _execute(bind, statement, params).fetchall()
     return rows
 
 
@@ -49,6 +87,17 @@ class PostgresDriver:
         # transaction per checkout, doubling commits per operation (bench/README.md). A connection
         # that died in the pool fails its first use, SQLAlchemy invalidates the pool, callers retry.
         return create_engine(url, **kwargs)
+
+    def make_async_engine(self, url: str, **kwargs: Any) -> AsyncEngine:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        parsed = make_url(url)
+        if parsed.drivername in _SYNC_ONLY:
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        try:
+            return create_async_engine(parsed, **kwargs)
+        except ImportError as exc:  # the URL names asyncpg, and it is not installed
+            raise MissingDependency(f"{ASYNCPG_HINT} ({exc})") from exc
 
     def lock_for_migration(self, conn: Connection) -> None:
         conn.exec_driver_sql(sql.MIGRATION_LOCK_SQL)
@@ -85,10 +134,10 @@ class PostgresDriver:
             "submitted_by": new.submitted_by,
             "key_space": new.key_space,
         }
-        return bool(_conn(session).execute(statement, params).fetchone()[0])
+        return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
 
     def notify_due(self, session: Any, operation_id: str) -> None:
-        _conn(session).execute(sql.NOTIFY_DUE, {"id": operation_id})
+        _execute(session, sql.NOTIFY_DUE, {"id": operation_id}, by_name=False)
 
     def claim(
         self,
@@ -108,29 +157,33 @@ class PostgresDriver:
         """Each write's (attempt row written, operation moved), pipelined in one round trip."""
         if not writes:
             return []
-        conn = _conn(session)
+        statements = []
+        for w in writes:
+            params = dict(w.params, to=w.to.value, stale=False)
+            if params.get("result") is not None:
+                params["result"] = json.dumps(params["result"])
+            statements.append((sql.finalize(w.to, w.refund, w.guard, w.source), params))
+        conn = _raw(session)
+        if conn is None:  # another driver: one statement after the other
+            rows = [_execute(session, statement, params).fetchone() for statement, params in statements]
+            return [(bool(row.wrote), bool(row.moved)) for row in rows]
         cursors = []
         with conn.pipeline():
-            for w in writes:
+            for statement, params in statements:
                 cursor = conn.cursor(row_factory=namedtuple_row)
-                params = dict(w.params, to=w.to.value, stale=False)
-                if params.get("result") is not None:
-                    params["result"] = json.dumps(params["result"])
-                cursor.execute(sql.finalize(w.to, w.refund, w.guard, w.source), params)
+                cursor.execute(statement, params)
                 cursors.append(cursor)
         out = []
         for cursor in cursors:
-            row = cursor.fetchone()
+            row: Any = cursor.fetchone()
             out.append((bool(row.wrote), bool(row.moved)))
         return out
 
     def current_row(self, session: Any, operation_id: str) -> Any:
-        return (
-            _conn(session).cursor(row_factory=namedtuple_row).execute(sql.CURRENT_ROW, {"id": operation_id}).fetchone()
-        )
+        return _execute(session, sql.CURRENT_ROW, {"id": operation_id}).fetchone()
 
     def mark_attempt_stale(self, session: Any, attempt_id: int) -> None:
-        _conn(session).execute(sql.MARK_ATTEMPT_STALE, {"id": attempt_id})
+        _execute(session, sql.MARK_ATTEMPT_STALE, {"id": attempt_id}, by_name=False)
 
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> list[Any]:
@@ -140,15 +193,18 @@ class PostgresDriver:
         return _rows(session, sql.attempt_log(columns), {"ids": list(operation_ids)})
 
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None:
-        _conn(session).cursor().executemany(sql.INSERT_EVIDENCE, list(records))
+        raw = _raw(session)
+        if raw is None:
+            session.execute(_text(sql.INSERT_EVIDENCE), list(records))
+        else:
+            raw.cursor().executemany(sql.INSERT_EVIDENCE, list(records))
 
     def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
-        raw = _conn(conn)
         params = {"tables": list(tables), "min_rows": min_rows, "share": share}
-        stale = [row[0] for row in raw.execute(sql.STALE_STATISTICS, params)]
+        stale = [row[0] for row in _rows(conn, sql.STALE_STATISTICS, params)]
         for table in stale:
             if table in tables:  # a name the caller gave, as PostgreSQL returned it
-                raw.execute(f"ANALYZE {table}")
+                conn.exec_driver_sql(f"ANALYZE {table}")
         return stale
 
     def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
@@ -177,12 +233,11 @@ class PostgresDriver:
                 "fresh_grace_s": float(fresh_grace_s),
                 "leading_since": leading_since,
             }
-            rows: list[Any] = _conn(conn).execute(sql.mark_due(status, leased_ok, batch), params).fetchall()
-            return rows
+            return _rows(conn, sql.mark_due(status, leased_ok, batch), params)
 
     def mark_rung(self, engine: Engine, operation_ids: Sequence[str]) -> None:
         with engine.begin() as conn:
-            _conn(conn).execute(sql.MARK_RUNG, {"ids": list(operation_ids)})
+            _execute(conn, sql.MARK_RUNG, {"ids": list(operation_ids)}, by_name=False)
 
     def listener(self, engine: Engine) -> Listener:
         return Listener(engine)

@@ -1,8 +1,7 @@
 """The SQLite ledger driver (the embedded default): SQLAlchemy Core, one writer at a time.
 
-Several processes share one file safely: WAL journal, a busy timeout, and ``BEGIN IMMEDIATE`` for
-every transaction so that two writers never deadlock while upgrading a read lock (SQLite does not
-retry that case; the busy timeout only covers waiting for a lock). With one writer at a time, a
+Several processes share one file safely (outbox/ledger/drivers/sqlite_engine.py: WAL, a busy
+timeout, ``BEGIN IMMEDIATE`` for every transaction). With one writer at a time, a
 claim is a guarded UPDATE over a sub-select followed by its attempt and event rows, and a second
 statement in the same transaction sees the first.
 """
@@ -12,15 +11,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, or_, select, text, true, update
+from sqlalchemy import Connection, Engine, func, insert, or_, select, text, true, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.clock import db_age_s, db_now
+from outbox.ledger.drivers import sqlite_engine
 from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
@@ -28,9 +26,8 @@ from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Evidence, Operat
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, core_values
 
-# Long enough to ride out another process's commit burst on a laptop disk; short enough that
-# a stuck writer surfaces as an error instead of a hang.
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
@@ -65,29 +62,10 @@ class SqliteDriver:
     name = "sqlite"
 
     def make_engine(self, url: str, **kwargs: Any) -> Engine:
-        parsed = make_url(url)
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
+        return sqlite_engine.make_engine(url, **kwargs)
 
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            # WAL + NORMAL is durable against process crashes; only an OS crash may lose the last
-            # commits, which the embedded (laptop) mode accepts. Production runs PostgreSQL.
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
+    def make_async_engine(self, url: str, **kwargs: Any) -> AsyncEngine:
+        return sqlite_engine.make_async_engine(url, **kwargs)
 
     def lock_for_migration(self, conn: Connection) -> None:
         """BEGIN IMMEDIATE already holds the one write lock."""

@@ -1,0 +1,53 @@
+"""The PostgreSQL catalogue reads the same in psycopg's ``%(name)s`` and SQLAlchemy's ``:name``
+(outbox/ledger/drivers/pg_statements.py, ``named``): every statement a caller's transaction on
+another driver (psycopg2, asyncpg, psycopg's async connection) may be sent converts, parameter for
+parameter, and none casts a parameter as ``%(name)s::type``, which SQLAlchemy would not read."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from outbox.ledger.drivers import pg_statements as sql
+from outbox.ledger.states import AttemptKind, Status
+from outbox.ledger.writes import SETTLE_WRITES_FOR
+
+STATEMENTS = {
+    name: value
+    for name, value in vars(sql).items()
+    if name.isupper()
+    and not name.startswith("_")
+    and isinstance(value, str)
+    and re.match(r"\s*(WITH|SELECT|INSERT|UPDATE)\b", value)
+}
+SHAPES = {
+    "claim": [sql.claim(kind, ids, 10, others) for kind in AttemptKind for ids in (False, True) for others in (0, 5)],
+    "finalize": [
+        sql.finalize(to, refund, guard) for to in Status for refund in (False, True) for guard in (False, True)
+    ],
+    "settle": [sql.finalize(to, False, True, Status.OUTCOME_UNKNOWN) for to in SETTLE_WRITES_FOR],
+    "mark_due": [sql.mark_due(status, leased, 100) for status in Status for leased in (False, True)],
+    "attempt_log": [sql.attempt_log(("id", "attempt_class"))],
+}
+
+
+def _params(statement: str, pattern: str) -> list[str]:
+    return re.findall(pattern, statement)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [*STATEMENTS.values(), *(s for shapes in SHAPES.values() for s in shapes)],
+    ids=[*STATEMENTS, *(f"{k}-{i}" for k, shapes in SHAPES.items() for i, _ in enumerate(shapes))],
+)
+def test_every_statement_reads_the_same_with_sqlalchemy_parameters(statement):
+    named = sql.named(statement)
+    assert "%(" not in named
+    assert _params(named, r"(?<![:\w]):(\w+)(?![:\w])") == _params(statement, r"%\((\w+)\)s")
+
+
+def test_submit_is_in_the_catalogue_and_a_cast_parameter_is_refused():
+    assert {"SUBMIT_NOTIFY", "SUBMIT_QUIET", "NOTIFY_DUE", "CURRENT_ROW"} <= set(STATEMENTS)
+    with pytest.raises(ValueError, match="CAST"):
+        sql.named("SELECT %(x)s::float8")
