@@ -51,7 +51,8 @@ __all__ = ["OutsideAtomicBlock", "UnsupportedDatabase", "submit", "submit_run"]
 T = TypeVar("T")
 
 
-class OutsideAtomicBlock(OutboxError, TransactionManagementError):
+# Django ships no type hints: its exception classes are Any to mypy.
+class OutsideAtomicBlock(OutboxError, TransactionManagementError):  # type: ignore[misc]
     """Django's connection was in autocommit mode: the intent would commit on its own, never roll
     back with the application's rows. Nothing was written."""
 
@@ -64,7 +65,7 @@ class OutsideAtomicBlock(OutboxError, TransactionManagementError):
         self.using = using
 
 
-class UnsupportedDatabase(ConfigError, ImproperlyConfigured):
+class UnsupportedDatabase(ConfigError, ImproperlyConfigured):  # type: ignore[misc]
     """The Django database is not PostgreSQL on psycopg 3; the message says what to change."""
 
 
@@ -98,7 +99,7 @@ class LentPsycopgDialect(PGDialect_psycopg):
     def get_isolation_level(self, dbapi_connection: Any) -> Any:
         # The psycopg dialect rolls back an idle connection after asking (the first connect's
         # initialisation asks): here that would end a transaction that is Django's to end.
-        return PGDialect.get_isolation_level(self, dbapi_connection)
+        return PGDialect.get_isolation_level(self, dbapi_connection)  # type: ignore[no-untyped-call]
 
 
 registry.register("postgresql.django_psycopg", __name__, "LentPsycopgDialect")

@@ -40,7 +40,7 @@ class Boom(Exception):
 
 
 def refund_args(order: str, amount: str = "12.50") -> dict[str, Any]:
-    return {"order_id": order, "amount": Decimal(amount), "currency": "EUR", "reason": "damaged"}
+    return {"order_id": order, "amount": amount, "currency": "EUR", "reason": "damaged"}
 
 
 def add_row(key: str, order: str) -> RefundRequest:
@@ -52,10 +52,11 @@ def connection_state() -> dict[str, Any]:
     import psycopg
 
     raw = connection.connection
-    jsonb = psycopg.adapters.types["jsonb"].oid
+    types, text = psycopg.adapters.types, psycopg.pq.Format.TEXT
     return {
-        "cursor_factory": raw.cursor_factory.__qualname__,
-        "jsonb_loader": raw.adapters.get_loader(jsonb, psycopg.pq.Format.TEXT).__qualname__,
+        "cursor_factory": raw.cursor_factory.__name__,
+        "jsonb_loader": raw.adapters.get_loader(types["jsonb"].oid, text).__name__,
+        "timestamptz_loader": raw.adapters.get_loader(types["timestamptz"].oid, text).__name__,
         "prepare_threshold": raw.prepare_threshold,
         "transaction_status": raw.info.transaction_status.name,
         "in_atomic_block": connection.in_atomic_block,
@@ -167,6 +168,21 @@ def approval_and_run(order: str) -> dict[str, Any]:
             ],
         )
     return {"waiting": waiting.as_dict(), "run": run.as_dict()}
+
+
+@scenario
+def run_with_a_deadline(order: str) -> dict[str, Any]:
+    """A run whose deadline the ledger computes from the database's clock, as it reads it."""
+    with transaction.atomic():
+        run = outbox.submit_run(
+            tenant="t1",
+            run_key=f"{order}:run",
+            subject="django:test",
+            steps=[{"name": "refund", "action": "payments.refund.create", "args": refund_args(order)}],
+            budget={"deadline_s": 3600},
+        )
+        loader = connection_state()["timestamptz_loader"]
+    return {"run": run.as_dict(), "django_timestamptz_loader": loader}
 
 
 @scenario

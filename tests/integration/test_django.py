@@ -9,6 +9,7 @@ row, no operation and no NOTIFY.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import psycopg
 import pytest
 from sqlalchemy import select
 
+from outbox.ledger.clock import db_now
 from outbox.ledger.drivers.pg_statements import NOTIFY_CHANNEL
 from outbox.ledger.models import Operation, Run
 from tests.conftest import _libpq
@@ -62,9 +64,13 @@ def django_pipe(pipe: Any, django_tables: str) -> Any:
     return pipe
 
 
-def on_django(pipe: Any, scenario: str, **kwargs: Any) -> Any:
+def on_django(pipe: Any, scenario: str, settings: str = "refunds_site.settings", **kwargs: Any) -> Any:
     """Run a scenario of django_side.py in a fresh process; what it printed."""
-    env = _env(pipe.env["OUTBOX_DATABASE_URL"], {k: v for k, v in pipe.env.items() if k.startswith("OUTBOX_")})
+    env = _env(
+        pipe.env["OUTBOX_DATABASE_URL"],
+        {k: v for k, v in pipe.env.items() if k.startswith("OUTBOX_")}
+        | {"DJANGO_SETTINGS_MODULE": settings, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{SIDE.parent}"},
+    )
     done = subprocess.run(
         [sys.executable, str(SIDE), scenario, json.dumps(kwargs)],
         cwd=pipe.tmp,
@@ -222,6 +228,20 @@ def test_an_approval_waits_quietly_and_a_run_goes_step_by_step(django_pipe, sand
 def operation_of(pipe: Any, key: str) -> str:
     """The id of the operation of ``key``, once it exists."""
     return str(wait_for(lambda: (op := operations(pipe, key).get(key)) is not None and op.id, what=f"{key} exists"))
+
+
+def test_the_ledger_reads_time_as_psycopg_does_whatever_djangos_time_zone_settings(django_pipe):
+    """Without USE_TZ Django loads timestamps as naive local times; the ledger gets psycopg's
+    loaders for its call, so a run's deadline is an hour after the database's now, in any zone."""
+    pipe = django_pipe
+    seen = on_django(pipe, "run_with_a_deadline", settings="django_local_time", order="dj-tz")
+    assert seen["django_timestamptz_loader"] == "SpecificTzLoader"  # Django's, given back after the call
+    with pipe.sessions() as s:
+        run = s.get(Run, seen["run"]["run_id"])
+        assert run is not None
+        now = s.execute(select(db_now())).scalar_one()
+        assert abs((now - run.created_at).total_seconds()) < 60, (now, run.created_at)
+        assert run.deadline_at - run.created_at == dt.timedelta(hours=1)
 
 
 def test_a_database_other_than_postgresql_is_refused(tmp_path):

@@ -41,10 +41,12 @@ class CrashAfterSubmit(Exception):
 
 
 def _refund_args(request: HttpRequest) -> dict[str, Any]:
-    data = json.loads(request.body)
+    data = json.loads(request.body, parse_float=Decimal)  # 25.00 in the JSON stays 25.00
     return {
         "order_id": str(data["order_id"]),
-        "amount": Decimal(str(data["amount"])),  # exact: the outbox refuses binary floats
+        # Money as a decimal string ("25.00"): exact (binary floats are refused), and what the
+        # action's `decimal_args` asks of it.
+        "amount": str(Decimal(str(data["amount"]))),
         "currency": str(data["currency"]),
         "reason": str(data.get("reason", "")),
     }
