@@ -171,6 +171,29 @@ def approval_and_run(order: str) -> dict[str, Any]:
 
 
 @scenario
+def database_error_in_the_block(order: str) -> dict[str, Any]:
+    """The ledger's statement fails (a read-only transaction refuses the insert) and the caller
+    catches it inside the block: Django is told, as after an error of its own, so the block refuses
+    further queries and rolls back; nothing of it commits."""
+    with transaction.atomic():
+        add_row(f"{order}:row", order)
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION READ ONLY")
+        try:
+            outbox.submit(idempotency_key=f"{order}:op", args=refund_args(order), **INTENT)
+            error = None
+        except Exception as exc:
+            error = type(exc).__name__
+        needs_rollback = connection.needs_rollback
+        try:
+            add_row(f"{order}:after", order)
+            after = "written"
+        except TransactionManagementError:
+            after = "refused by Django"
+    return {"error": error, "needs_rollback": needs_rollback, "after": after}
+
+
+@scenario
 def run_with_a_deadline(order: str) -> dict[str, Any]:
     """A run whose deadline the ledger computes from the database's clock, as it reads it."""
     with transaction.atomic():

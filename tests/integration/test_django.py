@@ -192,6 +192,13 @@ def test_a_submit_outside_atomic_is_refused(django_pipe):
     assert operations(pipe, "dj-outside:") == {}
 
 
+def test_a_failed_statement_marks_the_block_for_rollback(django_pipe):
+    pipe = django_pipe
+    seen = on_django(pipe, "database_error_in_the_block", order="dj-failed")
+    assert seen == {"error": "ReadOnlySqlTransaction", "needs_rollback": True, "after": "refused by Django"}
+    assert rows(pipe, "dj-failed:") == [] and operations(pipe, "dj-failed:") == {}
+
+
 def test_a_replay_answers_the_same_operation_and_changed_args_conflict(django_pipe):
     pipe = django_pipe
     seen = on_django(pipe, "replay_and_conflict", order="dj-replay")
