@@ -334,3 +334,20 @@ def test_a_failed_probe_waits_for_the_reopen_time_in_probe_order_not_on_the_shor
     assert after_failed_probe(c, ACTION, Rejected("x"), reopen_s=20.0, now=T0) == Rejected("x")
     # A reopen past the deadline: the budget's own answer stands (the next claim ends it).
     assert after_failed_probe(c, ACTION, backoff, reopen_s=120.0, now=T0) == backoff
+
+
+def test_arguments_that_can_never_be_sent_end_the_operation_at_once():
+    """Money passed as a number to an action with decimal_args was retried until the budget was
+    spent (four attempts, each refused the same way before anything was sent)."""
+    from workers.provider.classify import LocalValidationError, classify_exception
+
+    bad_args = classify_exception(LocalValidationError("amount is money and must be a decimal string, got Decimal"))
+    assert bad_args.final and bad_args.klass is A.NOT_SENT
+    out = decide(claim(1), ACTION, bad_args, now=T0, rng=random.Random(1))
+    assert isinstance(out, Rejected) and "not retried" in out.why
+    # An earlier attempt still in doubt is looked up first, as for any end (effect_guard).
+    assert isinstance(decide(claim(2, ambiguity=True), ACTION, bad_args, now=T0), Ambiguous)
+    # Missing credentials can be added while the operation waits: retried within the budget.
+    creds = classify_exception(LocalValidationError("tenant 'x' has no credentials", retryable=True))
+    assert not creds.final
+    assert isinstance(decide(claim(1), ACTION, creds, now=T0, rng=random.Random(1)), RetryAt)

@@ -236,6 +236,8 @@ def decide(
                 f"{c.reason}: the provider reports it failed; an earlier attempt is in doubt: looking it up"
             )
         return FailedAtProvider(f"{c.reason}: the provider took it and reports it failed", c.provider_reference)
+    if c.final:  # arguments that can never be sent: retrying would spend the budget for nothing
+        return _spent(claim, action, f"{c.reason} (not retried: the arguments never change)")
     budget = effective_budget(claim, action)
     plan = plan_retry(
         attempt_number=claim.attempt_count,

@@ -77,7 +77,16 @@ _REQUEST_ID_HEADERS = ("request-id", "x-request-id", "x-amzn-requestid", "x-corr
 
 
 class LocalValidationError(ValueError):
-    """The request could not be built from the arguments; nothing was sent."""
+    """The request could not be built; nothing was sent.
+
+    ``retryable``: False (the default) when the intent's own arguments break the action's contract:
+    they never change, so every attempt would fail the same way and the operation ends at once.
+    True when configuration an operator can fix while the operation waits is missing (a tenant's
+    credentials): retried within the budget."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,9 @@ class Classification:
     # Where the failure happened: "local" (the request could not be built from the arguments:
     # our side, never the downstream's health), "transport" (no HTTP answer), "http" (an answer).
     origin: Literal["local", "transport", "http"] = "http"
+    # The same request would fail the same way (arguments that break the action's contract): the
+    # operation ends without spending its retry budget.
+    final: bool = False
     # A 2xx whose status field says the provider failed it (the action's lookup.failed): the
     # provider took it and holds it as failed, which is not a rejection of the request.
     failed_at_provider: bool = False
@@ -114,7 +126,7 @@ class Progress:
 def classify_exception(exc: BaseException) -> Classification:
     """Classify a failure raised while building or sending the request."""
     if isinstance(exc, LocalValidationError):
-        return Classification(A.NOT_SENT, f"local_validation: {exc}", origin="local")
+        return Classification(A.NOT_SENT, f"local_validation: {exc}", origin="local", final=not exc.retryable)
     for exc_type, klass, reason in _EXCEPTION_TABLE:
         if isinstance(exc, exc_type):
             return Classification(klass, reason, origin="transport")

@@ -147,7 +147,8 @@ class HttpConnector:
         if headers is None:
             raise LocalValidationError(
                 f"tenant {tenant!r} has no credentials for target {target_name!r}: "
-                f"add targets.{target_name}.tenants.{tenant or '<tenant>'}.headers to the actions file"
+                f"add targets.{target_name}.tenants.{tenant or '<tenant>'}.headers to the actions file",
+                retryable=True,
             )
         return headers
 
