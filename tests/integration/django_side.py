@@ -2,17 +2,23 @@
 and app registry are global to a process, and must not leak into the test process's other tests.
 
 ``python tests/integration/django_side.py SCENARIO JSON`` runs one scenario with the JSON object as
-its keyword arguments and prints what happened as one JSON line. Environment: the example project on
-PYTHONPATH (examples/django_app), DJANGO_SETTINGS_MODULE=refunds_site.settings, OUTBOX_DATABASE_URL.
+its keyword arguments and prints what happened as one JSON line (with ``django_driver``, the module of
+Django's connection). Environment: the example project on PYTHONPATH (examples/django_app),
+DJANGO_SETTINGS_MODULE=refunds_site.settings, OUTBOX_DATABASE_URL; DJANGO_SIDE_DRIVER=psycopg2 runs
+Django as where psycopg has no implementation: ``import psycopg`` fails, and Django takes psycopg2.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+
+if os.environ.get("DJANGO_SIDE_DRIVER") == "psycopg2":
+    sys.modules["psycopg"] = None  # type: ignore[assignment]  # importing it raises ImportError
 
 import django
 
@@ -49,9 +55,19 @@ def add_row(key: str, order: str) -> RefundRequest:
 
 def connection_state() -> dict[str, Any]:
     """What Django configured on its connection that the call borrows and must give back."""
+    raw = connection.connection
+    if type(raw).__module__.startswith("psycopg2"):
+        import psycopg2.extensions as ext
+
+        status = {getattr(ext, f"TRANSACTION_STATUS_{n}"): n for n in ("IDLE", "ACTIVE", "INTRANS", "INERROR")}
+        return {
+            "cursor_factory": raw.cursor_factory.__name__,
+            "typecasters": {oid: caster.name for oid, caster in raw.string_types.items()},
+            "transaction_status": status[raw.get_transaction_status()],
+            "in_atomic_block": connection.in_atomic_block,
+        }
     import psycopg
 
-    raw = connection.connection
     types, text = psycopg.adapters.types, psycopg.pq.Format.TEXT
     return {
         "cursor_factory": raw.cursor_factory.__name__,
@@ -182,8 +198,8 @@ def database_error_in_the_block(order: str) -> dict[str, Any]:
         try:
             outbox.submit(idempotency_key=f"{order}:op", args=refund_args(order), **INTENT)
             error = None
-        except Exception as exc:
-            error = type(exc).__name__
+        except Exception as exc:  # psycopg's error, or SQLAlchemy's around psycopg2's (the text() path)
+            error = type(getattr(exc, "orig", None) or exc).__name__
         needs_rollback = connection.needs_rollback
         try:
             add_row(f"{order}:after", order)
@@ -204,8 +220,11 @@ def run_with_a_deadline(order: str) -> dict[str, Any]:
             steps=[{"name": "refund", "action": "payments.refund.create", "args": refund_args(order)}],
             budget={"deadline_s": 3600},
         )
-        loader = connection_state()["timestamptz_loader"]
-    return {"run": run.as_dict(), "django_timestamptz_loader": loader}
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT now()")
+            django_now = cursor.fetchone()[0]
+        loader = connection_state().get("timestamptz_loader")
+    return {"run": run.as_dict(), "django_timestamptz_loader": loader, "django_reads_naive": django_now.tzinfo is None}
 
 
 @scenario
@@ -219,5 +238,7 @@ def not_postgresql(order: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    connection.ensure_connection()
+    driver = type(connection.connection).__module__.split(".")[0]  # before a request closes it
     result = SCENARIOS[sys.argv[1]](**json.loads(sys.argv[2]))
-    print(json.dumps(result, default=str))
+    print(json.dumps(result | {"django_driver": driver}, default=str))

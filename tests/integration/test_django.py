@@ -4,7 +4,9 @@ The example project (examples/django_app) runs in processes of its own (tests/in
 django_side.py: Django's global setup stays out of this process), on this run's PostgreSQL database,
 beside the outbox's tables. This process holds the real relay, a Celery worker and the sandbox, and
 LISTENs on the relay's channel: what Django commits is dispatched once; what it rolls back leaves no
-row, no operation and no NOTIFY.
+row, no operation and no NOTIFY. Every case runs on both of Django's drivers: psycopg 3, and psycopg2
+(the child cannot import psycopg, as where psycopg has no implementation: Django falls back to psycopg2
+and the ledger sends its statements through SQLAlchemy).
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ def django_tables(pg_database_url: str) -> str:
     return pg_database_url
 
 
-@pytest.fixture
-def django_pipe(pipe: Any, django_tables: str) -> Any:
+@pytest.fixture(params=["psycopg", "psycopg2"])
+def django_pipe(request: pytest.FixtureRequest, pipe: Any, django_tables: str) -> Any:
     pipe.env["OUTBOX_DEFAULT_TENANT"] = "t1"  # the example's tenant, as Pipeline's helpers read it
+    pipe.env["DJANGO_SIDE_DRIVER"] = request.param  # the driver Django runs on (django_side.py)
+    with pipe.sessions() as s, s.begin():  # the example's rows of the other driver's run of the case
+        s.connection().exec_driver_sql("DELETE FROM refunds_refundrequest")
     return pipe
 
 
@@ -68,7 +73,7 @@ def on_django(pipe: Any, scenario: str, settings: str = "refunds_site.settings",
     """Run a scenario of django_side.py in a fresh process; what it printed."""
     env = _env(
         pipe.env["OUTBOX_DATABASE_URL"],
-        {k: v for k, v in pipe.env.items() if k.startswith("OUTBOX_")}
+        {k: v for k, v in pipe.env.items() if k.startswith(("OUTBOX_", "DJANGO_SIDE_"))}
         | {"DJANGO_SETTINGS_MODULE": settings, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{SIDE.parent}"},
     )
     done = subprocess.run(
@@ -80,7 +85,9 @@ def on_django(pipe: Any, scenario: str, settings: str = "refunds_site.settings",
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen.pop("django_driver") == pipe.env["DJANGO_SIDE_DRIVER"]  # the driver it was meant to run on
+    return seen
 
 
 @pytest.fixture
@@ -162,6 +169,8 @@ def test_the_first_submit_keeps_the_transaction_it_finds(django_pipe, listener):
     assert kept["row_visible"] is True
     assert kept["before"]["transaction_status"] == kept["after"]["transaction_status"] == "INTRANS"
     assert kept["after"] == kept["before"]  # Django's cursor factory and loaders came back
+    if pipe.env["DJANGO_SIDE_DRIVER"] == "psycopg2":
+        assert kept["before"]["typecasters"]["3802"] == "JSONB"  # Django's jsonb-as-text, set aside and back
     assert kept["after"]["in_atomic_block"] is True
     assert heard(listener, until=kept["operation_id"]) == [kept["operation_id"]]
     assert rows(pipe, "dj-first-a:") == ["dj-first-a:row"]
@@ -238,11 +247,14 @@ def operation_of(pipe: Any, key: str) -> str:
 
 
 def test_the_ledger_reads_time_as_psycopg_does_whatever_djangos_time_zone_settings(django_pipe):
-    """Without USE_TZ Django loads timestamps as naive local times; the ledger gets psycopg's
-    loaders for its call, so a run's deadline is an hour after the database's now, in any zone."""
+    """Without USE_TZ Django loads timestamps as naive local times (psycopg 3: its loader on the
+    connection; psycopg2: its cursors'); the ledger reads them as the driver does for its call, so a
+    run's deadline is an hour after the database's now, in any zone."""
     pipe = django_pipe
     seen = on_django(pipe, "run_with_a_deadline", settings="django_local_time", order="dj-tz")
-    assert seen["django_timestamptz_loader"] == "SpecificTzLoader"  # Django's, given back after the call
+    assert seen["django_reads_naive"] is True  # Django's own reads, after the call: naive local times
+    if pipe.env["DJANGO_SIDE_DRIVER"] == "psycopg":
+        assert seen["django_timestamptz_loader"] == "SpecificTzLoader"  # Django's, given back after the call
     with pipe.sessions() as s:
         run = s.get(Run, seen["run"]["run_id"])
         assert run is not None

@@ -3,9 +3,11 @@
 ``driver_for(bind)`` is the one place that asks which database the ledger runs on; everything
 else calls the driver it returns (outbox/ledger/drivers/base.py says what a driver does).
 
-The PostgreSQL driver is imported when a PostgreSQL ledger is first asked for: psycopg cannot be
-imported without an implementation (its ``binary`` or ``c`` package, or the system's libpq), and a
-SQLite ledger needs none.
+The PostgreSQL driver is imported when a PostgreSQL ledger is first asked for. psycopg cannot be
+imported without an implementation (its ``binary`` or ``c`` package, or the system's libpq): a SQLite
+ledger needs none, and neither does a session on another driver (psycopg2, asyncpg: an application's
+own, e.g. Django's on psycopg2, producer/django/), whose statements go through SQLAlchemy. A URL (the
+tools, the workers) or a session on psycopg needs psycopg, and is refused without it.
 """
 
 from __future__ import annotations
@@ -32,15 +34,31 @@ PSYCOPG_HINT = (
 )
 
 
+# SQLAlchemy's drivers on which the PostgreSQL driver sends its statements through psycopg itself.
+_ON_PSYCOPG = {"psycopg", "psycopg_async"}
+
+
+def _postgres(*, psycopg: bool = True) -> LedgerDriver:
+    if psycopg:
+        _psycopg_importable()
+    return _postgres_driver()
+
+
 @functools.cache
-def _postgres() -> LedgerDriver:
+def _psycopg_importable() -> None:
     try:
-        from outbox.ledger.drivers.postgres import PostgresDriver
+        import psycopg as _  # noqa: F401 - importable, with an implementation
     except ImportError as exc:
         if not (exc.name or "").startswith("psycopg") and "psycopg" not in str(exc):
             raise
         # psycopg says which implementations it tried ("no pq wrapper available"), not what to install.
         raise MissingDependency(f"{PSYCOPG_HINT}; psycopg said: {' '.join(str(exc).split())}") from exc
+
+
+@functools.cache
+def _postgres_driver() -> LedgerDriver:
+    from outbox.ledger.drivers.postgres import PostgresDriver
+
     return PostgresDriver()
 
 
@@ -50,9 +68,9 @@ def __getattr__(name: str) -> LedgerDriver:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _by_backend(backend: str) -> LedgerDriver:
+def _by_backend(backend: str, *, psycopg: bool = True) -> LedgerDriver:
     if backend == "postgresql":
-        return _postgres()
+        return _postgres(psycopg=psycopg)
     if backend == "sqlite":
         return SQLITE
     raise KeyError(backend)
@@ -78,4 +96,4 @@ def driver_for(bind: Any) -> LedgerDriver:
         return _postgres()  # a worker's own connection (PostgresDriver.hot_path); never one without psycopg
     elif not isinstance(bind, Engine):
         raise TypeError(f"not a ledger engine, session or connection: {type(bind).__name__}")
-    return _by_backend(bind.dialect.name)
+    return _by_backend(bind.dialect.name, psycopg=bind.dialect.driver in _ON_PSYCOPG)

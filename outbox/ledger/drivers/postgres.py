@@ -23,8 +23,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, TextClause, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +35,13 @@ from outbox.ledger.states import AttemptKind, Status
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+try:
+    import psycopg
+    from psycopg.rows import namedtuple_row
+except ImportError:  # no implementation: sessions on another driver only (drivers/__init__.py)
+    if not TYPE_CHECKING:
+        psycopg = None
 
 # Drivers SQLAlchemy runs only synchronously: their URLs open the same database through psycopg's
 # async connection (psycopg is a core dependency) when an async engine is asked for.
@@ -53,7 +58,7 @@ def _raw(bind: Any) -> psycopg.Connection[Any] | None:
         conn = bind.connection.driver_connection
     else:
         conn = bind  # already the driver's connection (a worker's hot path)
-    return conn if isinstance(conn, psycopg.Connection) else None
+    return conn if psycopg is not None and isinstance(conn, psycopg.Connection) else None
 
 
 @functools.lru_cache(maxsize=128)
@@ -249,7 +254,7 @@ class Listener:
     Raises ``psycopg.Error`` (a database error) when the connection fails; the relay reconnects.
     """
 
-    errors = (psycopg.Error,)
+    errors: tuple[type[Exception], ...] = (psycopg.Error,) if psycopg is not None else ()
 
     def __init__(self, engine: Engine) -> None:
         self._url = make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
