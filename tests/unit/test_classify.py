@@ -222,3 +222,21 @@ def test_an_http_date_retry_after_is_read_against_the_responses_date_header() ->
         ).retry_after_s
         == 62.0
     )
+
+
+def test_money_passes_as_a_decimal_string_whatever_the_ledger_stored() -> None:
+    """Decimal("25.00") is stored as 25 (numbers are canonicalised by value); the worker refused the
+    int it read back, so a whole amount failed where 12.50 went through."""
+    from decimal import Decimal
+
+    from outbox.ledger.envelope import build_envelope, loads_exact
+    from workers.provider.classify import LocalValidationError
+    from workers.provider.http_request import check_decimal_args
+
+    for given_amount, sent in ((Decimal("25.00"), "25"), (Decimal("12.50"), "12.5"), ("25.00", "25.00"), (7, "7")):
+        env = build_envelope(tenant="t", action="a.b", args={"amount": given_amount}, subject="s")
+        stored = loads_exact(env.canonical_args)
+        assert check_decimal_args(stored, ["amount"])["amount"] == sent
+    for bad in (True, [1], "12,50", Decimal("NaN")):
+        with pytest.raises(LocalValidationError):
+            check_decimal_args({"amount": bad}, ["amount"])

@@ -56,7 +56,10 @@ def request_digest(method: str, url: str, body: bytes | None) -> str:
 
 
 def check_decimal_args(args: Mapping[str, Any], decimal_args: list[str]) -> dict[str, Any]:
-    """Decimal strings pass; Decimal becomes its string; floats, ints and garbage are refused."""
+    """Decimal strings pass; a Decimal or a whole number becomes its decimal string; anything else
+    (a bool, a list, garbage text) is refused. Whole numbers pass because the ledger canonicalises
+    numbers by value: ``Decimal("25.00")`` is stored as 25, and refusing it made a whole amount fail
+    where 12.50 went through. (Floats never get here: submit refuses them.)"""
     out = dict(args)
     for name in decimal_args:
         if name not in out or out[name] is None:
@@ -66,6 +69,8 @@ def check_decimal_args(args: Mapping[str, Any], decimal_args: list[str]) -> dict
             if not value.is_finite():
                 raise LocalValidationError(f"{name} must be a finite decimal, got {value}")
             out[name] = format(value, "f")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            out[name] = str(value)
         elif isinstance(value, bool) or not isinstance(value, str):
             raise LocalValidationError(f"{name} is money and must be a decimal string, got {type(value).__name__}")
         elif not _DECIMAL.match(value):
