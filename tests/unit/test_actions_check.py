@@ -163,3 +163,19 @@ def test_a_key_declared_twice_is_a_problem_not_a_silent_replacement(
     assert out.splitlines()[0].startswith("actions.support.ticket.create: declared twice (lines ")
     with pytest.raises(ActionsFileError, match="declared twice"):
         load_actions(path, environ=SET)
+
+
+def test_a_target_left_unchecked_for_an_unset_variable_still_has_its_actions_keys_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The target's base_url is a ${VAR} not set where the file is checked: the target is left out
+    of the cross checks, and an action's provider_key without {tenant} passed as "ok" although
+    workers refuse the file at start."""
+    doc = copy.deepcopy(GOOD)
+    doc["actions"][REFUND]["provider_key"] = "{idempotency_key}"
+    code, out, _ = check(capsys, str(write(tmp_path, doc)))
+    assert code == 1
+    assert out.splitlines()[0].startswith(f"actions.{REFUND}.provider_key: '{{idempotency_key}}' has no {{tenant}}")
+    doc["targets"]["payments"]["tenants"] = {"acme": {"headers": {"Authorization": "Bearer ${ACME_TOKEN}"}}}
+    code, out, _ = check(capsys, str(write(tmp_path, doc)))
+    assert code == 0, out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -237,9 +237,11 @@ class ActionsConfig(_Strict):
         return action in self.actions and self.actions[action].irreversible
 
 
-def _check_references(cfg: ActionsConfig, declared_targets: Collection[str]) -> list[tuple[str, str]]:
+def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) -> list[tuple[str, str]]:
     """Cross-field checks pydantic cannot see from inside one model. ``cfg`` may hold only the parts
-    that are valid on their own; ``declared_targets`` names every target the file declares."""
+    that are valid on their own; ``declared_targets`` names every target the file declares, each with
+    whether it declares per-tenant credentials (read from the file itself: a target left out of
+    ``cfg``, say for a ``${VAR}`` not set where the file is checked, still says so)."""
     problems: list[tuple[str, str]] = []
     for name, action in cfg.actions.items():
         where = f"actions.{name}"
@@ -247,11 +249,7 @@ def _check_references(cfg: ActionsConfig, declared_targets: Collection[str]) -> 
             problems.append(
                 (f"{where}.target", f"unknown target {action.target!r}; known: {', '.join(sorted(declared_targets))}")
             )
-        elif (
-            action.target in cfg.targets  # else the target itself is invalid (reported there)
-            and not action.key_rule.scoped_by_tenant
-            and not cfg.targets[action.target].tenants
-        ):
+        elif not action.key_rule.scoped_by_tenant and not declared_targets[action.target]:
             problems.append(
                 (
                     f"{where}.provider_key",
@@ -345,7 +343,11 @@ def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict:
                 problems.append((path, _message(e)))
         cfg = _valid_parts(resolved)
     targets = resolved.get("targets")
-    declared_targets = list(targets) if isinstance(targets, dict) else []
+    declared_targets = (
+        {name: isinstance(t, dict) and bool(t.get("tenants")) for name, t in targets.items()}
+        if isinstance(targets, dict)
+        else {}
+    )
     problems += _check_references(cfg, declared_targets)
     actions = resolved.get("actions")
     declared = (len(actions) if isinstance(actions, dict) else 0, len(declared_targets))
