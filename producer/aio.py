@@ -64,9 +64,10 @@ class AsyncOutbox:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> AsyncOutbox:
-        """From ``OUTBOX_DATABASE_URL``: a ``postgresql+psycopg://`` ledger is opened through psycopg's
-        async connection (``postgresql+asyncpg://`` through asyncpg), the embedded SQLite file through
-        aiosqlite (extra ``[asyncio]``)."""
+        """From ``OUTBOX_DATABASE_URL`` (the workers' setting, so ``postgresql+psycopg://`` or SQLite):
+        a PostgreSQL ledger is opened through psycopg's async connection, the embedded SQLite file
+        through aiosqlite (extra ``[asyncio]``). For asyncpg, build the engine yourself:
+        ``AsyncOutbox(make_async_engine("postgresql+asyncpg://..."))``."""
         settings = settings or load_settings()
         return cls(
             make_async_engine(settings.resolved_database_url),

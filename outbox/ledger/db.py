@@ -40,7 +40,7 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     driver (``postgresql://``: psycopg2; ``sqlite://``) opens the same database through an async one."""
     if importlib.util.find_spec("greenlet") is None:
         raise MissingDependency(ASYNC_HINT)
-    return driver_for_url(url).make_async_engine(url, **kwargs)
+    return driver_for_url(url, asynchronous=True).make_async_engine(url, **kwargs)
 
 
 def make_async_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

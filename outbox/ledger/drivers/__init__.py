@@ -76,13 +76,17 @@ def _by_backend(backend: str, *, psycopg: bool = True) -> LedgerDriver:
     raise KeyError(backend)
 
 
-def driver_for_url(url: str) -> LedgerDriver:
-    backend = make_url(url).get_backend_name()
+def driver_for_url(url: str, *, asynchronous: bool = False) -> LedgerDriver:
+    """The driver of a URL. ``asynchronous``: the URL of an async engine, which on asyncpg needs no
+    psycopg implementation (every other PostgreSQL URL opens through psycopg's async connection)."""
+    parsed = make_url(url)
     try:
-        return _by_backend(backend)
+        return _by_backend(
+            parsed.get_backend_name(), psycopg=not (asynchronous and parsed.get_driver_name() == "asyncpg")
+        )
     except KeyError:
         raise ValueError(
-            f"unsupported ledger database {backend!r}: use postgresql+psycopg://... or sqlite:///..."
+            f"unsupported ledger database {parsed.get_backend_name()!r}: use postgresql+psycopg://... or sqlite:///..."
         ) from None
 
 
