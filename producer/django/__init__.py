@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.transaction import TransactionManagementError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox.errors import ConfigError, OutboxError
@@ -98,8 +99,17 @@ def _in_django_transaction(using: str, write: Callable[[Session], T]) -> T:
         )
     with driver.lent(using, raw) as engine, Session(engine) as session:
         try:
-            result = write(session)
-            session.flush()  # a run's rows are ORM objects: written now, committed by atomic()
+            # A failed statement reaches the caller as Django's own error (django.db.IntegrityError,
+            # ...), whichever path the statement took: the driver's error straight from the raw
+            # psycopg 3 path, or the one SQLAlchemy wrapped on the text() path.
+            with connection.wrap_database_errors:
+                try:
+                    result = write(session)
+                    session.flush()  # a run's rows are ORM objects: written now, committed by atomic()
+                except DBAPIError as exc:
+                    if exc.orig is None:
+                        raise
+                    raise exc.orig from exc
         except BaseException:
             if driver.in_error(raw) and connection.in_atomic_block:
                 # A failed statement: the block must roll back (its savepoint, or the whole

@@ -24,7 +24,7 @@ import django
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402 - after setup()
+from django.db import DatabaseError, connection, transaction  # noqa: E402 - after setup()
 from django.db.transaction import TransactionManagementError  # noqa: E402
 from django.test import Client  # noqa: E402
 from refunds.models import RefundRequest  # noqa: E402
@@ -198,8 +198,10 @@ def database_error_in_the_block(order: str) -> dict[str, Any]:
         try:
             outbox.submit(idempotency_key=f"{order}:op", args=refund_args(order), **INTENT)
             error = None
-        except Exception as exc:  # psycopg's error, or SQLAlchemy's around psycopg2's (the text() path)
-            error = type(getattr(exc, "orig", None) or exc).__name__
+        except DatabaseError as exc:  # Django's own, around the driver's (either path)
+            error = type(exc.__cause__).__name__
+        except Exception as exc:  # noqa: BLE001 - the scenario reports what it was
+            error = f"not Django's: {type(exc).__module__}.{type(exc).__name__}"
         needs_rollback = connection.needs_rollback
         try:
             add_row(f"{order}:after", order)
