@@ -27,6 +27,7 @@ From asyncio (SQLAlchemy ``AsyncSession`` on asyncpg or psycopg's async connecti
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
@@ -38,18 +39,19 @@ if TYPE_CHECKING:
     from producer.aio import AsyncOutbox, submit_async, submit_run_async
 
 __all__ = [
-    "AsyncOutbox",
     "Outbox",
     "Receipt",
     "RunReceipt",
     "submit",
     "submit_run",
-    "submit_async",
-    "submit_run_async",
     "IdempotencyConflict",
     "InvalidIntent",
     "RunConflict",
 ]
+# The async names only where they import (extra [asyncio]): ``from producer import *`` must work on
+# the core install too.
+if importlib.util.find_spec("greenlet") is not None:
+    __all__ += ["AsyncOutbox", "submit_async", "submit_run_async"]
 
 
 def __getattr__(name: str) -> Any:

@@ -153,8 +153,10 @@ class OutboxPipeline:
             raise ConfigError(f"{self.source}: " + "; ".join(problems))
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")} | outbox_vars
         self._log = open(self.log_path, "wb")
-        self._pipeline = Pipeline(settings, concurrency=1, loglevel="INFO", env=env, worker_output=self._log.fileno())
         try:
+            self._pipeline = Pipeline(
+                settings, concurrency=1, loglevel="INFO", env=env, worker_output=self._log.fileno()
+            )
             self._pipeline.start()  # the relay migrates the embedded ledger before the worker starts
             self._outbox = Outbox(open_engine(settings), key_rules=load_intent_rules(self.actions_file))
         except BaseException:
@@ -163,15 +165,19 @@ class OutboxPipeline:
         return self
 
     def stop(self) -> None:
-        if self._pipeline is not None:
-            self._pipeline.stop()
-            self._pipeline = None
-        if self._outbox is not None:
-            self._outbox.close()
-            self._outbox = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        """Stop what was started; each part is released even when stopping another raised."""
+        pipeline, outbox, log = self._pipeline, self._outbox, self._log
+        self._pipeline = self._outbox = self._log = None
+        try:
+            if pipeline is not None:
+                pipeline.stop()
+        finally:
+            try:
+                if outbox is not None:
+                    outbox.close()
+            finally:
+                if log is not None:
+                    log.close()
 
     # -- what a test does -------------------------------------------------------------------------
 
