@@ -243,7 +243,7 @@ def test_connection_refused_is_not_sent() -> None:
     assert "ConnectError" in (result.raw_error or "")
 
 
-@pytest.mark.parametrize("amount", [12.5, 12, "12,50", True])
+@pytest.mark.parametrize("amount", [12.5, "12,50", True, [12]])
 def test_money_must_be_decimal_string(server: str, amount: object) -> None:
     Handler.seen.clear()
     result = send(config(server), {**ARGS, "amount": amount})
@@ -256,6 +256,13 @@ def test_decimal_value_is_sent_as_string(server: str) -> None:
     Handler.seen.clear()
     assert send(config(server), {**ARGS, "amount": Decimal("12.50")}).classification.klass is A.SUCCEEDED
     assert json.loads(Handler.seen[-1]["body"])["amount"] == "12.50"
+
+
+def test_a_whole_amount_is_sent_as_its_decimal_string(server: str) -> None:
+    """Decimal("12.00") is stored as 12 (the ledger canonicalises numbers by value): it is money."""
+    Handler.seen.clear()
+    assert send(config(server), {**ARGS, "amount": 12}).classification.klass is A.SUCCEEDED
+    assert json.loads(Handler.seen[-1]["body"])["amount"] == "12"
 
 
 def test_missing_placeholder_argument_is_not_sent(server: str) -> None:
