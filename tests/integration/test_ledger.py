@@ -507,7 +507,11 @@ def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
             ids = [r[0] for r in conn.execute(f"SELECT id FROM {OPERATIONS} ORDER BY random() LIMIT 10")]
             return "\n".join(r[0] for r in conn.execute(f"EXPLAIN {sql.READ_DUE}", {"ids": ids}))
 
-        assert f"pk_{OPERATIONS}" not in plan()  # the trap: planned as if the backlog were not there
+        # The trap: planned as if the backlog were not there. Not asserted: PostgreSQL scales the
+        # empty table's statistics by its current size, and once in five full-suite runs
+        # (2026-12-02, CI on a clean clone) that estimate found the primary key on its own. What
+        # must hold is below: the sweep analyzes the changed table, and the plan uses the key.
+        print("before the refresh:", "primary key" if f"pk_{OPERATIONS}" in plan() else "the trap")
         stats = PlannerStats(pg_ledger.engine, min_interval_s=0)
         assert wait_for_stats(stats) == [OPERATIONS]
         assert f"pk_{OPERATIONS}" in plan(), plan()
