@@ -399,9 +399,11 @@ def _clear_prefix(redis_url: str, prefix: str) -> None:
     import redis
 
     r = redis.Redis.from_url(redis_url)
-    keys = list(r.scan_iter(match=f"{prefix}*", count=500)) + list(
-        r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=500)
-    )
+    keys = [
+        key
+        for pattern in (f"{prefix}*", f"agent-outbox:breaker:{prefix}*", f"agent-outbox:pacing:{prefix}*")
+        for key in r.scan_iter(match=pattern, count=500)
+    ]
     if keys:
         r.delete(*keys)
 
