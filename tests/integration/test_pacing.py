@@ -17,7 +17,7 @@ import redis
 
 from tests.harness import PrivateRedis
 from workers.pacing import Cleared, Deferred, Pacer, Rate, TargetLimits
-from workers.pacing.limits import Ask, RateScope
+from workers.pacing.limits import Ask
 from workers.pacing.shared import KEY_PREFIX, RedisPacing
 from workers.wiring import metrics
 
@@ -63,13 +63,16 @@ def test_a_burst_goes_at_once_then_the_rate_holds_across_processes(redis_url: st
         Pacer(limits(rate=Rate(50, 5)), process_id=f"p{i}", redis_url=redis_url, namespace=namespace) for i in (1, 2)
     ]
     sent: list[float] = []
+    at_once: list[bool] = []
     lock = threading.Lock()
 
     def calls(pacer: Pacer) -> None:
         for _ in range(5):
-            assert isinstance(pacer.clear("pay", "t", max_wait_s=1.0), Cleared)
+            cleared = pacer.clear("pay", "t", max_wait_s=1.0)
+            assert isinstance(cleared, Cleared)
             with lock:
                 sent.append(time.monotonic())
+                at_once.append(cleared.waited_for is None)
 
     threads = [threading.Thread(target=calls, args=(p,)) for p in pacers for _ in range(3)]
     start = time.monotonic()
@@ -78,7 +81,8 @@ def test_a_burst_goes_at_once_then_the_rate_holds_across_processes(redis_url: st
     for t in threads:
         t.join()
     sent.sort()
-    assert sent[4] - start < 0.05, "the burst of 5 goes at once"
+    # The burst goes without waiting (a call whose thread was scheduled late may find its turn come too).
+    assert sum(at_once) >= 5 and sent[4] - sent[0] < 0.1
     # Each turn after the burst is one interval (20 ms) after the last: call i never before (i - 4) x 20 ms.
     early = [(i, round(t - start, 3)) for i, t in enumerate(sent) if t - start < (i - 4) * 0.02 - 0.002]
     assert early == []
