@@ -50,17 +50,22 @@ class RateScope:
     target: str
     tenant: str | None
     rate: Rate
+    share: int = 1  # this process's rate is 1/share of the declared one (no common counter)
 
     @property
     def key(self) -> str:
         """Its name under the target's keys (shared by the Redis and the process-local limiter)."""
         return "rate" if self.tenant is None else f"tenant:{self.tenant}:rate"
 
+    def shared_by(self, processes: int) -> RateScope:
+        return RateScope(self.target, self.tenant, self.rate.shared_by(processes), max(1, processes))
+
     def why(self) -> str:
-        """The reason text people read: which limit, and its value."""
-        if self.tenant is None:
-            return f"rate limit of target {self.target}: {self.rate}"
-        return f"rate limit of tenant {self.tenant} at target {self.target}: {self.rate}"
+        """The reason text people read: which limit, its declared value, and the share kept to."""
+        declared = f"{self.rate.per_s * self.share:g}/s"
+        whose = f"target {self.target}" if self.tenant is None else f"tenant {self.tenant} at target {self.target}"
+        said = f"rate limit of {whose}: {declared}"
+        return said if self.share == 1 else f"{said} (this process keeps to 1/{self.share} while Redis is away)"
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,9 @@ class TargetLimits:
 @dataclass(frozen=True)
 class Ask:
     """One call asking to go: the rates it is held to, the concurrency slots of its target (None:
-    no concurrency limit), the slot's holder id and lease, and how long it may wait in its thread."""
+    no concurrency limit), the slot's holder id and lease, and how long it may wait in its thread.
+    ``not_before_s``: no rate gives a turn sooner than this from now (a switch of limiter lets the
+    turns the other one handed out pass first)."""
 
     target: str
     scopes: list[RateScope]
@@ -115,6 +122,7 @@ class Ask:
     holder: str
     max_wait_s: float
     slot_lease_s: float
+    not_before_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,17 @@ class LocalPacing:
         self._lock = threading.Lock()
         self._tats: dict[tuple[str, str], float] = {}  # (target, rate key) -> theoretical arrival time
         self._slots: dict[str, dict[str, float]] = {}  # target -> holder -> lease end
+        self._not_before = float("-inf")  # no rate gives a turn before this (see forget)
 
     def acquire(self, ask: Ask) -> Verdict:
         """As RedisPacing.acquire, for this process alone (``ask`` already holds its share)."""
         with self._lock:
             now = self._clock()
             wait, held_by, tats = 0.0, None, []
+            floor = max(self._not_before - now, ask.not_before_s)
             for scope in ask.scopes:
                 tat = max(self._tats.get((ask.target, scope.key), now), now)
-                w = tat - scope.rate.tolerance_s - now
+                w = max(tat - scope.rate.tolerance_s - now, floor)
                 if w > wait:
                     wait, held_by = w, scope
                 tats.append(tat)
@@ -57,8 +59,10 @@ class LocalPacing:
             now = self._clock()
             return sum(1 for until in self._slots.get(target, {}).values() if until > now)
 
-    def forget(self) -> None:
-        """Start afresh (entering an outage: whatever this held is from an earlier one)."""
+    def forget(self, hold_s: float) -> None:
+        """Start afresh, giving no rate turn for ``hold_s`` (entering an outage: what this held is
+        from an earlier one, and the turns Redis handed out, up to ``hold_s`` ahead, are still to go)."""
         with self._lock:
             self._tats.clear()
             self._slots.clear()
+            self._not_before = self._clock() + hold_s

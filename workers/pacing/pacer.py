@@ -20,6 +20,12 @@ Where the limits are counted:
   processes Redis last counted (OUTBOX_PACING_FALLBACK_PROCESSES before any count was seen), a
   concurrency limit likewise (at least one slot). Never unlimited. The switch is one WARNING, the
   return one INFO (OutageReport); Redis is tried again at most every ``redis_retry_s``.
+
+A switch either way lets the turns the other limiter handed out go first: those are at most
+SHORT_WAIT_S ahead, so for SHORT_WAIT_S after a switch the new limiter gives no rate turn (a pause
+of at most a second per outage, instead of the two limiters' turns adding up). Concurrency slots
+held in Redis when it goes away are not known locally: until those calls end, a process may have
+its share in flight on top of them.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class Pacer:
         self._mode_lock = threading.Lock()
         self._degraded = False
         self._next_try = 0.0
+        self._back_at = float("-inf")  # when Redis last came back (see _asking)
         self._outage = OutageReport(log, "pacing: limits storage (Redis)", quiet_s=0.0, clock=clock)
 
     # -- the call path -----------------------------------------------------------------------
@@ -193,7 +200,11 @@ class Pacer:
     ) -> tuple[Verdict, Literal["redis", "local"]]:
         if self._shared is not None and self._use_shared():
             try:
-                verdict = self._shared.acquire(self._asking(limits, tenant, holder, max_wait_s, 1))
+                # Coming back (or just back): the local turns handed out, up to SHORT_WAIT_S ahead, go first.
+                back_at = self._clock() if self._degraded else self._back_at
+                ask = self._asking(limits, tenant, holder, max_wait_s, 1)
+                ask = replace(ask, not_before_s=max(0.0, back_at + SHORT_WAIT_S - self._clock()))
+                verdict = self._shared.acquire(ask)
             except _STORAGE_ERRORS as exc:
                 self._enter_degraded(exc)
             else:
@@ -205,7 +216,7 @@ class Pacer:
     def _asking(self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float, share: int) -> Ask:
         scopes = limits.scopes_for(tenant)
         if share > 1:
-            scopes = [replace(scope, rate=scope.rate.shared_by(share)) for scope in scopes]
+            scopes = [scope.shared_by(share) for scope in scopes]
         lease = max_wait_s + limits.call_s + SLOT_MARGIN_S
         return Ask(limits.target, scopes, limits.slots(share), holder, max_wait_s, lease)
 
@@ -231,7 +242,7 @@ class Pacer:
             first = not self._degraded
             if first:
                 self._degraded = True
-                self._local.forget()
+                self._local.forget(SHORT_WAIT_S)
         if first:
             metrics.record_pacing_fallback(True)
             share = self._share()
@@ -250,5 +261,6 @@ class Pacer:
             if not self._degraded:
                 return
             self._degraded = False
+            self._back_at = self._clock()
         metrics.record_pacing_fallback(False)
         self._outage.succeeded()

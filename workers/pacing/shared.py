@@ -35,8 +35,8 @@ from workers.pacing.limits import Ask, Verdict
 KEY_PREFIX = "agent-outbox:pacing"
 
 # KEYS: processes, admitted, slots, rate keys... ARGV: process id, heartbeat ttl ms, max wait us,
-# slots (0: no concurrency limit), holder, slot lease us, then (interval us, tolerance us) per rate
-# key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
+# slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, then
+# (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -47,11 +47,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('PEXPIRE', KEYS[1], ttl)
 local live = redis.call('ZCARD', KEYS[1])
 local wait, which, tats = 0, 0, {}
+local floor = tonumber(ARGV[7])
 for i = 4, #KEYS do
-  local j = 7 + (i - 4) * 2
+  local j = 8 + (i - 4) * 2
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
-  local w = tat - tonumber(ARGV[j + 1]) - now
+  local w = math.max(tat - tonumber(ARGV[j + 1]) - now, floor)
   if w > wait then wait, which = w, i - 3 end
   tats[i] = tat
 end
@@ -70,7 +71,7 @@ if slots > 0 then
 end
 local send = now + wait
 for i = 4, #KEYS do
-  local j = 7 + (i - 4) * 2
+  local j = 8 + (i - 4) * 2
   local tat = math.max(tats[i], send) + tonumber(ARGV[j])
   redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
 end
@@ -141,6 +142,7 @@ class RedisPacing:
             ask.slots or 0,
             ask.holder,
             _us(ask.slot_lease_s),
+            _us(ask.not_before_s),
         ]
         for scope in ask.scopes:
             keys.append(self.key(ask.target, scope.key))

@@ -156,23 +156,28 @@ def test_redis_away_each_process_keeps_to_its_share_then_the_fleet_shares_again(
     private_redis.kill()
     a_sleeps.slept.clear()
     got = [a.clear("pay", "t", max_wait_s=1.0) for _ in range(3)]
-    # Half of 20/s with half the burst of 4: two at once, then one turn of 100 ms.
-    assert all(isinstance(c, Cleared) and c.storage == "local" for c in got)
-    assert [round(s, 2) for s in a_sleeps.slept] == [0.1]
+    # Its share: half of 20/s with half the burst of 4 (10/s, two at once), after a pause of 1 s that
+    # lets the turns Redis handed out go first: two go at 1 s, the third's turn (1.1 s) is too far.
+    assert [type(c) for c in got] == [Cleared, Cleared, Deferred]
+    assert all(c.storage == "local" for c in got[:2])  # type: ignore[union-attr]
+    assert [round(s, 1) for s in a_sleeps.slept] == [1.0, 1.0]
+    assert got[2].why == "rate limit of target pay: 20/s (this process keeps to 1/2 while Redis is away)"  # type: ignore[union-attr]
     assert a.degraded and metrics.PROCESS_REGISTRY.get_sample_value("outbox_pacing_fallback") == 1
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "1/2 of every limit" in warnings[0].getMessage()
     # A process that never saw a count keeps to 1/OUTBOX_PACING_FALLBACK_PROCESSES (4): 5/s, burst 1.
-    c_sleeps = Sleeps()
-    c = pacer("c", c_sleeps)
-    for _ in range(2):
-        c.clear("pay", "t", max_wait_s=1.0)
-    assert [round(s, 2) for s in c_sleeps.slept] == [0.2]
+    c = pacer("c", Sleeps())
+    assert isinstance(c.clear("pay", "t", max_wait_s=1.0), Cleared)
+    second = c.clear("pay", "t", max_wait_s=1.0)
+    assert isinstance(second, Deferred) and second.wait_s >= 1.19  # its turn: 0.2 s after the first
 
     private_redis.start()
     time.sleep(0.06)  # one retry interval: the next call tries Redis again
+    a_sleeps.slept.clear()
     back = a.clear("pay", "t", max_wait_s=1.0)
     assert isinstance(back, Cleared) and back.storage == "redis" and not a.degraded
+    # Back on Redis (empty after its restart), the first turn also lets the local ones go first.
+    assert [round(s, 1) for s in a_sleeps.slept] == [1.0]
     assert metrics.PROCESS_REGISTRY.get_sample_value("outbox_pacing_fallback") == 0
     assert any(r.levelno == logging.INFO and "outage over" in r.getMessage() for r in caplog.records)
     # One WARNING per process for the whole outage (c's names its own share), none per call.
