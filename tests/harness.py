@@ -67,6 +67,19 @@ return 1
 """
 
 
+def max_in_any_window(times: Collection[float], window_s: float, *, after_s: float = 0.0) -> int:
+    """The most events (e.g. the sandbox's request arrival times) in any ``window_s`` window, counting
+    only those ``after_s`` or more after the first event."""
+    ordered = sorted(times)
+    ordered = [t for t in ordered if t >= ordered[0] + after_s] if ordered else []
+    best, lo = 0, 0
+    for hi, t in enumerate(ordered):
+        while t - ordered[lo] >= window_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
 def pk(key: str, tenant: str = "t1") -> str:
     """The key the provider sees for ``key`` of ``tenant`` (the default provider_key template);
     Pipeline.submit's tenant is t1."""

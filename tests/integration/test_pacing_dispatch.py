@@ -13,22 +13,12 @@ from sqlalchemy import select
 
 from outbox.ledger.models import Operation, OperationEvent
 from outbox.ledger.states import Status
-from tests.harness import REFUND_ARGS, actions_doc, pk, wait_for
+from tests.harness import REFUND_ARGS, actions_doc, max_in_any_window, pk, wait_for
 from workers.cli.main import main
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 RATE = 20.0
-
-
-def max_in_any_window(times: list[float], window_s: float) -> int:
-    times = sorted(times)
-    best, lo = 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] >= window_s:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
 
 
 def limited(sandbox_url: str, **limits: Any) -> dict[str, Any]:
@@ -55,11 +45,12 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
     sent = sandbox.requests(path="/v1/refunds", method="POST")
     times = [r["time"] for r in sent]
     span = max(times) - min(times)
-    # One send a turn of 50 ms. The sandbox sees arrivals, which carry each call's own jitter (a
-    # worker's first call opens its connection: tens of ms late, then the next one looks early), so
-    # the rate is judged over 2 s windows: at most 20/s + 5%. (1 s windows: 20-22 seen, the extra
-    # ones at start-up.)
-    assert max_in_any_window(times, 2.0) <= 2 * RATE * 1.05, (max_in_any_window(times, 1.0), sorted(times))
+    # One send a turn of 50 ms, reserved in Redis. The sandbox sees arrivals, which carry each call's
+    # own jitter: a process's first calls (new connections, a busy start) arrive tens of ms late, so
+    # the next look early. So: over any 2 s window after the first second, at most 20/s + 5%; in the
+    # first second, at most three over (20-23 seen there on a loaded two-core machine).
+    assert max_in_any_window(times, 2.0, after_s=1.0) <= 2 * RATE * 1.05, sorted(times)
+    assert max_in_any_window(times, 1.0) <= RATE + 3, sorted(times)
     assert span >= (n - 1) / RATE * 0.95  # the limit, not something slower, set the pace ...
     assert span <= (n - 1) / RATE * 1.5  # ... and the fleet kept close to it
     assert not [r for r in sent if r["status"] == 429]
