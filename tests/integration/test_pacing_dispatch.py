@@ -15,6 +15,7 @@ from outbox.ledger.models import Operation, OperationEvent
 from outbox.ledger.states import Status
 from tests.harness import REFUND_ARGS, actions_doc, max_in_any_window, pk, wait_for
 from workers.cli.main import main
+from workers.service.breakers import board
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -36,6 +37,11 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
     n = 100
     keys = [f"paced-{i:03d}" for i in range(n)]
     ids = [pipe.submit(k, dict(REFUND_ARGS, order_id=f"o-{i}")).operation_id for i, k in enumerate(keys)]
+    wait_for(lambda: len(sandbox.requests(path="/v1/refunds", method="POST")) >= 40, 20, what="two seconds of sends")
+    # The breakers page (and `breakers status`) shows the declared limits and what the fleet admits now.
+    [row] = board(pipe.settings()).breakers
+    # Admitted = turns handed out (up to 1 s ahead): between 1 and two seconds of turns.
+    assert row.limits == "20/s (burst 1)" and row.admitted_last_s is not None and 0 < row.admitted_last_s <= 41
     wait_for(
         lambda: pipe.count(Status.SUCCEEDED.value) == n,
         30,
