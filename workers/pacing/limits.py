@@ -128,9 +128,10 @@ class Ask:
 @dataclass(frozen=True)
 class Verdict:
     """A limiter's answer. ``go``: the call may leave after ``wait_s`` (its turn is reserved: it
-    sleeps, then sends without asking again). Otherwise ``limit`` says what held it, ``wait_s`` how
-    long until it could go (for a rate) or until the earliest slot's lease ends (a bound, for
-    concurrency), and ``scope`` which rate. ``live``: processes seen sharing the limits (Redis only)."""
+    sleeps, then sends without asking again). Otherwise ``limit`` says what held it, and ``wait_s``
+    how long until it could go (a rate) or until the earliest slot's lease ends (a bound: concurrency).
+    ``scope``: the rate that set the wait, if one did. ``live``: processes seen sharing the limits
+    (Redis only)."""
 
     go: bool
     wait_s: float
