@@ -154,3 +154,66 @@ def test_a_share_is_never_more_than_the_whole() -> None:
     assert Rate(50, 20).shared_by(4) == Rate(12.5, 5)
     assert Rate(50, 3).shared_by(4) == Rate(12.5, 1)  # at least one at once
     assert limits_of(parse_actions(DOC))["payments"].slots(4) == 1
+
+
+def test_an_attempt_and_a_lookup_with_no_room_are_not_sent_and_cost_nothing() -> None:
+    """Both call paths ask the pacer right before the request leaves (the same Downstream.pace): with
+    no room within the call's lease, the attempt is refunded and waits for rate_limit, the lookup is
+    looked up later; the connector is never called."""
+    import datetime as dt
+    import random
+
+    from breaker import Admissions, BreakerConfig, BreakerRegistry
+    from outbox.ledger.claims import Claim
+    from outbox.ledger.states import AttemptClass, WaitingFor
+    from workers.dispatch.fan_out import Downstream, attempt
+    from workers.dispatch.outcomes import RetryAt
+    from workers.reconcile.lookup import LookupBudget, ask
+
+    class NoCalls:
+        def for_action(self, name: str) -> Any:
+            raise AssertionError("nothing may be sent")
+
+    cfg = parse_actions(DOC)
+    clock = Clock()
+    p = pacer(clock)
+    for _ in range(5):  # the burst of 5 spent (each slot given back)
+        p.done(p.clear("payments", "t", max_wait_s=0.0))  # type: ignore[arg-type]
+    down = Downstream(cfg, NoCalls(), p)  # type: ignore[arg-type]
+    admissions = Admissions(BreakerRegistry({"payments": BreakerConfig(fail_max=5, reset_timeout_s=30)}))
+    now = dt.datetime.now(dt.UTC)
+
+    def claim(kind: str) -> Claim:
+        # The lease ends before the call's timeouts (3 s) could: no wait in the thread is allowed.
+        return Claim(
+            "op",
+            2,
+            7,
+            2,
+            kind,
+            "t",
+            "k",
+            "payments.refund.create",
+            "{}",
+            "d",
+            "s",
+            "w",  # type: ignore[arg-type]
+            now + dt.timedelta(seconds=1),
+            None,
+            2,
+            None,
+            now,
+            False,
+            False,
+        )
+
+    report, outcome = attempt(down, admissions, claim("dispatch"), cfg.action("payments.refund.create"), {})
+    assert (
+        report.klass is AttemptClass.NOT_SENT
+        and report.error
+        and report.error.startswith("rate limit of target payments: 50/s: not sent")
+    )
+    assert isinstance(outcome, RetryAt) and outcome.refund_attempt and outcome.waiting_for is WaitingFor.RATE_LIMIT
+    asked = ask(down, admissions, claim("lookup"), random.Random(1), LookupBudget(12, 60))
+    assert asked.early is not None and asked.early.reason == "rate limit of target payments: 50/s: lookup later"
+    assert asked.early.recheck_in_s > 0
