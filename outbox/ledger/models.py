@@ -32,6 +32,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -106,6 +107,10 @@ class Operation(Base):
     key_space: Mapped[str] = mapped_column(String(8), server_default=text("'intent'"))
     run_id: Mapped[str | None] = mapped_column(String(255))
     tool_call_id: Mapped[str | None] = mapped_column(String(255))
+    # Claim order within its tenant's share: higher is claimed sooner (-100..100, checked at submit;
+    # no CHECK constraint: adding one to SQLite means copying the table). Stored, not digested: a
+    # resubmit with another priority is the same intent, and the first priority stays.
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     status: Mapped[str] = mapped_column(String(32))
     # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
     # NULL when it waits for nothing but its schedule. Code decides on this, people read ``reason``.
@@ -165,6 +170,18 @@ class Operation(Base):
         ),
         Index(f"ix_{OPERATIONS}_status_updated", "status", "updated_at"),
     )
+
+
+# The fair claim's per-tenant walk (outbox/ledger/drivers/pg_statements.py): the distinct tenants
+# with work due by loose index scan, then each tenant's due rows in claim order.
+Index(
+    f"ix_{OPERATIONS}_fair_due",
+    Operation.tenant,
+    Operation.priority.desc(),
+    Operation.next_attempt_at,
+    postgresql_where=text("status = 'not_dispatched'"),
+    sqlite_where=text("status = 'not_dispatched'"),
+)
 
 
 class Attempt(Base):
@@ -331,6 +348,8 @@ class Run(Base):
     spec_digest: Mapped[str] = mapped_column(String(64))
     max_attempts: Mapped[int | None] = mapped_column(Integer)
     deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # Every step's and compensation's operation carries it (operations.priority).
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     # The operation the run waits for now (a step, or a compensation), and the step's name.
     current_op_id: Mapped[str | None] = mapped_column(String(36))
     holding_step: Mapped[str | None] = mapped_column(String(64))
