@@ -47,6 +47,7 @@ class NewOperation:
     reason: str
     submitted_by: str | None = None
     key_space: str = "intent"  # 'run': a run's step or compensation (models.Operation.key_space)
+    priority: int = 0  # higher is claimed sooner within its tenant (models.Operation.priority)
 
 
 @dataclass(frozen=True)

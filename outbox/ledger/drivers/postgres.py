@@ -138,6 +138,7 @@ class PostgresDriver:
             "reason": new.reason,
             "submitted_by": new.submitted_by,
             "key_space": new.key_space,
+            "priority": new.priority,
         }
         return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
 

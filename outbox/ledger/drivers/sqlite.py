@@ -34,7 +34,7 @@ _AT = core_table(Attempt)
 
 # NewOperation fields written as they are.
 _AS_GIVEN: tuple[str, ...] = ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest")
-_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space")
+_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", "priority")
 
 _CLAIMED = (
     _OP.c.id,
