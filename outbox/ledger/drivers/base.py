@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, WaitingFor
 from outbox.ledger.writes import WriteSet, finalize_writes, settle_writes
 
@@ -146,7 +147,11 @@ class LedgerDriver(Protocol):
         limit: int,
         operation_ids: list[str] | None,
         also_due: int,
-    ) -> Sequence[Any]: ...
+        fairness: Fairness | None = None,
+    ) -> Sequence[Any]:
+        """Rows in rank order. ``fairness`` (dispatch claims only; None: oldest first by priority,
+        as for lookups): shared among tenants, or not, as it says."""
+        ...
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]: ...
 

@@ -100,7 +100,7 @@ NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 # attempt, open the attempt row and the event row. The CTEs read attempts as of the statement's
 # snapshot, so numbering and the ambiguity check see the rows committed before this claim.
 _CLAIM = """
-WITH {due_ctes}, claimed AS (
+WITH {recursive}{due_ctes}, claimed AS (
     UPDATE {operations} o SET
         fencing_token = o.fencing_token + 1,
         lease_owner = :worker,
@@ -130,25 +130,97 @@ WITH {due_ctes}, claimed AS (
 SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
 """
 
-# Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
+# Due rows of one kind in claim order (priority first; lookups oldest first); {ids} narrows or
+# excludes, {limit} is a literal.
 _DUE = """
     SELECT id, {rank} AS rank FROM {operations}
     WHERE {source} AND next_attempt_at <= {now}{lease_free}{ids}
-    ORDER BY next_attempt_at
+    ORDER BY {order}
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED"""
 
 _IDS_IN = " AND id = ANY(CAST(:operation_ids AS varchar[]))"
 _IDS_NOT_IN = " AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))"
 _LEASE_FREE = " AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
+_NOT_DISPATCHED = f"status = '{Status.NOT_DISPATCHED.value}'"
+# A tenant's due rows in the order it is served (models.py: ix_outbox_operations_fair_due).
+CLAIM_ORDER = "priority DESC, next_attempt_at"
+
+# Tenants one fair claim looks at, after the cursor (wrapping around): each costs one probe of the
+# fair index, and a claim of up to 100 rows rarely serves more than a few dozen tenants.
+FAIR_TENANTS = 32
+
+# The tenants with not_dispatched rows, in the order they are served this time: those after the
+# cursor tenant (:after_tenant, the last one this process served), then from the first up to the
+# cursor; at most FAIR_TENANTS. One probe of the fair index per tenant (a loose index scan), not a
+# scan of every row of a big tenant. n: the tenant's place in this claim's round.
+_FAIR_WALK = f"""
+walk_on(tenant, n) AS (
+    SELECT (SELECT tenant FROM {{operations}} WHERE {_NOT_DISPATCHED} AND tenant > CAST(:after_tenant AS varchar)
+            ORDER BY tenant LIMIT 1), 1
+  UNION ALL
+    SELECT (SELECT o.tenant FROM {{operations}} o WHERE o.{_NOT_DISPATCHED} AND o.tenant > w.tenant
+            ORDER BY o.tenant LIMIT 1), w.n + 1
+    FROM walk_on w WHERE w.tenant IS NOT NULL AND w.n < {{tenants}}
+), walk_wrapped(tenant, n) AS (
+    SELECT (SELECT tenant FROM {{operations}} WHERE {_NOT_DISPATCHED} AND tenant <= CAST(:after_tenant AS varchar)
+            ORDER BY tenant LIMIT 1), (SELECT count(tenant) FROM walk_on) + 1
+  UNION ALL
+    SELECT (SELECT o.tenant FROM {{operations}} o WHERE o.{_NOT_DISPATCHED} AND o.tenant > w.tenant
+              AND o.tenant <= CAST(:after_tenant AS varchar) ORDER BY o.tenant LIMIT 1), w.n + 1
+    FROM walk_wrapped w WHERE w.tenant IS NOT NULL AND w.n < {{tenants}}
+), walk AS (
+    SELECT tenant, n FROM walk_on WHERE tenant IS NOT NULL
+    UNION ALL SELECT tenant, n FROM walk_wrapped WHERE tenant IS NOT NULL AND n <= {{tenants}}
+), weighted AS (
+    SELECT w.tenant, w.n, coalesce((SELECT u.weight FROM unnest(CAST(:weight_tenants AS varchar[]),
+        CAST(:weights AS float8[])) AS u(tenant, weight) WHERE u.tenant = w.tenant LIMIT 1), 1) AS weight
+    FROM walk w
+)"""
+
+# Each walked tenant's due rows in its order, up to the whole claim (a lone tenant fills it),
+# locked as they are read; a doorbell's wanted rows of that tenant take its first turns. Then every
+# candidate ranked by its turn over its tenant's weight, ties in the round's tenant order: each
+# tenant with work due gets its share of the claim, and one tenant's backlog cannot fill it.
+_FAIR_DUE = f"""
+wanted AS (
+    SELECT id, tenant, row_number() OVER (PARTITION BY tenant ORDER BY {CLAIM_ORDER}) AS turn FROM (
+        SELECT id, tenant, priority, next_attempt_at FROM {{operations}}
+        WHERE {_NOT_DISPATCHED} AND next_attempt_at <= clock_timestamp(){_IDS_IN}
+        LIMIT {{wanted}}
+        FOR UPDATE SKIP LOCKED) given
+), candidates AS (
+    SELECT id, tenant, turn FROM wanted
+    UNION ALL
+    SELECT c.id, t.tenant, c.turn + coalesce((SELECT count(*) FROM wanted WHERE wanted.tenant = t.tenant), 0)
+    FROM walk t CROSS JOIN LATERAL (
+        SELECT id, row_number() OVER (ORDER BY {CLAIM_ORDER}) AS turn FROM (
+            SELECT id, priority, next_attempt_at FROM {{operations}} o
+            WHERE o.{_NOT_DISPATCHED} AND o.tenant = t.tenant AND o.next_attempt_at <= statement_timestamp(){{not_wanted}}
+            ORDER BY {CLAIM_ORDER}
+            LIMIT {{take}}
+            FOR UPDATE SKIP LOCKED) due_of_tenant
+    ) c
+), due AS (
+    SELECT c.id, row_number() OVER (ORDER BY c.turn / coalesce(wt.weight, 1),
+        c.tenant <= CAST(:after_tenant AS varchar), c.tenant) AS rank
+    FROM candidates c LEFT JOIN weighted wt ON wt.tenant = c.tenant
+    ORDER BY rank
+    LIMIT {{take}}
+)"""
 
 
 @functools.lru_cache(maxsize=64)
-def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
-    """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows."""
+def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool = False) -> str:
+    """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows.
+
+    ``fair`` (dispatch claims): shared among tenants instead (the walk and ranking above): the
+    given ids come first only within their own tenant; parameters :after_tenant (the cursor, ''
+    at first), :weight_tenants and :weights (tenants weighted other than 1).
+    """
     lookup = kind is AttemptKind.LOOKUP
     # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
-    source = RECONCILE_DUE if lookup else f"status = '{Status.NOT_DISPATCHED.value}'"
+    source = RECONCILE_DUE if lookup else _NOT_DISPATCHED
 
     def due(rank: int, ids: str, n: int) -> str:
         # Given ids: found through the primary key, the due bound only filters (clock_timestamp()).
@@ -161,11 +233,28 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
             now=now,
             lease_free=_LEASE_FREE if lookup else "",
             ids=ids,
+            order="next_attempt_at" if lookup else CLAIM_ORDER,
             limit=n,
             operations=OPERATIONS,
         )
 
-    if not with_ids:
+    recursive = ""
+    if fair and not lookup and (others or not with_ids):
+        recursive = "RECURSIVE "
+        take = int(limit) + int(others) if with_ids else int(limit)
+        ctes = (
+            _FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS)
+            + ", "
+            + _FAIR_DUE.format(
+                operations=OPERATIONS,
+                wanted=int(limit) if with_ids else 0,
+                take=take,
+                not_wanted=_IDS_NOT_IN if with_ids else "",
+            )
+        )
+        if not with_ids:  # no doorbell ids: the wanted CTE finds none (an empty array)
+            ctes = ctes.replace(_IDS_IN, " AND false")
+    elif not with_ids:
         ctes = f"due AS ({due(1, '', int(limit))}\n)"
     else:
         ctes = f"wanted AS ({due(0, _IDS_IN, int(limit))}\n)"
@@ -184,6 +273,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
     )
     return _driver_params(
         _CLAIM.format(
+            recursive=recursive,
             due_ctes=ctes,
             kind=kind.value,
             from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
@@ -271,6 +361,8 @@ def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
     they were due before %(leading_since)s (NULL unless this relay leads the NOTIFY path).
     """
     lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
+    # Rung in the order the claim serves a tenant's rows, so a high priority's doorbell goes first.
+    order = CLAIM_ORDER if status is Status.NOT_DISPATCHED else "next_attempt_at"
     return f"""
 WITH due AS (
     SELECT id FROM {OPERATIONS}
@@ -280,7 +372,7 @@ WITH due AS (
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
       {lease}
-    ORDER BY next_attempt_at
+    ORDER BY {order}
     LIMIT {int(batch)}
     FOR UPDATE SKIP LOCKED
 )

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import MissingDependency
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.drivers.base import FinalizeWrite, NewOperation
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import Run, core_table
 from outbox.ledger.states import AttemptKind, Status
 
@@ -155,9 +156,17 @@ class PostgresDriver:
         limit: int,
         operation_ids: list[str] | None,
         also_due: int,
+        fairness: Fairness | None = None,
     ) -> list[Any]:
-        statement = sql.claim(kind, operation_ids is not None, limit, also_due)
-        return _rows(session, statement, {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)})
+        fair = fairness is not None and fairness.on and kind is AttemptKind.DISPATCH
+        statement = sql.claim(kind, operation_ids is not None, limit, also_due, fair)
+        params: dict[str, Any] = {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)}
+        if fair:
+            assert fairness is not None
+            params.update(fairness.claim_params())
+            if operation_ids is None:
+                params["operation_ids"] = []
+        return _rows(session, statement, params)
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
         """Each write's (attempt row written, operation moved), pipelined in one round trip."""

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, func, insert, or_, select, text, true, update
+from sqlalchemy import Connection, Engine, case, false, func, insert, literal, or_, select, text, true, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,6 +22,7 @@ from outbox.ledger.drivers import sqlite_engine
 from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Evidence, Operation, Run, core_table
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, core_values
@@ -138,7 +139,18 @@ class SqliteDriver:
         limit: int,
         operation_ids: list[str] | None,
         also_due: int,
+        fairness: Fairness | None = None,
     ) -> list[ClaimedRow]:
+        if kind is AttemptKind.DISPATCH and fairness is not None and fairness.on and (not operation_ids or also_due):
+            take = limit + also_due if operation_ids else limit
+            order = self._fair_order(session, operation_ids or [], take, fairness)
+            if not order:
+                return []
+            rows = self._claim(
+                session, kind, worker=worker, lease_s=lease_s, limit=len(order), within=_OP.c.id.in_(order)
+            )
+            rank = {op_id: n for n, op_id in enumerate(order)}
+            return sorted(rows, key=lambda row: rank[row.id])
         given = true() if operation_ids is None else _OP.c.id.in_(operation_ids)
         claimed = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=limit, within=given)
         if operation_ids is not None and also_due:
@@ -146,6 +158,30 @@ class SqliteDriver:
             others = _OP.c.id.not_in(operation_ids)
             claimed += self._claim(session, kind, worker=worker, lease_s=lease_s, limit=also_due, within=others)
         return claimed
+
+    def _fair_order(self, session: Session, wanted: list[str], take: int, fairness: Fairness) -> list[str]:
+        """The ids a fair claim takes, in rank order (the PostgreSQL statement's order): each due row
+        gets its turn within its tenant (wanted ids first, then priority, then age), and the claim
+        takes turns over weights, ties in tenant order after the cursor. One writer at a time, so
+        reading first and claiming next sees the same rows."""
+        given = _OP.c.id.in_(wanted) if wanted else false()
+        turn = func.row_number().over(
+            partition_by=_OP.c.tenant,
+            order_by=(case((given, 0), else_=1), _OP.c.priority.desc(), _OP.c.next_attempt_at),
+        )
+        due = (
+            select(_OP.c.id, _OP.c.tenant, turn.label("turn"))
+            .where(_OP.c.status == Status.NOT_DISPATCHED.value, _OP.c.next_attempt_at <= db_now())
+            .subquery()
+        )
+        weight: Any = (
+            case({t: w for t, w in fairness.weights.items()}, value=due.c.tenant, else_=literal(1.0))
+            if fairness.weights
+            else literal(1.0)
+        )
+        after = fairness.after
+        ranked = select(due.c.id).order_by(due.c.turn * 1.0 / weight, due.c.tenant <= after, due.c.tenant).limit(take)
+        return list(session.execute(ranked).scalars())
 
     def _claim(
         self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, within: Any
@@ -156,7 +192,8 @@ class SqliteDriver:
         guard = [_OP.c.status.in_([s.value for s in sources]), _OP.c.next_attempt_at <= db_now()]
         if lookup:
             guard.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
-        due = select(_OP.c.id).where(*guard, within).order_by(_OP.c.next_attempt_at).limit(limit)
+        order = (_OP.c.next_attempt_at,) if lookup else (_OP.c.priority.desc(), _OP.c.next_attempt_at)
+        due = select(_OP.c.id).where(*guard, within).order_by(*order).limit(limit)
         values: dict[str, Any] = dict(
             fencing_token=_OP.c.fencing_token + 1,
             lease_owner=worker,
@@ -170,9 +207,13 @@ class SqliteDriver:
                 reason="claimed",
                 waiting_for=None,
             )
-        # The guard is checked again in the UPDATE itself.
-        stmt = update(_OP).values(**values).where(_OP.c.id.in_(due.scalar_subquery()), *guard)
-        rows = session.execute(stmt.returning(*_CLAIMED)).all()
+        # One writer at a time: the rows read here are the rows the UPDATE finds (its guard checks again).
+        chosen = list(session.execute(due).scalars())
+        if not chosen:
+            return []
+        rank = {op_id: n for n, op_id in enumerate(chosen)}
+        stmt = update(_OP).values(**values).where(_OP.c.id.in_(chosen), *guard)
+        rows = sorted(session.execute(stmt.returning(*_CLAIMED)).all(), key=lambda row: rank[row.id])
         return [self._open_attempt(session, row, worker, kind) for row in rows]
 
     def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind) -> ClaimedRow:
@@ -332,7 +373,13 @@ class SqliteDriver:
         ]
         if not leased_ok:
             conds.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
-        due = select(_OP.c.id).where(*conds).order_by(_OP.c.next_attempt_at).limit(batch)
+        # Rung in the order the claim serves a tenant's rows, so a high priority's doorbell goes first.
+        order = (
+            (_OP.c.priority.desc(), _OP.c.next_attempt_at)
+            if status is Status.NOT_DISPATCHED
+            else (_OP.c.next_attempt_at,)
+        )
+        due = select(_OP.c.id).where(*conds).order_by(*order).limit(batch)
         stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery()))
         with engine.begin() as conn:
             return list(
