@@ -17,36 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from enum import StrEnum
 
-# A weight above this is a typo rather than a share (one tenant 1000 times another's).
-MAX_WEIGHT = 1000.0
-WEIGHTS_FORMAT = "tenant=weight pairs separated by commas, e.g. 'acme=3,globex=1' (weights > 0 and <= 1000)"
+from outbox.settings import FairnessMode, parse_weights
 
-
-class FairnessMode(StrEnum):
-    TENANT = "tenant"  # tenants in turn, by weight; priority then age inside a tenant
-    OFF = "off"  # priority then age, whoever the tenant
-
-
-def parse_weights(text: str) -> dict[str, float]:
-    """``acme=3,globex=1`` as {tenant: weight}; ValueError saying the expected form otherwise."""
-    weights: dict[str, float] = {}
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        tenant, sep, value = part.partition("=")
-        tenant = tenant.strip()
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = float("nan")
-        if not sep or not tenant or not 0 < weight <= MAX_WEIGHT:
-            raise ValueError(f"{part.strip()!r} is not tenant=weight; use {WEIGHTS_FORMAT}")
-        if tenant in weights:
-            raise ValueError(f"tenant {tenant!r} is weighted twice; use {WEIGHTS_FORMAT}")
-        weights[tenant] = weight
-    return weights
+__all__ = ["Fairness", "FairnessMode", "parse_weights"]
 
 
 class Fairness:

@@ -107,9 +107,8 @@ class Operation(Base):
     key_space: Mapped[str] = mapped_column(String(8), server_default=text("'intent'"))
     run_id: Mapped[str | None] = mapped_column(String(255))
     tool_call_id: Mapped[str | None] = mapped_column(String(255))
-    # Claim order within its tenant's share: higher is claimed sooner (-100..100, checked at submit;
-    # no CHECK constraint: adding one to SQLite means copying the table). Stored, not digested: a
-    # resubmit with another priority is the same intent, and the first priority stays.
+    # Higher is claimed sooner within its tenant's share; -100..100, checked at submit (no CHECK: SQLite
+    # would copy the table). Stored, not digested: a resubmit with another priority keeps the first.
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     status: Mapped[str] = mapped_column(String(32))
     # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
@@ -172,16 +171,9 @@ class Operation(Base):
     )
 
 
-# The fair claim's per-tenant walk (outbox/ledger/drivers/pg_statements.py): the distinct tenants
-# with work due by loose index scan, then each tenant's due rows in claim order.
-Index(
-    f"ix_{OPERATIONS}_fair_due",
-    Operation.tenant,
-    Operation.priority.desc(),
-    Operation.next_attempt_at,
-    postgresql_where=text("status = 'not_dispatched'"),
-    sqlite_where=text("status = 'not_dispatched'"),
-)
+_DUE_ROWS: dict[str, Any] = {f"{db}_where": text("status = 'not_dispatched'") for db in ("postgresql", "sqlite")}
+# The fair claim's walk (pg_statements.py): tenants with work due, then each one's rows in claim order.
+Index(f"ix_{OPERATIONS}_fair_due", Operation.tenant, Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
 
 
 class Attempt(Base):
@@ -348,8 +340,7 @@ class Run(Base):
     spec_digest: Mapped[str] = mapped_column(String(64))
     max_attempts: Mapped[int | None] = mapped_column(Integer)
     deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
-    # Every step's and compensation's operation carries it (operations.priority).
-    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # every step's (operations')
     # The operation the run waits for now (a step, or a compensation), and the step's name.
     current_op_id: Mapped[str | None] = mapped_column(String(36))
     holding_step: Mapped[str | None] = mapped_column(String(64))

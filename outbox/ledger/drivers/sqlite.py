@@ -13,13 +13,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, case, false, func, insert, literal, or_, select, text, true, update
+from sqlalchemy import Connection, Engine, func, insert, or_, select, text, true, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.clock import db_age_s, db_now
 from outbox.ledger.drivers import sqlite_engine
 from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
+from outbox.ledger.drivers.sqlite_ranking import fair_order
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
 from outbox.ledger.fairness import Fairness
@@ -142,15 +143,10 @@ class SqliteDriver:
         fairness: Fairness | None = None,
     ) -> list[ClaimedRow]:
         if kind is AttemptKind.DISPATCH and fairness is not None and fairness.on and (not operation_ids or also_due):
-            take = limit + also_due if operation_ids else limit
-            order = self._fair_order(session, operation_ids or [], take, fairness)
-            if not order:
-                return []
-            rows = self._claim(
-                session, kind, worker=worker, lease_s=lease_s, limit=len(order), within=_OP.c.id.in_(order)
-            )
-            rank = {op_id: n for n, op_id in enumerate(order)}
-            return sorted(rows, key=lambda row: rank[row.id])
+            order = fair_order(session, operation_ids or [], limit + also_due if operation_ids else limit, fairness)
+            within = _OP.c.id.in_(order)
+            rows = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=len(order), within=within)
+            return sorted(rows, key=lambda row: order.index(row.id))  # in rank order
         given = true() if operation_ids is None else _OP.c.id.in_(operation_ids)
         claimed = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=limit, within=given)
         if operation_ids is not None and also_due:
@@ -158,30 +154,6 @@ class SqliteDriver:
             others = _OP.c.id.not_in(operation_ids)
             claimed += self._claim(session, kind, worker=worker, lease_s=lease_s, limit=also_due, within=others)
         return claimed
-
-    def _fair_order(self, session: Session, wanted: list[str], take: int, fairness: Fairness) -> list[str]:
-        """The ids a fair claim takes, in rank order (the PostgreSQL statement's order): each due row
-        gets its turn within its tenant (wanted ids first, then priority, then age), and the claim
-        takes turns over weights, ties in tenant order after the cursor. One writer at a time, so
-        reading first and claiming next sees the same rows."""
-        given = _OP.c.id.in_(wanted) if wanted else false()
-        turn = func.row_number().over(
-            partition_by=_OP.c.tenant,
-            order_by=(case((given, 0), else_=1), _OP.c.priority.desc(), _OP.c.next_attempt_at),
-        )
-        due = (
-            select(_OP.c.id, _OP.c.tenant, turn.label("turn"))
-            .where(_OP.c.status == Status.NOT_DISPATCHED.value, _OP.c.next_attempt_at <= db_now())
-            .subquery()
-        )
-        weight: Any = (
-            case({t: w for t, w in fairness.weights.items()}, value=due.c.tenant, else_=literal(1.0))
-            if fairness.weights
-            else literal(1.0)
-        )
-        after = fairness.after
-        ranked = select(due.c.id).order_by(due.c.turn * 1.0 / weight, due.c.tenant <= after, due.c.tenant).limit(take)
-        return list(session.execute(ranked).scalars())
 
     def _claim(
         self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, within: Any
