@@ -147,14 +147,6 @@ class Operation(Base):
         CheckConstraint("fencing_token >= 0", name="fencing_token"),
         CheckConstraint(f"key_space IN ({KEY_SPACE_VALUES})", name="key_space"),
         CheckConstraint("attempt_count >= 0 AND (max_attempts IS NULL OR max_attempts >= 1)", name="attempts"),
-        # What is due: only claimable rows are indexed, so the index stays small while the
-        # table grows to millions of finished operations.
-        Index(
-            f"ix_{OPERATIONS}_due",
-            "next_attempt_at",
-            postgresql_where=text("status = 'not_dispatched'"),
-            sqlite_where=text("status = 'not_dispatched'"),
-        ),
         Index(
             f"ix_{OPERATIONS}_leases",
             "lease_expires_at",
@@ -172,7 +164,10 @@ class Operation(Base):
 
 
 _DUE_ROWS: dict[str, Any] = {f"{db}_where": text("status = 'not_dispatched'") for db in ("postgresql", "sqlite")}
-# The fair claim's walk (pg_statements.py): tenants with work due, then each one's rows in claim order.
+# What is due, in claim order: only claimable rows are indexed, so the index stays small while the
+# table grows to millions of finished operations. ``due`` serves the relay and an unfair claim;
+# ``fair_due`` the fair claim's walk (pg_statements.py): tenants with work due, then each one's rows.
+Index(f"ix_{OPERATIONS}_due", Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
 Index(f"ix_{OPERATIONS}_fair_due", Operation.tenant, Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
 
 
