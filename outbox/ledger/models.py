@@ -165,9 +165,10 @@ class Operation(Base):
 
 _DUE_ROWS: dict[str, Any] = {f"{db}_where": text("status = 'not_dispatched'") for db in ("postgresql", "sqlite")}
 # What is due, in claim order: only claimable rows are indexed, so the index stays small while the
-# table grows to millions of finished operations. ``due`` serves the relay and an unfair claim;
-# ``fair_due`` the fair claim's walk (pg_statements.py): tenants with work due, then each one's rows.
-Index(f"ix_{OPERATIONS}_due", Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
+# table grows to millions of finished operations. ``due``: what is due by time (counts, ages, an
+# unfair claim); ``fair_due``: the fair claim's walk (pg_statements.py): tenants with work due, then
+# each one's rows in claim order.
+Index(f"ix_{OPERATIONS}_due", Operation.next_attempt_at, **_DUE_ROWS)
 Index(f"ix_{OPERATIONS}_fair_due", Operation.tenant, Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
 
 

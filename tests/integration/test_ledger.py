@@ -553,24 +553,32 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
     for _ in range(195):  # 1,950 claimed: their due-index entries are dead, 50 rows still due
         assert len(_claim(pg_ledger, limit=10)) == 10
     url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
-    statement = sql.claim(AttemptKind.DISPATCH, False, 10, 0)
+    # The claim workers send: the tenants' walk, then each tenant's due rows through the fair index.
+    statement = sql.claim(AttemptKind.DISPATCH, False, 10, 0, True)
+    params = {"worker": "probe", "lease_s": 30, "after_tenant": "", "weight_tenants": [], "weights": []}
     with psycopg.connect(url) as conn:
 
         def heap_pages_read() -> int:
-            """Shared buffers the claim's scan of due rows touched (rolled back: nothing claimed)."""
+            """Shared buffers the claim's scans of due rows touched (rolled back: nothing claimed)."""
             with conn.transaction(force_rollback=True):
                 (plan,) = conn.execute(
-                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", {"worker": "probe", "lease_s": 30}
+                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params | {"operation_ids": []}
                 ).fetchone()
-            nodes = [json.loads(plan)[0]["Plan"] if isinstance(plan, str) else plan[0]["Plan"]]
+            nodes, touched, rows_scan = (
+                [json.loads(plan)[0]["Plan"] if isinstance(plan, str) else plan[0]["Plan"]],
+                0,
+                0,
+            )
             while nodes:
                 node = nodes.pop()
-                if node.get("Relation Name") == OPERATIONS and node.get("Alias") == OPERATIONS:
-                    assert node["Node Type"] == "Index Scan", node["Node Type"]
-                    assert "statement_timestamp()" in node.get("Index Cond", ""), node
-                    return int(node["Shared Hit Blocks"]) + int(node.get("Shared Read Blocks", 0))
+                if node.get("Index Name") == f"ix_{OPERATIONS}_fair_due":
+                    touched += int(node["Shared Hit Blocks"]) + int(node.get("Shared Read Blocks", 0))
+                    if node["Node Type"] == "Index Scan":  # a tenant's rows, bounded by the due time
+                        assert "statement_timestamp()" in node.get("Index Cond", ""), node
+                        rows_scan += 1
                 nodes.extend(node.get("Plans", []))
-            raise AssertionError(f"no scan of operations in {plan}")
+            assert rows_scan, f"no scan of a tenant's due rows in {plan}"
+            return touched
 
         heap_pages_read()  # the first scan after the churn marks the dead entries it passes
         assert heap_pages_read() < 30

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import MissingDependency
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.drivers.base import FinalizeWrite, NewOperation
-from outbox.ledger.fairness import Fairness
+from outbox.ledger.fairness import Fairness, FairnessMode
 from outbox.ledger.models import Run, core_table
 from outbox.ledger.states import AttemptKind, Status
 
@@ -158,12 +158,11 @@ class PostgresDriver:
         also_due: int,
         fairness: Fairness | None = None,
     ) -> list[Any]:
-        fair = fairness is not None and fairness.on and kind is AttemptKind.DISPATCH
+        fair = fairness is not None and fairness.on
         statement = sql.claim(kind, operation_ids is not None, limit, also_due, fair)
         params: dict[str, Any] = {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)}
-        if fair:
-            assert fairness is not None
-            params.update(fairness.claim_params())
+        if kind is AttemptKind.DISPATCH:  # the walk of the tenants (with no fairness: from the first)
+            params.update((fairness or Fairness(FairnessMode.OFF)).claim_params())
             if operation_ids is None:
                 params["operation_ids"] = []
         return _rows(session, statement, params)

@@ -9,16 +9,13 @@ Create Date: 2026-12-04
   today's order.
 - ``ix_outbox_operations_fair_due`` on (tenant, priority DESC, next_attempt_at) for not_dispatched
   rows: the claim walks the tenants with work due and each tenant's due rows in claim order
-  (outbox/ledger/drivers/pg_statements.py); ``ix_outbox_operations_due`` becomes (priority DESC,
-  next_attempt_at), the order the relay rings and an unfair claim takes.
+  (outbox/ledger/drivers/pg_statements.py).
 
 Both columns are added in place on both backends (SQLite adds a column with a constant default
 without copying the table); no CHECK constraint, which SQLite could only add by copying it.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -29,14 +26,7 @@ branch_labels = None
 depends_on = None
 
 FAIR_DUE = 'ix_outbox_operations_fair_due'
-DUE = 'ix_outbox_operations_due'
 NOT_DISPATCHED = "status = 'not_dispatched'"
-
-
-def _due_index(columns: list[Any]) -> None:
-    op.drop_index(DUE, table_name='outbox_operations')
-    op.create_index(DUE, 'outbox_operations', columns, unique=False,
-                    postgresql_where=sa.text(NOT_DISPATCHED), sqlite_where=sa.text(NOT_DISPATCHED))
 
 
 def upgrade() -> None:
@@ -46,11 +36,9 @@ def upgrade() -> None:
         FAIR_DUE, 'outbox_operations', ['tenant', sa.literal_column('priority').desc(), 'next_attempt_at'], unique=False,
         postgresql_where=sa.text(NOT_DISPATCHED), sqlite_where=sa.text(NOT_DISPATCHED),
     )
-    _due_index([sa.literal_column('priority').desc(), 'next_attempt_at'])
 
 
 def downgrade() -> None:
-    _due_index(['next_attempt_at'])
     op.drop_index(FAIR_DUE, table_name='outbox_operations')
     for table in ('outbox_operations', 'outbox_runs'):
         op.drop_column(table, 'priority')
