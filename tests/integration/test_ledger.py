@@ -65,6 +65,19 @@ def test_submit_is_idempotent_by_key_and_digest(ledger):
         assert s.execute(select(func.count()).select_from(Operation)).scalar_one() == 2
 
 
+def test_priority_is_stored_not_digested_and_orders_the_claim(ledger):
+    """A resubmit with another priority is the same intent, and keeps the first priority; within a
+    tenant a higher priority is claimed before older rows (the drivers' order: tests/conformance)."""
+    old = _submit(ledger, idempotency_key="p-old")
+    urgent = _submit(ledger, idempotency_key="p-urgent", priority=7)
+    again = _submit(ledger, idempotency_key="p-urgent", priority=-2)
+    assert not again.new and again.operation_id == urgent.operation_id
+    assert (_op(ledger, urgent.operation_id).priority, _op(ledger, old.operation_id).priority) == (7, 0)
+    with pytest.raises(InvalidIntent, match="priority must be an integer from -100 to 100"):
+        _submit(ledger, idempotency_key="p-bad", priority=500)
+    assert [c.operation_id for c in _claim(ledger, limit=2)] == [urgent.operation_id, old.operation_id]
+
+
 def test_submit_in_the_callers_transaction_rolls_back_with_it(ledger):
     steps = Table("agent_steps", MetaData(), Column("id", Integer, primary_key=True), Column("note", String(50)))
     steps.create(ledger.engine, checkfirst=True)
