@@ -25,6 +25,19 @@ from __future__ import annotations
 import functools
 import re
 
+from outbox.ledger.drivers.pg_tenant_walk import (
+    CLAIM_ORDER,
+    FAIR_DUE,
+    FAIR_RANKING,
+    FAIR_TENANTS,
+    FAIR_WALK,
+    IDS_IN,
+    IDS_NOT_IN,
+    LEASE_FREE,
+    NOT_DISPATCHED,
+    UNFAIR_RANKING,
+    WEIGHTED,
+)
 from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
 from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
@@ -139,88 +152,6 @@ _DUE = """
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED"""
 
-_IDS_IN = " AND id = ANY(CAST(:operation_ids AS varchar[]))"
-_IDS_NOT_IN = " AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))"
-_LEASE_FREE = " AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
-_NOT_DISPATCHED = f"status = '{Status.NOT_DISPATCHED.value}'"
-# A tenant's due rows in the order it is served (models.py: ix_outbox_operations_fair_due).
-CLAIM_ORDER = "priority DESC, next_attempt_at"
-
-# Tenants one fair claim looks at, after the cursor (wrapping around): each costs one probe of the
-# fair index, and a claim of up to 100 rows rarely serves more than a few dozen tenants.
-FAIR_TENANTS = 32
-
-# The tenants with rows due, in the order they are served this time: those after the cursor tenant
-# (:after_tenant, the last one this process served), then from the first up to the cursor; at most
-# FAIR_TENANTS. One probe of the fair index per tenant (a loose index scan), not a scan of every row
-# of a big tenant; a probe passes over a tenant's rows not due yet (never walking tenants with none
-# due, so those past the FAIR_TENANTS-th are reached). n: the tenant's place in this claim's round.
-_DUE_NOW = "next_attempt_at <= statement_timestamp()"
-_FAIR_WALK = f"""
-walk_on(tenant, n) AS (
-    SELECT (SELECT tenant FROM {{operations}} WHERE {_NOT_DISPATCHED} AND {_DUE_NOW}
-            AND tenant > CAST(:after_tenant AS varchar) ORDER BY tenant LIMIT 1), 1
-  UNION ALL
-    SELECT (SELECT o.tenant FROM {{operations}} o WHERE o.{_NOT_DISPATCHED} AND o.{_DUE_NOW}
-            AND o.tenant > w.tenant ORDER BY o.tenant LIMIT 1), w.n + 1
-    FROM walk_on w WHERE w.tenant IS NOT NULL AND w.n < {{tenants}}
-), walk_wrapped(tenant, n) AS (
-    SELECT (SELECT tenant FROM {{operations}} WHERE {_NOT_DISPATCHED} AND {_DUE_NOW}
-            AND tenant <= CAST(:after_tenant AS varchar) ORDER BY tenant LIMIT 1), (SELECT count(tenant) FROM walk_on) + 1
-  UNION ALL
-    SELECT (SELECT o.tenant FROM {{operations}} o WHERE o.{_NOT_DISPATCHED} AND o.{_DUE_NOW} AND o.tenant > w.tenant
-              AND o.tenant <= CAST(:after_tenant AS varchar) ORDER BY o.tenant LIMIT 1), w.n + 1
-    FROM walk_wrapped w WHERE w.tenant IS NOT NULL AND w.n < {{tenants}}
-), walk AS (
-    SELECT tenant, n FROM walk_on WHERE tenant IS NOT NULL
-    UNION ALL SELECT tenant, n FROM walk_wrapped WHERE tenant IS NOT NULL AND n <= {{tenants}}
-)"""
-_WEIGHTED = """
-weighted AS (
-    SELECT w.tenant, w.n, coalesce((SELECT u.weight FROM unnest(CAST(:weight_tenants AS varchar[]),
-        CAST(:weights AS float8[])) AS u(tenant, weight) WHERE u.tenant = w.tenant LIMIT 1), 1) AS weight
-    FROM walk w
-)"""
-
-# Each walked tenant's due rows in its order, up to the whole claim (a lone tenant fills it),
-# locked as they are read; a doorbell's wanted rows of that tenant take its first turns. Then every
-# candidate ranked ({ranking}): fair, by its turn over its tenant's weight, ties in the round's
-# tenant order, so each tenant with work due gets its share of the claim and one tenant's backlog
-# cannot fill it; unfair, wanted rows first, then by priority and age whoever the tenant (each
-# tenant's first rows hold the claim's first rows, the walk's tenants all walked).
-# ix_outbox_operations_due cannot give a tenant's order (it is by time alone), so no plan reads it
-# filtering on the tenant; when it could, a generic plan did, statistics taken before a second
-# tenant's first rows making the tenant look unselective: 15 ms a claim behind a 20k backlog.
-_FAIR_DUE = f"""
-wanted AS (
-    SELECT id, tenant, priority, next_attempt_at,
-        row_number() OVER (PARTITION BY tenant ORDER BY {CLAIM_ORDER}) AS turn FROM (
-        SELECT id, tenant, priority, next_attempt_at FROM {{operations}}
-        WHERE {_NOT_DISPATCHED} AND next_attempt_at <= clock_timestamp(){_IDS_IN}
-        LIMIT {{wanted}}
-        FOR UPDATE SKIP LOCKED) given
-), candidates AS (
-    SELECT id, tenant, turn, 1 AS given, priority, next_attempt_at FROM wanted
-    UNION ALL
-    SELECT c.id, t.tenant, c.turn + coalesce((SELECT count(*) FROM wanted WHERE wanted.tenant = t.tenant), 0),
-        0, c.priority, c.next_attempt_at
-    FROM walk t CROSS JOIN LATERAL (
-        SELECT id, priority, next_attempt_at, row_number() OVER (ORDER BY {CLAIM_ORDER}) AS turn FROM (
-            SELECT id, priority, next_attempt_at FROM {{operations}} o
-            WHERE o.{_NOT_DISPATCHED} AND o.tenant = t.tenant AND o.{_DUE_NOW}{{not_wanted}}
-            ORDER BY {CLAIM_ORDER}
-            LIMIT {{take}}
-            FOR UPDATE SKIP LOCKED) due_of_tenant
-    ) c
-), due AS (
-    SELECT c.id, row_number() OVER (ORDER BY {{ranking}}) AS rank
-    FROM candidates c LEFT JOIN weighted wt ON wt.tenant = c.tenant
-    ORDER BY rank
-    LIMIT {{take}}
-)"""
-_FAIR_RANKING = "c.turn / coalesce(wt.weight, 1), c.tenant <= CAST(:after_tenant AS varchar), c.tenant"
-_UNFAIR_RANKING = "c.given DESC, c.priority DESC, c.next_attempt_at"
-
 
 @functools.lru_cache(maxsize=64)
 def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool = False) -> str:
@@ -233,18 +164,18 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
     """
     lookup = kind is AttemptKind.LOOKUP
     # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
-    source = RECONCILE_DUE if lookup else _NOT_DISPATCHED
+    source = RECONCILE_DUE if lookup else NOT_DISPATCHED
 
     def due(rank: int, ids: str, n: int) -> str:
         # Given ids: found through the primary key, the due bound only filters (clock_timestamp()).
         # Any due rows: the bound must be one the due index can answer (statement_timestamp(), see
         # outbox/ledger/clock.py db_scan_now), else each claim reads the index's every dead entry.
-        now = "clock_timestamp()" if ids == _IDS_IN else "statement_timestamp()"
+        now = "clock_timestamp()" if ids == IDS_IN else "statement_timestamp()"
         return _DUE.format(
             rank=rank,
             source=source,
             now=now,
-            lease_free=_LEASE_FREE if lookup else "",
+            lease_free=LEASE_FREE if lookup else "",
             ids=ids,
             order="next_attempt_at" if lookup else CLAIM_ORDER,
             limit=n,
@@ -256,27 +187,27 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
         recursive = "RECURSIVE "
         take = int(limit) + int(others) if with_ids else int(limit)
         ctes = (
-            _FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS)
+            FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS)
             + ","
-            + _WEIGHTED
+            + WEIGHTED
             + ", "
-            + _FAIR_DUE.format(
+            + FAIR_DUE.format(
                 operations=OPERATIONS,
                 wanted=int(limit) if with_ids else 0,
                 take=take,
-                not_wanted=_IDS_NOT_IN if with_ids else "",
-                ranking=_FAIR_RANKING if fair else _UNFAIR_RANKING,
+                not_wanted=IDS_NOT_IN if with_ids else "",
+                ranking=FAIR_RANKING if fair else UNFAIR_RANKING,
             )
         )
         if not with_ids:  # no doorbell ids: the wanted CTE finds none (an empty array)
-            ctes = ctes.replace(_IDS_IN, " AND false")
+            ctes = ctes.replace(IDS_IN, " AND false")
     elif not with_ids:
         ctes = f"due AS ({due(1, '', int(limit))}\n)"
     else:
-        ctes = f"wanted AS ({due(0, _IDS_IN, int(limit))}\n)"
+        ctes = f"wanted AS ({due(0, IDS_IN, int(limit))}\n)"
         if others:
             ctes += (
-                f", others AS ({due(1, _IDS_NOT_IN, int(others))}\n)"
+                f", others AS ({due(1, IDS_NOT_IN, int(others))}\n)"
                 ", due AS (SELECT id, rank FROM wanted UNION ALL SELECT id, rank FROM others)"
             )
         else:
@@ -395,7 +326,7 @@ def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
         # Rung in the claim's order within each tenant (higher priority first), walking the tenants
         # as a claim does, from the first: the order by time alone would ring a tenant's old low
         # priorities first, and a doorbell's ids take their tenant's first turns in the claim.
-        walk = _FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS).replace(
+        walk = FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS).replace(
             "CAST(:after_tenant AS varchar)", "''"
         )
         due = f"""WITH RECURSIVE {walk}, due AS (
