@@ -292,6 +292,13 @@ def test_health_readiness_and_openapi(pipe, api):
         "/v1/handoffs/{handoff_id}/resolve",
     ):
         assert path in spec["paths"], path
+    priority = spec["components"]["schemas"]["IntentIn"]["properties"]["priority"]
+    assert (priority["type"], priority["minimum"], priority["maximum"], priority["default"]) == (
+        "integer",
+        -100,
+        100,
+        0,
+    )
 
 
 def test_several_server_processes_share_the_ledger_and_answer_keep_alive_requests_at_once(pipe):

@@ -78,6 +78,24 @@ def test_priority_is_stored_not_digested_and_orders_the_claim(ledger):
     assert [c.operation_id for c in _claim(ledger, limit=2)] == [urgent.operation_id, old.operation_id]
 
 
+def test_a_doorbell_full_of_one_tenants_ids_leaves_room_for_anothers_due_row(ledger):
+    """A worker's doorbell carries a whole batch of one tenant's ids: its claim still takes the
+    other tenant's due row (the ids come first only within their own tenant)."""
+    from outbox.ledger.drivers import driver_for
+    from outbox.ledger.fairness import Fairness
+    from workers.dispatch.batch import _claim as doorbell_claim
+
+    with ledger.sessions.begin() as s:
+        wanted = [submit(s, **(INTENT | {"idempotency_key": f"a-{n}", "delay_s": 0})).operation_id for n in range(12)]
+    other = _submit(ledger, tenant="globex", idempotency_key="b-1").operation_id
+    hot = driver_for(ledger.engine).hot_path(ledger.engine, ledger.sessions)
+    try:
+        claims = doorbell_claim(hot, "w1", 30.0, wanted[:10], 10, Fairness())
+    finally:
+        hot.close()
+    assert len(claims) == 10 and other in {c.operation_id for c in claims}
+
+
 def test_submit_in_the_callers_transaction_rolls_back_with_it(ledger):
     steps = Table("agent_steps", MetaData(), Column("id", Integer, primary_key=True), Column("note", String(50)))
     steps.create(ledger.engine, checkfirst=True)

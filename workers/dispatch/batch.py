@@ -112,6 +112,10 @@ def _claim(
     come first within their own tenant only, so one tenant's doorbells cannot keep another's due
     work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
     whatever is due, up to ``size``."""
+    if fairness.on and len(wanted) >= size:
+        # Room for one row the ids did not name, so another tenant's due row can still win its turn;
+        # the id left out is still due and competes as any other row (in its tenant's order).
+        wanted = wanted[: size - 1]
     with ledger.one_statement() as session:
         return claim_due(
             session,
