@@ -6,6 +6,7 @@ needs no server. Production sets ``OUTBOX_DATABASE_URL=postgresql+psycopg://...`
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator
@@ -15,6 +16,35 @@ from outbox.errors import ConfigError
 
 DEFAULT_DATA_DIR = Path(".outbox")
 SUPPORTED_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
+
+# A weight above this is a typo rather than a share (one tenant 1000 times another's).
+MAX_WEIGHT = 1000.0
+WEIGHTS_FORMAT = "tenant=weight pairs separated by commas, e.g. 'acme=3,globex=1' (weights > 0 and <= 1000)"
+
+
+class FairnessMode(StrEnum):
+    TENANT = "tenant"  # tenants in turn, by weight; priority then age inside a tenant
+    OFF = "off"  # priority then age, whoever the tenant
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``acme=3,globex=1`` as {tenant: weight}; ValueError saying the expected form otherwise."""
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        tenant, sep, value = part.partition("=")
+        tenant = tenant.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = float("nan")
+        if not sep or not tenant or not 0 < weight <= MAX_WEIGHT:
+            raise ValueError(f"{part.strip()!r} is not tenant=weight; use {WEIGHTS_FORMAT}")
+        if tenant in weights:
+            raise ValueError(f"tenant {tenant!r} is weighted twice; use {WEIGHTS_FORMAT}")
+        weights[tenant] = weight
+    return weights
 
 
 class Settings(BaseSettings):
@@ -51,6 +81,12 @@ class Settings(BaseSettings):
     # task's thread (workers/dispatch/in_flight.py), so a slow call holds only itself; this bounds how many
     # a process holds at once. A full process takes no doorbell until room frees up (backpressure).
     max_in_flight: int = Field(default=40, ge=1, le=1000)
+    # How a dispatch claim shares what is due (outbox/ledger/fairness.py): 'tenant' serves the
+    # tenants with work due in turn (one tenant's backlog cannot hold another's new intent behind
+    # it); 'off' takes the highest priority, then the oldest, whoever the tenant.
+    fairness: FairnessMode = Field(default=FairnessMode.TENANT)
+    # Shares of the claim by tenant, 'acme=3,globex=1'; a tenant not named weighs 1.
+    tenant_weights: str = Field(default="", description=WEIGHTS_FORMAT)
     task_events: bool = Field(default=False, description="Celery task events from the start (Flower)")
     worker_concurrency: int = Field(default=2, ge=1, le=64)
     # soft < hard < lease < visibility (checked at worker start-up): Celery kills a stuck task
@@ -119,6 +155,17 @@ class Settings(BaseSettings):
         if value and value.split("://", 1)[0] not in ("redis", "rediss", "sqla+sqlite", "memory"):
             raise ValueError("use redis://host:port/db (or leave empty for the embedded default)")
         return value
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _weights(cls, value: str) -> str:
+        parse_weights(value)  # ValueError: says what is wrong and the form expected
+        return value
+
+    @property
+    def tenant_weight_map(self) -> dict[str, float]:
+        """OUTBOX_TENANT_WEIGHTS as {tenant: weight} (outbox/ledger/fairness.py)."""
+        return parse_weights(self.tenant_weights)
 
     @field_validator("actions_file")
     @classmethod

@@ -19,10 +19,13 @@ from sqlalchemy.orm import Session
 
 from outbox.ledger.clock import LedgerClock, as_utc, db_now
 from outbox.ledger.drivers import ClaimedRow, driver_for
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import Operation, core_table
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, check_allowed
 
 _OP = core_table(Operation)
+# The process's terms when a caller passes none: tenants in turn, every weight 1, one cursor.
+DEFAULT_FAIRNESS = Fairness()
 
 
 # The moves a claim makes (in the drivers' one statement); the state table must list them.
@@ -89,13 +92,20 @@ def claim_due(
     operation_id: str | None = None,
     operation_ids: Sequence[str] | None = None,
     also_due: int = 0,
+    fairness: Fairness | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due ``not_dispatched`` operations (only ``operation_id(s)`` if given).
 
-    ``also_due``: with ids given, also claim up to this many other due operations, oldest first,
-    in the same statement (a doorbell's batch filled with whatever else is due).
-    Returns the claims made, the given ids first; an empty list when nothing was due (another
-    worker won, the operation is not due yet, or it is no longer ``not_dispatched``).
+    Whatever is due is shared among tenants (``fairness``, outbox/ledger/fairness.py; default:
+    tenants in turn, weight 1, this process's cursor): each tenant's higher priorities first, then
+    its oldest. ``also_due``: with ids given, the batch is ``limit + also_due`` and is filled with
+    other due operations in the same statement (a doorbell's batch filled with whatever else is
+    due); the given ids come first only within their own tenant, so another tenant's due row still
+    gets its turn (a given id left out stays due for the next claim). Without ``also_due`` only
+    the given ids are claimed. Fairness off: the highest priority, then the oldest, given ids first.
+
+    Returns the claims made in the order they were ranked; an empty list when nothing was due
+    (another worker won, the operation is not due yet, or it is no longer ``not_dispatched``).
     """
     ids = _ids(operation_id, operation_ids)
     if also_due < 0:
@@ -108,6 +118,7 @@ def claim_due(
         limit=limit,
         operation_ids=ids,
         also_due=also_due if ids is not None else 0,
+        fairness=fairness or DEFAULT_FAIRNESS,
     )
 
 
@@ -160,12 +171,22 @@ def _claim(
     limit: int,
     operation_ids: list[str] | None,
     also_due: int = 0,
+    fairness: Fairness | None = None,
 ) -> list[Claim]:
     if limit < 1:
         raise ValueError("limit must be >= 1")
     rows = driver_for(session).claim(
-        session, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=operation_ids, also_due=also_due
+        session,
+        kind,
+        worker=worker,
+        lease_s=lease_s,
+        limit=limit,
+        operation_ids=operation_ids,
+        also_due=also_due,
+        fairness=fairness,
     )
+    if fairness is not None and rows:
+        fairness.served(rows[-1].tenant)  # rows come in rank order: the next claim starts after it
     return [_claim_of(row, worker, kind) for row in rows]
 
 

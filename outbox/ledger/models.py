@@ -32,6 +32,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -106,6 +107,9 @@ class Operation(Base):
     key_space: Mapped[str] = mapped_column(String(8), server_default=text("'intent'"))
     run_id: Mapped[str | None] = mapped_column(String(255))
     tool_call_id: Mapped[str | None] = mapped_column(String(255))
+    # Higher is claimed sooner within its tenant's share; -100..100, checked at submit (no CHECK: SQLite
+    # would copy the table). Stored, not digested: a resubmit with another priority keeps the first.
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     status: Mapped[str] = mapped_column(String(32))
     # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
     # NULL when it waits for nothing but its schedule. Code decides on this, people read ``reason``.
@@ -143,14 +147,6 @@ class Operation(Base):
         CheckConstraint("fencing_token >= 0", name="fencing_token"),
         CheckConstraint(f"key_space IN ({KEY_SPACE_VALUES})", name="key_space"),
         CheckConstraint("attempt_count >= 0 AND (max_attempts IS NULL OR max_attempts >= 1)", name="attempts"),
-        # What is due: only claimable rows are indexed, so the index stays small while the
-        # table grows to millions of finished operations.
-        Index(
-            f"ix_{OPERATIONS}_due",
-            "next_attempt_at",
-            postgresql_where=text("status = 'not_dispatched'"),
-            sqlite_where=text("status = 'not_dispatched'"),
-        ),
         Index(
             f"ix_{OPERATIONS}_leases",
             "lease_expires_at",
@@ -165,6 +161,15 @@ class Operation(Base):
         ),
         Index(f"ix_{OPERATIONS}_status_updated", "status", "updated_at"),
     )
+
+
+_DUE_ROWS: dict[str, Any] = {f"{db}_where": text("status = 'not_dispatched'") for db in ("postgresql", "sqlite")}
+# What is due, in claim order: only claimable rows are indexed, so the index stays small while the
+# table grows to millions of finished operations. ``due``: what is due by time (counts, ages, an
+# unfair claim); ``fair_due``: the fair claim's walk (pg_statements.py): tenants with work due, then
+# each one's rows in claim order.
+Index(f"ix_{OPERATIONS}_due", Operation.next_attempt_at, **_DUE_ROWS)
+Index(f"ix_{OPERATIONS}_fair_due", Operation.tenant, Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
 
 
 class Attempt(Base):
@@ -331,6 +336,7 @@ class Run(Base):
     spec_digest: Mapped[str] = mapped_column(String(64))
     max_attempts: Mapped[int | None] = mapped_column(Integer)
     deadline_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # every step's (operations')
     # The operation the run waits for now (a step, or a compensation), and the step's name.
     current_op_id: Mapped[str | None] = mapped_column(String(36))
     holding_step: Mapped[str | None] = mapped_column(String(64))

@@ -27,6 +27,10 @@ from outbox.ledger.states import Status, WaitingFor
 MAX_KEY_LEN = 255
 # Ten years: any longer is a mistake (and past what the database's interval arithmetic holds).
 MAX_SECONDS = 10 * 365 * 86400.0
+# Claim order within a tenant's share: higher is claimed sooner; 0 is everyone's default. A small
+# range keeps it a ranking among a tenant's own intents, not a second queue to manage.
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+PRIORITY_RULE = f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, higher runs sooner"
 
 _OP = core_table(Operation)
 
@@ -84,6 +88,13 @@ def require_storable(name: str, text: str | None) -> None:
         raise InvalidIntent(name, "must not contain a NUL character")
 
 
+def validate_priority(priority: Any, field: str = "priority") -> int:
+    """The priority as stored; ``InvalidIntent`` naming ``field`` and the rule otherwise."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidIntent(field, PRIORITY_RULE)
+    return priority
+
+
 def submit(
     session: Session,
     *,
@@ -102,6 +113,7 @@ def submit(
     provider_key: str | None = None,
     submitted_by: str | None = None,
     key_space: str = "intent",
+    priority: int = 0,
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
@@ -114,6 +126,7 @@ def submit(
     key rendered earlier, with the intent (a run's later steps: outbox/runs/lifecycle.py), used as given.
     """
     key = _validate_key(idempotency_key)
+    priority = validate_priority(priority)
     env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
     if max_attempts is not None and (
         not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
@@ -167,6 +180,7 @@ def submit(
         reason=reason,
         submitted_by=submitted_by,
         key_space=key_space,
+        priority=priority,
     )
     inserted = driver_for(session).insert_operation(session, new)
     if inserted:

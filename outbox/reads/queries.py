@@ -41,6 +41,7 @@ def operation_json(op: Operation) -> dict[str, Any]:
         "reason": op.reason,
         "attempts": op.attempt_count,
         "max_attempts": op.max_attempts,
+        "priority": op.priority,
         "fencing_token": op.fencing_token,
         "result": (
             {"reference": op.result_reference, "digest": op.result_digest, "response": op.result}

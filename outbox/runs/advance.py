@@ -120,6 +120,7 @@ class _Advance:
                 deadline_s=deadline_s,
                 requires_approval=what.requires_approval,
                 provider_key=what.provider_key,
+                priority=self.run.priority,
             )
         except KeySpaceConflict as exc:
             return f"the derived key {key!r} is already used by a plain intent (operation {exc.operation_id})"

@@ -27,6 +27,7 @@ from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Operation, Run
 from outbox.ledger.run_states import ACTIVE, RUN_MEANING, RunStatus
 from outbox.ledger.states import Status
+from outbox.ledger.submit import validate_priority
 from outbox.ledger.transitions import request_cancel
 from outbox.ledger.typed_outcome import Outcome, outcome_of
 from outbox.runs.advance import advance
@@ -64,6 +65,7 @@ def submit_run(
     budget: dict[str, Any] | None = None,
     key_rules: StepRules | None = None,
     submitted_by: str | None = None,
+    priority: int = 0,
 ) -> RunReceipt:
     """Write a run and its first step in the caller's transaction (never commits).
 
@@ -72,7 +74,10 @@ def submit_run(
     all steps draw from. ``key_rules``: the actions file as a producer reads it
     (outbox.actions.rules), for provider keys, approvals, ``phase`` and ``irreversible``.
     ``submitted_by``: the submitting identity (``key:<id>``), carried by every step's operation.
+    ``priority`` (-100..100, default 0): every step's and compensation's operation carries it (see
+    outbox/ledger/submit.py); stored, not part of the run's digest, as for an intent.
     """
+    priority = validate_priority(priority)
     spec = build_run_spec(tenant=tenant, run_key=run_key, steps=steps, subject=subject, budget=budget, rules=key_rules)
     now = as_utc(session.execute(select(db_now())).scalar_one())
     assert now is not None
@@ -89,6 +94,7 @@ def submit_run(
         "spec_digest": spec.digest,
         "max_attempts": spec.budget.max_attempts,
         "deadline_at": deadline,
+        "priority": priority,
         "cancel_requested": False,
         "compensate_requested": False,
         "history": [
@@ -314,6 +320,7 @@ def run_json(session: Session, run: Run) -> dict[str, Any]:
         if holder is None or RunStatus(run.status) not in ACTIVE
         else {"step": run.holding_step, "operation_id": holder.id, "status": holder.status, "why": holder.reason},
         "steps": rows,
+        "priority": run.priority,
         "budget": {
             "max_attempts": run.max_attempts,
             "deadline_at": _iso(run.deadline_at),

@@ -147,14 +147,19 @@ class ToolCaller:
         self.identity = identity
         self.tools: dict[str, ToolView] = catalog(rules)
 
-    def call(self, action: str, args: dict[str, Any], *, scope: str, tool_call_id: str | None = None) -> ToolAnswer:
+    def call(
+        self, action: str, args: dict[str, Any], *, scope: str, tool_call_id: str | None = None, priority: Any = 0
+    ) -> ToolAnswer:
         """Submit (or find) the intent of this call and answer its outcome now. Raises InvalidIntent
         (field named) for bad input: nothing is submitted then.
 
         ``args`` may carry ``retry_of``: the operation of this same call that ended with a final "did
         not happen" (FAILED_BEFORE_COMMIT, FAILED_AT_PROVIDER). The call is then tried again under a key
         of its own, ``{key}:retry-of={operation_id}``: it cannot collide with the failed record, and a
-        repeat of the retry is the same operation again. Anything else named there is refused."""
+        repeat of the retry is the same operation again. Anything else named there is refused.
+
+        ``priority``: the host's (-100..100, higher is claimed sooner; outbox/ledger/submit.py), never
+        an argument of the tool: an action may have a business argument of that name."""
         tool = tool_for(self.tools, action)
         key = self.key_of(action, args, scope=scope)
         plain = {k: v for k, v in args.items() if k != RETRY_OF}
@@ -171,6 +176,7 @@ class ToolCaller:
                 run_id=scope,
                 tool_call_id=tool_call_id,
                 requires_approval=tool.needs_approval(exact(plain)),
+                priority=priority,
             )
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.

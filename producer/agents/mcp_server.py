@@ -27,6 +27,10 @@ from producer.agents.calls import ToolAnswer, ToolCaller
 from producer.agents.catalog import ToolView
 
 SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
+# The host's priority for a call (-100..100, higher is claimed sooner), in a request's _meta. Not a
+# tool argument: an action may have a business argument of that name (a ticket's priority), and a
+# call's place in the queue is the host's to set, not the model's.
+PRIORITY_META = "agent-outbox/priority"
 CALLER_KEY = "agent_outbox.caller"  # where the HTTP auth puts the caller's ToolCaller (ASGI scope)
 
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -114,12 +118,14 @@ def refused(exc: OutboxError) -> types.CallToolResult:
     )
 
 
-def dispatch(caller: ToolCaller, name: str, arguments: Mapping[str, Any], scope: str) -> types.CallToolResult:
+def dispatch(
+    caller: ToolCaller, name: str, arguments: Mapping[str, Any], scope: str, priority: Any = 0
+) -> types.CallToolResult:
     """A tool call or a read, on a worker thread (the ledger calls block)."""
     try:
         if name == "get_operation":
             return answered(caller.get(str(arguments.get("operation_id", ""))))
-        return answered(caller.call(name, dict(arguments), scope=scope))
+        return answered(caller.call(name, dict(arguments), scope=scope, priority=priority))
     except OutboxError as exc:
         return refused(exc)
 
@@ -154,7 +160,8 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         arguments = params.arguments or {}
         if params.name == "wait_operation":
             return await wait_for_outcome(caller, arguments)
-        return await anyio.to_thread.run_sync(dispatch, caller, params.name, arguments, str(scope))
+        priority = meta.get(PRIORITY_META, 0)
+        return await anyio.to_thread.run_sync(dispatch, caller, params.name, arguments, str(scope), priority)
 
     return Server(
         "agent-outbox",

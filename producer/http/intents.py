@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from outbox.access.keys import Caller
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.ledger.states import Status
-from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS, submit
+from outbox.ledger.submit import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY, submit, validate_priority
 from outbox.ledger.typed_outcome import SETTLED, Outcome, with_outcome
 from outbox.reads.queries import operation_json
 from outbox.service import operations, waiting
@@ -65,6 +65,13 @@ class IntentIn(BaseModel):
     tool_call_id: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": STORABLE})
     max_attempts: int | None = Field(default=None, ge=1, le=1000)
     deadline_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    priority: int = Field(
+        default=0,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="higher is claimed sooner among this tenant's due intents; stored, not part of the"
+        " intent's identity (a resubmit with another priority keeps the first)",
+    )
 
 
 class BatchIn(BaseModel):
@@ -152,6 +159,8 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
         out["max_attempts"] = int(m)
     if obj.get("deadline_s") is not None:
         out["deadline_s"] = float(_bounded(obj["deadline_s"], f"{where}deadline_s", "a positive number of seconds"))
+    if obj.get("priority") is not None:
+        out["priority"] = validate_priority(obj["priority"], f"{where}priority")
     if not isinstance(out["args"], dict):
         raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")
     return out

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.access.keys import Caller
 from outbox.errors import InvalidIntent
-from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS
+from outbox.ledger.submit import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY
 from outbox.runs.lifecycle import submit_run
 from outbox.runs.spec import COMPENSATE, MAX_RUN_ATTEMPTS, MAX_STEPS
 from outbox.service import runs
@@ -84,6 +84,9 @@ class RunIn(BaseModel):
     )
     steps: list[StepIn] = Field(min_length=1, max_length=MAX_STEPS)
     budget: BudgetIn | None = Field(default=None, description="across all steps")
+    priority: int = Field(
+        default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY, description="every step's priority (higher is claimed sooner)"
+    )
     subject: str | None = Field(default=None, max_length=255, json_schema_extra={"pattern": OPTIONAL_TRIMMED})
 
 
@@ -143,6 +146,7 @@ async def post_run(request: Request, caller: Annotated[Caller, Depends(require("
                 subject=subject_of(body, caller),
                 submitted_by=caller.identity,
                 key_rules=st.key_rules,  # type: ignore[arg-type]
+                priority=0 if body.get("priority") is None else body["priority"],
             )
         return (201 if receipt.new else 200), receipt.run_id
 

@@ -60,6 +60,7 @@ class AsyncOutboxClient:
         tool_call_id: str | None = None,
         max_attempts: int | None = None,
         deadline_s: float | None = None,
+        priority: int | None = None,
     ) -> Operation:
         """As OutboxClient.submit."""
         body = calls.intent_body(
@@ -71,6 +72,7 @@ class AsyncOutboxClient:
             tool_call_id=tool_call_id,
             max_attempts=max_attempts,
             deadline_s=deadline_s,
+            priority=priority,
         )
         return await self._send(calls.submit(body))
 
@@ -131,8 +133,9 @@ class AsyncOutboxClient:
         *,
         budget: Mapping[str, Any] | None = None,
         subject: str | None = None,
+        priority: int | None = None,
     ) -> Run:
-        return await self._send(calls.submit_run(run_key, steps, budget=budget, subject=subject))
+        return await self._send(calls.submit_run(run_key, steps, budget=budget, subject=subject, priority=priority))
 
     async def get_run(self, run_id: str) -> Run:
         return await self._send(calls.get_run(run_id))

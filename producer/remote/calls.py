@@ -112,6 +112,7 @@ def intent_body(
     tool_call_id: str | None = None,
     max_attempts: int | None = None,
     deadline_s: float | None = None,
+    priority: int | None = None,
     where: str = "args",
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -125,6 +126,7 @@ def intent_body(
         "tool_call_id": tool_call_id,
         "max_attempts": max_attempts,
         "deadline_s": deadline_s,
+        "priority": priority,
     }
     return body | {k: v for k, v in optional.items() if v is not None}
 
@@ -189,6 +191,7 @@ def submit_run(
     *,
     budget: Mapping[str, Any] | None = None,
     subject: str | None = None,
+    priority: int | None = None,
 ) -> Call[Run]:
     checked = []
     for i, step in enumerate(steps):
@@ -205,6 +208,8 @@ def submit_run(
         body["budget"] = dict(budget)
     if subject is not None:
         body["subject"] = subject
+    if priority is not None:
+        body["priority"] = priority
     # The run key is the run's idempotency key: the same run again answers the stored one.
     return Call("POST", "/v1/runs", _submitted_run, body=body, idempotency_key=run_key)
 

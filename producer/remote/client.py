@@ -94,6 +94,7 @@ class OutboxClient:
         tool_call_id: str | None = None,
         max_attempts: int | None = None,
         deadline_s: float | None = None,
+        priority: int | None = None,
     ) -> Operation:
         """Submit one intent; the stored operation (``.new``: False when it was there already).
         IdempotencyConflict when the key was used with other arguments."""
@@ -106,6 +107,7 @@ class OutboxClient:
             tool_call_id=tool_call_id,
             max_attempts=max_attempts,
             deadline_s=deadline_s,
+            priority=priority,
         )
         return self._send(calls.submit(body))
 
@@ -173,9 +175,10 @@ class OutboxClient:
         *,
         budget: Mapping[str, Any] | None = None,
         subject: str | None = None,
+        priority: int | None = None,
     ) -> Run:
         """Submit a run (steps in order, each once); ``.new`` False when the same run was there."""
-        return self._send(calls.submit_run(run_key, steps, budget=budget, subject=subject))
+        return self._send(calls.submit_run(run_key, steps, budget=budget, subject=subject, priority=priority))
 
     def get_run(self, run_id: str) -> Run:
         return self._send(calls.get_run(run_id))

@@ -42,6 +42,7 @@ class Operation(_Answer):
     reason: str | None = None
     attempts: int | None = None
     max_attempts: int | None = None
+    priority: int | None = None
     fencing_token: int | None = None
     result: dict[str, Any] | None = None
     error_class: str | None = None
@@ -117,6 +118,7 @@ class Run(_Answer):
     reason: str | None = None
     holding: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
+    priority: int | None = None
     waiting_for_person: list[str] | None = None
     cancel_requested: bool | None = None
     compensate_requested: bool | None = None

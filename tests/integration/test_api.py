@@ -118,19 +118,26 @@ def test_submit_resubmit_conflict_batch_list_and_cancel(pipe, api):
             (_intent("x", max_attempts=0), "max_attempts"),
             (_intent("x", max_attempts=2.5), "max_attempts"),
             (_intent("x", deadline_s=-1), "deadline_s"),
+            (_intent("x", priority=101), "priority"),
+            (_intent("x", priority=1.5), "priority"),
         ):
             bad = c.post("/v1/intents", json=body)
             assert bad.status_code == 422 and bad.json()["field"] == field, (body, bad.text)
 
+        assert "priority must be an integer from -100 to 100, higher runs sooner" in bad.json()["detail"]
+        assert op["priority"] == 0
+
         # The same intent again (12.5 is 12.50 by value), a new one, and one without args.
         same = '{"action": "' + REFUND + '", "idempotency_key": "api-1", "args": {"order_id": "o-1", "amount": 12.5, '
         same += '"currency": "EUR"}}'
-        items = [json.dumps(_intent("api-2")), same, json.dumps({"action": REFUND})]
+        items = [json.dumps(_intent("api-2", priority=-5)), same, json.dumps({"action": REFUND})]
+        items.append(json.dumps(_intent("api-3", priority=-101)))
         batch = c.post("/v1/intents:batch", content='{"intents": [' + ", ".join(items) + "]}")
         assert batch.status_code == 200, batch.text
         results = batch.json()["results"]
-        assert [r["status"] for r in results] == [201, 200, 422]
+        assert [r["status"] for r in results] == [201, 200, 422, 422]
         assert results[2]["problem"]["field"] == "intents.2.args"
+        assert results[3]["problem"]["field"] == "intents.3.priority" and results[0]["operation"]["priority"] == -5
 
         page = c.get("/v1/operations", params={"limit": 1})
         assert page.status_code == 200 and len(page.json()["operations"]) == 1
@@ -138,6 +145,12 @@ def test_submit_resubmit_conflict_batch_list_and_cancel(pipe, api):
         seen = {page.json()["operations"][0]["idempotency_key"], rest.json()["operations"][0]["idempotency_key"]}
         assert seen == {"api-1", "api-2"} and rest.json()["next_cursor"] is None
         assert c.get("/v1/operations", params={"idempotency_key": "api-2"}).json()["operations"][0]["status"]
+        urgent = c.post("/v1/intents", json=_intent("api-urgent", priority=7))
+        assert urgent.status_code == 201 and urgent.json()["priority"] == 7
+        # Stored, not part of the intent's identity: the same intent with another priority keeps the first.
+        resent = c.post("/v1/intents", json=_intent("api-urgent", priority=-3))
+        assert resent.status_code == 200 and resent.json()["priority"] == 7
+        assert c.get(f"/v1/operations/{urgent.json()['operation_id']}").json()["priority"] == 7
 
         # Nothing sent yet (no worker runs): the cancel takes effect.
         cancelled = c.post(f"/v1/operations/{op['operation_id']}/cancel")
@@ -279,6 +292,13 @@ def test_health_readiness_and_openapi(pipe, api):
         "/v1/handoffs/{handoff_id}/resolve",
     ):
         assert path in spec["paths"], path
+    priority = spec["components"]["schemas"]["IntentIn"]["properties"]["priority"]
+    assert (priority["type"], priority["minimum"], priority["maximum"], priority["default"]) == (
+        "integer",
+        -100,
+        100,
+        0,
+    )
 
 
 def test_several_server_processes_share_the_ledger_and_answer_keep_alive_requests_at_once(pipe):

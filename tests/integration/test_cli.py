@@ -150,6 +150,8 @@ def test_migrate_submit_list_show(cli: Cli) -> None:
                 "acme",
                 "--args",
                 '{"amount": 0.1}',
+                "--priority",
+                "5",
             ),
             {},
         ),
@@ -171,6 +173,7 @@ def test_migrate_submit_list_show(cli: Cli) -> None:
     by_key = {op["idempotency_key"]: op for op in ops}
     assert by_key["wf-1:refund:v1"]["operation_id"] == new["operation_id"]
     assert by_key["wf-1:refund:v1"]["attempts"] == 0 and by_key["wf-1:refund:v1"]["fencing_token"] == 0
+    assert (by_key["wf-1:refund:v1"]["priority"], by_key["wf-2:refund:v1"]["priority"]) == (0, 5)
 
     listed, show_id, show_key, table = cli.many(
         (("ops", "list", "--status", "not_dispatched", "--json"), {}),
@@ -185,6 +188,7 @@ def test_migrate_submit_list_show(cli: Cli) -> None:
     assert [(e["from"], e["to"], e["event"]) for e in detail["history"]] == [(None, "not_dispatched", "submit")]
     assert show_key.returncode == 0, show_key.stderr
     assert new["operation_id"] in show_key.stdout and "history" in show_key.stdout and "attempts" in show_key.stdout
+    assert detail["priority"] == 0 and "priority 0" in show_key.stdout
     assert table.returncode == 0, table.stderr
     assert "2 operation(s)" in table.stdout and "wf-1:refund:v1" in table.stdout
     assert "status" in table.stdout and "─" in table.stdout  # a table, not JSON

@@ -65,6 +65,37 @@ def test_submit_is_idempotent_by_key_and_digest(ledger):
         assert s.execute(select(func.count()).select_from(Operation)).scalar_one() == 2
 
 
+def test_priority_is_stored_not_digested_and_orders_the_claim(ledger):
+    """A resubmit with another priority is the same intent, and keeps the first priority; within a
+    tenant a higher priority is claimed before older rows (the drivers' order: tests/conformance)."""
+    old = _submit(ledger, idempotency_key="p-old")
+    urgent = _submit(ledger, idempotency_key="p-urgent", priority=7)
+    again = _submit(ledger, idempotency_key="p-urgent", priority=-2)
+    assert not again.new and again.operation_id == urgent.operation_id
+    assert (_op(ledger, urgent.operation_id).priority, _op(ledger, old.operation_id).priority) == (7, 0)
+    with pytest.raises(InvalidIntent, match="priority must be an integer from -100 to 100"):
+        _submit(ledger, idempotency_key="p-bad", priority=500)
+    assert [c.operation_id for c in _claim(ledger, limit=2)] == [urgent.operation_id, old.operation_id]
+
+
+def test_a_doorbell_full_of_one_tenants_ids_leaves_room_for_anothers_due_row(ledger):
+    """A worker's doorbell carries a whole batch of one tenant's ids: its claim still takes the
+    other tenant's due row (the ids come first only within their own tenant)."""
+    from outbox.ledger.drivers import driver_for
+    from outbox.ledger.fairness import Fairness
+    from workers.dispatch.batch import _claim as doorbell_claim
+
+    with ledger.sessions.begin() as s:
+        wanted = [submit(s, **(INTENT | {"idempotency_key": f"a-{n}", "delay_s": 0})).operation_id for n in range(12)]
+    other = _submit(ledger, tenant="globex", idempotency_key="b-1").operation_id
+    hot = driver_for(ledger.engine).hot_path(ledger.engine, ledger.sessions)
+    try:
+        claims = doorbell_claim(hot, "w1", 30.0, wanted[:10], 10, Fairness())
+    finally:
+        hot.close()
+    assert len(claims) == 10 and other in {c.operation_id for c in claims}
+
+
 def test_submit_in_the_callers_transaction_rolls_back_with_it(ledger):
     steps = Table("agent_steps", MetaData(), Column("id", Integer, primary_key=True), Column("note", String(50)))
     steps.create(ledger.engine, checkfirst=True)
@@ -553,24 +584,32 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
     for _ in range(195):  # 1,950 claimed: their due-index entries are dead, 50 rows still due
         assert len(_claim(pg_ledger, limit=10)) == 10
     url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
-    statement = sql.claim(AttemptKind.DISPATCH, False, 10, 0)
+    # The claim workers send: the tenants' walk, then each tenant's due rows through the fair index.
+    statement = sql.claim(AttemptKind.DISPATCH, False, 10, 0, True)
+    params = {"worker": "probe", "lease_s": 30, "after_tenant": "", "weight_tenants": [], "weights": []}
     with psycopg.connect(url) as conn:
 
         def heap_pages_read() -> int:
-            """Shared buffers the claim's scan of due rows touched (rolled back: nothing claimed)."""
+            """Shared buffers the claim's scans of due rows touched (rolled back: nothing claimed)."""
             with conn.transaction(force_rollback=True):
                 (plan,) = conn.execute(
-                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", {"worker": "probe", "lease_s": 30}
+                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params | {"operation_ids": []}
                 ).fetchone()
-            nodes = [json.loads(plan)[0]["Plan"] if isinstance(plan, str) else plan[0]["Plan"]]
+            nodes, touched, rows_scan = (
+                [json.loads(plan)[0]["Plan"] if isinstance(plan, str) else plan[0]["Plan"]],
+                0,
+                0,
+            )
             while nodes:
                 node = nodes.pop()
-                if node.get("Relation Name") == OPERATIONS and node.get("Alias") == OPERATIONS:
-                    assert node["Node Type"] == "Index Scan", node["Node Type"]
-                    assert "statement_timestamp()" in node.get("Index Cond", ""), node
-                    return int(node["Shared Hit Blocks"]) + int(node.get("Shared Read Blocks", 0))
+                if node.get("Index Name") == f"ix_{OPERATIONS}_fair_due":
+                    touched += int(node["Shared Hit Blocks"]) + int(node.get("Shared Read Blocks", 0))
+                    if node["Node Type"] == "Index Scan":  # a tenant's rows, bounded by the due time
+                        assert "statement_timestamp()" in node.get("Index Cond", ""), node
+                        rows_scan += 1
                 nodes.extend(node.get("Plans", []))
-            raise AssertionError(f"no scan of operations in {plan}")
+            assert rows_scan, f"no scan of a tenant's due rows in {plan}"
+            return touched
 
         heap_pages_read()  # the first scan after the churn marks the dead entries it passes
         assert heap_pages_read() < 30

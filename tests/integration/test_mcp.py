@@ -106,6 +106,15 @@ def test_stdio_tools_listed_called_once_and_answered_already_done_then_unknown_s
             )
             assert settled.structured_content["outcome"] == "SUCCEEDED", settled.structured_content
 
+            # The host's priority travels in _meta (a tool's own "priority" argument is business data):
+            # not part of the call's identity, and refused out of range.
+            meta = {"agent-outbox/scope": "conv-1", "agent-outbox/priority": 9}
+            urgent = await client.call_tool(REFUND, ARGS, meta=meta)
+            assert urgent.structured_content["operation_id"] == op["operation_id"]
+            meta["agent-outbox/priority"] = 101
+            refused = await client.call_tool(REFUND, ARGS | {"order_id": "o-84"}, meta=meta)
+            assert refused.is_error and "priority must be an integer from -100 to 100" in refused.content[0].text
+
             bad = await _call(client, REFUND, {"amount": "1.00", "currency": "EUR"})
             assert bad.is_error and "args.order_id" in bad.content[0].text
 

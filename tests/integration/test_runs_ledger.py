@@ -37,7 +37,7 @@ def _settle(ledger, key: str, status: str) -> None:
 
 
 def test_a_run_and_its_first_step_commit_together_and_later_steps_get_what_is_left(ledger):
-    receipt = _submit(ledger, budget={"max_attempts": 5, "deadline_s": 300})
+    receipt = _submit(ledger, budget={"max_attempts": 5, "deadline_s": 300}, priority=4)
     assert receipt.new and _submit(ledger, budget={"max_attempts": 5, "deadline_s": 300}) == receipt.__class__(
         **(receipt.as_dict() | {"new": False})
     )
@@ -46,12 +46,14 @@ def test_a_run_and_its_first_step_commit_together_and_later_steps_get_what_is_le
     with ledger.sessions() as s:
         first = s.execute(select(Operation).where(Operation.idempotency_key == "r-1:a")).scalar_one()
         assert (first.run_id, first.max_attempts, first.provider_key) == (receipt.run_id, 5, "t1:r-1:a")
+        assert first.priority == 4  # the run's, for every step
         assert s.execute(select(Operation).where(Operation.idempotency_key == "r-1:b")).first() is None
     _settle(ledger, "r-1:a", "succeeded")
     assert advance_due(ledger.sessions) == 1
     with ledger.sessions() as s:
         second = s.execute(select(Operation).where(Operation.idempotency_key == "r-1:b")).scalar_one()
         assert second.max_attempts == 5 and second.deadline_at is not None  # no attempt reached the provider yet
+        assert second.priority == 4
         doc = run_json(s, find_run(s, "r-1"))
         assert doc["holding"]["step"] == "b" and doc["outcome"] == "PENDING"
     assert advance_due(ledger.sessions) == 0  # nothing to do while step b is not settled

@@ -22,7 +22,13 @@ STATEMENTS = {
     and re.match(r"\s*(WITH|SELECT|INSERT|UPDATE)\b", value)
 }
 SHAPES = {
-    "claim": [sql.claim(kind, ids, 10, others) for kind in AttemptKind for ids in (False, True) for others in (0, 5)],
+    "claim": [
+        sql.claim(kind, ids, 10, others, fair)
+        for kind in AttemptKind
+        for ids in (False, True)
+        for others in (0, 5)
+        for fair in (False, True)
+    ],
     "finalize": [
         sql.finalize(to, refund, guard) for to in Status for refund in (False, True) for guard in (False, True)
     ],

@@ -31,6 +31,7 @@ def test_every_mode_parses() -> None:
         ({"mode": "latency", "status": 99}, "status"),
         ({"mode": "latency", "retry_after_http_date": 1}, "retry_after_http_date"),
         ({"mode": "latency", "seed": True}, "seed"),
+        ({"mode": "rate_limited_429", "quota_per_s": 0}, "quota_per_s"),
         ([1], "body"),
     ],
 )
@@ -47,6 +48,16 @@ def test_rule_matching_and_count() -> None:
     assert book.select("GET", "/v1/refunds", None, "t") is not None
     assert book.select("GET", "/v1/tickets", None, "t") is not None
     assert book.select("GET", "/v1/tickets", None, "t") is None  # exhausted
+
+
+def test_a_quota_admits_so_many_per_trailing_second_and_refuses_the_rest() -> None:
+    book = FaultBook()
+    book.add({"mode": "rate_limited_429", "path": "/v1/refunds", "quota_per_s": 3})
+    fired = [book.select("POST", "/v1/refunds", f"k{i}", "t") is not None for i in range(5)]
+    assert fired == [False, False, False, True, True]  # three admitted, the rest get 429
+    assert book.select("POST", "/v1/tickets", "k9", "t") is None  # another path: not this quota
+    time.sleep(1.05)
+    assert book.select("POST", "/v1/refunds", "k6", "t") is None  # the window moved on
 
 
 def test_probability_is_reproducible_per_seed() -> None:

@@ -22,7 +22,7 @@ from producer.client import key_rules_for
 from workers.cli import render
 from workers.cli.ledger import LedgerUnavailable, ledger, open_engine
 
-JSONL_FIELDS = {"tenant", "idempotency_key", "action", "args", "subject", "run_id", "tool_call_id"}
+JSONL_FIELDS = {"tenant", "idempotency_key", "action", "args", "subject", "run_id", "tool_call_id", "priority"}
 JSONL_REQUIRED = ("idempotency_key", "action", "args")
 
 
@@ -40,6 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tool-call-id", help="tool call reference (informational)")
     p.add_argument("--max-attempts", type=int, default=None, help="retry budget: attempts")
     p.add_argument("--deadline-s", type=float, default=None, help="retry budget: seconds from now")
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="-100..100, higher is claimed sooner among the tenant's due intents (default 0; a --jsonl line's own wins)",
+    )
     p.add_argument("--jsonl", metavar="FILE", help="one intent per line (JSON object); - for stdin")
     p.set_defaults(func=cmd_submit)
 
@@ -99,6 +105,8 @@ def _intent_from_flags(args: argparse.Namespace, tenant: str) -> dict[str, Any]:
         run_id=args.run_id,
         tool_call_id=args.tool_call_id,
     )
+    if args.priority is not None:
+        intent["priority"] = args.priority
     return intent
 
 
@@ -162,6 +170,8 @@ def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
             out: dict[str, Any]
             try:
                 intent = _parse_line(text, args.tenant or settings.default_tenant)
+                if args.priority is not None:
+                    intent.setdefault("priority", args.priority)
                 # One transaction per line: a bad line never takes good ones down with it.
                 with sessions.begin() as session:
                     out = submit(session, **intent, **_budget(args), key_rules=rules).as_dict()
@@ -219,7 +229,7 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
         console.print(f"waiting for {detail['waiting_for']}: {WAITING_MEANING[WaitingFor(detail['waiting_for'])]}")
     console.print(
         f"reason: {detail['reason']}  attempts {detail['attempts']}/{detail['max_attempts']}  "
-        f"token {detail['fencing_token']}"
+        f"token {detail['fencing_token']}  priority {detail['priority']}"
     )
     if detail["result"]:
         console.print(f"result: reference {detail['result']['reference']}")

@@ -17,7 +17,7 @@ from producer.client import key_rules_for
 from workers.cli import render
 from workers.cli.ledger import ledger
 
-RUN_FIELDS = {"tenant", "run_key", "steps", "budget", "subject"}
+RUN_FIELDS = {"tenant", "run_key", "steps", "budget", "subject", "priority"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--file", required=True, help="run.json: {tenant, run_key, steps: [{name, action, args, compensate?}], budget?}"
     )
     p.add_argument("--subject", help="who asks (default: the file's subject, or 'cli')")
+    p.add_argument(
+        "--priority", type=int, default=None, help="every step's priority, -100..100 (default: the file's, or 0)"
+    )
     p.set_defaults(func=cmd_submit)
     p = s.add_parser("list", help="runs, newest first")
     p.add_argument(
@@ -89,6 +92,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             budget=doc.get("budget"),
             subject=subject,
             key_rules=key_rules_for(settings),
+            priority=args.priority if args.priority is not None else doc.get("priority", 0),
         )
     print(json.dumps(receipt.as_dict(), sort_keys=True))
     return 0

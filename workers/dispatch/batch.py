@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from breaker import Admissions
 from outbox.approvals.decisions import Grant
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim, claim_due
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
 from workers.dispatch.gate import Gate
 from workers.dispatch.in_flight import InFlight
@@ -34,13 +35,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Dispatcher:
     """What a dispatch doorbell takes: the gate, the process's calls in flight, and the claim's
-    terms (OUTBOX_LEASE_S, OUTBOX_DOORBELL_BATCH, how long a doorbell waits for room)."""
+    terms (OUTBOX_LEASE_S, OUTBOX_DOORBELL_BATCH, how long a doorbell waits for room, how the
+    claim shares what is due among tenants: OUTBOX_FAIRNESS, OUTBOX_TENANT_WEIGHTS)."""
 
     gate: Gate
     in_flight: InFlight
     lease_s: float
     batch: int
     room_wait_s: float
+    fairness: Fairness = field(default_factory=Fairness)
 
     def dispatch_one(self, operation_id: str) -> AttemptOutcome | None:
         """Handle one doorbell for one operation and wait for its outcome (see dispatch)."""
@@ -85,7 +88,7 @@ class Dispatcher:
             passed = gate.admit(operation_ids, admissions)
             claims: list[Claim] = []
             if passed.wanted or not passed.rung_due:
-                claims = _claim(gate.ledger, gate.worker_id, self.lease_s, passed.wanted, size)
+                claims = _claim(gate.ledger, gate.worker_id, self.lease_s, passed.wanted, size, self.fairness)
             if not claims:
                 log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
             gate.admit_taken_along(claims, admissions)
@@ -101,10 +104,18 @@ class Dispatcher:
         return passed.parked, claims, admissions, approvals
 
 
-def _claim(ledger: LedgerConnection, worker_id: str, lease_s: float, wanted: list[str], size: int) -> list[Claim]:
+def _claim(
+    ledger: LedgerConnection, worker_id: str, lease_s: float, wanted: list[str], size: int, fairness: Fairness
+) -> list[Claim]:
     """A doorbell wakes a worker; the database says what is due. The same statement fills the batch
-    with whatever else is due now (oldest first); those ids' own doorbells will in turn claim
-    whatever is due then. No rung id due: whatever is due, up to ``size``."""
+    with whatever else is due now, shared among tenants (outbox/ledger/fairness.py): the rung ids
+    come first within their own tenant only, so one tenant's doorbells cannot keep another's due
+    work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
+    whatever is due, up to ``size``."""
+    if fairness.on and len(wanted) >= size:
+        # Room for one row the ids did not name, so another tenant's due row can still win its turn;
+        # the id left out is still due and competes as any other row (in its tenant's order).
+        wanted = wanted[: size - 1]
     with ledger.one_statement() as session:
         return claim_due(
             session,
@@ -113,4 +124,5 @@ def _claim(ledger: LedgerConnection, worker_id: str, lease_s: float, wanted: lis
             operation_ids=wanted or None,
             limit=len(wanted) if wanted else size,
             also_due=max(size - len(wanted), 0) if wanted else 0,
+            fairness=fairness,
         )

@@ -8,10 +8,12 @@ before commit (nothing happened), during processing (the key is in flight), or a
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import itertools
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +74,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "stall_s": (int, float),
     "status": (int,),
     "first_per_key": (bool,),
+    "quota_per_s": (int, float),
 }
 
 
@@ -102,7 +105,11 @@ class FaultRule:
     # Only a key's first request (per method and path) can draw this rule: retries of the key
     # pass, as when a provider fails some first requests and answers every retry.
     first_per_key: bool = False
+    # A provider's quota: the rule fires only for requests beyond this many (matching ones) admitted
+    # in the trailing second; with rate_limited_429, a real rate limit to pace against.
+    quota_per_s: float | None = None
     fired: int = 0
+    _admitted: collections.deque[float] = field(default_factory=collections.deque, repr=False)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _key_re: re.Pattern[str] | None = field(default=None, repr=False)
 
@@ -127,9 +134,20 @@ class FaultRule:
                     return False
             elif not fnmatch.fnmatchcase(key, self.key_pattern):
                 return False
+        if self.quota_per_s is not None:
+            return self._over_quota(self.quota_per_s)
         # Drawn only for otherwise-matching requests: the same request sequence and seed
         # give the same faults on every run.
         return self.probability >= 1.0 or self._rng.random() < self.probability
+
+    def _over_quota(self, per_s: float) -> bool:
+        now = time.monotonic()
+        while self._admitted and self._admitted[0] <= now - 1.0:
+            self._admitted.popleft()
+        if len(self._admitted) >= per_s:
+            return True
+        self._admitted.append(now)
+        return False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,6 +166,7 @@ class FaultRule:
             "stall_s": self.stall_s,
             "status": self.status,
             "first_per_key": self.first_per_key,
+            "quota_per_s": self.quota_per_s,
             "fired": self.fired,
             "exhausted": self.exhausted,
         }
@@ -184,6 +203,8 @@ def parse_rule(body: Any, default_seed: int | None = None) -> FaultRule:
     for name in ("retry_after_s", "latency_ms", "stall_s"):
         if clean.get(name, 0) < 0:
             raise RuleError(name, "must be >= 0")
+    if clean.get("quota_per_s", 1) <= 0:
+        raise RuleError("quota_per_s", "must be > 0 (requests admitted per trailing second)")
     if "status" in clean and not 100 <= clean["status"] <= 599:
         raise RuleError("status", "must be an HTTP status code")
     rule = FaultRule(**clean)

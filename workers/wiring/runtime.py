@@ -21,6 +21,7 @@ from breaker import BreakerConfig, BreakerRegistry
 from outbox.errors import ConfigError
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.privacy.retention import check_retention
 from outbox.settings import Settings, load_settings
@@ -106,6 +107,7 @@ class Runtime:
                 lease_s=self.settings.lease_s,
                 batch=self.settings.doorbell_batch,
                 room_wait_s=self.room_wait_s,
+                fairness=Fairness(self.settings.fairness, self.settings.tenant_weight_map),
             )
         return self._dispatcher
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, WaitingFor
 from outbox.ledger.writes import WriteSet, finalize_writes, settle_writes
 
@@ -47,6 +48,7 @@ class NewOperation:
     reason: str
     submitted_by: str | None = None
     key_space: str = "intent"  # 'run': a run's step or compensation (models.Operation.key_space)
+    priority: int = 0  # higher is claimed sooner within its tenant (models.Operation.priority)
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,11 @@ class LedgerDriver(Protocol):
         limit: int,
         operation_ids: list[str] | None,
         also_due: int,
-    ) -> Sequence[Any]: ...
+        fairness: Fairness | None = None,
+    ) -> Sequence[Any]:
+        """Rows in rank order. ``fairness`` (dispatch claims only; None: oldest first by priority,
+        as for lookups): shared among tenants, or not, as it says."""
+        ...
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]: ...
 

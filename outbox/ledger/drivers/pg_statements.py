@@ -25,6 +25,19 @@ from __future__ import annotations
 import functools
 import re
 
+from outbox.ledger.drivers.pg_tenant_walk import (
+    CLAIM_ORDER,
+    FAIR_DUE,
+    FAIR_RANKING,
+    FAIR_TENANTS,
+    FAIR_WALK,
+    IDS_IN,
+    IDS_NOT_IN,
+    LEASE_FREE,
+    NOT_DISPATCHED,
+    UNFAIR_RANKING,
+    WEIGHTED,
+)
 from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
 from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
@@ -75,12 +88,13 @@ _SUBMIT = f"""
 WITH ins AS (
     INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
         tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
-        next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space)
+        next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space,
+        priority)
     VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
         %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
         clock_timestamp() + make_interval(secs => CAST(%(deadline_s)s AS float8)),  -- NULL: no deadline
         clock_timestamp() + make_interval(secs => CAST(%(delay_s)s AS float8)),
-        false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s)
+        false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s, %(priority)s)
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
     RETURNING id
 ), logged AS (
@@ -99,7 +113,7 @@ NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 # attempt, open the attempt row and the event row. The CTEs read attempts as of the statement's
 # snapshot, so numbering and the ambiguity check see the rows committed before this claim.
 _CLAIM = """
-WITH {due_ctes}, claimed AS (
+WITH {recursive}{due_ctes}, claimed AS (
     UPDATE {operations} o SET
         fencing_token = o.fencing_token + 1,
         lease_owner = :worker,
@@ -129,48 +143,71 @@ WITH {due_ctes}, claimed AS (
 SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
 """
 
-# Due rows of one kind, oldest first; {ids} narrows or excludes, {limit} is a literal.
+# Due rows of one kind in claim order (priority first; lookups oldest first); {ids} narrows or
+# excludes, {limit} is a literal.
 _DUE = """
     SELECT id, {rank} AS rank FROM {operations}
     WHERE {source} AND next_attempt_at <= {now}{lease_free}{ids}
-    ORDER BY next_attempt_at
+    ORDER BY {order}
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED"""
 
-_IDS_IN = " AND id = ANY(CAST(:operation_ids AS varchar[]))"
-_IDS_NOT_IN = " AND NOT (id = ANY(CAST(:operation_ids AS varchar[])))"
-_LEASE_FREE = " AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
-
 
 @functools.lru_cache(maxsize=64)
-def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
-    """The claim statement for one shape: ``limit`` of the given ids first, then ``others`` due rows."""
+def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool = False) -> str:
+    """The claim statement for one shape: ``limit`` of the given ids, then ``others`` due rows.
+
+    A dispatch claim of due rows walks the tenants (above), with parameters :after_tenant (the
+    cursor, '' at first), :weight_tenants and :weights (tenants weighted other than 1). ``fair``:
+    shared among them, the given ids first only within their own tenant; else the given ids
+    first, then priority and age. Given ids alone, and lookups, are claimed as they are.
+    """
     lookup = kind is AttemptKind.LOOKUP
     # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
-    source = RECONCILE_DUE if lookup else f"status = '{Status.NOT_DISPATCHED.value}'"
+    source = RECONCILE_DUE if lookup else NOT_DISPATCHED
 
     def due(rank: int, ids: str, n: int) -> str:
         # Given ids: found through the primary key, the due bound only filters (clock_timestamp()).
         # Any due rows: the bound must be one the due index can answer (statement_timestamp(), see
         # outbox/ledger/clock.py db_scan_now), else each claim reads the index's every dead entry.
-        now = "clock_timestamp()" if ids == _IDS_IN else "statement_timestamp()"
+        now = "clock_timestamp()" if ids == IDS_IN else "statement_timestamp()"
         return _DUE.format(
             rank=rank,
             source=source,
             now=now,
-            lease_free=_LEASE_FREE if lookup else "",
+            lease_free=LEASE_FREE if lookup else "",
             ids=ids,
+            order="next_attempt_at" if lookup else CLAIM_ORDER,
             limit=n,
             operations=OPERATIONS,
         )
 
-    if not with_ids:
+    recursive = ""
+    if not lookup and (others or not with_ids):
+        recursive = "RECURSIVE "
+        take = int(limit) + int(others) if with_ids else int(limit)
+        ctes = (
+            FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS)
+            + ","
+            + WEIGHTED
+            + ", "
+            + FAIR_DUE.format(
+                operations=OPERATIONS,
+                wanted=int(limit) if with_ids else 0,
+                take=take,
+                not_wanted=IDS_NOT_IN if with_ids else "",
+                ranking=FAIR_RANKING if fair else UNFAIR_RANKING,
+            )
+        )
+        if not with_ids:  # no doorbell ids: the wanted CTE finds none (an empty array)
+            ctes = ctes.replace(IDS_IN, " AND false")
+    elif not with_ids:
         ctes = f"due AS ({due(1, '', int(limit))}\n)"
     else:
-        ctes = f"wanted AS ({due(0, _IDS_IN, int(limit))}\n)"
+        ctes = f"wanted AS ({due(0, IDS_IN, int(limit))}\n)"
         if others:
             ctes += (
-                f", others AS ({due(1, _IDS_NOT_IN, int(others))}\n)"
+                f", others AS ({due(1, IDS_NOT_IN, int(others))}\n)"
                 ", due AS (SELECT id, rank FROM wanted UNION ALL SELECT id, rank FROM others)"
             )
         else:
@@ -183,6 +220,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int) -> str:
     )
     return _driver_params(
         _CLAIM.format(
+            recursive=recursive,
             due_ctes=ctes,
             kind=kind.value,
             from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
@@ -270,19 +308,39 @@ def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
     they were due before %(leading_since)s (NULL unless this relay leads the NOTIFY path).
     """
     lease = "" if leased_ok else "AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())"
-    return f"""
-WITH due AS (
-    SELECT id FROM {OPERATIONS}
-    WHERE status = '{status.value}' AND next_attempt_at <= statement_timestamp()
+    rung = f"""status = '{status.value}' AND next_attempt_at <= statement_timestamp()
       AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                       OR next_attempt_at < CAST(%(leading_since)s AS timestamptz)))
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
-      {lease}
+      {lease}"""
+    if status is not Status.NOT_DISPATCHED:
+        due = f"""WITH due AS (
+    SELECT id FROM {OPERATIONS}
+    WHERE {rung}
     ORDER BY next_attempt_at
     LIMIT {int(batch)}
     FOR UPDATE SKIP LOCKED
-)
+)"""
+    else:
+        # Rung in the claim's order within each tenant (higher priority first), walking the tenants
+        # as a claim does, from the first: the order by time alone would ring a tenant's old low
+        # priorities first, and a doorbell's ids take their tenant's first turns in the claim.
+        walk = FAIR_WALK.format(operations=OPERATIONS, tenants=FAIR_TENANTS).replace(
+            "CAST(:after_tenant AS varchar)", "''"
+        )
+        due = f"""WITH RECURSIVE {walk}, due AS (
+    SELECT d.id FROM walk t CROSS JOIN LATERAL (
+        SELECT id, priority, next_attempt_at FROM {OPERATIONS}
+        WHERE tenant = t.tenant AND {rung}
+        ORDER BY {CLAIM_ORDER}
+        LIMIT {int(batch)}
+        FOR UPDATE SKIP LOCKED) d
+    ORDER BY d.priority DESC, d.next_attempt_at
+    LIMIT {int(batch)}
+)"""
+    return f"""
+{due}
 UPDATE {OPERATIONS} o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id
 RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8
 """

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import MissingDependency
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.drivers.base import FinalizeWrite, NewOperation
+from outbox.ledger.fairness import Fairness, FairnessMode
 from outbox.ledger.models import Run, core_table
 from outbox.ledger.states import AttemptKind, Status
 
@@ -138,6 +139,7 @@ class PostgresDriver:
             "reason": new.reason,
             "submitted_by": new.submitted_by,
             "key_space": new.key_space,
+            "priority": new.priority,
         }
         return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
 
@@ -154,9 +156,16 @@ class PostgresDriver:
         limit: int,
         operation_ids: list[str] | None,
         also_due: int,
+        fairness: Fairness | None = None,
     ) -> list[Any]:
-        statement = sql.claim(kind, operation_ids is not None, limit, also_due)
-        return _rows(session, statement, {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)})
+        fair = fairness is not None and fairness.on
+        statement = sql.claim(kind, operation_ids is not None, limit, also_due, fair)
+        params: dict[str, Any] = {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)}
+        if kind is AttemptKind.DISPATCH:  # the walk of the tenants (with no fairness: from the first)
+            params.update((fairness or Fairness(FairnessMode.OFF)).claim_params())
+            if operation_ids is None:
+                params["operation_ids"] = []
+        return _rows(session, statement, params)
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
         """Each write's (attempt row written, operation moved), pipelined in one round trip."""

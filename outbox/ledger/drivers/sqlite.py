@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.ledger.clock import db_age_s, db_now
 from outbox.ledger.drivers import sqlite_engine
 from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
+from outbox.ledger.drivers.sqlite_ranking import fair_order
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
+from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Evidence, Operation, Run, core_table
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, core_values
@@ -34,7 +36,7 @@ _AT = core_table(Attempt)
 
 # NewOperation fields written as they are.
 _AS_GIVEN: tuple[str, ...] = ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest")
-_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space")
+_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", "priority")
 
 _CLAIMED = (
     _OP.c.id,
@@ -138,7 +140,13 @@ class SqliteDriver:
         limit: int,
         operation_ids: list[str] | None,
         also_due: int,
+        fairness: Fairness | None = None,
     ) -> list[ClaimedRow]:
+        if kind is AttemptKind.DISPATCH and fairness is not None and fairness.on and (not operation_ids or also_due):
+            order = fair_order(session, operation_ids or [], limit + also_due if operation_ids else limit, fairness)
+            within = _OP.c.id.in_(order)
+            rows = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=len(order), within=within)
+            return sorted(rows, key=lambda row: order.index(row.id))  # in rank order
         given = true() if operation_ids is None else _OP.c.id.in_(operation_ids)
         claimed = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=limit, within=given)
         if operation_ids is not None and also_due:
@@ -156,7 +164,8 @@ class SqliteDriver:
         guard = [_OP.c.status.in_([s.value for s in sources]), _OP.c.next_attempt_at <= db_now()]
         if lookup:
             guard.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
-        due = select(_OP.c.id).where(*guard, within).order_by(_OP.c.next_attempt_at).limit(limit)
+        order = (_OP.c.next_attempt_at,) if lookup else (_OP.c.priority.desc(), _OP.c.next_attempt_at)
+        due = select(_OP.c.id).where(*guard, within).order_by(*order).limit(limit)
         values: dict[str, Any] = dict(
             fencing_token=_OP.c.fencing_token + 1,
             lease_owner=worker,
@@ -170,9 +179,13 @@ class SqliteDriver:
                 reason="claimed",
                 waiting_for=None,
             )
-        # The guard is checked again in the UPDATE itself.
-        stmt = update(_OP).values(**values).where(_OP.c.id.in_(due.scalar_subquery()), *guard)
-        rows = session.execute(stmt.returning(*_CLAIMED)).all()
+        # One writer at a time: the rows read here are the rows the UPDATE finds (its guard checks again).
+        chosen = list(session.execute(due).scalars())
+        if not chosen:
+            return []
+        rank = {op_id: n for n, op_id in enumerate(chosen)}
+        stmt = update(_OP).values(**values).where(_OP.c.id.in_(chosen), *guard)
+        rows = sorted(session.execute(stmt.returning(*_CLAIMED)).all(), key=lambda row: rank[row.id])
         return [self._open_attempt(session, row, worker, kind) for row in rows]
 
     def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind) -> ClaimedRow:
@@ -332,7 +345,13 @@ class SqliteDriver:
         ]
         if not leased_ok:
             conds.append(or_(_OP.c.lease_expires_at.is_(None), _OP.c.lease_expires_at < db_now()))
-        due = select(_OP.c.id).where(*conds).order_by(_OP.c.next_attempt_at).limit(batch)
+        # Rung in the order the claim serves a tenant's rows, so a high priority's doorbell goes first.
+        order = (
+            (_OP.c.priority.desc(), _OP.c.next_attempt_at)
+            if status is Status.NOT_DISPATCHED
+            else (_OP.c.next_attempt_at,)
+        )
+        due = select(_OP.c.id).where(*conds).order_by(*order).limit(batch)
         stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery()))
         with engine.begin() as conn:
             return list(
