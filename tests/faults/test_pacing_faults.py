@@ -95,6 +95,7 @@ def test_redis_restarted_mid_run_each_process_keeps_to_its_share(private_redis, 
     ids = _submit(pipe, "redis", n)
     live = pipe.env["OUTBOX_BROKER_KEY_PREFIX"].join(("agent-outbox:pacing:", ":processes"))
     wait_for(lambda: private_redis.client().zcard(live) == 2, 10, what="both workers counted live")
+    time.sleep(0.5)  # and each has seen that count since (a process keeps the count it saw last)
     private_redis.kill()
     killed_at = time.time()
     wait_for(

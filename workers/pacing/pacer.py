@@ -19,7 +19,8 @@ Where the limits are counted:
 - with Redis away, in this process, with its share of every limit: the limit divided by the live
   processes Redis last counted (OUTBOX_PACING_FALLBACK_PROCESSES before any count was seen), a
   concurrency limit likewise (at least one slot). Never unlimited. The switch is one WARNING, the
-  return one INFO (OutageReport); Redis is tried again at most every ``redis_retry_s``.
+  return one INFO (OutageReport); Redis is tried again at most every ``redis_retry_s`` (by one call:
+  short, so the processes come back within that of each other, each still on its share meanwhile).
 
 A switch either way lets the turns the other limiter handed out go first: those are at most
 SHORT_WAIT_S ahead, so for SHORT_WAIT_S after a switch the new limiter gives no rate turn (a pause
@@ -109,7 +110,7 @@ class Pacer:
         redis_url: str | None = None,
         namespace: str = "default",
         fallback_processes: int = 4,
-        redis_retry_s: float = 1.0,
+        redis_retry_s: float = 0.5,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         rng: Callable[[], float] = random.random,
