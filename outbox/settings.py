@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     broker_key_prefix: str = Field(default="", description="kombu global_keyprefix for Redis")
     # Shared circuit-breaker state; empty = process-local breakers (embedded default).
     redis_url: str = Field(default="", description="Redis URL for breaker state")
+    # Declared limits (rate_limit, max_in_flight) are counted in that Redis for the whole fleet. While
+    # it is away each process keeps to its share: the limit divided by the processes Redis last
+    # counted, or by this before any count was seen (a guess of the fleet's size; higher is safer).
+    pacing_fallback_processes: int = Field(default=4, ge=1)
     # Evidence sink; empty = the ledger's own evidence table, written with the success itself.
     evidence_url: str = Field(default="", description="separate database for evidence records")
     actions_file: Path | None = Field(default=None, description="YAML actions/targets file")

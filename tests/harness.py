@@ -67,6 +67,19 @@ return 1
 """
 
 
+def max_in_any_window(times: Collection[float], window_s: float, *, after_s: float = 0.0) -> int:
+    """The most events (e.g. the sandbox's request arrival times) in any ``window_s`` window, counting
+    only those ``after_s`` or more after the first event."""
+    ordered = sorted(times)
+    ordered = [t for t in ordered if t >= ordered[0] + after_s] if ordered else []
+    best, lo = 0, 0
+    for hi, t in enumerate(ordered):
+        while t - ordered[lo] >= window_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
 def pk(key: str, tenant: str = "t1") -> str:
     """The key the provider sees for ``key`` of ``tenant`` (the default provider_key template);
     Pipeline.submit's tenant is t1."""
@@ -399,9 +412,11 @@ def _clear_prefix(redis_url: str, prefix: str) -> None:
     import redis
 
     r = redis.Redis.from_url(redis_url)
-    keys = list(r.scan_iter(match=f"{prefix}*", count=500)) + list(
-        r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=500)
-    )
+    keys = [
+        key
+        for pattern in (f"{prefix}*", f"agent-outbox:breaker:{prefix}*", f"agent-outbox:pacing:{prefix}*")
+        for key in r.scan_iter(match=pattern, count=500)
+    ]
     if keys:
         r.delete(*keys)
 

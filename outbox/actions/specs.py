@@ -1,4 +1,4 @@
-"""The parts of an action in the actions file: requests, lookups, listings, budgets, breakers.
+"""The parts of an action in the actions file: requests, lookups, listings, budgets, breakers, limits.
 
 Plain pydantic models (unknown fields forbidden); workers/provider/actions.py puts them together into
 targets and actions and checks what crosses models.
@@ -6,6 +6,7 @@ targets and actions and checks what crosses models.
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -23,6 +24,21 @@ class BreakerSpec(_Strict):
     fail_max: int = Field(default=5, gt=0)
     reset_timeout_s: float = Field(default=30.0, gt=0)
     success_threshold: int = Field(default=1, gt=0)
+
+
+class RateLimitSpec(_Strict):
+    """Requests per second a target (or one tenant at a target) accepts, shared by the whole fleet.
+
+    ``burst``: how many may leave at once after a quiet spell; left out, one second's worth
+    (``max(1, ceil(per_s))``), so a limit written as "50/s" admits 50 at once and then 50 a second.
+    """
+
+    per_s: float = Field(gt=0)
+    burst: int | None = Field(default=None, ge=1)
+
+    @property
+    def burst_or_default(self) -> int:
+        return self.burst if self.burst is not None else max(1, math.ceil(self.per_s))
 
 
 class RequestSpec(_Strict):

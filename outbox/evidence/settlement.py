@@ -120,7 +120,7 @@ def settle_if_fenced(
             reason=reason,
             token=claim.fencing_token,
             extra_where=extra_where,
-            event_reason=f"lookup {claim.attempt_number} {report.klass.value}: {reason}",
+            event_reason=report.event_reason(f"lookup {claim.attempt_number}", reason),
             **values,
         )
     except StaleFence:
@@ -174,7 +174,7 @@ def settle_many_if_fenced(session: Session, items: Sequence[SettlementMove]) -> 
             source=item.claim.status,
             params={
                 "reason": item.reason,
-                "event_reason": f"lookup {item.claim.attempt_number} {item.report.klass.value}: {item.reason}",
+                "event_reason": item.report.event_reason(f"lookup {item.claim.attempt_number}", item.reason),
                 "event": EventKind.LOOKUP_RESULT.value,
                 "actor": item.claim.worker,
                 "operation_id": item.claim.operation_id,

@@ -239,6 +239,7 @@ class WaitingFor(str, enum.Enum):
     APPROVAL = "approval"  # a person must approve first
     LOOKUP = "lookup"  # the reconciler will ask the provider what became of it
     PROVIDER = "provider"  # accepted: the provider is still processing it; the reconciler asks again
+    RATE_LIMIT = "rate_limit"  # a limit its target declares (rate or concurrency) had no room: not sent yet
 
     def __str__(self) -> str:
         return self.value
@@ -254,6 +255,10 @@ WAITING_MEANING: dict[WaitingFor, str] = {
     WaitingFor.APPROVAL: "a person must approve it first",
     WaitingFor.LOOKUP: "the reconciler will ask the provider what became of it, at next_attempt_at",
     WaitingFor.PROVIDER: "the provider accepted it and is still processing it; the reconciler asks again at next_attempt_at",
+    WaitingFor.RATE_LIMIT: (
+        "its target's declared rate or concurrency limit had no room: not sent, the attempt not counted;"
+        " tried again at next_attempt_at"
+    ),
 }
 
 

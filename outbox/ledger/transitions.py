@@ -51,6 +51,14 @@ class AttemptReport:
     retry_after_s: float | None = None
     latency_s: float | None = None
     error: str | None = None
+    # A declared limit the attempt waited for before it left ("waited 0.420s for the rate limit of
+    # target payments: 50/s"): said in its event row, which people read in the history (ops show).
+    waited: str | None = None
+
+    def event_reason(self, label: str, reason: str) -> str:
+        """The event row's reason for this attempt (``label``: "attempt 3", "lookup 2")."""
+        said = f"{label} {self.klass.value}: {reason}"
+        return f"{said} ({self.waited})" if self.waited else said
 
 
 def move(
@@ -235,7 +243,7 @@ def _finalize_write(item: Finalize) -> FinalizeWrite:
         to in NO_EFFECT,
         {
             "reason": item.reason,
-            "event_reason": f"attempt {claim.attempt_number} {report.klass.value}: {item.reason}",
+            "event_reason": report.event_reason(f"attempt {claim.attempt_number}", item.reason),
             "event": EventKind.ATTEMPT_RESULT.value,
             "actor": claim.worker,
             "operation_id": claim.operation_id,

@@ -44,6 +44,8 @@ COLUMNS: list[render.Column] = [
     ("FAILURES", lambda r: f"{r['failures']}/{r['fail_max']}"),
     ("OPENED AT", lambda r: r["opened_at"] or "-"),
     ("REOPENS AT", lambda r: r["reopens_at"] or "-"),
+    ("LIMITS", lambda r: r["limits"] or "-"),
+    ("NOW", lambda r: "-" if r["admitted_last_s"] is None else f"{r['admitted_last_s']}/s, {r['in_flight']} in flight"),
 ]
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from breaker import Admissions, Open, counts_as_failure
@@ -28,8 +29,11 @@ from workers.dispatch.outcomes import (
     after_failed_probe,
     before_send,
     breaker_open,
+    deadline_of,
     decide,
+    limit_wait,
 )
+from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet
 from workers.wiring import metrics
@@ -37,12 +41,36 @@ from workers.wiring import metrics
 Attempted = tuple[Claim, AttemptReport, AttemptOutcome, ActionConfig | None]
 
 
+# A call waits for a limit in its thread only while its lease still covers the call (its timeouts)
+# and this much more for the finalize after it.
+FINALIZE_MARGIN_S = 0.5
+
+
 @dataclass(frozen=True)
 class Downstream:
-    """What calling a provider takes: the actions file (targets, budgets) and the connectors."""
+    """What calling a provider takes: the actions file (targets, budgets), the connectors, and the
+    pacer that holds each call to its target's declared limits (None: no limits anywhere)."""
 
     actions: ActionsConfig
     connectors: ConnectorSet
+    pacer: Pacer | None = None
+
+    def pace(self, claim: Claim, target: str, *, deadline: datetime | None = None) -> Cleared | Deferred:
+        """Whether this claimed call (or lookup) may leave now, after a short wait in this thread
+        within its lease and ``deadline``, or must go back to the ledger. No limits declared: at once."""
+        if self.pacer is None or target not in self.pacer.limits:
+            return Cleared(target)
+        cfg = self.actions.targets[target]
+        now = claim.now()
+        lease_left = (claim.lease_expires_at - now).total_seconds() - cfg.timeout_s - cfg.connect_timeout_s
+        may_wait = lease_left - FINALIZE_MARGIN_S
+        if deadline is not None:
+            may_wait = min(may_wait, (deadline - now).total_seconds())
+        return self.pacer.clear(target, claim.tenant, max_wait_s=max(0.0, may_wait))
+
+    def done(self, cleared: Cleared) -> None:
+        if self.pacer is not None:
+            self.pacer.done(cleared)
 
 
 def attempt_claimed(
@@ -92,17 +120,28 @@ def attempt(
         outcome = breaker_open(claim, action, wait_s=decision.wait_s, now=claim.now())
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
         return AttemptReport(AttemptClass.NOT_SENT, error=f"breaker open for {decision.wait_s:.3f}s more"), outcome
-    connector = downstream.connectors.for_action(claim.action)
-    failpoints.hit("dispatch.before_send", claim.idempotency_key)
-    args = loads_exact(claim.args)
-    result = connector.send(
-        claim.action,
-        action,
-        args=args,
-        idempotency_key=claim.provider_key,
-        tenant=claim.tenant,
-        fencing_token=claim.fencing_token,
-    )
+    paced = downstream.pace(claim, action.target, deadline=deadline_of(claim, action))
+    if isinstance(paced, Deferred):
+        admissions.give_back(claim.operation_id)  # a probe not sent is handed on at once
+        metrics.record_limit_released(action.target, paced.limit)
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
+        outcome = limit_wait(claim, action, wait_s=paced.wait_s, why=paced.why, now=claim.now())
+        error = f"{paced.why}: not sent, no room for {paced.wait_s:.3f}s"
+        return AttemptReport(AttemptClass.NOT_SENT, error=error), outcome
+    try:
+        connector = downstream.connectors.for_action(claim.action)
+        failpoints.hit("dispatch.before_send", claim.idempotency_key)
+        args = loads_exact(claim.args)
+        result = connector.send(
+            claim.action,
+            action,
+            args=args,
+            idempotency_key=claim.provider_key,
+            tenant=claim.tenant,
+            fencing_token=claim.fencing_token,
+        )
+    finally:
+        downstream.done(paced)
     c = result.classification
     # Transport failures, 5xx and 429 count against the breaker; business 4xx never do.
     failed = counts_as_failure(c.status_code, transport_error=_is_transport(result))
@@ -112,7 +151,7 @@ def attempt(
     if failed and decision.probe:
         reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s
         outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s, now=claim.now())
-    return private(action, args, _report(result), outcome)
+    return private(action, args, replace(_report(result), waited=paced.note()), outcome)
 
 
 def private(

@@ -170,6 +170,15 @@ def breaker_open(claim: Claim, action: ActionConfig, *, wait_s: float, now: date
     return breaker_wait(action, wait_s=wait_s, now=now, spent_attempts=claim.attempt_count - 1)
 
 
+def limit_wait(claim: Claim, action: ActionConfig, *, wait_s: float, why: str, now: datetime) -> AttemptOutcome:
+    """A limit the target declares had no room: not sent, back to the ledger for ``wait_s`` without
+    spending an attempt (as a breaker wait), ``why`` naming the limit. A wait past the deadline ends
+    it as the budget would (nothing was sent)."""
+    if now + timedelta(seconds=wait_s) > deadline_of(claim, action):
+        return _spent(claim, action, f"{why}: no room for it before the deadline")
+    return RetryAt(max(wait_s, 0.0), why, refund_attempt=True, waiting_for=WaitingFor.RATE_LIMIT)
+
+
 # At the reopen time the parked operation with the most budget left is due first, so it is the
 # one that probes: an outage's probes rotate over the parked operations instead of draining the
 # budget of whichever operation happened to probe last (it would be first in line again). 0.5 s

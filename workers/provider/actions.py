@@ -344,7 +344,7 @@ def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict:
         cfg = _valid_parts(resolved)
     targets = resolved.get("targets")
     declared_targets = (
-        {name: isinstance(t, dict) and bool(t.get("tenants")) for name, t in targets.items()}
+        {name: isinstance(t, dict) and _declares_accounts(t.get("tenants")) for name, t in targets.items()}
         if isinstance(targets, dict)
         else {}
     )
@@ -352,6 +352,12 @@ def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict:
     actions = resolved.get("actions")
     declared = (len(actions) if isinstance(actions, dict) else 0, len(declared_targets))
     return ActionsReading(None if problems else cfg, problems, unset, declared)
+
+
+def _declares_accounts(tenants: Any) -> bool:
+    """Whether a target's ``tenants`` (as written) gives some tenant an account of its own: an entry
+    with ``headers`` (an entry that only declares a limit lends none; targets.TenantCredentials)."""
+    return isinstance(tenants, dict) and any(isinstance(t, dict) and "headers" in t for t in tenants.values())
 
 
 def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:

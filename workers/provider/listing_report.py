@@ -115,7 +115,7 @@ def group_listings(actions: ActionsConfig) -> tuple[list[Listing], list[str]]:
         if action.listing is None:
             unlisted.append(name)
             continue
-        accounts: list[str | None] = [*sorted(actions.targets[action.target].tenants)] or [None]
+        accounts: list[str | None] = [*sorted(actions.targets[action.target].accounts)] or [None]
         for tenant in accounts:
             ident = (action.target, action.listing.model_dump_json(), tenant)
             if ident not in groups:

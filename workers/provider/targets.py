@@ -1,19 +1,29 @@
-"""Targets of the actions file: the downstream systems, their timeouts, credentials and breakers.
+"""Targets of the actions file: the downstream systems, their timeouts, credentials, breakers and limits.
 
-The unit of circuit breaking and of connection pools (DESIGN.md, "Vocabulary"); actions name one.
+The unit of circuit breaking, of connection pools and of rate and concurrency limits (DESIGN.md,
+"Vocabulary"); actions name one.
 """
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from outbox.actions.specs import BreakerSpec, _Strict
+from outbox.actions.specs import BreakerSpec, RateLimitSpec, _Strict
 
 
 class TenantCredentials(_Strict):
+    """One tenant at a target: its own provider account (``headers``) and its own share of the
+    target's rate (``rate_limit``, applied in addition to the target's)."""
+
     # Header overrides for one tenant's own provider account (values from ${VAR}); repr=False as
-    # for the target's headers.
+    # for the target's headers. Only an entry that declares ``headers`` is an account: an entry
+    # that declares just a limit lends none and turns no per-tenant credentials on.
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    rate_limit: RateLimitSpec | None = None
+
+    @property
+    def is_account(self) -> bool:
+        return "headers" in self.model_fields_set
 
 
 class TargetConfig(_Strict):
@@ -22,13 +32,17 @@ class TargetConfig(_Strict):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     # repr=False: resolved headers usually carry secrets and must not reach logs via repr().
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
-    # Per-tenant credentials: when given, every request carries its tenant's headers over
-    # ``headers``, and an operation of a tenant not listed fails before sending (never with
-    # another tenant's credentials).
+    # Per-tenant credentials: when some tenant declares its headers, every request carries its
+    # tenant's headers over ``headers``, and an operation of a tenant not listed fails before
+    # sending (never with another tenant's credentials). Per-tenant limits live here too.
     tenants: dict[str, TenantCredentials] = Field(default_factory=dict, repr=False)
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     # Pool size per target; one pooled client per target is shared by a worker's threads.
     max_connections: int = Field(default=20, gt=0)
+    # Limits the whole fleet obeys before a request leaves (workers/pacing/): requests per second,
+    # and requests in flight at once. None: no limit (and no Redis round trip on the call path).
+    rate_limit: RateLimitSpec | None = None
+    max_in_flight: int | None = Field(default=None, ge=1)
 
     @field_validator("base_url")
     @classmethod
@@ -37,10 +51,16 @@ class TargetConfig(_Strict):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    @property
+    def accounts(self) -> dict[str, TenantCredentials]:
+        """The tenants with a provider account of their own (an entry that declares ``headers``)."""
+        return {name: t for name, t in self.tenants.items() if t.is_account}
+
     def headers_for(self, tenant: str) -> dict[str, str] | None:
         """The headers a request of ``tenant`` carries; None if this target has per-tenant
         credentials and none for ``tenant``."""
-        if not self.tenants:
+        accounts = self.accounts
+        if not accounts:
             return dict(self.headers)
-        own = self.tenants.get(tenant)
+        own = accounts.get(tenant)
         return None if own is None else {**self.headers, **own.headers}

@@ -17,9 +17,11 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
 from workers.dispatch.fan_out import Downstream
+from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
 from workers.reconcile.judge import Verdict, recheck
+from workers.wiring import metrics
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class Asked:
     action: ActionConfig | None
     found: LookupResult | None = None
     early: Verdict | None = None
+    waited: str | None = None  # a declared limit it waited for before it was sent
 
 
 def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
@@ -54,31 +57,45 @@ def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
     )
 
 
+def limit_wait(claim: Claim, deferred: Deferred) -> Verdict:
+    """Not asked: a limit the target declares had no room (lookups hit the same API as the calls, so
+    they count against the same limits); look again when there is room (staying where it is)."""
+    return Verdict(claim.status, AttemptClass.AMBIGUOUS, f"{deferred.why}: lookup later", recheck_in_s=deferred.wait_s)
+
+
 def ask(
     downstream: Downstream, admissions: Admissions, claim: Claim, rng: random.Random, budget: LookupBudget
 ) -> Asked:
-    """One lookup, on a lookup thread: the breaker, the provider's answer, the breaker told. Nothing
-    here writes to the ledger (settle_answers judges and settles). ``admissions``: the doorbell's
-    (after a failure the next lookup asks the breaker again)."""
+    """One lookup, on a lookup thread: the breaker, the target's limits, the provider's answer, the
+    breaker told. Nothing here writes to the ledger (settle_answers judges and settles).
+    ``admissions``: the doorbell's (after a failure the next lookup asks the breaker again)."""
     action = downstream.actions.action(claim.action)
     decision: Decision | None = None
     try:
         decision = admissions.answer_for(claim.operation_id, action.target)
         if isinstance(decision, Open):
             return Asked(claim, action, early=breaker_open(claim, action, decision))
-        found = downstream.connectors.for_action(claim.action).lookup(
-            claim.action,
-            action,
-            args=loads_exact(claim.args or "{}"),
-            idempotency_key=claim.provider_key,
-            tenant=claim.tenant,
-            fencing_token=claim.fencing_token,
-        )
+        paced = downstream.pace(claim, action.target)
+        if isinstance(paced, Deferred):
+            admissions.release(decision)  # a probe not sent is handed on at once
+            metrics.record_limit_released(action.target, paced.limit)
+            return Asked(claim, action, early=limit_wait(claim, paced))
+        try:
+            found = downstream.connectors.for_action(claim.action).lookup(
+                claim.action,
+                action,
+                args=loads_exact(claim.args or "{}"),
+                idempotency_key=claim.provider_key,
+                tenant=claim.tenant,
+                fencing_token=claim.fencing_token,
+            )
+        finally:
+            downstream.done(paced)
         failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
         unavailable = found.outcome == "unavailable"
         failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)
         admissions.went(decision, failure=failure)
-        return Asked(claim, action, found)
+        return Asked(claim, action, found, waited=paced.note())
     except Exception as exc:  # noqa: BLE001 - a lookup cut part-way proves nothing: look again later
         admissions.release(decision)  # a probe must not stay taken until its lock expires
         log.warning(

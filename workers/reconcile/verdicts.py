@@ -52,6 +52,7 @@ class Looked:
     found: LookupResult | None
     verdict: Verdict
     action: ActionConfig | None = None
+    waited: str | None = None  # a declared limit the lookup waited for (its event says so)
 
     def report(self) -> AttemptReport:
         found, verdict, action, claim = self.found, self.verdict, self.action, self.claim
@@ -63,6 +64,7 @@ class Looked:
             provider_reference=verdict.reference or (found.provider_reference if found else None),
             latency_s=found.latency_s if found else None,
             error=redactor.text(error) if redactor else error,
+            waited=self.waited,
         )
 
     def result(self) -> dict[str, Any] | None:
@@ -270,7 +272,7 @@ def _judged(
         verdict = after_not_found(
             claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
         )
-    return Looked(claim, found, verdict, action)
+    return Looked(claim, found, verdict, action, asked.waited)
 
 
 def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:

@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +114,9 @@ async def handle_create(request: web.Request) -> web.StreamResponse:
     if not isinstance(a, Arrival):
         return a
     reply = await create(request, a.state, a.spec.name, a.tenant, key, token_raw, a.rule, a.rid)
-    return await deliver(request, a.entry, a.rule, reply)
+    response = await deliver(request, a.entry, a.rule, reply)
+    a.entry.answered = time.time()
+    return response
 
 
 async def create(

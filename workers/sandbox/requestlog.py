@@ -31,6 +31,7 @@ class RequestEntry:
     status: int | str | None = None  # HTTP status, "reset" or "stalled"; None while in progress
     replayed: bool = False
     object_id: str | None = None
+    answered: float | None = None  # wall-clock epoch seconds a creation's answer was ready (calls in flight)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,4 +1,5 @@
-"""The targets' circuit breakers as operators read and reset them, from any surface.
+"""The targets' circuit breakers as operators read and reset them, from any surface, beside the
+limits each target declares and what the fleet admits under them now.
 
 A reset closes the breaker in Redis (every worker sees it on its next call) and makes due now the
 operations the breaker had parked until its reopen time, so they do not sit out a reset timeout the
@@ -26,7 +27,8 @@ from outbox.errors import NotFound, OutboxError
 from outbox.ledger.waits import wake_breaker_waits
 from outbox.service.inputs import BY_MAX, written
 from outbox.settings import Settings
-from workers.wiring.runtime import breaker_registry, load_actions_for
+from workers.pacing import limits_of
+from workers.wiring.runtime import breaker_registry, load_actions_for, pacer_for
 
 # How a surface opens the ledger for the wake, only once the reset is done: the server passes its
 # open sessionmaker (``opened(sessions)``), the command line opens the configured ledger then.
@@ -66,6 +68,12 @@ class BreakerRow:
     reset_timeout_s: float
     opened_at: str | None
     reopens_at: str | None
+    # The limits the target declares ("50/s (burst 20); 8 in flight"; None: none), and what the fleet
+    # admits now: calls in the last whole second and calls holding a concurrency slot (None: the
+    # limits are per process, or Redis could not be read).
+    limits: str | None = None
+    admitted_last_s: int | None = None
+    in_flight: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,15 +102,21 @@ def board(settings: Settings) -> Board:
     """Every target of the actions file: state, failures, opened at, reopens at (states None when
     the breakers are per process). Raises breaker.errors.BreakerStorageUnavailable when Redis cannot
     be read."""
-    registry = breaker_registry(settings, load_actions_for(settings))
+    actions = load_actions_for(settings)
+    registry = breaker_registry(settings, actions)
     targets = sorted(registry.configs)
     registry.close()  # only its configuration is needed: the states are read from Redis
     found = {}
     if registry.redis_url:
         found = {st.target: st for st in breaker_status(registry.redis_url, targets, registry.namespace)}
+    declared = limits_of(actions)
+    # One cheap read per limited target (a per-second counter and a slot count), same namespace.
+    pacer = pacer_for(settings, actions, "console")
+    readings = {target: pacer.reading(target) for target in declared}
+    pacer.close()
     rows = []
     for target in targets:
-        st, config = found.get(target), registry.configs[target]
+        st, config, reading = found.get(target), registry.configs[target], readings.get(target)
         rows.append(
             BreakerRow(
                 target=target,
@@ -112,6 +126,9 @@ def board(settings: Settings) -> Board:
                 reset_timeout_s=config.reset_timeout_s,
                 opened_at=_iso(st.opened_at) if st else None,
                 reopens_at=_iso(st.reopens_at) if st else None,
+                limits=declared[target].describe() if target in declared else None,
+                admitted_last_s=reading.admitted_last_s if reading else None,
+                in_flight=reading.in_flight if reading else None,
             )
         )
     return Board(registry.namespace, bool(registry.redis_url), rows)

@@ -10,15 +10,15 @@ Multiprocess-safe for Celery's prefork pool through prometheus_client's multipro
   summed in, and a reused pid would continue an old file). ``wipe_multiproc_dir`` does it; the
   Celery hook ``on_worker_init`` calls it when this worker serves its own metrics
   (``OUTBOX_METRICS_PORT``), otherwise the start script does (``rm -f $PROMETHEUS_MULTIPROC_DIR/*.db``).
-- Only counters and histograms live here: they are summed across processes and a dead child's
-  counts stay in the sums, as they should. ``mark_process_dead`` matters only for live gauges
-  (none yet); it is provided for Celery's ``worker_process_shutdown``.
+- Counters and histograms are summed across processes and a dead child's counts stay in the
+  sums, as they should; gauges are live (livesum, livemax), and ``mark_process_dead`` (for
+  Celery's ``worker_process_shutdown``) drops a dead child's.
 
 Without ``PROMETHEUS_MULTIPROC_DIR`` the values live in this process's memory (``PROCESS_REGISTRY``):
 right for a single-process relay that serves its own port.
 
-Labels are ``target`` (from the actions file), ``class`` (``AttemptClass``) and ``status``
-(``Status``) only: never keys, tenants or arguments. A recording function never raises: a metrics
+Labels are ``target`` (from the actions file), ``class`` (``AttemptClass``), ``status``
+(``Status``) and ``limit`` (rate, concurrency) only: never keys, tenants or arguments. A recording function never raises: a metrics
 failure (disk full under the multiprocess dir) must not fail a dispatch.
 """
 
@@ -112,6 +112,35 @@ RECONCILE_QUEUE_DEPTH = Gauge(
     registry=PROCESS_REGISTRY,
 )
 
+# Limits (workers/pacing/): waits in a call's thread, calls sent back to the ledger, and whether this
+# process counts its limits alone because Redis is away. ``limit`` is rate or concurrency.
+LIMIT_WAITS = Counter(
+    "outbox_limit_waits",
+    "Calls that waited in their thread for a declared limit before they were sent, by target and limit",
+    ["target", "limit"],
+    registry=PROCESS_REGISTRY,
+)
+LIMIT_WAIT = Histogram(
+    "outbox_limit_wait_seconds",
+    "How long a call waited in its thread for a declared limit (at most 1 s: longer waits go back to the ledger)",
+    ["target"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+    registry=PROCESS_REGISTRY,
+)
+LIMIT_RELEASED = Counter(
+    "outbox_limit_released",
+    "Calls sent back to the ledger unsent (not_dispatched, waiting_for rate_limit) by a declared limit",
+    ["target", "limit"],
+    registry=PROCESS_REGISTRY,
+)
+PACING_FALLBACK = Gauge(
+    "outbox_pacing_fallback",
+    "1 while a process keeps to its own share of the declared limits (Redis unreachable); max over processes",
+    multiprocess_mode="livemax",
+    registry=PROCESS_REGISTRY,
+)
+KNOWN_LIMITS = frozenset({"rate", "concurrency"})
+
 F = TypeVar("F", bound=Callable[..., None])
 _failed_once = False
 
@@ -155,6 +184,24 @@ def record_retry(target: str | None, delay_s: float, retry_after_s: float | None
     RETRY_DELAY.labels(_target(target)).observe(max(delay_s, 0.0))
     if retry_after_s is not None:
         RETRY_AFTER.labels(_target(target)).observe(max(retry_after_s, 0.0))
+
+
+@_never_raises
+def record_limit_wait(target: str, limit: str, waited_s: float) -> None:
+    """A call waited ``waited_s`` in its thread for ``limit`` (rate or concurrency), then went."""
+    LIMIT_WAITS.labels(_target(target), limit if limit in KNOWN_LIMITS else "invalid").inc()
+    LIMIT_WAIT.labels(_target(target)).observe(max(waited_s, 0.0))
+
+
+@_never_raises
+def record_limit_released(target: str, limit: str) -> None:
+    """A call over ``limit`` went back to the ledger unsent, to wait there."""
+    LIMIT_RELEASED.labels(_target(target), limit if limit in KNOWN_LIMITS else "invalid").inc()
+
+
+@_never_raises
+def record_pacing_fallback(on: bool) -> None:
+    PACING_FALLBACK.set(1 if on else 0)
 
 
 @_never_raises

@@ -30,6 +30,7 @@ from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
 from workers.dispatch.gate import Gate
 from workers.dispatch.in_flight import InFlight
+from workers.pacing import Pacer, limits_of
 from workers.provider.actions import ActionsConfig, load_actions
 from workers.provider.connectors import ConnectorSet
 from workers.reconcile.batch import Reconciler
@@ -47,6 +48,7 @@ class Runtime:
     actions: ActionsConfig
     connectors: ConnectorSet
     breakers: BreakerRegistry
+    pacer: Pacer
     doorbell: Doorbell
     worker_id: str
     evidence: EvidenceSink
@@ -61,7 +63,7 @@ class Runtime:
 
     def downstream(self) -> Downstream:
         """What fan-out and lookups take to call a provider."""
-        return Downstream(self.actions, self.connectors)
+        return Downstream(self.actions, self.connectors, self.pacer)
 
     def recorder(self, ledger: LedgerConnection) -> Recorder:
         """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""
@@ -139,6 +141,7 @@ class Runtime:
         self.ledger.close()
         self.connectors.close()
         self.breakers.close()
+        self.pacer.close()
         self.engine.dispose()
 
 
@@ -204,6 +207,18 @@ def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegis
     )
 
 
+def pacer_for(settings: Settings, actions: ActionsConfig, process_id: str) -> Pacer:
+    """The process's limits: shared through OUTBOX_REDIS_URL under the deployment's namespace (the
+    breakers'), or this process's own without it."""
+    return Pacer(
+        limits_of(actions),
+        process_id=process_id,
+        redis_url=settings.redis_url or None,
+        namespace=settings.broker_key_prefix or "default",
+        fallback_processes=settings.pacing_fallback_processes,
+    )
+
+
 def build_runtime(settings: Settings | None = None, *, app: Celery | None = None) -> Runtime:
     """Everything a worker's tasks use. ``app``: the Celery app doorbells are published with (a
     worker passes its own; otherwise one is made from the settings)."""
@@ -217,6 +232,10 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     # a connection lost anyway invalidates the pool and the doorbell is re-published.
     engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
     sessions = make_sessionmaker(engine)
+    # Unique per process start: a restarted container reuses its host name and often its pid,
+    # and must not pass for its predecessor in lease_owner and the history (the fencing token
+    # is what guards writes; this is what people read). host:start:pid.
+    worker_id = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}"
     return Runtime(
         settings=settings,
         engine=engine,
@@ -224,11 +243,9 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
         actions=actions,
         connectors=ConnectorSet(actions),
         breakers=breaker_registry(settings, actions),
+        pacer=pacer_for(settings, actions, worker_id),
         doorbell=Doorbell(app or make_app(settings), batch=settings.doorbell_batch),
-        # Unique per process start: a restarted container reuses its host name and often its pid,
-        # and must not pass for its predecessor in lease_owner and the history (the fencing token
-        # is what guards writes; this is what people read). host:start:pid.
-        worker_id=f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}",
+        worker_id=worker_id,
         evidence=EvidenceSink.from_url(settings.evidence_url),
         ledger=LedgerConnection(engine, sessions),
     )

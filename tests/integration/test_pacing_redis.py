@@ -1,0 +1,204 @@
+"""Limits shared through a real Redis: GCRA turns and concurrency slots across processes' pacers, per
+tenant x target, a dead holder's slot freed by its lease, and each process's share while Redis is
+away (a redis-server of the test's own, SIGKILLed and restarted). Each test has its own namespace."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.harness import PrivateRedis
+from workers.pacing import Cleared, Deferred, Pacer, Rate, TargetLimits
+from workers.pacing.limits import Ask
+from workers.pacing.shared import KEY_PREFIX, RedisPacing
+from workers.wiring import metrics
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def namespace(redis_url: str) -> Iterator[str]:
+    ns = f"test-{uuid.uuid4().hex[:8]}"
+    yield ns
+    r = redis.Redis.from_url(redis_url)
+    keys = list(r.scan_iter(match=f"{KEY_PREFIX}:{ns}:*"))
+    if keys:
+        r.delete(*keys)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def limits(**kw: Any) -> dict[str, TargetLimits]:
+    return {"pay": TargetLimits("pay", kw.get("rate"), kw.get("slots"), kw.get("tenants", {}), call_s=1.0)}
+
+
+class Sleeps:
+    """Records the waits a pacer would sleep, without sleeping (Redis's clock still runs)."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def test_a_burst_goes_at_once_then_the_rate_holds_across_processes(redis_url: str, namespace: str) -> None:
+    # Two processes' pacers (one namespace), three threads each: 30 calls at 50/s with a burst of 5.
+    pacers = [
+        Pacer(limits(rate=Rate(50, 5)), process_id=f"p{i}", redis_url=redis_url, namespace=namespace) for i in (1, 2)
+    ]
+    sent: list[float] = []
+    at_once: list[bool] = []
+    lock = threading.Lock()
+
+    def calls(pacer: Pacer) -> None:
+        for _ in range(5):
+            cleared = pacer.clear("pay", "t", max_wait_s=1.0)
+            assert isinstance(cleared, Cleared)
+            with lock:
+                sent.append(time.monotonic())
+                at_once.append(cleared.waited_for is None)
+
+    threads = [threading.Thread(target=calls, args=(p,)) for p in pacers for _ in range(3)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sent.sort()
+    # The burst goes without waiting (a call whose thread was scheduled late may find its turn come too).
+    assert sum(at_once) >= 5 and sent[4] - sent[0] < 0.1
+    # Each turn after the burst is one interval (20 ms) after the last: call i never before (i - 4) x 20 ms.
+    early = [(i, round(t - start, 3)) for i, t in enumerate(sent) if t - start < (i - 4) * 0.02 - 0.002]
+    assert early == []
+    assert 0.48 <= sent[-1] - start < 0.7  # 25 turns of 20 ms: ~50/s, not slower
+    for p in pacers:
+        p.close()
+
+
+def test_a_tenant_is_held_to_its_own_rate_and_the_targets(redis_url: str, namespace: str) -> None:
+    sleeps = Sleeps()
+    pacer = Pacer(
+        limits(rate=Rate(100, 100), tenants={"acme": Rate(5, 1)}),
+        process_id="p1",
+        redis_url=redis_url,
+        namespace=namespace,
+        sleep=sleeps,
+    )
+    assert isinstance(pacer.clear("pay", "acme", max_wait_s=1.0), Cleared)
+    second = pacer.clear("pay", "acme", max_wait_s=1.0)  # acme's next turn is 0.2 s later: reserved, slept
+    assert isinstance(second, Cleared) and sleeps.slept and 0.15 < sleeps.slept[0] <= 0.2
+    assert second.note() is not None and "rate limit of tenant acme at target pay: 5/s" in second.note()  # type: ignore[operator]
+    third = pacer.clear("pay", "acme", max_wait_s=0.05)
+    assert isinstance(third, Deferred) and third.why == "rate limit of tenant acme at target pay: 5/s"
+    assert 0.3 < third.wait_s <= 0.4 * 1.5  # two turns away, plus up to half of it as jitter
+    # Another tenant: only the target's 100/s, which has room.
+    assert pacer.clear("pay", "beta", max_wait_s=0.0) == Cleared("pay", None, "redis", 0.0, None)
+    pacer.close()
+
+
+def test_concurrency_slots_are_shared_and_a_dead_holders_slot_is_freed_by_its_lease(
+    redis_url: str, namespace: str
+) -> None:
+    one, two = (Pacer(limits(slots=2), process_id=f"p{i}", redis_url=redis_url, namespace=namespace) for i in (1, 2))
+    a, b = one.clear("pay", "t", max_wait_s=1.0), one.clear("pay", "t", max_wait_s=1.0)
+    assert isinstance(a, Cleared) and isinstance(b, Cleared) and a.holder and b.holder
+    full = two.clear("pay", "t", max_wait_s=0.1)  # the other process finds no slot, waits briefly, goes back
+    assert isinstance(full, Deferred) and full.limit == "concurrency"
+    one.done(a)
+    c = two.clear("pay", "t", max_wait_s=0.1)
+    assert isinstance(c, Cleared) and c.storage == "redis"
+    # A holder that never gives its slot back (a killed worker) holds it only until its lease ends.
+    store = RedisPacing(redis.Redis.from_url(redis_url), namespace, "p3")
+    ask = Ask("lease", [], 1, "dies", 1.0, 0.3)
+    assert store.acquire(ask).go
+    assert store.acquire(Ask("lease", [], 1, "next", 0.0, 0.3)).limit == "concurrency"
+    assert store.reading("lease").in_flight == 1
+    time.sleep(0.35)
+    assert store.acquire(Ask("lease", [], 1, "next", 0.0, 0.3)).go
+    for p in (one, two):
+        p.close()
+
+
+def test_redis_away_each_process_keeps_to_its_share_then_the_fleet_shares_again(
+    private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="workers.pacing.pacer")
+
+    def pacer(name: str, sleeps: Sleeps) -> Pacer:
+        return Pacer(
+            limits(rate=Rate(20, 4)),
+            process_id=name,
+            redis_url=private_redis.url,
+            redis_retry_s=0.05,
+            sleep=sleeps,
+        )
+
+    a_sleeps = Sleeps()
+    a, b = pacer("a", a_sleeps), pacer("b", Sleeps())
+    for p in (a, b, a):  # both seen live: a's last call counts two processes
+        assert isinstance(p.clear("pay", "t", max_wait_s=1.0), Cleared)
+    private_redis.kill()
+    a_sleeps.slept.clear()
+    got = [a.clear("pay", "t", max_wait_s=1.0) for _ in range(3)]
+    # Its share: half of 20/s with half the burst of 4 (10/s, two at once), after a pause of 1 s that
+    # lets the turns Redis handed out go first: two go at 1 s, the third's turn (1.1 s) is too far.
+    assert [type(c) for c in got] == [Cleared, Cleared, Deferred]
+    assert all(c.storage == "local" for c in got[:2])  # type: ignore[union-attr]
+    assert [round(s, 1) for s in a_sleeps.slept] == [1.0, 1.0]
+    assert got[2].why == "rate limit of target pay: 20/s (this process keeps to 1/2 while Redis is away)"  # type: ignore[union-attr]
+    assert a.degraded and metrics.PROCESS_REGISTRY.get_sample_value("outbox_pacing_fallback") == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "1/2 of every limit" in warnings[0].getMessage()
+    # A process that never saw a count keeps to 1/OUTBOX_PACING_FALLBACK_PROCESSES (4): 5/s, burst 1.
+    c = pacer("c", Sleeps())
+    assert isinstance(c.clear("pay", "t", max_wait_s=1.0), Cleared)
+    second = c.clear("pay", "t", max_wait_s=1.0)
+    assert isinstance(second, Deferred) and second.wait_s >= 1.19  # its turn: 0.2 s after the first
+
+    private_redis.start()
+    time.sleep(0.06)  # one retry interval: the next call tries Redis again
+    a_sleeps.slept.clear()
+    back = a.clear("pay", "t", max_wait_s=1.0)
+    assert isinstance(back, Cleared) and back.storage == "redis" and not a.degraded
+    # Back on Redis (empty after its restart), the first turn also lets the local ones go first.
+    assert [round(s, 1) for s in a_sleeps.slept] == [1.0]
+    assert metrics.PROCESS_REGISTRY.get_sample_value("outbox_pacing_fallback") == 0
+    assert any(r.levelno == logging.INFO and "outage over" in r.getMessage() for r in caplog.records)
+    # One WARNING per process for the whole outage (c's names its own share), none per call.
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2 and "1/2 of" in warned[0] and "1/4 of" in warned[1]
+    for p in (a, b, c):
+        p.close()
+
+
+def test_with_no_limit_declared_a_call_costs_no_redis_round_trip(private_redis: PrivateRedis) -> None:
+    client = private_redis.client()
+    pacer = Pacer(limits(rate=Rate(100, 10)), process_id="p1", redis_url=private_redis.url)
+
+    def scripts_run() -> int:
+        stats = client.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+    before = scripts_run()
+    for _ in range(50):
+        assert pacer.clear("other", "t", max_wait_s=1.0) == Cleared("other")
+    assert scripts_run() == before
+    pacer.clear("pay", "t", max_wait_s=1.0)
+    assert scripts_run() > before  # the count does see a limited call's round trip
+    pacer.close()

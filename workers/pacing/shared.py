@@ -1,0 +1,164 @@
+"""Limits shared by the fleet in Redis: one Lua script per call, so a call costs one round trip.
+
+Key layout (one deployment's namespace, one target)::
+
+    agent-outbox:pacing:{namespace}:processes                  zset: process id -> heartbeat expiry (ms)
+    agent-outbox:pacing:{namespace}:{target}:rate              string: GCRA theoretical arrival time (us)
+    agent-outbox:pacing:{namespace}:{target}:tenant:{t}:rate   string: the same, for one tenant at the target
+    agent-outbox:pacing:{namespace}:{target}:slots             zset: holder -> lease expiry (us)
+    agent-outbox:pacing:{namespace}:{target}:admitted          hash: calls admitted this second and the last
+
+Rates are GCRA: a key holds one time, the "theoretical arrival time" (TAT) of the next call; a
+call conforms when TAT - tolerance <= now, and moves TAT one interval on. Nothing is held, so a
+worker that dies leaks nothing, and a key that expires (PX until its TAT) is the same as a full
+burst. A call that would conform within ``max_wait`` reserves its turn (TAT moves now) and sleeps
+until it, instead of asking again: one round trip per call, and callers never race for a turn.
+
+Concurrency is a sorted set of holders scored by their lease's end: expired holders are dropped
+before counting, so a worker killed while holding a slot leaks it only until its lease ends.
+
+The same call refreshes the process's heartbeat and returns how many processes are live: with
+Redis away, each process keeps to its share of every limit (workers/pacing/pacer.py).
+
+Times are Redis server time (``TIME``), so worker clocks do not matter; durations come back in
+whole microseconds (Lua numbers reach Redis as integers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from workers.pacing.limits import Ask, Verdict
+
+KEY_PREFIX = "agent-outbox:pacing"
+
+# KEYS: processes, admitted, slots, rate keys... ARGV: process id, heartbeat ttl ms, max wait us,
+# slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, then
+# (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+redis.call('PEXPIRE', KEYS[1], ttl)
+local live = redis.call('ZCARD', KEYS[1])
+local wait, which, tats = 0, 0, {}
+local floor = tonumber(ARGV[7])
+for i = 4, #KEYS do
+  local j = 8 + (i - 4) * 2
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat < now then tat = now end
+  local w = math.max(tat - tonumber(ARGV[j + 1]) - now, floor)
+  if w > wait then wait, which = w, i - 3 end
+  tats[i] = tat
+end
+local max_wait = tonumber(ARGV[3])
+if wait > max_wait then return {1, math.ceil(wait), which, live} end
+local slots = tonumber(ARGV[4])
+if slots > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%.0f', now))
+  if redis.call('ZCARD', KEYS[3]) >= slots then
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    return {2, math.ceil(tonumber(first[2]) - now), 0, live}
+  end
+  local lease = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[3], string.format('%.0f', now + wait + lease), ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], math.ceil((max_wait + lease) / 1000) + 1000)
+end
+local send = now + wait
+for i = 4, #KEYS do
+  local j = 8 + (i - 4) * 2
+  local tat = math.max(tats[i], send) + tonumber(ARGV[j])
+  redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+end
+local sec = math.floor(now / 1000000)
+local seen = redis.call('HMGET', KEYS[2], 'sec', 'n')
+if tonumber(seen[1]) == sec then
+  redis.call('HINCRBY', KEYS[2], 'n', 1)
+else
+  local prev = 0
+  if tonumber(seen[1]) == sec - 1 then prev = tonumber(seen[2]) or 0 end
+  redis.call('HSET', KEYS[2], 'sec', sec, 'n', 1, 'prev', prev)
+  redis.call('EXPIRE', KEYS[2], 5)
+end
+return {0, math.ceil(wait), which, live}
+"""
+
+# KEYS: admitted, slots -> {calls admitted in the last whole second, slots held now}
+_READ = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local sec = math.floor(now / 1000000)
+local seen = redis.call('HMGET', KEYS[1], 'sec', 'n', 'prev')
+local rate = 0
+if tonumber(seen[1]) == sec then rate = tonumber(seen[3]) or 0
+elseif tonumber(seen[1]) == sec - 1 then rate = tonumber(seen[2]) or 0 end
+return {rate, redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%.0f', now), '+inf')}
+"""
+
+# A process counts as live this long after its last call to a limited target. Long, because the
+# count only ever divides a limit: a process that died is counted a minute too long (its peers keep
+# to a smaller share during an outage), one that is merely quiet is not forgotten between bursts.
+HEARTBEAT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A target's limits now, for people: calls admitted in the last whole second, slots held."""
+
+    admitted_last_s: int
+    in_flight: int
+
+
+def _us(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))
+
+
+class RedisPacing:
+    """The fleet's limits in one Redis, under one deployment's namespace."""
+
+    kind = "redis"
+
+    def __init__(self, client: redis.Redis, namespace: str, process_id: str) -> None:
+        self._redis = client
+        self._base = f"{KEY_PREFIX}:{namespace}"
+        self._process_id = process_id
+        self._acquire = client.register_script(_ACQUIRE)
+        self._read = client.register_script(_READ)
+
+    def key(self, target: str, name: str) -> str:
+        return f"{self._base}:{target}:{name}"
+
+    def acquire(self, ask: Ask) -> Verdict:
+        keys = [f"{self._base}:processes", self.key(ask.target, "admitted"), self.key(ask.target, "slots")]
+        args: list[str | int] = [
+            self._process_id,
+            round(HEARTBEAT_S * 1000),
+            _us(ask.max_wait_s),
+            ask.slots or 0,
+            ask.holder,
+            _us(ask.slot_lease_s),
+            _us(ask.not_before_s),
+        ]
+        for scope in ask.scopes:
+            keys.append(self.key(ask.target, scope.key))
+            args += [_us(scope.rate.interval_s), _us(scope.rate.tolerance_s)]
+        code, wait_us, which, live = self._acquire(keys=keys, args=args)
+        wait_s, live = int(wait_us) / 1_000_000, int(live)
+        held_by = ask.scopes[int(which) - 1] if int(which) > 0 else None
+        if code == 0:
+            return Verdict(True, wait_s, scope=held_by, live=live)
+        if code == 1:
+            return Verdict(False, wait_s, "rate", held_by, live=live)
+        return Verdict(False, wait_s, "concurrency", live=live)
+
+    def release(self, target: str, holder: str) -> None:
+        self._redis.zrem(self.key(target, "slots"), holder)
+
+    def reading(self, target: str) -> Reading:
+        rate, busy = self._read(keys=[self.key(target, "admitted"), self.key(target, "slots")])
+        return Reading(int(rate), int(busy))
