@@ -202,3 +202,18 @@ def test_with_no_limit_declared_a_call_costs_no_redis_round_trip(private_redis: 
     pacer.clear("pay", "t", max_wait_s=1.0)
     assert scripts_run() > before  # the count does see a limited call's round trip
     pacer.close()
+
+
+def test_calls_sent_back_queue_up_at_the_rate_across_processes(redis_url: str, namespace: str) -> None:
+    # 10/s, a burst of 2, nobody may wait: two go, the rest are sent back to come back one turn
+    # after another (0.1 s apart), whichever process asked: a backlog returns at the rate.
+    pacers = [
+        Pacer(limits(rate=Rate(10, 2)), process_id=f"p{i}", redis_url=redis_url, namespace=namespace, rng=lambda: 0.0)
+        for i in (1, 2)
+    ]
+    answers = [pacers[i % 2].clear("pay", "t", max_wait_s=0.0) for i in range(8)]
+    assert [isinstance(a, Cleared) for a in answers] == [True, True] + [False] * 6
+    waits = [a.wait_s for a in answers[2:] if isinstance(a, Deferred)]
+    gaps = [b - a for a, b in zip(waits, waits[1:])]
+    assert gaps == pytest.approx([0.1] * 5, abs=0.01), waits
+    assert waits[0] == pytest.approx(0.1, abs=0.02)  # the first one back at the first free turn

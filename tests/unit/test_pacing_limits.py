@@ -123,6 +123,10 @@ def test_a_wait_longer_than_allowed_goes_back_to_the_ledger_naming_the_limit() -
     assert isinstance(later, Deferred) and later.limit == "rate"
     assert later.why == "rate limit of tenant acme at target payments: 2.5/s"
     assert later.wait_s == pytest.approx(0.4)  # three turns of 0.4 s taken, a burst of three tolerated
+    # Those sent back queue up: each comes back one interval after the one before it, so a backlog
+    # returns at the rate it can be sent, not all at once to be sent back again.
+    queued = [p.clear("payments", "acme", max_wait_s=0.01) for _ in range(3)]
+    assert [q.wait_s for q in queued] == pytest.approx([0.8, 1.2, 1.6])  # type: ignore[union-attr]
     # Another tenant is held only by the target's own rate.
     assert isinstance(p.clear("payments", "beta", max_wait_s=0.0), Cleared)
 

@@ -21,6 +21,7 @@ class LocalPacing:
         self._clock = clock
         self._lock = threading.Lock()
         self._tats: dict[tuple[str, str], float] = {}  # (target, rate key) -> theoretical arrival time
+        self._queue: dict[tuple[str, str], float] = {}  # (target, rate key) -> the last call sent back's return
         self._slots: dict[str, dict[str, float]] = {}  # target -> holder -> lease end
         self._not_before = float("-inf")  # no rate gives a turn before this (see forget)
 
@@ -37,7 +38,13 @@ class LocalPacing:
                     wait, held_by = w, scope
                 tats.append(tat)
             if wait > ask.max_wait_s:
-                return Verdict(False, wait, "rate", held_by)
+                assert held_by is not None
+                # Back to the ledger at its place in the queue of calls sent back (shared.py says why).
+                key = (ask.target, held_by.key)
+                tat = max(self._tats.get(key, now), now)
+                back = max(self._queue.get(key, now) + held_by.rate.interval_s, tat - held_by.rate.tolerance_s)
+                self._queue[key] = back
+                return Verdict(False, max(back - now, wait), "rate", held_by)
             if ask.slots is not None:
                 holders = self._slots.setdefault(ask.target, {})
                 for holder in [h for h, until in holders.items() if until <= now]:
@@ -64,5 +71,6 @@ class LocalPacing:
         from an earlier one, and the turns Redis handed out, up to ``hold_s`` ahead, are still to go)."""
         with self._lock:
             self._tats.clear()
+            self._queue.clear()
             self._slots.clear()
             self._not_before = self._clock() + hold_s

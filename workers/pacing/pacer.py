@@ -65,9 +65,10 @@ SLOT_MARGIN_S = 2.0
 # (each look is one round trip), then goes back to the ledger for SLOTS_RETRY_S (plus jitter).
 SLOT_POLL_S = 0.05
 SLOTS_RETRY_S = 0.5
-# A call sent back for a rate returns after its turn plus up to this share of it (jitter): calls
-# sent back together would otherwise all come back at the same instant for one turn.
-RATE_RETRY_JITTER = 0.5
+# A call sent back for a rate returns at its place in the queue of calls sent back (shared.py), plus
+# up to this share of the wait: the queue spreads a backlog at the rate; the jitter only keeps
+# processes' returns from landing on the same instant.
+RATE_RETRY_JITTER = 0.05
 
 
 @dataclass(frozen=True)
