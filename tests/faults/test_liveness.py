@@ -1,11 +1,13 @@
-"""Liveness at scale under faults (issue 14), at full size: 10,000 intents, a provider failing ~45%
+"""Liveness at scale under faults (issue 14), at half the benchmark's size: 5,000 intents, a provider failing ~45%
 of first requests (resets, 504s and truncated bodies after commit, 4 s stalls past the read
 timeout, 503 / 429 with Retry-After, 500s), a broker SIGKILL, a dispatch worker SIGKILL, a
 PostgreSQL restart, an 8 s provider outage and a frozen worker, all in one run. Every intent must
 succeed within its 120 s deadline and its 5-attempt budget, with one effect each at the provider,
 every state true, and the broker never holding more than twice the due operations (the most due
-in the last second, plus a small slack). The scenario and its checks live in ``bench/liveness.py``; the benchmark
-(``python -m bench.liveness``) runs the same with a clean twin for the throughput ratio.
+in the last second, plus a small slack). Every process fault is placed by progress (10% to 70%
+settled), so each still lands while thousands of intents are in flight; what the full size adds
+is only a longer run of the same. The scenario and its checks live in ``bench/liveness.py``; the
+benchmark (``python -m bench.liveness``) runs it at 10,000 with a clean twin for the throughput ratio.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from bench.liveness import QUEUE_SLACK, run_liveness
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-INTENTS = 10_000
+INTENTS = 5_000
 
 
-def test_ten_thousand_intents_settle_under_faults(pg_ledger, redis_url, sandbox, tmp_path):
+def test_five_thousand_intents_settle_under_faults(pg_ledger, redis_url, sandbox, tmp_path):
     # redis_url: only so that a missing Redis skips (laptop) or fails (CI); the broker here is private.
     result = run_liveness(
         db_url=pg_ledger.url,
