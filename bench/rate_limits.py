@@ -3,8 +3,11 @@
 One throwaway database, one sandbox, one relay process and ``--workers`` prefork children (4 worker
 processes by default). Two targets on the same sandbox: ``limited`` (refunds, declared
 ``rate_limit: {per_s: 50, burst: 10}`` in the actions file) and ``free`` (tickets, no limit). The
-sandbox enforces a real quota on refunds (``rate_limited_429`` with ``quota_per_s``: 429 beyond
-``per_s + burst`` requests in any trailing second), so a fleet that does not pace collects 429s.
+sandbox enforces a real quota on refunds (``rate_limited_429`` with ``quota_per_s``): 50/s with a burst
+of 20, i.e. 429 beyond 70 requests in any trailing second, so a fleet that does not pace collects
+429s. The declared burst (10) is below the provider's (20), the margin a deployment leaves for the
+time between a call's turn and its arrival (a thread woken late, a connection opened): turns are
+given on Redis's clock, arrivals are counted on the provider's.
 
 Scenarios, in this order so that both see the same machine:
 
@@ -42,6 +45,7 @@ from bench.scratch_database import ScratchDatabase
 
 PER_S = 50.0
 BURST = 10
+PROVIDER_BURST = 20
 WINDOW_S = 5.0
 TICKET = {"subject": "bench", "customer_id": "cus-bench", "body": "", "priority": "normal"}
 
@@ -72,6 +76,23 @@ def _submit(ob: Outbox, tenant: str, action: str, args: dict[str, Any], n: int) 
                 )
 
 
+def _settled(ob: Outbox, tenant: str) -> int:
+    """Operations at an end (succeeded, or failed: without pacing, a 429 costs an attempt of the budget)."""
+    from outbox.ledger.states import TERMINAL
+
+    return sum(n for status, n in ob.statuses(tenant).items() if status in {s.value for s in TERMINAL})
+
+
+def _most_in(times: list[float], span_s: float) -> int:
+    """The most of these (sorted) instants inside any window of ``span_s`` (sliding, not aligned)."""
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= span_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
 def _windows(created: list[float]) -> list[int]:
     if not created:
         return []
@@ -100,7 +121,7 @@ def run(ob: Outbox, sandbox: Any, *, limited: int, free: int, log: Any) -> dict[
     tickets_done = wait_until(
         lambda: len(sandbox.effects(resource="tickets")) >= free, 600, 0.05, "tickets beside the refunds"
     )
-    refunds_done = wait_until(lambda: ob.count(t) >= limited + free, 900, 0.05, "all settled")
+    refunds_done = wait_until(lambda: _settled(ob, t) >= limited + free, 900, 0.05, "all settled")
     created = sorted(e["created"] for e in sandbox.effects(resource="refunds"))
     windows = _windows(created)
     rules = sandbox.faults()
@@ -109,8 +130,10 @@ def run(ob: Outbox, sandbox: Any, *, limited: int, free: int, log: Any) -> dict[
         "limited_ops_per_s": round(limited / (refunds_done - started), 1),
         "limited_per_5s_windows": windows,
         "limited_max_window_per_s": round(max(windows) / WINDOW_S, 1) if windows else None,
+        "limited_max_in_any_1s": _most_in(created, 1.0),
         "goal_max_per_s": PER_S * 1.05,
         "answered_429": sum(r["fired"] for r in rules if r["mode"] == "rate_limited_429"),
+        "statuses": ob.statuses(t),
         "effects": len(sandbox.effects()),
         "expected_effects": limited + free,
         "duplicates": len(sandbox.duplicates(by="key")),
@@ -146,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(ob.env["OUTBOX_ACTIONS_FILE"]).write_text(
             yaml.safe_dump(two_targets_doc(sandbox.url, declared=not args.undeclared), sort_keys=False)
         )
-        # The provider's own quota: per_s + burst in any trailing second (what the declared limit allows).
+        # The provider's own quota: 50/s with a burst of 20 (the module docstring says why not 10).
         sandbox.add_fault(
-            mode="rate_limited_429", method="POST", path="/v1/refunds", quota_per_s=math.ceil(PER_S + BURST) + 2
+            mode="rate_limited_429", method="POST", path="/v1/refunds", quota_per_s=math.ceil(PER_S + PROVIDER_BURST)
         )
         try:
             ob.start_relay()
@@ -165,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS_DIR / f"{name}{'-' + args.label if args.label else ''}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
-    return 1 if result["duplicates"] or result["effects"] != result["expected_effects"] else 0
+    lost = result["effects"] != result["expected_effects"] and result["declared"]
+    return 1 if result["duplicates"] or lost else 0
 
 
 if __name__ == "__main__":
