@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     # rows is a scan of the whole table at every scrape; a window is a range of the
     # (status, updated_at) index. One hour matches a typical dashboard range.
     metrics_terminal_window_s: float = Field(default=3600.0, gt=0)
+    # outbox_tenant_oldest_due_age_seconds{tenant} for the tenants whose due work waited longest, at
+    # most this many (fairness, seen per tenant); 0, the default, exports no tenant label at all:
+    # a label per tenant is a series per tenant, which the operator must choose to pay for.
+    metrics_tenants: int = Field(default=0, ge=0, le=1000)
     # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
     # older than this (outbox/privacy/retention.py). Never shorter than the longest provider key retention
     # of the actions file (checked at start-up): until the provider forgets a key, the arguments

@@ -15,13 +15,17 @@ Each scrape runs a few small read-only queries in one short transaction, all on 
 - lookups due: outcome_unknown operations (``RECONCILE_CLAIMABLE``) whose lookup is due and not
   held by a reconciler, and how long the oldest has waited since it came due: the reconciler's
   queue, what an autoscaler scales reconciler replicas on (the same partial index).
+- with ``tenants`` > 0 (OUTBOX_METRICS_TENANTS), the oldest due age of that many tenants, those
+  waiting longest (fairness, per tenant): one group-by over the due rows, so its cost follows the
+  backlog in front of the workers, and the one labelled family the operator opts into;
 - open handoffs: count and age of the oldest (the partial index ``ix_outbox_handoffs_open``).
 - approvals pending: count and age of the oldest operation in ``awaiting_approval``.
 - the last reconciliation report's figures, from the ledger (``outbox.reads.report_summary``).
 
 Ages come from the database clock (``db_age_s``), like every time in the ledger. A ledger that
 does not answer gives ``outbox_ledger_up 0`` and a WARNING, never a failed scrape: the process
-metrics beside it stay visible. Labels are statuses only: never keys, tenants or arguments.
+metrics beside it stay visible. Labels are statuses only (and tenants where configured, above):
+never keys or arguments.
 
 This module reads only the ledger (``outbox`` imports nothing from workers/ or breaker/).
 """
@@ -35,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from outbox.ledger.clock import db_age_s, db_now, db_scan_now
 from outbox.ledger.db import make_sessionmaker
@@ -55,10 +60,11 @@ STATEMENT_TIMEOUT_MS = 2000
 
 
 class LedgerCollector(Collector):
-    def __init__(self, engine: Engine, *, terminal_window_s: float = 3600.0) -> None:
+    def __init__(self, engine: Engine, *, terminal_window_s: float = 3600.0, tenants: int = 0) -> None:
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.terminal_window_s = terminal_window_s
+        self.tenants = tenants
         self._warned = False
 
     def describe(self) -> list[GaugeMetricFamily]:
@@ -110,6 +116,7 @@ class LedgerCollector(Collector):
                     Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_scan_now()
                 )
             ).scalar()
+            tenant_ages = self._tenant_due_ages(session) if self.tenants else []
             # Lookups due and no reconciler on them: the reconciler's queue (what to scale it on).
             lookups_due, lookups_age = session.execute(
                 select(func.count(), db_age_s(func.min(Operation.next_attempt_at))).where(due_condition(lookups=True))
@@ -162,6 +169,14 @@ class LedgerCollector(Collector):
             "backlog in front of the workers, seen before deadlines pass",
         )
         due.add_metric([], max(float(due_age or 0.0), 0.0))
+        per_tenant = GaugeMetricFamily(
+            "outbox_tenant_oldest_due_age_seconds",
+            f"Seconds since each tenant's oldest due, unclaimed operation came due: the {self.tenants} tenants "
+            "waiting longest (OUTBOX_METRICS_TENANTS), to see one tenant's backlog hold up another's",
+            labels=["tenant"],
+        )
+        for tenant, age in tenant_ages:
+            per_tenant.add_metric([tenant], max(float(age or 0.0), 0.0))
         lookups = GaugeMetricFamily(
             "outbox_lookups_due",
             "Operations whose lookup is due now and that no reconciler holds: the reconciler's backlog, "
@@ -198,6 +213,7 @@ class LedgerCollector(Collector):
             backlog,
             backlog_age,
             due,
+            *([per_tenant] if self.tenants else []),
             lookups,
             lookups_oldest,
             handoffs,
@@ -226,3 +242,14 @@ class LedgerCollector(Collector):
         )
         when.add_metric([], summary.finished_at_s)
         yield from (dup, disc, complete, when)
+
+    def _tenant_due_ages(self, session: Session) -> list[tuple[str, float | None]]:
+        oldest = func.min(Operation.next_attempt_at)
+        rows = session.execute(
+            select(Operation.tenant, db_age_s(oldest))
+            .where(Operation.status == Status.NOT_DISPATCHED.value, Operation.next_attempt_at <= db_scan_now())
+            .group_by(Operation.tenant)
+            .order_by(oldest)
+            .limit(self.tenants)
+        ).all()
+        return [(str(tenant), age) for tenant, age in rows]

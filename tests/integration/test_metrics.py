@@ -258,3 +258,33 @@ def test_a_real_worker_records_attempts_outcomes_and_retry_after(pipe, sandbox, 
     assert samples[("outbox_attempts_total", (("class", "succeeded"), ("target", "sandbox")))] == 1
     assert samples[("outbox_retry_after_seconds_count", (("target", "sandbox"),))] == 1
     assert samples[("outbox_outcomes_total", (("status", "not_dispatched"),))] == 1
+
+
+def test_per_tenant_due_age_is_opt_in_and_bounded_to_the_tenants_waiting_longest(ledger):
+    """OUTBOX_METRICS_TENANTS: the oldest due age of that many tenants, those waiting longest; none by default."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from outbox.reads.metrics import LedgerCollector
+
+    for tenant, due_s in (("acme", 300), ("globex", 200), ("initech", 100), ("later", -60)):
+        with ledger.sessions.begin() as s:
+            r = submit(
+                s, tenant=tenant, idempotency_key="k", action="payments.refund.create", args=REFUND_ARGS, subject="x"
+            )
+        with ledger.sessions.begin() as s:
+            s.execute(update(Operation).where(Operation.id == r.operation_id).values(next_attempt_at=db_now(-due_s)))
+
+    def scrape(tenants: int) -> dict[str, float]:
+        registry = CollectorRegistry()
+        registry.register(LedgerCollector(ledger.engine, tenants=tenants))
+        m = _samples(generate_latest(registry).decode())
+        return {
+            dict(labels)["tenant"]: v
+            for (name, labels), v in m.items()
+            if name == "outbox_tenant_oldest_due_age_seconds"
+        }
+
+    assert scrape(0) == {}  # no tenant label unless the operator asks for it
+    ages = scrape(2)
+    assert set(ages) == {"acme", "globex"}  # the two waiting longest; initech left out, "later" not due
+    assert 299 < ages["acme"] < 400 and 199 < ages["globex"] < 300

@@ -51,7 +51,9 @@ def build_registry(settings: Settings) -> CollectorRegistry:
         # Start anyway: the scrape says outbox_ledger_up 0 until the ledger answers.
         log.warning("metrics: %s", exc)
         engine = open_engine(settings, ensure_schema=False)
-    registry.register(LedgerCollector(engine, terminal_window_s=settings.metrics_terminal_window_s))
+    registry.register(
+        LedgerCollector(engine, terminal_window_s=settings.metrics_terminal_window_s, tenants=settings.metrics_tenants)
+    )
     if settings.redis_url and settings.actions_file is not None:
         from breaker.metrics import BreakerCollector
         from workers.wiring.runtime import breaker_registry, load_actions_for
