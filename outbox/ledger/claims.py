@@ -175,6 +175,7 @@ def _claim(
 ) -> list[Claim]:
     if limit < 1:
         raise ValueError("limit must be >= 1")
+    after = fairness.after if fairness is not None else ""
     rows = driver_for(session).claim(
         session,
         kind,
@@ -185,8 +186,8 @@ def _claim(
         also_due=also_due,
         fairness=fairness,
     )
-    if fairness is not None and rows:
-        fairness.served(rows[-1].tenant)  # rows come in rank order: the next claim starts after it
+    if fairness is not None:
+        fairness.advance(after, (row.tenant for row in rows))
     return [_claim_of(row, worker, kind) for row in rows]
 
 

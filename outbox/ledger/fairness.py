@@ -5,7 +5,8 @@ in turn, each by its weight (``OUTBOX_TENANT_WEIGHTS``; 1 unless named), and ins
 higher priorities first, then its oldest. One tenant's backlog of thousands therefore takes at
 most its share of each claim, and another tenant's new intent waits for the claims already in
 flight plus one claim round, not behind the backlog. ``off``: the claim takes the highest priority,
-then the oldest, whoever it belongs to.
+then the oldest, whoever it belongs to (on PostgreSQL among the tenants one claim walks: up to 32
+after the cursor).
 
 A process remembers the last tenant it served (its cursor) and starts its next claim after it,
 wrapping around: with more tenants due than one claim serves, consecutive claims serve the next
@@ -16,7 +17,7 @@ fine: each is fair on its own, and together they serve everyone).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from outbox.settings import FairnessMode, parse_weights
 
@@ -49,6 +50,14 @@ class Fairness:
     def after(self) -> str:
         with self._lock:
             return self._after
+
+    def advance(self, after: str, tenants: Iterable[str]) -> None:
+        """A claim that started after ``after`` served ``tenants``: the next one starts after the tenant
+        served farthest round from there (not the last row's: with more rows than tenants walked, the
+        last turns wrap back to the first tenants)."""
+        served = list(tenants)
+        if served:
+            self.served(max(served, key=lambda tenant: (tenant <= after, tenant)))
 
     def served(self, tenant: str | None) -> None:
         """The last tenant a claim served (its last row in rank order): the next claim starts after it."""

@@ -17,6 +17,7 @@ DISPATCH = AttemptKind.DISPATCH
 
 
 def claim(case: Any, fairness: Fairness, *, limit: int = 10, ids: list[str] | None = None, also_due: int = 0) -> list:
+    after = fairness.after
     with case.sessions.begin() as s:
         rows = list(
             case.driver.claim(
@@ -30,8 +31,7 @@ def claim(case: Any, fairness: Fairness, *, limit: int = 10, ids: list[str] | No
                 fairness=fairness,
             )
         )
-    if rows:
-        fairness.served(rows[-1].tenant)  # as claims.claim_due does
+    fairness.advance(after, (r.tenant for r in rows))  # as claims.claim_due does
     return rows
 
 
@@ -107,6 +107,18 @@ def test_consecutive_claims_serve_the_tenants_after_the_cursor(case):
     assert [r.tenant for r in first] == ["a", "b"]
     assert [r.tenant for r in second] == ["c", "d"]
     assert [r.tenant for r in third] == ["a", "b"], "wrapped around"
+
+
+def test_a_claim_bigger_than_the_tenants_it_walks_moves_the_cursor_past_all_it_served(case):
+    # 70 tenants with 2 rows each, claims of 33: PostgreSQL walks 32 tenants a claim, so a claim's last
+    # turn is a walked tenant's second row; the cursor must still move past all 32, or the tenants
+    # late in the order wait one claim per tenant before them.
+    tenants = [f"t{i:02d}" for i in range(70)]
+    for t in tenants:
+        backlog(case, t, 2)
+    fairness = Fairness()
+    served = {r.tenant for _ in range(3) for r in claim(case, fairness, limit=33)}
+    assert served == set(tenants), f"not served in three claims: {sorted(set(tenants) - served)}"
 
 
 def test_fairness_off_claims_oldest_first_whoever_the_tenant(case):
