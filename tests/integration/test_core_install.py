@@ -10,7 +10,9 @@ says which one.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -151,8 +153,15 @@ def test_a_sqlite_ledger_runs_the_pipeline_on_the_core_install(core, tmp_path):
 
         log = tmp_path / "run.log"
         with open(log, "wb") as out:
+            # Its own process group: whatever happens, the group is killed at the end, so no Celery
+            # worker of this pipeline outlives the test (once, in CI, one did).
             pipeline = subprocess.Popen(
-                ["agent-outbox", "run"], cwd=core.empty, env=core.env(**env), stdout=out, stderr=subprocess.STDOUT
+                ["agent-outbox", "run"],
+                cwd=core.empty,
+                env=core.env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         try:
             status, deadline = None, time.monotonic() + 90
@@ -170,5 +179,8 @@ def test_a_sqlite_ledger_runs_the_pipeline_on_the_core_install(core, tmp_path):
             except subprocess.TimeoutExpired:
                 pipeline.kill()
                 pipeline.wait(10)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pipeline.pid, signal.SIGKILL)  # the workers it started, if any are left
         assert status == "succeeded", log.read_text()[-3000:]
         assert len(sandbox.effects()) == 1  # one refund, made once
