@@ -42,6 +42,7 @@ import yaml
 from bench.celery_workers import Workers
 from bench.pipeline_bench import ARGS, RESULTS_DIR, Outbox, actions_doc, wait_until
 from bench.scratch_database import ScratchDatabase
+from tests.harness import max_in_any_window
 
 PER_S = 50.0
 BURST = 10
@@ -83,16 +84,6 @@ def _settled(ob: Outbox, tenant: str) -> int:
     return sum(n for status, n in ob.statuses(tenant).items() if status in {s.value for s in TERMINAL})
 
 
-def _most_in(times: list[float], span_s: float) -> int:
-    """The most of these (sorted) instants inside any window of ``span_s`` (sliding, not aligned)."""
-    most, first = 0, 0
-    for last, t in enumerate(times):
-        while t - times[first] >= span_s:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 def _windows(created: list[float]) -> list[int]:
     if not created:
         return []
@@ -130,7 +121,7 @@ def run(ob: Outbox, sandbox: Any, *, limited: int, free: int, log: Any) -> dict[
         "limited_ops_per_s": round(limited / (refunds_done - started), 1),
         "limited_per_5s_windows": windows,
         "limited_max_window_per_s": round(max(windows) / WINDOW_S, 1) if windows else None,
-        "limited_max_in_any_1s": _most_in(created, 1.0),
+        "limited_max_in_any_1s": max_in_any_window(created, 1.0),
         "goal_max_per_s": PER_S * 1.05,
         "answered_429": sum(r["fired"] for r in rules if r["mode"] == "rate_limited_429"),
         "statuses": ob.statuses(t),

@@ -181,6 +181,19 @@ def pg_ledger(pg_database_url: str) -> Iterator[Ledger]:
     engine.dispose()
 
 
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Any]:
+    """A redis-server of the test's own (tests/harness.py PrivateRedis), safe to SIGKILL and restart.
+    Request it before ``pipe``: it is then torn down after the workers and the relay."""
+    from tests.harness import PrivateRedis
+
+    server = PrivateRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     import redis

@@ -51,16 +51,6 @@ def _records(log: str, *levels: str) -> list[str]:
 
 
 @pytest.fixture
-def private_redis(tmp_path: Any) -> Iterator[PrivateRedis]:
-    # Requested before `pipe`, so it is torn down after the workers.
-    server = PrivateRedis(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.kill()
-
-
-@pytest.fixture
 def relay_process(pipe: Any, private_redis: PrivateRedis, tmp_path: Path) -> Iterator[Any]:
     """``agent-outbox -v relay`` as production runs it (its own process, logging configured by the
     CLI), started by the test once the environment is set."""

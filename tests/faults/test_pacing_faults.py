@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from outbox.ledger.states import Status
-from tests.harness import REFUND_ARGS, PrivateRedis, actions_doc, max_in_any_window, pk, wait_for
+from tests.harness import REFUND_ARGS, actions_doc, max_in_any_window, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-
-
-@pytest.fixture
-def private_redis(tmp_path: Any) -> Iterator[PrivateRedis]:
-    # Requested before `pipe`, so it is torn down after the workers and the relay.
-    server = PrivateRedis(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def _posts(sandbox: Any) -> list[dict[str, Any]]:

@@ -10,29 +10,17 @@ cannot be read). Every intent must come to an end, once.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
 from outbox.ledger.models import Operation
 from outbox.ledger.states import Status
-from tests.harness import PrivateRedis, pk, wait_for
+from tests.harness import pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 N = 20
-
-
-@pytest.fixture
-def private_redis(tmp_path: Any) -> Iterator[PrivateRedis]:
-    # Requested before `pipe`, so it is torn down after the workers and the relay.
-    server = PrivateRedis(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe, sandbox):

@@ -9,7 +9,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,15 +31,6 @@ def namespace(redis_url: str) -> Iterator[str]:
     keys = list(r.scan_iter(match=f"{KEY_PREFIX}:{ns}:*"))
     if keys:
         r.delete(*keys)
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def limits(**kw: Any) -> dict[str, TargetLimits]:
