@@ -8,6 +8,8 @@ expired leases and re-publishes lost doorbells). Configuration comes from ``OUTB
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -24,6 +26,8 @@ if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
     from workers.relay.loop import Relay
 
 log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def worker_command(
@@ -81,6 +85,17 @@ def build_relay(settings: Settings) -> Relay:
     )
 
 
+def _term_when_parent_dies() -> None:
+    """In the worker's child process before exec: SIGTERM when the process that started it dies.
+
+    Linux's prctl(PR_SET_PDEATHSIG); elsewhere nothing (the worker then outlives a killed parent,
+    as any child does)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class Pipeline:
     """Relay in a thread of this process + one Celery worker subprocess."""
 
@@ -113,6 +128,13 @@ class Pipeline:
             env=self.env,
             stdout=self.worker_output,
             stderr=self.worker_output,
+            # Its own process group, so that ``stop`` can end the worker AND its pool's children at
+            # once when the warm shutdown does not finish (killing the main process alone left the
+            # prefork children running under PID 1), and a Ctrl-C reaches it only through ``stop``
+            # (the relay first, then the worker). The death signal: killed by -9, this process
+            # cannot stop it, so the kernel tells the worker to shut down warm (Linux only).
+            process_group=0,
+            preexec_fn=_term_when_parent_dies,
         )
         self.relay_thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
         self.relay_thread.start()
@@ -147,7 +169,8 @@ class Pipeline:
             try:
                 self.worker.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.worker.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.worker.pid, signal.SIGKILL)  # the main process and its pool's children
                 self.worker.wait()
         if self.relay_thread is not None:
             self.relay_thread.join(timeout_s)
