@@ -46,3 +46,43 @@ def test_an_unknown_level_is_refused(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as done:
         build_parser().parse_args(["run", "--log-level", "loud"])
     assert done.value.code == 2 and "--log-level" in capsys.readouterr().err
+
+
+def test_each_command_is_named_beside_the_module_that_registers_it():
+    """A command loads only its own module (main.REGISTRARS): the names there must be exactly
+    what each module registers, or a command would be missing or load the wrong module."""
+    import argparse
+
+    from workers.cli.main import REGISTRARS, _load
+
+    for spec, names in REGISTRARS.items():
+        sub = argparse.ArgumentParser().add_subparsers()
+        register = _load(spec)
+        assert register is not None, spec
+        register(sub)
+        assert tuple(sorted(sub.choices)) == tuple(sorted(names)), spec
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["submit", "--key", "k"], "submit"),
+        (["--log-level", "debug", "run"], "run"),
+        (["--loglevel", "WARNING", "-v", "ops", "list"], "ops"),
+        (["-vv", "--version"], "--version"),
+        (["submit", "--help"], "submit"),
+        (["--help"], None),
+        ([], None),
+    ],
+)
+def test_the_command_is_found_before_the_parser_loads_it(argv, command):
+    from workers.cli.main import command_in
+
+    assert command_in(argv) == command
+
+
+def test_an_unknown_command_lists_every_choice(capsys):
+    with pytest.raises(SystemExit):
+        main(["no-such-command"])
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and "submit" in err and "sandbox" in err
