@@ -58,7 +58,12 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
     assert max_in_any_window(times, 2.0, after_s=1.0) <= 2 * RATE * 1.05, sorted(times)
     assert max_in_any_window(times, 1.0) <= RATE + 3, sorted(times)
     assert span >= (n - 1) / RATE * 0.95  # the limit, not something slower, set the pace ...
-    assert span <= (n - 1) / RATE * 1.5  # ... and the fleet kept close to it
+    # ... and the fleet reached it: its busiest 2 s held at least 80% of the rate's sends. The whole
+    # span is only bounded loosely (2x): on a loaded two-core CI machine a late stall (a sent-back
+    # call's second turn, a slow process) stretched the tail to 7.5 s for 4.95 s of turns, with every
+    # second before it at the rate.
+    assert max_in_any_window(times, 2.0) >= 2 * RATE * 0.8, sorted(times)
+    assert span <= (n - 1) / RATE * 2.0
     assert not [r for r in sent if r["status"] == 429]
     assert Counter(e["idempotency_key"] for e in sandbox.effects()) == Counter(pk(k) for k in keys)
 
