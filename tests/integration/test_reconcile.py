@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
+from breaker import BreakerConfig, BreakerRegistry
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.models import Evidence, Handoff
 from outbox.reads.queries import explain
@@ -72,6 +73,50 @@ def test_lookup_down_for_a_while_then_back(pipe, sandbox):
     assert len(posts(sandbox, "rc-down")) == 1
     effects = sandbox.effects(key=pk("rc-down"))
     assert len(effects) == 1 and op.result_reference == effects[0]["object_id"]
+
+
+def test_lookups_never_asked_spend_none_of_the_reconcilers_budget(pipe, sandbox):
+    """A lookup parked by an open breaker is on record (not_sent, nothing timed) but was never sent:
+    with OUTBOX_RECONCILE_MAX_LOOKUPS=2 and three of them, the first lookup that fails is lookup 1
+    of 2, not a spent budget handed to a person."""
+    doc = actions_doc(sandbox.url)
+    doc["targets"]["sandbox"]["timeout_s"] = 1
+    pipe.write_actions(doc)
+    # Committed, then no answer within the call's timeout: the breaker opens while the call is out,
+    # so the first lookup (due soon after the timeout) already finds it open.
+    sandbox.add_fault(mode="commit_then_stall", method="POST", count=1, stall_s=3)
+    pipe.env.update(CLOCK_LEASE | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "2"})
+    pipe.start_worker()
+    pipe.start_relay()
+    r = pipe.submit("rc-parked")
+    wait_for(lambda: posts(sandbox, "rc-parked"), 10, what="the call at the provider")
+    breakers = BreakerRegistry(
+        {"sandbox": BreakerConfig(fail_max=1, reset_timeout_s=300)},
+        redis_url=pipe.env["OUTBOX_REDIS_URL"],
+        namespace=pipe.env["OUTBOX_BROKER_KEY_PREFIX"],
+    )
+    try:
+        breakers.record(breakers.before_call("sandbox"), failure=True)  # open, as failures would open it
+        assert pipe.wait_attempt_done(r.operation_id, 1).attempt_class == "ambiguous"
+        for n in (1, 2, 3):
+            pipe.advance_to_due(r.operation_id)
+            parked = pipe.wait_attempt_done(r.operation_id, n, kind="lookup")
+            assert (parked.attempt_class, parked.status_code, parked.latency_s) == ("not_sent", None, None)
+            assert pipe.op(r.operation_id).status == "outcome_unknown"
+        assert lookups(sandbox, "rc-parked") == []
+        breakers.reset("sandbox", by="test")
+    finally:
+        breakers.close()
+    down = sandbox.add_fault(mode="unavailable_503", method="GET", path="/v1/refunds")
+    pipe.advance_to_due(r.operation_id)
+    failed = pipe.wait_attempt_done(r.operation_id, 4, kind="lookup")
+    assert failed.status_code == 503 and failed.attempt_class == "ambiguous"
+    op = pipe.op(r.operation_id)
+    assert op.status == "outcome_unknown", op.reason  # lookup 1 of 2 sent: not yet a person's
+    sandbox.remove_fault(down["id"])
+    pipe.advance_to_due(r.operation_id)
+    op = pipe.wait_status(r.operation_id, "succeeded", timeout_s=15)
+    assert len(posts(sandbox, "rc-parked")) == 1 and len(sandbox.effects(key=pk("rc-parked"))) == 1
 
 
 def test_not_found_after_the_provider_forgot_the_key_goes_to_a_person(pipe, sandbox):

@@ -165,14 +165,13 @@ def test_an_attempt_and_a_lookup_with_no_room_are_not_sent_and_cost_nothing() ->
     no room within the call's lease, the attempt is refunded and waits for rate_limit, the lookup is
     looked up later; the connector is never called."""
     import datetime as dt
-    import random
 
     from breaker import Admissions, BreakerConfig, BreakerRegistry
     from outbox.ledger.claims import Claim
     from outbox.ledger.states import AttemptClass, WaitingFor
     from workers.dispatch.fan_out import Downstream, attempt
     from workers.dispatch.outcomes import RetryAt
-    from workers.reconcile.lookup import LookupBudget, ask
+    from workers.reconcile.lookup import ask
 
     class NoCalls:
         def for_action(self, name: str) -> Any:
@@ -218,6 +217,7 @@ def test_an_attempt_and_a_lookup_with_no_room_are_not_sent_and_cost_nothing() ->
         and report.error.startswith("rate limit of target payments: 50/s: not sent")
     )
     assert isinstance(outcome, RetryAt) and outcome.refund_attempt and outcome.waiting_for is WaitingFor.RATE_LIMIT
-    asked = ask(down, admissions, claim("lookup"), random.Random(1), LookupBudget(12, 60))
+    asked = ask(down, admissions, claim("lookup"))
     assert asked.early is not None and asked.early.reason == "rate limit of target payments: 50/s: lookup later"
+    assert asked.early.klass is AttemptClass.NOT_SENT  # never asked: no lookup of the reconciler's budget
     assert asked.early.recheck_in_s > 0

@@ -158,7 +158,7 @@ class LookupsInFlight:
                         break
                     claim = job.todo.popleft()
                     job.running_since = started = time.monotonic()
-                answer = ask(self._downstream, job.batch.admissions, claim, job.batch.rng, self._budget)
+                answer = ask(self._downstream, job.batch.admissions, claim)
                 self._learn(job.target, answer, time.monotonic() - started)
                 with job.lock:
                     job.running_since = None

@@ -8,7 +8,6 @@ a closed breaker's admission is shared by a doorbell's lookups (Admissions, brea
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 
 from breaker import Admissions, Decision, Open, counts_as_failure
@@ -20,7 +19,7 @@ from workers.dispatch.fan_out import Downstream
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import Verdict, recheck
+from workers.reconcile.judge import Verdict
 from workers.wiring import metrics
 
 log = logging.getLogger(__name__)
@@ -45,13 +44,17 @@ class Asked:
     found: LookupResult | None = None
     early: Verdict | None = None
     waited: str | None = None  # a declared limit it waited for before it was sent
+    # The lookup was cut part-way (why): it may have reached the provider, so it counts against the
+    # reconciler's budget; judged with the lookups that were sent (verdicts.settle_answers).
+    cut: str | None = None
 
 
 def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
-    """Not asked: the target's breaker is open; look again when it may close (staying where it is)."""
+    """Not asked: the target's breaker is open; look again when it may close (staying where it is).
+    Recorded not_sent: a lookup never asked is no lookup of the reconciler's budget (NOT_ASKED)."""
     return Verdict(
         claim.status,
-        AttemptClass.AMBIGUOUS,
+        AttemptClass.NOT_SENT,
         f"breaker for {action.target} open: lookup later",
         recheck_in_s=decision.wait_s,
     )
@@ -59,13 +62,12 @@ def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
 
 def limit_wait(claim: Claim, deferred: Deferred) -> Verdict:
     """Not asked: a limit the target declares had no room (lookups hit the same API as the calls, so
-    they count against the same limits); look again when there is room (staying where it is)."""
-    return Verdict(claim.status, AttemptClass.AMBIGUOUS, f"{deferred.why}: lookup later", recheck_in_s=deferred.wait_s)
+    they count against the same limits); look again when there is room (staying where it is).
+    Recorded not_sent, like breaker_open."""
+    return Verdict(claim.status, AttemptClass.NOT_SENT, f"{deferred.why}: lookup later", recheck_in_s=deferred.wait_s)
 
 
-def ask(
-    downstream: Downstream, admissions: Admissions, claim: Claim, rng: random.Random, budget: LookupBudget
-) -> Asked:
+def ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
     """One lookup, on a lookup thread: the breaker, the target's limits, the provider's answer, the
     breaker told. Nothing here writes to the ledger (settle_answers judges and settles).
     ``admissions``: the doorbell's (after a failure the next lookup asks the breaker again)."""
@@ -104,9 +106,4 @@ def ask(
             str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
             extra={"operation_id": claim.operation_id, "idempotency_key": claim.idempotency_key},
         )
-        why = f"the lookup was cut part-way ({type(exc).__name__})"
-        return Asked(
-            claim,
-            action,
-            early=recheck(claim, why, rng, max_lookups=budget.max_lookups, max_delay_s=budget.max_delay_s),
-        )
+        return Asked(claim, action, cut=f"the lookup was cut part-way ({type(exc).__name__})")

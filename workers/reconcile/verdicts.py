@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from outbox.errors import IllegalTransition, StaleFence
@@ -32,7 +32,7 @@ from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
 from workers.reconcile.handoff_packet import build_packet
-from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge
+from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge, recheck
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.wiring import metrics
@@ -233,20 +233,44 @@ def settle_answers(
     rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
 ) -> dict[str, Verdict]:
     """Judge what the provider answered (one read of the dispatch attempts for every "not found")
-    and settle it all in one transaction (settle_all)."""
-    not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
+    and settle it all in one transaction (settle_all).
+
+    The reconciler's budget counts lookups that were sent: one sent back by a declared limit or
+    parked by an open breaker is on record (not_sent) but spends nothing. Its row still takes a
+    number, so where the row number reaches the budget the ones never asked are counted (one read,
+    only then) and judged out."""
+    judged = [a for _, a in items if a.early is None and (a.found is not None or a.cut is not None)]
+    not_found = [a.claim.operation_id for a in judged if a.found is not None and a.found.outcome == "not_found"]
+    near_budget = [a.claim.operation_id for a in judged if a.claim.attempt_number >= budget.max_lookups]
     attempts: dict[str, list[DispatchAttempt]] = {}
-    if not_found:
+    not_asked: dict[str, int] = {}
+    if not_found or near_budget:
         with rec.sessions() as session:
-            attempts = _dispatch_attempts(session, not_found)
-    looked = [_judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget) for rng, a in items]
+            attempts = _dispatch_attempts(session, not_found) if not_found else {}
+            not_asked = _lookups_not_asked(session, near_budget) if near_budget else {}
+    looked = [
+        _judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget, not_asked.get(a.claim.operation_id, 0))
+        for rng, a in items
+    ]
     return settle_all(rec, looked)
 
 
 def _judged(
-    rec: Recorder, asked: Asked, rng: random.Random, attempts: list[DispatchAttempt], budget: LookupBudget
+    rec: Recorder,
+    asked: Asked,
+    rng: random.Random,
+    attempts: list[DispatchAttempt],
+    budget: LookupBudget,
+    not_asked: int = 0,
 ) -> Looked:
     claim, action, found = asked.claim, asked.action, asked.found
+    max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
+    # Judged as the lookup it is among those sent; settled (and numbered) as the row it is.
+    sent = replace(claim, attempt_number=claim.attempt_number - not_asked) if not_asked else claim
+    if asked.cut is not None and asked.early is None:
+        return Looked(
+            claim, None, recheck(sent, asked.cut, rng, max_lookups=max_lookups, max_delay_s=max_delay_s), action
+        )
     if asked.early is not None or found is None or action is None:
         assert asked.early is not None
         return Looked(claim, None, asked.early, action)
@@ -256,9 +280,8 @@ def _judged(
         first_sent, last_activity = dispatch_window(
             attempts, call_timeout_s=target.timeout_s + target.connect_timeout_s, after=claim.proven_absent_through
         )
-    max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
     verdict = judge(
-        claim,
+        sent,
         action,
         found,
         now=claim.now(),
@@ -270,9 +293,26 @@ def _judged(
     )
     if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
         verdict = after_not_found(
-            claim, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+            sent, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
         )
     return Looked(claim, found, verdict, action, asked.waited)
+
+
+def _lookups_not_asked(session: Session, operation_ids: Sequence[str]) -> dict[str, int]:
+    """Per operation, its lookup rows never asked (breaker open, a limit with no room: lookup.py):
+    not_sent with no answer timed. A lookup the provider answered has a latency, even one whose
+    verdict is not_sent ("not found")."""
+    rows = session.execute(
+        select(Attempt.operation_id, func.count())
+        .where(
+            Attempt.operation_id.in_(list(operation_ids)),
+            Attempt.kind == AttemptKind.LOOKUP.value,
+            Attempt.attempt_class == AttemptClass.NOT_SENT.value,
+            Attempt.latency_s.is_(None),
+        )
+        .group_by(Attempt.operation_id)
+    ).all()
+    return {op: int(n) for op, n in rows}
 
 
 def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
