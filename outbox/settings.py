@@ -22,6 +22,20 @@ MAX_WEIGHT = 1000.0
 WEIGHTS_FORMAT = "tenant=weight pairs separated by commas, e.g. 'acme=3,globex=1' (weights > 0 and <= 1000)"
 
 
+class LogFormat(StrEnum):
+    TEXT = "text"  # one readable line per record (the default)
+    JSON = "json"  # one JSON object per line, every ``extra`` field kept (workers/wiring/logs.py)
+
+
+def log_format_from(value: str | None) -> LogFormat:
+    """OUTBOX_LOG_FORMAT's value (unset or empty: text); ConfigError naming the variable otherwise."""
+    try:
+        return LogFormat((value or LogFormat.TEXT.value).strip().lower())
+    except ValueError:
+        choices = " or ".join(f.value for f in LogFormat)
+        raise ConfigError(f"OUTBOX_LOG_FORMAT: {value!r} is not a log format; use {choices}") from None
+
+
 class FairnessMode(StrEnum):
     TENANT = "tenant"  # tenants in turn, by weight; priority then age inside a tenant
     OFF = "off"  # priority then age, whoever the tenant
@@ -124,6 +138,10 @@ class Settings(BaseSettings):
     # most this many (fairness, seen per tenant); 0, the default, exports no tenant label at all:
     # a label per tenant is a series per tenant, which the operator must choose to pay for.
     metrics_tenants: int = Field(default=0, ge=0, le=1000)
+    # text (default) or json: one JSON object per line with every ``extra`` field (operation id,
+    # tenant, action, attempt, fencing token), the trace and span ids, the event. Read by each
+    # process as it sets up logging (workers/wiring/logs.py), before Settings exist.
+    log_format: LogFormat = LogFormat.TEXT
     # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
     # older than this (outbox/privacy/retention.py). Never shorter than the longest provider key retention
     # of the actions file (checked at start-up): until the provider forgets a key, the arguments

@@ -11,6 +11,7 @@ from outbox.settings import load_settings
 from workers.cli import render
 from workers.cli.flags import add_log_level, log_level
 from workers.cli.ledger import ledger, open_engine
+from workers.wiring import logs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -64,7 +65,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     open_engine(settings).dispose()  # the embedded default migrates itself; a server says if it is unreachable
     if args.workers == 1:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=log_level(args, "info").lower())
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_level=log_level(args, "info").lower(),
+            **logs.uvicorn_logging(),
+        )
     else:
         _serve_processes(args)
     return 0
@@ -90,6 +97,7 @@ def _serve_processes(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         log_level=log_level(args, "info").lower(),
+        **logs.uvicorn_logging(),
     )
     bound = config.bind_socket()
     sock = socket.socket(fileno=bound.detach())  # family, type and proto read back from the kernel

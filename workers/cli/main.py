@@ -93,11 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     level = log_level(args, logging.getLevelName(logging.WARNING - 10 * min(args.verbose, 2)))
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INVALID
     try:
+        from workers.wiring import logs  # outbox.settings (pydantic): not for --version or --help
+
+        logs.configure(level)
         return int(args.func(args) or 0)
     except ConfigError as exc:
         print(f"agent-outbox: {exc}", file=sys.stderr)

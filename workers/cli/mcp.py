@@ -8,6 +8,7 @@ from typing import Any
 from outbox.errors import ConfigError, InvalidIntent
 from outbox.settings import load_settings
 from workers.cli.ledger import open_engine
+from workers.wiring import logs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -82,7 +83,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
         server = build_server(caller_for, default_scope=args.scope, tools=tools)
         app = BearerKeys(server.streamable_http_app(host=args.host), by_key)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **logs.uvicorn_logging())
         return 0
     finally:
         outbox.close()

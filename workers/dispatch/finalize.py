@@ -98,6 +98,8 @@ def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, 
 def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) -> dict[str, Any]:
     return {
         "operation_id": claim.operation_id,
+        "tenant": claim.tenant,
+        "action": claim.action,
         "idempotency_key": claim.idempotency_key,
         "attempt": claim.attempt_number,
         "fencing_token": claim.fencing_token,

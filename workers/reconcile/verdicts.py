@@ -80,6 +80,8 @@ class Looked:
         c = self.claim
         return {
             "operation_id": c.operation_id,
+            "tenant": c.tenant,
+            "action": c.action,
             "idempotency_key": c.idempotency_key,
             "fencing_token": c.fencing_token,
             "lookup": c.attempt_number,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 
 from workers.sandbox import ServerNotInstalled
@@ -87,11 +86,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"sandbox: {exc}", file=sys.stderr)
         return 2
 
+    from outbox.errors import ConfigError
+    from workers.wiring import logs
+
     level = getattr(args, "log_level", None) or "WARNING"
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        logs.configure(level, text="%(asctime)s %(levelname)s %(name)s %(message)s")
         state = build_state(args)
-    except (ValueError, RuleError, SettingError) as exc:
+    except (ValueError, RuleError, SettingError, ConfigError) as exc:
         print(f"sandbox: bad option: {exc}", file=sys.stderr)
         return 2
     asyncio.run(serve_forever(state, args.host, args.port, args.access_log))

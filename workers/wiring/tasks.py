@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
-from workers.wiring import metrics
+from workers.wiring import logs, metrics
 from workers.wiring.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, REPORT_TASK, SWEEP_TASK, make_app
 
 log = logging.getLogger(__name__)
 
 app = make_app()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _log_format(logger: logging.Logger, **_: object) -> None:
+    # Celery's worker and beat set up their own handlers (and the task logger's): OUTBOX_LOG_FORMAT
+    # applies to them as to every other process (make_app validated it).
+    logs.use_format(logger)
 
 
 @worker_process_init.connect
