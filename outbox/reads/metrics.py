@@ -20,7 +20,13 @@ Each scrape runs a few small read-only queries in one short transaction, all on 
   backlog in front of the workers, and the one labelled family the operator opts into;
 - open handoffs: count and age of the oldest (the partial index ``ix_outbox_handoffs_open``).
 - approvals pending: count and age of the oldest operation in ``awaiting_approval``.
-- the last reconciliation report's figures, from the ledger (``outbox.reads.report_summary``).
+- people, over ``terminal_window_s``: handoffs opened, the handoff ratio (handoffs opened over
+  operations that ended or were handed over), and the human takeover time: a histogram of the
+  handoffs resolved in the window by their age at resolution. Windowed, not cumulative: read its
+  quantiles without ``rate()``. The handoffs table holds only operations a person had to see.
+- the last reconciliation report's figures, from the ledger (``outbox.reads.report_summary``):
+  duplicate effects and their ratio per operation, failure attributability and the auto-recovery
+  rate, as the report defines them (outbox/reads/report.py), so dashboard and report agree.
 
 Ages come from the database clock (``db_age_s``), like every time in the ledger. A ledger that
 does not answer gives ``outbox_ledger_up 0`` and a WARNING, never a failed scrape: the process
@@ -33,15 +39,16 @@ This module reads only the ledger (``outbox`` imports nothing from workers/ or b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from outbox.ledger.clock import db_age_s, db_now, db_scan_now
+from outbox.ledger.clock import as_utc, db_age_s, db_now, db_scan_now
 from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Handoff, Operation, Run
@@ -57,6 +64,8 @@ TERMINAL_STATUSES: tuple[str, ...] = tuple(s.value for s in Status if s in TERMI
 # A scrape must never queue up behind a slow ledger: Prometheus' default scrape timeout is 10 s,
 # and these queries take milliseconds when the indexes are used.
 STATEMENT_TIMEOUT_MS = 2000
+# A person's takeover time: minutes to days.
+TAKEOVER_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 259200.0, 604800.0)
 
 
 class LedgerCollector(Collector):
@@ -133,6 +142,14 @@ class LedgerCollector(Collector):
                 )
             ).one()
             summary = read_summary(session)
+            # Handoffs opened or resolved in the window (a small table: only what a person saw).
+            since = db_now(-self.terminal_window_s)
+            handoff_rows = session.execute(
+                select(Handoff.opened_at, Handoff.resolved_at, Handoff.opened_at >= since).where(
+                    (Handoff.opened_at >= since)
+                    | ((Handoff.status == HandoffStatus.RESOLVED.value) & (Handoff.resolved_at >= since))
+                )
+            ).all()
             # Runs still moving, and runs waiting for a person (effects automation will not undo).
             run_counts = dict(
                 session.execute(
@@ -207,6 +224,7 @@ class LedgerCollector(Collector):
         )
         for status in (*sorted(s.value for s in ACTIVE), RunStatus.NEEDS_PERSON.value):
             runs.add_metric([status], run_counts.get(status, 0))
+        people = self._people(handoff_rows, finished=sum(ended.values()))
         return [
             ops,
             recent,
@@ -221,7 +239,40 @@ class LedgerCollector(Collector):
             approvals,
             approvals_oldest,
             runs,
+            *people,
         ] + list(self._report(summary))
+
+    def _people(self, rows: Sequence[Any], *, finished: int) -> list[Any]:
+        window = f"{self.terminal_window_s:g} s"
+        opened = sum(1 for r in rows if r[2])
+        opened_recent = GaugeMetricFamily(
+            "outbox_handoffs_opened_recent", f"Handoffs opened (operations handed to a person) in the last {window}"
+        )
+        opened_recent.add_metric([], opened)
+        out: list[Any] = [opened_recent]
+        if finished + opened:
+            ratio = GaugeMetricFamily(
+                "outbox_handoff_ratio",
+                f"Of the operations that ended or were handed to a person in the last {window}, the share handed "
+                "to a person",
+            )
+            ratio.add_metric([], opened / (finished + opened))
+            out.append(ratio)
+        # Every resolved row here was resolved in the window (opened in it, or resolved in it).
+        ages = [
+            max((resolved - opened_at).total_seconds(), 0.0)
+            for opened_at, resolved in ((as_utc(r[0]), as_utc(r[1])) for r in rows)
+            if opened_at is not None and resolved is not None
+        ]
+        takeover = HistogramMetricFamily(
+            "outbox_handoff_takeover_seconds",
+            f"Handoffs resolved in the last {window} by their age at resolution (human takeover time; windowed: "
+            "quantiles without rate())",
+            buckets=[(f"{le:g}", sum(1 for a in ages if a <= le)) for le in TAKEOVER_BUCKETS] + [("+Inf", len(ages))],
+            sum_value=sum(ages),
+        )
+        out.append(takeover)
+        return out
 
     def _report(self, summary: ReportSummary | None) -> Iterator[GaugeMetricFamily]:
         if summary is None:
@@ -242,6 +293,20 @@ class LedgerCollector(Collector):
         )
         when.add_metric([], summary.finished_at_s)
         yield from (dup, disc, complete, when)
+        figures = (
+            ("outbox_report_duplicate_effect_ratio", summary.duplicate_effect_ratio,
+             "Duplicate effects per operation of the last report's window (the duplicate-effect rate)"),
+            ("outbox_failure_attributability_ratio", summary.attributability,
+             "Of the last report's failed or handed-over operations, the share with an error class and a reason"),
+            ("outbox_auto_recovery_ratio", summary.auto_recovery,
+             "Of the last report's operations with a retryable failed attempt, the share that succeeded without "
+             "a person"),
+        )  # fmt: skip
+        for name, value, doc in figures:
+            if value is not None:  # nothing to measure in the window: absent, not a made-up figure
+                family = GaugeMetricFamily(name, doc)
+                family.add_metric([], value)
+                yield family
 
     def _tenant_due_ages(self, session: Session) -> list[tuple[str, float | None]]:
         oldest = func.min(Operation.next_attempt_at)

@@ -26,6 +26,15 @@ class ReportSummary:
     duplicate_effects: int
     discrepancies: int
     complete: bool
+    # Its health figures (outbox/reads/report.py), None where the window held nothing to measure.
+    operations: int = 0  # operations created in its window
+    attributability: float | None = None  # failure_attributability.share
+    auto_recovery: float | None = None  # auto_recovery.rate
+
+    @property
+    def duplicate_effect_ratio(self) -> float | None:
+        """Duplicate effects per operation of the window (the seeds' duplicate-effect rate)."""
+        return self.duplicate_effects / self.operations if self.operations else None
 
 
 def record_report(
@@ -66,7 +75,21 @@ def read_summary(session: Session) -> ReportSummary | None:
         return None
     finished = as_utc(row.finished_at)
     assert finished is not None
-    return ReportSummary(finished.timestamp(), row.duplicate_effects, row.discrepancies, row.complete)
+    health = row.health or {}
+
+    def figure(section: str, key: str) -> float | None:
+        value = (health.get(section) or {}).get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    return ReportSummary(
+        finished.timestamp(),
+        row.duplicate_effects,
+        row.discrepancies,
+        row.complete,
+        operations=int(health.get("operations") or 0),
+        attributability=figure("failure_attributability", "share"),
+        auto_recovery=figure("auto_recovery", "rate"),
+    )
 
 
 def report_json(row: ReportRun, *, tenant: str | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from sqlalchemy import update
 from breaker import BreakerConfig, BreakerRegistry
 from outbox.evidence.handoffs import open_handoff
 from outbox.ledger.clock import db_now
-from outbox.ledger.models import Operation
+from outbox.ledger.models import Handoff, Operation
 from outbox.ledger.submit import submit
 from outbox.reads.report_summary import record_report
 from tests.harness import REFUND_ARGS, actions_doc, wait_for
@@ -113,6 +113,20 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     move(ids[6], "reconciliation_required")
     with pg_ledger.sessions.begin() as s:
         open_handoff(s, ids[6], reason="lookup budget spent", packet={"operation_id": ids[6]})
+        # A person took one over: opened 10 minutes ago, resolved now (takeover 600 s); and one
+        # resolved long ago, outside the window.
+        for opened_s, resolved_s in ((600, 0), (9000, 8000)):
+            done = open_handoff(s, ids[1], reason="earlier", packet={})
+            s.execute(
+                update(Handoff)
+                .where(Handoff.id == done)
+                .values(
+                    status="resolved",
+                    resolution="succeeded",
+                    opened_at=db_now(-opened_s),
+                    resolved_at=db_now(-resolved_s),
+                )
+            )
 
     # A breaker opened through the shared state, exactly as workers would.
     prefix = f"metrics-{os.getpid()}-{time.monotonic_ns()}:"
@@ -129,7 +143,12 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     with pg_ledger.sessions.begin() as s:
         report = {
             "since": finished.isoformat(),
-            "health": {"duplicate_effects": 2},
+            "health": {
+                "operations": 400,
+                "duplicate_effects": 2,
+                "failure_attributability": {"operations": 8, "attributable": 6, "share": 0.75},
+                "auto_recovery": {"operations": 0, "recovered": 0, "rate": None},  # nothing to measure
+            },
             "discrepancy_count": 3,
             "complete": True,
             "discrepancies": {},
@@ -191,6 +210,20 @@ def test_ledger_breaker_and_report_figures(pg_ledger, redis_url, tmp_path):
     assert m[("outbox_report_duplicate_effects", ())] == 2
     assert m[("outbox_report_discrepancies", ())] == 3
     assert m[("outbox_report_last_run_timestamp_seconds", ())] == 1_800_000_000.0
+    # The seeds' figures, as the last report measured them; absent where it had nothing to measure.
+    assert m[("outbox_report_duplicate_effect_ratio", ())] == 2 / 400
+    assert m[("outbox_failure_attributability_ratio", ())] == 0.75
+    assert not [k for k in m if k[0] == "outbox_auto_recovery_ratio"]
+    # People, over the terminal window: two handoffs opened in it (one still open), one resolved
+    # after 600 s; 1 operation ended in it, so 2 of 3 went to a person.
+    assert m[("outbox_handoffs_opened_recent", ())] == 2
+    assert m[("outbox_handoff_ratio", ())] == 2 / 3
+    takeover = {
+        dict(labels)["le"]: v for (name, labels), v in m.items() if name == "outbox_handoff_takeover_seconds_bucket"
+    }
+    assert (takeover["300"], takeover["900"], takeover["+Inf"]) == (0, 1, 1)
+    assert m[("outbox_handoff_takeover_seconds_count", ())] == 1
+    assert 599 < m[("outbox_handoff_takeover_seconds_sum", ())] < 700
     # Labels are statuses, classes and targets only: never a key, tenant or operation id.
     assert {name for (_, labels) in m for name, _ in labels} <= {"status", "target", "class", "le"}
 
@@ -258,6 +291,35 @@ def test_a_real_worker_records_attempts_outcomes_and_retry_after(pipe, sandbox, 
     assert samples[("outbox_attempts_total", (("class", "succeeded"), ("target", "sandbox")))] == 1
     assert samples[("outbox_retry_after_seconds_count", (("target", "sandbox"),))] == 1
     assert samples[("outbox_outcomes_total", (("status", "not_dispatched"),))] == 1
+    # Attempt 2 reached the provider again: a retry the provider bills.
+    assert samples[("outbox_retry_billed_calls_total", (("target", "sandbox"),))] == 1
+
+
+def test_the_api_counts_requests_by_route_template_and_status(ledger, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from outbox.settings import Settings
+    from workers.server.app import create_app
+    from workers.wiring.metrics import PROCESS_REGISTRY
+
+    def count(labels: tuple[tuple[str, str], ...]) -> float:
+        return PROCESS_REGISTRY.get_sample_value("outbox_http_requests_total", dict(labels)) or 0.0
+
+    one_op = (("method", "GET"), ("route", "/v1/operations/{operation_id}"), ("status", "401"))
+    before = count(one_op)
+    settings = Settings(database_url=ledger.url, data_dir=tmp_path)
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
+        for op in ("op-1", "op-2"):  # no key: 401, each under the route's template
+            assert client.get(f"/v1/operations/{op}").status_code == 401
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/no/such/path").status_code == 404
+        text = client.get("/metrics").text
+    m = _samples(text)
+    assert m[("outbox_http_requests_total", one_op)] - before == 2
+    assert m[("outbox_http_requests_total", (("method", "GET"), ("route", "/healthz"), ("status", "200")))] >= 1
+    assert m[("outbox_http_requests_total", (("method", "GET"), ("route", "unmatched"), ("status", "404")))] >= 1
+    assert m[("outbox_http_request_duration_seconds_count", (("method", "GET"), ("route", "/healthz")))] >= 1
+    assert not [k for k in m if "op-1" in str(k)], "an id never becomes a label"
 
 
 def test_per_tenant_due_age_is_opt_in_and_bounded_to_the_tenants_waiting_longest(ledger):

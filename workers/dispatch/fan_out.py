@@ -147,6 +147,7 @@ def attempt(
     failed = counts_as_failure(c.status_code, transport_error=_is_transport(result))
     admissions.went(decision, failure=failed)
     metrics.record_attempt(action.target, c.klass, result.latency_s)
+    metrics.record_retry_billed(action.target, claim.attempt_number, c.klass)
     outcome = decide(claim, action, c, now=claim.now())
     if failed and decision.probe:
         reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s

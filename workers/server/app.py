@@ -9,7 +9,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
@@ -36,6 +37,8 @@ from producer.http.auth import ApiState, RateLimiter
 from producer.http.problems import Problem, conflict_problem, malformed_body, not_found, problem_response
 from producer.http.waiters import Waiters
 from workers.server import operators
+from workers.server.request_metrics import RequestMetrics
+from workers.wiring import metrics
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 
@@ -120,6 +123,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     )
     app.state.api = api_state
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(RequestMetrics)  # outermost: a refused body (413) is a request too
 
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
@@ -220,6 +224,13 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
             checks["redis"] = _redis_check(settings.redis_url)
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        """This API process's own series (requests by route, their latencies), for Prometheus.
+        Nothing of the ledger: the exporter (`agent-outbox metrics`) serves that, once per
+        deployment. With several server processes, set PROMETHEUS_MULTIPROC_DIR to sum them."""
+        return Response(generate_latest(metrics.process_registry()), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(agents.router)
     app.include_router(runs.router)

@@ -18,8 +18,10 @@ Without ``PROMETHEUS_MULTIPROC_DIR`` the values live in this process's memory (`
 right for a single-process relay that serves its own port.
 
 Labels are ``target`` (from the actions file), ``class`` (``AttemptClass``), ``status``
-(``Status``) and ``limit`` (rate, concurrency) only: never keys, tenants or arguments. A recording function never raises: a metrics
-failure (disk full under the multiprocess dir) must not fail a dispatch.
+(``Status``), ``limit`` (rate, concurrency), and on the HTTP API's series ``method``, ``route`` (the
+route's template) and ``status`` (the HTTP code) only: never keys, tenants, ids or arguments. A
+recording function never raises: a metrics failure (disk full under the multiprocess dir) must not
+fail a dispatch.
 """
 
 from __future__ import annotations
@@ -140,6 +142,32 @@ PACING_FALLBACK = Gauge(
     registry=PROCESS_REGISTRY,
 )
 KNOWN_LIMITS = frozenset({"rate", "concurrency"})
+# Calls that reached (or may have reached) the provider again for the same operation: what retries
+# cost at a provider that bills per call. The report's definition (outbox/reads/report.py
+# retries_by_action, "billable"): a dispatch attempt numbered 2 or more that left this machine.
+RETRY_BILLED = Counter(
+    "outbox_retry_billed_calls",
+    "Dispatch calls numbered 2 and up that left this machine (not not_sent), by target: retries a provider bills",
+    ["target"],
+    registry=PROCESS_REGISTRY,
+)
+# The HTTP API's own requests. ``route``: the route's template (/v1/operations/{operation_id}),
+# never the raw path, so ids never become label values; "unmatched" for a path no route has.
+HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+HTTP_REQUESTS = Counter(
+    "outbox_http_requests",
+    "HTTP API requests by method, route template and status code",
+    ["method", "route", "status"],
+    registry=PROCESS_REGISTRY,
+)
+HTTP_DURATION = Histogram(
+    "outbox_http_request_duration_seconds",
+    "HTTP API request duration (to the last byte of the response) by method and route template",
+    ["method", "route"],
+    buckets=HTTP_BUCKETS,
+    registry=PROCESS_REGISTRY,
+)
 
 F = TypeVar("F", bound=Callable[..., None])
 _failed_once = False
@@ -176,6 +204,20 @@ def record_attempt(target: str | None, klass: AttemptClass | str, latency_s: flo
     ATTEMPTS.labels(_target(target), k).inc()
     if latency_s is not None:
         ATTEMPT_LATENCY.labels(_target(target), k).observe(max(latency_s, 0.0))
+
+
+@_never_raises
+def record_retry_billed(target: str | None, attempt_number: int, klass: AttemptClass | str) -> None:
+    """A dispatch call that left this machine: counted when it is attempt 2 or later."""
+    if attempt_number > 1 and _klass(klass) != AttemptClass.NOT_SENT.value:
+        RETRY_BILLED.labels(_target(target)).inc()
+
+
+@_never_raises
+def record_http_request(method: str, route: str, status: int, duration_s: float) -> None:
+    m = method if method in KNOWN_METHODS else "other"
+    HTTP_REQUESTS.labels(m, route, str(status)).inc()
+    HTTP_DURATION.labels(m, route).observe(max(duration_s, 0.0))
 
 
 @_never_raises
