@@ -142,6 +142,9 @@ class Settings(BaseSettings):
     # tenant, action, attempt, fencing token), the trace and span ids, the event. Read by each
     # process as it sets up logging (workers/wiring/logs.py), before Settings exist.
     log_format: LogFormat = LogFormat.TEXT
+    # Liveness of the processes without HTTP (relay, workers, beat): each touches this file from
+    # its own loop; `agent-outbox health --heartbeat` checks its age (workers/wiring/heartbeat.py).
+    heartbeat_file: str = ""
     # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
     # older than this (outbox/privacy/retention.py). Never shorter than the longest provider key retention
     # of the actions file (checked at start-up): until the provider forgets a key, the arguments

@@ -35,6 +35,7 @@ REGISTRARS: dict[str, tuple[str, ...]] = {
     "workers.cli.mcp:register": ("mcp",),
     "workers.cli.actions:register": ("actions",),
     "workers.sandbox.cli:register": ("sandbox",),
+    "workers.cli.health:register": ("health",),
 }
 # Top-level options that take a value: the token after them is not the command.
 _VALUED_OPTIONS = frozenset({"--log-level", "--loglevel"})

@@ -62,6 +62,7 @@ from workers.reconcile.handoff_packet import packet_builder
 from workers.relay.doorbell import Doorbell
 from workers.relay.outage import OUTAGES, OutageReport
 from workers.wiring import metrics
+from workers.wiring.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,9 @@ class Relay:
         self.sweep_every_s = sweep_every_s
         self.linger_s = linger_s
         self.max_queued = max_queued
+        # Liveness (OUTBOX_HEARTBEAT_FILE): touched by the ticking loop, whether a tick worked or
+        # waits out an outage (workers/wiring/heartbeat.py).
+        self.heartbeat = Heartbeat.from_env()
         self._depth: int | None = None  # dispatch doorbells in the broker, as last read (+ own since)
         self._depth_read = float("-inf")
         self._last_sweep = 0.0
@@ -294,6 +298,7 @@ class Relay:
 
     def _poll_loop(self) -> None:
         while not self.stop_event.is_set():
+            self.heartbeat.beat()
             tick = self._safe_tick()
             if not tick.busy:
                 self.stop_event.wait(self.poll_s)

@@ -13,7 +13,7 @@ from celery import Celery
 
 from outbox.errors import ConfigError
 from outbox.settings import Settings, load_settings
-from workers.wiring import broker_outage, broker_transport, logs
+from workers.wiring import broker_outage, broker_transport, celery_steps, logs
 
 DISPATCH_QUEUE = "dispatch"
 UNKNOWN_QUEUE = "outcome_unknown"
@@ -102,6 +102,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "report": {"task": REPORT_TASK, "schedule": REPORT_EVERY_S, "options": {"expires": REPORT_EVERY_S}},
         },
         worker_hijack_root_logger=False,
+        # beat's default scheduler, beating at each tick when OUTBOX_HEARTBEAT_FILE is set.
+        beat_scheduler="workers.wiring.celery_steps:BeatScheduler",
         # Task events cost three extra publishes per task; Flower turns them on when it connects
         # (enable_events), and OUTBOX_TASK_EVENTS=true keeps them on from the start.
         worker_send_task_events=settings.task_events,
@@ -133,4 +135,6 @@ def make_app(settings: Settings | None = None) -> Celery:
     app = Celery("agent_outbox", set_as_current=True)
     app.conf.update(celery_config(settings))
     app.conf.include = ["workers.wiring.tasks"]
+    # Liveness: a worker's consumer and beat's ticks touch OUTBOX_HEARTBEAT_FILE (heartbeat.py).
+    app.steps["consumer"].add(celery_steps.WorkerHeartbeat)
     return app
