@@ -12,12 +12,14 @@ fails here as it would in the container.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -208,8 +210,9 @@ class Image:
             if value.startswith(self.workdir + "/"):  # a file the image must hold
                 assert (self.root / value.lstrip("/")).exists(), f"{service}: {name}={value} is not in the image"
                 value = str(self.root / value.lstrip("/"))
-            elif value.startswith("/"):  # a folder of the container's own (a tmpfs, the home)
-                (self.home / value.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            elif value.startswith("/"):  # a folder (a tmpfs, the home) or a file of the container's own
+                folder = self.home / value.lstrip("/")
+                (folder.parent if name.endswith("_FILE") else folder).mkdir(parents=True, exist_ok=True)
                 value = str(self.home / value.lstrip("/"))
             env[name] = value
         return env | overrides
@@ -349,23 +352,47 @@ def _free_port() -> int:
 
 
 def _with_port(argv: list[str], old: str, new: int) -> list[str]:
-    return [str(new) if a == old else a.replace(f":{old}/", f":{new}/") for a in argv]
+    return [
+        str(new) if a == old else a.replace(f":{old}/", f":{new}/").replace(f"--port={old}", f"--port={new}")
+        for a in argv
+    ]
+
+
+def _port_of(command: list[str]) -> str | None:
+    if "--port" in command:
+        return command[command.index("--port") + 1]
+    return next((a.split("=", 1)[1] for a in command if a.startswith("--port=")), None)
 
 
 @pytest.mark.parametrize("service", sorted(n for n in FROM_IMAGE if "healthcheck" in SERVICES[n]))
 def test_servers_start_from_the_image_and_pass_their_healthchecks(image, image_ledger, redis_url, service):
+    """Every service's own command from the image, then its own healthcheck command until it passes:
+    the servers over HTTP (on a free port here), the relay, workers and beat by their heartbeat."""
     command: list[str] = interpolated(SERVICES[service]["command"], {})
-    port = command[command.index("--port") + 1]
-    new = _free_port()
-    command = _with_port(command, port, new)
-    command[command.index("--host") + 1] = "127.0.0.1"
     kind, *check = SERVICES[service]["healthcheck"]["test"]
     assert kind == "CMD", kind
-    check = _with_port(check, port, new)
-    env = image.env(service, OUTBOX_DATABASE_URL=image_ledger, OUTBOX_REDIS_URL=redis_url, OUTBOX_BROKER_URL=redis_url)
+    port = _port_of(command)
+    if port is not None:
+        new = _free_port()
+        command, check = _with_port(command, port, new), _with_port(check, port, new)
+        if "--host" in command:
+            command[command.index("--host") + 1] = "127.0.0.1"
+    # A file the container keeps in its own /tmp (beat's schedule) lands in the replay's home.
+    command = [str(image.home / a.lstrip("/")) if a.startswith("/tmp/") else a for a in command]
+    heartbeat = image.home / f"{service}.heartbeat"  # its own: an earlier service's must not pass it
+    heartbeat.unlink(missing_ok=True)
+    env = image.env(
+        service,
+        OUTBOX_DATABASE_URL=image_ledger,
+        OUTBOX_REDIS_URL=redis_url,
+        OUTBOX_BROKER_URL=redis_url,
+        OUTBOX_HEARTBEAT_FILE=str(heartbeat),
+    )
     log = image.home / f"{service}.log"
     with open(log, "wb") as out:
-        server = subprocess.Popen(command, cwd=image.empty, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            command, cwd=image.empty, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline, result = time.monotonic() + 45, None
         while time.monotonic() < deadline and server.poll() is None:
@@ -375,9 +402,15 @@ def test_servers_start_from_the_image_and_pass_their_healthchecks(image, image_l
             time.sleep(0.3)
         assert server.poll() is None, log.read_text()[-3000:]
         assert result is not None and result.returncode == 0, (
-            result and result.stderr[-2000:],
+            result and (result.stdout[-1000:] + result.stderr[-2000:]),
             log.read_text()[-2000:],
         )
     finally:
-        server.terminate()
-        server.wait(10)
+        # The whole group: a prefork worker's pool and flower's shell go with it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)

@@ -174,8 +174,14 @@ def test_long_running_services_restart_and_servers_have_healthchecks():
             assert svc["restart"] == "no"
             continue
         assert svc.get("restart") == "unless-stopped", name
-    for name in ("postgres", "redis", "sandbox", "api", "mcp"):
-        assert "healthcheck" in SERVICES[name], name
+    # Every long-running service says when it is unhealthy: servers over HTTP, the processes
+    # without HTTP by their loop's heartbeat (`agent-outbox health --heartbeat`).
+    for name, svc in SERVICES.items():
+        if name != "migrate":
+            assert "healthcheck" in svc, name
+    for name in ("relay", "worker", "reconciler", "beat"):
+        assert SERVICES[name]["healthcheck"]["test"][1:4] == ["agent-outbox", "health", "--heartbeat"], name
+    assert COMPOSE["x-outbox-env"]["OUTBOX_HEARTBEAT_FILE"].startswith("/tmp/")
 
 
 def test_configuration_is_outbox_variables_and_the_actions_file_loads(monkeypatch):
