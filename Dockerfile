@@ -7,8 +7,9 @@ WORKDIR /app
 # a package added or moved is in the image without an edit here (tests/integration/test_image.py
 # replays this context and runs every compose command from it).
 COPY . .
-# Every compose service's extra; `binary`: psycopg's prebuilt implementation, as the slim image has no libpq.
-RUN pip install --no-cache-dir '.[flower,api,mcp,sandbox,binary]'
+# Every compose service's extra; `binary`: psycopg's prebuilt implementation, as the slim image has no libpq;
+# `otel`: traces, off until OUTBOX_TRACING=otel or an OTEL_* exporter variable is set.
+RUN pip install --no-cache-dir '.[flower,api,mcp,sandbox,binary,otel]'
 # Celery refuses nothing as root with JSON-only serialisation, but there is no reason to be root.
 # A numeric USER: Kubernetes' runAsNonRoot can only verify a UID, not a name.
 RUN useradd --create-home --uid 10001 outbox

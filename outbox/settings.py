@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     # Liveness of the processes without HTTP (relay, workers, beat): each touches this file from
     # its own loop; `agent-outbox health --heartbeat` checks its age (workers/wiring/heartbeat.py).
     heartbeat_file: str = ""
+    # otel: OpenTelemetry traces (the otel extra; OTEL_* variables configure it), off: none; unset:
+    # on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set (workers/wiring/tracing.py).
+    tracing: str = ""
     # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
     # older than this (outbox/privacy/retention.py). Never shorter than the longest provider key retention
     # of the actions file (checked at start-up): until the provider forgets a key, the arguments

@@ -52,6 +52,12 @@ __all__ = [
 # the core install too.
 if importlib.util.find_spec("greenlet") is not None:
     __all__ += ["AsyncOutbox", "submit_async", "submit_run_async"]
+# OpenTelemetry installed (extra [otel]): a submit continues the caller's current trace and stores it
+# (producer/tracing.py). Without it nothing is imported and submit stores only an explicit traceparent.
+if importlib.util.find_spec("opentelemetry") is not None and importlib.util.find_spec("opentelemetry.trace"):
+    from producer import tracing as _tracing
+
+    _tracing.install()
 
 
 def __getattr__(name: str) -> Any:

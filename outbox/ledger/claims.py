@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from outbox.ledger import tracing
 from outbox.ledger.clock import LedgerClock, as_utc, db_now
 from outbox.ledger.drivers import ClaimedRow, driver_for
 from outbox.ledger.fairness import Fairness
@@ -71,6 +72,8 @@ class Claim:
     # The status the claim holds it in: dispatching, or (a lookup) outcome_unknown / accepted.
     # A lookup is never held in dispatching: a lookup claim built by hand (tests) is outcome_unknown.
     status: Status = Status.DISPATCHING
+    # The W3C trace context the intent was submitted in: every span of this claim's work continues it.
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if not self.provider_key:
@@ -188,7 +191,12 @@ def _claim(
     )
     if fairness is not None:
         fairness.advance(after, (row.tenant for row in rows))
-    return [_claim_of(row, worker, kind) for row in rows]
+    claims = [_claim_of(row, worker, kind) for row in rows]
+    if tracing.enabled():  # each claim a (short) span of its intent's trace: its token and attempt
+        for claim in claims:
+            with tracing.span("outbox.claim", parent=claim.traceparent, attributes=tracing.attributes_of(claim)):
+                pass
+    return claims
 
 
 def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
@@ -220,6 +228,7 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         proven_absent_through=int(row.proven_absent_through or 0),
         clock=LedgerClock(claimed),
         status=Status(row.status),
+        traceparent=getattr(row, "traceparent", None),
     )
 
 

@@ -110,6 +110,8 @@ class Operation(Base):
     # Higher is claimed sooner within its tenant's share; -100..100, checked at submit (no CHECK: SQLite
     # would copy the table). Stored, not digested: a resubmit with another priority keeps the first.
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    # The W3C trace context it was submitted in (outbox/ledger/tracing.py): its later spans continue it.
+    traceparent: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(32))
     # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
     # NULL when it waits for nothing but its schedule. Code decides on this, people read ``reason``.

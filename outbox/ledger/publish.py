@@ -79,3 +79,17 @@ def listener(engine: Engine) -> Any:
     """A listener for ids notified on commit (``connected()``, ``fileno()``, ``drain()``,
     ``try_lead()``, ``errors``), or None where the database does not notify: then poll."""
     return driver_for(engine).listener(engine)
+
+
+def traceparents(engine: Engine, operation_ids: Sequence[str]) -> dict[str, str]:
+    """The stored traceparent of each of these operations that has one (the relay's publish span
+    continues or links to them: outbox/ledger/tracing.py). Asked only while tracing is on."""
+    if not operation_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Operation.id, Operation.traceparent).where(
+                Operation.id.in_(list(operation_ids)), Operation.traceparent.is_not(None)
+            )
+        ).all()
+    return {str(op_id): str(tp) for op_id, tp in rows}

@@ -18,11 +18,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
+from outbox.ledger import tracing
 from outbox.ledger.drivers import NewOperation, driver_for
 from outbox.ledger.envelope import build_envelope
 from outbox.ledger.models import KEY_SPACES, Operation, core_table
 from outbox.ledger.provider_keys import KeyRules, rule_for
 from outbox.ledger.states import Status, WaitingFor
+from outbox.ledger.tracing import validate_traceparent
 
 MAX_KEY_LEN = 255
 # Ten years: any longer is a mistake (and past what the database's interval arithmetic holds).
@@ -114,6 +116,7 @@ def submit(
     submitted_by: str | None = None,
     key_space: str = "intent",
     priority: int = 0,
+    traceparent: str | None = None,
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
@@ -124,9 +127,14 @@ def submit(
     workers.provider.actions.ActionsConfig); None uses the default ``{tenant}:{idempotency_key}``. The key
     the provider will see is rendered here, once, and stored with the intent. ``provider_key``: a
     key rendered earlier, with the intent (a run's later steps: outbox/runs/lifecycle.py), used as given.
+
+    ``traceparent``: the W3C trace context the intent belongs to (an HTTP header, an MCP request's
+    meta); None: the caller's current trace, when a tracer is installed (outbox/ledger/tracing.py).
+    Stored with the intent, not digested. The submit is a span of that trace (``outbox.submit``).
     """
     key = _validate_key(idempotency_key)
     priority = validate_priority(priority)
+    traceparent = validate_traceparent(traceparent)
     env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
     if max_attempts is not None and (
         not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
@@ -161,6 +169,34 @@ def submit(
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
     if provider_key is None:
         provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
+    with tracing.span(
+        "outbox.submit", parent=traceparent, attributes={"outbox.tenant": env.tenant, "outbox.action": env.action}
+    ) as span:
+        return _insert(session, span, operation_id, key, key_space, env, status, requires_approval, provider_key,
+                       reason=reason, run_id=run_id, tool_call_id=tool_call_id, max_attempts=max_attempts,
+                       deadline_s=deadline_s, delay_s=delay_s, submitted_by=submitted_by, priority=priority)  # fmt: skip
+
+
+def _insert(
+    session: Session,
+    span: tracing.Span,
+    operation_id: str,
+    key: str,
+    key_space: str,
+    env: Any,
+    status: Status,
+    requires_approval: bool,
+    provider_key: str,
+    *,
+    reason: str,
+    run_id: str | None,
+    tool_call_id: str | None,
+    max_attempts: int | None,
+    deadline_s: float | None,
+    delay_s: float,
+    submitted_by: str | None,
+    priority: int,
+) -> Receipt:
     new = NewOperation(
         id=operation_id,
         tenant=env.tenant,
@@ -181,9 +217,11 @@ def submit(
         submitted_by=submitted_by,
         key_space=key_space,
         priority=priority,
+        traceparent=span.traceparent,
     )
     inserted = driver_for(session).insert_operation(session, new)
     if inserted:
+        span.set(**{"outbox.operation_id": operation_id, "outbox.replay": False})
         return Receipt(operation_id, env.tenant, key, status.value, True, env.digest, provider_key=provider_key)
 
     existing = session.execute(
@@ -198,6 +236,7 @@ def submit(
             _OP.c.key_space,
         ).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
     ).one()
+    span.set(**{"outbox.operation_id": existing.id, "outbox.replay": True})
     if existing.key_space != key_space:
         owner = "a plain intent" if existing.key_space == "intent" else "a run's step or compensation"
         raise KeySpaceConflict(key, existing.id, owner=owner)

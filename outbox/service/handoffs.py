@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from outbox.errors import HandoffNotFound
 from outbox.evidence import handoffs
+from outbox.ledger import tracing
 from outbox.ledger.models import Handoff, Operation
 from outbox.ledger.states import HandoffStatus, Resolution, Status
 from outbox.service.inputs import BY_MAX, NOTE_MAX, REFERENCE_MAX, written
@@ -64,4 +65,9 @@ def resolve(
     written("--note", note, max_len=NOTE_MAX)
     written("--reference", reference, max_len=REFERENCE_MAX)
     handoff = get(session, tenant, handoff_id)
-    return handoffs.resolve(session, handoff, resolution=resolution, by=by, note=note, reference=reference)
+    parent = session.execute(select(Operation.traceparent).where(Operation.id == handoff.operation_id)).scalar()
+    attributes = {"outbox.operation_id": handoff.operation_id, "outbox.handoff.resolution": str(resolution)}
+    with tracing.span("outbox.handoff.resolve", parent=parent, attributes=attributes) as span:
+        status = handoffs.resolve(session, handoff, resolution=resolution, by=by, note=note, reference=reference)
+        span.set(**{"outbox.status": status.value})
+        return status

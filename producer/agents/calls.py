@@ -148,7 +148,14 @@ class ToolCaller:
         self.tools: dict[str, ToolView] = catalog(rules)
 
     def call(
-        self, action: str, args: dict[str, Any], *, scope: str, tool_call_id: str | None = None, priority: Any = 0
+        self,
+        action: str,
+        args: dict[str, Any],
+        *,
+        scope: str,
+        tool_call_id: str | None = None,
+        priority: Any = 0,
+        traceparent: Any = None,
     ) -> ToolAnswer:
         """Submit (or find) the intent of this call and answer its outcome now. Raises InvalidIntent
         (field named) for bad input: nothing is submitted then.
@@ -177,6 +184,7 @@ class ToolCaller:
                 tool_call_id=tool_call_id,
                 requires_approval=tool.needs_approval(exact(plain)),
                 priority=priority,
+                traceparent=traceparent,
             )
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.

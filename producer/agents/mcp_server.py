@@ -31,6 +31,9 @@ SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a reque
 # tool argument: an action may have a business argument of that name (a ticket's priority), and a
 # call's place in the queue is the host's to set, not the model's.
 PRIORITY_META = "agent-outbox/priority"
+# W3C trace context in a request's _meta (the MCP convention for OpenTelemetry propagation): stored
+# with the intent, so its spans continue the host's trace.
+TRACEPARENT_META = "traceparent"
 CALLER_KEY = "agent_outbox.caller"  # where the HTTP auth puts the caller's ToolCaller (ASGI scope)
 
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -119,13 +122,18 @@ def refused(exc: OutboxError) -> types.CallToolResult:
 
 
 def dispatch(
-    caller: ToolCaller, name: str, arguments: Mapping[str, Any], scope: str, priority: Any = 0
+    caller: ToolCaller,
+    name: str,
+    arguments: Mapping[str, Any],
+    scope: str,
+    priority: Any = 0,
+    traceparent: Any = None,
 ) -> types.CallToolResult:
     """A tool call or a read, on a worker thread (the ledger calls block)."""
     try:
         if name == "get_operation":
             return answered(caller.get(str(arguments.get("operation_id", ""))))
-        return answered(caller.call(name, dict(arguments), scope=scope, priority=priority))
+        return answered(caller.call(name, dict(arguments), scope=scope, priority=priority, traceparent=traceparent))
     except OutboxError as exc:
         return refused(exc)
 
@@ -161,7 +169,10 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         if params.name == "wait_operation":
             return await wait_for_outcome(caller, arguments)
         priority = meta.get(PRIORITY_META, 0)
-        return await anyio.to_thread.run_sync(dispatch, caller, params.name, arguments, str(scope), priority)
+        traceparent = meta.get(TRACEPARENT_META)
+        return await anyio.to_thread.run_sync(
+            dispatch, caller, params.name, arguments, str(scope), priority, traceparent
+        )
 
     return Server(
         "agent-outbox",

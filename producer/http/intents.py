@@ -19,6 +19,7 @@ from outbox.access.keys import Caller
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.ledger.states import Status
 from outbox.ledger.submit import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY, submit, validate_priority
+from outbox.ledger.tracing import validate_traceparent
 from outbox.ledger.typed_outcome import SETTLED, Outcome, with_outcome
 from outbox.reads.queries import operation_json
 from outbox.service import operations, waiting
@@ -166,6 +167,12 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
     return out
 
 
+def trace_header(request: Request) -> str | None:
+    """The request's W3C ``traceparent`` header (standard, so not a parameter of the schema);
+    422 naming it when malformed: a trace that cannot be continued is a client's bug to see."""
+    return validate_traceparent(request.headers.get("traceparent"), "traceparent (header)")
+
+
 def subject_of(obj: dict[str, Any], caller: Caller) -> Any:
     """The body's subject, or the key's name when it gives none (null or ""); anything else is the
     body's to answer for (the ledger refuses what is not text)."""
@@ -212,9 +219,11 @@ async def post_intent(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JSONResponse:
     """Submit one intent. 201 when new, 200 with the existing operation when the same intent was
-    already submitted, 409 when the key was used with other arguments."""
+    already submitted, 409 when the key was used with other arguments. A W3C `traceparent` header
+    is stored with the intent: its spans continue that trace."""
     st = state(request)
     intent = _intent_fields(exact_json(await request.body()), idempotency_key, caller)
+    intent["traceparent"] = trace_header(request)
     _known_action(st, intent)
 
     def run() -> tuple[int, dict[str, Any]]:
@@ -241,13 +250,14 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
     items = body["intents"]
     if len(items) > MAX_BATCH:
         raise InvalidIntent("intents", f"at most {MAX_BATCH} intents per batch (got {len(items)})")
+    traceparent = trace_header(request)  # one trace for the batch's intents
 
     def run() -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         with st.sessions.begin() as session:
             for i, obj in enumerate(items):
                 try:
-                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.")
+                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.") | {"traceparent": traceparent}
                     _known_action(st, intent, where=f"intents.{i}.")
                     with session.begin_nested():  # a bad item never takes the good ones down
                         receipt = submit(session, **intent, key_rules=st.key_rules)

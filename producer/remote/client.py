@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import tenacity
 
+from outbox.ledger import tracing
 from outbox.service.waiting import MAX_WAIT_S
 from producer.remote import calls
 from producer.remote.models import Approval, BatchItem, Handoff, Operation, Page, PendingApproval, Run
@@ -39,13 +40,17 @@ def headers_for(api_key: str, extra: Mapping[str, str] | None) -> dict[str, str]
 
 
 def request_of(call: calls.Call[Any], base_url: str, headers: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    """httpx's ``request()`` arguments for one call."""
+    """httpx's ``request()`` arguments for one call. The caller's current trace, if it traces (the
+    ``otel`` extra, producer/tracing.py), travels as W3C ``traceparent``: the intent it submits
+    continues it (unless ``headers`` already name one)."""
+    traced = tracing.current()
+    trace = {"traceparent": traced} if traced and "traceparent" not in headers else {}
     return {
         "method": call.method,
         "url": base_url + call.path,
         "params": call.params,
         "content": call.content(),
-        "headers": headers | ({"Content-Type": "application/json"} if call.body is not None else {}),
+        "headers": headers | trace | ({"Content-Type": "application/json"} if call.body is not None else {}),
         # A long-poll's answer comes after the server's wait: the read timeout covers it.
         "timeout": httpx.Timeout(timeout_s + call.wait_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
     }

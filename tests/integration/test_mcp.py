@@ -30,6 +30,9 @@ REFUND = "payments.refund.create"
 ARGS = {"order_id": "o-81", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
 
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
 def _actions(pipe: Any, sandbox: Any) -> None:
     refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])
     refund["tool"] = {"description": "Refund an order.", "reference_args": ["order_id"]}
@@ -118,10 +121,20 @@ def test_stdio_tools_listed_called_once_and_answered_already_done_then_unknown_s
             bad = await _call(client, REFUND, {"amount": "1.00", "currency": "EUR"})
             assert bad.is_error and "args.order_id" in bad.content[0].text
 
+            # The host's trace travels in _meta too (W3C traceparent): stored with the intent, so its
+            # spans continue the host's trace; a malformed one is refused, naming it.
+            meta = {"agent-outbox/scope": "conv-1", "traceparent": TRACEPARENT}
+            traced = await client.call_tool(REFUND, ARGS | {"order_id": "o-85"}, meta=meta)
+            assert pipe.op(traced.structured_content["operation_id"]).traceparent == TRACEPARENT
+            meta["traceparent"] = "00-not-a-trace"
+            untraceable = await client.call_tool(REFUND, ARGS | {"order_id": "o-86"}, meta=meta)
+            assert untraceable.is_error and "traceparent must be W3C trace context" in untraceable.content[0].text
+
     anyio.run(session)
     assert len(sandbox.effects(key="t1:" + f'conv-1:{REFUND}:ref="o-81"')) == 1
     assert len(sandbox.effects(key="t1:" + f'conv-1:{REFUND}:ref="o-82"')) == 1
-    assert len(sandbox.effects()) == 2
+    wait_for(lambda: len(sandbox.effects()) == 3, 20, what="the traced call's effect")
+    assert len(sandbox.effects(key="t1:" + f'conv-1:{REFUND}:ref="o-85"')) == 1
 
 
 @contextmanager

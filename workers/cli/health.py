@@ -75,7 +75,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def _ledger_problem() -> str | None:
-    from sqlalchemy import text
+    from sqlalchemy import select
 
     from outbox.ledger.db import make_engine
     from outbox.settings import load_settings
@@ -83,7 +83,7 @@ def _ledger_problem() -> str | None:
     engine = make_engine(load_settings().resolved_database_url)
     try:
         with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+            conn.execute(select(1))
         return None
     except Exception as exc:  # noqa: BLE001 - a probe reports, it does not raise
         return (

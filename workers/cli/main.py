@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from workers.wiring import logs  # outbox.settings (pydantic): not for --version or --help
 
         logs.configure(level)
+        from workers.wiring import tracing
+
+        tracing.configure()
         return int(args.func(args) or 0)
     except ConfigError as exc:
         print(f"agent-outbox: {exc}", file=sys.stderr)

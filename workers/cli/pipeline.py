@@ -63,6 +63,7 @@ def worker_command(
 def build_relay(settings: Settings) -> Relay:
     """The relay on the configured ledger and broker."""
     from outbox.evidence.sinks import EvidenceSink
+    from outbox.ledger.publish import traceparents
     from workers.relay.doorbell import Doorbell
     from workers.relay.loop import Relay
     from workers.wiring.celery_app import make_app
@@ -73,7 +74,7 @@ def build_relay(settings: Settings) -> Relay:
     url = settings.resolved_broker_url
     return Relay(
         engine,
-        Doorbell(make_app(settings), batch=settings.doorbell_batch),
+        Doorbell(make_app(settings), batch=settings.doorbell_batch, traces=lambda ids: traceparents(engine, ids)),
         poll_s=settings.relay_poll_s,
         republish_after_s=settings.republish_after_s,
         linger_s=settings.relay_linger_s,

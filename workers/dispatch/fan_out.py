@@ -16,13 +16,14 @@ from typing import Any
 
 from breaker import Admissions, Open, counts_as_failure
 from outbox.approvals.decisions import Grant, lapse_reason
-from outbox.ledger import failpoints
+from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
 from workers.dispatch.outcomes import (
     AttemptOutcome,
+    FailedAtProvider,
     NeedsApproval,
     Rejected,
     Succeeded,
@@ -37,6 +38,9 @@ from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet
 from workers.wiring import metrics
+
+# Outcomes that end the operation as a failure: their attempt span's status is ERROR (and only theirs).
+FINAL_FAILURES = (Rejected, FailedAtProvider)
 
 Attempted = tuple[Claim, AttemptReport, AttemptOutcome, ActionConfig | None]
 
@@ -87,6 +91,32 @@ def attempt_claimed(
 
 
 def attempt(
+    downstream: Downstream,
+    admissions: Admissions,
+    claim: Claim,
+    action: ActionConfig,
+    approvals: Mapping[str, Grant | None],
+) -> tuple[AttemptReport, AttemptOutcome]:
+    """One attempt of a claimed operation, as a span of the intent's trace (``outbox.attempt``, a
+    client span): its class, the provider's status, and ERROR only for a final failure."""
+    with tracing.span(
+        "outbox.attempt", parent=claim.traceparent, client=True, attributes=tracing.attributes_of(claim)
+    ) as span:
+        report, outcome = _attempt(downstream, admissions, claim, action, approvals)
+        span.set(
+            **{
+                "outbox.target": action.target,
+                "outbox.attempt.class": report.klass.value,
+                "http.response.status_code": report.status_code,
+                "outbox.outcome": type(outcome).__name__,
+            }
+        )
+        if isinstance(outcome, FINAL_FAILURES):
+            span.fail(report.error or type(outcome).__name__)
+        return report, outcome
+
+
+def _attempt(
     downstream: Downstream,
     admissions: Admissions,
     claim: Claim,

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import httpx
 
 from outbox.errors import ConfigError
+from outbox.ledger import tracing
 from outbox.ledger.states import AttemptClass
 from workers.provider.actions import ActionConfig, ActionsConfig, TargetConfig
 from workers.provider.classify import (
@@ -152,6 +153,14 @@ class HttpConnector:
             )
         return headers
 
+    def _propagate(self, target_name: str, headers: dict[str, str]) -> None:
+        """``propagate_trace: true`` on the target: the call carries the attempt's (or lookup's)
+        span as W3C ``traceparent``, so the provider's own trace continues the intent's."""
+        if self._config.targets[target_name].propagate_trace:
+            current = tracing.current()
+            if current:
+                headers["traceparent"] = current
+
     def _request(
         self, target_name: str, prepared: PreparedRequest, headers: dict[str, str], credentials: dict[str, str]
     ) -> httpx.Request:
@@ -199,6 +208,7 @@ class HttpConnector:
             headers[action_cfg.provider_idempotency.header] = idempotency_key
         if action_cfg.fencing_header is not None:
             headers[action_cfg.fencing_header] = str(fencing_token)
+        self._propagate(action_cfg.target, headers)
         request = self._request(action_cfg.target, prepared, headers, credentials)
         digest = request_digest(request.method, str(request.url), prepared.body)
         try:
@@ -249,6 +259,7 @@ class HttpConnector:
         headers = dict(prepared.headers)
         if action_cfg.fencing_header is not None and fencing_token is not None:
             headers[action_cfg.fencing_header] = str(fencing_token)
+        self._propagate(action_cfg.target, headers)
         try:
             request = self._request(action_cfg.target, prepared, headers, credentials)
             response = self._exchange(action_cfg.target, request)

@@ -43,6 +43,10 @@ class TargetConfig(_Strict):
     # and requests in flight at once. None: no limit (and no Redis round trip on the call path).
     rate_limit: RateLimitSpec | None = None
     max_in_flight: int | None = Field(default=None, ge=1)
+    # Send the attempt's (or lookup's) span downstream as a W3C ``traceparent`` header, so a provider
+    # that traces continues the intent's trace. Off by default: a trace id is an identifier the
+    # provider did not ask for. Only while tracing is on (workers/wiring/tracing.py).
+    propagate_trace: bool = False
 
     @field_validator("base_url")
     @classmethod

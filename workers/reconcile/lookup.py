@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from breaker import Admissions, Decision, Open, counts_as_failure
-from outbox.ledger import failpoints
+from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
@@ -68,6 +68,22 @@ def limit_wait(claim: Claim, deferred: Deferred) -> Verdict:
 
 
 def ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
+    """One lookup as a span of the intent's trace (``outbox.lookup``, a client span)."""
+    with tracing.span(
+        "outbox.lookup", parent=claim.traceparent, client=True, attributes=tracing.attributes_of(claim)
+    ) as span:
+        asked = _ask(downstream, admissions, claim)
+        found = asked.found
+        span.set(
+            **{
+                "outbox.lookup.outcome": found.outcome if found else ("cut" if asked.cut else "not_asked"),
+                "http.response.status_code": found.status_code if found else None,
+            }
+        )
+        return asked
+
+
+def _ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
     """One lookup, on a lookup thread: the breaker, the target's limits, the provider's answer, the
     breaker told. Nothing here writes to the ledger (settle_answers judges and settles).
     ``admissions``: the doorbell's (after a failure the next lookup asks the breaker again)."""

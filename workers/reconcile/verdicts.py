@@ -22,6 +22,7 @@ from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_many_if_fenced
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
+from outbox.ledger import tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Attempt, Operation
@@ -175,6 +176,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
         late(rec, operation_ids=refused_ids)
     redispatch = []
     for item, to in applied:
+        _trace_settled(item, to)
         _log_settled(item, to)
         metrics.record_outcome(to)
         if to is Status.NOT_DISPATCHED:
@@ -213,11 +215,27 @@ def _settle(rec: Recorder, item: Looked) -> Verdict:
         log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
         late(rec, operation_ids=[claim.operation_id])
         return verdict
+    _trace_settled(item, applied)
     _log_settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
         rec.doorbell.ring_dispatch_after_commit([claim.operation_id])
     return verdict
+
+
+def _trace_settled(item: Looked, applied: Status) -> None:
+    """``outbox.settle`` (what the lookup settled, after its commit) in the intent's trace, and
+    ``outbox.handoff`` beneath it when it went to a person."""
+    if not tracing.enabled():
+        return
+    claim, verdict = item.claim, item.verdict
+    attributes = tracing.attributes_of(claim) | {"outbox.status": applied.value, "outbox.reason": verdict.reason}
+    with tracing.span("outbox.settle", parent=claim.traceparent, attributes=attributes) as settled:
+        if applied in (Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER):
+            settled.fail(verdict.reason)
+        if applied is Status.RECONCILIATION_REQUIRED:
+            with tracing.span("outbox.handoff", parent=settled.traceparent, attributes=attributes):
+                pass
 
 
 def _log_settled(item: Looked, applied: Status) -> None:

@@ -8,11 +8,12 @@ ringing twice is harmless (the second finds nothing to claim).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from celery import Celery
 
+from outbox.ledger import tracing
 from workers.relay.outage import BROKER_OUTAGES
 from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE
 
@@ -27,6 +28,9 @@ class Doorbell:
     # serve them all, each then looked up in turn (a task per id would cost the reconciler a
     # Celery message, a late-evidence check and a claim per operation).
     batch: int = 1
+    # The stored traceparents of some operation ids (outbox.ledger.publish.traceparents), for the
+    # publish span; read only while tracing is on. None: publish spans stand alone.
+    traces: Callable[[list[str]], dict[str, str]] | None = None
 
     def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
         return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, list(operation_ids), self.batch)
@@ -73,8 +77,20 @@ class Doorbell:
     def _ring(self, task: str, queue: str, operation_ids: list[str], batch: int) -> int:
         """Publish; returns the number of messages. A message's argument is one id or a list."""
         chunks = [operation_ids[i : i + batch] for i in range(0, len(operation_ids), max(batch, 1))]
+        traced = tracing.enabled() and self.traces is not None
+        known = self.traces(operation_ids) if traced and self.traces is not None else {}
         with self.app.producer_or_acquire() as producer:
             for chunk in chunks:
                 arg: str | list[str] = chunk[0] if len(chunk) == 1 else chunk
-                self.app.send_task(task, args=[arg], queue=queue, producer=producer)
+                if not traced:
+                    self.app.send_task(task, args=[arg], queue=queue, producer=producer)
+                    continue
+                # One operation: a span of its trace; several: a span of its own, linked to each.
+                mine = [known[i] for i in chunk if i in known]
+                parent = mine[0] if len(chunk) == 1 and mine else None
+                attributes = {"messaging.destination.name": queue, "outbox.operations": len(chunk)}
+                with tracing.span(
+                    "outbox.relay.publish", parent=parent, links=[] if parent else mine, attributes=attributes
+                ):
+                    self.app.send_task(task, args=[arg], queue=queue, producer=producer)
         return len(chunks)

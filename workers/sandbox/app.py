@@ -98,6 +98,7 @@ async def arrive(request: web.Request, key: str | None, token_raw: str | None) -
     entry = state.requests.open(
         state.clock.now(), request.method, request.path, request.query_string, tenant, key, token_raw
     )
+    entry.traceparent = request.headers.get("traceparent")
     rid = new_request_id()
     rule = select_fault(request, state, key, tenant)
     if rule is not None:

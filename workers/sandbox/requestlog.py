@@ -32,6 +32,7 @@ class RequestEntry:
     replayed: bool = False
     object_id: str | None = None
     answered: float | None = None  # wall-clock epoch seconds a creation's answer was ready (calls in flight)
+    traceparent: str | None = None  # the W3C trace header the call carried (a target's propagate_trace)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

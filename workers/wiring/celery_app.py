@@ -13,7 +13,7 @@ from celery import Celery
 
 from outbox.errors import ConfigError
 from outbox.settings import Settings, load_settings
-from workers.wiring import broker_outage, broker_transport, celery_steps, logs
+from workers.wiring import broker_outage, broker_transport, celery_steps, logs, tracing
 
 DISPATCH_QUEUE = "dispatch"
 UNKNOWN_QUEUE = "outcome_unknown"
@@ -123,6 +123,7 @@ def make_app(settings: Settings | None = None) -> Celery:
     settings = settings or load_settings()
     check_time_limits(settings)
     logs.configure_early()
+    tracing.configure()
     # A broker outage is one WARNING per process, not an ERROR per reconnection attempt, and it
     # no longer takes a prefork worker down with it (both modules say why).
     broker_outage.install()

@@ -13,7 +13,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from workers.wiring import logs, metrics
+from workers.wiring import logs, metrics, tracing
 from workers.wiring.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, REPORT_TASK, SWEEP_TASK, make_app
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ def _close_runtime(**kw: object) -> None:
     from workers.wiring.runtime import reset_runtime
 
     reset_runtime()
+    tracing.flush()
     pid = kw.get("pid")
     metrics.on_worker_process_shutdown(pid=pid if isinstance(pid, int) else None)
 

@@ -49,6 +49,7 @@ class NewOperation:
     submitted_by: str | None = None
     key_space: str = "intent"  # 'run': a run's step or compensation (models.Operation.key_space)
     priority: int = 0  # higher is claimed sooner within its tenant (models.Operation.priority)
+    traceparent: str | None = None  # W3C trace context (outbox/ledger/tracing.py)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class ClaimedRow(NamedTuple):
     attempt_id: int
     number: int
     open_ambiguity: bool
+    traceparent: str | None = None
 
 
 class HotPath(Protocol):

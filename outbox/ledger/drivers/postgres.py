@@ -140,6 +140,7 @@ class PostgresDriver:
             "submitted_by": new.submitted_by,
             "key_space": new.key_space,
             "priority": new.priority,
+            "traceparent": new.traceparent,
         }
         return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
 

@@ -36,7 +36,7 @@ _AT = core_table(Attempt)
 
 # NewOperation fields written as they are.
 _AS_GIVEN: tuple[str, ...] = ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest")
-_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", "priority")
+_AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", "priority", "traceparent")
 
 _CLAIMED = (
     _OP.c.id,
@@ -57,6 +57,7 @@ _CLAIMED = (
     _OP.c.proven_absent_through,
     _OP.c.updated_at,  # the claim's own time (the database's clock)
     _OP.c.status,
+    _OP.c.traceparent,
 )
 
 
@@ -230,7 +231,8 @@ class SqliteDriver:
             reason=f"{kind.value} attempt {number}",
             actor=worker,
         )
-        return ClaimedRow(*tuple(row), attempt_id, number, bool(open_ambiguity))  # type: ignore[call-arg]
+        *columns, traceparent = tuple(row)
+        return ClaimedRow(*columns, attempt_id, number, bool(open_ambiguity), traceparent)  # type: ignore[call-arg]
 
     def finalize(self, session: Session, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
         return [self._finalize(session, w) for w in writes]
