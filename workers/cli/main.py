@@ -36,6 +36,7 @@ REGISTRARS: dict[str, tuple[str, ...]] = {
     "workers.cli.actions:register": ("actions",),
     "workers.sandbox.cli:register": ("sandbox",),
     "workers.cli.health:register": ("health",),
+    "workers.cli.probe:register": ("probe",),
 }
 # Top-level options that take a value: the token after them is not the command.
 _VALUED_OPTIONS = frozenset({"--log-level", "--loglevel"})

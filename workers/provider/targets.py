@@ -47,6 +47,9 @@ class TargetConfig(_Strict):
     # that traces continues the intent's trace. Off by default: a trace id is an identifier the
     # provider did not ask for. Only while tracing is on (workers/wiring/tracing.py).
     propagate_trace: bool = False
+    # This base_url is the provider's test mode (a sandbox account): `agent-outbox probe` may send
+    # real requests to it. Nothing else reads it.
+    test_mode: bool = False
 
     @field_validator("base_url")
     @classmethod

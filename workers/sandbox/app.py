@@ -172,7 +172,7 @@ async def create(
     if use_keys:
         assert key is not None
         try:
-            stored = keys.begin(tenant, key, digest, now, config.retention_s)
+            stored = keys.begin(tenant, key, digest, now, config.retention_s, config.params_check)
         except KeyMismatch:
             return error(
                 409,

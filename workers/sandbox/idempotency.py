@@ -47,7 +47,9 @@ class KeyInUse(Exception):
 class KeyStore:
     records: dict[tuple[str, str], KeyRecord] = field(default_factory=dict)
 
-    def begin(self, tenant: str, key: str, digest: str, now: float, retention_s: float) -> StoredResponse | None:
+    def begin(
+        self, tenant: str, key: str, digest: str, now: float, retention_s: float, check_params: bool = True
+    ) -> StoredResponse | None:
         """Reserve the key, or return the stored response to replay; raise on conflict.
 
         Expiry is checked lazily here: a record older than retention is forgotten, so the same
@@ -60,7 +62,7 @@ class KeyStore:
         if record is None:
             self.records[(tenant, key)] = KeyRecord(digest=digest, first_seen=now)
             return None
-        if record.digest != digest:
+        if record.digest != digest and (check_params or record.response is None):
             raise KeyMismatch(key)
         if record.response is None:
             raise KeyInUse(key)
