@@ -11,7 +11,7 @@ one statement, outbox/ledger/drivers/pg_statements.py).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -169,34 +169,6 @@ def submit(
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
     if provider_key is None:
         provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
-    with tracing.span(
-        "outbox.submit", parent=traceparent, attributes={"outbox.tenant": env.tenant, "outbox.action": env.action}
-    ) as span:
-        return _insert(session, span, operation_id, key, key_space, env, status, requires_approval, provider_key,
-                       reason=reason, run_id=run_id, tool_call_id=tool_call_id, max_attempts=max_attempts,
-                       deadline_s=deadline_s, delay_s=delay_s, submitted_by=submitted_by, priority=priority)  # fmt: skip
-
-
-def _insert(
-    session: Session,
-    span: tracing.Span,
-    operation_id: str,
-    key: str,
-    key_space: str,
-    env: Any,
-    status: Status,
-    requires_approval: bool,
-    provider_key: str,
-    *,
-    reason: str,
-    run_id: str | None,
-    tool_call_id: str | None,
-    max_attempts: int | None,
-    deadline_s: float | None,
-    delay_s: float,
-    submitted_by: str | None,
-    priority: int,
-) -> Receipt:
     new = NewOperation(
         id=operation_id,
         tenant=env.tenant,
@@ -217,12 +189,23 @@ def _insert(
         submitted_by=submitted_by,
         key_space=key_space,
         priority=priority,
-        traceparent=span.traceparent,
     )
+    with tracing.span(
+        "outbox.submit", parent=traceparent, attributes={"outbox.tenant": env.tenant, "outbox.action": env.action}
+    ) as span:
+        # Stored: this submit's span when traced (later work continues it), else the caller's.
+        return _insert(session, span, replace(new, traceparent=span.traceparent))
+
+
+def _insert(session: Session, span: tracing.Span, new: NewOperation) -> Receipt:
+    """Insert ``new``, or find the intent its key already names (a replay, or a conflict)."""
+    operation_id, key = new.id, new.idempotency_key
     inserted = driver_for(session).insert_operation(session, new)
     if inserted:
         span.set(**{"outbox.operation_id": operation_id, "outbox.replay": False})
-        return Receipt(operation_id, env.tenant, key, status.value, True, env.digest, provider_key=provider_key)
+        return Receipt(
+            operation_id, new.tenant, key, new.status.value, True, new.args_digest, provider_key=new.provider_key
+        )
 
     existing = session.execute(
         select(
@@ -234,17 +217,17 @@ def _insert(
             _OP.c.error_class,
             _OP.c.provider_key,
             _OP.c.key_space,
-        ).where(_OP.c.tenant == env.tenant, _OP.c.idempotency_key == key)
+        ).where(_OP.c.tenant == new.tenant, _OP.c.idempotency_key == key)
     ).one()
     span.set(**{"outbox.operation_id": existing.id, "outbox.replay": True})
-    if existing.key_space != key_space:
+    if existing.key_space != new.key_space:
         owner = "a plain intent" if existing.key_space == "intent" else "a run's step or compensation"
         raise KeySpaceConflict(key, existing.id, owner=owner)
-    if existing.args_digest != env.digest:
-        raise IdempotencyConflict(key, existing.args_digest, env.digest, existing.id)
+    if existing.args_digest != new.args_digest:
+        raise IdempotencyConflict(key, existing.args_digest, new.args_digest, existing.id)
     return Receipt(
         existing.id,
-        env.tenant,
+        new.tenant,
         key,
         existing.status,
         False,
