@@ -75,6 +75,18 @@ class Claim:
     # The W3C trace context the intent was submitted in: every span of this claim's work continues it.
     traceparent: str | None = None
 
+    def log_fields(self) -> dict[str, object]:
+        """What a log line about this claim's work carries as fields (OUTBOX_LOG_FORMAT=json)."""
+        kind = "lookup" if self.kind == AttemptKind.LOOKUP else "attempt"
+        return {
+            "operation_id": self.operation_id,
+            "tenant": self.tenant,
+            "action": self.action,
+            "idempotency_key": self.idempotency_key,
+            kind: self.attempt_number,
+            "fencing_token": self.fencing_token,
+        }
+
     def __post_init__(self) -> None:
         if not self.provider_key:
             object.__setattr__(self, "provider_key", self.idempotency_key)

@@ -96,13 +96,7 @@ def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, 
 
 
 def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) -> dict[str, Any]:
-    return {
-        "operation_id": claim.operation_id,
-        "tenant": claim.tenant,
-        "action": claim.action,
-        "idempotency_key": claim.idempotency_key,
-        "attempt": claim.attempt_number,
-        "fencing_token": claim.fencing_token,
+    return claim.log_fields() | {
         "target": action.target if action else None,
         "class": report.klass.value,
         "retry_after_s": report.retry_after_s,

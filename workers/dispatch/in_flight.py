@@ -192,13 +192,7 @@ class InFlight:
                 "attempt cut part-way (%s: %s): parked in outcome_unknown for a lookup",
                 type(exc).__name__,
                 str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
-                extra={
-                    "operation_id": claim.operation_id,
-                    "tenant": claim.tenant,
-                    "action": claim.action,
-                    "idempotency_key": claim.idempotency_key,
-                    "fencing_token": claim.fencing_token,
-                },
+                extra=claim.log_fields(),
             )
             why = f"the attempt was cut part-way ({type(exc).__name__}); it may have been sent: looking it up"
             return claim, AttemptReport(AttemptClass.AMBIGUOUS, error=why), Ambiguous(why), None

@@ -120,12 +120,6 @@ def _ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
             "lookup cut part-way (%s: %s): looked up again later",
             type(exc).__name__,
             str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
-            extra={
-                "operation_id": claim.operation_id,
-                "tenant": claim.tenant,
-                "action": claim.action,
-                "idempotency_key": claim.idempotency_key,
-                "fencing_token": claim.fencing_token,
-            },
+            extra=claim.log_fields(),
         )
         return Asked(claim, action, cut=f"the lookup was cut part-way ({type(exc).__name__})")

@@ -78,15 +78,7 @@ class Looked:
         return result
 
     def fields(self) -> dict[str, Any]:
-        c = self.claim
-        return {
-            "operation_id": c.operation_id,
-            "tenant": c.tenant,
-            "action": c.action,
-            "idempotency_key": c.idempotency_key,
-            "fencing_token": c.fencing_token,
-            "lookup": c.attempt_number,
-        }
+        return self.claim.log_fields()
 
 
 def _write_settlement(rec: Recorder, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
