@@ -227,7 +227,12 @@ def test_every_pod_runs_as_the_images_numeric_user_with_probes_and_resources():
 def test_every_command_exists_and_every_setting_is_known():
     known = {f"OUTBOX_{f.upper()}" for f in Settings.model_fields}
     [config] = [o for o in by_kind("ConfigMap") if o["metadata"]["name"] == "agent-outbox-config"]
-    [secret] = by_kind("Secret")
+    assert by_kind("Secret") == [], "apply -k must never overwrite real credentials"
+    secret = yaml.safe_load((BASE / "secret.example.yaml").read_text())
+    kubernetes_validate.validate(secret, K8S_VERSION, strict=True)
+    refs = {r["secretRef"]["name"] for o in by_kind("Deployment") for c in pod_specs(o)[0]["containers"]
+            for r in c["envFrom"] if "secretRef" in r}  # fmt: skip
+    assert refs == {secret["metadata"]["name"]}
     names = set(config["data"]) | set(secret["stringData"])
     for obj in by_kind("Deployment") + by_kind("Job"):
         [pod] = pod_specs(obj)
