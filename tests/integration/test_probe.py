@@ -1,7 +1,6 @@
-"""`agent-outbox probe ACTION` against the sandbox provider: a healthy provider passes every check,
-making exactly the one effect the probe says; each way a provider can break a declaration is reported
-by the check it breaks, with exit 1 and the actions-file setting to change; a live target is refused
-before anything is sent."""
+"""`agent-outbox probe ACTION` against the sandbox: a healthy provider passes every check with exactly
+the effects the probe reports; each contract fault mode (workers/sandbox/faults.py) is reported by
+its check, exit 1, with the setting to change."""
 
 from __future__ import annotations
 
@@ -12,97 +11,162 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness import REFUND_ARGS, action, actions_doc
 from workers.cli.main import main
 
-REFUND = "payments.refund.create"
-ARGS = json.dumps(REFUND_ARGS)
+ARGS = {"order_id": "ord_probe", "amount": "1.00", "currency": "EUR"}
+CHECKS = [
+    "same key replays the same result",
+    "changed arguments under one key are refused",
+    "a lookup finds a created effect",
+    '"not found" is authoritative',
+    "fencing: a newer token refuses an older one",
+    "key retention",
+]
 
 
-def write(tmp_path: Path, sandbox: Any, *, test_mode: bool = True, **over: Any) -> str:
-    doc = actions_doc(sandbox.url, actions={REFUND: action("/v1/refunds", decimal_args=["amount"], **over)})
-    doc["targets"]["sandbox"]["test_mode"] = test_mode
+def actions_doc(url: str, *, test_mode: bool = True, settle_s: float = 1.0, fencing: bool = True) -> dict[str, Any]:
+    target: dict[str, Any] = {"base_url": url, "timeout_s": 5}
+    if test_mode:
+        target["test_mode"] = True
+    return {
+        "targets": {"sandbox": target},
+        "actions": {
+            "refund": {
+                "target": "sandbox",
+                "request": {"method": "POST", "path": "/v1/refunds"},
+                "args": ["order_id", "amount", "currency"],
+                "decimal_args": ["amount"],
+                "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
+                "fencing_header": "X-Fencing-Token",
+                "provider_fencing": fencing,
+                "lookup": {
+                    "request": {
+                        "method": "GET",
+                        "path": "/v1/refunds",
+                        "query": {"idempotency_key": "{idempotency_key}"},
+                    },
+                    "authoritative_not_found": True,
+                    "settle_s": settle_s,
+                },
+            }
+        },
+    }
+
+
+def probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, *extra: str, **doc: Any
+) -> tuple[int, dict[str, Any]]:
     path = tmp_path / "actions.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
-
-
-def probe(capsys: Any, path: str, *extra: str) -> tuple[int, dict[str, Any]]:
-    code = main(["probe", REFUND, "--args", ARGS, "--actions", path, "--json", *extra])
+    path.write_text(yaml.safe_dump(actions_doc(url, **doc)))
+    code = main(["probe", "refund", "--actions", str(path), "--args", json.dumps(ARGS), "--json", *extra])
     out = capsys.readouterr().out
     return code, json.loads(out) if out.strip() else {}
 
 
-def checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in report["checks"]}
 
 
-def test_a_healthy_provider_passes_every_check_with_one_effect(sandbox, tmp_path, capsys):
+def test_a_healthy_sandbox_passes_every_check_with_exactly_the_effects_it_reports(sandbox, tmp_path, capsys):
     sandbox.configure(strict_fencing=True)
-    code, report = probe(capsys, write(tmp_path, sandbox, provider_fencing=True))
-    assert code == 0 and report["ok"], report
-    got = checks(report)
-    assert {name: c["ok"] for name, c in got.items()} == {
-        "same key replays the same result": True,
-        "changed arguments under a used key are refused": True,
-        "lookup finds the effect": True,
-        "not found is authoritative": True,
-        "older fencing token refused": True,
-        "key retention": None,
-    }
-    assert report["probe_key"].startswith("probe-") and report["target"] == "sandbox"
-    # Exactly the one effect the probe made, under its key; the older token made none.
-    assert [e["idempotency_key"] for e in sandbox.effects()] == [report["probe_key"]]
+    code, report = probe(tmp_path, capsys, sandbox.url)
+    assert code == 0, report
+    assert report["ok"] is True and report["action"] == "refund" and report["target"] == "sandbox"
+    assert [c["name"] for c in report["checks"]] == CHECKS
+    assert set(report) == {"action", "target", "ok", "checks", "keys", "effects"}
+    for check in report["checks"]:
+        assert set(check) == {"name", "declared", "observed", "ok", "verdict", "fix"}
+        assert check["ok"] in (True, None) and check["fix"] is None
+    assert by_name(report)["key retention"]["observed"].startswith("not checked: the provider does not expose it")
+    effects = sandbox.effects()
+    assert len(effects) == 1 == len(report["effects"])  # the replayed create: one effect, the one reported
+    assert [e["object_id"] for e in effects] == report["effects"]
+    assert all(e["idempotency_key"].startswith("probe-") for e in effects)
+    assert all(k.startswith("probe-") for k in report["keys"])
 
 
 @pytest.mark.parametrize(
-    ("config", "over", "broken", "fix"),
+    "rule,check,fix",
     [
-        ({"idempotency": False}, {}, "same key replays the same result", "provider_idempotency"),
-        ({"params_check": False}, {}, "changed arguments under a used key are refused", "provider_key"),
-        ({"index_lag_s": 2.0}, {}, "lookup finds the effect", "lookup.settle_s to at least"),
-        (
-            {"strict_fencing": False},
-            {"provider_fencing": True},
-            "older fencing token refused",
-            "provider_fencing: false",
-        ),
+        ({"mode": "ignore_idempotency_key", "method": "POST"}, CHECKS[0], "provider_idempotency"),
+        ({"mode": "accept_changed_args", "method": "POST"}, CHECKS[1], "provider_idempotency"),
+        ({"mode": "lookup_never_finds", "method": "GET"}, CHECKS[2], "lookup.request"),
+        ({"mode": "lookup_lag", "method": "GET", "lag_s": 2.0}, CHECKS[2], "lookup.settle_s"),
+        ({"mode": "ignore_fencing"}, CHECKS[4], "provider_fencing: false"),
     ],
-    ids=["ignores-keys", "accepts-changed-args", "lookup-lags-settle", "ignores-fencing"],
 )
-def test_each_broken_declaration_is_reported_with_the_setting_to_change(
-    sandbox, tmp_path, capsys, config, over, broken, fix
-):
-    sandbox.configure(**config)
-    code, report = probe(capsys, write(tmp_path, sandbox, **over))
-    assert code == 1 and not report["ok"]
-    got = checks(report)
-    assert got[broken]["ok"] is False and fix in got[broken]["fix"], got[broken]
-    # The first broken check is the cause (a provider that ignores keys also answers the changed call
-    # and leaves several objects under one key for its lookup; the others break alone).
-    failing = [n for n, c in got.items() if c["ok"] is False]
-    assert failing[0] == broken and (len(failing) == 1 or config == {"idempotency": False}), failing
+def test_each_broken_sandbox_mode_is_reported_by_its_check(sandbox, tmp_path, capsys, rule, check, fix):
+    sandbox.configure(strict_fencing=True)
+    sandbox.add_fault(path="/v1/refunds", **rule)
+    code, report = probe(tmp_path, capsys, sandbox.url)
+    assert code == 1 and report["ok"] is False
+    broken = by_name(report)[check]
+    assert broken["ok"] is False and broken["verdict"] == "BROKEN"
+    assert broken["fix"].startswith(fix), broken
+    if rule["mode"] == "ignore_idempotency_key":  # two objects under one key: the lookup's answer says so too
+        assert by_name(report)[CHECKS[2]]["fix"].startswith("provider_idempotency")
+        assert len(report["effects"]) == 3  # the create, its replay, the changed arguments: one effect each
+    if rule["mode"] == "lookup_lag":  # found, only late: its "not found" still holds once settle_s is right
+        assert by_name(report)[CHECKS[3]]["ok"] is True
+    if rule["mode"] == "lookup_never_finds":  # then its "not found" proves nothing either
+        assert by_name(report)[CHECKS[3]]["fix"].startswith("lookup.authoritative_not_found: false")
+    # The probe still says every effect it made (a provider that ignores keys makes more).
+    assert sorted(e["object_id"] for e in sandbox.effects()) == sorted(report["effects"])
 
 
-def test_a_not_found_that_is_not_authoritative_is_reported(sandbox, tmp_path, capsys):
-    sandbox.add_fault(mode="unavailable_503", method="GET", key_pattern="probe-never-*")
-    code, report = probe(capsys, write(tmp_path, sandbox))
-    got = checks(report)
-    assert code == 1 and got["not found is authoritative"]["ok"] is False
-    assert "authoritative_not_found: false" in got["not found is authoritative"]["fix"]
+def test_a_provider_that_does_not_fence_breaks_the_declaration(sandbox, tmp_path, capsys):
+    code, report = probe(tmp_path, capsys, sandbox.url)  # strict_fencing off: the sandbox ignores tokens
+    assert code == 1
+    assert by_name(report)[CHECKS[4]]["fix"].startswith("provider_fencing: false")
+    code, report = probe(tmp_path, capsys, sandbox.url, fencing=False)
+    assert code == 0 and by_name(report)[CHECKS[4]]["verdict"] == "not checked"
 
 
-def test_a_live_target_is_refused_before_anything_is_sent(sandbox, tmp_path, capsys):
-    code = main(["probe", REFUND, "--args", ARGS, "--actions", write(tmp_path, sandbox, test_mode=False)])
-    err = capsys.readouterr().err
-    assert code == 2 and "test_mode: true" in err and "--allow-live" in err
-    assert sandbox.requests() == []
-    code = main(["probe", REFUND, "--args", "[1]", "--actions", write(tmp_path, sandbox)])
-    assert code == 2 and "--args must be a JSON object" in capsys.readouterr().err
+def test_a_target_not_declared_a_test_mode_is_never_probed(sandbox, tmp_path, capsys):
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(actions_doc(sandbox.url, test_mode=False)))
+    code = main(["probe", "refund", "--actions", str(path), "--args", json.dumps(ARGS)])
+    assert code == 2
+    assert "test_mode: true" in capsys.readouterr().err
+    assert sandbox.requests() == [] and sandbox.effects() == []
 
 
-def test_the_table_says_what_held(sandbox, tmp_path, capsys):
-    sandbox.configure(idempotency=False)
-    code = main(["probe", REFUND, "--args", ARGS, "--actions", write(tmp_path, sandbox)])
+def test_missing_arguments_are_a_usage_error(sandbox, tmp_path, capsys):
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(actions_doc(sandbox.url)))
+    assert main(["probe", "refund", "--actions", str(path), "--args", "[1]"]) == 2
+    assert main(["probe", "nope", "--actions", str(path)]) == 2
+    assert sandbox.effects() == []
+
+
+def test_the_table_names_each_check_and_the_setting_to_change(sandbox, tmp_path, capsys):
+    sandbox.add_fault(path="/v1/refunds", mode="lookup_never_finds", method="GET")
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(actions_doc(sandbox.url, fencing=False)))
+    code = main(["probe", "refund", "--actions", str(path), "--args", json.dumps(ARGS)])
     out = capsys.readouterr().out
-    assert code == 1 and "BROKEN" in out and "a declaration is broken" in out
+    assert code == 1
+    for text in ("CHECK", "SETTING TO CHANGE", "BROKEN", "lookup.request", "effects made: 1"):
+        assert text in out, out
+
+
+def test_arguments_the_provider_refuses_are_a_usage_error_and_an_outage_a_failure(sandbox, tmp_path, capsys):
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(actions_doc(sandbox.url)))
+    bad = json.dumps({**ARGS, "currency": "nope"})
+    assert main(["probe", "refund", "--actions", str(path), "--args", bad]) == 2
+    assert "--args" in capsys.readouterr().err
+    sandbox.add_fault(mode="unavailable_503", path="/v1/refunds", method="POST")
+    assert main(["probe", "refund", "--actions", str(path), "--args", json.dumps(ARGS)]) == 1
+    assert "nothing to conclude" in capsys.readouterr().err
+    assert sandbox.effects() == []
+
+
+def test_the_tenant_s_own_credentials_are_used(sandbox, tmp_path, capsys):
+    doc = actions_doc(sandbox.url, fencing=False)
+    doc["targets"]["sandbox"]["tenants"] = {"acme": {"headers": {"Authorization": "Bearer acme"}}}
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code = main(["probe", "refund", "--actions", str(path), "--args", json.dumps(ARGS), "--tenant", "acme", "--json"])
+    assert code == 0, capsys.readouterr()
+    assert [e["tenant"] for e in sandbox.effects()] == ["acme"]

@@ -1,276 +1,383 @@
-"""The provider contract, checked: does a provider do what an action's declarations say it does?
+"""The provider-contract probe: does the provider do what the actions file declares it does?
 
-Every guarantee of the outbox rests on a few declarations in the actions file: the provider honours
-idempotency keys (``provider_idempotency``), refuses other arguments under a used key, a lookup finds
-an effect once ``lookup.settle_s`` has passed, "not found" means never executed
-(``lookup.authoritative_not_found``), and an older fencing token is refused after a newer one
-(``provider_fencing``). ``agent-outbox probe ACTION`` sends real requests, through the connector the
-workers use, to a provider's test mode and reports what it observed against each declaration, with
-the setting to change when they disagree.
+Every guarantee rests on a few declarations of an action (DESIGN.md, "Configuration"): the provider
+deduplicates by our key (``provider_idempotency``), refuses changed arguments under a key, a lookup
+finds an effect within ``lookup.settle_s``, its "not found" is the truth
+(``lookup.authoritative_not_found``), it refuses older fencing tokens (``provider_fencing``), and it
+keeps keys for ``provider_idempotency.retention_s``. The probe checks each against the provider's
+test mode, through the connector the workers use (the same requests, headers and classification),
+and names the setting to change when a declaration does not hold.
 
-It makes effects: one object under a fresh probe key (``probe-<random>``), a second only where the
-provider breaks a declaration (that is the finding). A target must say it is a test mode
-(``test_mode: true``) or the caller must pass ``allow_live``.
+It makes real requests, so it runs only against a target declared ``test_mode: true``; its keys
+start with ``probe-``. The effects it makes are listed in the report (one when the provider is
+healthy: the replayed create).
 """
 
 from __future__ import annotations
 
+import math
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from outbox.errors import ConfigError
+from outbox.errors import ConfigError, OutboxError
 from outbox.ledger.states import AttemptClass
 from workers.provider.actions import ActionConfig, ActionsConfig
-from workers.provider.connectors import AttemptResult, HttpConnector
+from workers.provider.conformance import Check, ProbeReport, probe_key
+from workers.provider.connectors import AttemptResult, Connector, ConnectorSet
 from workers.provider.lookups import LookupResult
 
-# How long the probe waits for a lookup to find what it created: past the declared settle window,
-# up to this much, to say by how much the declaration is short.
-MAX_LAG_WAIT_S = 30.0
-POLL_S = 0.2
+REFUSED_STATUSES = frozenset({409, 422})
+# Where a changed argument's value is told apart from the original (a string argument gets this suffix).
+CHANGED_SUFFIX = "-probe-changed"
+MANY_EFFECTS_FIX = "provider_idempotency: the provider made several effects under one key (see the first check)"
+FREE_FORM = ("id", "ref", "reference", "reason", "note", "description", "memo", "subject", "body")
 
 
-class ProbeRefused(ConfigError):
-    """The probe will not run (a live target, an action without what it needs)."""
+class NotATestMode(ConfigError):
+    """The probe was asked to run against a target not declared a test mode."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(
+            f"target {target!r} is not declared a test mode: the probe makes real requests and effects; "
+            f"add `test_mode: true` under targets.{target} in an actions file that points at the "
+            "provider's test mode (sandbox, test API keys), never at production"
+        )
+        self.target = target
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    declared: str
-    observed: str
-    ok: bool | None  # None: not checked (nothing declared to check, or the provider cannot say)
-    fix: str = ""
+class ProbeAborted(OutboxError):
+    """The provider's answers left the probe nothing to conclude (its create failed: down, a 5xx, a
+    lost answer)."""
 
 
-@dataclass
-class ProbeReport:
-    action: str
-    target: str
-    probe_key: str
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok is not False for c in self.checks)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "target": self.target,
-            "probe_key": self.probe_key,
-            "ok": self.ok,
-            "checks": [asdict(c) for c in self.checks],
-        }
+class ProbeArgsRefused(ConfigError):
+    """The provider (or the request builder) refused the probe's create: its arguments are wrong."""
 
 
-def _changed(args: dict[str, Any], action: ActionConfig) -> dict[str, Any]:
-    """The same call with one argument changed: a decimal argument plus one cent, else the first
-    text argument with a suffix."""
-    for name in action.decimal_args:
-        if name in args:
-            return args | {name: str(Decimal(str(args[name])) + Decimal("0.01"))}
-    for name, value in args.items():
-        if isinstance(value, str):
-            return args | {name: value + "-probe"}
-    raise ProbeRefused("the probe needs a decimal or text argument to change (--args)")
+def changed_args(args: dict[str, Any], cfg: ActionConfig) -> tuple[dict[str, Any], str] | None:
+    """The same arguments with one body argument changed, and its name; None if there is nothing to
+    change. A free-form string (a reference, a reason) first, so that the changed request is still
+    valid and only the key's check can refuse it; then any string; then a whole number."""
+    in_path = cfg.request.placeholder_names()
+    candidates = [n for n in sorted(args) if n not in in_path and n not in cfg.decimal_args]
+    strings = [n for n in candidates if isinstance(args[n], str)]
+    for name in sorted(strings, key=lambda n: not n.endswith(FREE_FORM)):
+        return {**args, name: args[name] + CHANGED_SUFFIX}, name
+    for name in candidates:
+        value = args[name]
+        if isinstance(value, int) and not isinstance(value, bool):
+            return {**args, name: value + 1}, name
+    return None
 
 
-def _said(result: AttemptResult) -> str:
+def _unclear(result: AttemptResult) -> bool:
+    """No answer that says anything about the declaration: no response, a 5xx, a 429."""
+    return result.status_code is None or result.status_code >= 500 or result.status_code == 429
+
+
+def _inconclusive(name: str, declared: str, observed: str) -> Check:
+    return Check(name, declared, f"inconclusive: {observed} (the provider did not answer clearly; probe again)", None)
+
+
+def _answer(result: AttemptResult) -> str:
     c = result.classification
-    ref = f", reference {c.provider_reference}" if c.provider_reference else ""
-    return f"HTTP {result.status_code} ({c.klass.value}{ref})" if result.status_code else f"no answer ({c.reason})"
-
-
-def _refused(result: AttemptResult) -> bool:
-    return result.status_code in (409, 422) or result.classification.klass is AttemptClass.REJECTED
+    if c.klass is AttemptClass.SUCCEEDED:
+        return f"{result.status_code} {c.provider_reference or '(no reference)'}"
+    return f"{result.status_code or c.reason} {c.klass.value}"
 
 
 class Probe:
+    """One run of the checks against one action; see ``run_probe``."""
+
     def __init__(
         self,
-        actions: ActionsConfig,
-        action_name: str,
+        config: ActionsConfig,
+        action: str,
         args: dict[str, Any],
         *,
-        tenant: str = "probe",
-        allow_live: bool = False,
-        connector: HttpConnector | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        connector: Connector,
+        tenant: str = "",
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = 0.1,
+        find_within_s: float | None = None,
     ) -> None:
-        if action_name not in actions.actions:
-            known = ", ".join(sorted(actions.actions)) or "(none)"
-            raise ProbeRefused(f"unknown action {action_name!r}; known: {known}")
-        self.name, self.action = action_name, actions.actions[action_name]
-        target = actions.targets[self.action.target]
-        if not target.test_mode and not allow_live:
-            raise ProbeRefused(
-                f"target {self.action.target!r} is not declared a test mode: the probe makes real effects. "
-                f"Point it at the provider's test mode and set targets.{self.action.target}.test_mode: true, "
-                "or pass --allow-live"
-            )
-        self.args, self.tenant = args, tenant
-        self.connector = connector or HttpConnector(actions)
-        self.clock, self.sleep = clock, sleep
-        self.key = f"probe-{uuid.uuid4().hex[:16]}"
-        self.report = ProbeReport(action_name, self.action.target, self.key)
+        self.config, self.name, self.args = config, action, args
+        self.cfg = config.action(action)
+        self.connector, self.tenant = connector, tenant
+        self._sleep, self._clock, self.poll_s = sleep, clock, poll_s
+        settle_s = self.cfg.lookup.settle_s if self.cfg.lookup else 0.0
+        # How long a lookup is given to find the created effect: well past the declared settle window.
+        self.find_within_s = find_within_s if find_within_s is not None else max(3 * settle_s, settle_s + 3.0)
+        self.report = ProbeReport(action, self.cfg.target)
+        self._token = 0
+        self.never_found = False  # the lookup never found the probe's own effect
 
-    def _send(self, args: dict[str, Any], key: str, token: int) -> AttemptResult:
-        return self.connector.send(
-            self.name, self.action, args=args, idempotency_key=key, fencing_token=token, tenant=self.tenant
+    # --- requests, through the workers' connector --------------------------------------------
+
+    def _next_token(self) -> int:
+        self._token += 1
+        return self._token
+
+    def _key(self) -> str:
+        key = probe_key()
+        self.report.keys.append(key)
+        return key
+
+    def _send(self, args: dict[str, Any], key: str, token: int | None = None) -> AttemptResult:
+        result = self.connector.send(
+            self.name,
+            self.cfg,
+            args=args,
+            idempotency_key=key,
+            fencing_token=self._next_token() if token is None else token,
+            tenant=self.tenant,
         )
+        reference = result.classification.provider_reference
+        if result.classification.klass is AttemptClass.SUCCEEDED and reference not in self.report.effects:
+            self.report.effects.append(reference or f"(unreferenced effect of {key})")
+        return result
 
     def _lookup(self, key: str, token: int | None = None) -> LookupResult:
         return self.connector.lookup(
-            self.name, self.action, args=self.args, idempotency_key=key, fencing_token=token, tenant=self.tenant
+            self.name, self.cfg, args=self.args, idempotency_key=key, fencing_token=token, tenant=self.tenant
         )
+
+    # --- the checks ---------------------------------------------------------------------------
 
     def run(self) -> ProbeReport:
-        checks = self.report.checks
-        first = self._send(self.args, self.key, 1)
-        if first.classification.klass is not AttemptClass.SUCCEEDED:
-            checks.append(
-                Check(
-                    "first call succeeds",
-                    "a valid call with --args",
-                    _said(first) + (f": {first.raw_error[:200]}" if first.raw_error else ""),
-                    False,
-                    "the probe needs a call the provider accepts: check --args, the target's base_url and credentials",
-                )
-            )
-            return self.report
-        reference = first.classification.provider_reference
-        checks.append(self._replay(reference))
-        checks.append(self._changed_args())
-        checks.append(self._lookup_finds(reference))
-        checks.append(self._not_found())
-        checks.append(self._fencing())
-        checks.append(
-            Check(
-                "key retention",
-                f"{self.action.provider_idempotency.retention_s:g} s" if self.action.provider_idempotency else "-",
-                "the provider exposes no key retention to read",
-                None,
-            )
-        )
+        cfg = self.cfg
+        unused = self._key()
+        first_unused = self._lookup(unused) if cfg.lookup else None
+        unused_at = self._clock()
+        key = self._key()
+        first = self._send(self.args, key)
+        created_at = self._clock()
+        klass = first.classification.klass
+        if klass is not AttemptClass.SUCCEEDED:
+            why = f"the probe's create ({key}) did not succeed: {_answer(first)}: {first.raw_error or ''}".strip()
+            if klass in (AttemptClass.NOT_SENT, AttemptClass.REJECTED):
+                raise ProbeArgsRefused(why + "; give arguments the provider accepts (--args)")
+            raise ProbeAborted(why + "; nothing to conclude, try again when the provider answers")
+        self.report.checks.append(self._replay(key, first))
+        self.report.checks.append(self._changed_args(key, first))
+        found = self._finds(key, first, created_at)
+        self.report.checks.append(found)
+        self.report.checks.append(self._not_found(unused, first_unused, unused_at))
+        self.report.checks.append(self._fencing())
+        self.report.checks.append(self._retention())
         return self.report
 
-    def _replay(self, reference: str | None) -> Check:
-        declared = self.action.provider_idempotency
-        if declared is None:
-            return Check(
-                "same key replays", "no provider_idempotency", "not checked: nothing is re-sent without proof", None
-            )
-        again = self._send(self.args, self.key, 2)
-        same = (
-            again.classification.klass is AttemptClass.SUCCEEDED
-            and again.classification.provider_reference == reference
-        )
-        observed = f"first {reference}, again {_said(again)}"
+    def _replay(self, key: str, first: AttemptResult) -> Check:
+        keys = self.cfg.provider_idempotency
+        name = "same key replays the same result"
+        if keys is None:
+            return Check(name, "provider_idempotency: none", "not checked: no key is sent to the provider", None)
+        declared = f"provider_idempotency.header: {keys.header}"
+        second = self._send(self.args, key)
+        ref1, ref2 = first.classification.provider_reference, second.classification.provider_reference
+        observed = f"two calls with {key}: {_answer(first)}; {_answer(second)}"
+        if _unclear(second):
+            return _inconclusive(name, declared, observed)
+        if second.classification.klass is AttemptClass.SUCCEEDED and ref1 is not None and ref1 == ref2:
+            return Check(name, declared, observed + " (one effect)", True)
+        if second.classification.klass is AttemptClass.SUCCEEDED:
+            observed += " (two effects)"
         return Check(
-            "same key replays the same result",
-            f"provider_idempotency.header {declared.header}",
+            name,
+            declared,
             observed,
-            same,
-            ""
-            if same
-            else f"the provider made or answered something else for a used key: remove actions.{self.name}."
-            "provider_idempotency (the outbox then never re-sends without a lookup's proof), or fix the header name",
+            False,
+            f"provider_idempotency: the provider does not deduplicate by {keys.header}: set "
+            "provider_idempotency.header to the header it reads, or remove provider_idempotency "
+            "(and keep on_ambiguous: lookup)",
         )
 
-    def _changed_args(self) -> Check:
-        if self.action.provider_idempotency is None:
-            return Check("changed arguments refused", "no provider_idempotency", "not checked", None)
-        other = self._send(_changed(self.args, self.action), self.key, 3)
-        refused = _refused(other)
+    def _changed_args(self, key: str, first: AttemptResult) -> Check:
+        keys = self.cfg.provider_idempotency
+        name = "changed arguments under one key are refused"
+        if keys is None:
+            return Check(name, "provider_idempotency: none", "not checked: no key is sent to the provider", None)
+        changed = changed_args(self.args, self.cfg)
+        declared = "provider_idempotency (409/422 on reuse)"
+        if changed is None:
+            return Check(name, declared, "not checked: no body argument to change (--args)", None)
+        args, arg = changed
+        result = self._send(args, key)
+        observed = f"{arg} changed under {key}: {_answer(result)}"
+        if _unclear(result):
+            return _inconclusive(name, declared, observed)
+        if result.classification.klass is not AttemptClass.SUCCEEDED and result.status_code in REFUSED_STATUSES:
+            return Check(name, declared, observed, True)
+        if result.classification.klass is AttemptClass.SUCCEEDED:
+            same = result.classification.provider_reference == first.classification.provider_reference
+            observed += " (accepted: replayed the first answer)" if same else " (accepted: a new effect)"
         return Check(
-            "changed arguments under a used key are refused",
-            "409 or 422",
-            _said(other),
-            refused,
-            ""
-            if refused
-            else "the provider accepts other arguments under a used key: the outbox refuses them at submit itself "
-            "(409), but another client's call with this key would not be: give this provider keys no other client "
-            f"uses (actions.{self.name}.provider_key)",
+            name,
+            declared,
+            observed,
+            False,
+            "provider_idempotency: the provider accepts other arguments under a used key, so a reused key "
+            "silently returns another intent's result: remove provider_idempotency, or keep provider_key "
+            "unique per intent (its default {tenant}:{idempotency_key})",
         )
 
-    def _lookup_finds(self, reference: str | None) -> Check:
-        spec = self.action.lookup
+    def _finds(self, key: str, first: AttemptResult, created_at: float) -> Check:
+        spec = self.cfg.lookup
+        name = "a lookup finds a created effect"
         if spec is None:
-            return Check("lookup finds the effect", "no lookup", "not checked: unknowns go to a person", None)
-        started = self.clock()
-        deadline = started + max(spec.settle_s * 2, spec.settle_s + MAX_LAG_WAIT_S)
-        found = self._lookup(self.key)
-        while found.outcome != "found" and self.clock() < deadline:
-            self.sleep(POLL_S)
-            found = self._lookup(self.key)
-        lag = self.clock() - started
-        if found.outcome != "found":
+            return Check(name, "lookup: none", "not checked: no lookup declared", None)
+        declared = f"lookup.settle_s: {spec.settle_s:g}"
+        wanted = first.classification.provider_reference
+        last: LookupResult | None = None
+        while True:
+            last = self._lookup(key)
+            lag_s = self._clock() - created_at
+            if last.outcome == "found":
+                break
+            if last.reason.startswith("multiple_matches"):
+                return Check(
+                    name,
+                    declared,
+                    f"{last.reason} (the provider made more than one effect under the key)",
+                    False,
+                    MANY_EFFECTS_FIX + "; or lookup.key_field, if the lookup returns other keys' objects",
+                )
+            if lag_s >= self.find_within_s:
+                self.never_found = True
+                return Check(
+                    name,
+                    declared,
+                    f"not found within {lag_s:.1f}s of its creation (last answer: {last.outcome}, {last.reason})",
+                    False,
+                    "lookup.request: the lookup does not find an effect that exists; fix its path/query "
+                    "(or lookup.items_field / key_field), and until then set lookup.authoritative_not_found: false",
+                )
+            self._sleep(self.poll_s)
+        observed = f"found {last.provider_reference} after {lag_s:.2f}s"
+        if wanted is not None and last.provider_reference not in (None, wanted):
+            if last.provider_reference in self.report.effects:  # another of the probe's own, under this key
+                fix = MANY_EFFECTS_FIX
+            else:
+                fix = "lookup.key_field: the lookup returns an object of another key; name the field holding the key"
+            return Check(name, declared, f"found {last.provider_reference}, not the created {wanted}", False, fix)
+        if lag_s > spec.settle_s:
             return Check(
-                "lookup finds the effect",
-                f"within settle_s {spec.settle_s:g} s",
-                f"not found after {lag:.1f} s ({found.reason})",
+                name,
+                declared,
+                observed + f" (later than settle_s {spec.settle_s:g}s)",
                 False,
-                f"check actions.{self.name}.lookup (request, key_field, items_field) against the provider's answer",
+                f"lookup.settle_s: raise it to at least {math.ceil(lag_s * 1.5)} (the lookup lags {lag_s:.1f}s)",
             )
-        right = reference is None or found.provider_reference in (None, reference)
-        in_time = lag <= spec.settle_s
-        fix = ""
-        if not right:
-            fix = f"the lookup found {found.provider_reference}, the call made {reference}: check lookup.key_field"
-        elif not in_time:
-            fix = f"raise actions.{self.name}.lookup.settle_s to at least {lag * 1.5:.0f} (it took {lag:.1f} s)"
-        return Check(
-            "lookup finds the effect",
-            f"within settle_s {spec.settle_s:g} s",
-            f"found {found.provider_reference or ''} after {lag:.1f} s ({found.state})".replace("  ", " "),
-            right and in_time,
-            fix,
-        )
+        return Check(name, declared, observed, True)
 
-    def _not_found(self) -> Check:
-        spec = self.action.lookup
-        if spec is None:
-            return Check("not found is authoritative", "no lookup", "not checked", None)
-        never = f"probe-never-{uuid.uuid4().hex[:12]}"
-        answers = [self._lookup(never) for _ in range(2)]
-        outcomes = [a.outcome for a in answers]
-        if not spec.authoritative_not_found:
-            return Check("not found is authoritative", "authoritative_not_found: false", ", ".join(outcomes), None)
-        ok = outcomes == ["not_found", "not_found"]
-        return Check(
-            "not found is authoritative",
-            "authoritative_not_found: true",
-            f"a key never used: {', '.join(outcomes)}",
-            ok,
-            ""
-            if ok
-            else f"the provider does not answer 'not found' for a key it never saw: set actions.{self.name}.lookup."
-            "authoritative_not_found: false (a person decides instead of a re-send)",
-        )
+    def _not_found(self, key: str, first: LookupResult | None, asked_at: float) -> Check:
+        spec = self.cfg.lookup
+        name = '"not found" is authoritative'
+        if spec is None or first is None:
+            return Check(name, "lookup: none", "not checked: no lookup declared", None)
+        declared = f"lookup.authoritative_not_found: {str(spec.authoritative_not_found).lower()}"
+        wait_s = spec.settle_s - (self._clock() - asked_at)
+        if wait_s > 0:
+            self._sleep(wait_s)
+        second = self._lookup(key)
+        observed = f"never-used {key}: {first.outcome}, then {second.outcome} after settle_s"
+        if first.outcome == "found" or second.outcome == "found":
+            return Check(
+                name,
+                declared,
+                observed,
+                False,
+                "lookup.key_field: the lookup finds an object for a key never used (it ignores the key); "
+                "name the field holding the key, and set lookup.authoritative_not_found: false until it holds",
+            )
+        if first.outcome != "not_found" or second.outcome != "not_found":
+            return Check(
+                name,
+                declared,
+                observed + f" ({first.reason}; {second.reason})",
+                False,
+                "lookup.request: the lookup does not answer a clear 404 or empty result for an unknown key",
+            )
+        if spec.authoritative_not_found and self.never_found:
+            return Check(
+                name,
+                declared,
+                observed + ", but it also missed an effect that exists",
+                False,
+                "lookup.authoritative_not_found: false (a 'not found' from this lookup proves nothing)",
+            )
+        return Check(name, declared, observed, True)
 
     def _fencing(self) -> Check:
-        if not self.action.provider_fencing:
-            return Check("older fencing token refused", "provider_fencing: false", "not checked", None)
-        if self.action.lookup is None:
-            return Check("older fencing token refused", "provider_fencing: true", "not checked: no lookup", None)
-        key = f"probe-fence-{uuid.uuid4().hex[:12]}"
-        self._lookup(key, token=10)  # a lookup carrying a newer token, as the reconciler's does
-        late = self._send(self.args, key, 5)  # then an older attempt arrives
-        refused = late.classification.klass is not AttemptClass.SUCCEEDED
-        return Check(
-            "older fencing token refused",
-            f"provider_fencing: true ({self.action.fencing_header})",
-            f"token 5 after a lookup with 10: {_said(late)}",
-            refused,
-            ""
-            if refused
-            else f"the provider took an older token after a newer one: set actions.{self.name}.provider_fencing: "
-            "false (a 'not found' then proves nothing while an attempt may still land)",
+        cfg = self.cfg
+        name = "fencing: a newer token refuses an older one"
+        if not cfg.provider_fencing:
+            return Check(name, "provider_fencing: false", "not checked: provider_fencing not declared", None)
+        declared = f"provider_fencing: true ({cfg.fencing_header})"
+        if cfg.lookup is None:
+            return Check(name, declared, "not checked: no lookup to carry the newer token", None)
+        key = self._key()
+        older = self._next_token()
+        newer = self._next_token()
+        looked = self._lookup(key, token=newer)
+        result = self._send(self.args, key, token=older)
+        observed = (
+            f"lookup of {key} with token {newer} ({looked.outcome}), then a create with {older}: {_answer(result)}"
         )
+        if _unclear(result):
+            return _inconclusive(name, declared, observed)
+        if result.classification.klass is not AttemptClass.SUCCEEDED:
+            return Check(name, declared, observed + " (refused)", True)
+        return Check(
+            name,
+            declared,
+            observed,
+            False,
+            "provider_fencing: false (the provider does not refuse a token older than one a lookup carried, "
+            "so a lookup's 'not found' cannot lock out a request still in flight)",
+        )
+
+    def _retention(self) -> Check:
+        keys = self.cfg.provider_idempotency
+        name = "key retention"
+        if keys is None:
+            return Check(name, "provider_idempotency: none", "not checked: no key is sent to the provider", None)
+        return Check(
+            name,
+            f"provider_idempotency.retention_s: {keys.retention_s:g}",
+            "not checked: the provider does not expose it (take it from the provider's documentation)",
+            None,
+        )
+
+
+def missing_args(cfg: ActionConfig, args: dict[str, Any]) -> list[str]:
+    """The arguments the action's requests need that ``args`` lacks."""
+    needed = cfg.request.placeholder_names() | (cfg.lookup.request.placeholder_names() if cfg.lookup else set())
+    return sorted(needed - set(args) - {"idempotency_key"})
+
+
+def run_probe(
+    config: ActionsConfig,
+    action: str,
+    args: dict[str, Any],
+    *,
+    tenant: str = "",
+    connector: Connector | None = None,
+    **options: Any,
+) -> ProbeReport:
+    """Probe ``action`` with ``args``; raises NotATestMode unless its target declares ``test_mode: true``."""
+    cfg = config.action(action)
+    if not config.targets[cfg.target].test_mode:
+        raise NotATestMode(cfg.target)
+    missing = missing_args(cfg, args)
+    if missing:
+        raise ConfigError(f"action {action!r} needs argument(s) {missing} to be probed (--args)")
+    if connector is not None:
+        return Probe(config, action, args, connector=connector, tenant=tenant, **options).run()
+    connectors = ConnectorSet(config)
+    try:
+        return Probe(config, action, args, connector=connectors.for_action(action), tenant=tenant, **options).run()
+    finally:
+        connectors.close()

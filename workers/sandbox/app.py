@@ -162,17 +162,21 @@ async def create(
         body = None
     if not isinstance(body, dict):
         return error(400, rid, "invalid_request_error", "invalid_json", "Body must be a JSON object.")
-    if config.strict_fencing and key is not None and token is not None:
+    mode = rule.mode if rule is not None else None
+    fencing = config.strict_fencing and mode != "ignore_fencing"
+    if fencing and key is not None and token is not None:
         refused = _stale_token(rid, token, state.fencing.admit(tenant, key, token))
         if refused is not None:
             return refused
     digest = params_digest("POST", request.path, body)
-    use_keys = config.idempotency and key is not None
+    use_keys = config.idempotency and key is not None and mode != "ignore_idempotency_key"
     now = clock.now()
     if use_keys:
         assert key is not None
         try:
-            stored = keys.begin(tenant, key, digest, now, config.retention_s, config.params_check)
+            stored = keys.begin(
+                tenant, key, digest, now, config.retention_s, check_digest=mode != "accept_changed_args"
+            )
         except KeyMismatch:
             return error(
                 409,
@@ -196,7 +200,7 @@ async def create(
     try:
         if rule is not None and rule.latency_ms:
             await asyncio.sleep(rule.latency_ms / 1000)  # processing time: the key is in flight
-        if config.strict_fencing and key is not None and token is not None:
+        if fencing and key is not None and token is not None:
             # Checked again at commit: a newer token may have arrived while this one was processed.
             refused = _stale_token(rid, token, state.fencing.stale(tenant, key, token))
             if refused is not None:
@@ -255,7 +259,14 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
     state, spec, tenant, entry, rid, rule = a.state, a.spec, a.tenant, a.entry, a.rid, a.rule
     config = state.config
     token_raw = request.headers.get("X-Fencing-Token")
-    if config.strict_fencing and key is not None and token_raw is not None and token_raw.isdigit():
+    mode = rule.mode if rule is not None else None
+    if (
+        config.strict_fencing
+        and mode != "ignore_fencing"
+        and key is not None
+        and token_raw is not None
+        and token_raw.isdigit()
+    ):
         # A lookup that carries a token fences the key: older tokens are refused from now on.
         state.fencing.observe(tenant, key, int(token_raw))
     if rule is not None:
@@ -263,8 +274,9 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(rule.latency_ms / 1000)
     now = state.clock.now()
     if key is not None:
-        obj = state.objects.find_by_key(tenant, spec.name, key, now, config.index_lag_s)
-        if obj is None:
+        lag_s = max(config.index_lag_s, rule.lag_s) if rule is not None and mode == "lookup_lag" else config.index_lag_s
+        obj = state.objects.find_by_key(tenant, spec.name, key, now, lag_s)
+        if obj is None or mode == "lookup_never_finds":
             reply = error(
                 404,
                 rid,

@@ -26,9 +26,6 @@ class SandboxConfig:
     # Search indexes of real providers lag their primary store; 0 means lookups see writes at once.
     index_lag_s: float = 0.0
     strict_fencing: bool = False
-    # False: a used key with other parameters replays the first answer instead of 409 (a provider
-    # that binds keys to nothing but themselves; `agent-outbox probe` reports it).
-    params_check: bool = True
     # Refunds above this amount are refused with 402 (a business limit, not a validation error).
     over_limit_amount: Decimal = Decimal("10000.00")
     # >0: objects are created "pending" and read as settled once this much time has passed.
@@ -59,7 +56,7 @@ class SandboxConfig:
 
 
 def _parse(name: str, value: Any) -> Any:
-    if name in ("idempotency", "strict_fencing", "params_check"):
+    if name in ("idempotency", "strict_fencing"):
         if not isinstance(value, bool):
             raise SettingError(name, "must be true or false")
         return value

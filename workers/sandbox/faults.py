@@ -38,6 +38,12 @@ MODES: dict[str, str] = {
     "malformed_body": "commit, then 2xx with a non-JSON (HTML) body",
     "empty_body": "commit, then 2xx with an empty body",
     "commit_then_partial": "commit, then 2xx declaring the full Content-Length, half the body, reset",
+    # A provider that breaks a declaration of the actions file (what `agent-outbox probe` checks).
+    "ignore_idempotency_key": "a create ignores Idempotency-Key: every request makes a new object",
+    "accept_changed_args": "a key reused with other parameters replays the first answer (200), never 409",
+    "lookup_never_finds": "a lookup by key answers 404 even when the object exists",
+    "lookup_lag": "a lookup by key sees an object only lag_s (default 2) after its creation",
+    "ignore_fencing": "fencing tokens are neither recorded nor checked, even with strict_fencing",
 }
 
 BEFORE_COMMIT = frozenset(
@@ -75,6 +81,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "status": (int,),
     "first_per_key": (bool,),
     "quota_per_s": (int, float),
+    "lag_s": (int, float),
 }
 
 
@@ -108,6 +115,8 @@ class FaultRule:
     # A provider's quota: the rule fires only for requests beyond this many (matching ones) admitted
     # in the trailing second; with rate_limited_429, a real rate limit to pace against.
     quota_per_s: float | None = None
+    # lookup_lag: how long after its creation an object becomes visible to a lookup by key.
+    lag_s: float = 2.0
     fired: int = 0
     _admitted: collections.deque[float] = field(default_factory=collections.deque, repr=False)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
@@ -167,6 +176,7 @@ class FaultRule:
             "status": self.status,
             "first_per_key": self.first_per_key,
             "quota_per_s": self.quota_per_s,
+            "lag_s": self.lag_s,
             "fired": self.fired,
             "exhausted": self.exhausted,
         }
@@ -200,7 +210,7 @@ def parse_rule(body: Any, default_seed: int | None = None) -> FaultRule:
         raise RuleError("probability", "must be between 0 and 1")
     if clean.get("count", 1) < 1:
         raise RuleError("count", "must be >= 1")
-    for name in ("retry_after_s", "latency_ms", "stall_s"):
+    for name in ("retry_after_s", "latency_ms", "stall_s", "lag_s"):
         if clean.get(name, 0) < 0:
             raise RuleError(name, "must be >= 0")
     if clean.get("quota_per_s", 1) <= 0:

@@ -48,9 +48,10 @@ class KeyStore:
     records: dict[tuple[str, str], KeyRecord] = field(default_factory=dict)
 
     def begin(
-        self, tenant: str, key: str, digest: str, now: float, retention_s: float, check_params: bool = True
+        self, tenant: str, key: str, digest: str, now: float, retention_s: float, *, check_digest: bool = True
     ) -> StoredResponse | None:
         """Reserve the key, or return the stored response to replay; raise on conflict.
+        ``check_digest=False`` plays a provider that never compares the parameters (a fault mode).
 
         Expiry is checked lazily here: a record older than retention is forgotten, so the same
         key then creates a new object, as it does at real providers after pruning.
@@ -62,7 +63,7 @@ class KeyStore:
         if record is None:
             self.records[(tenant, key)] = KeyRecord(digest=digest, first_seen=now)
             return None
-        if record.digest != digest and (check_params or record.response is None):
+        if check_digest and record.digest != digest:
             raise KeyMismatch(key)
         if record.response is None:
             raise KeyInUse(key)
