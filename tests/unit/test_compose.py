@@ -222,13 +222,13 @@ def test_every_command_is_a_real_entry_point(name, tmp_path):
 
 
 def test_the_image_installs_flower_as_the_declared_extra():
-    # The Dockerfile and the README install Flower (and the API, MCP, the sandbox's server and the
-    # prebuilt psycopg) through the package's own extras, so their version ranges live in one place
-    # (pyproject.toml).
+    # The Dockerfile and the README install Flower (and the API, MCP, the sandbox's server, the
+    # prebuilt psycopg and OpenTelemetry) through the package's own extras, so their version ranges
+    # live in one place (pyproject.toml).
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = {"flower", "api", "mcp", "sandbox", "binary"}
+    extras = {"flower", "api", "mcp", "sandbox", "binary", "otel"}
     assert extras <= set(project["optional-dependencies"])
     installs = re.findall(r"pip install [^\n]*'\.\[([^\]]*)\]'", (ROOT / "Dockerfile").read_text())
     assert installs and set(installs[0].split(",")) == extras, installs
