@@ -38,7 +38,7 @@ from producer.http.problems import Problem, conflict_problem, malformed_body, no
 from producer.http.waiters import Waiters
 from workers.server import operators
 from workers.server.request_metrics import RequestMetrics
-from workers.wiring import metrics
+from workers.wiring import metrics, tracing
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 
@@ -95,6 +95,7 @@ def _mount_console(app: FastAPI) -> None:
 
 def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None = None) -> FastAPI:
     settings = settings or load_settings()
+    tracing.configure()  # each server process (--workers N builds the app in every one)
     engine = make_engine(settings.resolved_database_url)
     sessions = make_sessionmaker(engine)
     api_state = ApiState(
