@@ -75,6 +75,7 @@ def _tool(view: ToolView) -> types.Tool:
             idempotent_hint=True,  # the same call again is the same operation, never a second effect
             open_world_hint=True,  # it reaches a business system outside the host
         ),
+        execution=types.ToolExecution(task_support="optional"),  # MCP Tasks: producer/agents/mcp_tasks.py
     )
 
 
@@ -163,7 +164,7 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         priority = meta.get(PRIORITY_META, 0)
         return await anyio.to_thread.run_sync(dispatch, caller, params.name, arguments, str(scope), priority)
 
-    return Server(
+    server: Server[Any] = Server(
         "agent-outbox",
         instructions=(
             "Each tool asks a business system for one effect, at most once: the same call again returns the "
@@ -173,6 +174,10 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    from producer.agents.mcp_tasks import TasksExtension, install
+
+    install(server, TasksExtension(caller_for, call_tool))
+    return server
 
 
 class BearerKeys:
