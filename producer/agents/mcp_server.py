@@ -25,6 +25,7 @@ from outbox.service import waiting
 from outbox.service.waiting import MAX_WAIT_S
 from producer.agents.calls import ToolAnswer, ToolCaller
 from producer.agents.catalog import ToolView
+from producer.agents.mcp_tasks import TasksExtension, install
 
 SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
 # The host's priority for a call (-100..100, higher is claimed sooner), in a request's _meta. Not a
@@ -174,8 +175,6 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
-    from producer.agents.mcp_tasks import TasksExtension, install
-
     install(server, TasksExtension(caller_for, call_tool))
     return server
 

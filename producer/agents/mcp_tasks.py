@@ -164,8 +164,6 @@ class TasksExtension(Extension):
     async def result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> Any:
         """Blocks until the task is terminal (spec), then the tool call's result: for a business failure
         a CallToolResult with isError true."""
-        from producer.agents.mcp_server import answered
-
         caller = self.caller_for(ctx)
         while True:
             task = await self._task(ctx, params.task_id)
@@ -178,8 +176,12 @@ class TasksExtension(Extension):
             else:  # a person decides: settled for waiting, not for the task
                 await anyio.sleep(POLL_MS / 1000)
         answer = await anyio.to_thread.run_sync(caller.get, params.task_id)
-        doc = answered(answer).model_dump(by_alias=True, mode="json", exclude_none=True)
-        doc["isError"] = Status(answer.status) in FAILED
+        done = types.CallToolResult(
+            content=[types.TextContent(text=answer.model_message)],
+            structured_content=answer.as_dict(),
+            is_error=Status(answer.status) in FAILED,  # a business outcome, not a protocol failure
+        )
+        doc = done.model_dump(by_alias=True, mode="json", exclude_none=True)
         doc["_meta"] = {**doc.get("_meta", {}), RELATED_TASK: {"taskId": params.task_id}}
         return doc
 
