@@ -143,7 +143,10 @@ class TasksExtension(Extension):
             return result
         task = await self._task(ctx, structured["operation_id"])
         assert task is not None  # just committed, this tenant's
-        return {"task": task}
+        created: dict[str, Any] = {"task": task}
+        if "_meta" in task:  # the elicitation, where a client reads a result's _meta
+            created["_meta"] = task["_meta"]
+        return created
 
     async def _task(self, ctx: Any, operation_id: str) -> dict[str, Any] | None:
         caller, base = self.caller_for(ctx), self.base_url(ctx)

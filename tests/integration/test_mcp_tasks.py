@@ -1,0 +1,182 @@
+"""MCP Tasks (issue 34, part 1) through the official SDK's client, over stdio and streamable HTTP: a
+task-augmented tools/call is the operation; its task follows it through approval (input_required and
+the console's URL), an unknown outcome and the provider lookup (working, saying which) to completed,
+with exactly one effect at the sandbox; a business failure is completed with isError; another tenant
+never sees the task. The SDK client has no task helpers: the spec's methods are sent as they are."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+
+from tests.harness import action, actions_doc
+from tests.integration.test_api import _key
+from tests.integration.test_mcp import _http_server, _stdio
+
+mcp = pytest.importorskip("mcp")
+from mcp import Client  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+REFUND = "payments.refund.create"
+ARGS = {"order_id": "o-81", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
+SCOPE = {"agent-outbox/scope": "conv-7"}
+
+
+def _actions(pipe: Any, sandbox: Any) -> None:
+    refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])
+    refund["tool"] = {"description": "Refund an order.", "reference_args": ["order_id"]}
+    refund["approval"] = {"required": "always", "ttl_s": 600}
+    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
+
+
+def _approver(pipe: Any, tenant: str) -> Any:
+    from outbox.actions.rules import load_intent_rules
+    from producer.agents.calls import ToolCaller
+    from producer.client import Outbox
+
+    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    return ToolCaller(Outbox(pipe.sessions.kw["bind"], key_rules=rules), rules, tenant=tenant, subject="console")
+
+
+async def call_task(client: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """The SDK client validates every tools/call answer as a CallToolResult, so a CreateTaskResult is
+    sent and read on its raw request path (the JSON-RPC a client in any language sends)."""
+    params = {"name": REFUND, "arguments": args, "task": {}, "_meta": SCOPE}
+    raw = await client.session._dispatcher.send_raw_request("tools/call", params, {"timeout": 60})
+    created = types.CreateTaskResult.model_validate(raw, by_name=False)
+    return dict(created.task.model_dump(by_alias=True, mode="json")) | {"_meta": created.meta}
+
+
+async def get_task(client: Any, task_id: str) -> dict[str, Any]:
+    got = await client.session.send_request(
+        types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult
+    )
+    return dict(got.model_dump(by_alias=True, mode="json"))
+
+
+async def task_result(client: Any, task_id: str) -> types.CallToolResult:
+    request = types.GetTaskPayloadRequest(params=types.GetTaskPayloadRequestParams(task_id=task_id))
+    return await client.session.send_request(request, types.CallToolResult, request_read_timeout_seconds=60)
+
+
+async def list_tasks(client: Any) -> list[str]:
+    listed = await client.session.send_request(types.ListTasksRequest(), types.ListTasksResult)
+    return [t.task_id for t in listed.tasks]
+
+
+async def until(client: Any, task_id: str, ok: Callable[[dict[str, Any]], bool], seen: list[str]) -> dict[str, Any]:
+    for _ in range(300):
+        task = await get_task(client, task_id)
+        seen.append(f"{task['status']}: {task.get('statusMessage')}")
+        if ok(task):
+            return task
+        await anyio.sleep(0.1)
+    raise AssertionError(seen)
+
+
+async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any) -> None:
+    """``a``, ``b``: async context managers of a client of tenant A (``tenant``) and of another tenant."""
+    approver = _approver(pipe, tenant)
+    async with a() as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        refund = tools[REFUND]
+        assert refund.execution is not None and refund.execution.task_support == "optional"
+        assert refund.annotations.destructive_hint and refund.annotations.idempotent_hint
+        assert refund.annotations.open_world_hint and not refund.annotations.read_only_hint
+        assert tools["get_operation"].annotations.read_only_hint is True
+        assert tools["wait_operation"].annotations.read_only_hint is True
+
+        # Returned once committed: the task is the operation, waiting for a person in the console.
+        task = await call_task(client, ARGS)
+        task_id = task["taskId"]
+        assert pipe.op(task_id).status == "awaiting_approval"
+        assert task["status"] == "input_required" and task["pollInterval"] == 1000
+        got = await get_task(client, task_id)
+        assert got["status"] == "input_required" and "/console/approvals" in got["statusMessage"]
+        elicitation = got["_meta"]["agent-outbox/elicitation"]
+        assert elicitation["mode"] == "url" and elicitation["url"].endswith(f"/console/approvals#op-{task_id}")
+        assert (await call_task(client, ARGS))["taskId"] == task_id  # the same call: the same task
+
+        # Approved, the provider commits and the answer is lost: working, "outcome unknown".
+        sandbox.add_fault(mode="commit_then_drop", path="/v1/refunds", count=1)
+        await anyio.to_thread.run_sync(lambda: approver.approve(task_id, by="alice"))
+        seen: list[str] = []
+        unknown = await until(client, task_id, lambda t: "outcome unknown" in (t.get("statusMessage") or ""), seen)
+        assert unknown["status"] == "working" and unknown["statusMessage"] == "outcome unknown: asking the provider"
+        assert not any(s.startswith("completed") for s in seen)
+
+        # The reconciler asks the provider: completed; tasks/result blocks until then.
+        await anyio.to_thread.run_sync(lambda: pipe.start_worker("reconciler", queues="outcome_unknown"))
+        result = await task_result(client, task_id)
+        assert not result.is_error and result.structured_content["outcome"] == "SUCCEEDED", result
+        assert (await get_task(client, task_id))["status"] == "completed"
+
+        # A business failure (the provider refuses for good): completed, the result isError.
+        await anyio.to_thread.run_sync(lambda: sandbox.configure(over_limit_amount="10.00"))
+        failed_id = (await call_task(client, ARGS | {"order_id": "o-82"}))["taskId"]
+        await anyio.to_thread.run_sync(lambda: approver.approve(failed_id, by="alice"))
+        failed = await task_result(client, failed_id)
+        assert failed.is_error and failed.structured_content["outcome"] in {"FAILED_BEFORE_COMMIT", "FAILED_AT_PROVIDER"}
+        assert (await get_task(client, failed_id))["status"] == "completed"
+
+        # Cancel before anything was sent: cancelled.
+        cancel_id = (await call_task(client, ARGS | {"order_id": "o-83"}))["taskId"]
+        cancelled = await client.session.send_request(
+            types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=cancel_id)), types.CancelTaskResult
+        )
+        assert cancelled.status == "cancelled"
+        assert {task_id, failed_id, cancel_id} <= set(await list_tasks(client))
+
+    async with b() as other:  # the tenant wall
+        with pytest.raises(MCPError):
+            await get_task(other, task_id)
+        with pytest.raises(MCPError):
+            await task_result(other, task_id)
+        assert task_id not in await list_tasks(other)
+    assert pipe.op(task_id).tenant == tenant
+
+
+def _effects(sandbox: Any, tenant: str) -> None:
+    assert len(sandbox.effects(key=f'{tenant}:conv-7:{REFUND}:ref="o-81"')) == 1
+    assert len(sandbox.effects()) == 1  # the refused o-82 and the cancelled o-83 made none
+
+
+def test_tasks_over_stdio(pipe, sandbox):
+    _actions(pipe, sandbox)
+    pipe.start_worker("sender", queues="dispatch")
+    pipe.start_relay()
+
+    @asynccontextmanager
+    async def client_of(tenant: str) -> AsyncIterator[Any]:
+        async with Client(_stdio(pipe, "--tenant", tenant), read_timeout_seconds=60, mode="legacy") as client:
+            yield client
+
+    anyio.run(scenario, pipe, sandbox, "t1", lambda: client_of("t1"), lambda: client_of("t2"))
+    _effects(sandbox, "t1")
+
+
+def test_tasks_over_streamable_http(pipe, sandbox):
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    _actions(pipe, sandbox)
+    pipe.start_worker("sender", queues="dispatch")
+    pipe.start_relay()
+    keys = {tenant: _key(pipe.env, tenant, "submit,read") for tenant in ("acme", "globex")}
+    with _http_server(pipe) as url:
+
+        @asynccontextmanager
+        async def client_of(tenant: str) -> AsyncIterator[Any]:
+            headers = {"Authorization": f"Bearer {keys[tenant]}"}
+            async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+                async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+                    yield client
+
+        anyio.run(scenario, pipe, sandbox, "acme", lambda: client_of("acme"), lambda: client_of("globex"))
+    _effects(sandbox, "acme")
