@@ -72,7 +72,7 @@ def _tool(view: ToolView) -> types.Tool:
         annotations=types.ToolAnnotations(
             title=view.action,
             read_only_hint=False,
-            destructive_hint=True,  # it changes the world (a refund, an email): a host should ask
+            destructive_hint=view.destructive,  # tool.destructive, default true: a host should ask
             idempotent_hint=True,  # the same call again is the same operation, never a second effect
             open_world_hint=True,  # it reaches a business system outside the host
         ),

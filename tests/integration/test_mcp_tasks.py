@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 REFUND = "payments.refund.create"
 ARGS = {"order_id": "o-81", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
+NOTE = "orders.note.create"
 SCOPE = {"agent-outbox/scope": "conv-7"}
 
 
@@ -32,7 +33,9 @@ def _actions(pipe: Any, sandbox: Any) -> None:
     refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])
     refund["tool"] = {"description": "Refund an order.", "reference_args": ["order_id"]}
     refund["approval"] = {"required": "always", "ttl_s": 600}
-    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
+    note = action("/v1/notes", args=["order_id", "text"])
+    note["tool"] = {"description": "Note on an order.", "reference_args": ["order_id"], "destructive": False}
+    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund, NOTE: note}))
 
 
 def _approver(pipe: Any, tenant: str) -> Any:
@@ -89,6 +92,8 @@ async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any) -> None
         assert refund.execution is not None and refund.execution.task_support == "optional"
         assert refund.annotations.destructive_hint and refund.annotations.idempotent_hint
         assert refund.annotations.open_world_hint and not refund.annotations.read_only_hint
+        assert tools[NOTE].annotations.destructive_hint is False  # tool.destructive: false in the actions file
+        assert tools[NOTE].annotations.idempotent_hint and tools[NOTE].execution.task_support == "optional"
         assert tools["get_operation"].annotations.read_only_hint is True
         assert tools["wait_operation"].annotations.read_only_hint is True
 
@@ -132,6 +137,10 @@ async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any) -> None
         )
         assert cancelled.status == "cancelled"
         assert {task_id, failed_id, cancel_id} <= set(await list_tasks(client))
+
+    async with a() as again:  # another server process (stdio) or connection: the task is the ledger row
+        assert (await get_task(again, task_id))["status"] == "completed"
+        assert not (await task_result(again, task_id)).is_error
 
     async with b() as other:  # the tenant wall
         with pytest.raises(MCPError):
