@@ -175,7 +175,7 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
-    install(server, TasksExtension(caller_for, call_tool))
+    install(server, TasksExtension(caller_for, call_tool, task_tools=frozenset(v.action for v in tools)))
     return server
 
 

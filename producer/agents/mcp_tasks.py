@@ -31,6 +31,7 @@ import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.extension import Extension, MethodBinding
+from mcp.shared.message import ServerMessageMetadata
 
 from outbox.errors import OperationNotFound, OutboxError
 from outbox.ledger.states import Status
@@ -115,9 +116,11 @@ class TasksExtension(Extension):
         caller_for: Callable[[Any], ToolCaller],
         call_tool: Callable[..., Any],
         *,
+        task_tools: frozenset[str],
         base_url: Callable[[Any], str] | None = None,
     ) -> None:
-        self.caller_for, self.call_tool = caller_for, call_tool
+        """``task_tools``: the tools with ``execution.taskSupport: optional`` (the actions)."""
+        self.caller_for, self.call_tool, self.task_tools = caller_for, call_tool, task_tools
         self.base_url = base_url or default_base_url
 
     def settings(self) -> dict[str, Any]:
@@ -137,12 +140,16 @@ class TasksExtension(Extension):
         they are (a task needs an operation)."""
         if params.task is None:
             return await call_next(ctx)
+        if params.name not in self.task_tools:  # taskSupport absent, i.e. forbidden (spec)
+            return types.ErrorData(code=types.METHOD_NOT_FOUND, message=f"{params.name} cannot run as a task")
         result = await self.call_tool(ctx, params)
         structured = getattr(result, "structured_content", None) or {}
-        if getattr(result, "is_error", False) or "operation_id" not in structured or params.name == "get_operation":
-            return result
+        if getattr(result, "is_error", False) or "operation_id" not in structured:
+            return result  # refused input: nothing was submitted, so there is no task
         task = await self._task(ctx, structured["operation_id"])
         assert task is not None  # just committed, this tenant's
+        if task["status"] == "input_required":  # a task begins working (spec); tasks/get then asks
+            task["status"] = "working"
         created: dict[str, Any] = {"task": task}
         if "_meta" in task:  # the elicitation, where a client reads a result's _meta
             created["_meta"] = task["_meta"]
@@ -168,16 +175,25 @@ class TasksExtension(Extension):
         """Blocks until the task is terminal (spec), then the tool call's result: for a business failure
         a CallToolResult with isError true."""
         caller = self.caller_for(ctx)
-        while True:
-            task = await self._task(ctx, params.task_id)
-            if task is None:
-                return _not_found(params.task_id)
-            if task["status"] in TERMINAL:
-                break
-            if task["status"] == "working" and task["statusMessage"] != WORKING_MESSAGE[Status.RECONCILIATION_REQUIRED]:
-                await waiting.wait_async(caller.outbox.sessions, params.task_id, timeout_s=waiting.MAX_WAIT_S)
-            else:  # a person decides: settled for waiting, not for the task
-                await anyio.sleep(POLL_MS / 1000)
+        asked = False
+        async with anyio.create_task_group() as elicitations:
+            while True:
+                task = await self._task(ctx, params.task_id)
+                if task is None:
+                    return _not_found(params.task_id)
+                if task["status"] in TERMINAL:
+                    break
+                if task["status"] == "input_required" and not asked:
+                    asked = True  # once per tasks/result: the person decides in the console, not here
+                    elicitations.start_soon(self._elicit, ctx, task)
+                if (
+                    task["status"] == "working"
+                    and task["statusMessage"] != WORKING_MESSAGE[Status.RECONCILIATION_REQUIRED]
+                ):
+                    await waiting.wait_async(caller.outbox.sessions, params.task_id, timeout_s=waiting.MAX_WAIT_S)
+                else:  # a person decides: settled for waiting, not for the task
+                    await anyio.sleep(POLL_MS / 1000)
+            elicitations.cancel_scope.cancel()
         answer = await anyio.to_thread.run_sync(caller.get, params.task_id)
         done = types.CallToolResult(
             content=[types.TextContent(text=answer.model_message)],
@@ -187,6 +203,26 @@ class TasksExtension(Extension):
         doc = done.model_dump(by_alias=True, mode="json", exclude_none=True)
         doc["_meta"] = {**doc.get("_meta", {}), RELATED_TASK: {"taskId": params.task_id}}
         return doc
+
+    async def _elicit(self, ctx: Any, task: dict[str, Any]) -> None:
+        """The URL-mode elicitation of an input_required task, on the tasks/result request's stream
+        and tagged with the task (spec: input_required). Best effort: a client without URL-mode
+        elicitation still has the URL in tasks/get; its answer decides nothing (the console does)."""
+        url_mode = types.ClientCapabilities(
+            elicitation=types.ElicitationCapability(url=types.UrlElicitationCapability())
+        )
+        session = getattr(ctx, "session", None)
+        if session is None or not session.check_client_capability(url_mode):
+            return
+        elicitation = dict(task["_meta"][ELICITATION_META])
+        elicitation["_meta"] = {RELATED_TASK: {"taskId": task["taskId"]}}
+        request = types.ElicitRequest(params=types.ElicitRequestURLParams.model_validate(elicitation, by_name=False))
+        try:
+            await session.send_request(
+                request, types.ElicitResult, metadata=ServerMessageMetadata(related_request_id=ctx.request_id)
+            )
+        except Exception:  # noqa: BLE001 (no back channel, a declined or failed elicitation: the URL stays in tasks/get)
+            return
 
     async def cancel(self, ctx: Any, params: types.CancelTaskRequestParams) -> Any:
         """Best effort (outbox.service.operations.cancel): cancelled if nothing was sent yet, else the

@@ -83,8 +83,9 @@ async def until(client: Any, task_id: str, ok: Callable[[dict[str, Any]], bool],
     raise AssertionError(seen)
 
 
-async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any) -> None:
-    """``a``, ``b``: async context managers of a client of tenant A (``tenant``) and of another tenant."""
+async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any, elicited: list[Any]) -> None:
+    """``a``, ``b``: async context managers of a client of tenant A (``tenant``) and of another tenant;
+    ``elicited``: what A's elicitation callback received."""
     approver = _approver(pipe, tenant)
     async with a() as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
@@ -101,24 +102,47 @@ async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any) -> None
         task = await call_task(client, ARGS)
         task_id = task["taskId"]
         assert pipe.op(task_id).status == "awaiting_approval"
-        assert task["status"] == "input_required" and task["pollInterval"] == 1000
+        assert task["status"] == "working" and task["pollInterval"] == 1000  # a task begins working (spec)
         got = await get_task(client, task_id)
         assert got["status"] == "input_required" and "/console/approvals" in got["statusMessage"]
         elicitation = got["_meta"]["agent-outbox/elicitation"]
         assert elicitation["mode"] == "url" and elicitation["url"].endswith(f"/console/approvals#op-{task_id}")
         assert (await call_task(client, ARGS))["taskId"] == task_id  # the same call: the same task
 
-        # Approved, the provider commits and the answer is lost: working, "outcome unknown".
-        sandbox.add_fault(mode="commit_then_drop", path="/v1/refunds", count=1)
-        await anyio.to_thread.run_sync(lambda: approver.approve(task_id, by="alice"))
-        seen: list[str] = []
-        unknown = await until(client, task_id, lambda t: "outcome unknown" in (t.get("statusMessage") or ""), seen)
-        assert unknown["status"] == "working" and unknown["statusMessage"] == "outcome unknown: asking the provider"
-        assert not any(s.startswith("completed") for s in seen)
+        with pytest.raises(MCPError):  # taskSupport absent (forbidden): -32601
+            await client.session._dispatcher.send_raw_request(
+                "tools/call", {"name": "get_operation", "arguments": {"operation_id": task_id}, "task": {}}, {}
+            )
 
-        # The reconciler asks the provider: completed; tasks/result blocks until then.
-        await anyio.to_thread.run_sync(lambda: pipe.start_worker("reconciler", queues="outcome_unknown"))
-        result = await task_result(client, task_id)
+        # On input_required the client calls tasks/result (spec): it blocks, and the URL-mode
+        # elicitation of the console's page arrives tagged with the task.
+        results: list[types.CallToolResult] = []
+
+        async def fetch() -> None:
+            results.append(await task_result(client, task_id))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fetch)
+            for _ in range(100):
+                if elicited:
+                    break
+                await anyio.sleep(0.1)
+            [asked] = elicited
+            assert asked.mode == "url" and asked.url == elicitation["url"] and asked.elicitation_id == task_id
+            assert asked.meta["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+
+            # Approved, the provider commits and the answer is lost: working, "outcome unknown".
+            sandbox.add_fault(mode="commit_then_drop", path="/v1/refunds", count=1)
+            await anyio.to_thread.run_sync(lambda: approver.approve(task_id, by="alice"))
+            seen: list[str] = []
+            unknown = await until(client, task_id, lambda t: "outcome unknown" in (t.get("statusMessage") or ""), seen)
+            assert unknown["status"] == "working"
+            assert unknown["statusMessage"] == "outcome unknown: asking the provider"
+            assert not any(s.startswith("completed") for s in seen) and not results
+
+            # The reconciler asks the provider: completed; the blocked tasks/result answers then.
+            await anyio.to_thread.run_sync(lambda: pipe.start_worker("reconciler", queues="outcome_unknown"))
+        [result] = results
         assert not result.is_error and result.structured_content["outcome"] == "SUCCEEDED", result
         assert (await get_task(client, task_id))["status"] == "completed"
 
@@ -154,6 +178,14 @@ async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any) -> None
     assert pipe.op(task_id).tenant == tenant
 
 
+def _record(elicited: list[Any]) -> Any:
+    async def callback(context: Any, params: Any) -> types.ElicitResult:
+        elicited.append(params)
+        return types.ElicitResult(action="accept")  # "I opened it": the decision is the console's
+
+    return callback
+
+
 def _effects(sandbox: Any, tenant: str) -> None:
     assert len(sandbox.effects(key=f'{tenant}:conv-7:{REFUND}:ref="o-81"')) == 1
     assert len(sandbox.effects()) == 1  # the refused o-82 and the cancelled o-83 made none
@@ -164,12 +196,19 @@ def test_tasks_over_stdio(pipe, sandbox):
     pipe.start_worker("sender", queues="dispatch")
     pipe.start_relay()
 
+    elicited: list[Any] = []
+
     @asynccontextmanager
     async def client_of(tenant: str) -> AsyncIterator[Any]:
-        async with Client(_stdio(pipe, "--tenant", tenant), read_timeout_seconds=60, mode="legacy") as client:
+        async with Client(
+            _stdio(pipe, "--tenant", tenant),
+            read_timeout_seconds=60,
+            mode="legacy",
+            elicitation_callback=_record(elicited),
+        ) as client:
             yield client
 
-    anyio.run(scenario, pipe, sandbox, "t1", lambda: client_of("t1"), lambda: client_of("t2"))
+    anyio.run(scenario, pipe, sandbox, "t1", lambda: client_of("t1"), lambda: client_of("t2"), elicited)
     _effects(sandbox, "t1")
 
 
@@ -182,13 +221,15 @@ def test_tasks_over_streamable_http(pipe, sandbox):
     pipe.start_relay()
     keys = {tenant: _key(pipe.env, tenant, "submit,read") for tenant in ("acme", "globex")}
     with _http_server(pipe) as url:
+        elicited: list[Any] = []
 
         @asynccontextmanager
         async def client_of(tenant: str) -> AsyncIterator[Any]:
             headers = {"Authorization": f"Bearer {keys[tenant]}"}
             async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
-                async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport, mode="legacy", elicitation_callback=_record(elicited)) as client:
                     yield client
 
-        anyio.run(scenario, pipe, sandbox, "acme", lambda: client_of("acme"), lambda: client_of("globex"))
+        anyio.run(scenario, pipe, sandbox, "acme", lambda: client_of("acme"), lambda: client_of("globex"), elicited)
     _effects(sandbox, "acme")
