@@ -23,7 +23,6 @@ it), and the ``tasks`` capability.
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,16 +31,17 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from outbox.errors import OperationNotFound, OutboxError
 from outbox.ledger.states import Status
 from outbox.service import operations, waiting
+from outbox.settings import load_settings
 from producer.agents.calls import ToolCaller
 
 IDENTIFIER = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 ELICITATION_META = "agent-outbox/elicitation"  # the URL-mode elicitation of an input_required task
-PUBLIC_URL_ENV = "OUTBOX_PUBLIC_URL"  # where people open the console (approvals page)
 POLL_MS = 1000
 LIST_PAGE = 50
 
@@ -121,7 +121,7 @@ class TasksExtension(Extension):
     ) -> None:
         """``task_tools``: the tools with ``execution.taskSupport: optional`` (the actions)."""
         self.caller_for, self.call_tool, self.task_tools = caller_for, call_tool, task_tools
-        self.base_url = base_url or default_base_url
+        self.base_url = base_url or default_base_url(load_settings().public_url)
 
     def settings(self) -> dict[str, Any]:
         return {}
@@ -263,12 +263,16 @@ class TasksExtension(Extension):
             return types.ErrorData(code=types.INVALID_PARAMS, message=str(exc))
 
 
-def default_base_url(ctx: Any) -> str:
-    if public := os.environ.get(PUBLIC_URL_ENV):
-        return public
-    request = getattr(ctx, "request", None)
-    base = getattr(request, "base_url", None)
-    return str(base) if base else "http://localhost:8000"
+def default_base_url(public_url: str) -> Callable[[Any], str]:
+    """OUTBOX_PUBLIC_URL (outbox.settings), else the HTTP request's own base URL (stdio: localhost)."""
+
+    def base_url(ctx: Any) -> str:
+        if public_url:
+            return public_url
+        base = getattr(getattr(ctx, "request", None), "base_url", None)
+        return str(base) if base else "http://localhost:8000"
+
+    return base_url
 
 
 def capability() -> types.ServerTasksCapability:
@@ -290,6 +294,8 @@ def install(server: Server[Any], extension: TasksExtension) -> None:
     async def tasks_middleware(ctx: Any, call_next: Any) -> Any:
         if ctx.method != "tools/call" or not isinstance(ctx.params, dict) or ctx.params.get("task") is None:
             return await call_next(ctx)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # 2026-07-28: Tasks left the core spec
+            return await call_next(ctx)  # (SEP-2663's other shape); served as a normal call
         params = types.CallToolRequestParams.model_validate(ctx.params, by_name=False)
         return await extension.intercept_tool_call(params, ctx, call_next)
 

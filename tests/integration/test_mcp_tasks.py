@@ -208,7 +208,9 @@ def test_tasks_over_stdio(pipe, sandbox):
         ) as client:
             yield client
 
+    pipe.env["OUTBOX_PUBLIC_URL"] = "https://outbox.example"  # where people open the console
     anyio.run(scenario, pipe, sandbox, "t1", lambda: client_of("t1"), lambda: client_of("t2"), elicited)
+    assert elicited[0].url.startswith("https://outbox.example/console/approvals#op-")
     _effects(sandbox, "t1")
 
 
@@ -232,4 +234,5 @@ def test_tasks_over_streamable_http(pipe, sandbox):
                     yield client
 
         anyio.run(scenario, pipe, sandbox, "acme", lambda: client_of("acme"), lambda: client_of("globex"), elicited)
+        assert elicited[0].url.startswith(url.removesuffix("mcp") + "console/approvals#op-")  # no OUTBOX_PUBLIC_URL
     _effects(sandbox, "acme")
