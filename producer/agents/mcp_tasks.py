@@ -228,6 +228,14 @@ class TasksExtension(Extension):
         """Best effort (outbox.service.operations.cancel): cancelled if nothing was sent yet, else the
         operation ends as what really happened, and the task says so (a late success is completed)."""
         caller = self.caller_for(ctx)
+        before = await self._task(ctx, params.task_id)
+        if before is None:
+            return _not_found(params.task_id)
+        if before["status"] in TERMINAL:  # spec: -32602 for a task already terminal
+            return types.ErrorData(
+                code=types.INVALID_PARAMS,
+                message=f"Cannot cancel task: already in terminal status {before['status']!r}",
+            )
 
         def request() -> bool:
             with caller.outbox.sessions.begin() as session:

@@ -163,6 +163,10 @@ async def scenario(pipe: Any, sandbox: Any, tenant: str, a: Any, b: Any, elicite
             types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=cancel_id)), types.CancelTaskResult
         )
         assert cancelled.status == "cancelled"
+        with pytest.raises(MCPError, match="already in terminal status 'cancelled'"):  # spec: -32602
+            await client.session.send_request(
+                types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=cancel_id)), types.CancelTaskResult
+            )
         assert {task_id, failed_id, cancel_id} <= set(await list_tasks(client))
 
     async with a() as again:  # another server process (stdio) or connection: the task is the ledger row
