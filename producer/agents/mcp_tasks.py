@@ -179,21 +179,22 @@ class TasksExtension(Extension):
         async with anyio.create_task_group() as elicitations:
             while True:
                 task = await self._task(ctx, params.task_id)
-                if task is None:
-                    return _not_found(params.task_id)
-                if task["status"] in TERMINAL:
+                if task is None or task["status"] in TERMINAL:
                     break
                 if task["status"] == "input_required" and not asked:
                     asked = True  # once per tasks/result: the person decides in the console, not here
                     elicitations.start_soon(self._elicit, ctx, task)
-                if (
-                    task["status"] == "working"
-                    and task["statusMessage"] != WORKING_MESSAGE[Status.RECONCILIATION_REQUIRED]
-                ):
+                # Waits on the event loop (no thread held) until the outcome moves; what the waiter
+                # calls settled (a person needed) is not terminal for a task: then at most one read
+                # per poll interval.
+                started = anyio.current_time()
+                if task["status"] == "working":
                     await waiting.wait_async(caller.outbox.sessions, params.task_id, timeout_s=waiting.MAX_WAIT_S)
-                else:  # a person decides: settled for waiting, not for the task
+                if anyio.current_time() - started < POLL_MS / 1000:
                     await anyio.sleep(POLL_MS / 1000)
             elicitations.cancel_scope.cancel()
+        if task is None:
+            return _not_found(params.task_id)
         answer = await anyio.to_thread.run_sync(caller.get, params.task_id)
         done = types.CallToolResult(
             content=[types.TextContent(text=answer.model_message)],
