@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     # The session cookie's Secure flag. Unset: on, except for a console reached on localhost (plain
     # http there is fine); off only if you must serve it over plain http elsewhere (not recommended).
     console_cookie_secure: bool | None = None
+    # Where people open the console (https://outbox.example): the approval page an MCP task awaiting
+    # approval points to (producer/agents/mcp_tasks.py). Empty: the MCP request's own base URL.
+    public_url: str = Field(default="", description="base URL of the console, as people reach it")
 
     @field_validator("database_url", "evidence_url")
     @classmethod
@@ -182,6 +185,13 @@ class Settings(BaseSettings):
     def _broker_scheme(cls, value: str) -> str:
         if value and value.split("://", 1)[0] not in ("redis", "rediss", "sqla+sqlite", "memory"):
             raise ValueError("use redis://host:port/db (or leave empty for the embedded default)")
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        if value and not value.startswith(("https://", "http://")):
+            raise ValueError("use the console's base URL, e.g. https://outbox.example (or leave empty)")
         return value
 
     @field_validator("tenant_weights")

@@ -179,6 +179,9 @@ class ToolSpec(_Strict):
     # is {scope}:{action}:{their values}, so two calls about one object are one operation whatever
     # else the model wrote; without them, the key is made of the canonical arguments' digest.
     reference_args: list[str] = Field(default_factory=list)
+    # Whether its effect destroys or overwrites something (MCP's destructiveHint: a host asks first).
+    # True unless declared otherwise: a write the file does not describe is treated as destructive.
+    destructive: bool = True
 
     @field_validator("args_schema")
     @classmethod

@@ -29,6 +29,7 @@ class ToolView:
     input_schema: dict[str, Any]
     reference_args: tuple[str, ...]
     approval: ApprovalSpec
+    destructive: bool = True  # tool.destructive of the actions file (MCP's destructiveHint)
 
     @property
     def may_need_approval(self) -> bool:
@@ -70,7 +71,8 @@ def catalog(rules: IntentRules) -> dict[str, ToolView]:
                 f"actions.{action}.args", f"{RETRY_OF!r} is reserved for trying a failed tool call again; rename it"
             )
         schema["properties"] = {**schema.get("properties", {}), RETRY_OF: RETRY_OF_SCHEMA}
-        out[action] = ToolView(action, description, schema, tuple(references), approval)
+        destructive = spec.destructive if spec else True
+        out[action] = ToolView(action, description, schema, tuple(references), approval, destructive)
     return out
 
 

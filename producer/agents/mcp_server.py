@@ -25,6 +25,7 @@ from outbox.service import waiting
 from outbox.service.waiting import MAX_WAIT_S
 from producer.agents.calls import ToolAnswer, ToolCaller
 from producer.agents.catalog import ToolView
+from producer.agents.mcp_tasks import TasksExtension, install
 
 SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
 # The host's priority for a call (-100..100, higher is claimed sooner), in a request's _meta. Not a
@@ -74,10 +75,11 @@ def _tool(view: ToolView) -> types.Tool:
         annotations=types.ToolAnnotations(
             title=view.action,
             read_only_hint=False,
-            destructive_hint=True,  # it changes the world (a refund, an email): a host should ask
+            destructive_hint=view.destructive,  # tool.destructive, default true: a host should ask
             idempotent_hint=True,  # the same call again is the same operation, never a second effect
             open_world_hint=True,  # it reaches a business system outside the host
         ),
+        execution=types.ToolExecution(task_support="optional"),  # MCP Tasks: producer/agents/mcp_tasks.py
     )
 
 
@@ -174,7 +176,7 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
             dispatch, caller, params.name, arguments, str(scope), priority, traceparent
         )
 
-    return Server(
+    server: Server[Any] = Server(
         "agent-outbox",
         instructions=(
             "Each tool asks a business system for one effect, at most once: the same call again returns the "
@@ -184,6 +186,8 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    install(server, TasksExtension(caller_for, call_tool, task_tools=frozenset(v.action for v in tools)))
+    return server
 
 
 class BearerKeys:
