@@ -30,9 +30,10 @@ def context_of(traceparent: str | None) -> Any:
 
 def traceparent_of(context: Any = None) -> str | None:
     """The W3C traceparent of ``context`` (None: the current one), None without a valid span."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=context)
-    return carrier.get("traceparent")
+    ctx = trace.get_current_span(context).get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 class _Span:
@@ -66,6 +67,9 @@ class OpenTelemetryTracer:
     def span(
         self, name: str, *, parent: str | None, links: Sequence[str], client: bool, attributes: dict[str, Any]
     ) -> Iterator[tracing.Span]:
+        if not self.enabled:  # no SDK configured: nothing is recorded, the context passes through
+            yield tracing.Passed(parent if parent else traceparent_of())
+            return
         linked = [Link(ctx) for ctx in (_span_context(t) for t in links if t and t != parent) if ctx is not None]
         tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=self._provider)
         with tracer.start_as_current_span(

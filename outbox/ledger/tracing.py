@@ -62,7 +62,9 @@ class Tracer(Protocol):
     ) -> AbstractContextManager[Span]: ...
 
 
-class _Passed:
+class Passed:
+    """No span: the parent (or the caller's context) passed through."""
+
     def __init__(self, traceparent: str | None) -> None:
         self.traceparent = traceparent
 
@@ -83,7 +85,7 @@ class NoTracer:
     def span(
         self, name: str, *, parent: str | None, links: Sequence[str], client: bool, attributes: dict[str, Any]
     ) -> Iterator[Span]:
-        yield _Passed(parent)
+        yield Passed(parent)
 
 
 _tracer: Tracer = NoTracer()
