@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from workers.cli.main import main
+from workers.sandbox.scenario import action
+from workers.sandbox.scenario import actions_doc as sandbox_actions
 
 ARGS = {"order_id": "ord_probe", "amount": "1.00", "currency": "EUR"}
 CHECKS = [
@@ -25,32 +27,18 @@ CHECKS = [
 
 
 def actions_doc(url: str, *, test_mode: bool = True, settle_s: float = 1.0, fencing: bool = True) -> dict[str, Any]:
-    target: dict[str, Any] = {"base_url": url, "timeout_s": 5}
+    """The sandbox as the one target (``test_mode`` as given) and its refund action as "refund"."""
+    refund = action(
+        "/v1/refunds",
+        settle_s=settle_s,
+        args=["order_id", "amount", "currency"],
+        decimal_args=["amount"],
+        provider_fencing=fencing,
+    )
+    doc = sandbox_actions(url, timeout_s=5, actions={"refund": refund})
     if test_mode:
-        target["test_mode"] = True
-    return {
-        "targets": {"sandbox": target},
-        "actions": {
-            "refund": {
-                "target": "sandbox",
-                "request": {"method": "POST", "path": "/v1/refunds"},
-                "args": ["order_id", "amount", "currency"],
-                "decimal_args": ["amount"],
-                "provider_idempotency": {"header": "Idempotency-Key", "retention_s": 86400},
-                "fencing_header": "X-Fencing-Token",
-                "provider_fencing": fencing,
-                "lookup": {
-                    "request": {
-                        "method": "GET",
-                        "path": "/v1/refunds",
-                        "query": {"idempotency_key": "{idempotency_key}"},
-                    },
-                    "authoritative_not_found": True,
-                    "settle_s": settle_s,
-                },
-            }
-        },
-    }
+        doc["targets"]["sandbox"]["test_mode"] = True
+    return doc
 
 
 def probe(
