@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import MissingDependency
@@ -47,3 +47,14 @@ def make_async_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSess
     from sqlalchemy.ext import asyncio
 
     return asyncio.async_sessionmaker(engine, expire_on_commit=False)
+
+
+def unreachable(engine: Engine) -> Exception | None:
+    """Why the ledger does not answer a trivial query now, or None when it does (readiness probes:
+    the API's /readyz, `agent-outbox health --ledger`)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(select(1))
+    except Exception as exc:  # noqa: BLE001 - reported by the caller, not raised
+        return exc
+    return None

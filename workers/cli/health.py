@@ -75,19 +75,15 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def _ledger_problem() -> str | None:
-    from sqlalchemy import select
-
-    from outbox.ledger.db import make_engine
+    from outbox.ledger.db import make_engine, unreachable
     from outbox.settings import load_settings
 
     engine = make_engine(load_settings().resolved_database_url)
     try:
-        with engine.connect() as conn:
-            conn.execute(select(1))
-        return None
-    except Exception as exc:  # noqa: BLE001 - a probe reports, it does not raise
-        return (
-            f"unreachable ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''})"
-        )
+        exc = unreachable(engine)
     finally:
         engine.dispose()
+    if exc is None:
+        return None
+    said = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+    return f"unreachable ({type(exc).__name__}: {said})"

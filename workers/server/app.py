@@ -11,7 +11,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,7 +26,7 @@ from outbox.errors import (
     RunNotMovable,
     SelfApproval,
 )
-from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.db import make_engine, make_sessionmaker, unreachable
 from outbox.ledger.provider_keys import KeyRules
 from outbox.settings import Settings, load_settings
 from producer.client import key_rules_for
@@ -214,13 +213,8 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     @app.get("/readyz", tags=["health"], responses={503: {"description": "a dependency is unreachable"}})
     def readyz() -> JSONResponse:
         """Readiness: the ledger answers (and Redis, when configured)."""
-        checks: dict[str, str] = {}
-        try:
-            with engine.connect() as conn:
-                conn.execute(select(1))
-            checks["ledger"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported, not raised
-            checks["ledger"] = f"unreachable: {type(exc).__name__}"
+        down = unreachable(engine)
+        checks = {"ledger": "ok" if down is None else f"unreachable: {type(down).__name__}"}
         if settings.redis_url:
             checks["redis"] = _redis_check(settings.redis_url)
         ok = all(v == "ok" for v in checks.values())
