@@ -98,7 +98,10 @@ def attempt(
     approvals: Mapping[str, Grant | None],
 ) -> tuple[AttemptReport, AttemptOutcome]:
     """One attempt of a claimed operation, as a span of the intent's trace (``outbox.attempt``, a
-    client span): its class, the provider's status, and ERROR only for a final failure."""
+    client span): its class, the provider's status, and ERROR only for a final failure. Untraced,
+    the attempt alone: nothing is built for a span on the hot path."""
+    if not tracing.enabled():
+        return _attempt(downstream, admissions, claim, action, approvals)
     with tracing.span(
         "outbox.attempt", parent=claim.traceparent, client=True, attributes=tracing.attributes_of(claim)
     ) as span:

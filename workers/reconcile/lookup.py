@@ -68,7 +68,10 @@ def limit_wait(claim: Claim, deferred: Deferred) -> Verdict:
 
 
 def ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
-    """One lookup as a span of the intent's trace (``outbox.lookup``, a client span)."""
+    """One lookup as a span of the intent's trace (``outbox.lookup``, a client span); untraced, the
+    lookup alone."""
+    if not tracing.enabled():
+        return _ask(downstream, admissions, claim)
     with tracing.span(
         "outbox.lookup", parent=claim.traceparent, client=True, attributes=tracing.attributes_of(claim)
     ) as span:
