@@ -55,6 +55,41 @@ class KeySpaceConflict(IdempotencyConflict):
         self.operation_id, self.owner = operation_id, owner
 
 
+class Refused(OutboxError):
+    """A call refused at submit by a rule of the actions file, nothing stored: a business answer for
+    the caller (typed outcome REFUSED), not a malformed request. ``model_message`` says why and what
+    the caller may do."""
+
+    outcome = "REFUSED"
+
+    def __init__(self, model_message: str) -> None:
+        super().__init__(model_message)
+        self.model_message = model_message
+
+
+class BudgetExhausted(Refused):
+    """The conversation's budget (``budget_scope`` in the actions file) has no room for this call."""
+
+    def __init__(self, model_message: str, *, scope: str, left: dict[str, object]) -> None:
+        super().__init__(model_message)
+        self.scope, self.left = scope, left
+
+
+class ObjectBusy(Refused):
+    """The business object the call touches is held by an operation whose outcome is not known yet,
+    and the action refuses instead of waiting (``when_object_busy: refuse``)."""
+
+    def __init__(
+        self, model_message: str, *, object_key: str, blocking_operation_id: str, blocking_status: str
+    ) -> None:
+        super().__init__(model_message)
+        self.object_key, self.blocking_operation_id, self.blocking_status = (
+            object_key,
+            blocking_operation_id,
+            blocking_status,
+        )
+
+
 class SelfApproval(OutboxError):
     """Separation of duties: the identity that submitted an intent may not approve it."""
 

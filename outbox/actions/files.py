@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +105,14 @@ def read_yaml(path: str | os.PathLike[str]) -> tuple[Any, list[tuple[str, str]]]
         return yaml.safe_load(text), duplicate_keys(text)
     except yaml.YAMLError as exc:
         raise ActionsFileError(path, [("", f"not valid YAML: {exc}")]) from exc
+
+
+class UnknownAction(ConfigError, KeyError):
+    """No action of that name is declared in the actions file."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name, self.known = name, sorted(known)
+        super().__init__(f"unknown action {name!r}; known actions: {', '.join(self.known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return str(self.args[0])

@@ -3,8 +3,9 @@
 A producer (an agent service, ``agent-outbox submit``, the HTTP API) renders the provider key and
 decides ``awaiting_approval`` at submit, and nothing more: it must not need the targets' secrets
 (``${PAYMENTS_TOKEN}``) to do so, nor hold them. This reads only ``actions.<name>.provider_key``,
-``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool``, ``args`` and
-``sensitive_args`` (``${VAR}`` resolved there only), checked as the full loader checks them;
+``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool``, ``args``,
+``sensitive_args``, ``object``, ``when_object_busy``, ``budget_scope`` and the file's top-level
+``budget_scope`` (``${VAR}`` resolved there only), checked as the full loader checks them;
 workers load the whole file (workers/provider/actions.py).
 """
 
@@ -18,7 +19,9 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from outbox.actions.files import ActionsFileError, read_yaml, resolve_env
-from outbox.actions.specs import ApprovalSpec, ToolSpec
+from outbox.actions.specs import ApprovalSpec, BudgetScopeSpec, ToolSpec, scope_budgets
+from outbox.ledger.budget_scopes import ScopeBudget
+from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
 
 
@@ -34,6 +37,8 @@ class IntentRules:
     # What agent runtimes see (producer/agents/): each action's tool spec and declared argument names.
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     declared_args: dict[str, list[str] | None] = field(default_factory=dict)
+    objects: dict[str, ObjectRule] = field(default_factory=dict)  # outbox/ledger/objects.py
+    budgets: dict[str, tuple[ScopeBudget, ...]] = field(default_factory=dict)  # outbox/ledger/budget_scopes.py
 
     @property
     def actions(self) -> dict[str, KeyRule]:
@@ -45,6 +50,12 @@ class IntentRules:
     def needs_approval(self, action: str, args: dict[str, Any]) -> bool:
         spec = self.approvals.get(action)
         return spec is not None and spec.applies(args)
+
+    def object_rule(self, action: str) -> ObjectRule | None:
+        return self.objects.get(action)
+
+    def budgets_of(self, action: str) -> tuple[ScopeBudget, ...]:
+        return self.budgets.get(action, ())
 
     def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
         return self.phases.get(action)
@@ -60,6 +71,17 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
         raise ActionsFileError(path, [("actions", "the file must be a mapping with `actions`")])
     env = os.environ if environ is None else environ
     problems: list[tuple[str, str]] = []
+    raw_every = resolve_env(data.get("budget_scope"), env, "budget_scope", problems)
+    every = _budget_scope(raw_every, "budget_scope", problems)
+    if every is not None and every.max_amount is not None:
+        problems.append(
+            (
+                "budget_scope.max_amount",
+                "max_amount belongs in an action's budget_scope: an amount is one action's argument",
+            )
+        )
+    objects: dict[str, ObjectRule] = {}
+    budgets: dict[str, tuple[ScopeBudget, ...]] = {}
     keys: dict[str, KeyRule] = {}
     approvals: dict[str, ApprovalSpec] = {}
     phases: dict[str, Literal["draft", "commit"]] = {}
@@ -82,6 +104,9 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
                 "tool",
                 "args",
                 "sensitive_args",
+                "object",
+                "when_object_busy",
+                "budget_scope",
             )
             if k in raw
         }
@@ -109,6 +134,19 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             problems.append((f"{where}.args", "must be a list of argument names"))
         else:
             args[name] = declared
+        if part.get("object") is not None:
+            busy = part.get("when_object_busy", "wait")
+            try:
+                if busy not in ("wait", "refuse"):
+                    raise ValueError("must be 'wait' or 'refuse'")
+                fields = template_fields(str(part["object"]))
+                if isinstance(declared, list) and (missing := fields - set(declared)):
+                    raise ValueError(f"names {sorted(missing)}, not in args {declared}")
+                objects[name] = ObjectRule(str(part["object"]), busy)
+            except ValueError as exc:
+                problems.append((f"{where}.object", str(exc)))
+        own = _budget_scope(part.get("budget_scope"), f"{where}.budget_scope", problems)
+        budgets[name] = scope_budgets(name, every, own)
         phase = part.get("phase")
         if phase is not None and phase not in ("draft", "commit"):
             problems.append((f"{where}.phase", "must be 'draft' or 'commit' (or absent)"))
@@ -120,4 +158,14 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             irreversible.add(name)
     if problems:
         raise ActionsFileError(path, problems)
-    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args)
+    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args, objects, budgets)
+
+
+def _budget_scope(raw: Any, where: str, problems: list[tuple[str, str]]) -> BudgetScopeSpec | None:
+    if raw is None:
+        return None
+    try:
+        return BudgetScopeSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems.extend((f"{where}." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
+        return None

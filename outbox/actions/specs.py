@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from outbox.ledger.budget_scopes import EVERY_TOOL, AmountCap, ScopeBudget
+from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.privacy.masking import top_field
 
 
@@ -202,3 +205,100 @@ class ToolSpec(_Strict):
             "and is shown in every output and sent to the provider; name a reference that is not secret, or "
             "none (the key is then a digest of the arguments)"
         )
+
+
+class AmountCapSpec(_Strict):
+    """``max_amount`` of a budget scope: the sum of the action's amount argument, at most ``limit``
+    (in the argument's own unit: cents for ``amount_cents``). ``decimals`` and ``currency`` only say how
+    the model is told it: ``{arg: amount_cents, limit: 50000, decimals: 2, currency: EUR}`` reads
+    "500.00 EUR"."""
+
+    arg: str = Field(min_length=1)
+    limit: Decimal = Field(gt=0)
+    currency: str | None = Field(default=None, min_length=1, max_length=8)
+    decimals: int = Field(default=0, ge=0, le=6)
+
+    @field_validator("arg")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        if not value.isidentifier():
+            raise ValueError("must be a top-level argument name (e.g. amount_cents)")
+        return value
+
+    def cap(self) -> AmountCap:
+        return AmountCap(self.arg, self.limit, self.currency, self.decimals)
+
+
+class BudgetScopeSpec(_Strict):
+    """What one conversation (budget scope) may spend: at the top of the file for every tool call, in an
+    action for that action's calls (outbox/ledger/budget_scopes.py)."""
+
+    max_calls: int | None = Field(default=None, gt=0)
+    max_amount: AmountCapSpec | None = None
+    # Attempts beyond each call's first, summed over the conversation's operations.
+    max_retry_billed: int | None = Field(default=None, ge=0)
+    # From the conversation's first call: later calls are refused.
+    deadline_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _something(self) -> BudgetScopeSpec:
+        if all(v is None for v in (self.max_calls, self.max_amount, self.max_retry_billed, self.deadline_s)):
+            raise ValueError("declare at least one of max_calls, max_amount, max_retry_billed, deadline_s")
+        return self
+
+    def budget(self, bucket: str) -> ScopeBudget:
+        return ScopeBudget(
+            bucket,
+            self.max_calls,
+            self.max_amount.cap() if self.max_amount is not None else None,
+            self.max_retry_billed,
+            self.deadline_s,
+        )
+
+
+def every_tool_budget(value: BudgetScopeSpec | None) -> BudgetScopeSpec | None:
+    """The file's top-level budget_scope (every tool call of a conversation): no amount there."""
+    if value is not None and value.max_amount is not None:
+        raise ValueError("max_amount belongs in an action's budget_scope: an amount is one action's argument")
+    return value
+
+
+def scope_budgets(action: str, every: BudgetScopeSpec | None, own: BudgetScopeSpec | None) -> tuple[ScopeBudget, ...]:
+    """An action's budgets in a scope: every tool call's (the file's top-level budget_scope), then its own."""
+    return tuple(spec.budget(bucket) for bucket, spec in ((EVERY_TOOL, every), (action, own)) if spec is not None)
+
+
+class AgentRulesSpec(_Strict):
+    """What an action asks of agents' calls beyond one intent: the business object it touches, and what
+    one conversation may spend on it (the actions file's ``object``, ``when_object_busy``, ``budget_scope``)."""
+
+    # The business object it touches, as a template of its arguments ("order:{order_id}"): while an
+    # operation on it is in doubt or awaits approval, a new one waits or is refused (outbox/ledger/objects.py).
+    # YAML key `object` (alias: a field named `object` would shadow the builtin in this class).
+    business_object: str | None = Field(default=None, alias="object")
+    when_object_busy: Literal["wait", "refuse"] = "wait"
+    # What one conversation may spend on this action's calls (outbox/ledger/budget_scopes.py).
+    budget_scope: BudgetScopeSpec | None = None
+
+    @field_validator("business_object")
+    @classmethod
+    def _object_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            template_fields(value)  # raises on a malformed template or one without an argument
+        return value
+
+    @model_validator(mode="after")
+    def _declared_in_args(self) -> AgentRulesSpec:
+        declared = getattr(self, "args", None)  # the action's declared argument names (ActionConfig.args)
+        if declared is None:
+            return self
+        if self.business_object is not None and (missing := template_fields(self.business_object) - set(declared)):
+            raise ValueError(f"object {self.business_object!r} names {sorted(missing)}, not in args {declared}")
+        cap = self.budget_scope.max_amount if self.budget_scope is not None else None
+        if cap is not None and cap.arg not in declared:
+            raise ValueError(f"budget_scope.max_amount.arg {cap.arg!r} is not in args {declared}")
+        return self
+
+    @property
+    def object_rule(self) -> ObjectRule | None:
+        return None if self.business_object is None else ObjectRule(self.business_object, self.when_object_busy)

@@ -97,25 +97,24 @@ class Operation(Base):
     args: Mapped[str | None] = mapped_column(Text)
     args_digest: Mapped[str] = mapped_column(String(64))
     subject: Mapped[str] = mapped_column(String(255))
-    # Who submitted it, as an identity the ledger can compare (``key:<api key id>`` for the HTTP
-    # API, MCP over HTTP and the console): separation of duties compares this, never the free-text
-    # subject or approver name. NULL: submitted in-process (producer.submit) without one.
+    # Who submitted it, as an identity separation of duties compares (``key:<api key id>`` for the HTTP
+    # API, MCP over HTTP, the console), never the free-text subject. NULL: in-process, without one.
     submitted_by: Mapped[str | None] = mapped_column(String(255))
-    # Whose key this is: a plain intent's ('intent') or a run's step or compensation ('run'). The
-    # two never adopt each other's operations (outbox/ledger/submit.py), so a plain intent never becomes a
-    # run's step, and a run never answers a plain submit.
+    # Whose key this is: a plain intent's ('intent') or a run's step or compensation ('run'); the two
+    # never adopt each other's operations (outbox/ledger/submit.py).
     key_space: Mapped[str] = mapped_column(String(8), server_default=text("'intent'"))
     run_id: Mapped[str | None] = mapped_column(String(255))
     tool_call_id: Mapped[str | None] = mapped_column(String(255))
-    # Higher is claimed sooner within its tenant's share; -100..100, checked at submit (no CHECK: SQLite
-    # would copy the table). Stored, not digested: a resubmit with another priority keeps the first.
+    # Higher is claimed sooner within its tenant; -100..100 checked at submit; not digested (a resubmit keeps the first).
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     # The W3C trace context it was submitted in (outbox/ledger/tracing.py): its later spans continue it.
     traceparent: Mapped[str | None] = mapped_column(Text)
+    # The business object it touches, and the conversation charged for it (outbox/ledger/scope_models.py).
+    object_key: Mapped[str | None] = mapped_column(String(255))
+    budget_scope: Mapped[str | None] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(32))
-    # Why a not_dispatched / outcome_unknown / awaiting_approval row is not due yet (states.WaitingFor);
-    # NULL when it waits for nothing but its schedule. Code decides on this, people read ``reason``.
-    # No CHECK constraint: adding one to SQLite means copying the table (migration 0004 says why).
+    # Why a row is not due yet (states.WaitingFor); NULL: nothing but its schedule. Code decides on this,
+    # people read ``reason``. No CHECK: SQLite would copy the table (migration 0004 says why).
     waiting_for: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)

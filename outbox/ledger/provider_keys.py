@@ -21,7 +21,11 @@ import hashlib
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from outbox.ledger.budget_scopes import ScopeBudget
+    from outbox.ledger.objects import ObjectRule
 
 DEFAULT_TEMPLATE = "{tenant}:{idempotency_key}"
 DEFAULT_MAX_LENGTH = 255  # the ledger's column; most providers allow 255 (Stripe) or fewer
@@ -64,6 +68,15 @@ class KeyRules(Protocol):
     def key_rule(self, action: str) -> KeyRule | None: ...
 
     def needs_approval(self, action: str, args: dict[str, Any]) -> bool: ...
+
+    def object_rule(self, action: str) -> ObjectRule | None:
+        """The business object the action touches (outbox/ledger/objects.py); None: none declared."""
+        ...
+
+    def budgets_of(self, action: str) -> tuple[ScopeBudget, ...]:
+        """What one budget scope may spend on the action's calls (outbox/ledger/budget_scopes.py):
+        the file's top-level budget_scope, then the action's own."""
+        ...
 
 
 def template_fields(template: str) -> set[str]:

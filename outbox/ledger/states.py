@@ -240,6 +240,7 @@ class WaitingFor(str, enum.Enum):
     LOOKUP = "lookup"  # the reconciler will ask the provider what became of it
     PROVIDER = "provider"  # accepted: the provider is still processing it; the reconciler asks again
     RATE_LIMIT = "rate_limit"  # a limit its target declares (rate or concurrency) had no room: not sent yet
+    OBJECT = "object"  # another operation on the same business object may have taken effect unseen
 
     def __str__(self) -> str:
         return self.value
@@ -258,6 +259,11 @@ WAITING_MEANING: dict[WaitingFor, str] = {
     WaitingFor.RATE_LIMIT: (
         "its target's declared rate or concurrency limit had no room: not sent, the attempt not counted;"
         " tried again at next_attempt_at"
+    ),
+    WaitingFor.OBJECT: (
+        "another operation on the same business object (the action's `object`) is in flight, outcome unknown,"
+        " with a person or awaiting approval: not sent, the attempt not counted; looked at again at next_attempt_at"
+        " (the reason names the blocking operation)"
     ),
 }
 

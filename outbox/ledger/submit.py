@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
-from outbox.ledger import tracing
+from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict, ObjectBusy
+from outbox.ledger import budget_scopes, objects, tracing
 from outbox.ledger.drivers import NewOperation, driver_for
 from outbox.ledger.envelope import build_envelope
 from outbox.ledger.models import KEY_SPACES, Operation, core_table
@@ -51,6 +51,15 @@ class Receipt:
     result: dict[str, Any] | None = None
     error_class: str | None = None
     provider_key: str | None = None  # what the provider sees (outbox/ledger/provider_keys.py)
+    # With a budget scope: what the conversation has left of each budget (outbox/ledger/budget_scopes.py).
+    budget: tuple[budget_scopes.Standing, ...] = ()
+    # The operation its business object waits behind, when it was busy at submit (outbox/ledger/objects.py).
+    waiting_on: objects.Blocker | None = None
+
+    @property
+    def budget_left(self) -> str | None:
+        """'3 of 20 calls, 120.00 of 500.00 EUR left in this conversation' (None: no budget scope)."""
+        return budget_scopes.describe(self.budget) or None if self.budget else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,7 +76,16 @@ class Receipt:
                 else None
             ),
             "error_class": self.error_class,
-        }
+        } | self.extras()
+
+    def extras(self) -> dict[str, Any]:
+        """What a budget scope or a busy object adds to the answer (nothing when neither applies)."""
+        out: dict[str, Any] = {}
+        if self.budget:
+            out["budget"] = {"left": self.budget_left, "budgets": [s.as_dict() for s in self.budget]}
+        if self.waiting_on is not None:
+            out["waiting_on"] = self.waiting_on.as_dict() | {"message": self.waiting_on.describe()}
+        return out
 
 
 def _validate_key(key: Any) -> str:
@@ -117,6 +135,7 @@ def submit(
     key_space: str = "intent",
     priority: int = 0,
     traceparent: str | None = None,
+    budget_scope: str | None = None,
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
@@ -131,6 +150,13 @@ def submit(
     ``traceparent``: the W3C trace context the intent belongs to (an HTTP header, an MCP request's
     meta); None: the caller's current trace, when a tracer is installed (outbox/ledger/tracing.py).
     Stored with the intent, not digested. The submit is a span of that trace (``outbox.submit``).
+
+    ``budget_scope``: the conversation (MCP session, run context, thread id) whose budget a new intent
+    is charged to, when the actions file declares one for the action (``budget_scope:``); a refusal
+    raises BudgetExhausted and stores nothing (outbox/ledger/budget_scopes.py). An action that declares
+    its business ``object`` is rendered here; with ``when_object_busy: refuse`` a new intent on an
+    object in doubt raises ObjectBusy (outbox/ledger/objects.py). Neither is stored by a refusal, and a
+    replay of an intent already accepted is answered as always.
     """
     key = _validate_key(idempotency_key)
     priority = validate_priority(priority)
@@ -162,6 +188,13 @@ def submit(
     if key_space not in KEY_SPACES:
         raise ValueError(f"key_space must be one of {KEY_SPACES}")
 
+    object_rule = key_rules.object_rule(env.action) if key_rules is not None else None
+    object_key = object_rule.render(env.args) if object_rule is not None else None
+    budgets = key_rules.budgets_of(env.action) if key_rules is not None and budget_scope is not None else ()
+    if budget_scope is not None:
+        budget_scope = budget_scopes.validate_scope(budget_scope)
+        require_storable("budget_scope", budget_scope)
+
     operation_id = str(uuid.uuid4())
     # The actions file's approval rule (the send checks it again: outbox/approvals/decisions.py).
     requires_approval = requires_approval or (key_rules is not None and key_rules.needs_approval(env.action, env.args))
@@ -189,22 +222,71 @@ def submit(
         submitted_by=submitted_by,
         key_space=key_space,
         priority=priority,
+        object_key=object_key,
+        budget_scope=budget_scope if budgets else None,
     )
+    rules = _Rules(object_rule, budgets, budget_scope)
     with tracing.span(
         "outbox.submit", parent=traceparent, attributes={"outbox.tenant": env.tenant, "outbox.action": env.action}
     ) as span:
         # Stored: this submit's span when traced (later work continues it), else the caller's.
-        return _insert(session, span, replace(new, traceparent=span.traceparent))
+        return _insert(session, span, replace(new, traceparent=span.traceparent), rules, env.args)
 
 
-def _insert(session: Session, span: tracing.Span, new: NewOperation) -> Receipt:
+@dataclass(frozen=True)
+class _Rules:
+    """What the actions file asks of this intent at submit beyond its row: its object, its budgets."""
+
+    object_rule: objects.ObjectRule | None
+    budgets: tuple[budget_scopes.ScopeBudget, ...]
+    scope: str | None
+
+    @property
+    def guarded(self) -> bool:
+        """Whether a new row may still be refused after its insert (a savepoint then)."""
+        return bool(self.budgets) or self.refuses_busy
+
+    @property
+    def refuses_busy(self) -> bool:
+        return self.object_rule is not None and self.object_rule.busy == "refuse"
+
+
+def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rules, args: dict[str, Any]) -> Receipt:
     """Insert ``new``, or find the intent its key already names (a replay, or a conflict)."""
     operation_id, key = new.id, new.idempotency_key
-    inserted = driver_for(session).insert_operation(session, new)
+    blocker = None
+    if new.object_key is not None:
+        blocker = objects.busy_at_submit(session, tenant=new.tenant, object_key=new.object_key, idempotency_key=key)
+    spent: list[budget_scopes.Standing] = []
+    if not rules.guarded:
+        inserted = driver_for(session).insert_operation(session, new)
+    else:
+        try:
+            with session.begin_nested():  # a refusal takes the row (and any charge) back with it
+                inserted = driver_for(session).insert_operation(session, new)
+                if inserted and blocker is not None and rules.refuses_busy:
+                    raise _busy(new, blocker)
+                if inserted and rules.budgets and rules.scope is not None:
+                    spent = budget_scopes.charge(
+                        session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets, args=args
+                    )
+        except budget_scopes.NoRoom as exc:
+            assert rules.scope is not None
+            raise budget_scopes.refusal(
+                session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets, no_room=exc
+            ) from None
     if inserted:
         span.set(**{"outbox.operation_id": operation_id, "outbox.replay": False})
         return Receipt(
-            operation_id, new.tenant, key, new.status.value, True, new.args_digest, provider_key=new.provider_key
+            operation_id,
+            new.tenant,
+            key,
+            new.status.value,
+            True,
+            new.args_digest,
+            provider_key=new.provider_key,
+            budget=tuple(spent),
+            waiting_on=blocker,
         )
 
     existing = session.execute(
@@ -225,6 +307,9 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation) -> Receipt:
         raise KeySpaceConflict(key, existing.id, owner=owner)
     if existing.args_digest != new.args_digest:
         raise IdempotencyConflict(key, existing.args_digest, new.args_digest, existing.id)
+    left: tuple[budget_scopes.Standing, ...] = ()
+    if rules.budgets and rules.scope is not None:
+        left = tuple(budget_scopes.standing(session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets))
     return Receipt(
         existing.id,
         new.tenant,
@@ -236,4 +321,16 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation) -> Receipt:
         existing.result,
         existing.error_class,
         existing.provider_key,
+        budget=left,
+    )
+
+
+def _busy(new: NewOperation, blocker: objects.Blocker) -> ObjectBusy:
+    return ObjectBusy(
+        f"Refused: {blocker.describe()}; {new.action} on the same object is not accepted until that outcome is "
+        f"known. Nothing was submitted or sent. Wait for operation {blocker.operation_id} to settle (read it), "
+        "then call again.",
+        object_key=blocker.object_key,
+        blocking_operation_id=blocker.operation_id,
+        blocking_status=blocker.status.value,
     )

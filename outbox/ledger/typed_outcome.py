@@ -22,6 +22,9 @@ class Outcome(str, enum.Enum):
     AWAITING_APPROVAL = "AWAITING_APPROVAL"
     PENDING = "PENDING"
     CANCELLED = "CANCELLED"
+    # Not stored: a rule of the actions file refused the call at submit (a conversation's budget, a busy
+    # business object). Never an operation's state; only an answer to a call.
+    REFUSED = "REFUSED"
 
 
 OUTCOME_OF: dict[Status, Outcome] = {
@@ -85,6 +88,12 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
             + (f" (reference {ref})" if ref else "")
             + " and is still processing it; it is being checked with the provider. Do not resubmit; wait for "
             "it or check later."
+        )
+    if op.get("waiting_for") == "object":
+        why = op.get("reason") or "another operation on the same object is not settled"
+        return (
+            f"Waiting, nothing sent: {action} is held back ({why}); it is sent once that outcome is known. Wait for "
+            "it or check later, do not resubmit."
         )
     return f"Accepted, not finished: {action} is queued or in progress; wait for it or check later, do not resubmit."
 

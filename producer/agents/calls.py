@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import select
 
 from outbox.actions.rules import IntentRules
-from outbox.errors import IdempotencyConflict, InvalidIntent, OperationNotFound
+from outbox.errors import BudgetExhausted, IdempotencyConflict, InvalidIntent, ObjectBusy, OperationNotFound, Refused
 from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.ledger.models import Operation
 from outbox.ledger.submit import MAX_KEY_LEN
@@ -84,6 +84,33 @@ def retry_key(key: str, action: str, retry_of: str) -> str:
     return retried
 
 
+def refused_answer(exc: Refused, *, action: str, idempotency_key: str) -> ToolAnswer:
+    """The answer to a call the actions file's rules refused at submit (nothing stored): its budget
+    left, or the operation its object waits behind."""
+    waiting_on = None
+    if isinstance(exc, ObjectBusy):
+        waiting_on = {
+            "operation_id": exc.blocking_operation_id,
+            "status": exc.blocking_status,
+            "object": exc.object_key,
+        }
+    budget = None
+    if isinstance(exc, BudgetExhausted):
+        budget = exc.left
+    return ToolAnswer(
+        outcome=exc.outcome,
+        model_message=exc.model_message,
+        operation_id=None,
+        status="refused",
+        action=action,
+        idempotency_key=idempotency_key,
+        reference=None,
+        new=False,
+        budget=budget,
+        waiting_on=waiting_on,
+    )
+
+
 def _as_text(value: Any) -> str:
     """A reference value as text: the order 81 and the order "81" are one order (a model may write
     either on a retry)."""
@@ -119,17 +146,28 @@ class ToolAnswer:
 
     outcome: str
     model_message: str
-    operation_id: str
-    status: str
+    operation_id: str | None  # None only for REFUSED: nothing was stored
+    status: str  # the operation's state; "refused" when nothing was stored
     action: str
     idempotency_key: str
     reference: str | None
     new: bool
     conflict: bool = False  # a call about the same reference with other arguments: this is the first one
+    # With a budget scope: {"left": "3 of 20 calls ... left in this conversation", "budgets": [...]}.
+    budget: dict[str, Any] | None = None
+    # The operation on the same business object this one waits behind (or was refused for).
+    waiting_on: dict[str, Any] | None = None
 
     @property
     def settled(self) -> bool:
         return Outcome(self.outcome) in SETTLED
+
+    @property
+    def stored_id(self) -> str:
+        """The operation's id, for a call that made (or found) one; InvalidIntent for a refused call."""
+        if self.operation_id is None:
+            raise InvalidIntent("operation_id", "this call was refused and stored nothing: there is no operation")
+        return self.operation_id
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,7 +223,10 @@ class ToolCaller:
                 requires_approval=tool.needs_approval(exact(plain)),
                 priority=priority,
                 traceparent=traceparent,
+                budget_scope=scope,
             )
+        except Refused as exc:
+            return refused_answer(exc, action=action, idempotency_key=key)
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.
             first = self.get(exc.operation_id)
@@ -195,7 +236,16 @@ class ToolCaller:
                 f"one is made. {first.model_message}"
             )
             return replace(first, model_message=said, conflict=True)
-        return self.get(receipt.operation_id, new=receipt.new)
+        answer = self.get(receipt.operation_id, new=receipt.new)
+        extras = receipt.extras()
+        message = answer.model_message
+        if receipt.waiting_on is not None and not answer.settled:
+            message += (
+                f" It waits, nothing sent: {receipt.waiting_on.describe()}; it is sent once that outcome is known."
+            )
+        if receipt.budget_left:
+            message += f" Budget: {receipt.budget_left}."
+        return replace(answer, model_message=message, budget=extras.get("budget"), waiting_on=extras.get("waiting_on"))
 
     def key_of(self, action: str, args: dict[str, Any], *, scope: str) -> str:
         """This call's idempotency key, once its arguments match the tool's schema (InvalidIntent if not)."""

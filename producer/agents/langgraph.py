@@ -58,7 +58,7 @@ def outbox_node(
                 decision = interrupt(question | {"error": f"resume with operation_id {answer.operation_id}"})
             answer = _decide(caller, answer, decision)
         if not answer.settled and wait_s > 0:
-            answer = caller.wait(answer.operation_id, timeout_s=wait_s)
+            answer = caller.wait(answer.stored_id, timeout_s=wait_s)
         return {result_key: answer.as_dict()}
 
     return node
@@ -89,7 +89,7 @@ def _decide(caller: ToolCaller, answer: ToolAnswer, decision: Any) -> ToolAnswer
             "resume", 'resume with Command(resume={"approved": true|false, "by": "alice", "note": "..."})'
         )
     if decision["approved"]:
-        caller.approve(answer.operation_id, by=str(decision["by"]), note=decision.get("note"))
+        caller.approve(answer.stored_id, by=str(decision["by"]), note=decision.get("note"))
     else:
-        caller.deny(answer.operation_id, by=str(decision["by"]), note=str(decision.get("note") or "denied"))
-    return caller.get(answer.operation_id)
+        caller.deny(answer.stored_id, by=str(decision["by"]), note=str(decision.get("note") or "denied"))
+    return caller.get(answer.stored_id)

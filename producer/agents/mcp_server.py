@@ -21,6 +21,7 @@ from mcp.server import Server
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from outbox.errors import OutboxError
+from outbox.ledger.typed_outcome import Outcome
 from outbox.service import waiting
 from outbox.service.waiting import MAX_WAIT_S
 from producer.agents.calls import ToolAnswer, ToolCaller
@@ -42,24 +43,18 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "properties": {
         "outcome": {
             "type": "string",
-            "enum": [
-                "SUCCEEDED",
-                "FAILED_BEFORE_COMMIT",
-                "UNKNOWN",
-                "NEEDS_HUMAN",
-                "AWAITING_APPROVAL",
-                "PENDING",
-                "CANCELLED",
-            ],
+            "enum": [o.value for o in Outcome],
         },
         "model_message": {"type": "string"},
-        "operation_id": {"type": "string"},
+        "operation_id": {"type": ["string", "null"]},
         "status": {"type": "string"},
         "action": {"type": "string"},
         "idempotency_key": {"type": "string"},
         "reference": {"type": ["string", "null"]},
         "new": {"type": "boolean"},
         "conflict": {"type": "boolean"},
+        "budget": {"type": ["object", "null"]},
+        "waiting_on": {"type": ["object", "null"]},
     },
     "required": ["outcome", "model_message", "operation_id", "status"],
 }
@@ -109,8 +104,12 @@ READ_TOOLS = [
 
 
 def answered(answer: ToolAnswer) -> types.CallToolResult:
+    """A tool's answer; a REFUSED one (nothing stored: a budget, a busy object) is a tool error the
+    model reads, with what is left or what it waits behind."""
     return types.CallToolResult(
-        content=[types.TextContent(text=answer.model_message)], structured_content=answer.as_dict(), is_error=False
+        content=[types.TextContent(text=answer.model_message)],
+        structured_content=answer.as_dict(),
+        is_error=answer.outcome == Outcome.REFUSED.value,
     )
 
 

@@ -95,11 +95,11 @@ class OutboxTools:
                 "reference: nothing to approve here; reject the call",
             )
         if answer.status == "awaiting_approval":
-            self.caller.approve(answer.operation_id, by=by, note=note)
+            self.caller.approve(answer.stored_id, by=by, note=note)
         elif answer.status == "cancelled":
             raise InvalidIntent("approval", f"operation {answer.operation_id} was denied or cancelled already")
         state.approve(item)
-        return self.caller.get(answer.operation_id)
+        return self.caller.get(answer.stored_id)
 
     def reject(self, state: RunState[Any], item: ToolApprovalItem, *, by: str, note: str) -> ToolAnswer | None:
         """Deny the interrupted call (written down: who, when, why; nothing sent). Returns the
@@ -113,12 +113,12 @@ class OutboxTools:
             state.reject(item, rejection_message=f"Rejected by {by}: {note}. {answer.model_message}")
             return answer
         if answer.status == "awaiting_approval":
-            self.caller.deny(answer.operation_id, by=by, note=note)
+            self.caller.deny(answer.stored_id, by=by, note=note)
         elif answer.status != "cancelled":
             raise InvalidIntent(
                 "reject", f"operation {answer.operation_id} is {answer.status}: it was approved elsewhere already"
             )
-        after = self.caller.get(answer.operation_id)
+        after = self.caller.get(answer.stored_id)
         state.reject(item, rejection_message=after.model_message)
         return after
 
@@ -127,7 +127,7 @@ class OutboxTools:
         answer = self.caller.call(action, args, scope=scope, tool_call_id=tool_call_id)
         if self.wait_s <= 0 or answer.settled:
             return answer
-        waited = self.caller.wait(answer.operation_id, timeout_s=self.wait_s)
+        waited = self.caller.wait(answer.stored_id, timeout_s=self.wait_s)
         return replace(waited, new=answer.new, conflict=answer.conflict, model_message=waited.model_message)
 
     def _submit_for(self, state: RunState[Any], item: ToolApprovalItem) -> ToolAnswer:

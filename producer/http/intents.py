@@ -16,7 +16,7 @@ from pydantic.config import JsonDict
 from sqlalchemy.orm import Session
 
 from outbox.access.keys import Caller
-from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.errors import IdempotencyConflict, InvalidIntent, Refused
 from outbox.ledger.states import Status
 from outbox.ledger.submit import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY, submit, validate_priority
 from outbox.ledger.tracing import validate_traceparent
@@ -26,7 +26,7 @@ from outbox.service import operations, waiting
 from producer.http.auth import ApiState, require, state
 from producer.http.bodies import exact_json
 from producer.http.openapi import CONFLICT, OPTIONAL_TRIMMED, STORABLE, TRIMMED, WORD, json_body
-from producer.http.problems import Problem, conflict_problem
+from producer.http.problems import Problem, conflict_problem, refused_problem
 
 router = APIRouter(prefix="/v1", tags=["agents"])
 MAX_BATCH = 500
@@ -173,6 +173,16 @@ def trace_header(request: Request) -> str | None:
     return validate_traceparent(request.headers.get("traceparent"), "traceparent (header)")
 
 
+BUDGET_SCOPE_HEADER = "Outbox-Budget-Scope"
+
+
+def budget_scope_header(request: Request) -> str | None:
+    """The conversation (``Outbox-Budget-Scope`` header) whose budget a new intent is charged to, when
+    the actions file declares a ``budget_scope`` for its action (outbox/ledger/budget_scopes.py). Read
+    from the headers, not a parameter of the schema: most clients never send it."""
+    return request.headers.get(BUDGET_SCOPE_HEADER)
+
+
 def subject_of(obj: dict[str, Any], caller: Caller) -> Any:
     """The body's subject, or the key's name when it gives none (null or ""); anything else is the
     body's to answer for (the ledger refuses what is not text)."""
@@ -203,7 +213,7 @@ def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: 
     receipt = submit(session, **intent, key_rules=st.key_rules)
     # New: inserted by this transaction, so nothing but its history exists to read.
     op = operations.get(session, caller.tenant, receipt.operation_id)
-    return (201 if receipt.new else 200), operations.answer(session, op, fresh=receipt.new)
+    return (201 if receipt.new else 200), operations.answer(session, op, fresh=receipt.new) | receipt.extras()
 
 
 @router.post(
@@ -224,6 +234,7 @@ async def post_intent(
     st = state(request)
     intent = _intent_fields(exact_json(await request.body()), idempotency_key, caller)
     intent["traceparent"] = trace_header(request)
+    intent["budget_scope"] = budget_scope_header(request)
     _known_action(st, intent)
 
     def run() -> tuple[int, dict[str, Any]]:
@@ -251,13 +262,17 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
     if len(items) > MAX_BATCH:
         raise InvalidIntent("intents", f"at most {MAX_BATCH} intents per batch (got {len(items)})")
     traceparent = trace_header(request)  # one trace for the batch's intents
+    scope = budget_scope_header(request)  # and one conversation
 
     def run() -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         with st.sessions.begin() as session:
             for i, obj in enumerate(items):
                 try:
-                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.") | {"traceparent": traceparent}
+                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.") | {
+                        "traceparent": traceparent,
+                        "budget_scope": scope,
+                    }
                     _known_action(st, intent, where=f"intents.{i}.")
                     with session.begin_nested():  # a bad item never takes the good ones down
                         receipt = submit(session, **intent, key_rules=st.key_rules)
@@ -269,6 +284,8 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                     results.append({"index": i, "status": 422, "problem": p.body()})
                 except IdempotencyConflict as exc:
                     results.append({"index": i, "status": 409, "problem": conflict_problem(exc).body()})
+                except Refused as exc:
+                    results.append({"index": i, "status": 409, "problem": refused_problem(exc).body()})
             answers = operations.answers(session, [r["operation"] for r in results if "operation" in r])
             for r in results:
                 if "operation" in r:

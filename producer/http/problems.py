@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from outbox.errors import IdempotencyConflict
+from outbox.errors import BudgetExhausted, IdempotencyConflict, ObjectBusy, Refused
 
 PROBLEM = "application/problem+json"
 PROBLEM_BASE = "https://agent-outbox.dev/problems/"
@@ -59,6 +59,9 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "operation_id": {"type": "string", "description": "the operation that holds that key"},
         "run_key": {"type": "string", "description": "a run conflict's run key"},
         "run_id": {"type": "string", "description": "the run that holds that run key"},
+        "outcome": {"type": "string", "description": "REFUSED: a rule of the actions file refused it; nothing stored"},
+        "budget": {"type": "object", "description": "a refused call's conversation budgets: what is left"},
+        "waiting_on": {"type": "object", "description": "the operation its business object waits behind"},
     },
 }
 
@@ -81,3 +84,21 @@ def conflict_problem(exc: IdempotencyConflict) -> Problem:
         field="idempotency_key",
         members={"idempotency_key": exc.key, "operation_id": exc.operation_id},
     )
+
+
+def refused_problem(exc: Refused) -> Problem:
+    """A submit refused by the actions file's rules (a conversation's budget, a busy business object):
+    409, nothing stored; the detail is the sentence a model reads."""
+    members: dict[str, Any] = {"outcome": exc.outcome}
+    kind, title = "refused", "Refused"
+    if isinstance(exc, BudgetExhausted):
+        kind, title = "budget-exhausted", "Budget exhausted"
+        members["budget"] = exc.left
+    if isinstance(exc, ObjectBusy):
+        kind, title = "object-busy", "Object busy"
+        members["waiting_on"] = {
+            "operation_id": exc.blocking_operation_id,
+            "status": exc.blocking_status,
+            "object": exc.object_key,
+        }
+    return Problem(409, kind, title, exc.model_message, members=members)

@@ -170,6 +170,7 @@ def test_an_attempt_and_a_lookup_with_no_room_are_not_sent_and_cost_nothing() ->
     from outbox.ledger.claims import Claim
     from outbox.ledger.states import AttemptClass, WaitingFor
     from workers.dispatch.fan_out import Downstream, attempt
+    from workers.dispatch.gate import SendChecks
     from workers.dispatch.outcomes import RetryAt
     from workers.reconcile.lookup import ask
 
@@ -210,7 +211,7 @@ def test_an_attempt_and_a_lookup_with_no_room_are_not_sent_and_cost_nothing() ->
             False,
         )
 
-    report, outcome = attempt(down, admissions, claim("dispatch"), cfg.action("payments.refund.create"), {})
+    report, outcome = attempt(down, admissions, claim("dispatch"), cfg.action("payments.refund.create"), SendChecks())
     assert (
         report.klass is AttemptClass.NOT_SENT
         and report.error

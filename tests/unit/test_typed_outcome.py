@@ -17,7 +17,9 @@ def test_every_state_has_exactly_one_outcome():
         Outcome.NEEDS_HUMAN,
         Outcome.AWAITING_APPROVAL,
         Outcome.CANCELLED,
+        Outcome.REFUSED,  # an answer, never a state: nothing was stored, nothing to wait for
     }
+    assert Outcome.REFUSED not in set(OUTCOME_OF.values())
 
 
 @pytest.mark.parametrize(

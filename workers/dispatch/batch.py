@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from breaker import Admissions
-from outbox.approvals.decisions import Grant
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim, claim_due
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
-from workers.dispatch.gate import Gate
+from workers.dispatch.gate import Gate, SendChecks
 from workers.dispatch.in_flight import InFlight
 from workers.dispatch.outcomes import AttemptOutcome
 
@@ -69,19 +68,19 @@ class Dispatcher:
             log.info("no room: %d operation(s) in flight; doorbell left to the relay", self.in_flight.held)
             return {}
         try:
-            outcomes, claims, admissions, approvals = self._gate_and_claim(operation_ids, size)
+            outcomes, claims, admissions, checks = self._gate_and_claim(operation_ids, size)
         except BaseException:
             self.in_flight.release(size)
             raise
         self.in_flight.release(size - len(claims))
-        done = self.in_flight.start(claims, admissions, approvals)
+        done = self.in_flight.start(claims, admissions, checks)
         if wait:
             outcomes.update(done.result())
         return outcomes
 
     def _gate_and_claim(
         self, operation_ids: Sequence[str], size: int
-    ) -> tuple[dict[str, AttemptOutcome], list[Claim], Admissions, dict[str, Grant | None]]:
+    ) -> tuple[dict[str, AttemptOutcome], list[Claim], Admissions, SendChecks]:
         gate = self.gate
         admissions = gate.admissions()
         try:
@@ -93,7 +92,7 @@ class Dispatcher:
                 log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
             gate.admit_taken_along(claims, admissions)
             admissions.give_back_all(keep=[c.operation_id for c in claims])  # probes we will not send
-            approvals = gate.approvals(claims)
+            checks = gate.checks(claims)
             for claim in claims:
                 failpoints.hit("dispatch.after_claim", claim.idempotency_key)
         except BaseException:
@@ -101,7 +100,7 @@ class Dispatcher:
             raise
         # Most budget left first here too: after a failed canary each call asks the breaker in turn.
         claims.sort(key=lambda c: c.attempt_count)
-        return passed.parked, claims, admissions, approvals
+        return passed.parked, claims, admissions, checks
 
 
 def _claim(

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from breaker import Admissions, Open, counts_as_failure
-from outbox.approvals.decisions import Grant, lapse_reason
+from outbox.approvals.decisions import lapse_reason
 from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
+from workers.dispatch.gate import SendChecks
 from workers.dispatch.outcomes import (
     AttemptOutcome,
     FailedAtProvider,
@@ -33,6 +33,7 @@ from workers.dispatch.outcomes import (
     deadline_of,
     decide,
     limit_wait,
+    object_wait,
 )
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
@@ -77,16 +78,14 @@ class Downstream:
             self.pacer.done(cleared)
 
 
-def attempt_claimed(
-    downstream: Downstream, admissions: Admissions, claim: Claim, approvals: Mapping[str, Grant | None]
-) -> Attempted:
+def attempt_claimed(downstream: Downstream, admissions: Admissions, claim: Claim, checks: SendChecks) -> Attempted:
     try:
         action = downstream.actions.action(claim.action)
     except KeyError as exc:
         admissions.give_back(claim.operation_id)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
         return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
-    report, outcome = attempt(downstream, admissions, claim, action, approvals)
+    report, outcome = attempt(downstream, admissions, claim, action, checks)
     return claim, report, outcome, action
 
 
@@ -95,17 +94,17 @@ def attempt(
     admissions: Admissions,
     claim: Claim,
     action: ActionConfig,
-    approvals: Mapping[str, Grant | None],
+    checks: SendChecks,
 ) -> tuple[AttemptReport, AttemptOutcome]:
     """One attempt of a claimed operation, as a span of the intent's trace (``outbox.attempt``, a
     client span): its class, the provider's status, and ERROR only for a final failure. Untraced,
     the attempt alone: nothing is built for a span on the hot path."""
     if not tracing.enabled():
-        return _attempt(downstream, admissions, claim, action, approvals)
+        return _attempt(downstream, admissions, claim, action, checks)
     with tracing.span(
         "outbox.attempt", parent=claim.traceparent, client=True, attributes=tracing.attributes_of(claim)
     ) as span:
-        report, outcome = _attempt(downstream, admissions, claim, action, approvals)
+        report, outcome = _attempt(downstream, admissions, claim, action, checks)
         span.set(
             **{
                 "outbox.target": action.target,
@@ -124,26 +123,29 @@ def _attempt(
     admissions: Admissions,
     claim: Claim,
     action: ActionConfig,
-    approvals: Mapping[str, Grant | None],
+    checks: SendChecks,
 ) -> tuple[AttemptReport, AttemptOutcome]:
     """One attempt of a claimed operation: nothing here writes to the ledger.
 
     ``admissions``: the doorbell's breaker answers (the operation's own, asked before the claim, or
-    its target's shared one; otherwise the breaker is asked now). ``approvals``: the approval on
-    record for the claims whose action needs one (None: none on record).
+    its target's shared one; otherwise the breaker is asked now). ``checks``: the approval on record
+    for the claims whose action needs one (None: none on record), and the operation that holds back
+    those whose business object is not free (gate.py).
     """
     early = before_send(claim, action, now=claim.now())
     if early is None and not claim.args:
         early = Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
-    if early is None and claim.operation_id in approvals:
+    if early is None and claim.operation_id in checks.approvals:
         lapsed = lapse_reason(
-            approvals[claim.operation_id],
+            checks.approvals[claim.operation_id],
             args_digest=claim.args_digest,
             policy_version=action.approval.policy_version,
             now=claim.now(),
         )
         if lapsed is not None:
             early = NeedsApproval(lapsed)
+    if early is None and (blocker := checks.held_back.get(claim.operation_id)) is not None:
+        early = object_wait(claim, action, blocker, now=claim.now())
     if early is not None:
         admissions.give_back(claim.operation_id)
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)

@@ -6,16 +6,18 @@ downstream's breaker is open an operation is not claimed at all: it is parked un
 close (outbox/ledger/waits.py), which costs no fencing token, attempt row or budget. Past its
 deadline it is claimed anyway, and the claim ends it (the budget is spent either way).
 
-After the claim, two more questions before anything is sent: the operations the claim took along
-(not rung by this doorbell) are admitted once per target, and the approvals on record are read for
-the actions that need one (judged again right before the send, dispatch/fan_out.py).
+After the claim, three more questions before anything is sent: the operations the claim took along
+(not rung by this doorbell) are admitted once per target; the approvals on record are read for the
+actions that need one (judged again right before the send, dispatch/fan_out.py); and an operation
+whose action declares a business object takes that object's hold, or learns which operation holds it
+back (outbox/ledger/objects.py; it is then sent back to wait, nothing sent).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,6 +29,7 @@ from outbox.ledger.claims import Claim, read_due
 from outbox.ledger.clock import LedgerClock, as_utc
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.hot_path import LedgerConnection
+from outbox.ledger.objects import Blocker, take_hold
 from outbox.ledger.waits import park_for_breaker
 from workers.dispatch.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
 from workers.provider.actions import ActionConfig, ActionsConfig
@@ -53,6 +56,16 @@ class Passed:
     wanted: list[str]  # due and not parked: to be claimed
     parked: dict[str, AttemptOutcome]  # waiting for their breaker, unclaimed
     rung_due: bool  # any rung id was due (none: the claim takes whatever else is due)
+
+
+@dataclass(frozen=True)
+class SendChecks:
+    """What the gate found, after the claim, for the send of each claim: the approval on record (None:
+    none) of those whose action needs one, and the operation that holds back those whose business
+    object is not free."""
+
+    approvals: dict[str, Grant | None] = field(default_factory=dict)
+    held_back: dict[str, Blocker] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,24 @@ class Gate:
             and not admissions.holds(claim.operation_id)
         ]
         admissions.share(targets)
+
+    def checks(self, claims: Sequence[Claim]) -> SendChecks:
+        return SendChecks(self.approvals(claims), self.objects(claims))
+
+    def objects(self, claims: Sequence[Claim]) -> dict[str, Blocker]:
+        """For the claims whose action declares a business object: take the object's hold, each in a
+        transaction of its own committed before any send (so the next one on the object sees it), or
+        name the operation that holds it back. None at all where no action declares an object."""
+        held_back: dict[str, Blocker] = {}
+        for claim in claims:
+            known = self.actions.actions.get(claim.action)
+            if known is None or known.business_object is None:
+                continue
+            with self.sessions.begin() as session:
+                blocker = take_hold(session, claim.operation_id)
+            if blocker is not None:
+                held_back[claim.operation_id] = blocker
+        return held_back
 
     def approvals(self, claims: Sequence[Claim]) -> dict[str, Grant | None]:
         """For the claims whose action needs approval for their arguments: the approval on record

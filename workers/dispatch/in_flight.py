@@ -40,13 +40,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from breaker import Admissions
-from outbox.approvals.decisions import Grant
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
 from workers.dispatch.fan_out import Attempted, Downstream, attempt_claimed
 from workers.dispatch.finalize import Recorder, apply_many
+from workers.dispatch.gate import SendChecks
 from workers.dispatch.outcomes import Ambiguous, AttemptOutcome
 from workers.relay.outage import OUTAGES
 from workers.wiring import metrics
@@ -71,8 +71,9 @@ class _DoorbellCalls:
 
     admissions: Admissions
     # Claims whose action needs a person's approval: the approval on record (None: none), read with
-    # the claim and judged again right before the send (outbox/approvals/decisions.py).
-    approvals: dict[str, Grant | None]
+    # the claim and judged again right before the send (outbox/approvals/decisions.py); and those whose
+    # business object is held back by another operation (outbox/ledger/objects.py).
+    checks: SendChecks
     waiting: int
     outcomes: dict[str, AttemptOutcome] = field(default_factory=dict)
     done: Future[dict[str, AttemptOutcome]] = field(default_factory=Future)
@@ -140,10 +141,10 @@ class InFlight:
 
     # -- calls ------------------------------------------------------------------------------
     def start(
-        self, claims: Sequence[Claim], admissions: Admissions, approvals: dict[str, Grant | None]
+        self, claims: Sequence[Claim], admissions: Admissions, checks: SendChecks
     ) -> Future[dict[str, AttemptOutcome]]:
         """Call each claim (already reserved); the future holds the outcomes once all are finalized."""
-        batch = _DoorbellCalls(admissions, approvals, waiting=len(claims))
+        batch = _DoorbellCalls(admissions, checks, waiting=len(claims))
         if not claims:
             batch.done.set_result({})
             return batch.done
@@ -199,7 +200,7 @@ class InFlight:
 
     def _call(self, job: _CallJob, claim: Claim) -> Attempted:
         admissions, target = job.batch.admissions, job.target
-        call = (self._downstream, admissions, claim, job.batch.approvals)
+        call = (self._downstream, admissions, claim, job.batch.checks)
         if target is None:  # not in the actions file: nothing is sent
             return attempt_claimed(*call)
         if not self._suspect(target):

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from outbox.ledger.claims import Claim
+from outbox.ledger.objects import Blocker
 from outbox.ledger.states import AttemptClass, WaitingFor
 from workers.provider.actions import ActionConfig
 from workers.provider.classify import Classification
@@ -177,6 +178,16 @@ def limit_wait(claim: Claim, action: ActionConfig, *, wait_s: float, why: str, n
     if now + timedelta(seconds=wait_s) > deadline_of(claim, action):
         return _spent(claim, action, f"{why}: no room for it before the deadline")
     return RetryAt(max(wait_s, 0.0), why, refund_attempt=True, waiting_for=WaitingFor.RATE_LIMIT)
+
+
+def object_wait(claim: Claim, action: ActionConfig, blocker: Blocker, *, now: datetime) -> AttemptOutcome:
+    """Its business object is held back by another operation (outbox/ledger/objects.py): not sent,
+    back to the ledger without spending an attempt, looked at again after the blocker's recheck time.
+    Still held at the deadline: it ends as the budget would (nothing was sent)."""
+    why = f"waiting for its object: {blocker.describe()}"
+    if now + timedelta(seconds=blocker.recheck_s) > deadline_of(claim, action):
+        return _spent(claim, action, f"{why}, past the deadline")
+    return RetryAt(blocker.recheck_s, why, refund_attempt=True, waiting_for=WaitingFor.OBJECT)
 
 
 # At the reopen time the parked operation with the most budget left is due first, so it is the

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from outbox.actions.files import ActionsFileError, read_yaml, resolve_env, unset_message
+from outbox.actions.files import ActionsFileError, UnknownAction, read_yaml, resolve_env, unset_message
 from outbox.actions.specs import (
+    AgentRulesSpec,
     ApprovalSpec,
+    BudgetScopeSpec,
     BudgetSpec,
     ListSpec,
     LookupSpec,
@@ -28,8 +30,12 @@ from outbox.actions.specs import (
     RequestSpec,
     ToolSpec,
     _Strict,
+    every_tool_budget,
+    scope_budgets,
 )
 from outbox.errors import ConfigError
+from outbox.ledger.budget_scopes import ScopeBudget
+from outbox.ledger.objects import ObjectRule
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_LENGTH, KeyRule, template_problem
 from outbox.ledger.states import AttemptClass
 from outbox.privacy.masking import Redactor, masked_view, path_problem, top_field
@@ -53,18 +59,7 @@ MAPPABLE_CLASSES: frozenset[AttemptClass] = frozenset(
 _STATUS_KEY = re.compile(r"^[1-5](\d\d|xx)$")
 
 
-class UnknownAction(ConfigError, KeyError):
-    """No action of that name is declared in the actions file."""
-
-    def __init__(self, name: str, known: Iterable[str]) -> None:
-        self.name, self.known = name, sorted(known)
-        super().__init__(f"unknown action {name!r}; known actions: {', '.join(self.known) or '(none)'}")
-
-    def __str__(self) -> str:  # KeyError would repr() the message otherwise
-        return str(self.args[0])
-
-
-class ActionConfig(_Strict):
+class ActionConfig(AgentRulesSpec):
     target: str
     request: RequestSpec
     provider_idempotency: ProviderIdempotency | None = None
@@ -205,6 +200,8 @@ class ActionConfig(_Strict):
 class ActionsConfig(_Strict):
     targets: dict[str, TargetConfig]
     actions: dict[str, ActionConfig]
+    # What one conversation may spend on every tool call together (an action's own budget_scope adds to it).
+    budget_scope: Annotated[BudgetScopeSpec | None, AfterValidator(every_tool_budget)] = None
 
     def action(self, name: str) -> ActionConfig:
         try:
@@ -232,6 +229,14 @@ class ActionsConfig(_Strict):
 
     def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
         return self.actions[action].phase if action in self.actions else None
+
+    def object_rule(self, action: str) -> ObjectRule | None:
+        cfg = self.actions.get(action)
+        return cfg.object_rule if cfg is not None else None
+
+    def budgets_of(self, action: str) -> tuple[ScopeBudget, ...]:
+        cfg = self.actions.get(action)
+        return scope_budgets(action, self.budget_scope, cfg.budget_scope if cfg is not None else None)
 
     def is_irreversible(self, action: str) -> bool:
         return action in self.actions and self.actions[action].irreversible

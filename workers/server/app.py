@@ -21,6 +21,7 @@ from outbox.errors import (
     IllegalTransition,
     InvalidIntent,
     NotFound,
+    Refused,
     ReportNotFound,
     RunConflict,
     RunNotMovable,
@@ -33,7 +34,14 @@ from producer.client import key_rules_for
 from producer.http import intents as agents
 from producer.http import openapi, runs
 from producer.http.auth import ApiState, RateLimiter
-from producer.http.problems import Problem, conflict_problem, malformed_body, not_found, problem_response
+from producer.http.problems import (
+    Problem,
+    conflict_problem,
+    malformed_body,
+    not_found,
+    problem_response,
+    refused_problem,
+)
 from producer.http.waiters import Waiters
 from workers.server import operators
 from workers.server.request_metrics import RequestMetrics
@@ -142,6 +150,10 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     @app.exception_handler(IdempotencyConflict)
     async def _conflict(request: Request, exc: IdempotencyConflict) -> JSONResponse:
         return problem_response(conflict_problem(exc))
+
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+        return problem_response(refused_problem(exc))
 
     @app.exception_handler(RunNotMovable)
     async def _run_not_movable(request: Request, exc: RunNotMovable) -> JSONResponse:

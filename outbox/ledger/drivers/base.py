@@ -50,6 +50,8 @@ class NewOperation:
     key_space: str = "intent"  # 'run': a run's step or compensation (models.Operation.key_space)
     priority: int = 0  # higher is claimed sooner within its tenant (models.Operation.priority)
     traceparent: str | None = None  # W3C trace context (outbox/ledger/tracing.py)
+    object_key: str | None = None  # the business object it touches (outbox/ledger/objects.py)
+    budget_scope: str | None = None  # the conversation charged for it (outbox/ledger/budget_scopes.py)
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,11 @@ class LedgerDriver(Protocol):
     def analyze_stale(self, conn: Connection, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
         """Refresh the planner statistics of those ``tables`` changed by at least ``min_rows`` rows
         and ``share`` of their rows since their last analysis; returns the tables analyzed."""
+        ...
+
+    def upsert(self, table: Any) -> Any:
+        """The dialect's INSERT for ``table``, with ``on_conflict_do_nothing`` / ``on_conflict_do_update``
+        (both backends spell them alike; outbox/ledger/objects.py, budget_scopes.py)."""
         ...
 
     def insert_run(self, session: Session, values: dict[str, Any]) -> bool:

@@ -89,13 +89,13 @@ WITH ins AS (
     INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
         tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
         next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space,
-        priority, traceparent)
+        priority, traceparent, object_key, budget_scope)
     VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
         %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
         clock_timestamp() + make_interval(secs => CAST(%(deadline_s)s AS float8)),  -- NULL: no deadline
         clock_timestamp() + make_interval(secs => CAST(%(delay_s)s AS float8)),
         false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s, %(priority)s,
-        %(traceparent)s)
+        %(traceparent)s, %(object_key)s, %(budget_scope)s)
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
     RETURNING id
 ), logged AS (

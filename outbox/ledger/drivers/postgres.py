@@ -141,6 +141,8 @@ class PostgresDriver:
             "key_space": new.key_space,
             "priority": new.priority,
             "traceparent": new.traceparent,
+            "object_key": new.object_key,
+            "budget_scope": new.budget_scope,
         }
         return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
 
@@ -222,12 +224,13 @@ class PostgresDriver:
                 conn.exec_driver_sql(f"ANALYZE {table}")
         return stale
 
-    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+    def upsert(self, table: Any) -> Any:
         from sqlalchemy.dialects.postgresql import insert as dialect_insert
 
-        stmt = (
-            dialect_insert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
-        )
+        return dialect_insert(table)
+
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        stmt = self.upsert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
         return session.execute(stmt.returning(core_table(Run).c.id)).first() is not None
 
     # -- the relay --------------------------------------------------------------------------------

@@ -1,9 +1,8 @@
 """The SQLite ledger driver (the embedded default): SQLAlchemy Core, one writer at a time.
 
 Several processes share one file safely (outbox/ledger/drivers/sqlite_engine.py: WAL, a busy
-timeout, ``BEGIN IMMEDIATE`` for every transaction). With one writer at a time, a
-claim is a guarded UPDATE over a sub-select followed by its attempt and event rows, and a second
-statement in the same transaction sees the first.
+timeout, ``BEGIN IMMEDIATE`` for every transaction). With one writer at a time, a claim is a guarded
+UPDATE over a sub-select followed by its attempt and event rows (the same transaction sees them).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ _AT = core_table(Attempt)
 # NewOperation fields written as they are.
 _AS_GIVEN: tuple[str, ...] = ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest")
 _AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", "priority", "traceparent")
+_AS_GIVEN += ("object_key", "budget_scope")
 
 _CLAIMED = (
     _OP.c.id,
@@ -315,12 +315,11 @@ class SqliteDriver:
         # that nothing here writes: without it the planner prefers the primary key for ids.
         return []
 
-    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    def upsert(self, table: Any) -> Any:
+        return sqlite_insert(table)
 
-        stmt = (
-            dialect_insert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
-        )
+    def insert_run(self, session: Session, values: dict[str, Any]) -> bool:
+        stmt = self.upsert(core_table(Run)).values(values).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
         return session.execute(stmt.returning(core_table(Run).c.id)).first() is not None
 
     # -- the relay --------------------------------------------------------------------------------
