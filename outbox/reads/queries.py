@@ -54,6 +54,8 @@ def operation_json(op: Operation) -> dict[str, Any]:
         "args_digest": op.args_digest,
         "run_id": op.run_id,
         "tool_call_id": op.tool_call_id,
+        "object": op.object_key,
+        "budget_scope": op.budget_scope,
         "lease_owner": op.lease_owner,
         "lease_expires_at": _iso(op.lease_expires_at),
         "next_attempt_at": _iso(op.next_attempt_at),
