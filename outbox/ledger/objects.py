@@ -20,8 +20,8 @@ object is held only while its holder's outcome is unknown. How it is made safe u
   on the object as it stands).
 
 The waiting operation is sent back to not_dispatched (``waiting_for = object``, its attempt not
-counted), and looked at again after a short wait: ``RECHECK_S`` by the blocker's state. Its deadline
-still applies. A refusal at submit sees only what is committed then: two intents submitted together
+counted), and looked at again after a wait that grows with how long it has waited (``RECHECK_S``, by
+the blocker's state). Its deadline still applies. A refusal at submit sees only what is committed then: two intents submitted together
 on a free object are both accepted, and the hold lets one send at a time.
 """
 
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidIntent
@@ -55,14 +55,16 @@ IN_DOUBT: frozenset[Status] = frozenset(
 # What a refusal at submit looks for on the object (any operation, held or not).
 BUSY: frozenset[Status] = IN_DOUBT | {Status.AWAITING_APPROVAL}
 
-# How soon a waiting operation looks again, by what it waits behind: a call in flight ends in seconds;
-# a lookup or the provider's processing in tens of seconds; a person in minutes or hours.
-RECHECK_S: dict[Status, float] = {
-    Status.DISPATCHING: 1.0,
-    Status.OUTCOME_UNKNOWN: 5.0,
-    Status.ACCEPTED: 5.0,
-    Status.RECONCILIATION_REQUIRED: 30.0,
-    Status.AWAITING_APPROVAL: 30.0,
+# How soon a waiting operation looks again, by what it waits behind: (first, at most). A call in flight
+# ends in seconds; a lookup or the provider's processing in tens of seconds; a person in minutes or
+# hours. Past the first, a tenth of the time waited so far (each look is a claim and an attempt row):
+# a wait of an hour behind a person looks every 5 minutes, a day's wait costs ~300 looks.
+RECHECK_S: dict[Status, tuple[float, float]] = {
+    Status.DISPATCHING: (1.0, 1.0),
+    Status.OUTCOME_UNKNOWN: (5.0, 60.0),
+    Status.ACCEPTED: (5.0, 60.0),
+    Status.RECONCILIATION_REQUIRED: (30.0, 300.0),
+    Status.AWAITING_APPROVAL: (30.0, 300.0),
 }
 
 _PHRASE: dict[Status, str] = {
@@ -125,9 +127,10 @@ class Blocker:
     status: Status
     object_key: str
 
-    @property
-    def recheck_s(self) -> float:
-        return RECHECK_S.get(self.status, 5.0)
+    def recheck_s(self, waited_s: float = 0.0) -> float:
+        """How long the waiting operation waits before it looks again, having waited ``waited_s``."""
+        first, most = RECHECK_S.get(self.status, (5.0, 60.0))
+        return min(max(first, waited_s / 10.0), most)
 
     def describe(self) -> str:
         return f"operation {self.operation_id} ({self.action}) on {self.object_key} is {_PHRASE.get(self.status, self.status.value)}"
@@ -191,7 +194,9 @@ def take_hold(session: Session, operation_id: str) -> Blocker | None:
     if taken is not None:
         return None
     here = (_HOLD.c.tenant == tenant) & (_HOLD.c.object_key == key)
-    holder = session.execute(select(_HOLD.c.operation_id).where(here).with_for_update()).scalar_one()
+    holder = session.execute(select(_HOLD.c.operation_id).where(here).with_for_update()).scalar_one_or_none()
+    if holder is None:  # released meanwhile (retention drops the holds of finished holders): take it anew
+        return take_hold(session, operation_id)
     if holder != operation_id:
         # Read after the lock, in a statement of its own: the holder's state as committed now.
         state = session.execute(select(_OP.c.action, _OP.c.status).where(_OP.c.id == holder)).first()
@@ -199,3 +204,12 @@ def take_hold(session: Session, operation_id: str) -> Blocker | None:
             return Blocker(holder, state.action, Status(state.status), key)
     session.execute(update(_HOLD).where(here).values(operation_id=operation_id, taken_at=db_now()))
     return None
+
+
+def release_finished(session: Session, operation_ids: Sequence[str]) -> int:
+    """Drop the holds of these (terminal) operations: a hold whose holder's outcome is known holds
+    nothing, so dropping it changes no answer (retention, outbox/privacy/retention.py)."""
+    if not operation_ids:
+        return 0
+    done = session.execute(delete(_HOLD).where(_HOLD.c.operation_id.in_(list(operation_ids))))
+    return int(done.rowcount or 0)  # type: ignore[attr-defined]

@@ -4,7 +4,8 @@
 failed_before_commit, cancelled) that finished more than ``older_than_s`` ago, in batches, each
 batch its own transaction. What stays: states, digests (arguments, result), provider references,
 attempts (their redacted error texts included), the history, evidence records and handoffs (their
-packets lose the intent's arguments too). Finished runs lose their steps' arguments the same way. A purged operation cannot be sent again: if late evidence
+packets lose the intent's arguments too). Finished runs lose their steps' arguments the same way, and
+a purged operation's hold on its business object (outbox/ledger/objects.py) is dropped. A purged operation cannot be sent again: if late evidence
 ever reopens one and a person says "not executed", dispatch refuses it (no arguments to send).
 """
 
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import ConfigError
 from outbox.ledger.clock import db_now
 from outbox.ledger.models import Handoff, Operation, Run
+from outbox.ledger.objects import release_finished
 from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import TERMINAL
 
@@ -100,6 +102,7 @@ def purge(
                 )
                 if not done.rowcount:  # type: ignore[attr-defined]
                     break  # nothing changed: never loop on rows we cannot purge
+                release_finished(session, ids)
                 for h in handoffs:
                     packet = dict(h.packet or {})
                     packet["intent"] = {**(packet.get("intent") or {}), "args": PURGED}

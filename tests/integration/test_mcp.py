@@ -244,3 +244,32 @@ def test_a_call_rejected_for_good_is_tried_again_only_with_retry_of_and_once(pip
     anyio.run(session)
     ours = [e for e in sandbox.effects() if e["idempotency_key"].startswith(f't1:conv-1:{REFUND}:ref="o-81"')]
     assert len(ours) == 1 and len(sandbox.effects()) == 1  # the rejection made none, the retry exactly one
+
+
+def test_a_conversations_budget_over_mcp_refused_with_what_is_left_and_nothing_sent(pipe, sandbox):
+    """Issue 34: the MCP scope is the budget scope; a refusal is an error result whose structured
+    content (valid against the tool's output schema, checked by the SDK's client) is REFUSED."""
+    refund = action("/v1/refunds", decimal_args=["amount"], args=["order_id", "amount", "currency", "reason"])
+    refund["tool"] = {"reference_args": ["order_id"]}
+    refund["budget_scope"] = {"max_calls": 1}
+    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
+    pipe.start_worker()
+    pipe.start_relay()
+
+    async def session() -> None:
+        async with Client(_stdio(pipe), read_timeout_seconds=30) as client:
+            first = await _call(client, REFUND, ARGS)
+            assert not first.is_error and first.structured_content["budget"]["left"].startswith("0 of 1 calls")
+            refused = await _call(client, REFUND, ARGS | {"order_id": "o-82"})
+            assert refused.is_error and refused.structured_content["outcome"] == "REFUSED"
+            assert refused.structured_content["operation_id"] is None
+            assert "its 1 calls are used" in refused.content[0].text
+            elsewhere = await _call(client, REFUND, ARGS | {"order_id": "o-82"}, scope="conv-2")
+            assert not elsewhere.is_error
+            for answer in (first, elsewhere):
+                op_id = answer.structured_content["operation_id"]
+                done = await _call(client, "wait_operation", {"operation_id": op_id, "timeout_s": 20})
+                assert done.structured_content["outcome"] == "SUCCEEDED", done.structured_content
+
+    anyio.run(session)
+    assert len(sandbox.effects()) == 2  # the refused call made none

@@ -15,7 +15,7 @@ from sqlalchemy import update
 from outbox.actions.rules import load_intent_rules
 from outbox.errors import ObjectBusy
 from outbox.ledger.models import Operation
-from outbox.ledger.objects import ObjectRule, take_hold
+from outbox.ledger.objects import ObjectRule, release_finished, take_hold
 from outbox.ledger.states import Status
 from outbox.ledger.submit import submit
 from tests.harness import CLOCK_LEASE, action, actions_doc, pk, wait_for
@@ -135,6 +135,10 @@ def test_the_hold_passes_one_operation_at_a_time_while_the_holders_outcome_is_no
     blocker = hold(after)
     assert blocker is not None and blocker.operation_id == later.operation_id
     assert hold(a) is None  # submitted before the approval: it does not wait for it
+    _set_status(ledger, a, Status.SUCCEEDED)
+    with ledger.sessions.begin() as s:  # retention drops a finished holder's hold: nothing changes
+        assert release_finished(s, [a]) == 1
+    assert hold(b) is None and hold(b) is None  # taken anew, then kept by its holder
 
 
 def test_object_templates_are_checked_when_the_file_is_read(tmp_path):
@@ -153,3 +157,14 @@ def test_object_templates_are_checked_when_the_file_is_read(tmp_path):
         with pytest.raises(ActionsFileError, match=said):
             load_intent_rules(path)
     assert ObjectRule("order:{order_id}").render({"order_id": 81}) == "order:81"
+
+
+def test_a_long_wait_looks_again_less_often():
+    from outbox.ledger.objects import Blocker
+
+    def after(status: Status, waited_s: float) -> float:
+        return Blocker("op", REFUND, status, "order:o-1").recheck_s(waited_s)
+
+    assert [after(Status.DISPATCHING, w) for w in (0, 3600)] == [1.0, 1.0]  # a call in flight ends soon
+    assert [after(Status.OUTCOME_UNKNOWN, w) for w in (0, 200, 3600)] == [5.0, 20.0, 60.0]
+    assert [after(Status.RECONCILIATION_REQUIRED, w) for w in (0, 600, 3600)] == [30.0, 60.0, 300.0]

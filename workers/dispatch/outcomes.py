@@ -185,9 +185,10 @@ def object_wait(claim: Claim, action: ActionConfig, blocker: Blocker, *, now: da
     back to the ledger without spending an attempt, looked at again after the blocker's recheck time.
     Still held at the deadline: it ends as the budget would (nothing was sent)."""
     why = f"waiting for its object: {blocker.describe()}"
-    if now + timedelta(seconds=blocker.recheck_s) > deadline_of(claim, action):
+    recheck_s = blocker.recheck_s(waited_s=(now - claim.created_at).total_seconds())
+    if now + timedelta(seconds=recheck_s) > deadline_of(claim, action):
         return _spent(claim, action, f"{why}, past the deadline")
-    return RetryAt(blocker.recheck_s, why, refund_attempt=True, waiting_for=WaitingFor.OBJECT)
+    return RetryAt(recheck_s, why, refund_attempt=True, waiting_for=WaitingFor.OBJECT)
 
 
 # At the reopen time the parked operation with the most budget left is due first, so it is the
