@@ -15,6 +15,7 @@ from producer.remote.async_client import AsyncOutboxClient
 from producer.remote.client import OutboxClient
 from producer.remote.models import Approval, BatchItem, Handoff, Operation, Page, PendingApproval, Run
 from producer.remote.problems import (
+    BudgetExhausted,
     Conflict,
     Forbidden,
     IdempotencyConflict,
@@ -22,9 +23,11 @@ from producer.remote.problems import (
     MalformedBody,
     NotConfigured,
     NotFound,
+    ObjectBusy,
     OutboxProblem,
     OutboxUnreachable,
     RateLimited,
+    Refused,
     RunConflict,
     SeparationOfDuties,
     TooLarge,
@@ -37,6 +40,7 @@ __all__ = [
     "Approval",
     "AsyncOutboxClient",
     "BatchItem",
+    "BudgetExhausted",
     "Conflict",
     "Forbidden",
     "Handoff",
@@ -45,6 +49,7 @@ __all__ = [
     "MalformedBody",
     "NotConfigured",
     "NotFound",
+    "ObjectBusy",
     "Operation",
     "OutboxClient",
     "OutboxProblem",
@@ -52,6 +57,7 @@ __all__ = [
     "Page",
     "PendingApproval",
     "RateLimited",
+    "Refused",
     "RetryPolicy",
     "Run",
     "RunConflict",

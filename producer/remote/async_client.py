@@ -61,6 +61,7 @@ class AsyncOutboxClient:
         max_attempts: int | None = None,
         deadline_s: float | None = None,
         priority: int | None = None,
+        budget_scope: str | None = None,
     ) -> Operation:
         """As OutboxClient.submit."""
         body = calls.intent_body(
@@ -74,7 +75,7 @@ class AsyncOutboxClient:
             deadline_s=deadline_s,
             priority=priority,
         )
-        return await self._send(calls.submit(body))
+        return await self._send(calls.submit(body, budget_scope))
 
     async def submit_batch(self, intents: Sequence[Mapping[str, Any]]) -> list[BatchItem]:
         return await self._send(calls.submit_batch(calls.batch_bodies(intents)))

@@ -37,6 +37,7 @@ class Call(Generic[T]):
     replay_safe: bool = True
     wait_s: float = 0.0  # the server holds the request this long (a long-poll) before it answers
     idempotency_key: str | None = None  # said again by OutboxUnreachable: the key to submit again with
+    headers: Mapping[str, str] | None = None  # this request's own (the client's are sent with every one)
 
     def content(self) -> bytes | None:
         return None if self.body is None else dumps(self.body).encode()
@@ -131,10 +132,13 @@ def intent_body(
     return body | {k: v for k, v in optional.items() if v is not None}
 
 
-def submit(body: dict[str, Any]) -> Call[Operation]:
+def submit(body: dict[str, Any], budget_scope: str | None = None) -> Call[Operation]:
+    """``budget_scope``: the conversation charged for it (the ``Outbox-Budget-Scope`` header; the
+    actions file's ``budget_scope`` decides what it may spend)."""
     # The key travels in the body, the API's own field: an Idempotency-Key header could not carry
     # every key the ledger accepts (HTTP header values are ASCII without surrounding space).
-    return Call("POST", "/v1/intents", _submitted, body=body, idempotency_key=body["idempotency_key"])
+    headers = {"Outbox-Budget-Scope": budget_scope} if budget_scope is not None else None
+    return Call("POST", "/v1/intents", _submitted, body=body, idempotency_key=body["idempotency_key"], headers=headers)
 
 
 def batch_bodies(intents: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -50,7 +50,10 @@ def request_of(call: calls.Call[Any], base_url: str, headers: dict[str, str], ti
         "url": base_url + call.path,
         "params": call.params,
         "content": call.content(),
-        "headers": headers | trace | ({"Content-Type": "application/json"} if call.body is not None else {}),
+        "headers": headers
+        | dict(call.headers or {})
+        | trace
+        | ({"Content-Type": "application/json"} if call.body is not None else {}),
         # A long-poll's answer comes after the server's wait: the read timeout covers it.
         "timeout": httpx.Timeout(timeout_s + call.wait_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
     }
@@ -100,9 +103,11 @@ class OutboxClient:
         max_attempts: int | None = None,
         deadline_s: float | None = None,
         priority: int | None = None,
+        budget_scope: str | None = None,
     ) -> Operation:
         """Submit one intent; the stored operation (``.new``: False when it was there already).
-        IdempotencyConflict when the key was used with other arguments."""
+        IdempotencyConflict when the key was used with other arguments. ``budget_scope``: the conversation
+        charged for it (outbox/ledger/budget_scopes.py); BudgetExhausted (a ``Refused``) when it has no room."""
         body = calls.intent_body(
             action,
             args,
@@ -114,7 +119,7 @@ class OutboxClient:
             deadline_s=deadline_s,
             priority=priority,
         )
-        return self._send(calls.submit(body))
+        return self._send(calls.submit(body, budget_scope))
 
     def submit_batch(self, intents: Sequence[Mapping[str, Any]]) -> list[BatchItem]:
         """Up to 500 intents (each ``{action, args, idempotency_key, ...}`` as ``submit`` takes them) in

@@ -51,6 +51,11 @@ class Operation(_Answer):
     args_digest: str | None = None
     run_id: str | None = None
     tool_call_id: str | None = None
+    object: str | None = None  # the business object it touches (outbox/ledger/objects.py)
+    budget_scope: str | None = None  # the conversation charged for it
+    # On a submit with a budget scope: what is left ({"left": "...", "budgets": [...]}); a busy object.
+    budget: dict[str, Any] | None = None
+    waiting_on: dict[str, Any] | None = None
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     next_attempt_at: datetime | None = None

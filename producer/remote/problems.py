@@ -105,6 +105,33 @@ class RunConflict(Conflict):
         return _text(self.body.get("run_id"))
 
 
+class Refused(Conflict):
+    """409: a rule of the actions file refused the intent at submit (nothing stored): ``outcome`` is
+    ``REFUSED``, ``detail`` the sentence a model reads."""
+
+    @property
+    def outcome(self) -> str | None:
+        return _text(self.body.get("outcome"))
+
+
+class BudgetExhausted(Refused):
+    """409: the conversation's budget (``budget_scope``) has no room; ``budget``: what is left of each."""
+
+    @property
+    def budget(self) -> dict[str, Any]:
+        found = self.body.get("budget")
+        return found if isinstance(found, dict) else {}
+
+
+class ObjectBusy(Refused):
+    """409: the business object is held by an operation whose outcome is not known (``waiting_on``)."""
+
+    @property
+    def waiting_on(self) -> dict[str, Any]:
+        found = self.body.get("waiting_on")
+        return found if isinstance(found, dict) else {}
+
+
 class RateLimited(OutboxProblem):
     """429: this key's rate is used up; ``retry_after_s`` says when to come back."""
 
@@ -142,6 +169,9 @@ _BY_KIND: dict[str, type[OutboxProblem]] = {
     "local-breakers": Conflict,
     "idempotency-conflict": IdempotencyConflict,
     "run-conflict": RunConflict,
+    "refused": Refused,
+    "budget-exhausted": BudgetExhausted,
+    "object-busy": ObjectBusy,
     "rate-limited": RateLimited,
     "not-configured": NotConfigured,
     "not-installed": NotConfigured,

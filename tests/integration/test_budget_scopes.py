@@ -173,3 +173,19 @@ def test_the_http_api_charges_the_conversation_named_by_its_header(pipe, sandbox
         assert unscoped.status_code == 201 and "budget" not in unscoped.json()
         batch = c.post("/v1/intents:batch", json={"intents": [body | {"idempotency_key": "h-4"}]}, headers=scoped)
         assert batch.json()["results"][0]["status"] == 409
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_the_python_http_client_names_the_conversation_and_reads_the_refusal(pipe, sandbox):
+    from producer.remote import BudgetExhausted, OutboxClient
+    from tests.integration.test_api import _key, _serve
+
+    pipe.write_actions(_doc(sandbox.url, own=CAP))
+    with _serve(pipe) as api, OutboxClient(api.url, _key(api.env, "acme", "submit,read")) as client:
+        first = client.submit(REFUND, _refund("o-1", "45"), idempotency_key="py-1", budget_scope="conv-py")
+        assert first.budget is not None and "5 EUR of 50 EUR" in first.budget["left"]
+        assert first.budget_scope == "conv-py"
+        with pytest.raises(BudgetExhausted) as refused:
+            client.submit(REFUND, _refund("o-2", "10"), idempotency_key="py-2", budget_scope="conv-py")
+        assert refused.value.outcome == "REFUSED" and refused.value.budget["budgets"][0]["amount"] == "45"
