@@ -94,3 +94,20 @@ def test_insert_run_inserts_once_per_tenant_and_run_key(case):
     with case.sessions() as s:
         rows = s.execute(select(RUN.c.id, RUN.c.tenant).order_by(RUN.c.tenant)).all()
     assert [tuple(r) for r in rows] == [(first["id"], "t"), (elsewhere["id"], "u")], "the replay wrote nothing"
+
+
+def test_upsert_is_an_insert_that_skips_or_updates_a_conflicting_row(case):
+    first, replay = run_values("t", "r-up"), run_values("t", "r-up")
+    skip = case.driver.upsert(RUN).values(first).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
+    with case.sessions.begin() as s:
+        assert s.execute(skip.returning(RUN.c.id)).first() is not None, "no conflict: inserted"
+    again = case.driver.upsert(RUN).values(replay).on_conflict_do_nothing(index_elements=["tenant", "run_key"])
+    with case.sessions.begin() as s:
+        assert s.execute(again.returning(RUN.c.id)).first() is None, "a conflict: skipped"
+    stmt = case.driver.upsert(RUN).values(replay)
+    bump = stmt.on_conflict_do_update(index_elements=["tenant", "run_key"], set_={"subject": "updated"})
+    with case.sessions.begin() as s:
+        assert s.execute(bump.returning(RUN.c.id)).scalar_one() == first["id"], "the existing row, updated"
+    with case.sessions() as s:
+        rows = s.execute(select(RUN.c.id, RUN.c.subject).where(RUN.c.run_key == "r-up")).all()
+    assert [tuple(r) for r in rows] == [(first["id"], "updated")]

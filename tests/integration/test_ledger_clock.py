@@ -34,6 +34,7 @@ from outbox.ledger.models import (
     Run,
     core_table,
 )
+from outbox.ledger.scope_models import BudgetScope, ObjectHold
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
@@ -148,6 +149,18 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
                 health={},
                 findings={},
                 ran_by="test",
+            )
+        )
+        s.execute(insert(ObjectHold).values(tenant="acme", object_key="order:o-17", operation_id=done, taken_at=db_now()))
+        s.execute(
+            insert(BudgetScope).values(
+                tenant="acme",
+                scope="conv-1",
+                bucket="*",
+                calls=1,
+                amount_micros=0,
+                opened_at=db_now(-60),
+                updated_at=db_now(),
             )
         )
         handoff = open_handoff(s, done, reason="test", packet={"x": 1})
