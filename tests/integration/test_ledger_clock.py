@@ -151,7 +151,9 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
                 ran_by="test",
             )
         )
-        s.execute(insert(ObjectHold).values(tenant="acme", object_key="order:o-17", operation_id=done, taken_at=db_now()))
+        s.execute(
+            insert(ObjectHold).values(tenant="acme", object_key="order:o-17", operation_id=done, taken_at=db_now())
+        )
         s.execute(
             insert(BudgetScope).values(
                 tenant="acme",
