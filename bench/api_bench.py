@@ -106,7 +106,7 @@ def bench_producer(db_url: str, n: int, tag: str = "") -> float:
     try:
         started = time.perf_counter()
         for i in range(n):
-            outbox.ledger.submit(subject="bench", **_intent(f"producer{tag}", i))
+            outbox.submit(subject="bench", **_intent(f"producer{tag}", i))
         return n / (time.perf_counter() - started)
     finally:
         outbox.close()

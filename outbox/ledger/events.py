@@ -7,6 +7,7 @@ PostgreSQL driver writes the same columns inside its one-statement claim, submit
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 
 from sqlalchemy import insert
@@ -28,9 +29,11 @@ def record_events(
     kind: EventKind | str,
     reason: str | None,
     actor: str,
+    at: dt.datetime | None = None,
 ) -> None:
     """One event row per (operation id, fencing token) in ``rows``, all moving ``from_status`` ->
-    ``to`` (``None``: the operation was created), in one INSERT on the database's clock."""
+    ``to`` (``None``: the operation was created), in one INSERT on the database's clock (``at``: a
+    time it already gave, e.g. the new row's created_at for its submit event)."""
     if not rows:
         return
     source = Status(from_status).value if from_status is not None else None
@@ -39,7 +42,7 @@ def record_events(
             [
                 dict(
                     operation_id=operation_id,
-                    at=db_now(),
+                    at=db_now() if at is None else at,
                     from_status=source,
                     to_status=to.value,
                     fencing_token=token,

@@ -11,7 +11,7 @@ one statement, outbox/ledger/drivers/pg_statements.py).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict, ObjectBusy
 from outbox.ledger import budget_scopes, objects, tracing
 from outbox.ledger.drivers import NewOperation, driver_for
+from outbox.ledger.drivers.base import Inserted
 from outbox.ledger.envelope import build_envelope
 from outbox.ledger.models import KEY_SPACES, Operation, core_table
 from outbox.ledger.provider_keys import KeyRules, rule_for
@@ -55,6 +56,9 @@ class Receipt:
     budget: tuple[budget_scopes.Standing, ...] = ()
     # The operation its business object waits behind, when it was busy at submit (outbox/ledger/objects.py).
     waiting_on: objects.Blocker | None = None
+    # A new row as written, with the times the database gave it: enough to answer the submit without
+    # reading the row back (outbox/reads/queries.py submitted_detail). None for a replay.
+    written: tuple[NewOperation, Inserted] | None = field(default=None, repr=False, compare=False)
 
     @property
     def budget_left(self) -> str | None:
@@ -264,9 +268,9 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rul
         try:
             with session.begin_nested():  # a refusal takes the row (and any charge) back with it
                 inserted = driver_for(session).insert_operation(session, new)
-                if inserted and blocker is not None and rules.refuses_busy:
+                if inserted is not None and blocker is not None and rules.refuses_busy:
                     raise _busy(new, blocker)
-                if inserted and rules.budgets and rules.scope is not None:
+                if inserted is not None and rules.budgets and rules.scope is not None:
                     spent = budget_scopes.charge(
                         session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets, args=args
                     )
@@ -275,7 +279,7 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rul
             raise budget_scopes.refusal(
                 session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets, no_room=exc
             ) from None
-    if inserted:
+    if inserted is not None:
         span.set(**{"outbox.operation_id": operation_id, "outbox.replay": False})
         return Receipt(
             operation_id,
@@ -287,6 +291,7 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rul
             provider_key=new.provider_key,
             budget=tuple(spent),
             waiting_on=blocker,
+            written=(new, inserted),
         )
 
     existing = session.execute(

@@ -17,10 +17,10 @@ from outbox.errors import InvalidIntent, NotFound, OperationNotFound
 from outbox.ledger.clock import as_utc
 from outbox.ledger.models import Operation, Run
 from outbox.ledger.states import Status
-from outbox.ledger.submit import require_storable
+from outbox.ledger.submit import Receipt, require_storable
 from outbox.ledger.transitions import request_cancel
 from outbox.ledger.typed_outcome import with_outcome
-from outbox.reads.queries import detail_of, details_of, find_operation
+from outbox.reads.queries import detail_of, details_of, find_operation, submitted_detail
 
 # Operation and run ids are UUIDs: anything else is not found, without asking the database.
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -48,10 +48,17 @@ def find(session: Session, tenant: str | None, id_or_key: str) -> Operation:
     return find_operation(session, id_or_key, tenant=tenant)
 
 
-def answer(session: Session, op: Operation, *, fresh: bool = False) -> dict[str, Any]:
-    """The operation with its attempts, history and typed outcome, as agents read it. ``fresh``:
-    inserted by this very transaction (outbox.reads.queries.detail_of)."""
-    return with_outcome(detail_of(session, op, fresh=fresh).as_json())
+def answer(session: Session, op: Operation) -> dict[str, Any]:
+    """The operation with its attempts, history and typed outcome, as agents read it."""
+    return with_outcome(detail_of(session, op).as_json())
+
+
+def submitted(session: Session, receipt: Receipt) -> dict[str, Any]:
+    """A submit's answer, as agents read operations: a new row from what its insert wrote and returned
+    (no read; outbox.reads.queries.submitted_detail), an existing one read."""
+    if receipt.written is not None:
+        return with_outcome(submitted_detail(*receipt.written).as_json())
+    return answer(session, get(session, receipt.tenant, receipt.operation_id))
 
 
 def answers(session: Session, operation_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

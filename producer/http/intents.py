@@ -211,9 +211,7 @@ def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None
 
 def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
     receipt = submit(session, **intent, key_rules=st.key_rules)
-    # New: inserted by this transaction, so nothing but its history exists to read.
-    op = operations.get(session, caller.tenant, receipt.operation_id)
-    return (201 if receipt.new else 200), operations.answer(session, op, fresh=receipt.new) | receipt.extras()
+    return (201 if receipt.new else 200), operations.submitted(session, receipt) | receipt.extras()
 
 
 @router.post(
@@ -276,9 +274,7 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                     _known_action(st, intent, where=f"intents.{i}.")
                     with session.begin_nested():  # a bad item never takes the good ones down
                         receipt = submit(session, **intent, key_rules=st.key_rules)
-                    results.append(
-                        {"index": i, "status": 201 if receipt.new else 200, "operation": receipt.operation_id}
-                    )
+                    results.append({"index": i, "status": 201 if receipt.new else 200, "operation": receipt})
                 except InvalidIntent as exc:
                     p = Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field)
                     results.append({"index": i, "status": 422, "problem": p.body()})
@@ -286,10 +282,13 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                     results.append({"index": i, "status": 409, "problem": conflict_problem(exc).body()})
                 except Refused as exc:
                     results.append({"index": i, "status": 409, "problem": refused_problem(exc).body()})
-            answers = operations.answers(session, [r["operation"] for r in results if "operation" in r])
+            # New rows answered from what their inserts wrote; replays read, all in four reads.
+            replays = [r["operation"].operation_id for r in results if "operation" in r and not r["operation"].new]
+            answers = operations.answers(session, replays) if replays else {}
             for r in results:
                 if "operation" in r:
-                    r["operation"] = answers[r["operation"]]
+                    receipt = r["operation"]
+                    r["operation"] = answers.get(receipt.operation_id) or operations.submitted(session, receipt)
         return results
 
     return JSONResponse({"results": await _threaded(run)})

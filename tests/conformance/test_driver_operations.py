@@ -15,6 +15,7 @@ from sqlalchemy import select
 from outbox.errors import IdempotencyConflict
 from outbox.ledger.clock import db_now
 from outbox.ledger.drivers import driver_for
+from outbox.ledger.drivers.base import Inserted
 from outbox.ledger.models import Operation, core_table
 from outbox.ledger.states import EventKind, Status, WaitingFor
 from outbox.ledger.submit import submit
@@ -35,8 +36,11 @@ def test_insert_operation_writes_the_row_as_given_with_times_from_the_database_c
         run_id="run-1", tool_call_id="call-1", max_attempts=3, deadline_s=600.0, delay_s=5.0, submitted_by="key:1"
     )
     before = case.db_time()
-    assert case.within(lambda s: case.driver.insert_operation(s, new)) is True
+    inserted = case.within(lambda s: case.driver.insert_operation(s, new))
     row = case.op(new.id)
+    assert inserted == Inserted(row.created_at, row.updated_at, row.next_attempt_at, row.deadline_at), (
+        "the row's times as the database stored them"
+    )
     for name in ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest", "subject"):
         assert getattr(row, name) == getattr(new, name), name
     assert (row.run_id, row.tool_call_id, row.submitted_by, row.key_space) == ("run-1", "call-1", "key:1", "intent")
@@ -63,16 +67,17 @@ def test_insert_operation_writes_one_submit_event_from_no_status(access):
     case = access
     op_id = case.submit(reason="subject agent, run r")
     (event,) = case.events(op_id)
+    assert event.at == case.op(op_id).created_at, "dated when the row was created"
     assert (event.from_status, event.to_status, event.event) == (None, "not_dispatched", EventKind.SUBMIT.value)
     assert (event.fencing_token, event.reason, event.actor) == (0, "subject agent, run r", "agent")
 
 
-def test_insert_operation_returns_false_and_changes_nothing_when_the_tenant_already_has_the_key(access):
+def test_insert_operation_returns_none_and_changes_nothing_when_the_tenant_already_has_the_key(access):
     case = access
     first = case.new_operation()
     again = case.new_operation(idempotency_key=first.idempotency_key, args='{"other":1}', args_digest="e" * 64)
-    assert case.within(lambda s: case.driver.insert_operation(s, first)) is True
-    assert case.within(lambda s: case.driver.insert_operation(s, again)) is False
+    assert case.within(lambda s: case.driver.insert_operation(s, first)) is not None
+    assert case.within(lambda s: case.driver.insert_operation(s, again)) is None
     row = case.op(first.id)
     assert (row.args, row.args_digest) == (first.args, first.args_digest)
     assert case.events(again.id) == [] and len(case.events(first.id)) == 1, "a replay writes no event"
@@ -88,9 +93,9 @@ def test_insert_operation_takes_the_same_key_in_another_tenant(access):
 def test_insert_operation_rolls_back_with_the_callers_transaction(access):
     case = access
     new = case.new_operation()
-    assert case.within(lambda s: case.driver.insert_operation(s, new), commit=False) is True
+    assert case.within(lambda s: case.driver.insert_operation(s, new), commit=False) is not None
     assert case.within(lambda s: case.driver.current_row(s, new.id)) is None
-    assert case.within(lambda s: case.driver.insert_operation(s, new)) is True, "nothing of the rolled back remains"
+    assert case.within(lambda s: case.driver.insert_operation(s, new)) is not None, "nothing of the rolled back remains"
     assert case.within(lambda s: tuple(case.driver.current_row(s, new.id))) == ("not_dispatched", 0)
 
 
@@ -115,7 +120,7 @@ def test_insert_operation_notifies_the_listener_on_commit_only_for_a_due_status_
             "the due row, once; never one awaiting approval or rolled back"
         )
         again = case.new_operation(idempotency_key=due.idempotency_key)
-        assert case.within(lambda s: case.driver.insert_operation(s, again)) is False
+        assert case.within(lambda s: case.driver.insert_operation(s, again)) is None
         assert case.heard(listener, {"none"}, timeout_s=0.3) == [], "a replay inserts nothing and tells nothing"
 
 

@@ -55,6 +55,18 @@ class NewOperation:
 
 
 @dataclass(frozen=True)
+class Inserted:
+    """The times the database gave a row ``insert_operation`` wrote (its submit event is dated
+    ``created_at``): with the :class:`NewOperation` it wrote, the whole new row, so a submit can be
+    answered without reading the row back (outbox/reads/queries.py ``submitted_detail``)."""
+
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    next_attempt_at: dt.datetime
+    deadline_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
 class FinalizeWrite:
     """One worker's fenced finalize: its attempt report and the move, as parameters.
 
@@ -135,7 +147,10 @@ class LedgerDriver(Protocol):
 
     def hot_path(self, engine: Engine, sessions: sessionmaker[Session]) -> HotPath: ...
 
-    def insert_operation(self, session: Any, new: NewOperation) -> bool: ...
+    def insert_operation(self, session: Any, new: NewOperation) -> Inserted | None:
+        """Insert ``new`` and its submit event unless its tenant already has its key; the row's
+        times when this call inserted it, None when the key was taken (nothing written)."""
+        ...
 
     def notify_due(self, session: Any, operation_id: str) -> None:
         """Tell the relay (on commit) that this operation is due now, where the database can."""

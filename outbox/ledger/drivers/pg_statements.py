@@ -97,14 +97,15 @@ WITH ins AS (
         false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s, %(priority)s,
         %(traceparent)s, %(object_key)s, %(budget_scope)s)
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
-    RETURNING id
+    RETURNING id, created_at, updated_at, next_attempt_at, deadline_at
 ), logged AS (
     INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
+    SELECT id, created_at, NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
 )
-SELECT (SELECT count(*) FROM ins) AS inserted"""
-SUBMIT_NOTIFY = _SUBMIT + f", (SELECT count(pg_notify('{NOTIFY_CHANNEL}', id)) FROM ins) AS notified"
-SUBMIT_QUIET = _SUBMIT
+SELECT created_at, updated_at, next_attempt_at, deadline_at"""
+# One row when inserted (the row's times: a submit is answered from them), none for a replay.
+SUBMIT_NOTIFY = _SUBMIT + f", pg_notify('{NOTIFY_CHANNEL}', id) AS notified FROM ins"
+SUBMIT_QUIET = _SUBMIT + " FROM ins"
 # An operation made due by something other than a submit (an approval): the relay hears it on commit.
 NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 

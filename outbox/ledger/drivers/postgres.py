@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import MissingDependency
 from outbox.ledger.drivers import pg_statements as sql
-from outbox.ledger.drivers.base import FinalizeWrite, NewOperation
+from outbox.ledger.drivers.base import FinalizeWrite, Inserted, NewOperation
 from outbox.ledger.fairness import Fairness, FairnessMode
 from outbox.ledger.models import Run, core_table
 from outbox.ledger.states import AttemptKind, Status
@@ -118,7 +118,7 @@ class PostgresDriver:
         return PgHotPath(engine)
 
     # -- writes of the state machine -------------------------------------------------------------
-    def insert_operation(self, session: Any, new: NewOperation) -> bool:
+    def insert_operation(self, session: Any, new: NewOperation) -> Inserted | None:
         statement = sql.SUBMIT_NOTIFY if new.status is Status.NOT_DISPATCHED else sql.SUBMIT_QUIET
         params = {
             "id": new.id,
@@ -144,7 +144,8 @@ class PostgresDriver:
             "object_key": new.object_key,
             "budget_scope": new.budget_scope,
         }
-        return bool(_execute(session, statement, params, by_name=False).fetchone()[0])
+        row = _execute(session, statement, params, by_name=False).fetchone()
+        return None if row is None else Inserted(*row[:4])
 
     def notify_due(self, session: Any, operation_id: str) -> None:
         _execute(session, sql.NOTIFY_DUE, {"id": operation_id}, by_name=False)

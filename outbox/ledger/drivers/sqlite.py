@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.clock import db_age_s, db_now
 from outbox.ledger.drivers import sqlite_engine
-from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, NewOperation
+from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, Inserted, NewOperation
 from outbox.ledger.drivers.sqlite_ranking import fair_order
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
@@ -95,40 +95,40 @@ class SqliteDriver:
         return SessionHotPath(sessions)
 
     # -- writes of the state machine -------------------------------------------------------------
-    def insert_operation(self, session: Session, new: NewOperation) -> bool:
-        inserted = (
-            session.execute(
-                sqlite_insert(_OP)
-                .values(
-                    **{c: getattr(new, c) for c in _AS_GIVEN},
-                    status=new.status.value,
-                    waiting_for=new.waiting_for.value if new.waiting_for else None,
-                    reason="submitted",
-                    fencing_token=0,
-                    attempt_count=0,
-                    max_attempts=new.max_attempts,
-                    deadline_at=db_now(new.deadline_s) if new.deadline_s is not None else None,
-                    next_attempt_at=db_now(new.delay_s),
-                    cancel_requested=False,
-                    proven_absent_through=0,
-                    created_at=db_now(),
-                    updated_at=db_now(),
-                )
-                .on_conflict_do_nothing(index_elements=[_OP.c.tenant, _OP.c.idempotency_key])
-                .returning(_OP.c.id)
-            ).first()
-            is not None
-        )
-        if inserted:
-            record_events(
-                session,
-                [(new.id, 0)],
-                from_status=None,
-                to=new.status,
-                kind=EventKind.SUBMIT,
-                reason=new.reason,
-                actor=new.subject,
+    def insert_operation(self, session: Session, new: NewOperation) -> Inserted | None:
+        row = session.execute(
+            sqlite_insert(_OP)
+            .values(
+                **{c: getattr(new, c) for c in _AS_GIVEN},
+                status=new.status.value,
+                waiting_for=new.waiting_for.value if new.waiting_for else None,
+                reason="submitted",
+                fencing_token=0,
+                attempt_count=0,
+                max_attempts=new.max_attempts,
+                deadline_at=db_now(new.deadline_s) if new.deadline_s is not None else None,
+                next_attempt_at=db_now(new.delay_s),
+                cancel_requested=False,
+                proven_absent_through=0,
+                created_at=db_now(),
+                updated_at=db_now(),
             )
+            .on_conflict_do_nothing(index_elements=[_OP.c.tenant, _OP.c.idempotency_key])
+            .returning(_OP.c.created_at, _OP.c.updated_at, _OP.c.next_attempt_at, _OP.c.deadline_at)
+        ).first()
+        if row is None:
+            return None
+        inserted = Inserted(*row)
+        record_events(
+            session,
+            [(new.id, 0)],
+            from_status=None,
+            to=new.status,
+            kind=EventKind.SUBMIT,
+            reason=new.reason,
+            actor=new.subject,
+            at=inserted.created_at,
+        )
         return inserted
 
     def claim(
