@@ -7,7 +7,7 @@ In a throwaway PostgreSQL database (created, migrated, dropped even on Ctrl-C), 
 2. ``POST /v1/intents``: one intent per request, from ``--clients`` concurrent HTTP clients;
 3. ``POST /v1/intents:batch``: 500 intents per request, one transaction each.
 
-    .venv/bin/python -m bench.api_bench [--intents 2000] [--clients 1 8]
+    .venv/bin/python -m bench.api_bench [--intents 2000] [--clients 1 8] [--server-workers 1 2] [--tag T]
 
 Prints a table and writes bench/results/api-<date>.json.
 """
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--server-workers", type=int, nargs="+", default=[1, 2], help="agent-outbox serve --workers to measure"
     )
+    p.add_argument("--tag", default="", help="appended to the results file's name (before/after runs of one day)")
     a = p.parse_args(argv)
     results: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"api-{dt.date.today().isoformat()}.json"
+    out = RESULTS_DIR / f"api-{dt.date.today().isoformat()}{'-' + a.tag if a.tag else ''}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written: {out.relative_to(ROOT)}")
     return 0

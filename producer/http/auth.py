@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from outbox.access.keys import Caller, verify
 from outbox.ledger.provider_keys import KeyRules
@@ -68,11 +69,19 @@ class ApiState:
     # Unknown keys cost a ledger query each: a client that keeps presenting them is slowed down.
     failures: RateLimiter = field(default_factory=lambda: RateLimiter(5.0, 20.0))
 
+    def cached_caller(self, presented: str) -> tuple[bool, Caller | None]:
+        """(True, the caller or None for an unknown key) when verified within KEY_CACHE_S; (False, None)
+        when the ledger must be asked (caller_for)."""
+        cached = self.keys.get(presented)
+        if cached is not None and time.monotonic() - cached[1] < KEY_CACHE_S:
+            return True, cached[0]
+        return False, None
+
     def caller_for(self, presented: str) -> Caller | None:
         now = time.monotonic()
-        cached = self.keys.get(presented)
-        if cached is not None and now - cached[1] < KEY_CACHE_S:
-            return cached[0]
+        known, caller = self.cached_caller(presented)
+        if known:
+            return caller
         with self.sessions() as session:
             caller = verify(session, presented)
         if len(self.keys) > 10_000:
@@ -86,7 +95,10 @@ def state(request: Request) -> ApiState:
     return st
 
 
-def authenticated(request: Request) -> Caller:
+async def authenticated(request: Request) -> Caller:
+    """The caller of a request, or a 401/429 problem. A coroutine: FastAPI would run a plain function
+    in its thread pool, a hand-over per request (and per route's scope check) that costs more than
+    the check; the ledger is asked in the thread pool only when the key's cache entry is stale."""
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
@@ -106,7 +118,9 @@ def authenticated(request: Request) -> Caller:
             "too many unknown keys from this address",
             headers={"Retry-After": "1"},
         )
-    caller = state(request).caller_for(presented.strip())
+    known, caller = state(request).cached_caller(presented.strip())
+    if not known:
+        caller = await run_in_threadpool(state(request).caller_for, presented.strip())
     if caller is None:
         state(request).failures.take(client)
         raise Problem(
@@ -124,8 +138,8 @@ def authenticated(request: Request) -> Caller:
     return caller
 
 
-def require(scope: str) -> Callable[[Caller], Caller]:
-    def check(caller: Caller = Depends(authenticated)) -> Caller:  # noqa: B008 - FastAPI's dependency idiom
+def require(scope: str) -> Callable[[Caller], Awaitable[Caller]]:
+    async def check(caller: Caller = Depends(authenticated)) -> Caller:  # noqa: B008 - FastAPI's dependency idiom
         if scope not in caller.scopes:
             raise Problem(403, "forbidden", "Forbidden", f"this key lacks the {scope!r} scope")
         return caller
