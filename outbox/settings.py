@@ -157,6 +157,11 @@ class Settings(BaseSettings):
     # the largest request body accepted (413 above it).
     api_rate_per_s: float = Field(default=50.0, gt=0)
     api_max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # Past this many operations a tenant's fleet still owes work (not yet sent, or outcome unknown),
+    # a new intent is answered 429 with Retry-After, nothing stored; a resubmit is still answered.
+    # 0 (default): no limit. Size it as the backlog the fleet settles within its callers' patience
+    # (e.g. 60 s of its settle rate).
+    api_max_backlog: int = Field(default=0, ge=0)
     # Signs the console's session cookies (and their CSRF tokens). Unset: a random secret per server
     # process (sessions end when it restarts; set it when serving with several processes).
     console_secret: str | None = Field(default=None, min_length=32)

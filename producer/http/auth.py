@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from outbox.access.keys import Caller, verify
 from outbox.ledger.provider_keys import KeyRules
 from outbox.settings import Settings
+from producer.http.intake import BacklogGate
 from producer.http.problems import Problem
 from producer.http.waiters import Waiters
 
@@ -68,6 +69,8 @@ class ApiState:
     keys: dict[str, tuple[Caller | None, float]] = field(default_factory=dict)  # presented key -> (caller, at)
     # Unknown keys cost a ledger query each: a client that keeps presenting them is slowed down.
     failures: RateLimiter = field(default_factory=lambda: RateLimiter(5.0, 20.0))
+    # New intents past a tenant's backlog limit are answered 429 (producer/http/intake.py); 0: off.
+    backlog: BacklogGate = field(default_factory=lambda: BacklogGate(0))
 
     def cached_caller(self, presented: str) -> tuple[bool, Caller | None]:
         """(True, the caller or None for an unknown key) when verified within KEY_CACHE_S; (False, None)

@@ -120,7 +120,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
         404: "no such operation for this key's tenant",
         413: "body too large",
         422: "invalid input (the problem names the field)",
-        429: "rate limited (Retry-After)",
+        429: "rate limited, or the tenant's backlog is full (Retry-After; nothing stored)",
     }.items()
 }
 
@@ -210,6 +210,9 @@ def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None
 
 
 def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
+    refusal = st.backlog.refusal(session, caller.tenant, intent["idempotency_key"])
+    if refusal is not None:
+        raise refusal
     receipt = submit(session, **intent, key_rules=st.key_rules)
     return (201 if receipt.new else 200), operations.submitted(session, receipt) | receipt.extras()
 
@@ -251,7 +254,7 @@ async def post_intent(
 )
 async def post_batch(request: Request, caller: Annotated[Caller, Depends(require("submit"))]) -> JSONResponse:
     """Up to 500 intents in one transaction; one result per item, in order (201/200 with the
-    operation, or 409/422 with a problem); the good items are stored either way."""
+    operation, or 409/422/429 with a problem); the good items are stored either way."""
     st = state(request)
     body = exact_json(await request.body())
     if not isinstance(body, dict) or set(body) != {"intents"} or not isinstance(body["intents"], list):
@@ -272,6 +275,10 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                         "budget_scope": scope,
                     }
                     _known_action(st, intent, where=f"intents.{i}.")
+                    refusal = st.backlog.refusal(session, caller.tenant, intent["idempotency_key"])
+                    if refusal is not None:
+                        results.append({"index": i, "status": 429, "problem": refusal.body()})
+                        continue
                     with session.begin_nested():  # a bad item never takes the good ones down
                         receipt = submit(session, **intent, key_rules=st.key_rules)
                     results.append({"index": i, "status": 201 if receipt.new else 200, "operation": receipt})

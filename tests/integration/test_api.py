@@ -330,3 +330,44 @@ def test_several_server_processes_share_the_ledger_and_answer_keep_alive_request
         assert len({op for _, op in answers}) == 1
         # Nagle's algorithm against a delayed ACK costs 40 ms a request; a submit here takes a few.
         assert statistics.median(took[1:]) < 0.03, took
+
+
+def test_a_full_backlog_answers_new_intents_429_and_still_answers_replays(pipe, sandbox):
+    """OUTBOX_API_MAX_BACKLOG: past it a new intent is refused (429, Retry-After, nothing stored), a
+    resubmit is answered, another tenant is not held back; once the fleet drains, the refused intent
+    sent again with its key makes exactly one effect."""
+    pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: action("/v1/refunds", decimal_args=["amount"])}))
+    with _serve(pipe, OUTBOX_API_MAX_BACKLOG="3") as api:
+        acme, globex = _key(api.env, "acme", "submit,read"), _key(api.env, "globex", "submit,read")
+        with api.client(acme) as c:
+            first = [c.post("/v1/intents", json=_intent(f"b-{i}")) for i in range(3)]
+            assert [r.status_code for r in first] == [201] * 3
+            time.sleep(1.1)  # the gate's count is at most a second old
+            full = c.post("/v1/intents", json=_intent("b-3"))
+            assert full.status_code == 429 and full.headers["retry-after"] == "2", full.text
+            problem = full.json()
+            assert problem["type"].endswith("/backlog-full") and (problem["backlog"], problem["limit"]) == (3, 3)
+            assert "OUTBOX_API_MAX_BACKLOG" in problem["detail"] and "nothing was stored" in problem["detail"]
+            assert pipe.count() == 3
+            replay = c.post("/v1/intents", json=_intent("b-1"))  # a client that lost its answer finds it
+            assert replay.status_code == 200 and replay.json()["idempotency_key"] == "b-1"
+            batch = c.post("/v1/intents:batch", json={"intents": [_intent("b-2"), _intent("b-4")]}).json()
+            assert [r["status"] for r in batch["results"]] == [200, 429]
+            assert batch["results"][1]["problem"]["type"].endswith("/backlog-full")
+            assert pipe.count() == 3
+        with api.client(globex) as c:  # the limit is per tenant
+            assert c.post("/v1/intents", json=_intent("b-3")).status_code == 201
+
+        pipe.start_worker(queues="dispatch")
+        pipe.start_relay()
+        for r in first:
+            pipe.wait_status(r.json()["operation_id"], "succeeded", timeout_s=60)
+        time.sleep(1.1)
+        with api.client(acme) as c:
+            again = c.post("/v1/intents", json=_intent("b-3"))
+            assert again.status_code == 201, again.text
+            waited = c.get(f"/v1/operations/{again.json()['operation_id']}/wait", params={"timeout_s": 30}).json()
+            assert waited["outcome"] == "SUCCEEDED"
+    for i in range(4):
+        assert len(sandbox.effects(key=pk(f"b-{i}", "acme"))) == 1
+    assert len(sandbox.effects(key=pk("b-4", "acme"))) == 0

@@ -34,6 +34,7 @@ from producer.client import key_rules_for
 from producer.http import intents as agents
 from producer.http import openapi, runs
 from producer.http.auth import ApiState, RateLimiter
+from producer.http.intake import BacklogGate
 from producer.http.problems import (
     Problem,
     conflict_problem,
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
         key_rules=key_rules if key_rules is not None else key_rules_for(settings),
         waiters=Waiters(sessions),
         limiter=RateLimiter(settings.api_rate_per_s, max(1.0, settings.api_rate_per_s * 2)),
+        backlog=BacklogGate(settings.api_max_backlog),
     )
 
     @asynccontextmanager
