@@ -463,8 +463,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave out the naive pipeline (bench/naive_pipeline.py: task per intent, tenacity, pybreaker)",
     )
+    p.add_argument(
+        "--cpu-quota",
+        type=float,
+        default=0.0,
+        help="run under a cgroup CPU quota of this many CPUs (bench/cpu_quota.py: a slower CPU emulated; "
+        "the machine's PostgreSQL and Redis stay outside it)",
+    )
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args(argv)
+    if args.cpu_quota:
+        from bench.cpu_quota import CpuQuota
+
+        quota = CpuQuota(args.cpu_quota).__enter__()
+        try:
+            return _main(args, argv)
+        finally:
+            quota.__exit__(None, None, None)
+    return _main(args, argv)
+
+
+def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
     n = args.ops or (300 if args.quick else 1000)
     counts = [int(x) for x in (args.workers or ("2" if args.quick else "2,4")).split(",")]
     node_counts = [int(x) for x in args.nodes.split(",")]
@@ -573,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         "presubmit": args.presubmit,
         "slow": args.slow,
         "bare_events": args.bare_events,
+        "cpu_quota": args.cpu_quota,
         "environment": env,
         "summary": rows,
         "scale_out": grown,
@@ -585,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         + ("-bare-events" if args.bare_events else "")
         + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
         + (f"-slow{args.slow:g}" if args.slow else "")
+        + (f"-quota{args.cpu_quota:g}" if args.cpu_quota else "")
     )
     path = RESULTS_DIR / f"pipeline-{dt.date.today().isoformat()}{suffix}.json"
     path.write_text(json.dumps(out, indent=2))

@@ -229,6 +229,10 @@ class SoakResult:
     worker_kills: int = 0
     cpu_s: dict[str, float] = field(default_factory=dict)
     settle_p99_s: dict[str, float] = field(default_factory=dict)  # first / last third of arrivals
+    # (t, {kind: MiB per process}) every RSS_EVERY_S: the reconcilers, the dispatch workers alive then
+    # (a killed one's replacement starts afresh: its growth shows within its lifetime; the relay is a
+    # thread of the bench's own process).
+    rss: list[tuple[float, dict[str, float]]] = field(default_factory=list)
 
     def _thirds(self) -> tuple[list[Sample], list[Sample]]:
         during = [x for x in self.samples if x.t <= self.duration_s]
@@ -303,11 +307,37 @@ class SoakResult:
             "fast_tasks": self.fast_tasks,
             "worker_kills": self.worker_kills,
             "cpu_s": self.cpu_s,
+            "rss_mib": [[round(t, 1), {k: round(v, 1) for k, v in r.items()}] for t, r in self.rss],
+            "rss_growth": rss_growth(self.rss, self.duration_s),
             "samples": [
                 [round(x.t, 1), x.submitted, x.settled, x.unknown, round(x.oldest_s, 1), x.due, round(x.due_wait_s, 1)]
                 for x in self.samples
             ],
         }
+
+
+RSS_EVERY_S = 10.0
+
+
+def _rss_per_process(pids: list[int]) -> float:
+    """Mean RSS in MiB of these processes and their children (a prefork parent and its pool)."""
+    from bench.celery_workers import _children, _rss_kib
+
+    tree = [q for p in pids for q in (p, *_children(p))]
+    found = [k for k in (_rss_kib(q) for q in tree) if k]
+    return sum(found) / len(found) / 1024 if found else 0.0
+
+
+def rss_growth(rss: list[tuple[float, dict[str, float]]], duration_s: float) -> dict[str, float]:
+    """Per kind of process: mean RSS over the last third of the arrivals / over the first third, - 1."""
+    during = [r for t, r in rss if t <= duration_s]
+    k = max(len(during) // 3, 1)
+    out = {}
+    for kind in during[0] if during else {}:
+        first = mean(r[kind] for r in during[:k] if r.get(kind))
+        last = mean(r[kind] for r in during[-k:] if r.get(kind))
+        out[kind] = last / first - 1 if first else 0.0
+    return out
 
 
 def _p99(values: list[float]) -> float:
@@ -395,6 +425,16 @@ def run_soak(
                 time.sleep(SAMPLE_S)
                 continue
             result.samples.append(sample)
+            if not result.rss or t - result.rss[-1][0] >= RSS_EVERY_S:
+                result.rss.append(
+                    (
+                        t,
+                        {
+                            "reconciler": _rss_per_process([r.pid for r in recs]),
+                            "dispatch": _rss_per_process([w.pid for w in workers]),
+                        },
+                    )
+                )
             if kills and t >= kills[0] and submitter.is_alive():
                 kills.pop(0)
                 victim = workers.pop(rng.randrange(len(workers)))

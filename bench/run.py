@@ -14,12 +14,13 @@
 7. submit in the caller's transaction per driver (``bench.submit_drivers --quick``: psycopg 3,
    psycopg2, asyncpg, psycopg 3 async; 300 intents each).
 
-``python -m bench.run --full`` (``make bench-full``, about 8 minutes on 2 cores) runs instead
+``python -m bench.run --full`` (``make bench-full``, about 20 minutes on 2 cores) runs instead
 what issue 21's figures come from, in one go: the pipeline beside bare Celery and the naive
 pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the naive pipeline under the
 fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the fault mix, the mix plus
-process faults), claim latency at 10k and 1M finished rows, and the HTTP API beside
-``producer.submit`` (one and two server processes).
+process faults), claim latency at 10k and 1M finished rows, the HTTP API beside
+``producer.submit`` (one and two server processes), and the 10-minute soak (``bench.soak``, on a
+PostgreSQL cluster of its own with stock settings).
 
 Exits non-zero if any benchmark does. Figures: bench/README.md.
 """
@@ -71,6 +72,7 @@ FULL = [
     [sys.executable, "-m", "bench.liveness", "-q"],
     [sys.executable, "-m", "bench.claim_latency"],
     [sys.executable, "-m", "bench.api_bench"],
+    [sys.executable, "-m", "bench.soak"],
 ]
 
 
