@@ -71,7 +71,8 @@ class StockCluster:
     """``with StockCluster() as admin_url:`` a PostgreSQL cluster initdb'd here with stock settings,
     listening on 127.0.0.1 on a free port (trust auth), stopped and removed on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, *settings: str) -> None:
+        self.settings = settings  # extra server settings, "name=value"
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-soak-pg-"))
         self.data = self.dir / "data"
         self.bindir = _bindir()
@@ -96,7 +97,8 @@ class StockCluster:
             "-l",
             str(self.dir / "server.log"),
             "-o",
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1",
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+            + "".join(f" -c {setting}" for setting in self.settings),
             "-w",
             "start",
         )

@@ -1,0 +1,83 @@
+"""What PostgreSQL spends per operation, statement by statement (issue 35: <= 0.5 ms of database CPU
+per operation).
+
+Starts a PostgreSQL cluster of its own (``bench.soak.StockCluster``: initdb, stock settings) with
+``pg_stat_statements`` preloaded, runs ``bench.pipeline_bench`` against it (outbox and bare Celery,
+``--ops`` operations submitted while the pipeline runs), then prints every statement the ledger sent
+at least once per 20 operations: calls per operation, rows per call, mean execution time, and its
+share of the database's execution time; and the database's CPU per operation as the pipeline bench
+measured it (/proc, every ``postgres`` process).
+
+    .venv/bin/python -m bench.pg_statements [--ops 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.soak import StockCluster  # noqa: E402
+
+TOP = """
+SELECT calls, rows, total_exec_time, mean_exec_time, regexp_replace(query, '\\s+', ' ', 'g') AS query
+FROM pg_stat_statements
+WHERE calls >= %(min_calls)s AND query NOT ILIKE '%%pg_stat_statements%%'
+ORDER BY total_exec_time DESC
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", type=int, default=2000)
+    a = p.parse_args(argv)
+    with StockCluster("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all") as admin:
+        libpq = admin.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(libpq, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+        cmd = [sys.executable, "-m", "bench.pipeline_bench", "--ops", str(a.ops), "--workers", "2"]
+        cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive"]
+        print("$", " ".join(cmd[1:]), flush=True)
+        done = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"OUTBOX_BENCH_PG_URL": admin}, text=True)
+        if done.returncode != 0:
+            return done.returncode
+        operations = a.ops + 4  # and the warm-up's 2 per worker
+        with psycopg.connect(libpq, autocommit=True) as conn:
+            rows = conn.execute(TOP, {"min_calls": max(1, operations // 20)}).fetchall()
+            total_ms = conn.execute("SELECT sum(total_exec_time) FROM pg_stat_statements").fetchone()[0]
+    print(f"\nPostgreSQL execution time per operation: {total_ms / operations:.3f} ms (all statements)")
+    print(f"{'calls/op':>8} {'rows/call':>9} {'ms/call':>8} {'share':>6}  statement")
+    out = []
+    for calls, nrows, total, mean, query in rows:
+        share = total / total_ms if total_ms else 0.0
+        print(f"{calls / operations:8.2f} {nrows / calls:9.2f} {mean:8.3f} {share:6.1%}  {query[:150]}")
+        out.append(
+            {
+                "calls_per_op": round(calls / operations, 3),
+                "rows_per_call": round(nrows / calls, 2),
+                "mean_ms": round(mean, 4),
+                "share": round(share, 4),
+                "query": query,
+            }
+        )
+    path = ROOT / "bench" / "results" / f"pg-statements-{dt.date.today().isoformat()}.json"
+    path.write_text(
+        json.dumps({"ops": a.ops, "exec_ms_per_op": total_ms / operations, "statements": out}, indent=2) + "\n"
+    )
+    print(f"written: {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
