@@ -19,8 +19,9 @@ what issue 21's figures come from, in one go: the pipeline beside bare Celery an
 pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the naive pipeline under the
 fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the fault mix, the mix plus
 process faults), claim latency at 10k and 1M finished rows, the HTTP API beside
-``producer.submit`` (one and two server processes), and the 10-minute soak (``bench.soak``, on a
-PostgreSQL cluster of its own with stock settings).
+``producer.submit`` (one and two server processes), the 10-minute soak (``bench.soak``, on a
+PostgreSQL cluster of its own with stock settings) and PostgreSQL's statements per operation
+(``bench.pg_statements``).
 
 Exits non-zero if any benchmark does. Figures: bench/README.md.
 """
@@ -73,6 +74,7 @@ FULL = [
     [sys.executable, "-m", "bench.claim_latency"],
     [sys.executable, "-m", "bench.api_bench"],
     [sys.executable, "-m", "bench.soak"],
+    [sys.executable, "-m", "bench.pg_statements"],
 ]
 
 
