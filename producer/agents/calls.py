@@ -36,7 +36,7 @@ from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.ledger.models import Operation
 from outbox.ledger.submit import MAX_KEY_LEN
 from outbox.ledger.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
-from outbox.reads.queries import operation_json
+from outbox.reads.queries import operation_json, submitted_detail
 from outbox.service import approvals, operations, waiting
 from producer.agents.catalog import RETRY_OF, ToolView, catalog, tool_for
 from producer.client import Outbox
@@ -236,7 +236,14 @@ class ToolCaller:
                 f"one is made. {first.model_message}"
             )
             return replace(first, model_message=said, conflict=True)
-        answer = self.get(receipt.operation_id, new=receipt.new)
+        # A new call is answered as its insert wrote it (as the HTTP API answers), not as a read after
+        # the commit finds it: a fast worker may have sent it already, and the model would be told
+        # "already done" of the call it has just made.
+        answer = (
+            self._answer(with_outcome(submitted_detail(*receipt.written).as_json()), new=True)
+            if receipt.written is not None
+            else self.get(receipt.operation_id, new=receipt.new)
+        )
         extras = receipt.extras()
         message = answer.model_message
         if receipt.waiting_on is not None and not answer.settled:
@@ -317,10 +324,13 @@ class ToolCaller:
                 # To a model, a wrong id is a wrong argument: it corrects the call.
                 raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant") from None
             doc = with_outcome(operation_json(op))
+        return self._answer(doc, new=new)
+
+    def _answer(self, doc: dict[str, Any], *, new: bool) -> ToolAnswer:
         result = doc.get("result") or {}
         message = doc["model_message"]
         if Outcome(doc["outcome"]) in RETRYABLE:
-            message = model_message(doc, again=self._again(op.action, op.id))
+            message = model_message(doc, again=self._again(doc["action"], doc["operation_id"]))
         return ToolAnswer(
             outcome=doc["outcome"],
             model_message=message,
