@@ -475,11 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_quota:
         from bench.cpu_quota import CpuQuota
 
-        quota = CpuQuota(args.cpu_quota).__enter__()
-        try:
+        with CpuQuota(args.cpu_quota):
             return _main(args, argv)
-        finally:
-            quota.__exit__(None, None, None)
     return _main(args, argv)
 
 
