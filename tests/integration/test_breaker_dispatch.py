@@ -390,6 +390,44 @@ def test_a_half_open_breakers_probe_goes_to_the_operation_with_most_budget_left(
     assert _parks(pipe, [spent, fresh]) == {spent: 1, fresh: 0}
 
 
+def test_a_probe_is_claimed_before_another_process_can_park_its_operation(pipe, sandbox):
+    """CI, stop 40: with every operation due at once after a reset window, worker A was given the
+    half-open probe for a fresh operation X, then spent ~25 ms parking the rest of its doorbell;
+    meanwhile worker B, whose doorbell also named X, found the probe out and parked X. A's claim of
+    X found it not due, the probe was given back, and the next to ask (one that had spent 3 of 4
+    attempts) probed and spent its last. The gate now asks for every id before it writes anything
+    and claims before it parks: here B runs at A's first park, and finds X already claimed."""
+    from sqlalchemy import update
+
+    from outbox.ledger import failpoints
+    from workers.wiring.runtime import build_runtime
+
+    reset_s = 60.0  # passes only when the test moves the breaker's clock
+    pipe.write_actions(_actions(sandbox.url, fail_max=1, reset_s=reset_s, max_attempts=4))
+    sandbox.add_fault(**DOWN)
+    fresh, other, spent = _submit(pipe, "k-race", 3)
+    with pipe.sessions.begin() as s:
+        s.execute(update(Operation).where(Operation.id == spent).values(attempt_count=3))
+    a, b = build_runtime(pipe.settings()), build_runtime(pipe.settings())
+    try:
+        tripping = a.breakers.before_call("sandbox")
+        a.breakers.record(tripping, failure=True)  # fail_max 1: open for reset_s
+        pipe.advance_breaker_clock(reset_s)  # half-open: the first operation asked gets the probe
+        seen: dict[str, Any] = {}
+        with failpoints.on(
+            "gate.after_select_before_update", lambda _key: seen.update(b=b.dispatcher.dispatch([fresh, spent]))
+        ):
+            seen["a"] = a.dispatcher.dispatch([fresh, other])
+    finally:
+        a.close()
+        b.close()
+    assert "b" in seen, "A never parked: the failpoint did not run B"
+    assert [p["idempotency_key"] for p in sandbox.requests(method="POST")] == [pk("k-race-0")]
+    assert [pipe.op(i).attempt_count for i in (fresh, other, spent)] == [1, 0, 3]
+    assert _breaker(pipe).state == "open"  # the probe failed: open again for a window
+    assert all(pipe.op(i).status == "not_dispatched" for i in (fresh, other, spent))
+
+
 def test_a_doorbell_that_claims_other_due_operations_asks_the_breaker_once(tmp_path, pipe, sandbox):
     """Issue 14: a doorbell whose own ids another claim took still claims whatever is due, and
     those operations had no breaker answer: each call asked Redis for itself (under the fault mix

@@ -87,11 +87,15 @@ class Dispatcher:
             passed = gate.admit(operation_ids, admissions)
             claims: list[Claim] = []
             if passed.wanted or not passed.rung_due:
-                claims = _claim(gate.ledger, gate.worker_id, self.lease_s, passed.wanted, size, self.fairness)
+                # While some rung ids wait for their breaker (parked just below), the claim takes the
+                # wanted ids alone: filled with whatever else is due, it could take those along too.
+                fill = not passed.to_park
+                claims = _claim(gate.ledger, gate.worker_id, self.lease_s, passed.wanted, size, self.fairness, fill)
             if not claims:
                 log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
             gate.admit_taken_along(claims, admissions)
             admissions.give_back_all(keep=[c.operation_id for c in claims])  # probes we will not send
+            parked = gate.park(passed)
             checks = gate.checks(claims)
             for claim in claims:
                 failpoints.hit("dispatch.after_claim", claim.idempotency_key)
@@ -100,17 +104,28 @@ class Dispatcher:
             raise
         # Most budget left first here too: after a failed canary each call asks the breaker in turn.
         claims.sort(key=lambda c: c.attempt_count)
-        return passed.parked, claims, admissions, checks
+        return parked, claims, admissions, checks
 
 
 def _claim(
-    ledger: LedgerConnection, worker_id: str, lease_s: float, wanted: list[str], size: int, fairness: Fairness
+    ledger: LedgerConnection,
+    worker_id: str,
+    lease_s: float,
+    wanted: list[str],
+    size: int,
+    fairness: Fairness,
+    fill: bool = True,
 ) -> list[Claim]:
     """A doorbell wakes a worker; the database says what is due. The same statement fills the batch
     with whatever else is due now, shared among tenants (outbox/ledger/fairness.py): the rung ids
     come first within their own tenant only, so one tenant's doorbells cannot keep another's due
     work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
-    whatever is due, up to ``size``."""
+    whatever is due, up to ``size``. ``fill`` False (with ids): only those ids."""
+    if wanted and not fill:
+        with ledger.one_statement() as session:
+            return claim_due(
+                session, worker=worker_id, lease_s=lease_s, operation_ids=wanted, limit=len(wanted), fairness=fairness
+            )
     if fairness.on and len(wanted) >= size:
         # Room for one row the ids did not name, so another tenant's due row can still win its turn;
         # the id left out is still due and competes as any other row (in its tenant's order).

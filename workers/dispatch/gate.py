@@ -50,11 +50,20 @@ class _Due:
 
 
 @dataclass(frozen=True)
+class _ToPark:
+    """A due operation whose breaker said wait: parked after the claim (``Gate.park``)."""
+
+    action: ActionConfig
+    decision: Open
+    due: _Due
+
+
+@dataclass(frozen=True)
 class Passed:
     """What the gate let through of a doorbell's ids."""
 
-    wanted: list[str]  # due and not parked: to be claimed
-    parked: dict[str, AttemptOutcome]  # waiting for their breaker, unclaimed
+    wanted: list[str]  # due and not waiting for a breaker: to be claimed
+    to_park: dict[str, _ToPark]  # waiting for their breaker: left unclaimed, parked after the claim
     rung_due: bool  # any rung id was due (none: the claim takes whatever else is due)
 
 
@@ -85,10 +94,18 @@ class Gate:
 
     def admit(self, operation_ids: Sequence[str], admissions: Admissions) -> Passed:
         """Ask each due id's breaker (once per target while it is closed): open and the deadline
-        allows the wait, the operation is parked; otherwise it goes to the claim, holding its answer
-        (a probe is that operation's; an open breaker past the deadline ends it at the claim)."""
+        allows the wait, the operation is to be parked (``park``, after the claim); otherwise it goes
+        to the claim, holding its answer (a probe is that operation's; an open breaker past the
+        deadline ends it at the claim).
+
+        Every id is asked before anything is written: a half-open breaker's probe held here is
+        claimed a few Redis round trips later, not after this doorbell's parks. Parking first let
+        another process, whose doorbell named the same id, park it meanwhile (the probe out, it
+        waits too); the claim then found it not due, the probe was given back and went to whoever
+        asked next, whatever budget that operation had left (CI: one spent 4/4 attempts on probes
+        while nine had spent none)."""
         dues = read_due_ops(self.ledger, operation_ids)
-        parked: dict[str, AttemptOutcome] = {}
+        to_park: dict[str, _ToPark] = {}
         for op_id, due in dues.items():
             known = self.actions.actions.get(due.action)
             if known is None:
@@ -97,21 +114,28 @@ class Gate:
             if isinstance(decision, Open) and due.clock.now() + timedelta(seconds=decision.wait_s) <= deadline_of(
                 due, known
             ):
-                wait = park_while_open_if_due(
-                    self.sessions,
-                    op_id,
-                    known,
-                    decision,
-                    actor=self.worker_id,
-                    spent_attempts=due.attempt_count,
-                    now=due.clock.now(),
-                )
-                if wait is not None:
-                    parked[op_id] = wait
+                to_park[op_id] = _ToPark(known, decision, due)
                 continue
             admissions.hold(op_id, decision)
-        wanted = [op_id for op_id in dues if op_id not in parked]
-        return Passed(wanted, parked, rung_due=bool(dues))
+        wanted = [op_id for op_id in dues if op_id not in to_park]
+        return Passed(wanted, to_park, rung_due=bool(dues))
+
+    def park(self, passed: Passed) -> dict[str, AttemptOutcome]:
+        """Park what ``admit`` found waiting for its breaker (a concurrent claim or park wins)."""
+        parked: dict[str, AttemptOutcome] = {}
+        for op_id, p in passed.to_park.items():
+            wait = park_while_open_if_due(
+                self.sessions,
+                op_id,
+                p.action,
+                p.decision,
+                actor=self.worker_id,
+                spent_attempts=p.due.attempt_count,
+                now=p.due.clock.now(),
+            )
+            if wait is not None:
+                parked[op_id] = wait
+        return parked
 
     def admit_taken_along(self, claims: Sequence[Claim], admissions: Admissions) -> None:
         """The operations the claim took along (not rung by this doorbell) have no breaker answer
