@@ -72,9 +72,12 @@ FAST_TASK_S = 0.01
 RELAY_POLL_S = 0.5
 
 
-def soak_rules(seed: int, *, ambiguous_scale: float = 1.0, lookup_latency_ms: float = 0.0) -> list[dict[str, Any]]:
+def soak_rules(
+    seed: int, *, ambiguous_scale: float = 1.0, lookup_latency_ms: float = 0.0, post_latency_ms: float = 0.0
+) -> list[dict[str, Any]]:
     """The first-request mix as sandbox rules, the after-commit (ambiguous) shares scaled; a
-    lookup latency rule first when asked for (it matches GETs only)."""
+    lookup latency rule first when asked for (it matches GETs only); a latency rule for the POSTs
+    the mix leaves alone last when asked for (a provider whose clean answers take that long)."""
     mix = [(m, s * ambiguous_scale if m in AFTER_COMMIT else s, extra) for m, s, extra in FIRST_REQUEST_MIX]
     if sum(s for _, s, _ in mix) >= 1.0:
         raise ValueError("ambiguous_scale leaves no share for clean first requests")
@@ -95,6 +98,8 @@ def soak_rules(seed: int, *, ambiguous_scale: float = 1.0, lookup_latency_ms: fl
             }
         )
         left -= share
+    if post_latency_ms:
+        rules.append({"mode": "latency", "latency_ms": post_latency_ms, "method": "POST", "path": "/v1/*"})
     return rules
 
 
@@ -125,6 +130,8 @@ class Steady:
     thread: threading.Thread | None = None
     submitted: int = 0
     behind_s: float = 0.0  # the most the submitter fell behind its schedule
+    # (seconds since start, seconds the tick's transaction took, intents in it): intake latency
+    ticks: list[tuple[float, float, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -144,7 +151,10 @@ class Steady:
             while self.submitted < self.total:
                 owed = min(int(self.rate * (time.monotonic() - started)), self.total)
                 if owed > self.submitted:
+                    began = time.monotonic()
+                    n = owed - self.submitted
                     self._submit(self.submitted, owed)
+                    self.ticks.append((began - started, time.monotonic() - began, n))
                     self.behind_s = max(self.behind_s, time.monotonic() - started - self.submitted / self.rate)
                 time.sleep(0.05)
         except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
@@ -187,6 +197,8 @@ class Sample:
     oldest_s: float  # since the oldest of them was submitted
     due: int  # outcome_unknown operations whose lookup is due now (lease free)
     due_wait_s: float  # since the oldest due lookup came due
+    dispatch_due: int = 0  # not_dispatched operations due now (waiting for a worker)
+    dispatch_wait_s: float = 0.0  # since the oldest of them came due
 
 
 def _sample(sessions: sessionmaker[Session], t: float, submitted: int) -> Sample:
@@ -203,9 +215,24 @@ def _sample(sessions: sessionmaker[Session], t: float, submitted: int) -> Sample
                 (Operation.lease_expires_at.is_(None)) | (Operation.lease_expires_at < func.now()),
             )
         ).one()
+        waiting, waited = s.execute(
+            select(func.count(), db_age_s(func.min(Operation.next_attempt_at))).where(
+                Operation.status == "not_dispatched", Operation.next_attempt_at <= func.now()
+            )
+        ).one()
         counts = dict(s.execute(select(Operation.status, func.count()).group_by(Operation.status)).all())
     settled = sum(v for k, v in counts.items() if k not in NOT_QUIET)
-    return Sample(t, submitted, settled, int(n), float(oldest or 0.0), int(due), max(float(due_wait or 0.0), 0.0))
+    return Sample(
+        t,
+        submitted,
+        settled,
+        int(n),
+        float(oldest or 0.0),
+        int(due),
+        max(float(due_wait or 0.0), 0.0),
+        int(waiting),
+        max(float(waited or 0.0), 0.0),
+    )
 
 
 @dataclass
@@ -233,6 +260,7 @@ class SoakResult:
     # (a killed one's replacement starts afresh: its growth shows within its lifetime; the relay is a
     # thread of the bench's own process).
     rss: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    ticks: list[tuple[float, float, int]] = field(default_factory=list)  # the submitter's (Steady.ticks)
 
     def _thirds(self) -> tuple[list[Sample], list[Sample]]:
         during = [x for x in self.samples if x.t <= self.duration_s]
@@ -310,7 +338,17 @@ class SoakResult:
             "rss_mib": [[round(t, 1), {k: round(v, 1) for k, v in r.items()}] for t, r in self.rss],
             "rss_growth": rss_growth(self.rss, self.duration_s),
             "samples": [
-                [round(x.t, 1), x.submitted, x.settled, x.unknown, round(x.oldest_s, 1), x.due, round(x.due_wait_s, 1)]
+                [
+                    round(x.t, 1),
+                    x.submitted,
+                    x.settled,
+                    x.unknown,
+                    round(x.oldest_s, 1),
+                    x.due,
+                    round(x.due_wait_s, 1),
+                    x.dispatch_due,
+                    round(x.dispatch_wait_s, 1),
+                ]
                 for x in self.samples
             ],
         }
@@ -358,6 +396,7 @@ def run_soak(
     seed: int = 7,
     ambiguous_scale: float = 1.0,
     lookup_latency_ms: float = 0.0,
+    post_latency_ms: float = 0.0,
     deadline_s: float = 120.0,
     reconcilers: int = 1,
     concurrency: int = 1,
@@ -389,7 +428,10 @@ def run_soak(
     rng = random.Random(seed)
     sandbox.reset()
     sandbox.configure(request_log_max=max(100_000, int(rate * duration_s * 20)))
-    for rule in soak_rules(seed, ambiguous_scale=ambiguous_scale, lookup_latency_ms=lookup_latency_ms):
+    rules = soak_rules(
+        seed, ambiguous_scale=ambiguous_scale, lookup_latency_ms=lookup_latency_ms, post_latency_ms=post_latency_ms
+    )
+    for rule in rules:
         sandbox.add_fault(**rule)
     run_env = ENV | {"OUTBOX_RELAY_POLL_S": str(relay_poll_s)} | (env or {})
     with private_broker_pipeline(db_url=db_url, sessions=sessions, sandbox=sandbox, tmp=tmp, env=run_env) as (
@@ -476,6 +518,7 @@ def run_soak(
         cpu.__exit__()
         result.cpu_s = cpu.seconds
         result.scale.intents = len(submitter.keys)
+        result.ticks = submitter.ticks
         result.scale.worker_kills = result.worker_kills
         for w in workers + recs:
             w.stop()

@@ -20,7 +20,8 @@ pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the naive 
 fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the fault mix, the mix plus
 process faults), claim latency at 10k and 1M finished rows, the HTTP API beside
 ``producer.submit`` (one and two server processes), the 10-minute soak (``bench.soak``, on a
-PostgreSQL cluster of its own with stock settings) and PostgreSQL's statements per operation
+PostgreSQL cluster of its own with stock settings), overload at twice the fleet's capacity under
+the fault mix for 5 minutes (``bench.overload``) and PostgreSQL's statements per operation
 (``bench.pg_statements``).
 
 Exits non-zero if any benchmark does. Figures: bench/README.md.
@@ -74,6 +75,7 @@ FULL = [
     [sys.executable, "-m", "bench.claim_latency"],
     [sys.executable, "-m", "bench.api_bench"],
     [sys.executable, "-m", "bench.soak"],
+    [sys.executable, "-m", "bench.overload"],
     [sys.executable, "-m", "bench.pg_statements"],
 ]
 
