@@ -52,7 +52,7 @@ class Dispatcher:
         """Handle one doorbell carrying one or more operation ids. Returns the outcomes applied.
 
         Room first: a process with OUTBOX_MAX_IN_FLIGHT operations out waits (the broker keeps the
-        doorbells, the ledger keeps the work). The breaker is asked before the claim: while it is
+        doorbells, the ledger keeps the work) until one more fits, and claims as many as fit then. The breaker is asked before the claim: while it is
         open an operation is not claimed at all (no fencing token, no attempt number) and stays
         not_dispatched until the reopen time. The rest are claimed, with whatever else is due up to
         OUTBOX_DOORBELL_BATCH, and handed to the process's calls in flight (in_flight.py). A
@@ -63,8 +63,8 @@ class Dispatcher:
         ``wait``: return after the calls are finalized (with their outcomes); the Celery task does
         not wait (only the gate's outcomes are returned).
         """
-        size = self.batch
-        if not self.in_flight.reserve(size, timeout_s=self.room_wait_s):
+        size = self.in_flight.reserve_some(self.batch, timeout_s=self.room_wait_s)
+        if not size:
             log.info("no room: %d operation(s) in flight; doorbell left to the relay", self.in_flight.held)
             return {}
         try:
@@ -120,7 +120,9 @@ def _claim(
     with whatever else is due now, shared among tenants (outbox/ledger/fairness.py): the rung ids
     come first within their own tenant only, so one tenant's doorbells cannot keep another's due
     work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
-    whatever is due, up to ``size``. ``fill`` False (with ids): only those ids."""
+    whatever is due, up to ``size``. ``fill`` False (with ids): only those ids. Room for fewer
+    than the rung ids (a busy process): the first ``size`` of them (the rest stay due)."""
+    wanted = wanted[:size]
     if wanted and not fill:
         with ledger.one_statement() as session:
             return claim_due(

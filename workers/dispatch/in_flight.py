@@ -21,7 +21,8 @@ takes its next doorbell while the calls are out. Here:
   last (a PostgreSQL restart then costs no reconciliation);
 - room: at most ``max_ops`` operations claimed and not yet finalized per process. A doorbell task
   waits for room before it claims (backpressure: a full process takes no doorbells; the broker
-  holds them and the ledger holds the work). Calls beyond a target's max_connections wait for a
+  holds them and the ledger holds the work), and claims as many as fit once one does: waiting for
+  a whole batch's room waited for the slowest call of the last batch. Calls beyond a target's max_connections wait for a
   connection of its pool (per-target concurrency stays as configured).
 
 A crash loses nothing: every claimed operation holds a lease, which expires into outcome_unknown,
@@ -127,6 +128,24 @@ class InFlight:
             self._held += n
             metrics.record_in_flight(self._held)
             return True
+
+    def reserve_some(self, n: int, *, timeout_s: float) -> int:
+        """Wait until at least one more operation fits; reserve as many of ``n`` as fit now (all
+        ``n`` in an empty process). 0 on timeout.
+
+        A doorbell does not wait for room for a whole batch: that waited for the slowest call of
+        the batch before (the process idle behind one stall, bench/README.md "overload")."""
+        deadline = time.monotonic() + timeout_s
+        with self._room:
+            while self._held and self._held >= self.max_ops:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return 0
+                self._room.wait(left)
+            granted = min(n, self.max_ops - self._held) if self._held else n
+            self._held += granted
+            metrics.record_in_flight(self._held)
+            return granted
 
     def release(self, n: int) -> None:
         if n:
