@@ -52,9 +52,9 @@ class Dispatcher:
         """Handle one doorbell carrying one or more operation ids. Returns the outcomes applied.
 
         Room first: a process with OUTBOX_MAX_IN_FLIGHT operations out waits (the broker keeps the
-        doorbells, the ledger keeps the work) until one more fits, and claims as many as fit then. The breaker is asked before the claim: while it is
-        open an operation is not claimed at all (no fencing token, no attempt number) and stays
-        not_dispatched until the reopen time. The rest are claimed, with whatever else is due up to
+        doorbells, the ledger keeps the work) until one more fits, and claims as many as fit then.
+        The breaker is asked before the claim: while it is open an operation is not claimed at all
+        (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest are claimed, with whatever else is due up to
         OUTBOX_DOORBELL_BATCH, and handed to the process's calls in flight (in_flight.py). A
         doorbell whose ids are all taken (a duplicate, or another doorbell's claim took them along)
         still claims whatever else is due: the ledger is the queue, a doorbell only says "work may
@@ -63,16 +63,17 @@ class Dispatcher:
         ``wait``: return after the calls are finalized (with their outcomes); the Celery task does
         not wait (only the gate's outcomes are returned).
         """
-        size = self.in_flight.reserve_some(self.batch, timeout_s=self.room_wait_s)
+        room = self.in_flight.room
+        size = room.take(self.batch, timeout_s=self.room_wait_s)
         if not size:
-            log.info("no room: %d operation(s) in flight; doorbell left to the relay", self.in_flight.held)
+            log.info("no room: %d operation(s) in flight; doorbell left to the relay", room.held)
             return {}
         try:
             outcomes, claims, admissions, checks = self._gate_and_claim(operation_ids, size)
         except BaseException:
-            self.in_flight.release(size)
+            room.give_back(size)
             raise
-        self.in_flight.release(size - len(claims))
+        room.give_back(size - len(claims))
         done = self.in_flight.start(claims, admissions, checks)
         if wait:
             outcomes.update(done.result())

@@ -19,11 +19,10 @@ takes its next doorbell while the calls are out. Here:
 - results go to one finalizer thread, which applies whatever has arrived in one transaction
   (finalize.apply_many) on its own connection; a ledger outage there is retried while the leases
   last (a PostgreSQL restart then costs no reconciliation);
-- room: at most ``max_ops`` operations claimed and not yet finalized per process. A doorbell task
-  waits for room before it claims (backpressure: a full process takes no doorbells; the broker
-  holds them and the ledger holds the work), and claims as many as fit once one does: waiting for
-  a whole batch's room waited for the slowest call of the last batch. Calls beyond a target's max_connections wait for a
-  connection of its pool (per-target concurrency stays as configured).
+- room: at most ``max_ops`` operations claimed and not yet finalized per process (room.py: a
+  doorbell task waits for one place before it claims, and claims as many as fit). Calls beyond a
+  target's max_connections wait for a connection of its pool (per-target concurrency stays as
+  configured).
 
 A crash loses nothing: every claimed operation holds a lease, which expires into outcome_unknown,
 and the reconciler asks the provider (as for a crash inside a task).
@@ -49,6 +48,7 @@ from workers.dispatch.fan_out import Attempted, Downstream, attempt_claimed
 from workers.dispatch.finalize import Recorder, apply_many
 from workers.dispatch.gate import SendChecks
 from workers.dispatch.outcomes import Ambiguous, AttemptOutcome
+from workers.dispatch.room import Room
 from workers.relay.outage import OUTAGES
 from workers.wiring import metrics
 
@@ -99,8 +99,7 @@ class InFlight:
         self.max_ops = max_ops
         self._retry_s = min(FINALIZE_RETRY_S, lease_s / 2)
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="call")
-        self._room = threading.Condition()
-        self._held = 0  # operations reserved or claimed here, not yet finalized
+        self.room = Room(max_ops, metrics.record_in_flight)  # reserved or claimed here, not yet finalized
         self._jobs: set[_CallJob] = set()
         self._jobs_lock = threading.Lock()
         # Counted failures in a row per target, as seen by this process (absent: no answer yet).
@@ -114,49 +113,6 @@ class InFlight:
         self._watchdog = threading.Thread(target=self._watch_loop, name="call-watchdog", daemon=True)
         self._finalizer.start()
         self._watchdog.start()
-
-    # -- room -------------------------------------------------------------------------------
-    def reserve(self, n: int, *, timeout_s: float) -> bool:
-        """Wait until ``n`` more operations fit (all of them, or an empty process); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._room:
-            while self._held and self._held + n > self.max_ops:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    return False
-                self._room.wait(left)
-            self._held += n
-            metrics.record_in_flight(self._held)
-            return True
-
-    def reserve_some(self, n: int, *, timeout_s: float) -> int:
-        """Wait until at least one more operation fits; reserve as many of ``n`` as fit now (all
-        ``n`` in an empty process). 0 on timeout.
-
-        A doorbell does not wait for room for a whole batch: that waited for the slowest call of
-        the batch before (the process idle behind one stall, bench/README.md "overload")."""
-        deadline = time.monotonic() + timeout_s
-        with self._room:
-            while self._held and self._held >= self.max_ops:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    return 0
-                self._room.wait(left)
-            granted = min(n, self.max_ops - self._held) if self._held else n
-            self._held += granted
-            metrics.record_in_flight(self._held)
-            return granted
-
-    def release(self, n: int) -> None:
-        if n:
-            with self._room:
-                self._held -= n
-                self._room.notify_all()
-            metrics.record_in_flight(self._held)
-
-    @property
-    def held(self) -> int:
-        return self._held
 
     # -- calls ------------------------------------------------------------------------------
     def start(
@@ -333,7 +289,7 @@ class InFlight:
                 extra={"operation_ids": [c.operation_id for c, _, _, _ in attempted]},
             )
         finally:
-            self.release(len(attempted))  # first: nothing below may keep the room taken
+            self.room.give_back(len(attempted))  # first: nothing below may keep the room taken
             for batch, results in items:
                 for claim, _, outcome, _ in results:
                     batch.outcomes[claim.operation_id] = outcomes.get(claim.operation_id, outcome)
@@ -364,12 +320,9 @@ class InFlight:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:
         """Let the calls out finish and be finalized (up to ``timeout_s``), then stop."""
-        deadline = time.monotonic() + timeout_s
-        with self._room:
-            while self._held and time.monotonic() < deadline:
-                self._room.wait(max(0.0, deadline - time.monotonic()))
-        if self._held:
-            log.warning("%d operation(s) still in flight at shutdown: their leases bring them back", self._held)
+        if held := self.room.wait_empty(timeout_s):
+            log.warning("%d operation(s) still in flight at shutdown: their leases bring them back", held)
+        self.room.close()
         self._stop.set()
         self._results.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -76,15 +76,18 @@ class Reconciler:
         if not size:
             return {}
         lookups = self.lookups
-        if not lookups.reserve(size, timeout_s=self.room_wait_s):
-            log.info("no room: %d lookup(s) in flight; doorbell left to the relay", lookups.held)
+        room = lookups.room
+        size = room.take(size, timeout_s=self.room_wait_s)
+        if not size:
+            log.info("no room: %d lookup(s) in flight; doorbell left to the relay", room.held)
             return {}
+        wanted = wanted[:size]  # room for fewer than the rung ids: the rest stay due
         try:
             claims = _claim(rec.sessions, rec.worker_id, self.lease_s, wanted, size)
         except BaseException:
-            lookups.release(size)
+            room.give_back(size)
             raise
-        lookups.release(size - len(claims))
+        room.give_back(size - len(claims))
         if not claims:
             log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
         # After a failed lookup the next one asks the breaker again (no canary rule here).
@@ -92,7 +95,7 @@ class Reconciler:
         try:
             answered = _ask_breakers_once(rec.actions, admissions, claims)
         except BaseException:
-            lookups.release(len(claims))
+            room.give_back(len(claims))
             raise
         not_asked = {a.claim.operation_id for a in answered}
         looking = [c for c in claims if c.operation_id not in not_asked]

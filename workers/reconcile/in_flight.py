@@ -15,8 +15,8 @@ takes its next doorbell while the lookups are out. Here:
 - answers go to one settler thread, which judges whatever has arrived (one read of the dispatch
   attempts for all "not found" answers) and settles it in one transaction (verdicts.settle_all);
 - room: at most ``max_ops`` operations claimed and not yet settled per process
-  (OUTBOX_MAX_IN_FLIGHT). A doorbell task waits for room before it claims (backpressure: the
-  broker holds the doorbells, the ledger holds the work).
+  (OUTBOX_MAX_IN_FLIGHT; workers/dispatch/room.py: a doorbell task waits for one place before it
+  claims, and claims as many as fit).
 
 A crash loses nothing: every claimed operation holds the lookup's lease, and is claimed again once
 it expires (its open lookup row stays as the record of a question never answered).
@@ -39,6 +39,7 @@ from outbox.ledger.claims import Claim
 from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
 from workers.dispatch.in_flight import HANDOFF_S, WATCH_EVERY_S
+from workers.dispatch.room import Room
 from workers.reconcile.judge import Verdict
 from workers.reconcile.lookup import Asked, LookupBudget, ask
 from workers.reconcile.verdicts import settle_answers
@@ -85,8 +86,7 @@ class LookupsInFlight:
         self._budget = budget
         self.max_ops = max_ops
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="lookup")
-        self._room = threading.Condition()
-        self._held = 0  # operations reserved or claimed here, not yet settled
+        self.room = Room(max_ops, metrics.record_lookups_in_flight)  # reserved or claimed, not yet settled
         self._answers: queue.SimpleQueue[tuple[_DoorbellLookups, list[Asked]] | None] = queue.SimpleQueue()
         self._jobs: set[_LookupJob] = set()
         self._jobs_lock = threading.Lock()
@@ -96,31 +96,6 @@ class LookupsInFlight:
         self._watchdog = threading.Thread(target=self._watch_loop, name="lookup-watchdog", daemon=True)
         self._settler.start()
         self._watchdog.start()
-
-    # -- room -------------------------------------------------------------------------------
-    def reserve(self, n: int, *, timeout_s: float) -> bool:
-        """Wait until ``n`` more operations fit (all of them, or an empty process); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._room:
-            while self._held and self._held + n > self.max_ops:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    return False
-                self._room.wait(left)
-            self._held += n
-            metrics.record_lookups_in_flight(self._held)
-            return True
-
-    def release(self, n: int) -> None:
-        if n:
-            with self._room:
-                self._held -= n
-                self._room.notify_all()
-            metrics.record_lookups_in_flight(self._held)
-
-    @property
-    def held(self) -> int:
-        return self._held
 
     # -- lookups ----------------------------------------------------------------------------
     def start(
@@ -238,7 +213,7 @@ class LookupsInFlight:
                 extra={"operation_ids": ids},
             )
         finally:
-            self.release(len(items))  # first: nothing below may keep the room taken
+            self.room.give_back(len(items))  # first: nothing below may keep the room taken
             for batch, asked in items:
                 if (verdict := verdicts.get(asked.claim.operation_id)) is not None:
                     batch.verdicts[asked.claim.operation_id] = verdict
@@ -250,12 +225,9 @@ class LookupsInFlight:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:
         """Let the lookups out finish and be settled (up to ``timeout_s``), then stop."""
-        deadline = time.monotonic() + timeout_s
-        with self._room:
-            while self._held and time.monotonic() < deadline:
-                self._room.wait(max(0.0, deadline - time.monotonic()))
-        if self._held:
-            log.warning("%d lookup(s) still in flight at shutdown: their leases bring them back", self._held)
+        if held := self.room.wait_empty(timeout_s):
+            log.warning("%d lookup(s) still in flight at shutdown: their leases bring them back", held)
+        self.room.close()
         self._stop.set()
         self._answers.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,52 @@
+"""A worker process's room (workers/dispatch/room.py): a doorbell waits for one place, not a batch's."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from workers.dispatch.room import Room
+
+
+def _room(max_ops: int) -> tuple[Room, list[int]]:
+    seen: list[int] = []
+    return Room(max_ops, seen.append), seen
+
+
+def test_an_empty_process_takes_the_whole_batch_even_past_max_ops() -> None:
+    room, seen = _room(4)
+    assert room.take(10, timeout_s=0) == 10  # as before: a batch larger than the room still runs
+    assert room.held == 10 and seen == [10]
+
+
+def test_a_busy_process_takes_what_fits_now() -> None:
+    room, _ = _room(10)
+    assert room.take(10, timeout_s=0) == 10
+    room.give_back(3)  # three calls of the batch finalized, seven still out (one of them stalled)
+    assert room.take(10, timeout_s=0) == 3
+    assert room.held == 10
+
+
+def test_a_full_process_waits_for_one_place_then_takes_it() -> None:
+    room, _ = _room(2)
+    assert room.take(2, timeout_s=0) == 2
+    assert room.take(1, timeout_s=0.05) == 0  # full: nothing on timeout
+    threading.Timer(0.05, room.give_back, args=(1,)).start()
+    began = time.monotonic()
+    assert room.take(5, timeout_s=5) == 1
+    assert time.monotonic() - began < 4
+
+
+def test_close_lets_a_waiter_go_with_nothing_and_wait_empty_says_what_is_left() -> None:
+    room, _ = _room(1)
+    room.take(1, timeout_s=0)
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(room.take(1, timeout_s=30)))
+    waiter.start()
+    time.sleep(0.05)
+    assert room.wait_empty(0.05) == 1
+    room.close()
+    waiter.join(5)
+    assert got == [0]
+    room.give_back(1)
+    assert room.wait_empty(0) == 0
