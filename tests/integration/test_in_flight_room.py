@@ -8,15 +8,13 @@ process, the sandbox as provider; effects counted there.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.harness import REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-STALL_MS = 5000  # under the target timeout below (which the time limits and the lease bound)
+STALL_MS = 8000  # under the target timeout below (which the time limits and the lease bound)
 
 
 def test_a_stalled_call_does_not_keep_the_rest_of_the_room_idle(pipe, sandbox):
@@ -25,7 +23,7 @@ def test_a_stalled_call_does_not_keep_the_rest_of_the_room_idle(pipe, sandbox):
     pipe.write_actions(
         actions_doc(
             sandbox.url,
-            timeout_s=7,
+            timeout_s=10,
             actions={"payments.refund.create": action("/v1/refunds", decimal_args=["amount"])},
         )
     )
@@ -33,9 +31,9 @@ def test_a_stalled_call_does_not_keep_the_rest_of_the_room_idle(pipe, sandbox):
         {
             "OUTBOX_MAX_IN_FLIGHT": "4",
             "OUTBOX_DOORBELL_BATCH": "4",
-            "OUTBOX_SOFT_TIME_LIMIT_S": "8",
-            "OUTBOX_TIME_LIMIT_S": "10",
-            "OUTBOX_LEASE_S": "12",
+            "OUTBOX_SOFT_TIME_LIMIT_S": "11",
+            "OUTBOX_TIME_LIMIT_S": "13",
+            "OUTBOX_LEASE_S": "15",
         }
     )
     sandbox.add_fault(mode="latency", latency_ms=STALL_MS, method="POST", key_pattern="*slow*")
@@ -52,7 +50,6 @@ def test_a_stalled_call_does_not_keep_the_rest_of_the_room_idle(pipe, sandbox):
         wait_for(lambda: all(pipe.op(i).status == "succeeded" for i in first[1:]), 10, what="the three fast calls")
         assert pipe.op(slow).status == "dispatching"  # still out: it holds one of the four places
         second = [pipe.submit(f"k-b{i}", dict(REFUND_ARGS, order_id=f"o-b{i}")).operation_id for i in range(4)]
-        began = time.monotonic()
         rt.dispatcher.dispatch(second, wait=False)
         # Three places are free: three of the four are claimed and sent now, not after the stall.
         wait_for(
@@ -60,7 +57,6 @@ def test_a_stalled_call_does_not_keep_the_rest_of_the_room_idle(pipe, sandbox):
             STALL_MS / 1000 / 2,
             what="three of the second doorbell's operations sent while the stalled call is out",
         )
-        assert time.monotonic() - began < STALL_MS / 1000 / 2
         assert pipe.op(slow).status == "dispatching"
         left = [i for i in second if pipe.op(i).status == "not_dispatched"]
         assert len(left) == 1  # no room for it: it stays due for the next doorbell

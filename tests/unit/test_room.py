@@ -50,3 +50,4 @@ def test_close_lets_a_waiter_go_with_nothing_and_wait_empty_says_what_is_left() 
     assert got == [0]
     room.give_back(1)
     assert room.wait_empty(0) == 0
+    assert room.take(1, timeout_s=0) == 0  # closed: no room even when empty (the process stops)

@@ -129,9 +129,10 @@ def _claim(
             return claim_due(
                 session, worker=worker_id, lease_s=lease_s, operation_ids=wanted, limit=len(wanted), fairness=fairness
             )
-    if fairness.on and len(wanted) >= size:
+    if fairness.on and len(wanted) >= size > 1:
         # Room for one row the ids did not name, so another tenant's due row can still win its turn;
-        # the id left out is still due and competes as any other row (in its tenant's order).
+        # the id left out is still due and competes as any other row (in its tenant's order). Room
+        # for one only (a busy process): the rung id, which may hold its breaker's probe.
         wanted = wanted[: size - 1]
     with ledger.one_statement() as session:
         return claim_due(

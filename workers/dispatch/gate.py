@@ -121,18 +121,30 @@ class Gate:
         return Passed(wanted, to_park, rung_due=bool(dues))
 
     def park(self, passed: Passed) -> dict[str, AttemptOutcome]:
-        """Park what ``admit`` found waiting for its breaker (a concurrent claim or park wins)."""
+        """Park what ``admit`` found waiting for its breaker (a concurrent claim or park wins).
+
+        Best effort: this runs after the claim, so a park that fails (the ledger away) must not
+        cut the doorbell's claims short; the operation it left stays due and is rung again.
+        """
         parked: dict[str, AttemptOutcome] = {}
         for op_id, p in passed.to_park.items():
-            wait = park_while_open_if_due(
-                self.sessions,
-                op_id,
-                p.action,
-                p.decision,
-                actor=self.worker_id,
-                spent_attempts=p.due.attempt_count,
-                now=p.due.clock.now(),
-            )
+            try:
+                wait = park_while_open_if_due(
+                    self.sessions,
+                    op_id,
+                    p.action,
+                    p.decision,
+                    actor=self.worker_id,
+                    spent_attempts=p.due.attempt_count,
+                    now=p.due.clock.now(),
+                )
+            except Exception as exc:  # noqa: BLE001 - not parked: still due, rung again
+                log.warning(
+                    "breaker open, parking failed (%s): the operation stays due",
+                    type(exc).__name__,
+                    extra={"operation_id": op_id, "target": p.action.target},
+                )
+                continue
             if wait is not None:
                 parked[op_id] = wait
         return parked
@@ -189,8 +201,9 @@ def read_due_ops(ledger: LedgerConnection, operation_ids: Sequence[str]) -> dict
         rows = read_due(session, operation_ids)
     dues = {}
     # Most budget left first: while a breaker is half-open, the first operation asked gets the
-    # probe, so an outage's probes rotate even when a lagging relay rings several at once.
-    for row in sorted(rows, key=lambda r: r.attempt_count):
+    # probe, so an outage's probes rotate even when a lagging relay rings several at once. Among
+    # equals the oldest (the read has no order of its own).
+    for row in sorted(rows, key=lambda r: (r.attempt_count, as_utc(r.created_at), r.id)):
         created, read_at = as_utc(row.created_at), as_utc(row.db_now)
         assert created is not None and read_at is not None
         dues[row.id] = _Due(

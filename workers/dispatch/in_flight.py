@@ -320,9 +320,9 @@ class InFlight:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:
         """Let the calls out finish and be finalized (up to ``timeout_s``), then stop."""
+        self.room.close()  # first: no new claims while the ones out drain
         if held := self.room.wait_empty(timeout_s):
             log.warning("%d operation(s) still in flight at shutdown: their leases bring them back", held)
-        self.room.close()
         self._stop.set()
         self._results.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -32,14 +32,16 @@ class Room:
         in an empty process). 0 on timeout or once closed."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._held and self._held >= self.max_ops:
+            while not self._closed and self._held and self._held >= self.max_ops:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
+                if left <= 0:
                     return 0
                 self._cond.wait(left)
+            if self._closed:
+                return 0
             granted = min(n, self.max_ops - self._held) if self._held else n
             self._held += granted
-        self._record(self._held)
+            self._record(self._held)
         return granted
 
     def give_back(self, n: int) -> None:
@@ -47,10 +49,11 @@ class Room:
             with self._cond:
                 self._held -= n
                 self._cond.notify_all()
-            self._record(self._held)
+                self._record(self._held)
 
     def close(self) -> None:
-        """The process is stopping: nobody waiting for room takes any."""
+        """The process is stopping: no doorbell takes room any more (those waiting go with none);
+        what is held is still given back as its calls end."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -225,9 +225,9 @@ class LookupsInFlight:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:
         """Let the lookups out finish and be settled (up to ``timeout_s``), then stop."""
+        self.room.close()  # first: no new claims while the ones out drain
         if held := self.room.wait_empty(timeout_s):
             log.warning("%d lookup(s) still in flight at shutdown: their leases bring them back", held)
-        self.room.close()
         self._stop.set()
         self._answers.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)
