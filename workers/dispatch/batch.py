@@ -54,11 +54,11 @@ class Dispatcher:
         Room first: a process with OUTBOX_MAX_IN_FLIGHT operations out waits (the broker keeps the
         doorbells, the ledger keeps the work) until one more fits, and claims as many as fit then.
         The breaker is asked before the claim: while it is open an operation is not claimed at all
-        (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The rest are claimed, with whatever else is due up to
-        OUTBOX_DOORBELL_BATCH, and handed to the process's calls in flight (in_flight.py). A
-        doorbell whose ids are all taken (a duplicate, or another doorbell's claim took them along)
-        still claims whatever else is due: the ledger is the queue, a doorbell only says "work may
-        be waiting".
+        (no fencing token, no attempt number) and stays not_dispatched until the reopen time. The
+        rest are claimed, with whatever else is due up to OUTBOX_DOORBELL_BATCH, and handed to the
+        process's calls in flight (in_flight.py). A doorbell whose ids are all taken (a duplicate,
+        or another doorbell's claim took them along) still claims whatever else is due: the ledger
+        is the queue, a doorbell only says "work may be waiting".
 
         ``wait``: return after the calls are finalized (with their outcomes); the Celery task does
         not wait (only the gate's outcomes are returned).
@@ -124,12 +124,7 @@ def _claim(
     whatever is due, up to ``size``. ``fill`` False (with ids): only those ids. Room for fewer
     than the rung ids (a busy process): the first ``size`` of them (the rest stay due)."""
     wanted = wanted[:size]
-    if wanted and not fill:
-        with ledger.one_statement() as session:
-            return claim_due(
-                session, worker=worker_id, lease_s=lease_s, operation_ids=wanted, limit=len(wanted), fairness=fairness
-            )
-    if fairness.on and len(wanted) >= size > 1:
+    if fill and fairness.on and len(wanted) >= size > 1:
         # Room for one row the ids did not name, so another tenant's due row can still win its turn;
         # the id left out is still due and competes as any other row (in its tenant's order). Room
         # for one only (a busy process): the rung id, which may hold its breaker's probe.
@@ -141,6 +136,6 @@ def _claim(
             lease_s=lease_s,
             operation_ids=wanted or None,
             limit=len(wanted) if wanted else size,
-            also_due=max(size - len(wanted), 0) if wanted else 0,
+            also_due=size - len(wanted) if wanted and fill else 0,
             fairness=fairness,
         )
