@@ -6,6 +6,7 @@ needs no server. Production sets ``OUTBOX_DATABASE_URL=postgresql+psycopg://...`
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from pathlib import Path
 
@@ -61,11 +62,60 @@ def parse_weights(text: str) -> dict[str, float]:
     return weights
 
 
+LEDGER_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+LEDGERS_FORMAT = (
+    "name=url pairs separated by commas, e.g. 'shop=postgresql+psycopg://db1/shop,crm=postgresql+psycopg://db2/crm' "
+    "(names: lower-case letters, digits, - and _, at most 40)"
+)
+
+
+def check_database_url(value: str) -> str:
+    """A ledger URL of a supported scheme; ValueError saying which to use otherwise."""
+    if value.startswith(("postgresql://", "postgres://")):
+        raise ValueError("use postgresql+psycopg://... (the psycopg 3 driver)")
+    if value and value.split("://", 1)[0] not in SUPPORTED_SCHEMES:
+        raise ValueError(
+            f"unsupported scheme {value.split('://', 1)[0]!r}; use one of "
+            + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+        )
+    return value
+
+
+def parse_ledgers(text: str) -> dict[str, str]:
+    """``shop=url,crm=url`` as {name: url} in the order given; ValueError naming the pair at fault
+    and the form expected otherwise."""
+    ledgers: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        name, sep, url = part.strip().partition("=")
+        name, url = name.strip(), url.strip()
+        if not sep or "://" not in url or not LEDGER_NAME.match(name):
+            raise ValueError(f"{part.strip()!r} is not name=url; use {LEDGERS_FORMAT}")
+        try:
+            check_database_url(url)
+        except ValueError as exc:
+            raise ValueError(f"ledger {name!r}: {exc}") from None
+        if name in ledgers:
+            raise ValueError(f"ledger {name!r} is named twice; use {LEDGERS_FORMAT}")
+        if url in ledgers.values():
+            other = next(n for n, u in ledgers.items() if u == url)
+            raise ValueError(f"ledgers {other!r} and {name!r} are the same database; name each ledger once")
+        ledgers[name] = url
+    return ledgers
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore")
 
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="folder of the embedded default")
     database_url: str = Field(default="", description="SQLAlchemy URL of the ledger")
+    # One worker fleet draining several ledgers (each application keeps its outbox in its own
+    # database): name=url pairs. Set, the workers, the relay and beat's tasks serve every one of
+    # them, each with its own doorbell queues (dispatch.<name>, outcome_unknown.<name>), claims and
+    # relay; one that is down holds back only its own operations. OUTBOX_DATABASE_URL stays the one
+    # ledger of every other command (the CLI, the API, the console). Empty: that one ledger only.
+    database_urls: str = Field(default="", description="name=url,... the ledgers one worker fleet drains")
     # A lease longer than any single HTTP attempt (timeout_s + connect_timeout_s) plus the
     # finalize write, so a live worker never loses its lease mid-call; short enough that a
     # crashed worker's operation reaches the reconciler within a minute.
@@ -176,14 +226,20 @@ class Settings(BaseSettings):
     @field_validator("database_url", "evidence_url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("use postgresql+psycopg://... (the psycopg 3 driver)")
-        if value and value.split("://", 1)[0] not in SUPPORTED_SCHEMES:
-            raise ValueError(
-                f"unsupported scheme {value.split('://', 1)[0]!r}; use one of "
-                + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
-            )
+        return check_database_url(value)
+
+    @field_validator("database_urls")
+    @classmethod
+    def _ledgers(cls, value: str) -> str:
+        parse_ledgers(value)  # ValueError: names the pair at fault and the form expected
         return value
+
+    @property
+    def ledger_urls(self) -> dict[str | None, str]:
+        """The ledgers this process's fleet drains, {name: url}: OUTBOX_DATABASE_URLS's, or the one
+        ledger (name None: the plain queues dispatch and outcome_unknown) without it."""
+        named: dict[str | None, str] = {name: url for name, url in parse_ledgers(self.database_urls).items()}
+        return named or {None: self.resolved_database_url}
 
     @field_validator("broker_url", "redis_url")
     @classmethod

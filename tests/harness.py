@@ -274,6 +274,20 @@ class Pipeline:
         self._relay_thread.start()
         return self._relay
 
+    def start_fleet_relay(self) -> Any:
+        """The relays of every ledger OUTBOX_DATABASE_URLS names (workers/relay/fleet.py), as
+        ``agent-outbox relay`` runs them, in a thread."""
+        from workers.cli.pipeline import build_relay
+
+        self._relay = build_relay(self.settings())
+        self._relay_thread = threading.Thread(target=self._relay.run_forever, daemon=True)
+        self._relay_thread.start()
+        return self._relay
+
+    def on_ledger(self, sessions: sessionmaker[Session]) -> Pipeline:
+        """The same pipeline as seen from another ledger of its fleet (submit, op, count there)."""
+        return Pipeline(env=self.env, sessions=sessions, tmp=self.tmp)
+
     def stop(self) -> None:
         if self._relay is not None:
             self._relay.stop()

@@ -20,28 +20,39 @@ class LedgerUnavailable(OutboxError):
     """The ledger database cannot be reached or has no schema yet."""
 
 
-def open_engine(settings: Settings, *, ensure_schema: bool = True) -> Engine:
-    """Engine on the configured ledger. The embedded default migrates itself; a server does not."""
-    url = settings.resolved_database_url
+class LedgerUnreachable(LedgerUnavailable):
+    """The ledger database cannot be reached (its schema is unknown, not wrong)."""
+
+
+def open_engine(settings: Settings, *, ensure_schema: bool = True, url: str | None = None) -> Engine:
+    """Engine on the configured ledger (``url``: one ledger of OUTBOX_DATABASE_URLS instead). The
+    embedded default migrates itself; a server does not."""
+    named = url is not None
+    url = url if url is not None else settings.resolved_database_url
     engine = make_engine(url)
     if not ensure_schema:
         return engine
     try:
         current = migrate.current_revision(engine)
         if current != migrate.head_revision():
-            if not settings.database_url:
+            if not settings.database_url and not named:
                 migrate.upgrade(engine)  # embedded default: nobody else to run migrate
             else:
+                how = f"OUTBOX_DATABASE_URL={_shown(engine)} agent-outbox migrate" if named else "agent-outbox migrate"
                 raise LedgerUnavailable(
-                    f"the ledger schema is at {current or 'nothing'}, not {migrate.head_revision()}: "
-                    "run `agent-outbox migrate` first"
+                    f"the ledger schema at {_shown(engine)} is at {current or 'nothing'}, not "
+                    f"{migrate.head_revision()}: run `{how}` first"
                 )
     except OperationalError as exc:
-        raise LedgerUnavailable(
-            f"cannot reach the ledger at {engine.url.render_as_string(hide_password=True)}: "
-            f"{exc.orig}; check OUTBOX_DATABASE_URL"
+        raise LedgerUnreachable(
+            f"cannot reach the ledger at {_shown(engine)}: {exc.orig}; "
+            f"check {'OUTBOX_DATABASE_URLS' if named else 'OUTBOX_DATABASE_URL'}"
         ) from exc
     return engine
+
+
+def _shown(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
 
 
 @contextmanager

@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING
 
 from outbox.settings import Settings, load_settings
 from workers.cli.flags import add_log_level, log_level
-from workers.cli.ledger import open_engine
+from workers.cli.ledger import LedgerUnreachable, open_engine
 
 if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
+    from sqlalchemy import Engine
+
+    from workers.relay.fleet import RelayGroup
     from workers.relay.loop import Relay
 
 log = logging.getLogger(__name__)
@@ -60,8 +63,27 @@ def worker_command(
     return cmd
 
 
-def build_relay(settings: Settings) -> Relay:
-    """The relay on the configured ledger and broker."""
+def build_relay(settings: Settings) -> Relay | RelayGroup:
+    """The relay on the configured ledger and broker; with OUTBOX_DATABASE_URLS, one relay per
+    ledger run as one (workers/relay/fleet.py)."""
+    from workers.relay.fleet import RelayGroup
+
+    ledgers = settings.ledger_urls
+    if None in ledgers:
+        return _relay_on(settings, None, open_engine(settings))
+    relays = []
+    for name, url in ledgers.items():
+        try:
+            engine = open_engine(settings, url=url)
+        except LedgerUnreachable as exc:
+            # One ledger down must not keep the others' relays from starting: its relay retries.
+            log.warning("ledger %s: %s; its relay starts anyway and retries", name, exc)
+            engine = open_engine(settings, url=url, ensure_schema=False)
+        relays.append(_relay_on(settings, name, engine))
+    return RelayGroup(relays)
+
+
+def _relay_on(settings: Settings, ledger: str | None, engine: Engine) -> Relay:
     from outbox.evidence.sinks import EvidenceSink
     from outbox.ledger.publish import traceparents
     from workers.relay.doorbell import Doorbell
@@ -70,11 +92,16 @@ def build_relay(settings: Settings) -> Relay:
     from workers.wiring.embedded_broker import cleanup
     from workers.wiring.runtime import load_actions_for
 
-    engine = open_engine(settings)
     url = settings.resolved_broker_url
+    doorbell = Doorbell(
+        make_app(settings),
+        batch=settings.doorbell_batch,
+        traces=lambda ids: traceparents(engine, ids),
+        ledger=ledger,
+    )
     return Relay(
         engine,
-        Doorbell(make_app(settings), batch=settings.doorbell_batch, traces=lambda ids: traceparents(engine, ids)),
+        doorbell,
         poll_s=settings.relay_poll_s,
         republish_after_s=settings.republish_after_s,
         linger_s=settings.relay_linger_s,
@@ -116,7 +143,7 @@ class Pipeline:
         self.worker_output = worker_output
         self.worker: subprocess.Popen[bytes] | None = None
         self.relay_thread: threading.Thread | None = None
-        self.relay: Relay | None = None
+        self.relay: Relay | RelayGroup | None = None
         self._stopping = False
 
     def start(self) -> None:
@@ -199,13 +226,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     settings = load_settings()
     relay = build_relay(settings)
     if args.once:
-        relay._last_sweep = -1e9  # a one-shot sweep always sweeps
-        tick = relay.run_once()
-        print(
-            f"expired leases: {tick.expired}; dispatch doorbells: {tick.dispatch}; "
-            f"reconcile doorbells: {tick.reconcile}"
-        )
-        return 0
+        return _relay_once(relay)
     signal.signal(signal.SIGTERM, lambda *_: relay.stop())
     if settings.metrics_port:
         from workers.wiring import metrics
@@ -216,6 +237,28 @@ def cmd_relay(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         relay.stop()
     return 0
+
+
+def _relay_once(relay: Relay | RelayGroup) -> int:
+    """One tick of each ledger's relay, each reported on its own line; 1 if a ledger's failed."""
+    from workers.relay.fleet import RelayGroup
+    from workers.relay.outage import OUTAGES
+
+    failed = 0
+    for one in relay.relays if isinstance(relay, RelayGroup) else [relay]:
+        one._last_sweep = -1e9  # a one-shot sweep always sweeps
+        ledger = "" if one.doorbell.ledger is None else f"ledger {one.doorbell.ledger}: "
+        try:
+            tick = one.run_once()
+        except OUTAGES as exc:
+            failed += 1
+            print(f"{ledger}unreachable ({type(exc).__name__}); nothing done there", file=sys.stderr)
+            continue
+        print(
+            f"{ledger}expired leases: {tick.expired}; dispatch doorbells: {tick.dispatch}; "
+            f"reconcile doorbells: {tick.reconcile}"
+        )
+    return 1 if failed else 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

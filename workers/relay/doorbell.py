@@ -15,7 +15,7 @@ from celery import Celery
 
 from outbox.ledger import tracing
 from workers.relay.outage import BROKER_OUTAGES
-from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE
+from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE, ledger_queue
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,12 @@ class Doorbell:
     # The stored traceparents of some operation ids (outbox.ledger.publish.traceparents), for the
     # publish span; read only while tracing is on. None: publish spans stand alone.
     traces: Callable[[list[str]], dict[str, str]] | None = None
+    # The ledger these operations live in, for a fleet draining several (OUTBOX_DATABASE_URLS): its
+    # doorbells travel on its own queues and name it (the task's ``ledger``). None: the one ledger.
+    ledger: str | None = None
 
     def ring_dispatch(self, operation_ids: Iterable[str]) -> int:
-        return self._ring(DISPATCH_TASK, DISPATCH_QUEUE, list(operation_ids), self.batch)
+        return self._ring(DISPATCH_TASK, ledger_queue(DISPATCH_QUEUE, self.ledger), list(operation_ids), self.batch)
 
     def ring_dispatch_after_commit(self, operation_ids: Iterable[str]) -> None:
         """Ring for operations a committed transaction made due again (a retry without backoff, a
@@ -53,15 +56,15 @@ class Doorbell:
             )
 
     def ring_reconcile(self, operation_ids: Iterable[str]) -> int:
-        return self._ring(RECONCILE_TASK, UNKNOWN_QUEUE, list(operation_ids), self.batch)
+        return self._ring(RECONCILE_TASK, ledger_queue(UNKNOWN_QUEUE, self.ledger), list(operation_ids), self.batch)
 
     def queued_dispatch(self) -> int | None:
         """Dispatch doorbells waiting in the broker (not those a worker holds), or None if unknown."""
-        return self._queued(DISPATCH_QUEUE)
+        return self._queued(ledger_queue(DISPATCH_QUEUE, self.ledger))
 
     def queued_reconcile(self) -> int | None:
         """Reconcile doorbells waiting in the broker (not those a reconciler holds), or None if unknown."""
-        return self._queued(UNKNOWN_QUEUE)
+        return self._queued(ledger_queue(UNKNOWN_QUEUE, self.ledger))
 
     def _queued(self, queue: str) -> int | None:
         """kombu's passive queue_declare would say this, but with a global_keyprefix its existence
@@ -79,11 +82,13 @@ class Doorbell:
         chunks = [operation_ids[i : i + batch] for i in range(0, len(operation_ids), max(batch, 1))]
         traced = tracing.enabled() and self.traces is not None
         known = self.traces(operation_ids) if traced and self.traces is not None else {}
+        # Only a fleet's doorbells name their ledger: the one ledger's look as they always did.
+        kwargs = {"ledger": self.ledger} if self.ledger is not None else None
         with self.app.producer_or_acquire() as producer:
             for chunk in chunks:
                 arg: str | list[str] = chunk[0] if len(chunk) == 1 else chunk
                 if not traced:
-                    self.app.send_task(task, args=[arg], queue=queue, producer=producer)
+                    self.app.send_task(task, args=[arg], kwargs=kwargs, queue=queue, producer=producer)
                     continue
                 # One operation: a span of its trace; several: a span of its own, linked to each.
                 mine = [known[i] for i in chunk if i in known]
@@ -92,5 +97,5 @@ class Doorbell:
                 with tracing.span(
                     "outbox.relay.publish", parent=parent, links=[] if parent else mine, attributes=attributes
                 ):
-                    self.app.send_task(task, args=[arg], queue=queue, producer=producer)
+                    self.app.send_task(task, args=[arg], kwargs=kwargs, queue=queue, producer=producer)
         return len(chunks)

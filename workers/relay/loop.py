@@ -107,7 +107,8 @@ class Relay:
     ) -> None:
         """``actions``: the actions file, for handoff packets (what to mask, where to look) when a
         late success contradicts a final state; without it every argument is masked.
-        ``max_queued``: dispatch doorbells the broker may hold (OUTBOX_RELAY_MAX_QUEUED)."""
+        ``max_queued``: dispatch doorbells the broker may hold (OUTBOX_RELAY_MAX_QUEUED), in the
+        queue of this ledger (the doorbell's: a fleet's ledgers each have their own)."""
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.doorbell = doorbell
@@ -141,7 +142,10 @@ class Relay:
         self.listening = False  # a LISTEN connection is up: fresh rows arrive by NOTIFY
         # Database time this relay took the lead (while it leads): it rings every row due later.
         self.leading_since: datetime | None = None
-        self._outage = OutageReport(log, "relay")  # ticks and rings failing through a ledger or broker outage
+        # Ticks and rings failing through a ledger or broker outage; a fleet's relays name their ledger.
+        self.name = "relay" if doorbell.ledger is None else f"relay (ledger {doorbell.ledger})"
+        self._outage = OutageReport(log, self.name)
+        self._listen_outage = OutageReport(log, f"{self.name} LISTEN")
 
     # -- one tick ---------------------------------------------------------------------------
     def dispatch_room(self, *, fresh: bool = True) -> tuple[int, int | None]:
@@ -274,7 +278,7 @@ class Relay:
     # -- loops ------------------------------------------------------------------------------
     def run_forever(self) -> None:
         notified = publish.listener(self.engine)
-        log.info("relay started (%s)", "LISTEN/NOTIFY + poll" if notified is not None else "polling")
+        log.info("%s started (%s)", self.name, "LISTEN/NOTIFY + poll" if notified is not None else "polling")
         if notified is not None:
             self._listen_loop(notified)
         else:
@@ -287,9 +291,9 @@ class Relay:
         try:
             tick = self.run_once()
         except OUTAGES as exc:  # the relay must outlive a database or broker outage: one WARNING
-            self._outage.failed(exc, "relay tick failed; retrying")
+            self._outage.failed(exc, "%s tick failed; retrying", self.name)
         except Exception:  # noqa: BLE001 - nor may a bug stop it (it warns every time)
-            log.warning("relay tick failed; retrying", exc_info=True)
+            log.warning("%s tick failed; retrying", self.name, exc_info=True)
         else:
             self._outage.succeeded()
             return tick
@@ -317,8 +321,9 @@ class Relay:
                         if ticker.ident is None:  # not started yet
                             ticker.start()
                         self._listen(conn)
-                except notified.errors:
-                    log.warning("relay lost its LISTEN connection; reconnecting", exc_info=True)
+                except notified.errors as exc:
+                    # One WARNING per outage (a ledger down for minutes is retried every second).
+                    self._listen_outage.failed(exc, "%s lost its LISTEN connection; reconnecting", self.name)
                     if ticker.ident is None:
                         ticker.start()  # no LISTEN: the ticks are the relay (they retry the database)
                     self.stop_event.wait(1.0)
@@ -346,6 +351,7 @@ class Relay:
                 ids = conn.drain()
                 if self.leader:
                     pending += ids
+            self._listen_outage.succeeded()  # listening: a LISTEN outage ends once quiet long enough
             now = time.monotonic()
             if pending and (len(pending) >= self.doorbell.batch or now - last_publish >= self.linger_s):
                 self._safe_ring(pending)
@@ -359,14 +365,16 @@ class Relay:
         self.leading_since = conn.try_lead()
         self.leader = self.leading_since is not None
         if self.leader:
-            log.info("relay rings doorbells from NOTIFY (leader)")
+            log.info("%s rings doorbells from NOTIFY (leader)", self.name)
 
     def _safe_ring(self, ids: list[str]) -> None:
         # Either way the next tick rings them (published_at is still empty).
         try:
             self.ring_notified(ids)
         except OUTAGES as exc:
-            self._outage.failed(exc, "relay could not publish %d notified doorbell(s); the next tick retries", len(ids))
+            self._outage.failed(
+                exc, "%s could not publish %d notified doorbell(s); the next tick retries", self.name, len(ids)
+            )
         except Exception:  # noqa: BLE001
             log.warning(
                 "relay could not publish %d notified doorbell(s); the next tick retries", len(ids), exc_info=True

@@ -27,6 +27,25 @@ PURGE_EVERY_S = 86400.0  # retention (OUTBOX_ARGS_RETENTION_S): arguments of old
 REPORT_TASK = "outbox.report"
 REPORT_EVERY_S = 3600.0  # the reconciliation report over the last 24 h, kept in the ledger
 
+
+def ledger_queue(kind: str, ledger: str | None) -> str:
+    """The queue of ``kind`` (DISPATCH_QUEUE or UNKNOWN_QUEUE) for one ledger of a fleet draining
+    several (OUTBOX_DATABASE_URLS): ``dispatch.<name>``; the plain queue for the one ledger. Each
+    ledger has its own, so the relay of each counts and bounds only its own doorbells (a backlog in
+    one ledger cannot take another's place in the broker) and a worker takes from each in turn."""
+    return kind if ledger is None else f"{kind}.{ledger}"
+
+
+def fleet_queues(queues: list[str], ledgers: list[str | None]) -> list[str]:
+    """What a worker told to consume ``queues`` consumes: each doorbell queue also stands for the
+    same queue of every ledger of the fleet (the plain one stays: beat's tasks travel on it)."""
+    out = list(queues)
+    for kind in (DISPATCH_QUEUE, UNKNOWN_QUEUE):
+        if kind in queues:
+            out += [ledger_queue(kind, name) for name in ledgers if name is not None]
+    return list(dict.fromkeys(out))
+
+
 # The embedded broker (kombu's SQLAlchemy transport) polls; its interval can only be set on the
 # transport class (transport options are passed to create_engine). 50 ms keeps the demo snappy
 # while costing one indexed SELECT per idle consumer per tick.

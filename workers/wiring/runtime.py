@@ -3,6 +3,13 @@ doorbell), and the dispatcher and reconciler made of them, each given only what 
 
 Built lazily in each process (Celery's prefork children must not share a parent's connections),
 and rebuilt when the process id changes.
+
+A fleet draining several ledgers (OUTBOX_DATABASE_URLS) has one Runtime per ledger, built on the
+first doorbell that names it (``Fleet``): each its own engine, doorbell (its queues), calls and
+lookups in flight (room, threads, finalizer), so a ledger that is down holds only its own calls and
+finalize retries. What is the process's, not a ledger's, is shared by all of them: the actions, the
+connectors (HTTP pools), the breakers and the pacer (a provider's limits are the whole process's),
+the evidence sink and the worker id.
 """
 
 from __future__ import annotations
@@ -55,6 +62,11 @@ class Runtime:
     # The doorbell task's own connection (gate reads, claims); finalize has another (in_flight);
     # everything else uses sessions.
     ledger: LedgerConnection
+    # The ledger's name in a fleet (OUTBOX_DATABASE_URLS); None: the one ledger.
+    ledger_name: str | None = None
+    # Whether close() also closes what a fleet's runtimes share (connectors, breakers, pacer,
+    # evidence): a Runtime built alone owns them; a Fleet closes them once, after every ledger's.
+    owns_shared: bool = True
     _in_flight: InFlight | None = field(default=None, init=False, repr=False)
     _in_flight_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _lookups: LookupsInFlight | None = field(default=None, init=False, repr=False)
@@ -137,12 +149,17 @@ class Runtime:
             # Lookups out are settled if they answer in time; otherwise their leases expire and
             # they are claimed again.
             self._lookups.close(timeout_s=longest_call_s(self.actions) + 2.0)
-        self.evidence.close()
         self.ledger.close()
-        self.connectors.close()
-        self.breakers.close()
-        self.pacer.close()
         self.engine.dispose()
+        if self.owns_shared:
+            close_shared(self.evidence, self.connectors, self.breakers, self.pacer)
+
+
+def close_shared(evidence: EvidenceSink, connectors: ConnectorSet, breakers: BreakerRegistry, pacer: Pacer) -> None:
+    evidence.close()
+    connectors.close()
+    breakers.close()
+    pacer.close()
 
 
 def longest_call_s(actions: ActionsConfig) -> float:
@@ -220,54 +237,112 @@ def pacer_for(settings: Settings, actions: ActionsConfig, process_id: str) -> Pa
 
 
 def build_runtime(settings: Settings | None = None, *, app: Celery | None = None) -> Runtime:
-    """Everything a worker's tasks use. ``app``: the Celery app doorbells are published with (a
-    worker passes its own; otherwise one is made from the settings)."""
-    settings = settings or load_settings()
-    actions = load_actions_for(settings)
-    problems = start_up_problems(settings, actions)
-    if problems:
-        raise ConfigError("; ".join(problems))
-    # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
-    # (bench/README.md);
-    # a connection lost anyway invalidates the pool and the doorbell is re-published.
-    engine = make_engine(settings.resolved_database_url, pool_pre_ping=False)
-    sessions = make_sessionmaker(engine)
-    # Unique per process start: a restarted container reuses its host name and often its pid,
-    # and must not pass for its predecessor in lease_owner and the history (the fencing token
-    # is what guards writes; this is what people read). host:start:pid.
-    worker_id = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}"
-    return Runtime(
-        settings=settings,
-        engine=engine,
-        sessions=sessions,
-        actions=actions,
-        connectors=ConnectorSet(actions),
-        breakers=breaker_registry(settings, actions),
-        pacer=pacer_for(settings, actions, worker_id),
-        doorbell=Doorbell(app or make_app(settings), batch=settings.doorbell_batch),
-        worker_id=worker_id,
-        evidence=EvidenceSink.from_url(settings.evidence_url),
-        ledger=LedgerConnection(engine, sessions),
-    )
+    """Everything a worker's tasks use, on the one ledger (OUTBOX_DATABASE_URL). ``app``: the Celery
+    app doorbells are published with (a worker passes its own; otherwise one is made from the
+    settings)."""
+    return Fleet(settings or load_settings(), app=app, single=True).runtime(None)
+
+
+class UnknownLedger(ConfigError):
+    """A doorbell named a ledger this process's OUTBOX_DATABASE_URLS does not."""
+
+
+class Fleet:
+    """The runtimes of this process, one per ledger it drains, built on first use; what they share
+    is built once (module docstring). ``single``: the one ledger of OUTBOX_DATABASE_URL, whatever
+    OUTBOX_DATABASE_URLS says (build_runtime)."""
+
+    def __init__(self, settings: Settings, *, app: Celery | None = None, single: bool = False) -> None:
+        self.settings = settings
+        self.urls: dict[str | None, str] = {None: settings.resolved_database_url} if single else settings.ledger_urls
+        self.actions = load_actions_for(settings)
+        problems = start_up_problems(settings, self.actions)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.app = app or make_app(settings)
+        # Unique per process start: a restarted container reuses its host name and often its pid,
+        # and must not pass for its predecessor in lease_owner and the history (the fencing token
+        # is what guards writes; this is what people read). host:start:pid.
+        self.worker_id = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}:{os.getpid()}"
+        self.connectors = ConnectorSet(self.actions)
+        self.breakers = breaker_registry(settings, self.actions)
+        self.pacer = pacer_for(settings, self.actions, self.worker_id)
+        self.evidence = EvidenceSink.from_url(settings.evidence_url)
+        self._runtimes: dict[str | None, Runtime] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str | None]:
+        return list(self.urls)
+
+    def runtime(self, name: str | None) -> Runtime:
+        """The runtime of ledger ``name`` (None: the one ledger). UnknownLedger if this process
+        does not drain it."""
+        with self._lock:
+            rt = self._runtimes.get(name)
+            if rt is not None:
+                return rt
+            if name not in self.urls:
+                named = f"names ledger {name!r}" if name is not None else "names no ledger"
+                drains = ", ".join(str(n) for n in self.urls) if None not in self.urls else "its one ledger"
+                raise UnknownLedger(
+                    f"a doorbell {named}, and this worker drains {drains}: give every worker and relay "
+                    "of the fleet the same OUTBOX_DATABASE_URLS"
+                )
+            # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
+            # (bench/README.md); a connection lost anyway invalidates the pool and the doorbell is
+            # re-published.
+            engine = make_engine(self.urls[name], pool_pre_ping=False)
+            sessions = make_sessionmaker(engine)
+            rt = self._runtimes[name] = Runtime(
+                settings=self.settings,
+                engine=engine,
+                sessions=sessions,
+                actions=self.actions,
+                connectors=self.connectors,
+                breakers=self.breakers,
+                pacer=self.pacer,
+                doorbell=Doorbell(self.app, batch=self.settings.doorbell_batch, ledger=name),
+                worker_id=self.worker_id,
+                evidence=self.evidence,
+                ledger=LedgerConnection(engine, sessions),
+                ledger_name=name,
+                owns_shared=False,
+            )
+            return rt
+
+    def built(self) -> list[Runtime]:
+        with self._lock:
+            return list(self._runtimes.values())
+
+    def close(self) -> None:
+        for rt in self.built():
+            rt.close()
+        close_shared(self.evidence, self.connectors, self.breakers, self.pacer)
 
 
 _lock = threading.Lock()
-_runtime: Runtime | None = None
+_fleet: Fleet | None = None
 _pid: int | None = None
 
 
-def get_runtime(app: Celery | None = None) -> Runtime:
-    """This process's runtime, built on first use (again after a fork)."""
-    global _runtime, _pid
+def get_fleet(app: Celery | None = None) -> Fleet:
+    """This process's runtimes, made on first use (again after a fork)."""
+    global _fleet, _pid
     with _lock:
-        if _runtime is None or _pid != os.getpid():
-            _runtime, _pid = build_runtime(app=app), os.getpid()
-        return _runtime
+        if _fleet is None or _pid != os.getpid():
+            _fleet, _pid = Fleet(load_settings(), app=app), os.getpid()
+        return _fleet
+
+
+def get_runtime(app: Celery | None = None, ledger: str | None = None) -> Runtime:
+    """This process's runtime of ``ledger`` (None: the one ledger), built on first use."""
+    return get_fleet(app).runtime(ledger)
 
 
 def reset_runtime() -> None:
-    global _runtime, _pid
+    global _fleet, _pid
     with _lock:
-        if _runtime is not None and _pid == os.getpid():
-            _runtime.close()
-        _runtime, _pid = None, None
+        if _fleet is not None and _pid == os.getpid():
+            _fleet.close()
+        _fleet, _pid = None, None

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    celeryd_after_setup,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -14,7 +17,18 @@ from celery.signals import (
 )
 
 from workers.wiring import logs, metrics, tracing
-from workers.wiring.celery_app import DISPATCH_TASK, PURGE_TASK, RECONCILE_TASK, REPORT_TASK, SWEEP_TASK, make_app
+from workers.wiring.celery_app import (
+    DISPATCH_TASK,
+    PURGE_TASK,
+    RECONCILE_TASK,
+    REPORT_TASK,
+    SWEEP_TASK,
+    fleet_queues,
+    make_app,
+)
+
+if TYPE_CHECKING:  # imported where used: a task module import stays light
+    from workers.wiring.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +49,22 @@ def _fresh_runtime(**_: object) -> None:
     from workers.wiring.runtime import reset_runtime
 
     reset_runtime()
+
+
+@celeryd_after_setup.connect
+def _ledger_queues(instance: object, **_: object) -> None:
+    # A fleet draining several ledgers (OUTBOX_DATABASE_URLS): -Q dispatch (or no -Q) consumes every
+    # ledger's dispatch queue too, so `celery -A workers worker -Q dispatch` needs no list of names.
+    from outbox.settings import load_settings
+
+    ledgers = list(load_settings().ledger_urls)
+    if None in ledgers:
+        return
+    queues = instance.app.amqp.queues  # type: ignore[attr-defined]
+    selected = list(queues.consume_from or queues)
+    for name in fleet_queues(selected, ledgers):
+        if name not in selected:
+            queues.select_add(name)
 
 
 # Main process, before the pool forks: empty the multiprocess metrics dir, serve it if asked.
@@ -83,29 +113,50 @@ def _close_runtime(**kw: object) -> None:
 
 
 @app.task(name=DISPATCH_TASK, ignore_result=True)
-def dispatch(operation_ids: str | list[str]) -> None:
-    """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH)."""
+def dispatch(operation_ids: str | list[str], ledger: str | None = None) -> None:
+    """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH), of ``ledger`` (a
+    fleet's: OUTBOX_DATABASE_URLS; None: the one ledger)."""
     from workers.relay.outage import riding_out_outages
-    from workers.wiring.runtime import get_runtime
 
     ids = _ids(operation_ids)
-    with riding_out_outages("dispatch", ids):
+    rt = _runtime_of(ledger, ids)
+    if rt is None:
+        return
+    with riding_out_outages(_task_name("dispatch", ledger), ids):
         # Returns once its calls are out: the process takes the next doorbell while they run.
-        get_runtime(app).dispatcher.dispatch(ids, wait=False)
+        rt.dispatcher.dispatch(ids, wait=False)
 
 
 @app.task(name=RECONCILE_TASK, ignore_result=True)
-def reconcile(operation_ids: str | list[str]) -> None:
+def reconcile(operation_ids: str | list[str], ledger: str | None = None) -> None:
     """One reconcile doorbell: an operation id, or a batch of them, topped up with whatever else is
     due; the lookups run on the process's lookup threads and the task returns at once."""
     from workers.relay.outage import riding_out_outages
-    from workers.wiring.runtime import get_runtime
 
     ids = _ids(operation_ids)
-    with riding_out_outages("reconcile", ids):
-        rt = get_runtime(app)
+    rt = _runtime_of(ledger, ids)
+    if rt is None:
+        return
+    with riding_out_outages(_task_name("reconcile", ledger), ids):
         # Returns once its lookups are out: the process takes the next doorbell while they run.
         rt.reconciler.reconcile(ids, fill_to=rt.settings.doorbell_batch, wait=False)
+
+
+def _runtime_of(ledger: str | None, ids: list[str]) -> Runtime | None:
+    """The runtime of the doorbell's ledger; None (and an ERROR: nothing this worker does will
+    serve them) when this worker does not drain it. The operations wait in their ledger, unharmed,
+    for a worker that does; the relay rings again."""
+    from workers.wiring.runtime import UnknownLedger, get_runtime
+
+    try:
+        return get_runtime(app, ledger)
+    except UnknownLedger as exc:
+        log.error("doorbell dropped: %s", exc, extra={"operation_ids": ids})
+        return None
+
+
+def _task_name(task: str, ledger: str | None) -> str:
+    return task if ledger is None else f"{task} (ledger {ledger})"
 
 
 def _ids(operation_ids: str | list[str]) -> list[str]:
@@ -115,11 +166,9 @@ def _ids(operation_ids: str | list[str]) -> list[str]:
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
 def sweep() -> None:
-    """Beat's backstop for the relay: expired leases -> outcome_unknown, lost doorbells re-published."""
-    from workers.relay.outage import riding_out_outages
-
-    with riding_out_outages("sweep", []):
-        _sweep_once()
+    """Beat's backstop for the relay: expired leases -> outcome_unknown, lost doorbells re-published
+    (in every ledger the fleet drains; one that is down is skipped with a WARNING)."""
+    _every_ledger("sweep", _sweep_once)
 
 
 @app.task(name=PURGE_TASK, ignore_result=True)
@@ -127,14 +176,13 @@ def purge() -> None:
     """Beat, daily: arguments and provider responses of terminal operations older than
     OUTBOX_ARGS_RETENTION_S (outbox/privacy/retention.py; the worker checked the retention at start-up)."""
     from outbox.privacy.retention import purge as purge_old
-    from workers.relay.outage import riding_out_outages
-    from workers.wiring.runtime import get_runtime
 
-    with riding_out_outages("purge", []):
-        rt = get_runtime(app)
+    def purge_one(rt: Runtime) -> None:
         done = purge_old(rt.sessions, older_than_s=rt.settings.args_retention_s)
         if done.operations:
             log.info("purge: arguments and responses of %d terminal operation(s) removed", done.operations)
+
+    _every_ledger("purge", purge_one)
 
 
 @app.task(name=REPORT_TASK, ignore_result=True)
@@ -145,11 +193,8 @@ def report() -> None:
 
     from outbox.reads.report_summary import record_report
     from workers.provider.listing_report import build_report
-    from workers.relay.outage import riding_out_outages
-    from workers.wiring.runtime import get_runtime
 
-    with riding_out_outages("report", []):
-        rt = get_runtime(app)
+    def report_one(rt: Runtime) -> None:
         now = dt.datetime.now(dt.UTC)
         with rt.sessions() as session:
             found = build_report(session, rt.actions, since=now - dt.timedelta(hours=24), now=now)
@@ -158,12 +203,24 @@ def report() -> None:
         if found["discrepancy_count"]:
             log.warning("report: %d discrepancies (agent-outbox report shows them)", found["discrepancy_count"])
 
+    _every_ledger("report", report_one)
 
-def _sweep_once() -> None:
+
+def _every_ledger(task: str, body: Callable[[Runtime], None]) -> None:
+    """``body`` on each ledger's runtime in turn, inside riding_out_outages: an outage of one ledger
+    is its WARNING and the next ledger's turn."""
+    from workers.relay.outage import riding_out_outages
+    from workers.wiring.runtime import get_fleet
+
+    fleet = get_fleet(app)
+    for name in fleet.names:
+        with riding_out_outages(_task_name(task, name), []):
+            body(fleet.runtime(name))
+
+
+def _sweep_once(rt: Runtime) -> None:
     from workers.relay.loop import Relay
-    from workers.wiring.runtime import get_runtime
 
-    rt = get_runtime(app)
     relay = Relay(
         rt.engine,
         rt.doorbell,
