@@ -21,8 +21,9 @@ fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the faul
 process faults), claim latency at 10k and 1M finished rows, the HTTP API beside
 ``producer.submit`` (one and two server processes), the 10-minute soak (``bench.soak``, on a
 PostgreSQL cluster of its own with stock settings), overload at twice the fleet's capacity under
-the fault mix for 5 minutes (``bench.overload``) and PostgreSQL's statements per operation
-(``bench.pg_statements``).
+the fault mix for 5 minutes (``bench.overload``), PostgreSQL's statements per operation
+(``bench.pg_statements``) and one fleet draining two ledgers, each in a cluster of its own, with
+the CPU per operation of each database (``bench.two_ledgers``).
 
 Exits non-zero if any benchmark does. Figures: bench/README.md.
 """
@@ -77,6 +78,7 @@ FULL = [
     [sys.executable, "-m", "bench.soak"],
     [sys.executable, "-m", "bench.overload"],
     [sys.executable, "-m", "bench.pg_statements"],
+    [sys.executable, "-m", "bench.two_ledgers"],
 ]
 
 

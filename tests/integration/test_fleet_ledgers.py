@@ -84,3 +84,16 @@ def test_relay_once_reports_each_ledger_and_fails_for_one_it_cannot_reach(fleet,
     assert "ledger a: expired leases: 0" in done.stdout and "ledger b: expired leases: 0" in done.stdout
     assert "ledger down: unreachable" in done.stderr
     assert "ledger down: cannot reach the ledger" in done.stderr  # the start-up WARNING names it
+
+
+def test_a_doorbell_naming_no_ledger_is_outbox_database_url_s(fleet, sandbox):
+    """Rung before the fleet was told of several ledgers (or by a process without
+    OUTBOX_DATABASE_URLS): the worker serves it from OUTBOX_DATABASE_URL's ledger, here b."""
+    _, b = fleet
+    op_id = b.submit("fleet-unnamed").operation_id
+    b.start_worker("both")
+    from workers.wiring.celery_app import DISPATCH_TASK, make_app
+
+    make_app(b.settings()).send_task(DISPATCH_TASK, args=[[op_id]], queue="dispatch")
+    b.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)
+    assert len(sandbox.effects(key=pk("fleet-unnamed"))) == 1

@@ -239,6 +239,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown_urls(urls: dict[str | None, str]) -> dict[str | None, str]:
+    """The ledgers' URLs without their passwords (as printed to a terminal)."""
+    from sqlalchemy.engine import make_url
+
+    return {name: make_url(url).render_as_string(hide_password=True) for name, url in urls.items()}
+
+
 def _relay_once(relay: Relay | RelayGroup) -> int:
     """One tick of each ledger's relay, each reported on its own line; 1 if a ledger's failed."""
     from workers.relay.fleet import RelayGroup
@@ -278,9 +285,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     metrics.wipe_multiproc_dir()
     pipeline.start()
+    ledgers = ", ".join(
+        url if name is None else f"{name}={url}" for name, url in _shown_urls(settings.ledger_urls).items()
+    )
     print(
-        f"agent-outbox running: ledger {settings.resolved_database_url}, broker {settings.resolved_broker_url}; "
-        "Ctrl-C stops",
+        f"agent-outbox running: ledger {ledgers}, broker {settings.resolved_broker_url}; Ctrl-C stops",
         file=sys.stderr,
     )
     stop = threading.Event()

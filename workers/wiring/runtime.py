@@ -270,6 +270,9 @@ class Fleet:
         self.evidence = EvidenceSink.from_url(settings.evidence_url)
         self._runtimes: dict[str | None, Runtime] = {}
         self._lock = threading.Lock()
+        # A doorbell that names no ledger (rung before the fleet was told of several, or by a
+        # process without OUTBOX_DATABASE_URLS) is OUTBOX_DATABASE_URL's, if the fleet drains it.
+        self._unnamed = next((n for n, u in self.urls.items() if u == settings.resolved_database_url), None)
 
     @property
     def names(self) -> list[str | None]:
@@ -278,6 +281,8 @@ class Fleet:
     def runtime(self, name: str | None) -> Runtime:
         """The runtime of ledger ``name`` (None: the one ledger). UnknownLedger if this process
         does not drain it."""
+        if name is None and None not in self.urls and self._unnamed is not None:
+            name = self._unnamed
         with self._lock:
             rt = self._runtimes.get(name)
             if rt is not None:
