@@ -97,3 +97,36 @@ def test_a_doorbell_naming_no_ledger_is_outbox_database_url_s(fleet, sandbox):
     make_app(b.settings()).send_task(DISPATCH_TASK, args=[[op_id]], queue="dispatch")
     b.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)
     assert len(sandbox.effects(key=pk("fleet-unnamed"))) == 1
+
+
+def test_a_backlog_in_one_ledger_does_not_hold_back_another_s_new_intents(fleet, sandbox):
+    """Ledger a holds a backlog of 1,500 intents; ledger b's 10, submitted once a is draining, settle
+    while most of a's backlog still waits: b's doorbells have a queue of their own, which the
+    worker takes in turn with a's (the relays bound a's queue at OUTBOX_RELAY_MAX_QUEUED)."""
+    from outbox.ledger.submit import submit
+    from tests.harness import REFUND_ARGS
+
+    a, b = fleet
+    with a.sessions.begin() as session:
+        backlog = [
+            submit(
+                session,
+                tenant="t1",
+                idempotency_key=f"backlog-{i}",
+                action="payments.refund.create",
+                args=dict(REFUND_ARGS),
+                subject="test",
+            ).operation_id
+            for i in range(1500)
+        ]
+    b.start_worker("both")
+    b.start_fleet_relay()
+    wait_for(lambda: a.count(Status.SUCCEEDED.value) >= 50, 30, what="ledger a draining")
+    fresh = [b.submit(f"fresh-{i}").operation_id for i in range(10)]
+    for op_id in fresh:
+        b.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=30)
+    left = len(backlog) - a.count(Status.SUCCEEDED.value)
+    print(f"ledger a: {left} of {len(backlog)} still waiting when b's 10 had settled")
+    assert left > len(backlog) // 2, f"ledger b's 10 waited for most of a's backlog ({left} left)"
+    for i in range(10):
+        assert len(sandbox.effects(key=pk(f"fresh-{i}"))) == 1
