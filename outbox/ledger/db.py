@@ -30,6 +30,17 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return driver_for_url(url).make_engine(url, **kwargs)
 
 
+# How long a connection to one ledger of a fleet (OUTBOX_DATABASE_URLS) may take to open: a ledger
+# whose host stopped answering must not hold the fleet's shared threads for the operating system's
+# TCP timeout (about 2 minutes on Linux).
+FLEET_CONNECT_TIMEOUT_S = 5
+
+
+def connect_timeout_args(url: str, seconds: int) -> dict[str, Any]:
+    """make_engine's keyword arguments for a connect timeout on PostgreSQL (nothing for SQLite)."""
+    return {"connect_args": {"connect_timeout": seconds}} if url.startswith("postgresql") else {}
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import migrate
 from outbox.errors import OutboxError
-from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.db import FLEET_CONNECT_TIMEOUT_S, connect_timeout_args, make_engine, make_sessionmaker
 from outbox.settings import Settings, load_settings
 
 
@@ -24,12 +24,12 @@ class LedgerUnreachable(LedgerUnavailable):
     """The ledger database cannot be reached (its schema is unknown, not wrong)."""
 
 
-def open_engine(settings: Settings, *, ensure_schema: bool = True, url: str | None = None) -> Engine:
-    """Engine on the configured ledger (``url``: one ledger of OUTBOX_DATABASE_URLS instead). The
+def open_engine(settings: Settings, *, ensure_schema: bool = True, ledger: str | None = None) -> Engine:
+    """Engine on the configured ledger (``ledger``: that one of OUTBOX_DATABASE_URLS instead). The
     embedded default migrates itself; a server does not."""
-    named = url is not None
-    url = url if url is not None else settings.resolved_database_url
-    engine = make_engine(url)
+    named = ledger is not None
+    url = settings.ledger_urls[ledger] if named else settings.resolved_database_url
+    engine = make_engine(url, **(connect_timeout_args(url, FLEET_CONNECT_TIMEOUT_S) if named else {}))
     if not ensure_schema:
         return engine
     try:
@@ -38,15 +38,20 @@ def open_engine(settings: Settings, *, ensure_schema: bool = True, url: str | No
             if not settings.database_url and not named:
                 migrate.upgrade(engine)  # embedded default: nobody else to run migrate
             else:
-                how = f"OUTBOX_DATABASE_URL={_shown(engine)} agent-outbox migrate" if named else "agent-outbox migrate"
+                how = (
+                    f"OUTBOX_DATABASE_URL=<ledger {ledger}'s URL in OUTBOX_DATABASE_URLS> agent-outbox migrate"
+                    if named
+                    else "agent-outbox migrate"
+                )
+                which = f"ledger {ledger} ({_shown(engine)})" if named else f"the ledger at {_shown(engine)}"
                 raise LedgerUnavailable(
-                    f"the ledger schema at {_shown(engine)} is at {current or 'nothing'}, not "
-                    f"{migrate.head_revision()}: run `{how}` first"
+                    f"the schema of {which} is at {current or 'nothing'}, not {migrate.head_revision()}: "
+                    f"run `{how}` first"
                 )
     except OperationalError as exc:
+        which = f"ledger {ledger} at {_shown(engine)}" if named else f"the ledger at {_shown(engine)}"
         raise LedgerUnreachable(
-            f"cannot reach the ledger at {_shown(engine)}: {exc.orig}; "
-            f"check {'OUTBOX_DATABASE_URLS' if named else 'OUTBOX_DATABASE_URL'}"
+            f"cannot reach {which}: {exc.orig}; check {'OUTBOX_DATABASE_URLS' if named else 'OUTBOX_DATABASE_URL'}"
         ) from exc
     return engine
 

@@ -72,13 +72,13 @@ def build_relay(settings: Settings) -> Relay | RelayGroup:
     if None in ledgers:
         return _relay_on(settings, None, open_engine(settings))
     relays = []
-    for name, url in ledgers.items():
+    for name in ledgers:
         try:
-            engine = open_engine(settings, url=url)
+            engine = open_engine(settings, ledger=name)
         except LedgerUnreachable as exc:
             # One ledger down must not keep the others' relays from starting: its relay retries.
-            log.warning("ledger %s: %s; its relay starts anyway and retries", name, exc)
-            engine = open_engine(settings, url=url, ensure_schema=False)
+            log.warning("%s; its relay starts anyway and retries", exc)
+            engine = open_engine(settings, ledger=name, ensure_schema=False)
         relays.append(_relay_on(settings, name, engine))
     return RelayGroup(relays)
 

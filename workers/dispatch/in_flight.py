@@ -93,13 +93,17 @@ class _CallJob:
 
 
 class InFlight:
-    def __init__(self, downstream: Downstream, recorder: Recorder, *, max_ops: int, lease_s: float) -> None:
+    def __init__(
+        self, downstream: Downstream, recorder: Recorder, *, max_ops: int, lease_s: float, ledger: str | None = None
+    ) -> None:
+        """``ledger``: the fleet's ledger these calls belong to (OUTBOX_DATABASE_URLS), for the gauge."""
         self._downstream = downstream
         self._rec = recorder
         self.max_ops = max_ops
         self._retry_s = min(FINALIZE_RETRY_S, lease_s / 2)
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="call")
-        self.room = Room(max_ops, metrics.record_in_flight)  # reserved or claimed here, not yet finalized
+        # Reserved or claimed here, not yet finalized.
+        self.room = Room(max_ops, lambda held: metrics.record_in_flight(held, ledger))
         self._jobs: set[_CallJob] = set()
         self._jobs_lock = threading.Lock()
         # Counted failures in a row per target, as seen by this process (absent: no answer yet).

@@ -80,13 +80,23 @@ class _LookupJob:
 
 
 class LookupsInFlight:
-    def __init__(self, downstream: Downstream, recorder: Recorder, budget: LookupBudget, *, max_ops: int) -> None:
+    def __init__(
+        self,
+        downstream: Downstream,
+        recorder: Recorder,
+        budget: LookupBudget,
+        *,
+        max_ops: int,
+        ledger: str | None = None,
+    ) -> None:
+        """``ledger``: the fleet's ledger these lookups belong to (OUTBOX_DATABASE_URLS), for the gauge."""
         self._downstream = downstream
         self.recorder = recorder
         self._budget = budget
         self.max_ops = max_ops
         self._pool = ThreadPoolExecutor(max_workers=max_ops, thread_name_prefix="lookup")
-        self.room = Room(max_ops, metrics.record_lookups_in_flight)  # reserved or claimed, not yet settled
+        # Reserved or claimed, not yet settled.
+        self.room = Room(max_ops, lambda held: metrics.record_lookups_in_flight(held, ledger))
         self._answers: queue.SimpleQueue[tuple[_DoorbellLookups, list[Asked]] | None] = queue.SimpleQueue()
         self._jobs: set[_LookupJob] = set()
         self._jobs_lock = threading.Lock()

@@ -93,24 +93,28 @@ DISPATCH_QUEUE_DEPTH = Gauge(
     "outbox_dispatch_queue_depth",
     "Dispatch doorbells waiting in the broker, as the relay last read it (bounded by OUTBOX_RELAY_MAX_QUEUED)",
     multiprocess_mode="livemax",
+    labelnames=("ledger",),  # a fleet's ledger (OUTBOX_DATABASE_URLS); "" for the one ledger
     registry=PROCESS_REGISTRY,
 )
 IN_FLIGHT = Gauge(
     "outbox_in_flight_operations",
     "Operations claimed and not yet finalized, summed over worker processes (each <= OUTBOX_MAX_IN_FLIGHT)",
     multiprocess_mode="livesum",
+    labelnames=("ledger",),  # a fleet's ledger (OUTBOX_DATABASE_URLS); "" for the one ledger
     registry=PROCESS_REGISTRY,
 )
 LOOKUPS_IN_FLIGHT = Gauge(
     "outbox_lookups_in_flight",
     "Reconciler lookups claimed and not yet settled, summed over processes (each <= OUTBOX_MAX_IN_FLIGHT)",
     multiprocess_mode="livesum",
+    labelnames=("ledger",),  # a fleet's ledger (OUTBOX_DATABASE_URLS); "" for the one ledger
     registry=PROCESS_REGISTRY,
 )
 RECONCILE_QUEUE_DEPTH = Gauge(
     "outbox_reconcile_queue_depth",
     "Reconcile doorbells waiting in the broker, as the relay last read it (bounded by OUTBOX_RELAY_MAX_QUEUED)",
     multiprocess_mode="livemax",
+    labelnames=("ledger",),  # a fleet's ledger (OUTBOX_DATABASE_URLS); "" for the one ledger
     registry=PROCESS_REGISTRY,
 )
 
@@ -254,23 +258,23 @@ def record_outcome(status: Status | str) -> None:
 
 
 @_never_raises
-def record_dispatch_queue(depth: int) -> None:
-    DISPATCH_QUEUE_DEPTH.set(depth)
+def record_dispatch_queue(depth: int, ledger: str | None = None) -> None:
+    DISPATCH_QUEUE_DEPTH.labels(ledger=ledger or "").set(depth)
 
 
 @_never_raises
-def record_in_flight(held: int) -> None:
-    IN_FLIGHT.set(held)
+def record_in_flight(held: int, ledger: str | None = None) -> None:
+    IN_FLIGHT.labels(ledger=ledger or "").set(held)
 
 
 @_never_raises
-def record_lookups_in_flight(held: int) -> None:
-    LOOKUPS_IN_FLIGHT.set(held)
+def record_lookups_in_flight(held: int, ledger: str | None = None) -> None:
+    LOOKUPS_IN_FLIGHT.labels(ledger=ledger or "").set(held)
 
 
 @_never_raises
-def record_reconcile_queue(depth: int) -> None:
-    RECONCILE_QUEUE_DEPTH.set(depth)
+def record_reconcile_queue(depth: int, ledger: str | None = None) -> None:
+    RECONCILE_QUEUE_DEPTH.labels(ledger=ledger or "").set(depth)
 
 
 @_never_raises

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from breaker import BreakerConfig, BreakerRegistry
 from outbox.errors import ConfigError
 from outbox.evidence.sinks import EvidenceSink
-from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.db import FLEET_CONNECT_TIMEOUT_S, connect_timeout_args, make_engine, make_sessionmaker
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.privacy.retention import check_retention
@@ -92,6 +92,7 @@ class Runtime:
                     self.recorder(LedgerConnection(self.engine, self.sessions)),
                     max_ops=self.settings.max_in_flight,
                     lease_s=self.settings.lease_s,
+                    ledger=self.ledger_name,
                 )
             return self._in_flight
 
@@ -103,7 +104,11 @@ class Runtime:
             if self._lookups is None:
                 budget = LookupBudget(self.settings.reconcile_max_lookups, self.settings.reconcile_max_delay_s)
                 self._lookups = LookupsInFlight(
-                    self.downstream(), self.recorder(self.ledger), budget, max_ops=self.settings.max_in_flight
+                    self.downstream(),
+                    self.recorder(self.ledger),
+                    budget,
+                    max_ops=self.settings.max_in_flight,
+                    ledger=self.ledger_name,
                 )
             return self._lookups
 
@@ -240,7 +245,9 @@ def build_runtime(settings: Settings | None = None, *, app: Celery | None = None
     """Everything a worker's tasks use, on the one ledger (OUTBOX_DATABASE_URL). ``app``: the Celery
     app doorbells are published with (a worker passes its own; otherwise one is made from the
     settings)."""
-    return Fleet(settings or load_settings(), app=app, single=True).runtime(None)
+    rt = Fleet(settings or load_settings(), app=app, single=True).runtime(None)
+    rt.owns_shared = True  # nothing else holds its fleet: its close() closes what the fleet shares
+    return rt
 
 
 class UnknownLedger(ConfigError):
@@ -297,7 +304,10 @@ class Fleet:
             # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
             # (bench/README.md); a connection lost anyway invalidates the pool and the doorbell is
             # re-published.
-            engine = make_engine(self.urls[name], pool_pre_ping=False)
+            # A fleet's ledger that stops answering (a host gone, not a refused connection) must not
+            # hold a doorbell task for the operating system's TCP timeout (~2 min), others behind it.
+            timeout = connect_timeout_args(self.urls[name], FLEET_CONNECT_TIMEOUT_S) if name is not None else {}
+            engine = make_engine(self.urls[name], pool_pre_ping=False, **timeout)
             sessions = make_sessionmaker(engine)
             rt = self._runtimes[name] = Runtime(
                 settings=self.settings,

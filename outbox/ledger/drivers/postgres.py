@@ -85,6 +85,9 @@ def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
     return rows
 
 
+LISTEN_CONNECT_TIMEOUT_S = 10
+
+
 class PostgresDriver:
     name = "postgresql"
 
@@ -276,7 +279,9 @@ class Listener:
 
     @contextmanager
     def connected(self) -> Iterator[Listener]:
-        with psycopg.connect(self._url, autocommit=True) as conn:
+        # A connect timeout: a ledger host that stopped answering is retried, not waited on for the
+        # operating system's TCP timeout (one relay may serve several ledgers: OUTBOX_DATABASE_URLS).
+        with psycopg.connect(self._url, autocommit=True, connect_timeout=LISTEN_CONNECT_TIMEOUT_S) as conn:
             conn.execute(sql.LISTEN)
             self._conn = conn
             try:
