@@ -60,6 +60,7 @@ from outbox.runs.advance import advance_due
 from workers.provider.actions import ActionsConfig
 from workers.reconcile.handoff_packet import packet_builder
 from workers.relay.doorbell import Doorbell
+from workers.relay.gather import Gather
 from workers.relay.outage import OUTAGES, OutageReport
 from workers.wiring import metrics
 from workers.wiring.heartbeat import Heartbeat
@@ -77,6 +78,8 @@ NOTIFIED_GRACE_S = 2.0
 STOP_CHECK_S = 0.2
 # The NOTIFY path reads the queue's depth at most this often (counting its own publishes between).
 DEPTH_FRESH_S = 0.05
+# While every worker is busy, notified ids wait at most this long for a full doorbell (gather.py).
+BUSY_LINGER_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class Relay:
         self.heartbeat = Heartbeat.from_env()
         self._depth: int | None = None  # dispatch doorbells in the broker, as last read (+ own since)
         self._depth_read = float("-inf")
+        self._depth_seen: int | None = None  # the last reading itself, without our publishes since
         self._last_sweep = 0.0
         self._cleanup = embedded_broker_cleanup
         self._last_cleanup = 0.0
@@ -156,9 +160,10 @@ class Relay:
         now = time.monotonic()
         if fresh or now - self._depth_read > DEPTH_FRESH_S:
             self._depth, self._depth_read = self.doorbell.queued_dispatch(), now
+            self._depth_seen = self._depth
         if self._depth is None:
             return BATCH, None
-        metrics.record_dispatch_queue(self._depth)
+        metrics.record_dispatch_queue(self._depth, self.doorbell.ledger)
         return max(self.max_queued - self._depth, 0), self._depth
 
     def _published(self, messages: int) -> None:
@@ -221,7 +226,7 @@ class Relay:
             for status in sorted(RECONCILE_CLAIMABLE):
                 ids += self._mark_due(status, leased_ok=False, queued=None)
         else:
-            metrics.record_reconcile_queue(queued)
+            metrics.record_reconcile_queue(queued, self.doorbell.ledger)
             batch = self.doorbell.batch
             due = count_due(self.engine, cap=self.max_queued * batch, lookups=True)
             wanted = (min(-(-due // batch), self.max_queued) - queued) * batch
@@ -335,30 +340,39 @@ class Relay:
                 ticker.join(timeout=10)
 
     def _listen(self, conn: Any) -> None:
-        """Ring doorbells for notified ids (leader only); retry leading every poll_s.
-
-        An id is published at once if nothing was published in the last linger_s; otherwise it
-        waits for the end of that window with the ids that arrive meanwhile (or until a full
-        doorbell's worth), so a burst costs one broker message per batch, not one per commit.
-        """
+        """Ring doorbells for notified ids (leader only), gathered into doorbells (gather.py); retry
+        leading every poll_s."""
         last_try = time.monotonic()
-        pending: list[str] = []
-        last_publish = float("-inf")
+        gather = Gather(
+            batch=self.doorbell.batch,
+            linger_s=self.linger_s,
+            busy_linger_s=BUSY_LINGER_S,
+            recheck_s=DEPTH_FRESH_S,
+            busy=self._workers_busy,
+        )
         while not self.stop_event.is_set():
-            wait_s = self.poll_s if not pending else max(0.0, last_publish + self.linger_s - time.monotonic())
+            wait_s = gather.hold_s(time.monotonic()) if gather.pending else self.poll_s
             if select_mod.select([conn.fileno()], [], [], min(wait_s, STOP_CHECK_S))[0]:
-                # Drain every pending notification.
-                ids = conn.drain()
+                ids = conn.drain()  # every pending notification
                 if self.leader:
-                    pending += ids
+                    gather.add(ids, time.monotonic())
             self._listen_outage.succeeded()  # listening: a LISTEN outage ends once quiet long enough
             now = time.monotonic()
-            if pending and (len(pending) >= self.doorbell.batch or now - last_publish >= self.linger_s):
-                self._safe_ring(pending)
-                pending, last_publish = [], now
+            if gather.pending and gather.hold_s(now) <= 0:
+                self._safe_ring(gather.take(now))
             if not self.leader and now - last_try >= self.poll_s:
                 self._try_lead(conn)
                 last_try = time.monotonic()
+
+    def _workers_busy(self) -> bool:
+        """A dispatch doorbell of this ledger waited in the broker at the last reading (DEPTH_FRESH_S
+        at most ago). The reading itself, not our publishes counted since: a doorbell we just rang
+        may already be a worker's. False if the depth cannot be read."""
+        try:
+            self.dispatch_room(fresh=False)
+        except Exception:  # noqa: BLE001 - unknown: publish as before
+            return False
+        return bool(self._depth_seen)
 
     def _try_lead(self, conn: Any) -> None:
         # A lock held while the listening connection lives: when it ends, a standby takes over.
