@@ -130,3 +130,25 @@ def test_a_backlog_in_one_ledger_does_not_hold_back_another_s_new_intents(fleet,
     assert left > len(backlog) // 2, f"ledger b's 10 waited for most of a's backlog ({left} left)"
     for i in range(10):
         assert len(sandbox.effects(key=pk(f"fresh-{i}"))) == 1
+
+
+def test_migrate_ledgers_migrates_each_and_says_which_it_could_not_reach(fleet, tmp_path):
+    _, b = fleet
+    env = dict(os.environ) | b.env
+    env["OUTBOX_DATABASE_URLS"] += ",down=postgresql+psycopg://postgres@127.0.0.1:1/nothing"
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli.main", "migrate", "--ledgers"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "ledger a at " in done.stdout and "ledger b at " in done.stdout and "schema already at" in done.stdout
+    assert "ledger down: cannot reach the ledger" in done.stderr
+    env.pop("OUTBOX_DATABASE_URLS")
+    alone = subprocess.run(
+        [sys.executable, "-m", "workers.cli.main", "migrate", "--ledgers"], env=env, capture_output=True, text=True
+    )
+    assert alone.returncode != 0 and "--ledgers: OUTBOX_DATABASE_URLS is not set" in alone.stderr

@@ -8,10 +8,11 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
 from outbox import migrate
-from outbox.errors import IdempotencyConflict, InvalidIntent
+from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import MEANING, WAITING_MEANING, Status, WaitingFor
 from outbox.ledger.submit import submit
@@ -28,6 +29,11 @@ JSONL_REQUIRED = ("idempotency_key", "action", "args")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("migrate", help="create or upgrade the ledger schema")
+    p.add_argument(
+        "--ledgers",
+        action="store_true",
+        help="every ledger of OUTBOX_DATABASE_URLS in turn (a fleet's), a line each; exit 1 if one could not be reached",
+    )
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("submit", help="submit one intent (or many with --jsonl)")
@@ -74,20 +80,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     settings = load_settings()
-    engine = open_engine(settings, ensure_schema=False)
+    if not args.ledgers:
+        _migrate(open_engine(settings, ensure_schema=False), "ledger", "OUTBOX_DATABASE_URL")
+        return 0
+    if not settings.database_urls:
+        raise ConfigError(
+            "--ledgers: OUTBOX_DATABASE_URLS is not set (name=url pairs, the ledgers a fleet drains); "
+            "without --ledgers, migrate works on OUTBOX_DATABASE_URL's ledger"
+        )
+    failed = 0
+    for name in settings.ledger_urls:
+        try:
+            _migrate(open_engine(settings, ensure_schema=False, ledger=name), f"ledger {name}", "OUTBOX_DATABASE_URLS")
+        except LedgerUnavailable as exc:
+            failed += 1
+            print(f"ledger {name}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _migrate(engine: Engine, which: str, variable: str) -> None:
     try:
         before = migrate.current_revision(engine)
         migrate.upgrade(engine)
         after = migrate.current_revision(engine)
     except OperationalError as exc:
-        raise LedgerUnavailable(f"cannot reach the ledger: {exc.orig}; check OUTBOX_DATABASE_URL") from exc
+        raise LedgerUnavailable(f"cannot reach the ledger: {exc.orig}; check {variable}") from exc
+    finally:
+        engine.dispose()
     where = engine.url.render_as_string(hide_password=True)
     print(
-        f"ledger at {where}: schema {before or 'empty'} -> {after}"
+        f"{which} at {where}: schema {before or 'empty'} -> {after}"
         if before != after
-        else f"ledger at {where}: schema already at {after}"
+        else f"{which} at {where}: schema already at {after}",
+        flush=True,
     )
-    return 0
 
 
 def _intent_from_flags(args: argparse.Namespace, tenant: str) -> dict[str, Any]:
