@@ -38,11 +38,7 @@ def open_engine(settings: Settings, *, ensure_schema: bool = True, ledger: str |
             if not settings.database_url and not named:
                 migrate.upgrade(engine)  # embedded default: nobody else to run migrate
             else:
-                how = (
-                    f"OUTBOX_DATABASE_URL=<ledger {ledger}'s URL in OUTBOX_DATABASE_URLS> agent-outbox migrate"
-                    if named
-                    else "agent-outbox migrate"
-                )
+                how = "agent-outbox migrate --ledgers" if named else "agent-outbox migrate"
                 which = f"ledger {ledger} ({_shown(engine)})" if named else f"the ledger at {_shown(engine)}"
                 raise LedgerUnavailable(
                     f"the schema of {which} is at {current or 'nothing'}, not {migrate.head_revision()}: "
