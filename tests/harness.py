@@ -80,6 +80,11 @@ def max_in_any_window(times: Collection[float], window_s: float, *, after_s: flo
     return best
 
 
+def error_lines(log: str) -> list[str]:
+    """A worker log's ERROR lines and tracebacks: ERROR is for final failures, an outage is a WARNING."""
+    return [line for line in log.splitlines() if "ERROR/" in line or "/ERROR" in line or "Traceback" in line]
+
+
 def pk(key: str, tenant: str = "t1") -> str:
     """The key the provider sees for ``key`` of ``tenant`` (the default provider_key template);
     Pipeline.submit's tenant is t1."""
@@ -317,6 +322,18 @@ class Pipeline:
                 subject=subject,
                 **kw,
             )
+
+    def statuses(self, operation_ids: Collection[str]) -> dict[str, str] | None:
+        """Every operation's status, in one query; None while the ledger does not answer (a fault
+        test's restart)."""
+        import sqlalchemy.exc
+
+        try:
+            with self.sessions() as s:
+                rows = s.execute(select(Operation.id, Operation.status).where(Operation.id.in_(operation_ids))).all()
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError):
+            return None
+        return {str(op_id): str(status) for op_id, status in rows}
 
     def op(self, operation_id: str) -> Operation:
         with self.sessions() as s:

@@ -14,15 +14,12 @@ import uuid
 
 import psycopg
 import pytest
-import sqlalchemy.exc
-from sqlalchemy import select
 
 from outbox import migrate
 from outbox.ledger.db import make_engine, make_sessionmaker
-from outbox.ledger.models import Operation
 from outbox.ledger.states import Status
 from outbox.ledger.submit import submit
-from tests.harness import REFUND_ARGS, Pipeline, pk, wait_for
+from tests.harness import REFUND_ARGS, Pipeline, error_lines, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -42,22 +39,8 @@ def _cluster():
         pytest.skip(f"cannot start a PostgreSQL cluster here: {exc}")
 
 
-def _error_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if "ERROR/" in line or "/ERROR" in line or "Traceback" in line]
-
-
-def _statuses(ledger: Pipeline, op_ids: list[str]) -> dict[str, str] | None:
-    """Every operation's status (one query), or None while that ledger is down."""
-    try:
-        with ledger.sessions() as session:
-            rows = session.execute(select(Operation.id, Operation.status).where(Operation.id.in_(op_ids))).all()
-    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError):
-        return None
-    return {str(op_id): str(status) for op_id, status in rows}
-
-
 def _count(ledger: Pipeline, op_ids: list[str], wanted: set[str]) -> int:
-    return sum(s in wanted for s in (_statuses(ledger, op_ids) or {}).values())
+    return sum(s in wanted for s in (ledger.statuses(op_ids) or {}).values())
 
 
 def test_one_ledger_restarted_the_other_keeps_flowing_nothing_lost_or_doubled(pipe, sandbox):
@@ -118,18 +101,18 @@ def _run(a: Pipeline, b: Pipeline, cluster, sandbox) -> None:
     cluster.stop()
     down_at = time.monotonic()
     assert before < N, "ledger a had settled everything before its stop: nothing was in flight"
-    assert _statuses(a, ops["a"]) is None  # really down
+    assert a.statuses(ops["a"]) is None  # really down
     # A new burst on ledger b while a is down: it must all settle before a comes back.
     keys["b"] += [f"lr-b-{i:03d}" for i in range(N, 2 * N)]
     ops["b"] += [b.submit(k).operation_id for k in keys["b"][N:]]
     wait_for(lambda: _count(b, ops["b"], done) == 2 * N, 45, what="every operation of ledger b settled while a is down")
     b_settled_s = time.monotonic() - down_at
-    assert _statuses(a, ops["a"]) is None  # a was down all along
+    assert a.statuses(ops["a"]) is None  # a was down all along
     time.sleep(max(0.0, 3.0 - b_settled_s))  # down at least 3 s: longer than a lease (3 s here)
 
     cluster.start()
     final = wait_for(
-        lambda: (st := _statuses(a, ops["a"])) is not None and all(s in SETTLED for s in st.values()) and st,
+        lambda: (st := a.statuses(ops["a"])) is not None and all(s in SETTLED for s in st.values()) and st,
         90,
         interval_s=0.5,
         what="every operation of ledger a settled after its restart",
@@ -142,7 +125,7 @@ def _run(a: Pipeline, b: Pipeline, cluster, sandbox) -> None:
     assert sandbox.duplicates() == []
     for w in workers:
         assert w.proc.poll() is None, f"{w.name} died"
-        assert _error_lines(w.log()) == [], (w.name, _error_lines(w.log())[:5])
+        assert error_lines(w.log()) == [], (w.name, error_lines(w.log())[:5])
     looked_up = sum(bool(a.attempts(op_id, "lookup")) for op_id in ops["a"])
     print(
         f"ledger a: {before}/{N} settled at its stop, {looked_up} reconciled after it; "

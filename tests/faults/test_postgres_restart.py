@@ -13,15 +13,13 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Any
 
 import pytest
-import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
 from outbox.ledger.states import Status
 from tests.conftest import PG_ADMIN_URL
-from tests.harness import pk, wait_for
+from tests.harness import error_lines, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -49,18 +47,6 @@ def _local_cluster() -> tuple[str, str]:
     pytest.skip(f"cannot restart PostgreSQL here: {reason}")
 
 
-def _error_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if "ERROR/" in line or "/ERROR" in line or "Traceback" in line]
-
-
-def _statuses(pipe: Any, op_ids: list[str]) -> dict[str, str] | None:
-    """Every operation's status, or None while the database is not back yet."""
-    try:
-        return {op_id: pipe.op(op_id).status for op_id in op_ids}
-    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError):
-        return None
-
-
 def test_postgres_restart_under_load_loses_nothing_and_logs_no_error(pipe, sandbox):
     version, cluster = _local_cluster()
     # Each call takes 50 ms, so claims and finalizes are in flight when the database goes away.
@@ -74,7 +60,7 @@ def test_postgres_restart_under_load_loses_nothing_and_logs_no_error(pipe, sandb
     op_ids = [pipe.submit(f"f13-{i:03d}").operation_id for i in range(N)]
 
     wait_for(
-        lambda: sum(s == Status.SUCCEEDED.value for s in (_statuses(pipe, op_ids) or {}).values()) >= N // 5,
+        lambda: sum(s == Status.SUCCEEDED.value for s in (pipe.statuses(op_ids) or {}).values()) >= N // 5,
         30,
         what=f"{N // 5} of {N} settled before the restart",
     )
@@ -88,7 +74,7 @@ def test_postgres_restart_under_load_loses_nothing_and_logs_no_error(pipe, sandb
 
     final = wait_for(
         lambda: (
-            (st := _statuses(pipe, op_ids)) is not None
+            (st := pipe.statuses(op_ids)) is not None
             and all(
                 s in (Status.SUCCEEDED.value, Status.FAILED_BEFORE_COMMIT.value, Status.RECONCILIATION_REQUIRED.value)
                 for s in st.values()
@@ -106,5 +92,5 @@ def test_postgres_restart_under_load_loses_nothing_and_logs_no_error(pipe, sandb
     assert sandbox.duplicates() == []
     for w in workers:
         assert w.proc.poll() is None, f"{w.name} died"
-        assert _error_lines(w.log()) == [], (w.name, _error_lines(w.log())[:5])
+        assert error_lines(w.log()) == [], (w.name, error_lines(w.log())[:5])
     assert time.monotonic() - restarted < 90
