@@ -11,6 +11,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import MissingDependency
@@ -37,8 +38,11 @@ FLEET_CONNECT_TIMEOUT_S = 5
 
 
 def connect_timeout_args(url: str, seconds: int) -> dict[str, Any]:
-    """make_engine's keyword arguments for a connect timeout on PostgreSQL (nothing for SQLite)."""
-    return {"connect_args": {"connect_timeout": seconds}} if url.startswith("postgresql") else {}
+    """make_engine's keyword arguments for a connect timeout on PostgreSQL (nothing for SQLite, nor
+    when the URL sets its own ``connect_timeout``: the user's wins)."""
+    if not url.startswith("postgresql") or "connect_timeout" in make_url(url).query:
+        return {}
+    return {"connect_args": {"connect_timeout": seconds}}
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

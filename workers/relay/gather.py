@@ -9,7 +9,8 @@ of one, a free process would have taken it), ids are held up to ``busy_linger_s`
 full doorbell's worth or a process frees up: a doorbell published then would only queue behind the
 others, and one that carries more ids costs fewer claims, finalizes and messages per operation. So
 slow arrivals no longer mean one-id doorbells when the workers are the bottleneck (bench/README.md,
-"the ratio on a slower CPU"); while a worker is free nothing waits longer than before.
+"the ratio on a slower CPU"). While a worker is free nothing waits longer than before, but for one
+recheck (``recheck_s``) when the depth was read just after a publish, before a worker took it.
 """
 
 from __future__ import annotations

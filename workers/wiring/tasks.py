@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
@@ -218,6 +219,8 @@ def _every_ledger(task: str, body: Callable[[Runtime], None]) -> None:
         try:
             with riding_out_outages(_task_name(task, name), []):
                 body(fleet.runtime(name))
+        except SoftTimeLimitExceeded:
+            raise  # the task's time is up: it ends here, not in the next ledger under the hard limit
         except Exception:
             if len(fleet.names) == 1:
                 raise  # the one ledger: Celery reports it, as it always did

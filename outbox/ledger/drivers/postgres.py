@@ -274,14 +274,17 @@ class Listener:
     errors: tuple[type[Exception], ...] = (psycopg.Error,) if psycopg is not None else ()
 
     def __init__(self, engine: Engine) -> None:
-        self._url = make_url(engine.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        url = make_url(engine.url).set(drivername="postgresql")
+        # A connect timeout (the URL's own wins): a ledger host that stopped answering is retried, not
+        # waited on for the operating system's TCP timeout (a relay may serve several ledgers).
+        if "connect_timeout" not in url.query:
+            url = url.update_query_dict({"connect_timeout": str(LISTEN_CONNECT_TIMEOUT_S)})
+        self._url = url.render_as_string(hide_password=False)
         self._conn: psycopg.Connection[Any] | None = None
 
     @contextmanager
     def connected(self) -> Iterator[Listener]:
-        # A connect timeout: a ledger host that stopped answering is retried, not waited on for the
-        # operating system's TCP timeout (one relay may serve several ledgers: OUTBOX_DATABASE_URLS).
-        with psycopg.connect(self._url, autocommit=True, connect_timeout=LISTEN_CONNECT_TIMEOUT_S) as conn:
+        with psycopg.connect(self._url, autocommit=True) as conn:
             conn.execute(sql.LISTEN)
             self._conn = conn
             try:
