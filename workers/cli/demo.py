@@ -33,7 +33,7 @@ from outbox.ledger.typed_outcome import SETTLED, outcome_of
 from outbox.settings import load_settings
 from producer.client import key_rules_for
 from workers.cli.demo_runs import play_runs, runs_table, wait_runs
-from workers.cli.ledger import ledger
+from workers.cli.ledger import ledger, shown
 from workers.cli.pipeline import Pipeline
 from workers.sandbox import ServerNotInstalled
 from workers.sandbox.scenario import FAULT_MIX, action, actions_doc
@@ -143,7 +143,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         log_path = Path(tmp) / "worker.log"
         with ledger(settings) as sessions, open(log_path, "wb") as worker_log:
             console.print(
-                f"ledger  {sessions.kw['bind'].url.render_as_string(hide_password=True)}\n"
+                f"ledger  {shown(sessions.kw['bind'].url)}\n"
                 f"broker  {settings.resolved_broker_url}\n"
                 f"sandbox {sandbox.url} with faults: "
                 + ", ".join(f"{f['mode']} {f['probability']:.0%}" for f in FAULTS)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,21 +40,22 @@ def open_engine(settings: Settings, *, ensure_schema: bool = True, ledger: str |
                 migrate.upgrade(engine)  # embedded default: nobody else to run migrate
             else:
                 how = "agent-outbox migrate --ledgers" if named else "agent-outbox migrate"
-                which = f"ledger {ledger} ({_shown(engine)})" if named else f"the ledger at {_shown(engine)}"
+                which = f"ledger {ledger} ({shown(engine.url)})" if named else f"the ledger at {shown(engine.url)}"
                 raise LedgerUnavailable(
                     f"the schema of {which} is at {current or 'nothing'}, not {migrate.head_revision()}: "
                     f"run `{how}` first"
                 )
     except OperationalError as exc:
-        which = f"ledger {ledger} at {_shown(engine)}" if named else f"the ledger at {_shown(engine)}"
+        which = f"ledger {ledger} at {shown(engine.url)}" if named else f"the ledger at {shown(engine.url)}"
         raise LedgerUnreachable(
             f"cannot reach {which}: {exc.orig}; check {'OUTBOX_DATABASE_URLS' if named else 'OUTBOX_DATABASE_URL'}"
         ) from exc
     return engine
 
 
-def _shown(engine: Engine) -> str:
-    return engine.url.render_as_string(hide_password=True)
+def shown(url: str | URL) -> str:
+    """A ledger's URL as printed to a terminal or a log: without its password."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 @contextmanager

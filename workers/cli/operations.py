@@ -21,7 +21,7 @@ from outbox.service import operations
 from outbox.settings import Settings, load_settings
 from producer.client import key_rules_for
 from workers.cli import render
-from workers.cli.ledger import LedgerUnavailable, ledger, open_engine
+from workers.cli.ledger import LedgerUnavailable, ledger, open_engine, shown
 
 JSONL_FIELDS = {"tenant", "idempotency_key", "action", "args", "subject", "run_id", "tool_call_id", "priority"}
 JSONL_REQUIRED = ("idempotency_key", "action", "args")
@@ -107,7 +107,7 @@ def _migrate(engine: Engine, which: str, variable: str) -> None:
         raise LedgerUnavailable(f"cannot reach the ledger: {exc.orig}; check {variable}") from exc
     finally:
         engine.dispose()
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown(engine.url)
     print(
         f"{which} at {where}: schema {before or 'empty'} -> {after}"
         if before != after

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from outbox.settings import Settings, load_settings
 from workers.cli.flags import add_log_level, log_level
-from workers.cli.ledger import LedgerUnreachable, open_engine
+from workers.cli.ledger import LedgerUnreachable, open_engine, shown
 
 if TYPE_CHECKING:  # imported where used: the CLI starts without Celery
     from sqlalchemy import Engine
@@ -239,13 +239,6 @@ def cmd_relay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shown_urls(urls: dict[str | None, str]) -> dict[str | None, str]:
-    """The ledgers' URLs without their passwords (as printed to a terminal)."""
-    from sqlalchemy.engine import make_url
-
-    return {name: make_url(url).render_as_string(hide_password=True) for name, url in urls.items()}
-
-
 def _relay_once(relay: Relay | RelayGroup) -> int:
     """One tick of each ledger's relay, each reported on its own line; 1 if a ledger's failed."""
     from workers.relay.fleet import RelayGroup
@@ -286,7 +279,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics.wipe_multiproc_dir()
     pipeline.start()
     ledgers = ", ".join(
-        url if name is None else f"{name}={url}" for name, url in _shown_urls(settings.ledger_urls).items()
+        shown(url) if name is None else f"{name}={shown(url)}" for name, url in settings.ledger_urls.items()
     )
     print(
         f"agent-outbox running: ledger {ledgers}, broker {settings.resolved_broker_url}; Ctrl-C stops",

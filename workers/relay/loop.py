@@ -367,11 +367,8 @@ class Relay:
     def _workers_busy(self) -> bool:
         """A dispatch doorbell of this ledger waited in the broker at the last reading (DEPTH_FRESH_S
         at most ago). The reading itself, not our publishes counted since: a doorbell we just rang
-        may already be a worker's. False if the depth cannot be read."""
-        try:
-            self.dispatch_room(fresh=False)
-        except Exception:  # noqa: BLE001 - unknown: publish as before
-            return False
+        may already be a worker's. False if the depth cannot be read (queued_dispatch: None)."""
+        self.dispatch_room(fresh=False)
         return bool(self._depth_seen)
 
     def _try_lead(self, conn: Any) -> None:
