@@ -410,7 +410,8 @@ def _check(
     *,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> None:
-    from outbox.ledger.models import Attempt, Handoff, Operation, OperationEvent
+    from outbox.ledger.history import HistoryEvent
+    from outbox.ledger.models import Attempt, Handoff, Operation
     from outbox.ledger.states import Status
     from outbox.reads.report import state_contradictions
 
@@ -442,8 +443,8 @@ def _check(
             handoffs[h.operation_id].append(h)
         result.reconciled = int(
             s.execute(
-                select(func.count(func.distinct(OperationEvent.operation_id))).where(
-                    OperationEvent.to_status == Status.OUTCOME_UNKNOWN.value
+                select(func.count(func.distinct(HistoryEvent.operation_id))).where(
+                    HistoryEvent.to_status == Status.OUTCOME_UNKNOWN.value
                 )
             ).scalar_one()
         )

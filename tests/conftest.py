@@ -34,6 +34,7 @@ from outbox.ledger.models import (
     ATTEMPTS,
     EVIDENCE,
     HANDOFFS,
+    HISTORY,
     OPERATION_EVENTS,
     OPERATIONS,
     REPORT_RUNS,
@@ -120,7 +121,7 @@ class Ledger:
         return make_engine(self.url)
 
 
-# Every (from, to) status pair the suite's operations moved through, read from their event rows
+# Every (from, to) status pair the suite's operations moved through, read from their history
 # before each ledger is emptied; at the end of the run each must be a move of states.ALLOWED.
 _MOVES_TAKEN: set[tuple[str, str]] = set()
 
@@ -130,7 +131,7 @@ def _record_moves(engine: Engine) -> None:
         rows = conn.execute(
             # A "cancel requested" row records a request, not a move (its status stays as it was).
             text(
-                f"SELECT DISTINCT from_status, to_status FROM {OPERATION_EVENTS}"
+                f"SELECT DISTINCT from_status, to_status FROM {HISTORY}"
                 " WHERE from_status IS NOT NULL AND event <> 'cancel requested'"
             )
         ).all()

@@ -4,6 +4,7 @@
 - ``outbox_attempts``: one row per transport attempt (or lookup); evidence, written once, never
   overwritten.
 - ``outbox_operation_events``: every transition with who and why, so any state can be explained.
+- ``outbox_history``: a view, the whole history (outbox/ledger/history.py).
 
 The ledger lives in the application's own database (its intents commit in the application's
 transactions), so every object it creates there carries ``PREFIX``: the tables, and through
@@ -50,6 +51,7 @@ ATTEMPTS = PREFIX + "attempts"
 OPERATION_EVENTS = PREFIX + "operation_events"
 HANDOFFS = PREFIX + "handoffs"
 EVIDENCE = PREFIX + "evidence"
+HISTORY = PREFIX + "history"  # a view: events, and the claims and results recorded on attempts
 APPROVALS = PREFIX + "approvals"
 API_KEYS = PREFIX + "api_keys"
 RUNS = PREFIX + "runs"
@@ -201,6 +203,12 @@ class Attempt(Base):
     # Bookkeeping, not evidence: when the ledger applied this stale success to its operation (or
     # handed the contradiction to a person). NULL on a stale success = not yet applied.
     applied_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # The claim, and the move its result made, recorded here, not as event rows: ledger/history.py.
+    claim_event_id: Mapped[int | None] = mapped_column(BigInteger)
+    claimed_from: Mapped[str | None] = mapped_column(String(32))
+    move_event_id: Mapped[int | None] = mapped_column(BigInteger)
+    moved_to: Mapped[str | None] = mapped_column(String(32))
+    move_reason: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("operation_id", "kind", "attempt_number"),
@@ -359,12 +367,7 @@ class Run(Base):
         CheckConstraint(f"status IN ({RUN_STATUS_VALUES})", name="status"),
         CheckConstraint("max_attempts IS NULL OR max_attempts >= 1", name="max_attempts"),
         # What the advance looks at: only moving runs are indexed.
-        Index(
-            f"ix_{RUNS}_active",
-            "updated_at",
-            postgresql_where=text(RUN_ACTIVE),
-            sqlite_where=text(RUN_ACTIVE),
-        ),
+        Index(f"ix_{RUNS}_active", "updated_at", postgresql_where=text(RUN_ACTIVE), sqlite_where=text(RUN_ACTIVE)),
     )
 
 
@@ -389,7 +392,7 @@ class ReportRun(Base):
     ran_by: Mapped[str] = mapped_column(String(255))
 
 
-def core_table(model: type[Base]) -> Table:
+def core_table(model: type[DeclarativeBase]) -> Table:
     """The Core Table behind a model, for statements built on it (typed: ``__table__`` is
     declared as a FromClause)."""
     table = model.__table__

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 from outbox.errors import OperationNotFound
 from outbox.ledger.clock import as_utc
 from outbox.ledger.drivers.base import Inserted, NewOperation
-from outbox.ledger.models import Approval, Attempt, Operation, OperationEvent
+from outbox.ledger.history import HistoryEvent
+from outbox.ledger.models import Approval, Attempt, Operation
 from outbox.ledger.states import EventKind
 
 
@@ -106,7 +107,7 @@ def approval_json(a: Approval) -> dict[str, Any]:
     }
 
 
-def event_json(e: OperationEvent) -> dict[str, Any]:
+def event_json(e: HistoryEvent) -> dict[str, Any]:
     return {
         "at": _iso(e.at),
         "event": e.event,
@@ -122,7 +123,7 @@ def event_json(e: OperationEvent) -> dict[str, Any]:
 class OperationDetail:
     operation: Operation
     attempts: list[Attempt]
-    events: list[OperationEvent]
+    events: list[HistoryEvent]
     approvals: list[Approval] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -188,7 +189,7 @@ def submitted_detail(new: NewOperation, inserted: Inserted) -> OperationDetail:
         updated_at=inserted.updated_at,
         finished_at=None,
     )
-    event = OperationEvent(
+    event = HistoryEvent(
         operation_id=new.id,
         at=inserted.created_at,
         event=EventKind.SUBMIT.value,
@@ -232,14 +233,14 @@ def details_of(session: Session, ops: Sequence[Operation]) -> list[OperationDeta
     if not ids:
         return []
     attempts: dict[str, list[Attempt]] = {i: [] for i in ids}
-    events: dict[str, list[OperationEvent]] = {i: [] for i in ids}
+    events: dict[str, list[HistoryEvent]] = {i: [] for i in ids}
     approvals: dict[str, list[Approval]] = {i: [] for i in ids}
     for a in session.execute(select(Attempt).where(Attempt.operation_id.in_(ids)).order_by(Attempt.id)).scalars():
         attempts[a.operation_id].append(a)
     for ap in session.execute(select(Approval).where(Approval.operation_id.in_(ids)).order_by(Approval.id)).scalars():
         approvals[ap.operation_id].append(ap)
     for e in session.execute(
-        select(OperationEvent).where(OperationEvent.operation_id.in_(ids)).order_by(OperationEvent.id)
+        select(HistoryEvent).where(HistoryEvent.operation_id.in_(ids)).order_by(HistoryEvent.id)
     ).scalars():
         events[e.operation_id].append(e)
     return [OperationDetail(op, attempts[op.id], events[op.id], approvals[op.id]) for op in ops]

@@ -67,14 +67,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.drivers import FinalizeWrite, LedgerDriver, NewOperation, driver_for
-from outbox.ledger.models import Attempt, Base, Operation, OperationEvent, core_table
+from outbox.ledger.history import HistoryEvent
+from outbox.ledger.models import Attempt, Base, Operation, core_table
 from outbox.ledger.states import NO_EFFECT, AttemptClass, AttemptKind, EventKind, Status, WaitingFor
 from outbox.ledger.transitions import AttemptReport, report_params
 from outbox.ledger.writes import waiting_on_entry
 
 OP = core_table(Operation)
 AT = core_table(Attempt)
-EV = core_table(OperationEvent)
+EV = core_table(HistoryEvent)  # the whole history: events, and claims and moves recorded on attempts
 
 
 @dataclass(frozen=True)

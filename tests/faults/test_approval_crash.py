@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import select
 
 from outbox.approvals.decisions import history
-from outbox.ledger.models import OperationEvent
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.states import EventKind, Status
 from tests.faults.test_dispatch_faults import holds
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, ROOT, action, actions_doc, pk, wait_for
@@ -71,9 +71,9 @@ def _posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
 def _events(pipe: Any, op_id: str) -> list[tuple[str, str]]:
     with pipe.sessions() as s:
         rows = s.execute(
-            select(OperationEvent.event, OperationEvent.to_status)
-            .where(OperationEvent.operation_id == op_id)
-            .order_by(OperationEvent.id)
+            select(HistoryEvent.event, HistoryEvent.to_status)
+            .where(HistoryEvent.operation_id == op_id)
+            .order_by(HistoryEvent.id)
         ).all()
     return [(e, to) for e, to in rows]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from outbox.ledger.models import OperationEvent
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.states import EventKind, Status
 from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
 from tests.integration.test_runs import _run, _wait_run
@@ -134,9 +134,9 @@ def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_
     with pipe.sessions() as s:
         events = list(
             s.execute(
-                select(OperationEvent.event, OperationEvent.to_status)
-                .where(OperationEvent.operation_id == step1.id)
-                .order_by(OperationEvent.id)
+                select(HistoryEvent.event, HistoryEvent.to_status)
+                .where(HistoryEvent.operation_id == step1.id)
+                .order_by(HistoryEvent.id)
             ).all()
         )
     kinds = [e for e, _ in events]

@@ -13,7 +13,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from outbox.ledger.models import OperationEvent
+from outbox.ledger.history import HistoryEvent
 from tests.harness import REFUND_ARGS, ROOT, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -93,7 +93,7 @@ def test_reset_from_the_cli_closes_the_breaker_in_every_worker(pipe, sandbox):
     assert fields[b"reset_by"] == b"alice" and int(fields[b"reset_at_ms"]) > 0
     with pipe.sessions() as s:
         actors = s.execute(
-            select(OperationEvent.operation_id, OperationEvent.actor).where(OperationEvent.event == "breaker reset")
+            select(HistoryEvent.operation_id, HistoryEvent.actor).where(HistoryEvent.event == "breaker reset")
         ).all()
     assert sorted(a.operation_id for a in actors) == sorted(ids) and {a.actor for a in actors} == {"alice"}
     for w in workers:

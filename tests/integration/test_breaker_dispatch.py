@@ -20,7 +20,8 @@ from sqlalchemy import func, select
 
 from breaker import BreakerStatus, status
 from outbox.ledger.clock import db_now
-from outbox.ledger.models import Attempt, Operation, OperationEvent
+from outbox.ledger.history import HistoryEvent
+from outbox.ledger.models import Attempt, Operation
 from tests.harness import REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -58,9 +59,9 @@ def _why_failed(pipe: Any, ids: list[str]) -> str:
             op = pipe.op(i)
             if op.status == "failed_before_commit":
                 events = s.execute(
-                    select(OperationEvent.event, OperationEvent.reason, OperationEvent.at)
-                    .where(OperationEvent.operation_id == i)
-                    .order_by(OperationEvent.id)
+                    select(HistoryEvent.event, HistoryEvent.reason, HistoryEvent.at)
+                    .where(HistoryEvent.operation_id == i)
+                    .order_by(HistoryEvent.id)
                 ).all()
                 attempts = [
                     f"  attempt {a.attempt_number} token {a.fencing_token} {a.started_at.time()}-"
@@ -99,9 +100,9 @@ def _parks(pipe: Any, ids: list[str]) -> dict[str, int]:
     open at call time (a not_sent attempt "breaker open ...", no attempt spent)."""
     with pipe.sessions() as s:
         gated = s.execute(
-            select(OperationEvent.operation_id, func.count())
-            .where(OperationEvent.operation_id.in_(ids), OperationEvent.event == "breaker open")
-            .group_by(OperationEvent.operation_id)
+            select(HistoryEvent.operation_id, func.count())
+            .where(HistoryEvent.operation_id.in_(ids), HistoryEvent.event == "breaker open")
+            .group_by(HistoryEvent.operation_id)
         ).all()
         at_call = s.execute(
             select(Attempt.operation_id, func.count())

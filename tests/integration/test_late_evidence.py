@@ -20,8 +20,9 @@ from outbox.evidence.settlement import settle_if_fenced
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.claims import Claim, claim_due, claim_unknown
 from outbox.ledger.clock import db_now
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import Attempt, Evidence, Handoff, Operation, OperationEvent
+from outbox.ledger.models import Attempt, Evidence, Handoff, Operation
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
@@ -53,7 +54,7 @@ def _events(ledger: Any, op_id: str) -> list[str]:
     with ledger.sessions() as s:
         return list(
             s.execute(
-                select(OperationEvent.event).where(OperationEvent.operation_id == op_id).order_by(OperationEvent.id)
+                select(HistoryEvent.event).where(HistoryEvent.operation_id == op_id).order_by(HistoryEvent.id)
             ).scalars()
         )
 

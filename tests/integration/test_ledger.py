@@ -12,8 +12,9 @@ from outbox.errors import IdempotencyConflict, IllegalTransition, InvalidIntent,
 from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
 from outbox.ledger.claims import claim_due, claim_unknown, extend_lease_if_fenced
 from outbox.ledger.clock import db_now
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import OPERATIONS, Attempt, Operation, OperationEvent
+from outbox.ledger.models import OPERATIONS, Attempt, Operation
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
@@ -388,9 +389,9 @@ def test_every_transition_is_in_the_history(ledger):
     with ledger.sessions() as s:
         events = (
             s.execute(
-                select(OperationEvent.to_status)
-                .where(OperationEvent.operation_id == receipt.operation_id)
-                .order_by(OperationEvent.id)
+                select(HistoryEvent.to_status)
+                .where(HistoryEvent.operation_id == receipt.operation_id)
+                .order_by(HistoryEvent.id)
             )
             .scalars()
             .all()
@@ -483,11 +484,9 @@ def test_batched_settlements_write_what_one_settlement_writes(ledger, to, report
         wait = (op.next_attempt_at - op.updated_at).total_seconds()
         with ledger.sessions() as s:
             events = s.execute(
-                select(
-                    OperationEvent.from_status, OperationEvent.to_status, OperationEvent.event, OperationEvent.reason
-                )
-                .where(OperationEvent.operation_id == op_id)
-                .order_by(OperationEvent.id)
+                select(HistoryEvent.from_status, HistoryEvent.to_status, HistoryEvent.event, HistoryEvent.reason)
+                .where(HistoryEvent.operation_id == op_id)
+                .order_by(HistoryEvent.id)
             ).all()
         [lookup] = [a for a in _attempts(ledger, op_id) if a.kind == "lookup"]
         return (

@@ -24,8 +24,9 @@ from outbox.evidence.sinks import EvidenceSink, backfill
 from outbox.ledger import failpoints
 from outbox.ledger.claims import claim_due, claim_unknown
 from outbox.ledger.clock import db_now
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import Attempt, Evidence, Operation, OperationEvent
+from outbox.ledger.models import Attempt, Evidence, Operation
 from outbox.ledger.states import AttemptClass, EventKind, Status, WaitingFor
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
@@ -53,9 +54,7 @@ def _submit(ledger, key="k1"):
 def _events(ledger, op_id):
     with ledger.sessions() as s:
         return (
-            s.execute(
-                select(OperationEvent.event).where(OperationEvent.operation_id == op_id).order_by(OperationEvent.id)
-            )
+            s.execute(select(HistoryEvent.event).where(HistoryEvent.operation_id == op_id).order_by(HistoryEvent.id))
             .scalars()
             .all()
         )

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from outbox.ledger.models import Operation, OperationEvent
+from outbox.ledger.history import HistoryEvent
+from outbox.ledger.models import Operation
 from outbox.ledger.states import Status
 from tests.harness import REFUND_ARGS, actions_doc, max_in_any_window, pk, wait_for
 from workers.cli.main import main
@@ -81,7 +82,7 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
     # Both ways of waiting are on record: in the call's thread (said in the attempt's event), and sent
     # back to the ledger (an attempt not_sent, not counted, waiting_for rate_limit); `ops show` says so.
     with pipe.sessions() as s:
-        events = s.execute(select(OperationEvent.operation_id, OperationEvent.reason)).all()
+        events = s.execute(select(HistoryEvent.operation_id, HistoryEvent.reason)).all()
     waited = [op for op, why in events if "for the rate limit of target sandbox: 20/s)" in (why or "")]
     sent_back = [op for op, why in events if "not_sent: rate limit of target sandbox: 20/s" in (why or "")]
     assert waited and sent_back

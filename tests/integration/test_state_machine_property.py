@@ -45,6 +45,7 @@ from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.claims import Claim, claim_due, claim_unknown
 from outbox.ledger.clock import db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import Attempt, Evidence, Handoff, Operation, OperationEvent, core_table
 from outbox.ledger.states import (
@@ -624,7 +625,7 @@ class LedgerMachine(RuleBasedStateMachine):
         with self.sessions() as s:
             ops = {r.id: r for r in s.execute(select(Operation.__table__))}
             events: dict[str, list[Any]] = {}
-            for e in s.execute(select(OperationEvent.__table__).order_by(OperationEvent.id)):
+            for e in s.execute(select(HistoryEvent.__table__).order_by(HistoryEvent.id)):
                 events.setdefault(e.operation_id, []).append(e)
             failed_but_open = (
                 s.execute(

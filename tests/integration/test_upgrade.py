@@ -41,8 +41,9 @@ from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.claims import claim_due, claim_unknown
 from outbox.ledger.clock import db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
-from outbox.ledger.models import ATTEMPTS, Handoff, Operation, OperationEvent
+from outbox.ledger.models import ATTEMPTS, Handoff, Operation
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
@@ -165,7 +166,7 @@ def test_a_ledger_of_the_previous_revision_upgrades_and_settles(old_ledger_url):
         with sessions() as s:
             ops = {op.id: op for op in s.execute(select(Operation)).scalars()}
             flagged = (
-                s.execute(select(OperationEvent.operation_id).where(OperationEvent.event == CONTRADICTION_EVENT))
+                s.execute(select(HistoryEvent.operation_id).where(HistoryEvent.event == CONTRADICTION_EVENT))
                 .scalars()
                 .all()
             )

@@ -43,6 +43,9 @@ from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATION
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
 
+# The events' id sequence (PostgreSQL names a serial column's after its table): events recorded on
+# attempt rows draw their ids from it, so the history keeps the order it was written in.
+EVENTS_ID_SEQ = f"{OPERATION_EVENTS}_id_seq"
 NOTIFY_CHANNEL = "outbox_due"  # the relay LISTENs here; payload = operation id
 # pg_try_advisory_lock key held by the relay that rings doorbells straight from NOTIFY ("relay").
 NOTIFY_LEADER_LOCK = 0x72656C6179
@@ -112,8 +115,10 @@ NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 
 # -- claims ---------------------------------------------------------------------------------------
 # The whole claim in ONE statement: lock due rows with SKIP LOCKED, bump token and lease, number the
-# attempt, open the attempt row and the event row. The CTEs read attempts as of the statement's
-# snapshot, so numbering and the ambiguity check see the rows committed before this claim.
+# attempt, open the attempt row, which records the claim's event too (its id from the events'
+# sequence, the status claimed from: outbox_history shows it as the event row it stands for). The
+# CTEs read attempts as of the statement's snapshot, so numbering and the ambiguity check see the
+# rows committed before this claim.
 _CLAIM = """
 WITH {recursive}{due_ctes}, claimed AS (
     UPDATE {operations} o SET
@@ -133,14 +138,12 @@ WITH {recursive}{due_ctes}, claimed AS (
         EXISTS (SELECT 1 FROM {attempts} a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
     FROM claimed c
 ), opened AS (
-    INSERT INTO {attempts} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale)
-    SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false FROM numbered
-    RETURNING id AS attempt_id, operation_id
-), logged AS (
-    INSERT INTO {events} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), {from_status}, {to_status}, fencing_token, '{event}', '{kind} attempt ' || number,
-        :worker
+    INSERT INTO {attempts} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale,
+        claim_event_id, claimed_from)
+    SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false,
+        nextval('{events_id_seq}'), {from_status}
     FROM numbered
+    RETURNING id AS attempt_id, operation_id
 )
 SELECT n.*, o.attempt_id FROM numbered n JOIN opened o ON o.operation_id = n.id ORDER BY n.rank
 """
@@ -226,13 +229,11 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
             due_ctes=ctes,
             kind=kind.value,
             from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
-            to_status="status" if lookup else f"'{Status.DISPATCHING.value}'",
-            event=(EventKind.RECONCILE_CLAIM if lookup else EventKind.CLAIM).value,
             may_have_taken_effect=may_have_taken_effect("c"),
             dispatch_sets=dispatch_sets,
             operations=OPERATIONS,
             attempts=ATTEMPTS,
-            events=OPERATION_EVENTS,
+            events_id_seq=EVENTS_ID_SEQ,
         )
     )
 
@@ -240,7 +241,9 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
 # -- finalize -------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=32)
 def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISPATCHING) -> str:
-    """A worker's finalize in one statement: its attempt row, the fenced move, the event row.
+    """A worker's finalize in one statement: the fenced move and its attempt row, which records the
+    move's event when it moved (outbox_history shows it); an event row only if the attempt row was
+    already ended (then nothing else would say the operation moved).
     (``source`` outcome_unknown or accepted: a reconciler's settlement of its lookup, ``settle_writes``.)
 
     ``guard``: the move claims "no effect" and must hold only while no other attempt may have
@@ -251,19 +254,21 @@ def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISP
     if guard:
         where += " AND " + NO_EFFECT_POSSIBLE
     return _driver_params(f"""
-WITH att AS (
-    UPDATE {ATTEMPTS} SET {_render(ATTEMPT_REPORT)}
-    WHERE id = :attempt_id AND ended_at IS NULL
-    RETURNING id
-), moved AS (
+WITH moved AS (
     UPDATE {OPERATIONS} SET {_render(writes)}
     WHERE {where}
     RETURNING id, fencing_token
+), att AS (
+    UPDATE {ATTEMPTS} SET {_render(ATTEMPT_REPORT)},
+        (move_event_id, moved_to, move_reason) =
+            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(:to AS varchar), CAST(:event_reason AS text) FROM moved),
+        claimed_from = coalesce(claimed_from, '{source.value}')
+    WHERE id = :attempt_id AND ended_at IS NULL
+    RETURNING id
 ), logged AS (
     INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
     SELECT id, clock_timestamp(), '{source.value}', :to, fencing_token, :event, :event_reason, :actor
-    FROM moved
-    RETURNING id
+    FROM moved WHERE NOT EXISTS (SELECT 1 FROM att)
 )
 SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved
 """)
