@@ -4,11 +4,13 @@ Both loops commit twice per operation: once for the claim, once for the finalize
 between them is left out: its cost is the downstream's, not the ledger's).
 
 - ledger: ``claim_due`` in one transaction, ``finalize_if_fenced(..., to=succeeded)`` in another,
-  through SQLAlchemy sessions exactly as a worker does; each claim also writes an attempt row and
-  an event row, and each finalize writes the attempt's result and a second event row.
+  through SQLAlchemy sessions exactly as a worker does; each claim also writes an attempt row, and
+  each finalize writes the attempt's result (on PostgreSQL both events are recorded on the attempt
+  row since migration 0015; SQLite writes an event row each).
 - bare: the same two UPDATEs on ``bare_operations`` with psycopg, no ORM, no evidence rows.
 - bare_evidence: psycopg running the same statements the ledger sends (claim UPDATE, open-ambiguity
-  SELECT, attempt INSERT, event INSERT; attempt UPDATE, fenced UPDATE, event INSERT) on the
+  SELECT, attempt INSERT, event INSERT; attempt UPDATE, fenced UPDATE, event INSERT: the statements
+  as they were before the events moved onto attempt rows, 9 writes per operation) on the
   ledger's own tables, without SQLAlchemy: it splits the ledger's gap to ``bare`` into the cost of
   its SQL (evidence rows, round trips) and the cost of building statements in Python.
 
