@@ -30,7 +30,8 @@ if str(ROOT) not in sys.path:
 from bench.pg_cluster import StockCluster  # noqa: E402
 
 TOP = """
-SELECT calls, rows, total_exec_time, mean_exec_time, regexp_replace(query, '\\s+', ' ', 'g') AS query
+SELECT calls, rows, total_exec_time, mean_exec_time, plans, total_plan_time,
+       regexp_replace(query, '\\s+', ' ', 'g') AS query
 FROM pg_stat_statements
 WHERE calls >= %(min_calls)s AND query NOT ILIKE '%%pg_stat_statements%%'
 ORDER BY total_exec_time DESC
@@ -41,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=2000)
     a = p.parse_args(argv)
-    with StockCluster("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all") as admin:
+    with StockCluster(
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track=all",
+        "pg_stat_statements.track_planning=on",
+    ) as admin:
         libpq = admin.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(libpq, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
@@ -55,25 +60,44 @@ def main(argv: list[str] | None = None) -> int:
         operations = a.ops + 4  # and the warm-up's 2 per worker
         with psycopg.connect(libpq, autocommit=True) as conn:
             rows = conn.execute(TOP, {"min_calls": max(1, operations // 20)}).fetchall()
-            total_ms = conn.execute("SELECT sum(total_exec_time) FROM pg_stat_statements").fetchone()[0]
+            total_ms, plan_ms = conn.execute(
+                "SELECT sum(total_exec_time), sum(total_plan_time) FROM pg_stat_statements"
+            ).fetchone()
     print(f"\nPostgreSQL execution time per operation: {total_ms / operations:.3f} ms (all statements)")
-    print(f"{'calls/op':>8} {'rows/call':>9} {'ms/call':>8} {'share':>6}  statement")
+    # Planning: a statement psycopg has prepared runs on PostgreSQL's cached plan (plans < calls).
+    print(f"PostgreSQL planning time per operation: {plan_ms / operations:.3f} ms (all statements)")
+    print(f"{'calls/op':>8} {'rows/call':>9} {'ms/call':>8} {'share':>6} {'plans/call':>10} {'plan ms':>7}  statement")
     out = []
-    for calls, nrows, total, mean, query in rows:
+    for calls, nrows, total, mean, plans, plan_total, query in rows:
         share = total / total_ms if total_ms else 0.0
-        print(f"{calls / operations:8.2f} {nrows / calls:9.2f} {mean:8.3f} {share:6.1%}  {query[:150]}")
+        plan_mean = plan_total / plans if plans else 0.0
+        print(
+            f"{calls / operations:8.2f} {nrows / calls:9.2f} {mean:8.3f} {share:6.1%} {plans / calls:10.2f}"
+            f" {plan_mean:7.3f}  {query[:130]}"
+        )
         out.append(
             {
                 "calls_per_op": round(calls / operations, 3),
                 "rows_per_call": round(nrows / calls, 2),
                 "mean_ms": round(mean, 4),
                 "share": round(share, 4),
+                "plans_per_call": round(plans / calls, 3),
+                "plan_mean_ms": round(plan_mean, 4),
                 "query": query,
             }
         )
     path = ROOT / "bench" / "results" / f"pg-statements-{dt.date.today().isoformat()}.json"
     path.write_text(
-        json.dumps({"ops": a.ops, "exec_ms_per_op": total_ms / operations, "statements": out}, indent=2) + "\n"
+        json.dumps(
+            {
+                "ops": a.ops,
+                "exec_ms_per_op": total_ms / operations,
+                "plan_ms_per_op": plan_ms / operations,
+                "statements": out,
+            },
+            indent=2,
+        )
+        + "\n"
     )
     print(f"written: {path.relative_to(ROOT)}")
     return 0

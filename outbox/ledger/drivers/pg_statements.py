@@ -159,13 +159,19 @@ _DUE = """
 
 
 @functools.lru_cache(maxsize=64)
-def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool = False) -> str:
+def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool = False, ids_fit: bool = False) -> str:
     """The claim statement for one shape: ``limit`` of the given ids, then ``others`` due rows.
 
     A dispatch claim of due rows walks the tenants (above), with parameters :after_tenant (the
     cursor, '' at first), :weight_tenants and :weights (tenants weighted other than 1). ``fair``:
     shared among them, the given ids first only within their own tenant; else the given ids
     first, then priority and age. Given ids alone, and lookups, are claimed as they are.
+
+    ``ids_fit``: no more ids are given than ``limit`` (a doorbell's batch), so they bound their own
+    rows and the walk writes their LIMIT as the batch's size: every split of one batch size between
+    given ids and others is then one text, which psycopg prepares once per connection and
+    PostgreSQL plans once, instead of one per split, each planned afresh until its own fifth run
+    (a claim's planning cost about what running it did: bench/README.md).
     """
     lookup = kind is AttemptKind.LOOKUP
     # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
@@ -198,7 +204,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
             + ", "
             + FAIR_DUE.format(
                 operations=OPERATIONS,
-                wanted=int(limit) if with_ids else 0,
+                wanted=(take if ids_fit else int(limit)) if with_ids else 0,
                 take=take,
                 not_wanted=IDS_NOT_IN if with_ids else "",
                 ranking=FAIR_RANKING if fair else UNFAIR_RANKING,

@@ -166,7 +166,8 @@ class PostgresDriver:
         fairness: Fairness | None = None,
     ) -> list[Any]:
         fair = fairness is not None and fairness.on
-        statement = sql.claim(kind, operation_ids is not None, limit, also_due, fair)
+        ids_fit = operation_ids is not None and len(operation_ids) <= limit
+        statement = sql.claim(kind, operation_ids is not None, limit, also_due, fair, ids_fit)
         params: dict[str, Any] = {"operation_ids": operation_ids, "worker": worker, "lease_s": float(lease_s)}
         if kind is AttemptKind.DISPATCH:  # the walk of the tenants (with no fairness: from the first)
             params.update((fairness or Fairness(FairnessMode.OFF)).claim_params())

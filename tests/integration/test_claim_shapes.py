@@ -1,0 +1,44 @@
+"""A doorbell's claim is one statement text whatever the split of its batch between the rung ids and
+other due rows (outbox/ledger/drivers/pg_statements.py ``claim``, ``ids_fit``): psycopg prepares it
+once per connection and PostgreSQL keeps its plan, instead of planning every split afresh."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from sqlalchemy.orm import Session
+
+from outbox.ledger.claims import claim_due
+from outbox.ledger.submit import submit
+
+
+def test_every_split_of_a_doorbells_batch_runs_one_prepared_statement(pg_ledger):
+    with pg_ledger.sessions.begin() as s:
+        ids = [
+            submit(
+                s,
+                tenant="acme",
+                idempotency_key=f"shape-{n}",
+                action="payments.refund.create",
+                args={"order_id": f"o-{n}", "amount": Decimal("1.00"), "currency": "EUR"},
+                subject="agent:bot",
+            ).operation_id
+            for n in range(200)
+        ]
+    with pg_ledger.engine.connect() as conn:
+        # Every split of a batch of 10, twice: each split alone runs twice, below psycopg's threshold
+        # of 5. Committed, not rolled back: psycopg forgets every prepared statement on a ROLLBACK.
+        for n in range(18):
+            given = 1 + n % 9
+            wanted, ids = ids[:given], ids[given:]
+            with Session(bind=conn) as session:
+                claims = claim_due(
+                    session, worker="w", lease_s=30, operation_ids=wanted, limit=given, also_due=10 - given
+                )
+                session.commit()
+            assert len(claims) == 10 and {c.operation_id for c in claims} >= set(wanted)
+            ids = [i for i in ids if i not in {c.operation_id for c in claims}]
+        prepared = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%walk_on%%'"
+        ).scalar_one()
+    assert prepared == 1
