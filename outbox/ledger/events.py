@@ -1,8 +1,9 @@
-"""The one Core spelling of an ``operation_events`` row: the history every move leaves behind.
+"""The one Core spelling of an ``operation_events`` row: the history a move leaves behind.
 
 transitions.move, the breaker park/wake (waits.py) and the SQLite driver write through here; the
-PostgreSQL driver writes the same columns inside its one-statement claim, submit and finalize
-(pg_statements.py), where a separate insert would cost a round trip.
+PostgreSQL driver writes the submit's row inside its one-statement submit, and records its claims
+and the moves of attempt results on the attempt rows (pg_statements.py). Read the whole history
+from ``outbox_history`` (history.py).
 """
 
 from __future__ import annotations

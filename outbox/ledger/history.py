@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, MetaData, String, Text, event
+from sqlalchemy import BigInteger, Connection, MetaData, String, Text, event, inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outbox.ledger.models import ATTEMPTS, HISTORY, OPERATION_EVENTS, TS, Base
@@ -42,8 +42,11 @@ FROM {ATTEMPTS} WHERE move_event_id IS NOT NULL"""
 
 
 @event.listens_for(Base.metadata, "after_create")
-def _create_view(_metadata: MetaData, connection: Connection, **_: Any) -> None:
-    connection.exec_driver_sql(f"CREATE VIEW {HISTORY} AS {HISTORY_SELECT}")
+def _create_view(_metadata: MetaData, connection: Connection, tables: Any = None, **_: Any) -> None:
+    # Made with the two tables it reads (create_all of a subset, or of a ledger already there, leaves it).
+    made = {t.name for t in tables} if tables is not None else {OPERATION_EVENTS, ATTEMPTS}
+    if {OPERATION_EVENTS, ATTEMPTS} <= made and HISTORY not in inspect(connection).get_view_names():
+        connection.exec_driver_sql(f"CREATE VIEW {HISTORY} AS {HISTORY_SELECT}")
 
 
 @event.listens_for(Base.metadata, "before_drop")

@@ -3,8 +3,8 @@
 - ``outbox_operations``: one row per intent; the state machine's current position, lease and token.
 - ``outbox_attempts``: one row per transport attempt (or lookup); evidence, written once, never
   overwritten.
-- ``outbox_operation_events``: every transition with who and why, so any state can be explained.
-- ``outbox_history``: a view, the whole history (outbox/ledger/history.py).
+- ``outbox_operation_events``: transitions with who and why (PostgreSQL's claims and attempt results
+  are on the attempts); ``outbox_history``, a view, has them all (ledger/history.py).
 
 The ledger lives in the application's own database (its intents commit in the application's
 transactions), so every object it creates there carries ``PREFIX``: the tables, and through

@@ -269,7 +269,8 @@ WAITING_MEANING: dict[WaitingFor, str] = {
 
 
 class EventKind(str, enum.Enum):
-    """What an ``operation_events`` row records. The row's reason says it in words, for people."""
+    """What an event of the history records (``outbox_history``: event rows, and the claims and
+    results recorded on attempts). Its reason says it in words, for people."""
 
     SUBMIT = "submit"
     CLAIM = "claim"

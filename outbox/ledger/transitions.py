@@ -52,11 +52,11 @@ class AttemptReport:
     latency_s: float | None = None
     error: str | None = None
     # A declared limit the attempt waited for before it left ("waited 0.420s for the rate limit of
-    # target payments: 50/s"): said in its event row, which people read in the history (ops show).
+    # target payments: 50/s"): said in its event, which people read in the history (ops show).
     waited: str | None = None
 
     def event_reason(self, label: str, reason: str) -> str:
-        """The event row's reason for this attempt (``label``: "attempt 3", "lookup 2")."""
+        """The reason of this attempt's event in the history (``label``: "attempt 3", "lookup 2")."""
         said = f"{label} {self.klass.value}: {reason}"
         return f"{said} ({self.waited})" if self.waited else said
 
@@ -216,7 +216,7 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
 
 
 def _finalize(session: Any, items: Sequence[Finalize]) -> list[tuple[bool, OutboxError | None]]:
-    """Each item's attempt row, fenced move and event row (the driver pipelines them where it can)."""
+    """Each item's attempt row, fenced move and its event in the history (the driver pipelines them where it can)."""
     writes = [_finalize_write(item) for item in items]
     out: list[tuple[bool, OutboxError | None]] = []
     for item, (wrote, moved) in zip(items, driver_for(session).finalize(session, writes)):

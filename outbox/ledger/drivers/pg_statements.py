@@ -169,12 +169,12 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
 
     ``ids_fit``: no more ids are given than ``limit`` (a doorbell's batch), so they bound their own
     rows and the walk writes their LIMIT as the batch's size: every split of one batch size between
-    given ids and others is then one text, which psycopg prepares once per connection and
+    given ids and at least one other row is then one text, which psycopg prepares once per connection and
     PostgreSQL plans once, instead of one per split, each planned afresh until its own fifth run
     (a claim's planning cost about what running it did: bench/README.md).
     """
     lookup = kind is AttemptKind.LOOKUP
-    # A lookup claim keeps its row's status (outcome_unknown or accepted): the events say which.
+    # A lookup claim keeps its row's status (outcome_unknown or accepted): its attempt's claimed_from says which.
     source = RECONCILE_DUE if lookup else NOT_DISPATCHED
 
     def due(rank: int, ids: str, n: int) -> str:
@@ -256,6 +256,10 @@ def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISP
     taken effect (effect_guard.py).
     """
     writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
+    # A lookup claimed before migration 0015 has no claimed_from: its move's "from" is the source.
+    claimed = (
+        f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""
+    )
     where = f"id = :operation_id AND status = '{source.value}' AND fencing_token = :token"
     if guard:
         where += " AND " + NO_EFFECT_POSSIBLE
@@ -267,8 +271,7 @@ WITH moved AS (
 ), att AS (
     UPDATE {ATTEMPTS} SET {_render(ATTEMPT_REPORT)},
         (move_event_id, moved_to, move_reason) =
-            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(:to AS varchar), CAST(:event_reason AS text) FROM moved),
-        claimed_from = coalesce(claimed_from, '{source.value}')
+            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(:to AS varchar), CAST(:event_reason AS text) FROM moved){claimed}
     WHERE id = :attempt_id AND ended_at IS NULL
     RETURNING id
 ), logged AS (

@@ -19,9 +19,11 @@ NULL on every existing row, and on rows of the SQLite driver, which still writes
 ``outbox_history`` is the whole history: the event rows and, spelled as event rows, the claims and
 moves recorded on attempts. Every reader of an operation's history reads the view.
 
-Added in place on both backends (nullable columns, a view): no table copy. A later migration that
-copies ``outbox_attempts`` or ``outbox_operation_events`` (SQLite's batch mode) drops the view first
-and makes it again after.
+Added in place on both backends (nullable columns, a view): no table copy. The view depends on both
+tables: a later migration that copies either (SQLite's batch mode), drops it, or drops or retypes a
+column the view reads (on PostgreSQL: every column of the events, and the attempts' operation_id,
+kind, attempt_number, fencing_token, worker, started_at, ended_at and the five above) drops the view
+first and makes it again after.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ down_revision = '0014'
 branch_labels = None
 depends_on = None
 
-# The view as this revision makes it (outbox/ledger/models.py HISTORY_SELECT is the head's spelling).
+# The view as this revision makes it (outbox/ledger/history.py HISTORY_SELECT is the head's spelling).
 HISTORY_SELECT = """
 SELECT id, operation_id, at, from_status, to_status, fencing_token, event, reason, actor FROM outbox_operation_events
 UNION ALL
