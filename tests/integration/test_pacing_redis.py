@@ -47,8 +47,9 @@ class Sleeps:
         self.slept.append(seconds)
 
 
-def test_a_burst_goes_at_once_then_the_rate_holds_across_processes(redis_url: str, namespace: str) -> None:
-    # Two processes' pacers (one namespace), three threads each: 30 calls at 50/s with a burst of 5.
+def _burst(redis_url: str, namespace: str) -> tuple[float, list[float], list[bool]]:
+    """Two processes' pacers (one namespace), three threads each: 30 calls at 50/s with a burst of 5.
+    Returns the start, each call's send time (sorted), and whether each went without waiting."""
     pacers = [
         Pacer(limits(rate=Rate(50, 5)), process_id=f"p{i}", redis_url=redis_url, namespace=namespace) for i in (1, 2)
     ]
@@ -70,15 +71,25 @@ def test_a_burst_goes_at_once_then_the_rate_holds_across_processes(redis_url: st
         t.start()
     for t in threads:
         t.join()
-    sent.sort()
+    for p in pacers:
+        p.close()
+    return start, sorted(sent), at_once
+
+
+def test_a_burst_goes_at_once_then_the_rate_holds_across_processes(redis_url: str, namespace: str) -> None:
+    # Six threads wait for turns 20 ms apart, so no gap between two sends is longer than that unless
+    # this process stalled (a shared CI machine once held it 0.6 s in the burst): such a run says
+    # nothing of the pacer and is run again, at most twice. A pacer that leaves gaps fails every run.
+    for attempt in range(3):
+        start, sent, at_once = _burst(redis_url, f"{namespace}:{attempt}")
+        if max(b - a for a, b in zip(sent, sent[1:])) <= 0.1:
+            break
     # The burst goes without waiting (a call whose thread was scheduled late may find its turn come too).
     assert sum(at_once) >= 5 and sent[4] - sent[0] < 0.1
     # Each turn after the burst is one interval (20 ms) after the last: call i never before (i - 4) x 20 ms.
     early = [(i, round(t - start, 3)) for i, t in enumerate(sent) if t - start < (i - 4) * 0.02 - 0.002]
     assert early == []
     assert 0.48 <= sent[-1] - start < 0.7  # 25 turns of 20 ms: ~50/s, not slower
-    for p in pacers:
-        p.close()
 
 
 def test_a_tenant_is_held_to_its_own_rate_and_the_targets(redis_url: str, namespace: str) -> None:
