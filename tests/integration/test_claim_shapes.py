@@ -36,8 +36,9 @@ def test_every_split_of_a_doorbells_batch_runs_one_prepared_statement(pg_ledger)
                     session, worker="w", lease_s=30, operation_ids=wanted, limit=given, also_due=10 - given
                 )
                 session.commit()
-            assert len(claims) == 10 and {c.operation_id for c in claims} >= set(wanted)
-            ids = [i for i in ids if i not in {c.operation_id for c in claims}]
+            taken = {c.operation_id for c in claims}
+            assert len(claims) == 10 and taken >= set(wanted)
+            ids = [i for i in ids if i not in taken]
         prepared = conn.exec_driver_sql(
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%walk_on%%'"
         ).scalar_one()
