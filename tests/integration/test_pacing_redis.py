@@ -17,6 +17,7 @@ import redis
 from tests.harness import PrivateRedis
 from workers.pacing import Cleared, Deferred, Pacer, Rate, TargetLimits
 from workers.pacing.limits import Ask
+from workers.pacing.local import LocalPacing
 from workers.pacing.shared import KEY_PREFIX, RedisPacing
 from workers.wiring import metrics
 
@@ -176,9 +177,13 @@ def test_redis_away_each_process_keeps_to_its_share_then_the_fleet_shares_again(
     time.sleep(0.06)  # one retry interval: the next call tries Redis again
     a_sleeps.slept.clear()
     back = a.clear("pay", "t", max_wait_s=1.0)
-    assert isinstance(back, Cleared) and back.storage == "redis" and not a.degraded
-    # Back on Redis (empty after its restart), the first turn also lets the local ones go first.
-    assert [round(s, 1) for s in a_sleeps.slept] == [1.0]
+    assert not a.degraded
+    # Back on Redis (empty after its restart), no turn comes before the local ones have gone: its own
+    # (1 s ahead at most) and those of the processes still on their shares until their next try
+    # (redis_retry_s, 0.05 s, later at most): longer than a call waits in its thread, so the call
+    # goes back to the ledger until then (plus its jitter, 5% at most).
+    assert isinstance(back, Deferred) and back.limit == "rate" and 1.0 < back.wait_s <= 1.05 * 1.05
+    assert back.why == "rate limit of target pay: 20/s" and a_sleeps.slept == []
     assert metrics.PROCESS_REGISTRY.get_sample_value("outbox_pacing_fallback") == 0
     assert any(r.levelno == logging.INFO and "outage over" in r.getMessage() for r in caplog.records)
     # One WARNING per process for the whole outage (c's names its own share), none per call.
@@ -186,6 +191,19 @@ def test_redis_away_each_process_keeps_to_its_share_then_the_fleet_shares_again(
     assert len(warned) == 2 and "1/2 of" in warned[0] and "1/4 of" in warned[1]
     for p in (a, b, c):
         p.close()
+
+
+def test_a_call_held_by_the_switch_pause_is_sent_back_to_its_turn_not_before(redis_url: str, namespace: str) -> None:
+    # Just back from an outage (no turn before 1.5 s), on an empty rate with a burst: a call that may
+    # wait less than the pause is sent back to the pause's end, on both limiters (Redis's once
+    # answered a script error here, and the process went back to its share on every try).
+    scope = limits(rate=Rate(20, 4))["pay"].scopes_for("t")
+    ask = Ask("pay", scope, None, "", 0.2, 1.0, not_before_s=1.5)
+    for limiter in (RedisPacing(redis.Redis.from_url(redis_url), namespace, "p1"), LocalPacing()):
+        first, second = limiter.acquire(ask), limiter.acquire(ask)
+        assert not first.go and first.limit == "rate" and 1.49 <= first.wait_s <= 1.5
+        # The next one sent back queues one interval (0.05 s) behind it.
+        assert not second.go and 1.54 <= second.wait_s <= 1.55
 
 
 def test_with_no_limit_declared_a_call_costs_no_redis_round_trip(private_redis: PrivateRedis) -> None:

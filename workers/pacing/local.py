@@ -41,10 +41,9 @@ class LocalPacing:
                 assert held_by is not None
                 # Back to the ledger at its place in the queue of calls sent back (shared.py says why).
                 key = (ask.target, held_by.key)
-                tat = max(self._tats.get(key, now), now)
-                back = max(self._queue.get(key, now) + held_by.rate.interval_s, tat - held_by.rate.tolerance_s)
+                back = max(self._queue.get(key, now) + held_by.rate.interval_s, now + wait)
                 self._queue[key] = back
-                return Verdict(False, max(back - now, wait), "rate", held_by)
+                return Verdict(False, back - now, "rate", held_by)
             if ask.slots is not None:
                 holders = self._slots.setdefault(ask.target, {})
                 for holder in [h for h, until in holders.items() if until <= now]:

@@ -59,14 +59,15 @@ end
 local max_wait = tonumber(ARGV[3])
 if wait > max_wait then
   -- Sent back to the ledger: it comes back at its place in the queue of calls sent back before it
-  -- (one interval after the last of them, none before its turn could come), so a backlog
-  -- returns at the rate it can be sent instead of all at once, to be sent back again.
+  -- (one interval after the last of them, none before its turn could come: now + wait, which the
+  -- floor may set past the rate's own turn), so a backlog returns at the rate it can be sent
+  -- instead of all at once, to be sent back again.
   local k = KEYS[which + 3]
   local j = 8 + (which - 1) * 2
   local q = tonumber(redis.call('GET', k .. ':queue') or '0')
-  q = math.max(q + tonumber(ARGV[j]), tats[which + 3] - tonumber(ARGV[j + 1]))
+  q = math.max(q + tonumber(ARGV[j]), now + wait)
   redis.call('SET', k .. ':queue', string.format('%.0f', q), 'PX', math.ceil((q - now) / 1000) + 1)
-  return {1, math.ceil(math.max(q - now, wait)), which, live}
+  return {1, math.ceil(q - now), which, live}
 end
 local slots = tonumber(ARGV[4])
 if slots > 0 then
