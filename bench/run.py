@@ -14,9 +14,10 @@
 7. submit in the caller's transaction per driver (``bench.submit_drivers --quick``: psycopg 3,
    psycopg2, asyncpg, psycopg 3 async; 300 intents each).
 
-``python -m bench.run --full`` (``make bench-full``, about 20 minutes on 2 cores) runs instead
-what issue 21's figures come from, in one go: the pipeline beside bare Celery and the naive
-pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the naive pipeline under the
+``python -m bench.run --full`` (``make bench-full``, about 50 minutes on 2 cores) runs instead
+what issue 21's and 35's figures come from, in one go: the pipeline beside bare Celery and the naive
+pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the same under a CPU quota of
+0.8 CPU, and presubmitted with and without it (a slower CPU, emulated), the naive pipeline under the
 fault mix (its duplicates and lies), liveness at 10,000 intents (clean, the fault mix, the mix plus
 process faults), claim latency at 10k and 1M finished rows, the HTTP API beside
 ``producer.submit`` (one and two server processes), the 10-minute soak (``bench.soak``, on a
@@ -55,6 +56,8 @@ BENCHMARKS = [
     [sys.executable, "-m", "bench.submit_drivers", "--quick"],
 ]
 
+QUOTA_SHAPE = ["--workers", "2", "--pools", "prefork", "--no-naive"]
+
 FULL = [
     [
         sys.executable,
@@ -70,6 +73,34 @@ FULL = [
         "3",
         "--nodes",
         "1,2",
+    ],
+    # The ratio on a slower CPU: the same pipeline under a cgroup quota of 0.8 CPU (half bare Celery's
+    # rate here), and the pipeline alone (presubmitted) with and without it (bench/cpu_quota.py).
+    [
+        sys.executable,
+        "-m",
+        "bench.pipeline_bench",
+        *QUOTA_SHAPE,
+        "--ops",
+        "2000",
+        "--repeats",
+        "2",
+        "--cpu-quota",
+        "0.8",
+    ],
+    [sys.executable, "-m", "bench.pipeline_bench", *QUOTA_SHAPE, "--presubmit", "--ops", "3000", "--repeats", "1"],
+    [
+        sys.executable,
+        "-m",
+        "bench.pipeline_bench",
+        *QUOTA_SHAPE,
+        "--presubmit",
+        "--ops",
+        "3000",
+        "--repeats",
+        "1",
+        "--cpu-quota",
+        "0.8",
     ],
     [sys.executable, "-m", "bench.naive_pipeline", "--faults", "--ops", "1000"],
     [sys.executable, "-m", "bench.liveness", "-q"],
