@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("CREATE EXTENSION pg_stat_statements")
             conn.execute("SELECT pg_stat_statements_reset()")
         cmd = [sys.executable, "-m", "bench.pipeline_bench", "--ops", str(a.ops), "--workers", "2"]
-        cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive"]
+        cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive", "--tag", "pg-statements"]
         print("$", " ".join(cmd[1:]), flush=True)
         done = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"OUTBOX_BENCH_PG_URL": admin}, text=True)
         if done.returncode != 0:

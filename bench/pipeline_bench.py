@@ -16,7 +16,7 @@ count W, in this order so that both sides see the same machine noise:
    N tasks published from this process, clock from the first publish to counter == N.
 
 Reports ops/s (median and range over repeats), the ratio outbox/bare, and the RSS of each worker
-process after the run. Writes bench/results/pipeline-<date>.json.
+process after the run. Writes bench/results/pipeline-<date>[-<options>][-<tag>].json.
 
     .venv/bin/python -m bench.pipeline_bench [--quick] [--ops N] [--workers 2,4] [--pools prefork,solo]
 """
@@ -471,6 +471,12 @@ def main(argv: list[str] | None = None) -> int:
         "the machine's PostgreSQL and Redis stay outside it)",
     )
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument(
+        "--tag",
+        default="",
+        help="added to the results file's name (bench.pg_statements passes one, so its run does not replace "
+        "this day's pipeline figures)",
+    )
     args = p.parse_args(argv)
     if args.cpu_quota:
         from bench.cpu_quota import CpuQuota
@@ -603,6 +609,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
         + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
         + (f"-slow{args.slow:g}" if args.slow else "")
         + (f"-quota{args.cpu_quota:g}" if args.cpu_quota else "")
+        + (f"-{args.tag}" if args.tag else "")
     )
     path = RESULTS_DIR / f"pipeline-{dt.date.today().isoformat()}{suffix}.json"
     path.write_text(json.dumps(out, indent=2))

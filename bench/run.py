@@ -14,7 +14,7 @@
 7. submit in the caller's transaction per driver (``bench.submit_drivers --quick``: psycopg 3,
    psycopg2, asyncpg, psycopg 3 async; 300 intents each).
 
-``python -m bench.run --full`` (``make bench-full``, about 50 minutes on 2 cores) runs instead
+``python -m bench.run --full`` (``make bench-full``, about 30 minutes on 2 cores) runs instead
 what issue 21's and 35's figures come from, in one go: the pipeline beside bare Celery and the naive
 pipeline (3 runs, medians; worker RSS/USS; one and two worker nodes), the same under a CPU quota of
 0.8 CPU, and presubmitted with and without it (a slower CPU, emulated), the naive pipeline under the
