@@ -163,14 +163,18 @@ def classify_response(
     ACCEPTED (its reference kept if it has one); one whose status is failed is REJECTED with
     ``failed_at_provider`` (the provider took it and failed it).
     """
-    hdrs = httpx.Headers(headers)
+    hdrs = headers if isinstance(headers, httpx.Headers) else httpx.Headers(headers)
     parsed = _parse_json(body)
     body_dict = parsed if isinstance(parsed, dict) else None
     # An HTTP-date Retry-After is on the provider's clock: read it against the same response's
     # Date header (RFC 9110 asks origin servers to send one), not against this worker's clock,
-    # which may be minutes off. Without a Date header, ``now`` (or this worker's clock) it is.
-    server_now = parse_http_date(hdrs["date"]) if "date" in hdrs else None
-    retry_after_s = parse_retry_after(hdrs.get("retry-after"), server_now or now or datetime.now(UTC))
+    # which may be minutes off. Without a Date header, ``now`` (or this worker's clock) it is. Read only
+    # when there is a Retry-After: parsing a date was a visible share of every answer's classification.
+    retry_after = hdrs.get("retry-after")
+    retry_after_s = None
+    if retry_after is not None:
+        server_now = parse_http_date(hdrs["date"]) if "date" in hdrs else None
+        retry_after_s = parse_retry_after(retry_after, server_now or now or datetime.now(UTC))
     request_id = next((hdrs[h] for h in _REQUEST_ID_HEADERS if h in hdrs), None)
     klass = status_class(status_code, status_map)
 
