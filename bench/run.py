@@ -75,7 +75,8 @@ FULL = [
         "1,2",
     ],
     # The ratio on a slower CPU: the same pipeline under a cgroup quota of 0.8 CPU (half bare Celery's
-    # rate here), and the pipeline alone (presubmitted) with and without it (bench/cpu_quota.py).
+    # rate on the AMD EPYC machines, two thirds on an Intel Xeon one), and the pipeline alone
+    # (presubmitted) with and without it (bench/cpu_quota.py).
     [
         sys.executable,
         "-m",
