@@ -56,7 +56,8 @@ BENCHMARKS = [
     [sys.executable, "-m", "bench.submit_drivers", "--quick"],
 ]
 
-QUOTA_SHAPE = ["--workers", "2", "--pools", "prefork", "--no-naive"]
+# The pipeline in the shape of the quota runs below: 2 prefork workers, no naive pipeline.
+QUOTA_PIPELINE = [sys.executable, "-m", "bench.pipeline_bench", "--workers", "2", "--pools", "prefork", "--no-naive"]
 
 FULL = [
     [
@@ -77,32 +78,9 @@ FULL = [
     # The ratio on a slower CPU: the same pipeline under a cgroup quota of 0.8 CPU (half bare Celery's
     # rate on the AMD EPYC machines, two thirds on an Intel Xeon one), and the pipeline alone
     # (presubmitted) with and without it (bench/cpu_quota.py).
-    [
-        sys.executable,
-        "-m",
-        "bench.pipeline_bench",
-        *QUOTA_SHAPE,
-        "--ops",
-        "2000",
-        "--repeats",
-        "2",
-        "--cpu-quota",
-        "0.8",
-    ],
-    [sys.executable, "-m", "bench.pipeline_bench", *QUOTA_SHAPE, "--presubmit", "--ops", "3000", "--repeats", "1"],
-    [
-        sys.executable,
-        "-m",
-        "bench.pipeline_bench",
-        *QUOTA_SHAPE,
-        "--presubmit",
-        "--ops",
-        "3000",
-        "--repeats",
-        "1",
-        "--cpu-quota",
-        "0.8",
-    ],
+    [*QUOTA_PIPELINE, "--ops", "2000", "--repeats", "2", "--cpu-quota", "0.8"],
+    [*QUOTA_PIPELINE, "--presubmit", "--ops", "3000", "--repeats", "1"],
+    [*QUOTA_PIPELINE, "--presubmit", "--ops", "3000", "--repeats", "1", "--cpu-quota", "0.8"],
     [sys.executable, "-m", "bench.naive_pipeline", "--faults", "--ops", "1000"],
     [sys.executable, "-m", "bench.liveness", "-q"],
     [sys.executable, "-m", "bench.claim_latency"],
