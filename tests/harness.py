@@ -67,17 +67,24 @@ return 1
 """
 
 
-def max_in_any_window(times: Collection[float], window_s: float, *, after_s: float = 0.0) -> int:
-    """The most events (e.g. the sandbox's request arrival times) in any ``window_s`` window, counting
+def fullest_window(times: Collection[float], window_s: float, *, after_s: float = 0.0) -> list[float]:
+    """The events (e.g. the sandbox's request arrival times) of the fullest ``window_s`` window, counting
     only those ``after_s`` or more after the first event."""
     ordered = sorted(times)
     ordered = [t for t in ordered if t >= ordered[0] + after_s] if ordered else []
-    best, lo = 0, 0
+    best: list[float] = []
+    lo = 0
     for hi, t in enumerate(ordered):
         while t - ordered[lo] >= window_s:
             lo += 1
-        best = max(best, hi - lo + 1)
+        if hi - lo + 1 > len(best):
+            best = ordered[lo : hi + 1]
     return best
+
+
+def max_in_any_window(times: Collection[float], window_s: float, *, after_s: float = 0.0) -> int:
+    """How many events the fullest ``window_s`` window holds (fullest_window)."""
+    return len(fullest_window(times, window_s, after_s=after_s))
 
 
 def error_lines(log: str) -> list[str]:
