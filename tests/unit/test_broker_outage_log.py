@@ -21,6 +21,7 @@ from workers.wiring.broker_outage import (
     CONSUMER_LOGGER,
     POOL_LOGGER,
     REQUEST_LOGGER,
+    SQLALCHEMY_POOL_LOGGERS,
     BrokerOutageLog,
 )
 
@@ -60,7 +61,7 @@ def passed(log: BrokerOutageLog, rec: logging.LogRecord) -> tuple[str, str] | No
 @pytest.fixture(autouse=True)
 def _loggers_at_info() -> Any:
     # A worker started with --loglevel INFO; the filter asks the logger whether INFO is wanted.
-    names = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, POOL_LOGGER, BEAT_LOGGER)
+    names = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, POOL_LOGGER, BEAT_LOGGER, *SQLALCHEMY_POOL_LOGGERS)
     before = {n: logging.getLogger(n).level for n in names}
     for n in names:
         logging.getLogger(n).setLevel(logging.INFO)
@@ -170,3 +171,25 @@ def test_a_task_cancelled_on_the_loss_is_info_and_so_is_its_stale_soft_limit():
     # Once: a later run of the same task, and any other task, is news.
     assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.reconcile", "t-1"))[0] == "WARNING"
     assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.dispatch", "t-2"))[0] == "WARNING"
+
+
+def _cut_reset(exc: BaseException) -> logging.LogRecord:
+    try:
+        raise exc
+    except BaseException as raised:  # noqa: BLE001 - SQLAlchemy logs whatever cut the reset
+        return record(
+            SQLALCHEMY_POOL_LOGGERS[0],
+            logging.ERROR,
+            "Exception during reset or similar",
+            exc_info=(type(raised), raised, raised.__traceback__),
+        )
+
+
+def test_a_connection_reset_cut_by_the_process_leaving_is_info_and_otherwise_news():
+    leaving = BrokerOutageLog(Clock(), leaving=lambda: True)
+    assert passed(leaving, _cut_reset(SystemExit(-241)))[0] == "INFO"
+    assert passed(leaving, _cut_reset(SoftTimeLimitExceeded()))[0] == "INFO"
+    # A process at work: a reset cut by its own soft limit, or any other failure, stays an ERROR.
+    at_work = BrokerOutageLog(Clock(), leaving=lambda: False)
+    assert passed(at_work, _cut_reset(SoftTimeLimitExceeded()))[0] == "ERROR"
+    assert passed(leaving, _cut_reset(OSError("connection reset")))[0] == "ERROR"

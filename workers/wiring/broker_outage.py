@@ -18,7 +18,10 @@ no retry limit). Celery logs it as if it were final:
   as it leaves their soft time limits armed, "Soft time limit (2.0s) exceeded for ..." at WARNING
   for a task that has ended, and ``Pool process <...Worker...> error: SoftTimeLimitExceeded()`` at
   ERROR when the limit's signal reaches the process while it leaves. The operations come back
-  through their leases;
+  through their leases. Such stale signals no longer raise in a pool process
+  (workers/wiring/soft_limit.py); the SIGTERM itself, when it lands while a connection goes back to
+  its pool, makes SQLAlchemy's ``Exception during reset or similar`` at ERROR (SystemExit): the
+  process is leaving and the connection with it;
 - beat's ``beat: Connection error: ... Trying again in N seconds...`` at ERROR, per attempt.
 
 ``BrokerOutageLog`` keeps those records and sets their level: the first record of an outage is its
@@ -36,11 +39,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kombu.exceptions
 import redis.exceptions
 from billiard.exceptions import SoftTimeLimitExceeded
+
+from workers.wiring import soft_limit
 
 # Errors meaning "the broker connection is gone", as a record's reason carries them.
 CONNECTION_LOST: tuple[type[BaseException], ...] = (
@@ -57,20 +63,26 @@ CONNECTION_LOGGER = "celery.worker.consumer.connection"
 REQUEST_LOGGER = "celery.worker.request"
 POOL_LOGGER = "multiprocessing"  # billiard.util.LOGGER_NAME
 BEAT_LOGGER = "celery.beat"
-LOGGERS = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, POOL_LOGGER, BEAT_LOGGER)
+# SQLAlchemy's pools log on their class's logger (no echo_pool): a connection whose return was cut.
+SQLALCHEMY_POOL_LOGGERS = tuple(
+    f"sqlalchemy.pool.impl.{name}" for name in ("QueuePool", "NullPool", "SingletonThreadPool", "StaticPool")
+)
+LOGGERS = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, POOL_LOGGER, BEAT_LOGGER, *SQLALCHEMY_POOL_LOGGERS)
 
 _SOFT_LIMIT = "Soft time limit (%ss) exceeded for %s[%s]"
 _CANCELLED_KEPT = 1000  # ids of cancelled tasks remembered for their stale soft limits
 _BEAT_RETRIES = ("beat: Connection error: ", "beat pidbox: Connection error: ")
 _ACK_FAILURES = ("Couldn't ack %r, reason:%r", "Couldn't reject %r, reason:%r")
+_RESET_FAILED = "Exception during reset or similar"
 
 
 class BrokerOutageLog(logging.Filter):
     """One process's view of the broker: reachable, or unreachable since when."""
 
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Any = time.monotonic, leaving: Callable[[], bool] = soft_limit.leaving) -> None:
         super().__init__()
         self._clock = clock
+        self._leaving = leaving
         self._lock = threading.Lock()
         self.unreachable_since: float | None = None
         self._cancelled: dict[str, None] = {}  # task ids, oldest first
@@ -103,6 +115,9 @@ class BrokerOutageLog(logging.Filter):
             return _relevel(record, logging.INFO) if stale else True
         if _is_ack_failure(record) or _is_stale_soft_limit(record):
             # Side effects of a loss the consumer reports once (above).
+            return _relevel(record, logging.INFO)
+        if _is_cut_reset(record) and self._leaving():
+            # A pool process leaving on Celery's cancel (above): its connection goes with it.
             return _relevel(record, logging.INFO)
         if _is_connected(record):
             with self._lock:
@@ -170,6 +185,15 @@ def _is_stale_soft_limit(record: logging.LogRecord) -> bool:
         # Raised while the process was already leaving on a signal (billiard's SystemExit on
         # SIGTERM): the task the limit was armed for had ended (done, or stopped by that signal).
         and isinstance(args[1].__context__, SystemExit)
+    )
+
+
+def _is_cut_reset(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
+    return (
+        record.name in SQLALCHEMY_POOL_LOGGERS
+        and record.msg == _RESET_FAILED
+        and isinstance(exc, SystemExit | SoftTimeLimitExceeded)
     )
 
 

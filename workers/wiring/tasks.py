@@ -11,13 +11,15 @@ from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     celeryd_after_setup,
+    task_postrun,
+    task_prerun,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_shutdown,
 )
 
-from workers.wiring import logs, metrics, tracing
+from workers.wiring import logs, metrics, soft_limit, tracing
 from workers.wiring.celery_app import (
     DISPATCH_TASK,
     PURGE_TASK,
@@ -70,6 +72,10 @@ def _ledger_queues(instance: object, **_: object) -> None:
 
 # Main process, before the pool forks: empty the multiprocess metrics dir, serve it if asked.
 worker_init.connect(metrics.on_worker_init)
+
+# A pool process: a soft limit's signal acts only on the task it was armed for (soft_limit.py).
+task_prerun.connect(soft_limit.on_task_prerun)
+task_postrun.connect(soft_limit.on_task_postrun)
 
 
 @worker_init.connect
