@@ -43,7 +43,7 @@ class LocalPacing:
                 key = (ask.target, held_by.key)
                 back = max(self._queue.get(key, now) + held_by.rate.interval_s, now + wait)
                 self._queue[key] = back
-                return Verdict(False, back - now, "rate", held_by)
+                return Verdict(False, max(back - now, wait), "rate", held_by)
             if ask.slots is not None:
                 holders = self._slots.setdefault(ask.target, {})
                 for holder in [h for h, until in holders.items() if until <= now]:

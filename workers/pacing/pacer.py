@@ -151,14 +151,14 @@ class Pacer:
         polled = False  # waited for a free slot
         while True:
             left = max(0.0, budget - (self._clock() - start))
-            verdict, storage = self._ask(limits, tenant, holder or "", left)
+            verdict, storage, pause_s = self._ask(limits, tenant, holder or "", left)
             if verdict.go:
                 if verdict.wait_s > 0:
                     self._sleep(verdict.wait_s)
                 waited = self._clock() - start
                 held: tuple[LimitKind, str] | None = None
                 if verdict.scope is not None and verdict.wait_s > 0:
-                    held = ("rate", verdict.scope.why())
+                    held = ("rate", _rate_why(verdict.scope.why(), pause_s))
                 elif polled:
                     held = ("concurrency", limits.concurrency_why())
                 if held is not None:
@@ -167,7 +167,7 @@ class Pacer:
             if verdict.limit == "rate":
                 assert verdict.scope is not None
                 wait = verdict.wait_s * (1 + RATE_RETRY_JITTER * self._rng())
-                return Deferred(target, "rate", wait, verdict.scope.why())
+                return Deferred(target, "rate", wait, _rate_why(verdict.scope.why(), pause_s))
             if self._clock() - start + SLOT_POLL_S > budget:
                 return Deferred(target, "concurrency", SLOTS_RETRY_S * (1 + self._rng()), limits.concurrency_why())
             self._sleep(SLOT_POLL_S)
@@ -207,7 +207,8 @@ class Pacer:
     # -- internals ---------------------------------------------------------------------------
     def _ask(
         self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float
-    ) -> tuple[Verdict, Literal["redis", "local"]]:
+    ) -> tuple[Verdict, Literal["redis", "local"], float]:
+        """The verdict, where it was asked, and the pause after Redis came back still ahead then."""
         if self._shared is not None and self._use_shared():
             try:
                 # Coming back (or just back): the local turns handed out go first, this process's and
@@ -221,8 +222,8 @@ class Pacer:
             else:
                 self._seen_live = verdict.live or self._seen_live
                 self._leave_degraded()
-                return verdict, "redis"
-        return self._local.acquire(self._asking(limits, tenant, holder, max_wait_s, self._share())), "local"
+                return verdict, "redis", ask.not_before_s
+        return self._local.acquire(self._asking(limits, tenant, holder, max_wait_s, self._share())), "local", 0.0
 
     def _asking(self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float, share: int) -> Ask:
         scopes = limits.scopes_for(tenant)
@@ -275,3 +276,10 @@ class Pacer:
             self._back_at = self._clock()
         metrics.record_pacing_fallback(False)
         self._outage.succeeded()
+
+
+def _rate_why(why: str, pause_s: float) -> str:
+    """A rate's reason, naming the pause after Redis came back when the call met one."""
+    if pause_s <= 0:
+        return why
+    return f"{why} (Redis is back from an outage: its first turns come {pause_s:.1f}s later)"
