@@ -193,3 +193,17 @@ def test_a_connection_reset_cut_by_the_process_leaving_is_info_and_otherwise_new
     at_work = BrokerOutageLog(Clock(), leaving=lambda: False)
     assert passed(at_work, _cut_reset(SoftTimeLimitExceeded()))[0] == "ERROR"
     assert passed(leaving, _cut_reset(OSError("connection reset")))[0] == "ERROR"
+
+
+def test_a_cut_reset_relevelled_to_info_is_dropped_at_sqlalchemys_own_level():
+    pool_logger = logging.getLogger(SQLALCHEMY_POOL_LOGGERS[0])
+    before = pool_logger.level
+    pool_logger.setLevel(logging.NOTSET)  # as SQLAlchemy leaves it: "sqlalchemy" at WARNING
+    sqlalchemy_logger = logging.getLogger("sqlalchemy")
+    was = sqlalchemy_logger.level
+    sqlalchemy_logger.setLevel(logging.WARNING)
+    try:
+        assert passed(BrokerOutageLog(Clock(), leaving=lambda: True), _cut_reset(SystemExit(-241))) is None
+    finally:
+        pool_logger.setLevel(before)
+        sqlalchemy_logger.setLevel(was)

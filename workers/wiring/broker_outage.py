@@ -21,7 +21,8 @@ no retry limit). Celery logs it as if it were final:
   through their leases. Such stale signals no longer raise in a pool process
   (workers/wiring/soft_limit.py); the SIGTERM itself, when it lands while a connection goes back to
   its pool, makes SQLAlchemy's ``Exception during reset or similar`` at ERROR (SystemExit): the
-  process is leaving and the connection with it;
+  process is leaving and the connection with it. At INFO it is dropped unless SQLAlchemy's pool
+  logger is set to INFO (SQLAlchemy sets its loggers to WARNING);
 - beat's ``beat: Connection error: ... Trying again in N seconds...`` at ERROR, per attempt.
 
 ``BrokerOutageLog`` keeps those records and sets their level: the first record of an outage is its

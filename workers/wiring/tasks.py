@@ -113,7 +113,10 @@ def _close_solo_runtime(**_: object) -> None:
 def _close_runtime(**kw: object) -> None:
     from workers.wiring.runtime import reset_runtime
 
-    reset_runtime()
+    try:
+        reset_runtime()
+    finally:
+        soft_limit.on_process_shutdown()  # a stale soft limit met while draining is said here
     tracing.flush()
     pid = kw.get("pid")
     metrics.on_worker_process_shutdown(pid=pid if isinstance(pid, int) else None)
