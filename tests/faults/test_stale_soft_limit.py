@@ -63,7 +63,7 @@ def test_a_stale_soft_limit_leaves_an_idle_pool_process_at_work(pipe, sandbox):
     w.stop()
     log = w.log()
     assert _records(log, "ERROR", "CRITICAL") == [], log[-3000:]
-    assert "soft time limit signal ignored: " in log
+    assert "soft time limit signal ignored, armed for a task that has ended: " in log
 
 
 def test_a_pool_process_leaving_on_a_cancel_finalizes_its_call_out_through_a_stale_soft_limit(pipe, sandbox):
@@ -94,4 +94,4 @@ def test_a_pool_process_leaving_on_a_cancel_finalizes_its_call_out_through_a_sta
     # through the pool, which expects the exit); the leaving process says nothing above INFO.
     leaving = [line for line in _records(log, "ERROR", "CRITICAL") if "/ForkPoolWorker-" in line.split("]")[0]]
     assert leaving == [], log[-3000:]
-    assert "soft time limit signal ignored: the process is leaving" in log
+    assert "soft time limit signal ignored, armed for a task that has ended: the process is leaving" in log

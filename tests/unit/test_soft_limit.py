@@ -90,7 +90,7 @@ def test_an_ignored_signal_is_said_later_not_in_the_handler(caplog):
         assert caplog.records == []
         g.say_ignored()
     assert [r.getMessage() for r in caplog.records] == [
-        "soft time limit signal ignored: no task is running (it was armed for a task that has ended)"
+        "soft time limit signal ignored, armed for a task that has ended: no task is running"
     ]
 
 

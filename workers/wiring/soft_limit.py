@@ -81,9 +81,7 @@ class SoftLimitGuard:
 
     def say_ignored(self) -> None:
         while self._ignored:
-            log.info(
-                "soft time limit signal ignored: %s (it was armed for a task that has ended)", self._ignored.popleft()
-            )
+            log.info("soft time limit signal ignored, armed for a task that has ended: %s", self._ignored.popleft())
 
 
 def leaving() -> bool:
