@@ -50,6 +50,20 @@ def _records(log: str, *levels: str) -> list[str]:
     ]
 
 
+def _whole_records(log: str, *levels: str, lines: int = 40) -> str:
+    """Those records with the lines that follow each (its traceback), for a failure's message: the
+    first line alone did not say where stop 43's stale soft limit had landed."""
+    out: list[str] = []
+    taking = 0
+    for line in log.splitlines():
+        if m := _RECORD.match(line):
+            taking = lines if (m.group("w") or m.group("c")) in levels else 0
+        if taking:
+            out.append(line)
+            taking -= 1
+    return "\n".join(out)
+
+
 @pytest.fixture
 def relay_process(pipe: Any, private_redis: PrivateRedis, tmp_path: Path) -> Iterator[Any]:
     """``agent-outbox -v relay`` as production runs it (its own process, logging configured by the
@@ -141,7 +155,9 @@ def test_redis_killed_under_load_loses_nothing_and_logs_no_error(private_redis, 
 
     logs = {w.name: w.log() for w in workers} | {"relay": relay_log.read_text()}
     errors = {name: _records(log, "ERROR", "CRITICAL") for name, log in logs.items()}
-    assert errors == {name: [] for name in logs}, errors
+    assert errors == {name: [] for name in logs}, "\n\n".join(
+        f"== {name}\n{_whole_records(log, 'ERROR', 'CRITICAL')}" for name, log in logs.items() if errors[name]
+    )
     # ... and each outage is still reported, once: a worker's WARNINGs are Celery's "Connection to
     # broker lost" (one per outage) and the breakers' own "storage unreachable" (they keep their
     # state in the same Redis here), nothing per task or per attempt. The relay warns at most once
