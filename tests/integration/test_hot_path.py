@@ -18,9 +18,10 @@ from sqlalchemy import select, text, update
 from outbox.errors import StaleFence
 from outbox.ledger.claims import claim_due
 from outbox.ledger.clock import db_now
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.models import Attempt, Operation
-from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, Finalize, finalize_if_fenced, finalize_many_if_fenced
 
@@ -80,6 +81,75 @@ def test_a_batch_finalize_refuses_only_the_operation_whose_token_is_stale(ledger
     assert rows[ids[0]] == rows[ids[2]] == "succeeded"
     assert rows[stale.operation_id] == "outcome_unknown"
     assert stale_row.attempt_class == "succeeded" and stale_row.stale, "the late result is kept as evidence"
+
+
+@pytest.mark.parametrize(
+    "to, report, extra",
+    [
+        (Status.SUCCEEDED, OK, {"result": {"id": "re_1", "amount": 10}}),
+        (
+            Status.NOT_DISPATCHED,
+            AttemptReport(AttemptClass.NOT_SENT, status_code=429, retry_after_s=7, latency_s=0.25, error="slow down"),
+            {"delay_s": 7, "refund_attempt": True, "waiting_for": WaitingFor.RETRY_AFTER},
+        ),
+        (
+            Status.OUTCOME_UNKNOWN,
+            AttemptReport(AttemptClass.AMBIGUOUS, status_code=504, error="timeout"),
+            {"delay_s": 3},
+        ),
+    ],
+)
+def test_a_batch_finalize_writes_what_one_finalize_writes(ledger, to, report, extra):
+    """On PostgreSQL a doorbell's finalizes that make the same move go in one multi-row statement
+    (pg_statements.finalize_rows); each operation must be left as finalize_if_fenced leaves it: the
+    operation row, its attempt and its history, a stale member refused alone (its attempt kept as
+    evidence), and a member whose attempt row had already ended still moved with an event row."""
+    from outbox.ledger.drivers import pg_statements
+
+    ids = _submit_many(ledger, 4)
+    with ledger.sessions.begin() as s:
+        claims = {c.operation_id: c for c in claim_due(s, worker="w", lease_s=30, limit=4)}
+    one, batched, stolen, ended = (claims[i] for i in ids)
+    with ledger.sessions.begin() as s:  # someone else took the third; the fourth's attempt was closed
+        s.execute(update(Operation).where(Operation.id == stolen.operation_id).values(fencing_token=99))
+        s.execute(update(Attempt).where(Attempt.id == ended.attempt_id).values(ended_at=db_now()))
+    with ledger.sessions.begin() as s:
+        finalize_if_fenced(s, one, report, to=to, reason="why", **extra)
+    before = pg_statements.finalize_rows.cache_info()
+    with ledger.sessions.begin() as s:
+        refusals = finalize_many_if_fenced(
+            s, [Finalize(c, report, to, "why", **extra) for c in (batched, stolen, ended)]
+        )
+    assert refusals[0] is None and isinstance(refusals[1], StaleFence) and refusals[2] is None
+    if ledger.engine.dialect.name == "postgresql":
+        after = pg_statements.finalize_rows.cache_info()
+        assert after.hits + after.misses == before.hits + before.misses + 1, "one statement for the three"
+
+    def row(op_id: str) -> tuple[Any, ...]:
+        with ledger.sessions() as s:
+            op = s.get(Operation, op_id)
+            [attempt] = s.execute(select(Attempt).where(Attempt.operation_id == op_id)).scalars()
+            events = s.execute(
+                select(HistoryEvent.from_status, HistoryEvent.to_status, HistoryEvent.event, HistoryEvent.reason)
+                .where(HistoryEvent.operation_id == op_id)
+                .order_by(HistoryEvent.id)
+            ).all()
+            assert op is not None
+            wait = None if op.next_attempt_at is None else round((op.next_attempt_at - op.updated_at).total_seconds())
+            return (
+                (op.status, op.reason, op.waiting_for, op.lease_owner, op.lease_expires_at, op.attempt_count),
+                (op.result_reference, op.result_digest, op.result, op.error_class, op.last_error),
+                (op.finished_at is not None, wait if to is not Status.SUCCEEDED else None),
+                [tuple(e) for e in events],
+                (attempt.attempt_class, attempt.status_code, attempt.retry_after_s, attempt.latency_s, attempt.error),
+                attempt.stale,
+            )
+
+    assert row(batched.operation_id) == row(one.operation_id)
+    assert row(one.operation_id)[0][0] == to.value
+    assert row(ended.operation_id)[:4] == row(one.operation_id)[:4], "moved, and its history says so"
+    kept = row(stolen.operation_id)
+    assert kept[0][0] == "dispatching" and kept[5] is True and kept[4] == row(one.operation_id)[4]
 
 
 def test_the_worker_connection_commits_each_statement_and_reconnects_after_losing_its_backend(pg_ledger):

@@ -19,7 +19,7 @@ import datetime as dt
 import functools
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,27 @@ def _execute(bind: Any, statement: str, params: dict[str, Any], *, by_name: bool
 def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
     rows: list[Any] = _execute(bind, statement, params).fetchall()
     return rows
+
+
+def _finalize_params(w: FinalizeWrite) -> dict[str, Any]:
+    params = dict(w.params, to=w.to.value, stale=False)
+    if params.get("result") is not None:
+        params["result"] = json.dumps(params["result"])
+    return params
+
+
+_COERCE: dict[str, Callable[[Any], Any]] = {"bigint": int, "integer": int, "float8": float, "boolean": bool}
+
+
+def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """One finalize's parameters per operation as the arrays of sql.finalize_rows, each element of
+    its array's type (psycopg types a list by its elements: an int among floats would not fit)."""
+    out: dict[str, list[Any]] = {}
+    for name, kind in sql.FINALIZE_COLUMNS:
+        coerce = _COERCE.get(kind)
+        values = [row[name] for row in rows]
+        out[name] = values if coerce is None else [None if v is None else coerce(v) for v in values]
+    return out
 
 
 LISTEN_CONNECT_TIMEOUT_S = 10
@@ -179,26 +200,37 @@ class PostgresDriver:
         """Each write's (attempt row written, operation moved), pipelined in one round trip."""
         if not writes:
             return []
-        statements = []
-        for w in writes:
-            params = dict(w.params, to=w.to.value, stale=False)
-            if params.get("result") is not None:
-                params["result"] = json.dumps(params["result"])
-            statements.append((sql.finalize(w.to, w.refund, w.guard, w.source), params))
+        rows = [_finalize_params(w) for w in writes]
         conn = _raw(session)
         if conn is None:  # another driver: one statement after the other
-            rows = [_execute(session, statement, params).fetchone() for statement, params in statements]
-            return [(bool(row.wrote), bool(row.moved)) for row in rows]
-        cursors = []
+            found = [
+                _execute(session, sql.finalize(w.to, w.refund, w.guard, w.source), p).fetchone()
+                for w, p in zip(writes, rows)
+            ]
+            return [(bool(row.wrote), bool(row.moved)) for row in found]
+        # Writes alike (same move, no guard) go in one multi-row statement; the rest one by one.
+        groups: dict[tuple[Status, bool, Status], list[int]] = {}
+        alone: list[int] = []
+        for i, w in enumerate(writes):
+            (alone if w.guard else groups.setdefault((w.to, w.refund, w.source), [])).append(i)
+        for key, members in list(groups.items()):
+            if len(members) == 1 or len({rows[i]["operation_id"] for i in members}) < len(members):
+                alone += groups.pop(key)
+        out: list[tuple[bool, bool]] = [(False, False)] * len(writes)
         with conn.pipeline():
-            for statement, params in statements:
-                cursor = conn.cursor(row_factory=namedtuple_row)
-                cursor.execute(statement, params)
-                cursors.append(cursor)
-        out = []
-        for cursor in cursors:
-            row: Any = cursor.fetchone()
-            out.append((bool(row.wrote), bool(row.moved)))
+            sent = []
+            for (to, refund, source), members in groups.items():
+                cursor = conn.cursor()
+                cursor.execute(sql.finalize_rows(to, refund, source), _columns([rows[i] for i in members]))
+                sent.append((members, cursor))
+            for i in alone:
+                w = writes[i]
+                cursor = conn.cursor()
+                cursor.execute(sql.finalize(w.to, w.refund, w.guard, w.source), rows[i])
+                sent.append(([i], cursor))
+        for members, cursor in sent:
+            for i, (wrote, moved) in zip(members, cursor.fetchall(), strict=True):
+                out[i] = (bool(wrote), bool(moved))
         return out
 
     def current_row(self, session: Any, operation_id: str) -> Any:
