@@ -1,16 +1,19 @@
 """The whole history of every operation, one view: ``outbox_history``.
 
 Every move an operation makes leaves an event (who, why, from, to). Most are rows of
-``outbox_operation_events``; on PostgreSQL the two every operation makes on its hot path, a worker's
-claim and the move its attempt's result made, are recorded on the attempt row instead (its
-``claim_event_id``/``claimed_from`` and ``move_event_id``/``moved_to``/``move_reason``): two row
-writes and two foreign-key checks fewer per operation (bench/README.md, issue 35). The view spells
-those as the event rows they stand for, with ids drawn from the events' own sequence when they were
-written, so ordering by id keeps the order the ledger wrote them in. SQLite's driver still writes
-them as rows (the attempt's columns stay NULL): both read the same through the view.
+``outbox_operation_events``; on PostgreSQL the three every operation makes on its hot path are
+recorded on rows written anyway: a worker's claim and the move its attempt's result made on the
+attempt row (its ``claim_event_id``/``claimed_from`` and ``move_event_id``/``moved_to``/
+``move_reason``, migration 0015), the submit on the operation row (``submit_event_id``/
+``submitted_as``/``submit_reason``; its time is ``created_at``, its actor ``subject``, migration
+0016): three row writes and three foreign-key checks fewer per operation (bench/README.md, issue
+35). The view spells those as the event rows they stand for, with ids drawn from the events' own
+sequence when they were written, so ordering by id keeps the order the ledger wrote them in.
+SQLite's driver still writes them as rows (those columns stay NULL): both read the same through
+the view.
 
 Every reader of an operation's history reads ``HistoryEvent``; ``OperationEvent`` is for writing.
-Portable SQL: the same view on both backends (migration 0015 made it; a test compares).
+Portable SQL: the same view on both backends (migrations 0015 and 0016 made it; a test compares).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Connection, MetaData, String, Text, event, inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from outbox.ledger.models import ATTEMPTS, HISTORY, OPERATION_EVENTS, TS, Base
+from outbox.ledger.models import ATTEMPTS, HISTORY, OPERATION_EVENTS, OPERATIONS, TS, Base
 from outbox.ledger.states import EventKind, Status
 
 _DISPATCH = "kind = 'dispatch'"
@@ -38,7 +41,10 @@ SELECT move_event_id, operation_id, ended_at,
     CASE WHEN {_DISPATCH} THEN '{Status.DISPATCHING.value}' ELSE claimed_from END, moved_to, fencing_token,
     CASE WHEN {_DISPATCH} THEN '{EventKind.ATTEMPT_RESULT.value}' ELSE '{EventKind.LOOKUP_RESULT.value}' END,
     move_reason, worker
-FROM {ATTEMPTS} WHERE move_event_id IS NOT NULL"""
+FROM {ATTEMPTS} WHERE move_event_id IS NOT NULL
+UNION ALL
+SELECT submit_event_id, id, created_at, NULL, submitted_as, 0, '{EventKind.SUBMIT.value}', submit_reason, subject
+FROM {OPERATIONS} WHERE submit_event_id IS NOT NULL"""
 
 
 @event.listens_for(Base.metadata, "after_create")

@@ -142,6 +142,11 @@ class Operation(Base):
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
     finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    # The submit's event recorded here, not as an event row (PostgreSQL; ledger/history.py): its id,
+    # the status it entered and its reason (its time is created_at, its actor the subject).
+    submit_event_id: Mapped[int | None] = mapped_column(BigInteger)
+    submitted_as: Mapped[str | None] = mapped_column(String(32))
+    submit_reason: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key"),

@@ -95,9 +95,9 @@ def test_every_move_is_in_the_history_in_order_on_both_backends(ledger):
     assert [(e["from"], e["to"], e["event"], e["reason"], e["actor"]) for e in shown] == EXPECTED
     rows = _history(ledger.sessions, op_id, OperationEvent)
     if ledger.engine.dialect.name == "postgresql":
-        # The claims and the moves of attempt and lookup results are recorded on the attempt rows:
-        # the event table holds the submit only.
-        assert rows == EXPECTED[:1]
+        # The submit is recorded on the operation row, the claims and the moves of attempt and
+        # lookup results on the attempt rows: the event table holds none of them.
+        assert rows == []
     else:
         assert rows == EXPECTED
 
@@ -148,3 +148,19 @@ def test_a_downgrade_writes_the_recorded_events_as_rows_and_an_upgrade_reads_the
                 assert row.move_event_id is not None
         finally:
             engine.dispose()
+
+
+def test_a_submit_is_in_the_history_with_the_status_it_entered_and_a_replay_adds_nothing(ledger):
+    with ledger.sessions.begin() as s:
+        op_id = submit(
+            s, **dict(INTENT, idempotency_key="hist-approve"), requires_approval=True, run_id="r-7"
+        ).operation_id
+    with ledger.sessions.begin() as s:
+        assert not submit(s, **dict(INTENT, idempotency_key="hist-approve"), requires_approval=True, run_id="r-7").new
+    assert _history(ledger.sessions, op_id) == [
+        (None, "awaiting_approval", "submit", "subject agent:bot, run r-7", "agent:bot")
+    ]
+    with ledger.sessions() as s:
+        [event] = s.execute(select(HistoryEvent).where(HistoryEvent.operation_id == op_id)).scalars()
+        op = s.get(Operation, op_id)
+        assert (event.at, event.fencing_token) == (op.created_at, 0)

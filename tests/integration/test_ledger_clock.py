@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from outbox.evidence.handoffs import open_handoff
 from outbox.ledger.claims import claim_due
 from outbox.ledger.clock import as_utc, db_now
+from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import (
     ApiKey,
@@ -165,6 +166,21 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
                 updated_at=db_now(),
             )
         )
+        # On PostgreSQL the hot path writes no event rows (submits, claims and results are recorded
+        # on the operation and attempt rows: ledger/history.py); other events are rows (this one names
+        # no move: the suite's check of moves taken reads only rows with a from_status).
+        s.execute(
+            insert(OperationEvent).values(
+                operation_id=done,
+                at=db_now(),
+                from_status=None,
+                to_status="succeeded",
+                fencing_token=1,
+                event="note",
+                reason="test",
+                actor="test",
+            )
+        )
         handoff = open_handoff(s, done, reason="test", packet={"x": 1})
         s.execute(update(Handoff).where(Handoff.id == handoff).values(status="resolved", resolved_at=db_now()))
     leased = _submit(ledger, "k-leased", delay_s=0.0)
@@ -257,11 +273,11 @@ def test_operation_ids_move_the_clock_for_those_operations_only(ledger):
     a = _submit(ledger, "k-a", delay_s=120)
     b = _submit(ledger, "k-b", delay_s=120)
     with ledger.sessions() as s:
-        b_events = [as_utc(e) for e in s.scalars(select(OperationEvent.at).where(OperationEvent.operation_id == b))]
+        b_events = [as_utc(e) for e in s.scalars(select(HistoryEvent.at).where(HistoryEvent.operation_id == b))]
     advance_ledger_clock(ledger.engine, 121, operation_ids=[a])
     assert [c.operation_id for c in _claim(ledger, limit=10)] == [a]
     with ledger.sessions() as s:
-        assert [as_utc(e) for e in s.scalars(select(OperationEvent.at).where(OperationEvent.operation_id == b))] == (
+        assert [as_utc(e) for e in s.scalars(select(HistoryEvent.at).where(HistoryEvent.operation_id == b))] == (
             b_events
         )
     assert advance_ledger_clock(ledger.engine, 5, operation_ids=[]) == 0
@@ -271,7 +287,8 @@ def test_inside_a_session_the_move_is_part_of_its_transaction(ledger):
     op_id = _submit(ledger, "k-session", delay_s=120)
     with pytest.raises(RuntimeError):
         with ledger.sessions.begin() as s:
-            assert advance_ledger_clock(s, 121) == 2  # the operation and its "submitted" event
+            # The operation (and on SQLite its "submit" event row; PostgreSQL records it on the operation).
+            assert advance_ledger_clock(s, 121) == (1 if ledger.engine.dialect.name == "postgresql" else 2)
             raise RuntimeError("rolled back")
     assert _claim(ledger) == []
     with ledger.sessions.begin() as s:

@@ -40,7 +40,7 @@ from outbox.ledger.drivers.pg_tenant_walk import (
 )
 from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
 from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
-from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, EventKind, Status
+from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
 
 # The events' id sequence (PostgreSQL names a serial column's after its table): events recorded on
@@ -88,26 +88,24 @@ def _render(writes: WriteSet, source: str = ":") -> str:
 
 
 # -- submit ---------------------------------------------------------------------------------------
-# The intent row, its event row and the NOTIFY in ONE statement (one round trip). The event and the
-# notification come only from a row this statement inserted (ON CONFLICT DO NOTHING inserts none
-# for a replay); the NOTIFY is delivered when the caller commits.
+# The intent row and the NOTIFY in ONE statement (one round trip). The row records its own submit
+# event (its id from the events' sequence, the status entered, the reason: outbox_history shows it
+# as the event row it stands for). The notification comes only from a row this statement inserted
+# (ON CONFLICT DO NOTHING inserts none for a replay); it is delivered when the caller commits.
 _SUBMIT = f"""
 WITH ins AS (
     INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
         tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
         next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space,
-        priority, traceparent, object_key, budget_scope)
+        priority, traceparent, object_key, budget_scope, submit_event_id, submitted_as, submit_reason)
     VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
         %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
         clock_timestamp() + make_interval(secs => CAST(%(deadline_s)s AS float8)),  -- NULL: no deadline
         clock_timestamp() + make_interval(secs => CAST(%(delay_s)s AS float8)),
         false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s, %(priority)s,
-        %(traceparent)s, %(object_key)s, %(budget_scope)s)
+        %(traceparent)s, %(object_key)s, %(budget_scope)s, nextval('{EVENTS_ID_SEQ}'), %(status)s, %(reason)s)
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
     RETURNING id, created_at, updated_at, next_attempt_at, deadline_at
-), logged AS (
-    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, created_at, NULL, %(status)s, 0, '{EventKind.SUBMIT.value}', %(reason)s, %(subject)s FROM ins
 )
 SELECT created_at, updated_at, next_attempt_at, deadline_at"""
 # One row when inserted (the row's times: a submit is answered from them), none for a replay.
