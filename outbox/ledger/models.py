@@ -3,8 +3,8 @@
 - ``outbox_operations``: one row per intent; the state machine's current position, lease and token.
 - ``outbox_attempts``: one row per transport attempt (or lookup); evidence, written once, never
   overwritten.
-- ``outbox_operation_events``: transitions with who and why (PostgreSQL's claims and attempt results
-  are on the attempts); ``outbox_history``, a view, has them all (ledger/history.py).
+- ``outbox_operation_events``: transitions with who and why (on PostgreSQL not the submits, claims and
+  attempt results: their rows record them); ``outbox_history``, a view, has them all (ledger/history.py).
 
 The ledger lives in the application's own database (its intents commit in the application's
 transactions), so every object it creates there carries ``PREFIX``: the tables, and through
@@ -51,7 +51,7 @@ ATTEMPTS = PREFIX + "attempts"
 OPERATION_EVENTS = PREFIX + "operation_events"
 HANDOFFS = PREFIX + "handoffs"
 EVIDENCE = PREFIX + "evidence"
-HISTORY = PREFIX + "history"  # a view: events, and the claims and results recorded on attempts
+HISTORY = PREFIX + "history"  # a view: events, and those recorded on attempts and operations
 APPROVALS = PREFIX + "approvals"
 API_KEYS = PREFIX + "api_keys"
 RUNS = PREFIX + "runs"
@@ -71,14 +71,18 @@ RUN_ACTIVE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(ACTIVE)) +
 CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
 KEY_SPACES = ("intent", "run")
 KEY_SPACE_VALUES = ", ".join(f"'{k}'" for k in KEY_SPACES)
-# What the reconciler claims (states.RECONCILE_CLAIMABLE), spelled once: the partial index and the
-# claims that must use it say exactly this.
+# What the reconciler claims (states.RECONCILE_CLAIMABLE), spelled once for the partial index and the claims.
 RECONCILE_DUE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(RECONCILE_CLAIMABLE)) + ")"
 TS = DateTime(timezone=True)
 # The partial index's condition, spelled the same way by the query that must use it.
 UNAPPLIED_SUCCESS = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
 # BIGINT on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
 BIGID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _where(condition: str) -> dict[str, Any]:
+    """A partial index's condition, the same on both backends."""
+    return {f"{db}_where": text(condition) for db in ("postgresql", "sqlite")}
 
 
 class Base(DeclarativeBase):
@@ -142,8 +146,7 @@ class Operation(Base):
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
     finished_at: Mapped[dt.datetime | None] = mapped_column(TS)
-    # The submit's event recorded here, not as an event row (PostgreSQL; ledger/history.py): its id,
-    # the status it entered and its reason (its time is created_at, its actor the subject).
+    # The submit's event recorded here (PostgreSQL): its time is created_at, its actor subject (ledger/history.py).
     submit_event_id: Mapped[int | None] = mapped_column(BigInteger)
     submitted_as: Mapped[str | None] = mapped_column(String(32))
     submit_reason: Mapped[str | None] = mapped_column(Text)
@@ -155,23 +158,13 @@ class Operation(Base):
         CheckConstraint("fencing_token >= 0", name="fencing_token"),
         CheckConstraint(f"key_space IN ({KEY_SPACE_VALUES})", name="key_space"),
         CheckConstraint("attempt_count >= 0 AND (max_attempts IS NULL OR max_attempts >= 1)", name="attempts"),
-        Index(
-            f"ix_{OPERATIONS}_leases",
-            "lease_expires_at",
-            postgresql_where=text("status = 'dispatching'"),
-            sqlite_where=text("status = 'dispatching'"),
-        ),
-        Index(
-            f"ix_{OPERATIONS}_unknown",
-            "next_attempt_at",
-            postgresql_where=text(RECONCILE_DUE),
-            sqlite_where=text(RECONCILE_DUE),
-        ),
+        Index(f"ix_{OPERATIONS}_leases", "lease_expires_at", **_where("status = 'dispatching'")),
+        Index(f"ix_{OPERATIONS}_unknown", "next_attempt_at", **_where(RECONCILE_DUE)),
         Index(f"ix_{OPERATIONS}_status_updated", "status", "updated_at"),
     )
 
 
-_DUE_ROWS: dict[str, Any] = {f"{db}_where": text("status = 'not_dispatched'") for db in ("postgresql", "sqlite")}
+_DUE_ROWS = _where("status = 'not_dispatched'")
 # What is due, in claim order: only claimable rows are indexed, so the index stays small while the
 # table grows to millions of finished operations. ``due``: what is due by time (counts, ages, an
 # unfair claim); ``fair_due``: the fair claim's walk (pg_statements.py): tenants with work due, then

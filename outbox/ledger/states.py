@@ -269,8 +269,8 @@ WAITING_MEANING: dict[WaitingFor, str] = {
 
 
 class EventKind(str, enum.Enum):
-    """What an event of the history records (``outbox_history``: event rows, and the claims and
-    results recorded on attempts). Its reason says it in words, for people."""
+    """What an event of the history records (``outbox_history``: event rows, the claims and
+    results recorded on attempts, the submits on operations). Its reason says it in words, for people."""
 
     SUBMIT = "submit"
     CLAIM = "claim"
