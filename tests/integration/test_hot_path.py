@@ -101,10 +101,10 @@ def test_a_batch_finalize_refuses_only_the_operation_whose_token_is_stale(ledger
 )
 def test_a_batch_finalize_writes_what_one_finalize_writes(ledger, to, report, extra):
     """On PostgreSQL a doorbell's finalizes that make the same move go in one multi-row statement
-    (pg_statements.finalize_rows); each operation must be left as finalize_if_fenced leaves it: the
+    (pg_moves.finalize_rows); each operation must be left as finalize_if_fenced leaves it: the
     operation row, its attempt and its history, a stale member refused alone (its attempt kept as
     evidence), and a member whose attempt row had already ended still moved with an event row."""
-    from outbox.ledger.drivers import pg_statements
+    from outbox.ledger.drivers import pg_moves
 
     ids = _submit_many(ledger, 4)
     with ledger.sessions.begin() as s:
@@ -115,14 +115,14 @@ def test_a_batch_finalize_writes_what_one_finalize_writes(ledger, to, report, ex
         s.execute(update(Attempt).where(Attempt.id == ended.attempt_id).values(ended_at=db_now()))
     with ledger.sessions.begin() as s:
         finalize_if_fenced(s, one, report, to=to, reason="why", **extra)
-    before = pg_statements.finalize_rows.cache_info()
+    before = pg_moves.finalize_rows.cache_info()
     with ledger.sessions.begin() as s:
         refusals = finalize_many_if_fenced(
             s, [Finalize(c, report, to, "why", **extra) for c in (batched, stolen, ended)]
         )
     assert refusals[0] is None and isinstance(refusals[1], StaleFence) and refusals[2] is None
     if ledger.engine.dialect.name == "postgresql":
-        after = pg_statements.finalize_rows.cache_info()
+        after = pg_moves.finalize_rows.cache_info()
         assert after.hits + after.misses == before.hits + before.misses + 1, "one statement for the three"
 
     def row(op_id: str) -> tuple[Any, ...]:

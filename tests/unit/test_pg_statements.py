@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from outbox.ledger.drivers import pg_moves as moves
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.states import AttemptKind, Status
 from outbox.ledger.writes import SETTLE_WRITES_FOR
@@ -30,9 +31,11 @@ SHAPES = {
         for fair in (False, True)
     ],
     "finalize": [
-        sql.finalize(to, refund, guard) for to in Status for refund in (False, True) for guard in (False, True)
+        moves.finalize(to, refund, guard) for to in Status for refund in (False, True) for guard in (False, True)
     ],
-    "settle": [sql.finalize(to, False, True, Status.OUTCOME_UNKNOWN) for to in SETTLE_WRITES_FOR],
+    "finalize_rows": [moves.finalize_rows(to, refund) for to in Status for refund in (False, True)],
+    "settle": [moves.finalize(to, False, True, Status.OUTCOME_UNKNOWN) for to in SETTLE_WRITES_FOR],
+    "settle_rows": [moves.finalize_rows(to, False, Status.OUTCOME_UNKNOWN) for to in SETTLE_WRITES_FOR],
     "mark_due": [sql.mark_due(status, leased, 100) for status in Status for leased in (False, True)],
     "attempt_log": [sql.attempt_log(("id", "attempt_class"))],
 }

@@ -3,8 +3,8 @@
 Plain SQL sent through psycopg (``%(name)s`` parameters), not SQLAlchemy constructs: on the hot
 path SQLAlchemy's per-execute work cost more client CPU than PostgreSQL spent running the
 statements (bench/README.md). Statements that come in shapes (a claim with or without ids, a
-finalize per target status) are built here from named parts, once per shape (``lru_cache``), and
-nowhere else.
+finalize per target status) are built from named parts, once per shape (``lru_cache``): here, and
+the fenced moves' in pg_moves.py (the tenant walk's parts: pg_tenant_walk.py).
 
 Written for psycopg 3 (``%(name)s``), the hot path's driver; ``named`` gives any statement in
 SQLAlchemy's ``:name`` form, for a caller's transaction on another driver (psycopg2, asyncpg,
@@ -38,10 +38,9 @@ from outbox.ledger.drivers.pg_tenant_walk import (
     UNFAIR_RANKING,
     WEIGHTED,
 )
-from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE, may_have_taken_effect
+from outbox.ledger.effect_guard import may_have_taken_effect
 from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
-from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status
-from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
+from outbox.ledger.states import AttemptKind, Status
 
 # The events' id sequence (PostgreSQL names a serial column's after its table): events recorded on
 # attempt rows draw their ids from it, so the history keeps the order it was written in.
@@ -53,7 +52,7 @@ NOTIFY_LEADER_LOCK = 0x72656C6179
 MIGRATION_LOCK = 7243011
 
 
-def _driver_params(sql: str) -> str:
+def driver_params(sql: str) -> str:
     """SQL written with ``:name`` parameters, as psycopg wants them (``%(name)s``); ``::`` casts stay."""
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
 
@@ -64,27 +63,6 @@ def named(statement: str) -> str:
     if re.search(r"%\(\w+\)s::", statement):
         raise ValueError("a parameter cast as %(name)s::type: write CAST(%(name)s AS type)")
     return re.sub(r"%\((\w+)\)s", r":\1", statement)
-
-
-def _render(writes: WriteSet, source: str = ":") -> str:
-    """A write set (outbox/ledger/writes.py) as the SET list of an UPDATE. ``source``: what a
-    parameter's name follows (``:`` a statement's parameter; ``v.`` a column of the rows a
-    multi-row statement updates from)."""
-
-    def value(column: str, v: Param | Db) -> str:
-        if isinstance(v, Param):
-            return f"CAST({source}{v.name} AS {v.cast})" if v.cast else f"{source}{v.name}"
-        return {
-            Db.NULL: "NULL",
-            Db.NOW: "clock_timestamp()",
-            Db.NOW_PLUS_DELAY: f"clock_timestamp() + make_interval(secs => {source}delay_s)",
-            Db.REASON_NOTING_CANCEL: (
-                f"CASE WHEN cancel_requested THEN {source}reason || '{CANCEL_NOTE}' ELSE {source}reason END"
-            ),
-            Db.DECREMENT: f"{column} - 1",
-        }[v]
-
-    return ", ".join(f"{column} = {value(column, v)}" for column, v in writes)
 
 
 # -- submit ---------------------------------------------------------------------------------------
@@ -231,7 +209,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
         else f",\n        status = '{Status.DISPATCHING.value}', attempt_count = o.attempt_count + 1, reason = 'claimed',"
         " waiting_for = NULL"
     )
-    return _driver_params(
+    return driver_params(
         _CLAIM.format(
             recursive=recursive,
             due_ctes=ctes,
@@ -246,118 +224,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
     )
 
 
-# -- finalize -------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=32)
-def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISPATCHING) -> str:
-    """A worker's finalize in one statement: the fenced move and its attempt row, which records the
-    move's event when it moved (outbox_history shows it); an event row only if the attempt row was
-    already ended (then nothing else would say the operation moved).
-    (``source`` outcome_unknown or accepted: a reconciler's settlement of its lookup, ``settle_writes``.)
-
-    ``guard``: the move claims "no effect" and must hold only while no other attempt may have
-    taken effect (effect_guard.py).
-    """
-    writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
-    # A lookup claimed before migration 0015 has no claimed_from: its move's "from" is the source.
-    claimed = (
-        f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""
-    )
-    where = f"id = :operation_id AND status = '{source.value}' AND fencing_token = :token"
-    if guard:
-        where += " AND " + NO_EFFECT_POSSIBLE
-    return _driver_params(f"""
-WITH moved AS (
-    UPDATE {OPERATIONS} SET {_render(writes)}
-    WHERE {where}
-    RETURNING id, fencing_token
-), att AS (
-    UPDATE {ATTEMPTS} SET {_render(ATTEMPT_REPORT)},
-        (move_event_id, moved_to, move_reason) =
-            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(:to AS varchar), CAST(:event_reason AS text) FROM moved){claimed}
-    WHERE id = :attempt_id AND ended_at IS NULL
-    RETURNING id
-), logged AS (
-    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT id, clock_timestamp(), '{source.value}', :to, fencing_token, :event, :event_reason, :actor
-    FROM moved WHERE NOT EXISTS (SELECT 1 FROM att)
-)
-SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved
-""")
-
-
-# Every parameter of a finalize (FinalizeWrite.params, ``to`` and ``stale``) with the type of the
-# array the multi-row finalize sends it in; the driver coerces each value to it.
-FINALIZE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("operation_id", "text"),
-    ("token", "bigint"),
-    ("attempt_id", "bigint"),
-    ("to", "text"),
-    ("reason", "text"),
-    ("event_reason", "text"),
-    ("event", "text"),
-    ("actor", "text"),
-    ("waiting_for", "text"),
-    ("delay_s", "float8"),
-    ("result", "text"),  # JSON text: cast where it is written (SUCCESS's Param cast)
-    ("klass", "text"),
-    ("status_code", "integer"),
-    ("request_digest", "text"),
-    ("provider_request_id", "text"),
-    ("provider_reference", "text"),
-    ("response_digest", "text"),
-    ("retry_after_s", "float8"),
-    ("latency_s", "float8"),
-    ("error", "text"),
-    ("stale", "boolean"),
-)
-
-
-@functools.lru_cache(maxsize=32)
-def finalize_rows(to: Status, refund: bool, source: Status = Status.DISPATCHING) -> str:
-    """``finalize`` for many operations moved to the same ``to`` in ONE statement: each parameter of
-    FINALIZE_COLUMNS is an array with one element per operation, the statement answers one row
-    (wrote, moved) per operation in their order. The same writes, fence and event rows as that many
-    ``finalize`` statements: PostgreSQL's cost per statement (executor start, a CTE plan of three
-    writes) is paid once per doorbell instead of once per operation (bench/README.md, issue 35).
-    No ``guard``: a move that claims "no effect" reads every other attempt of its own operation, and
-    goes alone (``finalize``). The operations must be distinct (one row of ``v`` per operation)."""
-    writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
-    claimed = (
-        f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""
-    )
-    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in FINALIZE_COLUMNS)
-    # v's columns are the parameters' names after "p_": none is a column of the tables it updates
-    # (so no name in the statement can mean either), and none a keyword ("to").
-    names = ", ".join("p_" + name for name, _ in FINALIZE_COLUMNS)
-    return _driver_params(f"""
-WITH v AS (
-    SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({names}, ord)
-), moved AS (
-    UPDATE {OPERATIONS} SET {_render(writes, "v.p_")}
-    FROM v
-    WHERE {OPERATIONS}.id = v.p_operation_id AND {OPERATIONS}.id = ANY(CAST(:operation_id AS text[]))
-      AND status = '{source.value}' AND fencing_token = v.p_token
-    RETURNING {OPERATIONS}.id, {OPERATIONS}.fencing_token
-), att AS (
-    UPDATE {ATTEMPTS} SET {_render(ATTEMPT_REPORT, "v.p_")},
-        (move_event_id, moved_to, move_reason) =
-            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(v.p_to AS varchar), v.p_event_reason
-             FROM moved WHERE moved.id = v.p_operation_id){claimed}
-    FROM v
-    WHERE {ATTEMPTS}.id = v.p_attempt_id AND {ATTEMPTS}.id = ANY(CAST(:attempt_id AS bigint[])) AND ended_at IS NULL
-    RETURNING {ATTEMPTS}.id
-), logged AS (
-    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
-    SELECT moved.id, clock_timestamp(), '{source.value}', v.p_to, moved.fencing_token, v.p_event, v.p_event_reason, v.p_actor
-    FROM moved JOIN v ON v.p_operation_id = moved.id
-    WHERE NOT EXISTS (SELECT 1 FROM att WHERE att.id = v.p_attempt_id)
-)
-SELECT EXISTS (SELECT 1 FROM att WHERE att.id = v.p_attempt_id) AS wrote,
-    EXISTS (SELECT 1 FROM moved WHERE moved.id = v.p_operation_id) AS moved
-FROM v ORDER BY v.ord
-""")
-
-
+# -- finalize: pg_moves.py ------------------------------------------------------------------------
 CURRENT_ROW = f"SELECT status, fencing_token FROM {OPERATIONS} WHERE id = %(id)s"
 MARK_ATTEMPT_STALE = f"UPDATE {ATTEMPTS} SET stale = true WHERE id = %(id)s"
 
@@ -380,6 +247,21 @@ INSERT INTO {EVIDENCE} (operation_id, tenant, idempotency_key, action, args_dige
                       response_digest, attempt_log_digest, recorded_at)
 VALUES (%(operation_id)s, %(tenant)s, %(idempotency_key)s, %(action)s, %(args_digest)s, %(provider_reference)s,
         %(response_digest)s, %(attempt_log_digest)s, clock_timestamp())
+"""
+EVIDENCE_COLUMNS = (
+    "operation_id",
+    "tenant",
+    "idempotency_key",
+    "action",
+    "args_digest",
+    "provider_reference",
+    "response_digest",
+    "attempt_log_digest",
+)
+# A doorbell's evidence in one statement: each column a text array with one element per record.
+INSERT_EVIDENCE_ROWS = f"""
+INSERT INTO {EVIDENCE} ({", ".join(EVIDENCE_COLUMNS)}, recorded_at)
+SELECT *, clock_timestamp() FROM unnest({", ".join(f"CAST(%({c})s AS text[])" for c in EVIDENCE_COLUMNS)})
 """
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import MissingDependency
+from outbox.ledger.drivers import pg_moves as moves
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.drivers.base import FinalizeWrite, Inserted, NewOperation
 from outbox.ledger.fairness import Fairness, FairnessMode
@@ -99,7 +100,7 @@ def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """One finalize's parameters per operation as the arrays of sql.finalize_rows, each element of
     its array's type (psycopg types a list by its elements: an int among floats would not fit)."""
     out: dict[str, list[Any]] = {}
-    for name, kind in sql.FINALIZE_COLUMNS:
+    for name, kind in moves.FINALIZE_COLUMNS:
         coerce = _COERCE.get(kind)
         values = [row[name] for row in rows]
         out[name] = values if coerce is None else [None if v is None else coerce(v) for v in values]
@@ -204,7 +205,7 @@ class PostgresDriver:
         conn = _raw(session)
         if conn is None:  # another driver: one statement after the other
             found = [
-                _execute(session, sql.finalize(w.to, w.refund, w.guard, w.source), p).fetchone()
+                _execute(session, moves.finalize(w.to, w.refund, w.guard, w.source), p).fetchone()
                 for w, p in zip(writes, rows)
             ]
             return [(bool(row.wrote), bool(row.moved)) for row in found]
@@ -221,12 +222,12 @@ class PostgresDriver:
             sent = []
             for (to, refund, source), members in groups.items():
                 cursor = conn.cursor()
-                cursor.execute(sql.finalize_rows(to, refund, source), _columns([rows[i] for i in members]))
+                cursor.execute(moves.finalize_rows(to, refund, source), _columns([rows[i] for i in members]))
                 sent.append((members, cursor))
             for i in alone:
                 w = writes[i]
                 cursor = conn.cursor()
-                cursor.execute(sql.finalize(w.to, w.refund, w.guard, w.source), rows[i])
+                cursor.execute(moves.finalize(w.to, w.refund, w.guard, w.source), rows[i])
                 sent.append(([i], cursor))
         for members, cursor in sent:
             for i, (wrote, moved) in zip(members, cursor.fetchall(), strict=True):
@@ -251,7 +252,8 @@ class PostgresDriver:
         if raw is None:
             session.execute(_text(sql.INSERT_EVIDENCE), list(records))
         else:
-            raw.cursor().executemany(sql.INSERT_EVIDENCE, list(records))
+            # One statement for the batch (one executor start, not one per record).
+            raw.execute(sql.INSERT_EVIDENCE_ROWS, {c: [r[c] for r in records] for c in sql.EVIDENCE_COLUMNS})
 
     def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
         params = {"tables": list(tables), "min_rows": min_rows, "share": share}

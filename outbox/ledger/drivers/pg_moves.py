@@ -1,0 +1,148 @@
+"""The PostgreSQL driver's statements of a fenced move: a worker's finalize (its attempt's result)
+and a reconciler's settlement (its lookup's), one operation per statement or, for a doorbell's
+moves that are alike, many in one (``finalize_rows``). Their write sets come from
+outbox/ledger/writes.py (``render``); the rest of the catalogue is pg_statements.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from outbox.ledger.drivers.pg_statements import EVENTS_ID_SEQ, driver_params
+from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE
+from outbox.ledger.models import ATTEMPTS, OPERATION_EVENTS, OPERATIONS
+from outbox.ledger.states import RECONCILE_CLAIMABLE, Status
+from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
+
+
+def render(writes: WriteSet, source: str = ":") -> str:
+    """A write set (outbox/ledger/writes.py) as the SET list of an UPDATE. ``source``: what a
+    parameter's name follows (``:`` a statement's parameter; ``v.`` a column of the rows a
+    multi-row statement updates from)."""
+
+    def value(column: str, v: Param | Db) -> str:
+        if isinstance(v, Param):
+            return f"CAST({source}{v.name} AS {v.cast})" if v.cast else f"{source}{v.name}"
+        return {
+            Db.NULL: "NULL",
+            Db.NOW: "clock_timestamp()",
+            Db.NOW_PLUS_DELAY: f"clock_timestamp() + make_interval(secs => {source}delay_s)",
+            Db.REASON_NOTING_CANCEL: (
+                f"CASE WHEN cancel_requested THEN {source}reason || '{CANCEL_NOTE}' ELSE {source}reason END"
+            ),
+            Db.DECREMENT: f"{column} - 1",
+        }[v]
+
+    return ", ".join(f"{column} = {value(column, v)}" for column, v in writes)
+
+
+# -- finalize -------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=32)
+def finalize(to: Status, refund: bool, guard: bool, source: Status = Status.DISPATCHING) -> str:
+    """A worker's finalize in one statement: the fenced move and its attempt row, which records the
+    move's event when it moved (outbox_history shows it); an event row only if the attempt row was
+    already ended (then nothing else would say the operation moved).
+    (``source`` outcome_unknown or accepted: a reconciler's settlement of its lookup, ``settle_writes``.)
+
+    ``guard``: the move claims "no effect" and must hold only while no other attempt may have
+    taken effect (effect_guard.py).
+    """
+    writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
+    # A lookup claimed before migration 0015 has no claimed_from: its move's "from" is the source.
+    claimed = (
+        f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""
+    )
+    where = f"id = :operation_id AND status = '{source.value}' AND fencing_token = :token"
+    if guard:
+        where += " AND " + NO_EFFECT_POSSIBLE
+    return driver_params(f"""
+WITH moved AS (
+    UPDATE {OPERATIONS} SET {render(writes)}
+    WHERE {where}
+    RETURNING id, fencing_token
+), att AS (
+    UPDATE {ATTEMPTS} SET {render(ATTEMPT_REPORT)},
+        (move_event_id, moved_to, move_reason) =
+            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(:to AS varchar), CAST(:event_reason AS text) FROM moved){claimed}
+    WHERE id = :attempt_id AND ended_at IS NULL
+    RETURNING id
+), logged AS (
+    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    SELECT id, clock_timestamp(), '{source.value}', :to, fencing_token, :event, :event_reason, :actor
+    FROM moved WHERE NOT EXISTS (SELECT 1 FROM att)
+)
+SELECT (SELECT count(*) FROM att) AS wrote, (SELECT count(*) FROM moved) AS moved
+""")
+
+
+# Every parameter of a finalize (FinalizeWrite.params, ``to`` and ``stale``) with the type of the
+# array the multi-row finalize sends it in; the driver coerces each value to it.
+FINALIZE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("operation_id", "text"),
+    ("token", "bigint"),
+    ("attempt_id", "bigint"),
+    ("to", "text"),
+    ("reason", "text"),
+    ("event_reason", "text"),
+    ("event", "text"),
+    ("actor", "text"),
+    ("waiting_for", "text"),
+    ("delay_s", "float8"),
+    ("result", "text"),  # JSON text: cast where it is written (SUCCESS's Param cast)
+    ("klass", "text"),
+    ("status_code", "integer"),
+    ("request_digest", "text"),
+    ("provider_request_id", "text"),
+    ("provider_reference", "text"),
+    ("response_digest", "text"),
+    ("retry_after_s", "float8"),
+    ("latency_s", "float8"),
+    ("error", "text"),
+    ("stale", "boolean"),
+)
+
+
+@functools.lru_cache(maxsize=32)
+def finalize_rows(to: Status, refund: bool, source: Status = Status.DISPATCHING) -> str:
+    """``finalize`` for many operations moved to the same ``to`` in ONE statement: each parameter of
+    FINALIZE_COLUMNS is an array with one element per operation, the statement answers one row
+    (wrote, moved) per operation in their order. The same writes, fence and event rows as that many
+    ``finalize`` statements: PostgreSQL's cost per statement (executor start, a CTE plan of three
+    writes) is paid once per doorbell instead of once per operation (bench/README.md, issue 35).
+    No ``guard``: a move that claims "no effect" reads every other attempt of its own operation, and
+    goes alone (``finalize``). The operations must be distinct (one row of ``v`` per operation)."""
+    writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
+    claimed = (
+        f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""
+    )
+    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in FINALIZE_COLUMNS)
+    # v's columns are the parameters' names after "p_": none is a column of the tables it updates
+    # (so no name in the statement can mean either), and none a keyword ("to").
+    names = ", ".join("p_" + name for name, _ in FINALIZE_COLUMNS)
+    return driver_params(f"""
+WITH v AS (
+    SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({names}, ord)
+), moved AS (
+    UPDATE {OPERATIONS} SET {render(writes, "v.p_")}
+    FROM v
+    WHERE {OPERATIONS}.id = v.p_operation_id AND {OPERATIONS}.id = ANY(CAST(:operation_id AS text[]))
+      AND status = '{source.value}' AND fencing_token = v.p_token
+    RETURNING {OPERATIONS}.id, {OPERATIONS}.fencing_token
+), att AS (
+    UPDATE {ATTEMPTS} SET {render(ATTEMPT_REPORT, "v.p_")},
+        (move_event_id, moved_to, move_reason) =
+            (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(v.p_to AS varchar), v.p_event_reason
+             FROM moved WHERE moved.id = v.p_operation_id){claimed}
+    FROM v
+    WHERE {ATTEMPTS}.id = v.p_attempt_id AND {ATTEMPTS}.id = ANY(CAST(:attempt_id AS bigint[])) AND ended_at IS NULL
+    RETURNING {ATTEMPTS}.id
+), logged AS (
+    INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
+    SELECT moved.id, clock_timestamp(), '{source.value}', v.p_to, moved.fencing_token, v.p_event, v.p_event_reason, v.p_actor
+    FROM moved JOIN v ON v.p_operation_id = moved.id
+    WHERE NOT EXISTS (SELECT 1 FROM att WHERE att.id = v.p_attempt_id)
+)
+SELECT EXISTS (SELECT 1 FROM att WHERE att.id = v.p_attempt_id) AS wrote,
+    EXISTS (SELECT 1 FROM moved WHERE moved.id = v.p_operation_id) AS moved
+FROM v ORDER BY v.ord
+""")
