@@ -258,10 +258,11 @@ EVIDENCE_COLUMNS = (
     "response_digest",
     "attempt_log_digest",
 )
-# A doorbell's evidence in one statement: each column a text array with one element per record.
+# A doorbell's evidence in one statement: %(rows)s is a JSON array of records (EVIDENCE_COLUMNS).
 INSERT_EVIDENCE_ROWS = f"""
 INSERT INTO {EVIDENCE} ({", ".join(EVIDENCE_COLUMNS)}, recorded_at)
-SELECT *, clock_timestamp() FROM unnest({", ".join(f"CAST(%({c})s AS text[])" for c in EVIDENCE_COLUMNS)})
+SELECT *, clock_timestamp()
+FROM json_to_recordset(CAST(%(rows)s AS json)) AS r({", ".join(f"{c} text" for c in EVIDENCE_COLUMNS)})
 """
 
 

@@ -19,7 +19,7 @@ import datetime as dt
 import functools
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -93,18 +93,17 @@ def _finalize_params(w: FinalizeWrite) -> dict[str, Any]:
     return params
 
 
-_COERCE: dict[str, Callable[[Any], Any]] = {"bigint": int, "integer": int, "float8": float, "boolean": bool}
+_FINALIZE_NAMES = tuple(name for name, _ in moves.FINALIZE_COLUMNS)
 
 
-def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """One finalize's parameters per operation as the arrays of sql.finalize_rows, each element of
-    its array's type (psycopg types a list by its elements: an int among floats would not fit)."""
-    out: dict[str, list[Any]] = {}
-    for name, kind in moves.FINALIZE_COLUMNS:
-        coerce = _COERCE.get(kind)
-        values = [row[name] for row in rows]
-        out[name] = values if coerce is None else [None if v is None else coerce(v) for v in values]
-    return out
+def _json_rows(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> str | None:
+    """``rows`` as the JSON text a multi-row statement reads (json_to_recordset); None when a value
+    has no JSON spelling (a float that is not finite, which PostgreSQL's float8 takes but JSON
+    has no number for): then each row goes by itself."""
+    try:
+        return json.dumps([{name: row[name] for name in names} for row in rows], allow_nan=False)
+    except ValueError:
+        return None
 
 
 LISTEN_CONNECT_TIMEOUT_S = 10
@@ -214,15 +213,21 @@ class PostgresDriver:
         alone: list[int] = []
         for i, w in enumerate(writes):
             (alone if w.guard else groups.setdefault((w.to, w.refund, w.source), [])).append(i)
-        for key, members in list(groups.items()):
-            if len(members) == 1 or len({rows[i]["operation_id"] for i in members}) < len(members):
-                alone += groups.pop(key)
+        batched: list[tuple[str, str, list[int]]] = []
+        for (to, refund, source), members in groups.items():
+            doc = None
+            if len(members) > 1 and len({rows[i]["operation_id"] for i in members}) == len(members):
+                doc = _json_rows([rows[i] for i in members], _FINALIZE_NAMES)
+            if doc is None:
+                alone += members
+            else:
+                batched.append((moves.finalize_rows(to, refund, source), doc, members))
         out: list[tuple[bool, bool]] = [(False, False)] * len(writes)
         with conn.pipeline():
             sent = []
-            for (to, refund, source), members in groups.items():
+            for statement, doc, members in batched:
                 cursor = conn.cursor()
-                cursor.execute(moves.finalize_rows(to, refund, source), _columns([rows[i] for i in members]))
+                cursor.execute(statement, {"rows": doc})
                 sent.append((members, cursor))
             for i in alone:
                 w = writes[i]
@@ -253,7 +258,11 @@ class PostgresDriver:
             session.execute(_text(sql.INSERT_EVIDENCE), list(records))
         else:
             # One statement for the batch (one executor start, not one per record).
-            raw.execute(sql.INSERT_EVIDENCE_ROWS, {c: [r[c] for r in records] for c in sql.EVIDENCE_COLUMNS})
+            doc = _json_rows(records, sql.EVIDENCE_COLUMNS)
+            if doc is None:  # (text only: never)
+                raw.cursor().executemany(sql.INSERT_EVIDENCE, list(records))
+            else:
+                raw.execute(sql.INSERT_EVIDENCE_ROWS, {"rows": doc})
 
     def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
         params = {"tables": list(tables), "min_rows": min_rows, "share": share}
