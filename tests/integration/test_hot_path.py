@@ -152,6 +152,23 @@ def test_a_batch_finalize_writes_what_one_finalize_writes(ledger, to, report, ex
     assert kept[0][0] == "dispatching" and kept[5] is True and kept[4] == row(one.operation_id)[4]
 
 
+def test_a_batch_whose_values_json_cannot_spell_is_finalized_row_by_row(ledger):
+    """A float that is not finite (a provider's absurd Retry-After) has no JSON spelling: its group
+    goes one statement per operation instead of failing the doorbell's finalize."""
+    ids = _submit_many(ledger, 2, prefix="inf")
+    with ledger.sessions.begin() as s:
+        claims = claim_due(s, worker="w", lease_s=30, limit=2)
+    report = AttemptReport(AttemptClass.NOT_SENT, status_code=429, retry_after_s=float("inf"), error="later")
+    with ledger.sessions.begin() as s:
+        refusals = finalize_many_if_fenced(
+            s, [Finalize(c, report, Status.NOT_DISPATCHED, "later", 5.0) for c in claims]
+        )
+    assert refusals == [None, None]
+    with ledger.sessions() as s:
+        assert {s.get(Operation, i).status for i in ids} == {"not_dispatched"}
+        assert {a.retry_after_s for a in s.execute(select(Attempt)).scalars()} == {float("inf")}
+
+
 def test_the_worker_connection_commits_each_statement_and_reconnects_after_losing_its_backend(pg_ledger):
     ids = _submit_many(pg_ledger, 2)
     link = LedgerConnection(pg_ledger.engine)

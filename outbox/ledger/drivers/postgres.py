@@ -227,7 +227,7 @@ class PostgresDriver:
             sent = []
             for statement, doc, members in batched:
                 cursor = conn.cursor()
-                cursor.execute(statement, {"rows": doc})
+                cursor.execute(statement, {"rows": doc, "ids": [rows[i]["operation_id"] for i in members]})
                 sent.append((members, cursor))
             for i in alone:
                 w = writes[i]
