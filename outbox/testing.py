@@ -59,7 +59,9 @@ def advance_ledger_clock(
     moved inside its transaction; the caller commits). ``operation_ids``: move time for these
     operations only (their operations rows and the rows of any table with an ``operation_id``
     column), as if only their clock ran; rows of other operations, and tables that do not belong to
-    an operation, stay as they are. Returns the number of rows moved.
+    an operation, stay as they are. Returns the number of rows moved (on PostgreSQL an operation's
+    submit, claims and results are recorded on its operation and attempt rows, on SQLite they are
+    event rows too: the count differs by backend, the history read back does not).
     """
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
         raise ValueError(f"seconds must be a finite number, got {seconds!r}")

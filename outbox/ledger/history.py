@@ -49,7 +49,8 @@ FROM {OPERATIONS} WHERE submit_event_id IS NOT NULL"""
 
 @event.listens_for(Base.metadata, "after_create")
 def _create_view(_metadata: MetaData, connection: Connection, tables: Any = None, **_: Any) -> None:
-    # Made with the two tables it reads (create_all of a subset, or of a ledger already there, leaves it).
+    # Made with the event and attempt tables (create_all of a subset, or of a ledger already there,
+    # leaves it); the operations it also reads are theirs by foreign key, made first.
     made = {t.name for t in tables} if tables is not None else {OPERATION_EVENTS, ATTEMPTS}
     if {OPERATION_EVENTS, ATTEMPTS} <= made and HISTORY not in inspect(connection).get_view_names():
         connection.exec_driver_sql(f"CREATE VIEW {HISTORY} AS {HISTORY_SELECT}")

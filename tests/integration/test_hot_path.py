@@ -114,11 +114,11 @@ def test_a_batch_finalize_writes_what_one_finalize_writes(ledger, to, report, ex
         s.execute(update(Operation).where(Operation.id == stolen.operation_id).values(fencing_token=99))
         s.execute(update(Attempt).where(Attempt.id == ended.attempt_id).values(ended_at=db_now()))
     with ledger.sessions.begin() as s:
-        finalize_if_fenced(s, one, report, to=to, reason="why", **extra)
+        finalize_if_fenced(s, one, report, to=to, reason="why: refusé, 拒否", **extra)
     before = pg_moves.finalize_rows.cache_info()
     with ledger.sessions.begin() as s:
         refusals = finalize_many_if_fenced(
-            s, [Finalize(c, report, to, "why", **extra) for c in (batched, stolen, ended)]
+            s, [Finalize(c, report, to, "why: refusé, 拒否", **extra) for c in (batched, stolen, ended)]
         )
     assert refusals[0] is None and isinstance(refusals[1], StaleFence) and refusals[2] is None
     if ledger.engine.dialect.name == "postgresql":

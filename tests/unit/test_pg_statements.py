@@ -5,12 +5,14 @@ parameter, and none casts a parameter as ``%(name)s::type``, which SQLAlchemy wo
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from outbox.ledger.drivers import pg_moves as moves
 from outbox.ledger.drivers import pg_statements as sql
+from outbox.ledger.drivers.base import FinalizeWrite
 from outbox.ledger.states import AttemptKind, Status
 from outbox.ledger.writes import SETTLE_WRITES_FOR
 
@@ -60,3 +62,34 @@ def test_submit_is_in_the_catalogue_and_a_cast_parameter_is_refused():
     assert {"SUBMIT_NOTIFY", "SUBMIT_QUIET", "NOTIFY_DUE", "CURRENT_ROW"} <= set(STATEMENTS)
     with pytest.raises(ValueError, match="CAST"):
         sql.named("SELECT %(x)s::float8")
+
+
+def _write(op: str, to: Status = Status.SUCCEEDED, guard: bool = False, **params: object) -> FinalizeWrite:
+    base = {name: None for name, _ in moves.FINALIZE_COLUMNS if name not in ("to", "stale")}
+    return FinalizeWrite(to, False, guard, {**base, "operation_id": op, "token": 1, "attempt_id": 1, **params})
+
+
+def _batch(writes: list[FinalizeWrite]) -> list[tuple[str, list[int]]]:
+    params = [moves.finalize_params(w) for w in writes]
+    return [("rows" if "rows" in p else "one", members) for _, p, members in moves.finalize_batch(writes, params)]
+
+
+def test_a_doorbells_finalize_groups_alike_moves_and_sends_the_rest_one_by_one():
+    writes = [
+        _write("a"),
+        _write("b", Status.NOT_DISPATCHED),
+        _write("c"),
+        _write("d", Status.FAILED_BEFORE_COMMIT, guard=True),
+        _write("e", reason="refusé"),
+    ]
+    assert _batch(writes) == [("rows", [0, 2, 4]), ("one", [1]), ("one", [3])]
+    # One operation twice: nothing is reordered.
+    assert _batch([_write("a"), _write("b"), _write("a")]) == [("one", [0]), ("one", [1]), ("one", [2])]
+    # No JSON spelling (a float that is not finite, a type json does not know): one by one.
+    assert _batch([_write("a", retry_after_s=float("inf")), _write("b")]) == [("one", [0]), ("one", [1])]
+    assert _batch([_write("a", error=object()), _write("b")]) == [("one", [0]), ("one", [1])]
+
+
+def test_json_rows_keep_text_as_it_is():
+    doc = moves.json_rows([{"reason": "refusé \u00e9 拒否"}], ["reason"])
+    assert doc is not None and "refusé" in doc and json.loads(doc) == [{"reason": "refusé \u00e9 拒否"}]

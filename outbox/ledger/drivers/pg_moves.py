@@ -1,13 +1,17 @@
 """The PostgreSQL driver's statements of a fenced move: a worker's finalize (its attempt's result)
 and a reconciler's settlement (its lookup's), one operation per statement or, for a doorbell's
-moves that are alike, many in one (``finalize_rows``). Their write sets come from
+moves that are alike, many in one (``finalize_rows``; ``finalize_batch`` says which). Their write sets come from
 outbox/ledger/writes.py (``render``); the rest of the catalogue is pg_statements.py.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Sequence
+from typing import Any
 
+from outbox.ledger.drivers.base import FinalizeWrite
 from outbox.ledger.drivers.pg_statements import EVENTS_ID_SEQ, driver_params
 from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE
 from outbox.ledger.models import ATTEMPTS, OPERATION_EVENTS, OPERATIONS
@@ -153,3 +157,53 @@ SELECT EXISTS (SELECT 1 FROM att WHERE att.id = v.p_attempt_id) AS wrote,
     EXISTS (SELECT 1 FROM moved WHERE moved.id = v.p_operation_id) AS moved
 FROM v ORDER BY v.ord
 """)
+
+
+def finalize_params(w: FinalizeWrite) -> dict[str, Any]:
+    """One write's parameters as ``finalize`` reads them (FINALIZE_COLUMNS, by name)."""
+    params = dict(w.params, to=w.to.value, stale=False)
+    if params.get("result") is not None:
+        params["result"] = json.dumps(params["result"])
+    return params
+
+
+def json_rows(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> str | None:
+    """``rows`` as the JSON text a multi-row statement reads (json_to_recordset); None when a row
+    cannot be spelled so (a float that is not finite, which PostgreSQL's float8 takes but JSON has
+    no number for; a value of a type json does not know; a parameter missing): then each row goes
+    by itself, as the one-row statement sends it. Not ASCII-escaped: escapes of non-ASCII text
+    (backslash-u) fail json_to_recordset on a database not encoded in UTF8."""
+    try:
+        return json.dumps([{name: row[name] for name in names} for row in rows], allow_nan=False, ensure_ascii=False)
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+_NAMES = tuple(name for name, _ in FINALIZE_COLUMNS)
+
+
+def finalize_batch(
+    writes: Sequence[FinalizeWrite], params: Sequence[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any], list[int]]]:
+    """A doorbell's finalize as statements to send: (statement, its parameters, the indexes of the
+    writes it answers, one result row each in that order). Writes alike (same move, no guard) go in
+    one ``finalize_rows``; the rest one ``finalize`` each. The statements run in another order than
+    the writes': only writes of distinct operations may be reordered, so a batch that names one
+    operation twice goes one statement per write, in its order."""
+    groups: dict[tuple[Status, bool, Status], list[int]] = {}
+    alone: list[int] = []
+    distinct = len({p["operation_id"] for p in params}) == len(params)
+    for i, w in enumerate(writes):
+        (alone if w.guard or not distinct else groups.setdefault((w.to, w.refund, w.source), [])).append(i)
+    out: list[tuple[str, dict[str, Any], list[int]]] = []
+    for (to, refund, source), members in groups.items():
+        doc = json_rows([params[i] for i in members], _NAMES) if len(members) > 1 else None
+        if doc is None:
+            alone += members
+        else:
+            ids = [params[i]["operation_id"] for i in members]
+            out.append((finalize_rows(to, refund, source), {"rows": doc, "ids": ids}, members))
+    for i in sorted(alone):
+        w = writes[i]
+        out.append((finalize(w.to, w.refund, w.guard, w.source), params[i], [i]))
+    return out

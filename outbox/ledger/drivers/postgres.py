@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -84,26 +83,6 @@ def _execute(bind: Any, statement: str, params: dict[str, Any], *, by_name: bool
 def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
     rows: list[Any] = _execute(bind, statement, params).fetchall()
     return rows
-
-
-def _finalize_params(w: FinalizeWrite) -> dict[str, Any]:
-    params = dict(w.params, to=w.to.value, stale=False)
-    if params.get("result") is not None:
-        params["result"] = json.dumps(params["result"])
-    return params
-
-
-_FINALIZE_NAMES = tuple(name for name, _ in moves.FINALIZE_COLUMNS)
-
-
-def _json_rows(rows: Sequence[dict[str, Any]], names: Sequence[str]) -> str | None:
-    """``rows`` as the JSON text a multi-row statement reads (json_to_recordset); None when a value
-    has no JSON spelling (a float that is not finite, which PostgreSQL's float8 takes but JSON
-    has no number for): then each row goes by itself."""
-    try:
-        return json.dumps([{name: row[name] for name in names} for row in rows], allow_nan=False)
-    except ValueError:
-        return None
 
 
 LISTEN_CONNECT_TIMEOUT_S = 10
@@ -200,7 +179,7 @@ class PostgresDriver:
         """Each write's (attempt row written, operation moved), pipelined in one round trip."""
         if not writes:
             return []
-        rows = [_finalize_params(w) for w in writes]
+        rows = [moves.finalize_params(w) for w in writes]
         conn = _raw(session)
         if conn is None:  # another driver: one statement after the other
             found = [
@@ -208,32 +187,13 @@ class PostgresDriver:
                 for w, p in zip(writes, rows)
             ]
             return [(bool(row.wrote), bool(row.moved)) for row in found]
-        # Writes alike (same move, no guard) go in one multi-row statement; the rest one by one.
-        groups: dict[tuple[Status, bool, Status], list[int]] = {}
-        alone: list[int] = []
-        for i, w in enumerate(writes):
-            (alone if w.guard else groups.setdefault((w.to, w.refund, w.source), [])).append(i)
-        batched: list[tuple[str, str, list[int]]] = []
-        for (to, refund, source), members in groups.items():
-            doc = None
-            if len(members) > 1 and len({rows[i]["operation_id"] for i in members}) == len(members):
-                doc = _json_rows([rows[i] for i in members], _FINALIZE_NAMES)
-            if doc is None:
-                alone += members
-            else:
-                batched.append((moves.finalize_rows(to, refund, source), doc, members))
         out: list[tuple[bool, bool]] = [(False, False)] * len(writes)
         with conn.pipeline():
             sent = []
-            for statement, doc, members in batched:
+            for statement, params, members in moves.finalize_batch(writes, rows):
                 cursor = conn.cursor()
-                cursor.execute(statement, {"rows": doc, "ids": [rows[i]["operation_id"] for i in members]})
+                cursor.execute(statement, params)
                 sent.append((members, cursor))
-            for i in alone:
-                w = writes[i]
-                cursor = conn.cursor()
-                cursor.execute(moves.finalize(w.to, w.refund, w.guard, w.source), rows[i])
-                sent.append(([i], cursor))
         for members, cursor in sent:
             for i, (wrote, moved) in zip(members, cursor.fetchall(), strict=True):
                 out[i] = (bool(wrote), bool(moved))
@@ -258,7 +218,7 @@ class PostgresDriver:
             session.execute(_text(sql.INSERT_EVIDENCE), list(records))
         else:
             # One statement for the batch (one executor start, not one per record).
-            doc = _json_rows(records, sql.EVIDENCE_COLUMNS)
+            doc = moves.json_rows(records, sql.EVIDENCE_COLUMNS)
             if doc is None:  # (text only: never)
                 raw.cursor().executemany(sql.INSERT_EVIDENCE, list(records))
             else:
