@@ -8,6 +8,7 @@ runs in a thread of the test process. Every test run uses its own Redis key pref
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,6 +86,31 @@ def fullest_window(times: Collection[float], window_s: float, *, after_s: float 
 def max_in_any_window(times: Collection[float], window_s: float, *, after_s: float = 0.0) -> int:
     """How many events the fullest ``window_s`` window holds (fullest_window)."""
     return len(fullest_window(times, window_s, after_s=after_s))
+
+
+# A log record's first line: a Celery worker's ("[date: LEVEL/process] ...") or the CLI's ("date time,ms LEVEL ...").
+_RECORD = re.compile(r"^\[[^\]]*: (?P<w>[A-Z]+)/[^\]]*\]|^\d{4}-\d\d-\d\d [\d:,]+ (?P<c>[A-Z]+) ")
+
+
+def log_records(log: str, *levels: str) -> list[str]:
+    """The first lines of a log's records at ``levels`` (ERROR, CRITICAL, ...)."""
+    return [
+        line for line in log.splitlines() if (m := _RECORD.match(line)) and (m.group("w") or m.group("c")) in levels
+    ]
+
+
+def whole_log_records(log: str, *levels: str, lines: int = 40) -> str:
+    """Those records with the lines that follow each (its traceback), for a failure's message: the
+    first line alone did not say where stop 43's stale soft limit had landed."""
+    out: list[str] = []
+    taking = 0
+    for line in log.splitlines():
+        if m := _RECORD.match(line):
+            taking = lines if (m.group("w") or m.group("c")) in levels else 0
+        if taking:
+            out.append(line)
+            taking -= 1
+    return "\n".join(out)
 
 
 def error_lines(log: str) -> list[str]:

@@ -15,7 +15,6 @@ test runs its own redis-server, never the shared one.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 import pytest
 
 from outbox.ledger.states import Status
-from tests.harness import ROOT, PrivateRedis, WorkerProc, pk, wait_for
+from tests.harness import ROOT, PrivateRedis, WorkerProc, log_records, pk, wait_for, whole_log_records
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -40,30 +39,8 @@ OUTAGES = 4
 DOWN_S = 1.0  # longer than Celery's first reconnection attempt (at once), shorter than its second (2 s)
 UP_S = 2.5  # time for every worker to reconnect (it retries 2 s after the first failed attempt)
 
+
 # A record's first line, in Celery's worker format and in the CLI's (workers/cli/main.py).
-_RECORD = re.compile(r"^\[[^\]]*: (?P<w>[A-Z]+)/[^\]]*\]|^\d{4}-\d\d-\d\d [\d:,]+ (?P<c>[A-Z]+) ")
-
-
-def _records(log: str, *levels: str) -> list[str]:
-    return [
-        line for line in log.splitlines() if (m := _RECORD.match(line)) and (m.group("w") or m.group("c")) in levels
-    ]
-
-
-def _whole_records(log: str, *levels: str, lines: int = 40) -> str:
-    """Those records with the lines that follow each (its traceback), for a failure's message: the
-    first line alone did not say where stop 43's stale soft limit had landed."""
-    out: list[str] = []
-    taking = 0
-    for line in log.splitlines():
-        if m := _RECORD.match(line):
-            taking = lines if (m.group("w") or m.group("c")) in levels else 0
-        if taking:
-            out.append(line)
-            taking -= 1
-    return "\n".join(out)
-
-
 @pytest.fixture
 def relay_process(pipe: Any, private_redis: PrivateRedis, tmp_path: Path) -> Iterator[Any]:
     """``agent-outbox -v relay`` as production runs it (its own process, logging configured by the
@@ -133,7 +110,7 @@ def test_redis_killed_under_load_loses_nothing_and_logs_no_error(private_redis, 
     def settled() -> bool:
         # An outage never takes a worker down (kombu's crash did; compose would restart it).
         for w in workers:
-            assert w.proc.poll() is None, f"{w.name} exited: {_records(w.log(), 'CRITICAL')}"
+            assert w.proc.poll() is None, f"{w.name} exited: {log_records(w.log(), 'CRITICAL')}"
         return bool(pipe.count(Status.SUCCEEDED.value) == N)
 
     wait_for(
@@ -154,18 +131,18 @@ def test_redis_killed_under_load_loses_nothing_and_logs_no_error(private_redis, 
         w.stop()
 
     logs = {w.name: w.log() for w in workers} | {"relay": relay_log.read_text()}
-    errors = {name: _records(log, "ERROR", "CRITICAL") for name, log in logs.items()}
+    errors = {name: log_records(log, "ERROR", "CRITICAL") for name, log in logs.items()}
     assert errors == {name: [] for name in logs}, "\n\n".join(
-        f"== {name}\n{_whole_records(log, 'ERROR', 'CRITICAL')}" for name, log in logs.items() if errors[name]
+        f"== {name}\n{whole_log_records(log, 'ERROR', 'CRITICAL')}" for name, log in logs.items() if errors[name]
     )
     # ... and each outage is still reported, once: a worker's WARNINGs are Celery's "Connection to
     # broker lost" (one per outage) and the breakers' own "storage unreachable" (they keep their
     # state in the same Redis here), nothing per task or per attempt. The relay warns at most once
     # per outage (outages closer together than its quiet_s are one to it).
     for w in workers:
-        warnings = _records(logs[w.name], "WARNING")
+        warnings = log_records(logs[w.name], "WARNING")
         lost = [r for r in warnings if "consumer: Connection to broker lost" in r]
         assert 1 <= len(lost) <= OUTAGES, (w.name, lost)
         assert [r for r in warnings if r not in lost and "breaker storage" not in r] == [], w.name
         assert "(the broker was unreachable for " in logs[w.name], w.name
-    assert 1 <= len(_records(logs["relay"], "WARNING")) <= OUTAGES, _records(logs["relay"], "WARNING")
+    assert 1 <= len(log_records(logs["relay"], "WARNING")) <= OUTAGES, log_records(logs["relay"], "WARNING")

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from outbox.ledger.states import Status
-from tests.faults.test_broker_outage import _records
-from tests.harness import descendants, pk, wait_for
+from tests.harness import descendants, log_records, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -62,7 +61,7 @@ def test_a_stale_soft_limit_leaves_an_idle_pool_process_at_work(pipe, sandbox):
     )
     w.stop()
     log = w.log()
-    assert _records(log, "ERROR", "CRITICAL") == [], log[-3000:]
+    assert log_records(log, "ERROR", "CRITICAL") == [], log[-3000:]
     assert "soft time limit signal ignored, armed for a task that has ended: " in log
 
 
@@ -92,6 +91,6 @@ def test_a_pool_process_leaving_on_a_cancel_finalizes_its_call_out_through_a_sta
     log = w.log()
     # The parent's "Process ... exited with ..." is about the test's own SIGTERM (Celery's cancel goes
     # through the pool, which expects the exit); the leaving process says nothing above INFO.
-    leaving = [line for line in _records(log, "ERROR", "CRITICAL") if "/ForkPoolWorker-" in line.split("]")[0]]
+    leaving = [line for line in log_records(log, "ERROR", "CRITICAL") if "/ForkPoolWorker-" in line.split("]")[0]]
     assert leaving == [], log[-3000:]
     assert "soft time limit signal ignored, armed for a task that has ended: the process is leaving" in log
