@@ -1,7 +1,7 @@
 """The PostgreSQL driver's statements of a fenced move: a worker's finalize (its attempt's result)
 and a reconciler's settlement (its lookup's), one operation per statement or, for a doorbell's
-moves that are alike, many in one (``finalize_rows``; ``finalize_batch`` says which). Their write sets come from
-outbox/ledger/writes.py (``render``); the rest of the catalogue is pg_statements.py.
+moves that are alike, many in one (``finalize_rows``; ``finalize_batch`` says which). Their write
+sets come from outbox/ledger/writes.py (``render``); the rest of the catalogue is pg_statements.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSe
 
 def render(writes: WriteSet, source: str = ":") -> str:
     """A write set (outbox/ledger/writes.py) as the SET list of an UPDATE. ``source``: what a
-    parameter's name follows (``:`` a statement's parameter; ``v.`` a column of the rows a
-    multi-row statement updates from)."""
+    parameter's name follows (``:`` a statement's parameter; ``v.p_`` a column of the JSON rows a
+    multi-row statement updates from, finalize_rows)."""
 
     def value(column: str, v: Param | Db) -> str:
         if isinstance(v, Param):
