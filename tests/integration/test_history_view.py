@@ -1,7 +1,8 @@
 """An operation's history reads the same whether its moves were written as event rows or recorded on
-attempt rows (outbox/ledger/history.py): PostgreSQL records a claim and the move its attempt's result
-made on the attempt row, SQLite writes them as rows, and ``outbox_history`` shows both as the same
-events, in the order they were written. An upgrade (migration 0015) and a downgrade keep every event."""
+attempt and operation rows (outbox/ledger/history.py): PostgreSQL records a claim and the move its
+attempt's result made on the attempt row and the submit on the operation row, SQLite writes them as
+rows, and ``outbox_history`` shows both as the same events, in the order they were written. A
+downgrade (through migrations 0016 and 0015) and an upgrade keep every event."""
 
 from __future__ import annotations
 
