@@ -29,11 +29,11 @@ ahead of the others by up to ``redis_retry_s`` (each finds Redis back on its own
 fails by timing out, not by a refused connection, adds its connect timeout), and each of them hands
 out local turns, up to SHORT_WAIT_S ahead, until then. Longer than a call waits in its thread, so the
 calls of the first ``redis_retry_s`` back go to the ledger until the pause ends, each held by the
-target's rate (the scope the pause's floor names first), its reason naming the pause (``_rate_why``).
-A pause of 1-1.5 s per outage, instead of the two limiters' turns adding up (the first process back at the whole rate beside the
-others on their shares sent 2 x 20 + 4 in a 2 s window of a 20/s limit in a CI run). Concurrency slots
-held in Redis when it goes away are not known locally: until those calls end, a process may have
-its share in flight on top of them.
+target's rate (the scope the pause's floor names first), its reason naming the pause
+(``_rate_why``). A pause of 1-1.5 s per outage, instead of the two limiters' turns adding up (the
+first process back at the whole rate beside the others on their shares sent 2 x 20 + 4 in a 2 s
+window of a 20/s limit in a CI run). Concurrency slots held in Redis when it goes away are not known
+locally: until those calls end, a process may have its share in flight on top of them.
 """
 
 from __future__ import annotations

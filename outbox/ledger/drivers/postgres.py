@@ -219,7 +219,7 @@ class PostgresDriver:
         else:
             # One statement for the batch (one executor start, not one per record).
             doc = moves.json_rows(records, sql.EVIDENCE_COLUMNS)
-            if doc is None:  # (text only: never)
+            if doc is None:  # a value JSON cannot spell (these columns are text: not expected)
                 raw.cursor().executemany(sql.INSERT_EVIDENCE, list(records))
             else:
                 raw.execute(sql.INSERT_EVIDENCE_ROWS, {"rows": doc})
