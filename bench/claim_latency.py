@@ -8,11 +8,16 @@ dropped even on Ctrl-C):
    ``not_dispatched`` rows (default 1000), then ``ANALYZE``;
 2. ``EXPLAIN`` the claim's due subquery (the statement ``outbox.ledger.claims`` sends, as a SELECT ... FOR
    UPDATE SKIP LOCKED) and check that it reads the partial index of due rows (``DUE_INDEX``);
-3. time K claims (default 500), each = ``claim_due(limit=1)`` in one transaction (SQLAlchemy
+3. ``CHECKPOINT``, so the load's dirty pages are not written out while claims are timed;
+4. time K claims (default 1,000), each = ``claim_due(limit=1)`` in one transaction (SQLAlchemy
    session, exactly as a worker does) + ``finalize_if_fenced(..., to=succeeded)`` in another;
    report p50/p99/max of the claim and of claim+finalize, in ms, after a short warm-up.
 
-    .venv/bin/python -m bench.claim_latency [--rows 10000,1000000] [--due 1000] [--claims 500] [--quick]
+Every size is loaded first, then the sizes take turns claim by claim: a p99 is the 1% slowest
+claims, and timing one size after the other gave each size a different minute of the machine
+(bench-full's 1.48x came from a 1M run right after the liveness bench, 0.94x when run alone).
+
+    .venv/bin/python -m bench.claim_latency [--rows 10000,1000000] [--due N] [--claims 1000] [--quick]
 
 ``--quick``: 10k and 100k rows, 200 claims. Writes bench/results/claim-latency-<date>[-quick].json.
 """
@@ -25,6 +30,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +113,15 @@ def load(url: str, rows: int, due: int, attempts: bool) -> dict[str, float]:
         conn.execute(f"VACUUM ANALYZE {OPERATIONS}")
         conn.execute(f"VACUUM ANALYZE {ATTEMPTS}")
         timings["vacuum_analyze_s"] = time.perf_counter() - t
-        timings["table_mb"] = float(
-            conn.execute(f"SELECT pg_total_relation_size('{OPERATIONS}') / 1048576.0").fetchone()[0]
-        )  # type: ignore[index]
+        t = time.perf_counter()
+        try:
+            conn.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege:
+            timings["checkpoint_s"] = -1.0  # not a superuser: the load's pages may be written while timing
+        else:
+            timings["checkpoint_s"] = time.perf_counter() - t
+        size = conn.execute(f"SELECT pg_total_relation_size('{OPERATIONS}') / 1048576.0").fetchone()
+        timings["table_mb"] = float(size[0]) if size else 0.0
     return timings
 
 
@@ -122,69 +134,79 @@ def explain(url: str) -> list[str]:
     return plan
 
 
-def measure(url: str, claims: int, warmup: int = 20) -> dict[str, Any]:
+def measure(urls: list[str], claims: int, warmup: int = 20) -> list[tuple[list[float], list[float]]]:
+    """Per database, ``claims`` timed claim (and claim + finalize) latencies in ms after ``warmup``
+    untimed ones; the databases take turns claim by claim, so a burst of machine noise lands on all."""
     from outbox.ledger.claims import claim_due
     from outbox.ledger.db import make_engine, make_sessionmaker
     from outbox.ledger.states import AttemptClass, Status
     from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 
-    engine = make_engine(url, pool_size=1, max_overflow=0)
-    sessions = make_sessionmaker(engine)
+    engines = [make_engine(url, pool_size=1, max_overflow=0) for url in urls]
+    makers = [make_sessionmaker(engine) for engine in engines]
     report = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_x")
-    claim_ms: list[float] = []
-    total_ms: list[float] = []
+    timed: list[tuple[list[float], list[float]]] = [([], []) for _ in urls]
     try:
         for i in range(warmup + claims):
-            t0 = time.perf_counter()
-            with sessions.begin() as s:
-                got = claim_due(s, worker="bench", lease_s=60.0, limit=1)
-            t1 = time.perf_counter()
-            if not got:
-                raise RuntimeError(f"nothing due after {i} claims: raise --due")
-            with sessions.begin() as s:
-                finalize_if_fenced(s, got[0], report, to=Status.SUCCEEDED, reason="bench")
-            t2 = time.perf_counter()
-            if i >= warmup:
-                claim_ms.append((t1 - t0) * 1000)
-                total_ms.append((t2 - t0) * 1000)
+            for sessions, (claim_ms, total_ms) in zip(makers, timed, strict=True):
+                t0 = time.perf_counter()
+                with sessions.begin() as s:
+                    got = claim_due(s, worker="bench", lease_s=60.0, limit=1)
+                t1 = time.perf_counter()
+                if not got:
+                    raise RuntimeError(f"nothing due after {i} claims: raise --due")
+                with sessions.begin() as s:
+                    finalize_if_fenced(s, got[0], report, to=Status.SUCCEEDED, reason="bench")
+                t2 = time.perf_counter()
+                if i >= warmup:
+                    claim_ms.append((t1 - t0) * 1000)
+                    total_ms.append((t2 - t0) * 1000)
     finally:
-        engine.dispose()
-
-    def stats(v: list[float]) -> dict[str, float]:
-        return {"p50": statistics.median(v), "p99": pct(v, 99), "max": max(v), "mean": statistics.fmean(v)}
-
-    return {"claims": claims, "claim_ms": stats(claim_ms), "claim_finalize_ms": stats(total_ms)}
+        for engine in engines:
+            engine.dispose()
+    return timed
 
 
-def run_one(rows: int, due: int, claims: int, attempts: bool) -> dict[str, Any]:
-    with ScratchDatabase() as db:
-        result: dict[str, Any] = {"rows": rows, "due": due, "attempt_rows": attempts}
-        result["load"] = load(db.url, rows, due, attempts)
-        plan = explain(db.url)
-        result["explain"] = plan
-        result["uses_ix_operations_due"] = any(DUE_INDEX in line for line in plan)
-        result.update(measure(db.url, claims))
-    return result
+def stats(v: list[float]) -> dict[str, float]:
+    return {"p50": statistics.median(v), "p99": pct(v, 99), "max": max(v), "mean": statistics.fmean(v)}
+
+
+def run_all(sizes: list[int], due: int, claims: int, attempts: bool) -> list[dict[str, Any]]:
+    """Load every size, then time ``claims`` claims per size, the sizes taking turns claim by claim."""
+    with ExitStack() as stack:
+        dbs = [stack.enter_context(ScratchDatabase()) for _ in sizes]
+        results: list[dict[str, Any]] = []
+        for n, db in zip(sizes, dbs, strict=True):
+            print(f"claim-latency: loading {n:,} finished rows ...", flush=True)
+            result: dict[str, Any] = {"rows": n, "due": due, "attempt_rows": attempts}
+            result["load"] = load(db.url, n, due, attempts)
+            plan = explain(db.url)
+            result["explain"] = plan
+            result["uses_ix_operations_due"] = any(DUE_INDEX in line for line in plan)
+            results.append(result)
+        print(f"claim-latency: timing {claims:,} claims per size, the sizes in turn ...", flush=True)
+        for result, (c, cf) in zip(results, measure([db.url for db in dbs], claims), strict=True):
+            result.update({"claims": len(c), "claim_ms": stats(c), "claim_finalize_ms": stats(cf)})
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=None, help="comma-separated sizes (default 10000,1000000)")
     parser.add_argument("--due", type=int, default=1000)
-    parser.add_argument("--claims", type=int, default=None)
+    parser.add_argument("--claims", type=int, default=None, help="timed claims per size (default 1000; --quick 200)")
     parser.add_argument("--no-attempts", action="store_true", help="do not load attempt rows for finished operations")
     parser.add_argument("--quick", action="store_true", help="10k and 100k rows, 200 claims")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in (args.rows or ("10000,100000" if args.quick else "10000,1000000")).split(",")]
-    claims = args.claims or (200 if args.quick else 500)
-    if claims + 20 > args.due:
+    claims = args.claims or (200 if args.quick else 1000)
+    if claims + 20 > args.due:  # 20 untimed claims warm up each size
         args.due = claims + 20
 
-    results = []
-    for n in sizes:
-        r = run_one(n, args.due, claims, not args.no_attempts)
-        results.append(r)
+    results = run_all(sizes, args.due, claims, not args.no_attempts)
+    for r in results:
+        n = r["rows"]
         load_s = r["load"]["load_operations_s"] + r["load"].get("load_attempts_s", 0.0)
         c, cf = r["claim_ms"], r["claim_finalize_ms"]
         print(
@@ -192,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
             f"table={r['load']['table_mb']:.0f}MB claim p50={c['p50']:.2f}ms p99={c['p99']:.2f}ms "
             f"max={c['max']:.2f}ms claim+finalize p50={cf['p50']:.2f}ms p99={cf['p99']:.2f}ms "
             f"{DUE_INDEX}={'yes' if r['uses_ix_operations_due'] else 'NO'}",
+            flush=True,
+        )
+    if len(results) > 1:
+        small, big = results[0], results[-1]
+        ratio = big["claim_ms"]["p99"] / small["claim_ms"]["p99"]
+        print(
+            f"claim p99 at {big['rows']:,} rows / at {small['rows']:,}: {ratio:.2f}x (goal <= 1.2x); "
+            f"p50 {big['claim_ms']['p50'] / small['claim_ms']['p50']:.2f}x",
             flush=True,
         )
     biggest = results[-1]
