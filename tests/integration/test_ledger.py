@@ -548,6 +548,58 @@ def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
         assert OPERATIONS not in stats.refresh_if_stale()  # nothing changed since: not analyzed again
 
 
+def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg_ledger):
+    """Issue 35: the multi-row finalize reads its rows from one JSON text, which PostgreSQL counts as
+    100 rows when it plans; with 20,000 attempt rows (fresh statistics) a scan of the whole table
+    looked cheaper than 100 index probes, and every doorbell's finalize read it (1.7 ms a statement,
+    growing with the table until ~30,000 rows). The attempt ids passed again as an array let the
+    planner count ten rows and use the primary key."""
+    import json
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from outbox.ledger.drivers import pg_moves
+    from outbox.ledger.models import ATTEMPTS
+
+    n = 20_000
+    with pg_ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, action, args, args_digest, subject, status,"
+                " reason, fencing_token, attempt_count, max_attempts, next_attempt_at, cancel_requested,"
+                " proven_absent_through, created_at, updated_at)"
+                " SELECT 'plan-' || g, 't', 'plan-' || g, 'refund', '{}', md5(g::text), 's', 'dispatching', 'r', 1, 1,"
+                " 5, now(), false, 0, now(), now() FROM generate_series(1, :n) AS g"
+            ),
+            {"n": n},
+        )
+        conn.execute(
+            text(
+                f"INSERT INTO {ATTEMPTS} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class,"
+                " stale)"
+                " SELECT 'plan-' || g, 1, 'dispatch', 1, 'w', now(), 'pending', false FROM generate_series(1, :n) AS g"
+            ),
+            {"n": n},
+        )
+        conn.execute(text(f"ANALYZE {OPERATIONS}"))
+        conn.execute(text(f"ANALYZE {ATTEMPTS}"))
+    url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+        picked = conn.execute(f"SELECT operation_id, id FROM {ATTEMPTS} ORDER BY random() LIMIT 10").fetchall()
+        rows = [
+            {name: None for name, _ in pg_moves.FINALIZE_COLUMNS}
+            | {"operation_id": op_id, "token": 1, "attempt_id": attempt_id, "to": "succeeded", "stale": False}
+            for op_id, attempt_id in picked
+        ]
+        params = {"rows": json.dumps(rows), "ids": [r[0] for r in picked], "attempt_ids": [r[1] for r in picked]}
+        plan = "\n".join(
+            r[0] for r in conn.execute("EXPLAIN " + pg_moves.finalize_rows(Status.SUCCEEDED, False), params)
+        )
+    assert f"Seq Scan on {ATTEMPTS}" not in plan, plan
+    assert f"Seq Scan on {OPERATIONS}" not in plan, plan
+
+
 def wait_for_stats(stats, table):
     """Refreshes until ``table`` was analyzed; returns every table analyzed on the way. The activity
     counters reach pg_stat_user_tables within about a second of a commit. Another queue table may come

@@ -118,9 +118,12 @@ def finalize_rows(to: Status, refund: bool, source: Status = Status.DISPATCHING)
     json module in C (~4 us).
     No ``guard``: a move that claims "no effect" reads every other attempt of its own operation, and
     goes alone (``finalize``). The operations must be distinct (one row of ``v`` per operation).
-    ``:ids``: their ids again, as an array: PostgreSQL cannot see into the JSON when it plans, and
-    without them it scanned every row in dispatching (and their dead index entries) for the ten it
-    moves (the finalize's execution per operation rose 0.11 -> 0.16 ms in bench.pg_statements)."""
+    ``:ids`` and ``:attempt_ids``: the operations' and attempt rows' ids again, as arrays:
+    PostgreSQL cannot see into the JSON when it plans (it counts 100 rows), and without them it
+    scanned every row in dispatching (and their dead index entries) for the ten it moves (the
+    finalize's execution per operation rose 0.11 -> 0.16 ms in bench.pg_statements), and every
+    attempt row while the table is small enough for a scan to look cheaper than 100 index probes
+    (below ~30,000 rows: 1.7 ms per statement at 20,000; bench/README.md, issue 35)."""
     writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
     claimed = (
         f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""
@@ -145,7 +148,8 @@ WITH v AS (
             (SELECT nextval('{EVENTS_ID_SEQ}'), CAST(v.p_to AS varchar), v.p_event_reason
              FROM moved WHERE moved.id = v.p_operation_id){claimed}
     FROM v
-    WHERE {ATTEMPTS}.id = v.p_attempt_id AND ended_at IS NULL
+    WHERE {ATTEMPTS}.id = v.p_attempt_id AND {ATTEMPTS}.id = ANY(CAST(:attempt_ids AS bigint[]))
+      AND ended_at IS NULL
     RETURNING {ATTEMPTS}.id
 ), logged AS (
     INSERT INTO {OPERATION_EVENTS} (operation_id, at, from_status, to_status, fencing_token, event, reason, actor)
@@ -202,7 +206,10 @@ def finalize_batch(
             alone += members
         else:
             ids = [params[i]["operation_id"] for i in members]
-            out.append((finalize_rows(to, refund, source), {"rows": doc, "ids": ids}, members))
+            attempt_ids = [params[i]["attempt_id"] for i in members]
+            out.append(
+                (finalize_rows(to, refund, source), {"rows": doc, "ids": ids, "attempt_ids": attempt_ids}, members)
+            )
     for i in sorted(alone):
         w = writes[i]
         out.append((finalize(w.to, w.refund, w.guard, w.source), params[i], [i]))
