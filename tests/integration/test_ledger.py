@@ -600,6 +600,43 @@ def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg
     assert f"Seq Scan on {OPERATIONS}" not in plan, plan
 
 
+def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_as_it_was(pg_ledger):
+    """Issue 35: planning a claim costs more than running it, and PostgreSQL, left to choose, planned
+    it (and the doorbell's multi-row finalize) afresh for most calls in some runs. The driver runs
+    both with plan_cache_mode force_generic_plan: once psycopg has prepared them (after five runs),
+    PostgreSQL plans them no more (pg_prepared_statements counts no custom plan; it would count
+    five before choosing). The transaction's setting is back to its default after each."""
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from outbox.ledger.transitions import Finalize, finalize_many_if_fenced
+
+    for n in range(24):
+        _submit(pg_ledger, idempotency_key=f"generic-{n}")
+    engine = make_engine(pg_ledger.url, pool_size=1, max_overflow=0)  # one connection: its prepared statements
+    sessions = make_sessionmaker(engine)
+    report = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_1")
+    try:
+        for _ in range(12):
+            with sessions.begin() as s:
+                claims = claim_due(s, worker="w", lease_s=30.0, limit=2)
+                assert len(claims) == 2
+                assert s.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
+            with sessions.begin() as s:
+                items = [Finalize(c, report, Status.SUCCEEDED, "done") for c in claims]
+                assert finalize_many_if_fenced(s, items) == [None, None]
+                assert s.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
+        with sessions() as s:
+            plans = s.execute(
+                text(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                    f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%' OR statement LIKE '%json_to_recordset%'"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert len(plans) == 2, plans  # the claim, the finalize of two alike moves
+    assert all(custom == 0 and generic >= 1 for generic, custom in plans), plans
+
+
 def wait_for_stats(stats, table):
     """Refreshes until ``table`` was analyzed; returns every table analyzed on the way. The activity
     counters reach pg_stat_user_tables within about a second of a commit. Another queue table may come

@@ -333,4 +333,7 @@ WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
   AND n_mod_since_analyze >= GREATEST(%(min_rows)s, %(share)s * n_live_tup)
 """
 STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
+# Around a claim: its cached generic plan, never a custom one (PostgresDriver.claim says why).
+GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
+PLANS_AS_BEFORE = "SET LOCAL plan_cache_mode = DEFAULT"
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"
