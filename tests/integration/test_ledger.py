@@ -637,6 +637,34 @@ def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_a
     assert all(custom == 0 and generic >= 1 for generic, custom in plans), plans
 
 
+def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quietly(pg_ledger):
+    """The worker's hot path claims on an autocommit connection (PgHotPath): the set, the claim and
+    the set back are one implicit transaction there. No warning (SET LOCAL would log one per
+    claim), the generic plan used, and a setting of the caller's own transaction kept."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    for n in range(14):
+        _submit(pg_ledger, idempotency_key=f"quiet-{n}")
+    url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        for _ in range(12):
+            assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+        [(generic, custom)] = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%'"
+        ).fetchall()
+        assert custom == 0 and generic >= 1
+        with conn.transaction():
+            conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
+            assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
+    assert notices == []
+
+
 def wait_for_stats(stats, table):
     """Refreshes until ``table`` was analyzed; returns every table analyzed on the way. The activity
     counters reach pg_stat_user_tables within about a second of a commit. Another queue table may come

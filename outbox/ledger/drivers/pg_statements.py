@@ -333,7 +333,13 @@ WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
   AND n_mod_since_analyze >= GREATEST(%(min_rows)s, %(share)s * n_live_tup)
 """
 STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
-# Around a claim: its cached generic plan, never a custom one (PostgresDriver.claim says why).
-GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
-PLANS_AS_BEFORE = "SET LOCAL plan_cache_mode = DEFAULT"
+# Around a claim or a finalize: its cached generic plan, never a custom one (PostgresDriver.claim
+# says why), then the setting the transaction had. set_config, not SET LOCAL: on the worker's
+# autocommit connection the pipeline is an implicit transaction, where SET LOCAL works but warns
+# (a server log line per claim).
+GENERIC_PLANS = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+    " FROM (SELECT set_config('agent_outbox.plan_cache_mode', current_setting('plan_cache_mode'), true)) AS kept"
+)
+PLANS_AS_BEFORE = "SELECT set_config('plan_cache_mode', current_setting('agent_outbox.plan_cache_mode'), true)"
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"
