@@ -638,11 +638,15 @@ def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_a
 
 
 def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quietly(pg_ledger):
-    """The worker's hot path claims on an autocommit connection (PgHotPath): the set, the claim and
-    the set back are one implicit transaction there. No warning (SET LOCAL would log one per
-    claim), the generic plan used, and a setting of the caller's own transaction kept."""
+    """The worker's hot path claims (and reads what is due, and the attempt log) on an autocommit
+    connection (PgHotPath): the set, the statement and the set back are one implicit transaction
+    there. No warning (SET LOCAL would log one per claim), the generic plans used, and a setting
+    of the caller's own transaction kept."""
     import psycopg
     from sqlalchemy.engine import make_url
+
+    from outbox.ledger.claims import read_due
+    from outbox.ledger.drivers import driver_for
 
     for n in range(14):
         _submit(pg_ledger, idempotency_key=f"quiet-{n}")
@@ -650,14 +654,18 @@ def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quie
     with psycopg.connect(url, autocommit=True) as conn:
         notices: list[str] = []
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        ids = [r[0] for r in conn.execute(f"SELECT id FROM {OPERATIONS} ORDER BY id LIMIT 3")]
         for _ in range(12):
             assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
+            read_due(conn, ids)  # the doorbell's first read
+            driver_for(conn).attempt_log(conn, ids, ("id", "operation_id"))  # the evidence's read
         assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
-        [(generic, custom)] = conn.execute(
+        plans = conn.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-            f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%'"
+            f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%' OR statement LIKE '%= ANY(%'"
         ).fetchall()
-        assert custom == 0 and generic >= 1
+        assert len(plans) == 3, plans  # the claim, the due read, the attempt log
+        assert all(custom == 0 and generic >= 1 for generic, custom in plans), plans
         with conn.transaction():
             conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
             assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1

@@ -333,8 +333,8 @@ WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
   AND n_mod_since_analyze >= GREATEST(%(min_rows)s, %(share)s * n_live_tup)
 """
 STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
-# Around a claim or a finalize: its cached generic plan, never a custom one (PostgresDriver.claim
-# says why), then the setting the transaction had. set_config, not SET LOCAL: on the worker's
+# Around a hot-path statement: its cached generic plan, never a custom one (postgres.py
+# _generic_rows says why), then the setting the transaction had. set_config, not SET LOCAL: on the worker's
 # autocommit connection the pipeline is an implicit transaction, where SET LOCAL works but warns
 # (a server log line per claim).
 GENERIC_PLANS = (

@@ -85,6 +85,27 @@ def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
     return rows
 
 
+def _generic_rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
+    """``_rows`` on the statement's cached generic plan, never a custom one (on psycopg).
+
+    PostgreSQL plans a prepared statement afresh while a custom plan looks cheaper than the
+    generic one, and a custom plan priced for the ids actually given looks cheaper than the
+    generic one priced for ten whenever fewer come: the hot path's claim (~1 ms to plan, more than
+    to run it), its doorbell reads and its finalize were planned on most calls in some runs, not
+    in others (bench/README.md, issue 35). Their statuses and limits are literals in the text, so
+    the generic plans read the same partial indexes. Set, run, set back: one pipeline, one round
+    trip, as the statement alone."""
+    conn = _raw(bind)
+    if conn is None:
+        return _rows(bind, statement, params)
+    with conn.pipeline():
+        conn.execute(sql.GENERIC_PLANS)
+        cursor = conn.cursor(row_factory=namedtuple_row)
+        cursor.execute(statement, params)
+        conn.execute(sql.PLANS_AS_BEFORE)
+    return cursor.fetchall()
+
+
 LISTEN_CONNECT_TIMEOUT_S = 10
 
 
@@ -173,23 +194,7 @@ class PostgresDriver:
             params.update((fairness or Fairness(FairnessMode.OFF)).claim_params())
             if operation_ids is None:
                 params["operation_ids"] = []
-        conn = _raw(session)
-        if conn is None:
-            return _rows(session, statement, params)
-        # Planning a claim costs more than running it (~1 ms against ~0.7, bench.pg_statements), and
-        # PostgreSQL, free to choose, kept planning it afresh for most calls in some runs (0.4-0.99
-        # plans per call) and not in others (0.1): it compares the generic plan's cost with the
-        # custom plans' average, and a custom plan priced for the array of ids actually given
-        # looks cheaper than a generic one priced for ten, whenever fewer come. Statuses and limits
-        # are literals in the text, so the generic plan reads the same partial indexes as a custom
-        # one (pg_statements.py). One round trip: set, claim, set back, pipelined. The finalize
-        # does the same (its multi-row statement flipped between 0.04 and 0.71 plans per call).
-        with conn.pipeline():
-            conn.execute(sql.GENERIC_PLANS)
-            cursor = conn.cursor(row_factory=namedtuple_row)
-            cursor.execute(statement, params)
-            conn.execute(sql.PLANS_AS_BEFORE)
-        return cursor.fetchall()
+        return _generic_rows(session, statement, params)
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
         """Each write's (attempt row written, operation moved), pipelined in one round trip."""
@@ -205,7 +210,7 @@ class PostgresDriver:
             return [(bool(row.wrote), bool(row.moved)) for row in found]
         out: list[tuple[bool, bool]] = [(False, False)] * len(writes)
         with conn.pipeline():
-            conn.execute(sql.GENERIC_PLANS)  # as the claim's (claim says why); no round trip more
+            conn.execute(sql.GENERIC_PLANS)  # as _generic_rows (which says why), in the same pipeline
             sent = []
             for statement, params, members in moves.finalize_batch(writes, rows):
                 cursor = conn.cursor()
@@ -225,10 +230,10 @@ class PostgresDriver:
 
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> list[Any]:
-        return _rows(session, sql.READ_DUE, {"ids": list(operation_ids)})
+        return _generic_rows(session, sql.READ_DUE, {"ids": list(operation_ids)})
 
     def attempt_log(self, session: Any, operation_ids: Sequence[str], columns: tuple[str, ...]) -> list[Any]:
-        return _rows(session, sql.attempt_log(columns), {"ids": list(operation_ids)})
+        return _generic_rows(session, sql.attempt_log(columns), {"ids": list(operation_ids)})
 
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None:
         raw = _raw(session)
