@@ -673,29 +673,6 @@ def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quie
     assert notices == []
 
 
-def test_a_workers_hot_path_connection_runs_on_generic_plans_for_its_whole_session(pg_ledger):
-    """PgHotPath (a worker's own autocommit connection, only catalogue statements on it) sets
-    plan_cache_mode once when it connects, instead of a set and set back around each statement."""
-    from outbox.ledger.hot_path import LedgerConnection
-
-    for n in range(14):
-        _submit(pg_ledger, idempotency_key=f"hot-{n}")
-    ledger = LedgerConnection(pg_ledger.engine, pg_ledger.sessions)
-    try:
-        for _ in range(12):
-            with ledger.one_statement() as conn:
-                assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
-        with ledger.one_statement() as conn:
-            assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
-            [(generic, custom)] = conn.execute(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%'"
-            ).fetchall()
-    finally:
-        ledger.close()
-    assert custom == 0 and generic >= 1
-
-
 def wait_for_stats(stats, table):
     """Refreshes until ``table`` was analyzed; returns every table analyzed on the way. The activity
     counters reach pg_stat_user_tables within about a second of a commit. Another queue table may come

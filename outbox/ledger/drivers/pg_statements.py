@@ -342,7 +342,4 @@ GENERIC_PLANS = (
     " FROM (SELECT set_config('agent_outbox.plan_cache_mode', current_setting('plan_cache_mode'), true)) AS kept"
 )
 PLANS_AS_BEFORE = "SELECT set_config('plan_cache_mode', current_setting('agent_outbox.plan_cache_mode'), true)"
-# A worker's own hot-path connection (PgHotPath) runs only this catalogue's statements: generic
-# plans for its whole session, nothing to set around each statement.
-GENERIC_PLANS_SESSION = "SET plan_cache_mode = force_generic_plan"
 MIGRATION_LOCK_SQL = f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -86,20 +85,18 @@ def _rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
     return rows
 
 
-# Hot-path connections (PgHotPath), on generic plans for their whole session: set once there, not
-# around each statement (that pipeline costs the client ~80 us a statement).
-_GENERIC_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
 def _generic_rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any]:
-    """``_rows`` on the statement's cached generic plan, never a custom one (on psycopg). PostgreSQL
-    re-plans while a custom plan looks cheaper, and one priced for the ids actually given looks
-    cheaper than the generic one priced for ten whenever fewer come: the claim (~1 ms to plan, more
-    than to run it), the doorbell's reads and its finalize were planned on most calls in some runs
-    (bench/README.md, issue 35). Their statuses and limits are literals, so the generic plans read
-    the same partial indexes. Set, run, set back: one pipeline, one round trip."""
+    """``_rows`` on the statement's cached generic plan, never a custom one (on psycopg).
+
+    PostgreSQL plans a prepared statement afresh while a custom plan looks cheaper than the
+    generic one, and a custom plan priced for the ids actually given looks cheaper than the
+    generic one priced for ten whenever fewer come: the hot path's claim (~1 ms to plan, more than
+    to run it), its doorbell reads and its finalize were planned on most calls in some runs, not
+    in others (bench/README.md, issue 35). Their statuses and limits are literals in the text, so
+    the generic plans read the same partial indexes. Set, run, set back: one pipeline, one round
+    trip, as the statement alone."""
     conn = _raw(bind)
-    if conn is None or conn in _GENERIC_SESSIONS:  # another driver; a worker's hot path (set once)
+    if conn is None:
         return _rows(bind, statement, params)
     with conn.pipeline():
         conn.execute(sql.GENERIC_PLANS)
@@ -212,17 +209,14 @@ class PostgresDriver:
             ]
             return [(bool(row.wrote), bool(row.moved)) for row in found]
         out: list[tuple[bool, bool]] = [(False, False)] * len(writes)
-        wrap = conn not in _GENERIC_SESSIONS  # as _generic_rows (which says why), in the same pipeline
         with conn.pipeline():
-            if wrap:
-                conn.execute(sql.GENERIC_PLANS)
+            conn.execute(sql.GENERIC_PLANS)  # as _generic_rows (which says why), in the same pipeline
             sent = []
             for statement, params, members in moves.finalize_batch(writes, rows):
                 cursor = conn.cursor()
                 cursor.execute(statement, params)
                 sent.append((members, cursor))
-            if wrap:
-                conn.execute(sql.PLANS_AS_BEFORE)
+            conn.execute(sql.PLANS_AS_BEFORE)
         for members, cursor in sent:
             for i, (wrote, moved) in zip(members, cursor.fetchall(), strict=True):
                 out[i] = (bool(wrote), bool(moved))
@@ -342,9 +336,7 @@ class Listener:
 
 
 class PgHotPath:
-    """A worker process's own psycopg connection, autocommit (outbox/ledger/hot_path.py), on generic
-    plans for its whole session (_generic_rows): only the catalogue's statements run on it, whose
-    statuses and limits are literals, so no plan there loses a partial index to a parameter."""
+    """A worker process's own psycopg connection, in autocommit mode (outbox/ledger/hot_path.py)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -362,8 +354,6 @@ class PgHotPath:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
             conn.autocommit = True
-            conn.execute(sql.GENERIC_PLANS_SESSION)
-            _GENERIC_SESSIONS.add(conn)
             self._conn = conn
         return self._conn
 
