@@ -9,9 +9,10 @@ dropped even on Ctrl-C):
 2. ``EXPLAIN`` the claim's due subquery (the statement ``outbox.ledger.claims`` sends, as a SELECT ... FOR
    UPDATE SKIP LOCKED) and check that it reads the partial index of due rows (``DUE_INDEX``);
 3. ``CHECKPOINT``, so the load's dirty pages are not written out while claims are timed;
-4. time K claims (default 1,000), each = ``claim_due(limit=1)`` in one transaction (SQLAlchemy
-   session, exactly as a worker does) + ``finalize_if_fenced(..., to=succeeded)`` in another;
-   report p50/p99/max of the claim and of claim+finalize, in ms, after a short warm-up.
+4. time K claims (default 1,000), each = ``claim_due(limit=1)`` in one transaction (a SQLAlchemy
+   session, as the reconciler claims; a worker's dispatch claims on its own autocommit connection)
+   + ``finalize_if_fenced(..., to=succeeded)`` in another; report p50/p99/max of the claim and of
+   claim+finalize, in ms, after a short warm-up.
 
 Every size is loaded first, then the sizes take turns claim by claim: a p99 is the 1% slowest
 claims, and timing one size after the other gave each size a different minute of the machine
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if len(results) > 1:
-        small, big = results[0], results[-1]
+        small, big = min(results, key=lambda r: r["rows"]), max(results, key=lambda r: r["rows"])
         ratio = big["claim_ms"]["p99"] / small["claim_ms"]["p99"]
         print(
             f"claim p99 at {big['rows']:,} rows / at {small['rows']:,}: {ratio:.2f}x (goal <= 1.2x); "

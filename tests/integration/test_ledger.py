@@ -553,7 +553,8 @@ def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg
     100 rows when it plans; with 20,000 attempt rows (fresh statistics) a scan of the whole table
     looked cheaper than 100 index probes, and every doorbell's finalize read it (1.7 ms a statement,
     growing with the table until ~30,000 rows). The attempt ids passed again as an array let the
-    planner count ten rows and use the primary key."""
+    planner count ten rows and use the primary key. (EXPLAIN with values plans for those values;
+    the generic plan the statement runs on prices an array parameter at ten elements too.)"""
     import json
 
     import psycopg
@@ -638,38 +639,44 @@ def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_a
 
 
 def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quietly(pg_ledger):
-    """The worker's hot path claims (and reads what is due, and the attempt log) on an autocommit
-    connection (PgHotPath): the set, the statement and the set back are one implicit transaction
-    there. No warning (SET LOCAL would log one per claim), the generic plans used, and a setting
-    of the caller's own transaction kept."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
+    """The worker's hot path claims (and reads what is due, and the attempt log) on its own
+    autocommit connection (LedgerConnection, PgHotPath): the set, the statement and the set back
+    are one implicit transaction there. No warning (SET LOCAL would log one per claim), the
+    generic plans used, nothing left set on the connection (a session-wide SET would reach other
+    clients behind a transaction-pooling PgBouncer), and a setting of a caller's transaction kept."""
     from outbox.ledger.claims import read_due
     from outbox.ledger.drivers import driver_for
+    from outbox.ledger.hot_path import LedgerConnection
 
     for n in range(14):
         _submit(pg_ledger, idempotency_key=f"quiet-{n}")
-    url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True) as conn:
-        notices: list[str] = []
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        ids = [r[0] for r in conn.execute(f"SELECT id FROM {OPERATIONS} ORDER BY id LIMIT 3")]
+    ledger = LedgerConnection(pg_ledger.engine, pg_ledger.sessions)
+    notices: list[str] = []
+    try:
+        with ledger.one_statement() as conn:
+            conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+            ids = [r[0] for r in conn.execute(f"SELECT id FROM {OPERATIONS} ORDER BY id LIMIT 3")]
         for _ in range(12):
-            assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
-            read_due(conn, ids)  # the doorbell's first read
-            driver_for(conn).attempt_log(conn, ids, ("id", "operation_id"))  # the evidence's read
-        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
-        plans = conn.execute(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-            f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%' OR statement LIKE '%= ANY(%'"
-        ).fetchall()
+            with ledger.one_statement() as conn:
+                assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
+            with ledger.one_statement() as conn:
+                read_due(conn, ids)  # the doorbell's first read
+            with ledger.transaction() as conn:
+                driver_for(conn).attempt_log(conn, ids, ("id", "operation_id"))  # the evidence's read
+        with ledger.one_statement() as conn:
+            assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+            plans = conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%' OR statement LIKE '%= ANY(%'"
+            ).fetchall()
         assert len(plans) == 3, plans  # the claim, the due read, the attempt log
         assert all(custom == 0 and generic >= 1 for generic, custom in plans), plans
-        with conn.transaction():
+        with ledger.transaction() as conn:
             conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
             assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
             assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
+    finally:
+        ledger.close()
     assert notices == []
 
 
