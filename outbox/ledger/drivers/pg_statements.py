@@ -334,9 +334,10 @@ WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
 """
 STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
 # Around a hot-path statement: its cached generic plan, never a custom one (postgres.py
-# _generic_rows says why), then the setting the transaction had. set_config, not SET LOCAL: on the worker's
-# autocommit connection the pipeline is an implicit transaction, where SET LOCAL works but warns
-# (a server log line per claim).
+# _generic_rows says why), then the setting the transaction had. Transaction-scoped, never a
+# session-wide SET: behind a transaction-pooling PgBouncer that would stay on the server connection
+# and reach other clients. set_config, not SET LOCAL: on the worker's autocommit connection the
+# pipeline is an implicit transaction, where SET LOCAL works but warns (a log line per claim).
 GENERIC_PLANS = (
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
     " FROM (SELECT set_config('agent_outbox.plan_cache_mode', current_setting('plan_cache_mode'), true)) AS kept"
