@@ -98,12 +98,20 @@ def _generic_rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any
     conn = _raw(bind)
     if conn is None:
         return _rows(bind, statement, params)
-    with conn.pipeline():
-        conn.execute(sql.GENERIC_PLANS)
+    with _on_generic_plans(conn):
         cursor = conn.cursor(row_factory=namedtuple_row)
         cursor.execute(statement, params)
-        conn.execute(sql.PLANS_AS_BEFORE)
     return cursor.fetchall()
+
+
+@contextmanager
+def _on_generic_plans(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A pipeline whose statements run on their generic plans (_generic_rows says why): the setting
+    set before them and put back after, in the same round trip."""
+    with conn.pipeline():
+        conn.execute(sql.GENERIC_PLANS)
+        yield
+        conn.execute(sql.PLANS_AS_BEFORE)
 
 
 LISTEN_CONNECT_TIMEOUT_S = 10
@@ -209,14 +217,12 @@ class PostgresDriver:
             ]
             return [(bool(row.wrote), bool(row.moved)) for row in found]
         out: list[tuple[bool, bool]] = [(False, False)] * len(writes)
-        with conn.pipeline():
-            conn.execute(sql.GENERIC_PLANS)  # as _generic_rows (which says why), in the same pipeline
+        with _on_generic_plans(conn):
             sent = []
             for statement, params, members in moves.finalize_batch(writes, rows):
                 cursor = conn.cursor()
                 cursor.execute(statement, params)
                 sent.append((members, cursor))
-            conn.execute(sql.PLANS_AS_BEFORE)
         for members, cursor in sent:
             for i, (wrote, moved) in zip(members, cursor.fetchall(), strict=True):
                 out[i] = (bool(wrote), bool(moved))
