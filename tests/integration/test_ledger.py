@@ -548,6 +548,59 @@ def test_a_backlog_gets_fresh_planner_statistics_and_pk_plans(pg_ledger):
         assert OPERATIONS not in stats.refresh_if_stale()  # nothing changed since: not analyzed again
 
 
+def test_the_relays_later_analyses_cover_the_searched_columns_and_count_from_its_own_mark(pg_ledger, monkeypatch):
+    """Issue 35: a whole-table ANALYZE every few seconds was 13% of the database's CPU while a young
+    ledger grows, most of it the wide text columns no plan reads. A relay's first analysis of a table
+    covers every column; the next ones only the columns its indexes key or filter on (``tenant`` is
+    one, ``subject`` is not), and every column again after ALL_COLUMNS_EVERY_S. Such an analysis
+    leaves PostgreSQL's count of changes as it was: counted from the relay's own mark, a table
+    unchanged since is not analyzed again (else it would be, at every sweep)."""
+    from outbox.ledger import planner_stats
+    from outbox.ledger.planner_stats import PlannerStats
+
+    monkeypatch.setattr(planner_stats, "MIN_CHANGED_ROWS", 100)
+    monkeypatch.setattr(planner_stats, "MIN_CHANGED_SHARE", 0.0)  # earlier tests' rows may still be counted
+    stats = PlannerStats(pg_ledger.engine, min_interval_s=0)
+    added = 0
+
+    def add(n: int, value: str) -> None:
+        nonlocal added
+        with pg_ledger.engine.begin() as conn:
+            conn.execute(
+                text(
+                    f"INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, action, args, args_digest, subject,"
+                    " status, fencing_token, attempt_count, next_attempt_at, cancel_requested,"
+                    " proven_absent_through, created_at, updated_at)"
+                    " SELECT 'stats-' || g, :v, 'stats-' || g, 'refund', '{}', md5(g::text), :v, 'not_dispatched',"
+                    " 0, 0, now(), false, 0, now(), now() FROM generate_series(CAST(:a AS int), CAST(:b AS int)) AS g"
+                ),
+                {"v": value, "a": added, "b": added + n - 1},
+            )
+            # Counted when this backend next goes idle, not up to 10 s later (PostgreSQL 15).
+            conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        added += n
+
+    def common(column: str) -> set[str]:
+        with pg_ledger.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT most_common_vals::text::text[] FROM pg_stats WHERE tablename = :t AND attname = :c"),
+                {"t": OPERATIONS, "c": column},
+            ).first()
+        return set(row[0] or []) if row else set()
+
+    add(500, "first")
+    assert OPERATIONS in wait_for_stats(stats, OPERATIONS)  # every column
+    assert common("tenant") == common("subject") == {"first"}
+    add(1500, "second")
+    assert OPERATIONS in wait_for_stats(stats, OPERATIONS)  # the searched ones
+    assert "second" in common("tenant") and common("subject") == {"first"}
+    assert OPERATIONS not in stats.refresh_if_stale(), "unchanged since the relay's mark: not analyzed again"
+    monkeypatch.setattr(planner_stats, "ALL_COLUMNS_EVERY_S", 0.0)
+    add(1500, "third")
+    assert OPERATIONS in wait_for_stats(stats, OPERATIONS)
+    assert "third" in common("subject")
+
+
 def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg_ledger):
     """Issue 35: the multi-row finalize reads its rows from one JSON text, which PostgreSQL counts as
     100 rows when it plans; with 20,000 attempt rows (fresh statistics) a scan of the whole table

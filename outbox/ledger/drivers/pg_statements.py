@@ -327,10 +327,21 @@ TRY_LEAD = "SELECT pg_try_advisory_lock(%(key)s), clock_timestamp()"
 
 # -- housekeeping ---------------------------------------------------------------------------------
 # Queue tables changed enough since their last ANALYZE (outbox/ledger/planner_stats.py).
+# The tables changed enough since their last analysis: by n_mod_since_analyze, or since the caller's
+# mark (the table's changes when the caller last analyzed it) where that is fewer: an ANALYZE of some
+# columns leaves n_mod_since_analyze as it was. ``searched``: the columns an index keys or filters on.
 STALE_STATISTICS = """
-SELECT relname FROM pg_stat_user_tables
-WHERE relname = ANY(%(tables)s) AND schemaname = current_schema()
-  AND n_mod_since_analyze >= GREATEST(%(min_rows)s, %(share)s * n_live_tup)
+SELECT s.relname, c.changes,
+       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute AS a
+        WHERE a.attrelid = s.relid AND a.attnum > 0 AND NOT a.attisdropped AND EXISTS (
+            SELECT FROM pg_index AS i WHERE i.indrelid = s.relid AND (a.attnum = ANY(i.indkey)
+                OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M')))) AS searched
+FROM pg_stat_user_tables AS s
+CROSS JOIN LATERAL (SELECT s.n_tup_ins + s.n_tup_upd + s.n_tup_del AS changes) AS c
+LEFT JOIN unnest(CAST(%(tables)s AS text[]), CAST(%(marks)s AS bigint[])) AS m(relname, mark) USING (relname)
+WHERE s.relname = ANY(%(tables)s) AND s.schemaname = current_schema()
+  AND LEAST(s.n_mod_since_analyze, CASE WHEN m.mark <= c.changes THEN c.changes - m.mark END)
+      >= GREATEST(%(min_rows)s, %(share)s * s.n_live_tup)
 """
 STATEMENT_TIMEOUT = "SET LOCAL statement_timeout = %d"  # milliseconds, an int written in
 # Around a hot-path statement: its cached generic plan, never a custom one (postgres.py

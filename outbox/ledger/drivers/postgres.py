@@ -253,13 +253,17 @@ class PostgresDriver:
             else:
                 raw.execute(sql.INSERT_EVIDENCE_ROWS, {"rows": doc})
 
-    def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
-        params = {"tables": list(tables), "min_rows": min_rows, "share": share}
-        stale = [row[0] for row in _rows(conn, sql.STALE_STATISTICS, params)]
-        for table in stale:
-            if table in tables:  # a name the caller gave, as PostgreSQL returned it
-                conn.exec_driver_sql(f"ANALYZE {table}")
-        return stale
+    def analyze_stale(
+        self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float, seen: dict[str, int] | None = None
+    ) -> list[str]:
+        seen = {} if seen is None else seen  # without a caller's memory, every analysis is a first one
+        params = {"tables": list(tables), "marks": [seen.get(t) for t in tables], "min_rows": min_rows, "share": share}
+        stale = [row for row in _rows(conn, sql.STALE_STATISTICS, params) if row[0] in tables]
+        for table, changes, searched in stale:  # names the caller gave, as PostgreSQL returned them
+            some = table in seen and searched  # all columns the first time, then the searched ones
+            conn.exec_driver_sql(f"ANALYZE {table} ({searched})" if some else f"ANALYZE {table}")
+            seen[table] = changes
+        return [row[0] for row in stale]
 
     def upsert(self, table: Any) -> Any:
         from sqlalchemy.dialects.postgresql import insert as dialect_insert

@@ -310,7 +310,9 @@ class SqliteDriver:
         if records:  # an INSERT of no rows is an error here (PostgreSQL's executemany does nothing)
             session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
 
-    def analyze_stale(self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float) -> list[str]:
+    def analyze_stale(
+        self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float, seen: dict[str, int] | None = None
+    ) -> list[str]:
         # SQLite plans every statement on its own (no cached generic plans), from sqlite_stat1
         # that nothing here writes: without it the planner prefers the primary key for ids.
         return []
