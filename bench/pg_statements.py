@@ -8,7 +8,7 @@ at least once per 20 operations: calls per operation, rows per call, mean execut
 share of the database's execution time; and the database's CPU per operation as the pipeline bench
 measured it (/proc, every ``postgres`` process).
 
-    .venv/bin/python -m bench.pg_statements [--ops 2000]
+    .venv/bin/python -m bench.pg_statements [--ops 2000] [--submit-batch N]
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ ORDER BY total_exec_time DESC
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=2000)
+    p.add_argument("--submit-batch", type=int, default=1, help="intents per submit transaction (pipeline_bench's)")
     a = p.parse_args(argv)
     with StockCluster(
         "shared_preload_libraries=pg_stat_statements",
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("SELECT pg_stat_statements_reset()")
         cmd = [sys.executable, "-m", "bench.pipeline_bench", "--ops", str(a.ops), "--workers", "2"]
         cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive", "--tag", "pg-statements"]
+        cmd += ["--submit-batch", str(a.submit_batch)] if a.submit_batch != 1 else []
         print("$", " ".join(cmd[1:]), flush=True)
         done = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"OUTBOX_BENCH_PG_URL": admin}, text=True)
         if done.returncode != 0:
@@ -63,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
             total_ms, plan_ms = conn.execute(
                 "SELECT sum(total_exec_time), sum(total_plan_time) FROM pg_stat_statements"
             ).fetchone()
+            # The relay's planner statistics (outbox/ledger/planner_stats.py): a few calls, each costly.
+            calls, spent = conn.execute(
+                "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0) FROM pg_stat_statements"
+                " WHERE query ILIKE 'analyze%%'"
+            ).fetchone()
+            analyzes, analyze_ms = int(calls), float(spent)  # sum() of bigints is numeric: a Decimal
     print(f"\nPostgreSQL execution time per operation: {total_ms / operations:.3f} ms (all statements)")
+    print(f"  of which ANALYZE: {analyze_ms / operations:.3f} ms ({analyzes} calls, {analyze_ms:.0f} ms in all)")
     # Planning: a statement psycopg has prepared runs on PostgreSQL's cached plan (plans < calls).
     print(f"PostgreSQL planning time per operation: {plan_ms / operations:.3f} ms (all statements)")
     print(f"{'calls/op':>8} {'rows/call':>9} {'ms/call':>8} {'share':>6} {'plans/call':>10} {'plan ms':>7}  statement")
@@ -93,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ops": a.ops,
                 "exec_ms_per_op": total_ms / operations,
                 "plan_ms_per_op": plan_ms / operations,
+                "analyze_calls": analyzes,
+                "analyze_ms_per_op": analyze_ms / operations,
                 "statements": out,
             },
             indent=2,
