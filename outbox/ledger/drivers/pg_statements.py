@@ -326,10 +326,10 @@ LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 TRY_LEAD = "SELECT pg_try_advisory_lock(%(key)s), clock_timestamp()"
 
 # -- housekeeping ---------------------------------------------------------------------------------
-# Queue tables changed enough since their last ANALYZE (outbox/ledger/planner_stats.py).
-# The tables changed enough since their last analysis: by n_mod_since_analyze, or since the caller's
-# mark (the table's changes when the caller last analyzed it) where that is fewer: an ANALYZE of some
-# columns leaves n_mod_since_analyze as it was. ``searched``: the columns an index keys or filters on.
+# Queue tables changed enough since their last ANALYZE (outbox/ledger/planner_stats.py): by
+# n_mod_since_analyze, or since the caller's mark (the table's changes when the caller last analyzed
+# it) where that is fewer: an ANALYZE of some columns leaves n_mod_since_analyze as it was.
+# ``searched``: the columns an index keys or filters on (words of a partial index's predicate).
 STALE_STATISTICS = """
 SELECT s.relname, c.changes,
        (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute AS a
