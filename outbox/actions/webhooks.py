@@ -69,9 +69,9 @@ def secret_problem(scheme: Scheme, secret: str) -> str | None:
         return "is empty"
     if scheme == "stripe":
         return None
-    raw = secret.removeprefix(STANDARD_PREFIX)
+    raw = secret.removeprefix(STANDARD_PREFIX).rstrip("=")
     try:
-        decoded = base64.b64decode(raw + "==", validate=True)
+        decoded = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
     except (binascii.Error, ValueError):
         return "is not a Standard Webhooks secret: whsec_ followed by base64"
     if not STANDARD_MIN_BYTES <= len(decoded) <= STANDARD_MAX_BYTES:
