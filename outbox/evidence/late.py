@@ -123,7 +123,9 @@ def apply(
     """Settle one operation by its late success (see the module docstring). Returns the new status,
     or None when there was nothing to do (it already holds the effect). ``event`` / ``why``: what the
     history says of a success that came another way than a worker's attempt (a provider's webhook)."""
-    op = session.execute(select(Operation).where(Operation.id == late.operation_id).with_for_update()).scalar_one()
+    # populate_existing: the row as locked now, not as the caller's session may have read it before.
+    locking = select(Operation).where(Operation.id == late.operation_id).with_for_update()
+    op = session.execute(locking.execution_options(populate_existing=True)).scalar_one()
     status = Status(op.status)
     # Compare-and-set: another sweep, worker or reconciler may have applied it since it was read.
     stamped = session.execute(

@@ -210,7 +210,9 @@ def _apply(
     packet: PacketBuilder,
 ) -> tuple[Status | None, str]:
     """(the status it moved the operation to, or None; why) under the operation row's lock."""
-    locked = session.execute(select(Operation).where(Operation.id == op.id).with_for_update()).scalar_one()
+    # populate_existing: the row as it is once locked, not as _operations read it before the lock.
+    locking = select(Operation).where(Operation.id == op.id).with_for_update()
+    locked = session.execute(locking.execution_options(populate_existing=True)).scalar_one()
     status = Status(locked.status)
     said = f"webhook {event.event_type} ({event.event_id}) from {event.target}"
     if reading.outcome is WebhookOutcome.PENDING:

@@ -258,3 +258,30 @@ def test_the_history_says_a_webhook_settled_it(ledger):
         )
     assert last is not None and last.event == EventKind.WEBHOOK.value and last.actor == "webhook:payments"
     assert (last.from_status, last.to_status) == ("outcome_unknown", "succeeded")
+
+
+def test_a_reconciler_claim_between_the_events_read_and_its_lock_is_fenced_off(pg_ledger):
+    """The event reads its operation, a reconciler claims it (token + 1) before the event locks the
+    row: the event's move is guarded by the token it holds once locked, and the reconciler's
+    settlement is the one refused."""
+    op_id = _unknown(pg_ledger)
+    claims: list[Claim] = []
+
+    def reconciler_claims_meanwhile(op: Operation, reading: EventReading) -> None:
+        with pg_ledger.sessions.begin() as other:
+            claims.extend(claim_unknown(other, worker="reconciler", lease_s=30, operation_id=op_id))
+
+    with pg_ledger.sessions.begin() as s:
+        got = receive(
+            s,
+            _event(WebhookOutcome.SUCCEEDED),
+            actor="webhook:payments",
+            sink=SINK,
+            packet=packet,
+            owns=reconciler_claims_meanwhile,
+        )
+    assert got.moved_to == "succeeded" and len(claims) == 1
+    with pg_ledger.sessions.begin() as s, pytest.raises(StaleFence):
+        settle_if_fenced(s, claims[0], AttemptReport(AttemptClass.AMBIGUOUS), to=Status.OUTCOME_UNKNOWN, reason="down")
+    op = _op(pg_ledger, op_id)
+    assert op.status == "succeeded" and op.fencing_token == claims[0].fencing_token + 1
