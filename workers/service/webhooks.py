@@ -36,6 +36,7 @@ from workers.webhooks.signatures import WebhookRefused, verify
 from workers.wiring.runtime import load_actions_for
 
 log = logging.getLogger(__name__)
+TENANT_MAX = 128  # the ledger's tenant column
 
 
 class EndpointNotFound(NotFound):
@@ -135,7 +136,9 @@ class WebhookReceiver:
 
 def _secrets(cfg: TargetConfig | None, target: str, tenant: str | None) -> list[str]:
     if cfg is None or cfg.webhooks is None:
-        raise EndpointNotFound(f"target {target!r} receives no webhooks (targets.<name>.webhooks)")
+        raise EndpointNotFound(f"target {target[:200]!r} receives no webhooks (targets.<name>.webhooks)")
+    if tenant is not None and not 0 < len(tenant) <= TENANT_MAX:
+        raise EndpointNotFound(f"no webhook endpoint of target {target!r} for that tenant")
     secrets = cfg.webhook_secrets(tenant)
     if not secrets:
         where = f"tenant {tenant!r}" if tenant is not None else "the target itself"
