@@ -15,6 +15,7 @@ import yaml
 from outbox.actions.matching import MISSING, MatchRule, MissingArgument, mismatches, same
 from workers.provider.actions import ActionsFileError, load_actions
 from workers.provider.lookups import LookupResult, interpret_lookup, verify_found
+from workers.provider.probe_args import other_intent
 
 WHERE = "actions.payments.refund.by_order.lookup"
 BY_ORDER: dict[str, Any] = {
@@ -212,3 +213,19 @@ def test_two_objects_under_one_key_are_ambiguous_not_unavailable(tmp_path: Path)
     body = json.dumps({"data": [refund("re_1", "1"), refund("re_2", "1")]}).encode()
     found = interpret_lookup(200, body, lookup, "id", "k", args=ARGS)
     assert found.outcome == "ambiguous" and found.candidates == ("re_1", "re_2")
+
+
+def test_the_example_file_has_a_lookup_by_business_reference_that_verifies() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "actions.yaml"
+    lookup = load_actions(example, environ={}).action("payments.partial_refund.create").lookup
+    assert lookup is not None and not lookup.by_key and {"order_id", "amount", "currency"} <= set(lookup.match)
+
+
+def test_the_probe_asks_for_another_intent_by_a_compared_argument_the_search_does_not_use(tmp_path: Path) -> None:
+    cfg = load_actions(with_lookup(tmp_path), environ={}).action("payments.refund.by_order")
+    assert other_intent(ARGS, cfg) == {**ARGS, "amount": "13.50"}
+    only_order = load_actions(with_lookup(tmp_path, match={"order_id": "{order_id}"}), environ={})
+    assert other_intent(ARGS, only_order.action("payments.refund.by_order")) == {
+        **ARGS,
+        "order_id": "o-1-probe-changed",
+    }

@@ -38,6 +38,7 @@ class LookupResult:
     latency_s: float = 0.0
     # ambiguous: every candidate that is ours as far as the lookup can tell, by its reference
     candidates: tuple[str, ...] = ()
+    others: int = 0  # objects found that lookup.match says are not ours (left out)
 
 
 def interpret_lookup(
@@ -85,7 +86,9 @@ def interpret_lookup(
             return result("unavailable", f"cannot verify a found object: {exc}")
         if not ours:
             # Only others' objects: for the not-found rules, the same as finding nothing.
-            return result("not_found", f"found {len(items)} object(s), none of them ours (match: {others})")
+            return result(
+                "not_found", f"found {len(items)} object(s), none of them ours (match: {others})", others=len(items)
+            )
         items = ours
     if len(items) > 1:
         # Two objects that are ours as far as we can tell smell like two effects, or like someone
@@ -112,7 +115,7 @@ def verify_found(found: LookupResult, spec: LookupSpec, args: Mapping[str, Any],
     if not wrong:
         return found
     reason = f"found {found.provider_reference or 'an object'}, not ours (match: {describe(wrong)})"
-    return replace(found, outcome="not_found", reason=reason, state=None, obj=None, provider_reference=None)
+    return replace(found, outcome="not_found", reason=reason, state=None, obj=None, provider_reference=None, others=1)
 
 
 def _ours(items: list[Any], spec: LookupSpec, args: Mapping[str, Any], idempotency_key: str) -> tuple[list[Any], str]:

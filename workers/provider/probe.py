@@ -235,6 +235,16 @@ class Probe:
                 )
             if lag_s >= self.find_within_s:
                 self.never_found = True
+                if last.others:  # it found the probe's effect, and lookup.match called it not ours
+                    return Check(
+                        name,
+                        declared,
+                        f"found, but not as this intent's: {last.reason}",
+                        False,
+                        "lookup.match: the created effect does not match its own intent; compare what the "
+                        "provider writes (compare: casefold for a field it changes the case of), and until then "
+                        "set lookup.authoritative_not_found: false",
+                    )
                 return Check(
                     name,
                     declared,
