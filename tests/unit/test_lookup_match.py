@@ -229,3 +229,10 @@ def test_the_probe_asks_for_another_intent_by_a_compared_argument_the_search_doe
         **ARGS,
         "order_id": "o-1-probe-changed",
     }
+
+
+def test_a_head_lookup_by_key_counts_a_2xx_as_the_effect_existing(tmp_path: Path) -> None:
+    head = {"method": "HEAD", "path": "/v1/refunds", "query": {"idempotency_key": "{idempotency_key}"}}
+    lookup = spec(tmp_path, request=head, match=None)
+    assert interpret_lookup(200, b"", lookup, "id", "k", args=ARGS).state == "succeeded"
+    assert interpret_lookup(404, b"", lookup, "id", "k", args=ARGS).outcome == "not_found"
