@@ -236,3 +236,12 @@ def test_a_head_lookup_by_key_counts_a_2xx_as_the_effect_existing(tmp_path: Path
     lookup = spec(tmp_path, request=head, match=None)
     assert interpret_lookup(200, b"", lookup, "id", "k", args=ARGS).state == "succeeded"
     assert interpret_lookup(404, b"", lookup, "id", "k", args=ARGS).outcome == "not_found"
+
+
+def test_provider_fencing_needs_a_lookup_that_names_the_key(tmp_path: Path) -> None:
+    doc = copy.deepcopy(DOC)
+    doc["actions"]["payments.refund.by_order"] |= {"provider_fencing": True, "fencing_header": "X-Fencing-Token"}
+    path = tmp_path / "actions.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    message = refused(path)
+    assert "actions.payments.refund.by_order:" in message and "cannot fence" in message
