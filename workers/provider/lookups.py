@@ -12,7 +12,7 @@ provider said, in one vocabulary.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -136,7 +136,9 @@ def _reference(item: Any, result_reference: str | None) -> str:
     return "(no reference)" if ref is None else str(ref)
 
 
-def _found(obj: dict[str, Any], spec: LookupSpec, result_reference: str | None, result: Any) -> LookupResult:
+def _found(
+    obj: dict[str, Any], spec: LookupSpec, result_reference: str | None, result: Callable[..., LookupResult]
+) -> LookupResult:
     status = extract(obj, spec.status_field)
     state: LookupState = "unknown"
     if status in spec.succeeded:
@@ -146,14 +148,13 @@ def _found(obj: dict[str, Any], spec: LookupSpec, result_reference: str | None, 
     elif status in spec.failed:
         state = "failed"
     reference = extract(obj, result_reference) if result_reference else None
-    found: LookupResult = result(
+    return result(
         "found",
         f"{spec.status_field}={status!r}",
         state=state,
         obj=obj,
         provider_reference=None if reference is None else str(reference),
     )
-    return found
 
 
 def _items(parsed: Any, spec: LookupSpec) -> list[Any] | None:

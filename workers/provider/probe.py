@@ -136,7 +136,7 @@ class Probe:
         cfg = self.cfg
         unused = self._key()
         # A lookup by a business reference finds the probe's own effect under any key: "not ours" is
-        # then an intent whose compared argument differs (others_args), which lookup.match must reject.
+        # then an intent whose compared argument differs (self.others), which lookup.match must reject.
         self.others = other_intent(self.args, cfg) if cfg.lookup and not cfg.lookup.by_key else None
         first_unused = self._lookup(unused, args=self.others) if cfg.lookup else None
         unused_at = self._clock()
