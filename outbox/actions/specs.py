@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from outbox.actions.matching import KEY_PLACEHOLDER, Match, match_problem
 from outbox.ledger.budget_scopes import EVERY_TOOL, AmountCap, ScopeBudget
 from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.privacy.masking import top_field
@@ -45,7 +46,7 @@ class RateLimitSpec(_Strict):
 
 
 class RequestSpec(_Strict):
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
     path: str
     query: dict[str, str] = Field(default_factory=dict)
 
@@ -85,11 +86,52 @@ class LookupSpec(_Strict):
     succeeded: list[str] = Field(default_factory=lambda: ["succeeded"])
     pending: list[str] = Field(default_factory=lambda: ["pending", "processing"])
     failed: list[str] = Field(default_factory=lambda: ["failed", "canceled"])
-    # Where a list-shaped lookup answer keeps its items; None tries data / items / results.
-    items_field: str | None = None
+    # Where a list-shaped lookup answer keeps its candidates (a dotted path); None tries data / items /
+    # results. `items_field` is its older name, still read.
+    items: str | None = Field(default=None, validation_alias=AliasChoices("items", "items_field"))
     # Field of a found object holding our key; when set, objects with another key are ignored,
     # so a provider that silently ignores the filter cannot make an unrelated effect "ours".
     key_field: str | None = None
+    # Which fields of a found object must equal which arguments (outbox/actions/matching.py): a found
+    # object that differs is not ours. Required when the lookup is not by the provider's key.
+    match: Match = Field(default_factory=dict)
+    # A POST that only reads (a search endpoint): declared, since a POST is otherwise a write.
+    search: bool = False
+
+    @property
+    def by_key(self) -> bool:
+        """Whether it asks by the key the provider saw ({idempotency_key} in its request, or key_field)."""
+        return KEY_PLACEHOLDER in self.request.placeholder_names() or self.key_field is not None
+
+    @model_validator(mode="after")
+    def _reads_and_verifies(self) -> LookupSpec:
+        method = self.request.method
+        if method in ("PUT", "PATCH", "DELETE"):
+            raise ValueError(
+                f"lookup.request.method {method} acts on the provider, and a lookup only reads: use GET or "
+                "HEAD (or a POST search with lookup.search: true)"
+            )
+        if method == "POST" and not self.search:
+            raise ValueError(
+                "lookup.request.method POST is a write unless declared otherwise: if this endpoint only "
+                "searches, add lookup.search: true; otherwise use GET or HEAD"
+            )
+        if self.search and method != "POST":
+            raise ValueError(f"lookup.search: true declares a POST search; this lookup is a {method}")
+        if self.match:
+            problem = match_problem(self.match)
+            if problem:
+                raise ValueError(f"lookup.match: {problem}")
+            if method == "HEAD":
+                raise ValueError("lookup.match: a HEAD answer has no body to compare; use GET")
+        elif not self.by_key:
+            raise ValueError(
+                "this lookup is not by the provider's key (no {idempotency_key} in lookup.request, no "
+                "lookup.key_field), so it can find others' objects too (an earlier refund of the same "
+                "order): add lookup.match with the fields that make an object ours, e.g. "
+                'match: {amount: "{amount}", order_id: "{order_id}"}'
+            )
+        return self
 
 
 class ListSpec(_Strict):

@@ -59,7 +59,12 @@ def test_example_file_loads_with_defaults() -> None:
     assert refund.decimal_args == ["amount"] and refund.sensitive_args == ["customer_email"]
     assert refund.lookup is not None and refund.lookup.authoritative_not_found
     assert refund.listing is not None and refund.listing.items_field == "data"
-    assert set(cfg.actions) == {"payments.refund.create", "support.ticket.create", "notify.email.send"}
+    assert set(cfg.actions) == {
+        "payments.refund.create",
+        "payments.partial_refund.create",
+        "support.ticket.create",
+        "notify.email.send",
+    }
     email = cfg.action("notify.email.send")
     assert email.on_ambiguous == "lookup" and email.result_reference == "id"
 

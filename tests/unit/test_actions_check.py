@@ -67,7 +67,7 @@ def _no_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_clean_file_is_one_line_and_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = check(capsys, str(ROOT / "examples" / "actions.yaml"))
     assert code == 0, out + err
-    assert out.splitlines() == [f"{ROOT / 'examples' / 'actions.yaml'}: ok (3 actions, 3 targets)"]
+    assert out.splitlines() == [f"{ROOT / 'examples' / 'actions.yaml'}: ok (4 actions, 3 targets)"]
 
 
 def test_every_problem_is_reported_with_its_dotted_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from outbox.actions.matching import KEY_PLACEHOLDER
 from outbox.actions.specs import (
     AgentRulesSpec,
     ApprovalSpec,
@@ -150,6 +151,17 @@ class ActionConfig(AgentRulesSpec):
     def _fencing_needs_header(self) -> ActionConfig:
         if self.provider_fencing and self.fencing_header is None:
             raise ValueError("provider_fencing: true needs fencing_header (the header that carries the token)")
+        if (
+            self.provider_fencing
+            and self.lookup is not None
+            and KEY_PLACEHOLDER not in self.lookup.request.placeholder_names()
+        ):
+            # The provider fences per key: a lookup that does not name the key (a search by order) fences
+            # nothing, and its "not found" would wrongly prove that no earlier attempt can still land.
+            raise ValueError(
+                "provider_fencing: true needs a lookup whose request names the key ({idempotency_key}): "
+                "a search by business reference cannot fence it; set provider_fencing: false"
+            )
         return self
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ValidationError
 
 from outbox.actions.files import ActionsFileError, UnknownAction, read_yaml, resolve_env, unset_message
+from outbox.actions.matching import match_arguments
 from outbox.actions.specs import (
     BudgetScopeSpec,
     RequestSpec,
@@ -139,6 +140,8 @@ def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) 
                         f"(args: {sorted(declared)}; reserved: {sorted(reserved)})",
                     )
                 )
+        if problem := _match_arguments_problem(action, declared):
+            problems.append((f"{where}.lookup.match", problem))
         if declared is not None:
             for field in ("sensitive_args", "decimal_args"):
                 missing = {top_field(path) for path in getattr(action, field)} - declared
@@ -161,6 +164,20 @@ def _webhook_problems(cfg: ActionsConfig, name: str, action: ActionConfig) -> li
         why = "where an event names its operation"
         problems.append((where, f"declare `key` or `reference` (or the action's result_reference): {why}"))
     return problems
+
+
+def _match_arguments_problem(action: ActionConfig, declared: set[str] | None) -> str | None:
+    """Why lookup.match compares something the intent does not have (None: it compares arguments)."""
+    if action.lookup is None or not action.lookup.match:
+        return None
+    unknown = match_arguments(action.lookup.match) - RESERVED_PLACEHOLDERS
+    if not unknown:
+        return None
+    if declared is None:
+        return f"placeholders {sorted(unknown)} need the action's `args:` list to check them"
+    if unknown - declared:
+        return f"{sorted(unknown - declared)} are not argument names (args: {sorted(declared)})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -267,7 +267,7 @@ class HttpConnector:
             return LookupResult("unavailable", classify_exception(exc).reason, latency_s=self._clock() - started)
         latency_s = self._clock() - started
         return interpret_lookup(
-            response.status_code, response.content, spec, action_cfg.result_reference, idempotency_key, latency_s
+            response.status_code, response.content, spec, action_cfg.result_reference, idempotency_key, latency_s, args
         )
 
     def close(self) -> None:

@@ -1,24 +1,29 @@
-"""What a lookup answer says: found (in which state), not found, or unavailable.
+"""What a lookup answer says: found (in which state), not found, ambiguous, or unavailable.
 
-The provider was asked what became of an idempotency key (``lookup`` in the actions file). Whether
-"not found" proves that the request never took effect is not decided here: that is the
-reconciler's call (authoritative_not_found, settle_s, fencing); this only reports what the
+The provider was asked what became of an intent (``lookup`` in the actions file): by the key it saw,
+or by a business reference. A found object is ours only if it carried our key (``key_field``) and its
+declared fields equal the intent's arguments (``match``, outbox/actions/matching.py); objects that are
+not ours are left out, so a lookup that found only others' objects is a not-found (whose weight the
+reconciler decides: authoritative_not_found, settle_s, fencing). Two or more candidates that are ours
+as far as the lookup can tell are ambiguous: a person picks, never a guess. This only reports what the
 provider said, in one vocabulary.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from outbox.actions.matching import MissingArgument, describe, mismatches
 from outbox.actions.specs import LookupSpec
 from workers.provider.classify import extract
 
-# Usual shapes of "a list of matches" in lookup answers, tried when items_field is not set.
+# Usual shapes of "a list of matches" in lookup answers, tried when lookup.items is not set.
 LIST_FIELDS = ("data", "items", "results")
 
-LookupOutcome = Literal["found", "not_found", "unavailable"]
+LookupOutcome = Literal["found", "not_found", "ambiguous", "unavailable"]
 LookupState = Literal["succeeded", "pending", "failed", "unknown"]
 
 
@@ -31,6 +36,9 @@ class LookupResult:
     provider_reference: str | None = None
     status_code: int | None = None
     latency_s: float = 0.0
+    # ambiguous: every candidate that is ours as far as the lookup can tell, by its reference
+    candidates: tuple[str, ...] = ()
+    others: int = 0  # objects found that lookup.match says are not ours (left out)
 
 
 def interpret_lookup(
@@ -40,8 +48,10 @@ def interpret_lookup(
     result_reference: str | None,
     idempotency_key: str,
     latency_s: float = 0.0,
+    args: Mapping[str, Any] | None = None,
 ) -> LookupResult:
-    """Turn a lookup answer into found / not_found / unavailable.
+    """Turn a lookup answer into found / not_found / ambiguous / unavailable; ``args``: the intent's
+    arguments, compared with each candidate as ``spec.match`` declares.
 
     Whether not_found proves "never executed" is the reconciler's call (authoritative_not_found
     and settle_s); this only reports what the provider said.
@@ -55,6 +65,9 @@ def interpret_lookup(
     if not 200 <= status_code < 300:
         # 429/5xx: try later. Other 4xx (auth, bad query) prove nothing about the effect either.
         return result("unavailable", f"http_{status_code}")
+    if spec.request.method == "HEAD":
+        # No body: a 2xx says the key's object exists, which is all a HEAD lookup can tell (by key only).
+        return result("found", f"HEAD {status_code}", state="succeeded")
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -66,12 +79,66 @@ def interpret_lookup(
         items = [i for i in items if not isinstance(i, dict) or extract(i, spec.key_field) in (None, idempotency_key)]
     if not items:
         return result("not_found", "empty result")
+    if spec.match:
+        try:
+            ours, others = _ours(items, spec, args or {}, idempotency_key)
+        except MissingArgument as exc:
+            return result("unavailable", f"cannot verify a found object: {exc}")
+        if not ours:
+            # Only others' objects: for the not-found rules, the same as finding nothing.
+            return result(
+                "not_found", f"found {len(items)} object(s), none of them ours (match: {others})", others=len(items)
+            )
+        items = ours
     if len(items) > 1:
-        # Two objects for one key smell like two effects: a person must look, not a guess.
-        return result("unavailable", f"multiple_matches: {len(items)} objects for one key")
+        # Two objects that are ours as far as we can tell smell like two effects, or like someone
+        # else's twin: a person must look, not a guess.
+        refs = tuple(_reference(i, result_reference) for i in items)
+        return result("ambiguous", f"{len(items)} objects match this intent: {', '.join(refs)}", candidates=refs)
     obj = items[0]
     if not isinstance(obj, dict):
         return result("unavailable", "found item is not an object")
+    return _found(obj, spec, result_reference, result)
+
+
+def verify_found(found: LookupResult, spec: LookupSpec, args: Mapping[str, Any], idempotency_key: str) -> LookupResult:
+    """A lookup answer from any connector (a Python hook's too) held to ``spec.match``: a found
+    object that is not ours is a not-found; one that cannot be compared proves nothing."""
+    if found.outcome != "found" or not spec.match:
+        return found
+    if found.obj is None:
+        return replace(found, outcome="unavailable", reason="found, but no object to compare (lookup.match)")
+    try:
+        wrong = mismatches(found.obj, spec.match, args, idempotency_key=idempotency_key)
+    except MissingArgument as exc:
+        return replace(found, outcome="unavailable", reason=f"cannot verify a found object: {exc}")
+    if not wrong:
+        return found
+    reason = f"found {found.provider_reference or 'an object'}, not ours (match: {describe(wrong)})"
+    return replace(found, outcome="not_found", reason=reason, state=None, obj=None, provider_reference=None, others=1)
+
+
+def _ours(items: list[Any], spec: LookupSpec, args: Mapping[str, Any], idempotency_key: str) -> tuple[list[Any], str]:
+    """The candidates whose declared fields are the intent's, and why the others are not (paths)."""
+    ours: list[Any] = []
+    why: list[str] = []
+    for item in items:
+        wrong = mismatches(item, spec.match, args, idempotency_key=idempotency_key)
+        if wrong:
+            why.append(describe(wrong))
+        else:
+            ours.append(item)
+    return ours, "; ".join(sorted(set(why)))
+
+
+def _reference(item: Any, result_reference: str | None) -> str:
+    ref = extract(item, result_reference) if result_reference and isinstance(item, dict) else None
+    return "(no reference)" if ref is None else str(ref)
+
+
+def _found(
+    obj: dict[str, Any], spec: LookupSpec, result_reference: str | None, result: Callable[..., LookupResult]
+) -> LookupResult:
     status = extract(obj, spec.status_field)
     state: LookupState = "unknown"
     if status in spec.succeeded:
@@ -95,8 +162,8 @@ def _items(parsed: Any, spec: LookupSpec) -> list[Any] | None:
         return parsed
     if not isinstance(parsed, dict):
         return None
-    if spec.items_field is not None:
-        found = extract(parsed, spec.items_field)
+    if spec.items is not None:
+        found = extract(parsed, spec.items)
         return found if isinstance(found, list) else None
     for name in LIST_FIELDS:
         found = parsed.get(name)

@@ -25,13 +25,12 @@ from outbox.ledger.states import AttemptClass
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.conformance import Check, ProbeReport, probe_key
 from workers.provider.connectors import AttemptResult, Connector, ConnectorSet
-from workers.provider.lookups import LookupResult
+from workers.provider.lookups import LookupResult, verify_found
+from workers.provider.probe_args import CHANGED_SUFFIX as CHANGED_SUFFIX
+from workers.provider.probe_args import changed_args, other_intent
 
 REFUSED_STATUSES = frozenset({409, 422})
-# Where a changed argument's value is told apart from the original (a string argument gets this suffix).
-CHANGED_SUFFIX = "-probe-changed"
 MANY_EFFECTS_FIX = "provider_idempotency: the provider made several effects under one key (see the first check)"
-FREE_FORM = ("id", "ref", "reference", "reason", "note", "description", "memo", "subject", "body")
 
 
 class NotATestMode(ConfigError):
@@ -53,22 +52,6 @@ class ProbeAborted(OutboxError):
 
 class ProbeArgsRefused(ConfigError):
     """The provider (or the request builder) refused the probe's create: its arguments are wrong."""
-
-
-def changed_args(args: dict[str, Any], cfg: ActionConfig) -> tuple[dict[str, Any], str] | None:
-    """The same arguments with one body argument changed, and its name; None if there is nothing to
-    change. A free-form string (a reference, a reason) first, so that the changed request is still
-    valid and only the key's check can refuse it; then any string; then a whole number."""
-    in_path = cfg.request.placeholder_names()
-    candidates = [n for n in sorted(args) if n not in in_path and n not in cfg.decimal_args]
-    strings = [n for n in candidates if isinstance(args[n], str)]
-    for name in sorted(strings, key=lambda n: not n.endswith(FREE_FORM)):
-        return {**args, name: args[name] + CHANGED_SUFFIX}, name
-    for name in candidates:
-        value = args[name]
-        if isinstance(value, int) and not isinstance(value, bool):
-            return {**args, name: value + 1}, name
-    return None
 
 
 def _unclear(result: AttemptResult) -> bool:
@@ -113,6 +96,7 @@ class Probe:
         self.report = ProbeReport(action, self.cfg.target)
         self._token = 0
         self.never_found = False  # the lookup never found the probe's own effect
+        self.others: dict[str, Any] | None = None  # another intent's arguments (a lookup not by key)
 
     # --- requests, through the workers' connector --------------------------------------------
 
@@ -139,17 +123,22 @@ class Probe:
             self.report.effects.append(reference or f"(unreferenced effect of {key})")
         return result
 
-    def _lookup(self, key: str, token: int | None = None) -> LookupResult:
-        return self.connector.lookup(
-            self.name, self.cfg, args=self.args, idempotency_key=key, fencing_token=token, tenant=self.tenant
+    def _lookup(self, key: str, token: int | None = None, args: dict[str, Any] | None = None) -> LookupResult:
+        args = self.args if args is None else args
+        found = self.connector.lookup(
+            self.name, self.cfg, args=args, idempotency_key=key, fencing_token=token, tenant=self.tenant
         )
+        return verify_found(found, self.cfg.lookup, args, key) if self.cfg.lookup else found
 
     # --- the checks ---------------------------------------------------------------------------
 
     def run(self) -> ProbeReport:
         cfg = self.cfg
         unused = self._key()
-        first_unused = self._lookup(unused) if cfg.lookup else None
+        # A lookup by a business reference finds the probe's own effect under any key: "not ours" is
+        # then an intent whose compared argument differs (self.others), which lookup.match must reject.
+        self.others = other_intent(self.args, cfg) if cfg.lookup and not cfg.lookup.by_key else None
+        first_unused = self._lookup(unused, args=self.others) if cfg.lookup else None
         unused_at = self._clock()
         key = self._key()
         first = self._send(self.args, key)
@@ -236,23 +225,33 @@ class Probe:
             lag_s = self._clock() - created_at
             if last.outcome == "found":
                 break
-            if last.reason.startswith("multiple_matches"):
+            if last.outcome == "ambiguous":
                 return Check(
                     name,
                     declared,
-                    f"{last.reason} (the provider made more than one effect under the key)",
+                    f"{last.reason} (more than one effect under the key, or others' objects the lookup keeps)",
                     False,
-                    MANY_EFFECTS_FIX + "; or lookup.key_field, if the lookup returns other keys' objects",
+                    MANY_EFFECTS_FIX + "; or lookup.key_field / lookup.match, if the lookup returns others' objects",
                 )
             if lag_s >= self.find_within_s:
                 self.never_found = True
+                if last.others:  # it found the probe's effect, and lookup.match called it not ours
+                    return Check(
+                        name,
+                        declared,
+                        f"found, but not as this intent's: {last.reason}",
+                        False,
+                        "lookup.match: the created effect does not match its own intent; compare what the "
+                        "provider writes (compare: casefold for a field it changes the case of), and until then "
+                        "set lookup.authoritative_not_found: false",
+                    )
                 return Check(
                     name,
                     declared,
                     f"not found within {lag_s:.1f}s of its creation (last answer: {last.outcome}, {last.reason})",
                     False,
                     "lookup.request: the lookup does not find an effect that exists; fix its path/query "
-                    "(or lookup.items_field / key_field), and until then set lookup.authoritative_not_found: false",
+                    "(or lookup.items / key_field / match), and until then set lookup.authoritative_not_found: false",
                 )
             self._sleep(self.poll_s)
         observed = f"found {last.provider_reference} after {lag_s:.2f}s"
@@ -260,7 +259,10 @@ class Probe:
             if last.provider_reference in self.report.effects:  # another of the probe's own, under this key
                 fix = MANY_EFFECTS_FIX
             else:
-                fix = "lookup.key_field: the lookup returns an object of another key; name the field holding the key"
+                fix = (
+                    "lookup.key_field / lookup.match: the lookup returns an object that is not this intent's; "
+                    "name the field holding the key, or the fields that make an object ours"
+                )
             return Check(name, declared, f"found {last.provider_reference}, not the created {wanted}", False, fix)
         if lag_s > spec.settle_s:
             return Check(
@@ -278,19 +280,26 @@ class Probe:
         if spec is None or first is None:
             return Check(name, "lookup: none", "not checked: no lookup declared", None)
         declared = f"lookup.authoritative_not_found: {str(spec.authoritative_not_found).lower()}"
+        if not spec.by_key and self.others is None:
+            return Check(name, declared, "not checked: no argument of lookup.match the probe can change", None)
         wait_s = spec.settle_s - (self._clock() - asked_at)
         if wait_s > 0:
             self._sleep(wait_s)
-        second = self._lookup(key)
+        second = self._lookup(key, args=self.others)
         observed = f"never-used {key}: {first.outcome}, then {second.outcome} after settle_s"
+        if self.others is not None:
+            differs = sorted(k for k in self.others if self.others[k] != self.args.get(k))
+            observed = f"an intent whose {', '.join(differs)} differs: " + observed
         if first.outcome == "found" or second.outcome == "found":
-            return Check(
-                name,
-                declared,
-                observed,
-                False,
+            fix = (
                 "lookup.key_field: the lookup finds an object for a key never used (it ignores the key); "
-                "name the field holding the key, and set lookup.authoritative_not_found: false until it holds",
+                "name the field holding the key"
+                if self.others is None
+                else "lookup.match: the lookup adopts the probe's effect for an intent with other arguments; "
+                "compare the fields that make an object ours"
+            )
+            return Check(
+                name, declared, observed, False, fix + ", and set lookup.authoritative_not_found: false until it holds"
             )
         if first.outcome != "not_found" or second.outcome != "not_found":
             return Check(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -48,10 +49,24 @@ def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig
 
 
 def build_packet(
-    session: Session, op: Operation, *, reason: str, action: ActionConfig | None, actions: ActionsConfig | None
+    session: Session,
+    op: Operation,
+    *,
+    reason: str,
+    action: ActionConfig | None,
+    actions: ActionsConfig | None,
+    candidates: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """``candidates``: the references of objects at the provider that each pass the lookup's
+    ``match:`` (an ambiguous lookup); the person says which one, if any, is ours."""
     attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
-    return {
+    step = next_step(op, action, actions)
+    if candidates:
+        step = (
+            f"The lookup found {len(candidates)} objects that match this intent: {', '.join(candidates)}. "
+            "If one of them is this operation's effect, resolve --as succeeded --reference <that one>. " + step
+        )
+    packet = {
         "operation": {
             "operation_id": op.id,
             "idempotency_key": op.idempotency_key,
@@ -62,7 +77,7 @@ def build_packet(
         },
         "attempts": [attempt_json(a) for a in attempts],
         "last_error": {"class": op.error_class, "raw": op.last_error, "why_handed_off": reason},
-        "next_step": next_step(op, action, actions),
+        "next_step": step,
         "intent": {
             "args": masked_args(op.args, action),
             "args_digest": op.args_digest,
@@ -72,6 +87,9 @@ def build_packet(
             "approval": _approval(session, op.id),
         },
     }
+    if candidates:
+        packet["candidates"] = list(candidates)
+    return packet
 
 
 def _approval(session: Session, operation_id: str) -> dict[str, Any] | None:

@@ -1,9 +1,10 @@
 """The reconciler's judgement: what one lookup answer proves for an operation (pure).
 
 found succeeded -> succeeded; found failed -> failed_at_provider (the provider took it and failed
-it: not failed_before_commit); found pending -> accepted, re-checked; not found -> counts only if
-the lookup is authoritative and settle_s has passed since the last dispatch attempt, and never for
-an accepted operation (the provider said it has it: its index lags); then (``after_not_found``)
+it: not failed_before_commit); found pending -> accepted, re-checked; several objects that are each
+ours as far as lookup.match can tell -> a person, with their references; not found (finding only
+others' objects is finding none) -> counts only if the lookup is authoritative and settle_s has
+passed since the last dispatch attempt, and never for an accepted operation (the provider said it has it: its index lags); then (``after_not_found``)
 back to not_dispatched with the SAME key, or, when the operation must end (budget spent, cancel
 requested, the provider rejected the key), ended: failed_before_commit / cancelled only if no
 attempt can still land, else a person decides (past the deadline alone: after the reconciler's own
@@ -47,6 +48,8 @@ class Verdict:
     reference: str | None = None
     # not_dispatched: the lookup fenced every earlier attempt off (settle_if_fenced cannot_land).
     cannot_land: bool = False
+    # A person decides between these objects, each ours as far as the lookup can tell (their references).
+    candidates: tuple[str, ...] = ()
 
 
 def recheck_delay_s(lookup_number: int, rng: random.Random, *, max_delay_s: float = RECHECK_MAX_S) -> float:
@@ -101,6 +104,16 @@ def judge(
             to=Status.ACCEPTED,
             klass=AttemptClass.ACCEPTED,
             reference=found.provider_reference,
+        )
+    if found.outcome == "ambiguous":
+        # Two objects that both pass lookup.match: adopting either could call someone else's effect
+        # ours, and looking again finds the same two. A person picks (both references in the packet).
+        return Verdict(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.AMBIGUOUS,
+            f"{len(found.candidates)} objects at the provider match this intent ({', '.join(found.candidates)}): "
+            "which one, if any, is ours only a person can tell",
+            candidates=found.candidates,
         )
     if found.outcome == "not_found":
         if claim.status is Status.ACCEPTED:

@@ -18,7 +18,7 @@ from outbox.ledger.states import AttemptClass
 from workers.dispatch.fan_out import Downstream
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
-from workers.provider.lookups import LookupResult
+from workers.provider.lookups import LookupResult, verify_found
 from workers.reconcile.judge import Verdict
 from workers.wiring import metrics
 
@@ -101,17 +101,20 @@ def _ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
             admissions.release(decision)  # a probe not sent is handed on at once
             metrics.record_limit_released(action.target, paced.limit)
             return Asked(claim, action, early=limit_wait(claim, paced))
+        args = loads_exact(claim.args or "{}")
         try:
             found = downstream.connectors.for_action(claim.action).lookup(
                 claim.action,
                 action,
-                args=loads_exact(claim.args or "{}"),
+                args=args,
                 idempotency_key=claim.provider_key,
                 tenant=claim.tenant,
                 fencing_token=claim.fencing_token,
             )
         finally:
             downstream.done(paced)
+        if action.lookup is not None:  # a hook's answer is held to lookup.match as the HTTP one is
+            found = verify_found(found, action.lookup, args, claim.provider_key)
         failpoints.hit("reconcile.after_lookup", claim.idempotency_key)
         unavailable = found.outcome == "unavailable"
         failure = unavailable and counts_as_failure(found.status_code, transport_error=found.status_code is None)

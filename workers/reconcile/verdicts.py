@@ -97,7 +97,9 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)
         assert op is not None
-        packet = build_packet(session, op, reason=verdict.reason, action=item.action, actions=rec.actions)
+        packet = build_packet(
+            session, op, reason=verdict.reason, action=item.action, actions=rec.actions, candidates=verdict.candidates
+        )
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
 
 

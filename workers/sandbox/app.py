@@ -33,6 +33,8 @@ from workers.sandbox.webhooks import run_sender
 log = logging.getLogger(__name__)
 
 STATE = web.AppKey("state", SandboxState)
+# The listing's own parameters; any other one filters by an object's field.
+LIST_PARAMS = frozenset({"created_after", "limit", "starting_after"})
 JSON = "application/json"
 _rid_prefix = secrets.token_hex(4)
 _rid_seq = itertools.count(1)
@@ -305,8 +307,11 @@ async def handle_lookup_or_list(request: web.Request) -> web.StreamResponse:
             "created_after must be epoch seconds and limit 1..100.",
         )
         return await deliver(request, entry, rule, reply)
+    # Any other parameter filters by a field of the object, as a search by business reference does
+    # (GET /v1/refunds?order_id=o-1: every refund of the order, whoever made it).
+    filters = {k: v for k, v in q.items() if k not in LIST_PARAMS}
     page, has_more = state.objects.list(
-        tenant, spec.name, now, config.index_lag_s, created_after, q.get("starting_after"), limit
+        tenant, spec.name, now, config.index_lag_s, created_after, q.get("starting_after"), limit, filters
     )
     data = {"object": "list", "url": request.path, "has_more": has_more, "data": [o.render(now) for o in page]}
     return await deliver(request, entry, rule, Reply(200, encode(data), rid))

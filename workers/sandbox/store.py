@@ -76,8 +76,10 @@ class ObjectStore:
         created_after: float | None,
         starting_after: str | None,
         limit: int,
+        filters: dict[str, str] | None = None,
     ) -> tuple[list[StoredObject], bool]:
-        """Oldest first, so a reconciler pages forward from its watermark."""
+        """Oldest first, so a reconciler pages forward from its watermark. ``filters``: fields the
+        object must hold, compared as text (order_id=o-1)."""
         start_seq = -1
         if starting_after is not None:
             cursor = self.by_id.get(starting_after)
@@ -89,6 +91,8 @@ class ObjectStore:
             if created_after is not None and obj.created <= created_after:
                 continue
             if not _visible(obj, now, lag_s):
+                continue
+            if filters and any(str(obj.params.get(k)) != v for k, v in filters.items()):
                 continue
             if len(page) == limit:
                 return page, True
