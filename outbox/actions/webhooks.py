@@ -14,9 +14,10 @@ event types say what of its operations and where in an event it finds them (``ac
       pending: [payout.created]
 
 An event is mapped to an operation by our key, or by the provider's reference recorded on the
-operation (its ``result_reference``); a found operation is ours with no further check (a ``match:``
-of the object's fields against the intent's arguments would be checked where the workers read an
-event: workers/webhooks/events.py).
+operation (its ``result_reference``). With ``match:`` (outbox/actions/matching.py, as a lookup's), the
+operation so named is the event's only if the object's declared fields equal the intent's arguments
+(workers/webhooks/events.py checks it); an event that names an operation it does not match is kept
+as a document without record.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from outbox.actions.matching import Match, match_problem
 from outbox.actions.specs import _Strict
 
 # A dotted path of field names: data.object, metadata.idempotency_key.
@@ -125,6 +127,16 @@ class WebhookSpec(_Strict):
     succeeded: list[str] = Field(default_factory=list)
     failed: list[str] = Field(default_factory=list)
     pending: list[str] = Field(default_factory=list)
+    # Which fields of the event's object must equal which arguments of the intent (as lookup.match).
+    match: Match = Field(default_factory=dict)
+
+    @field_validator("match")
+    @classmethod
+    def _match(cls, value: Match) -> Match:
+        problem = match_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("object_path", "type_field", "key", "reference")
     @classmethod

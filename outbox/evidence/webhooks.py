@@ -22,8 +22,9 @@ caller's transaction:
      else is left to its owner (a worker in flight, a person);
    - pending: recorded, nothing moves.
 
-``owns`` is where an event's object may be compared with the intent's arguments before the
-operation is taken as its own (a ``match:``); without it, a key or a recorded reference is enough.
+``owns`` compares the event's object with the intent's arguments before an operation is taken as
+the event's (the action's ``webhooks.match``: workers/webhooks/events.py); without it, a key or a
+recorded reference is enough. An event that names only operations it refuses names none.
 """
 
 from __future__ import annotations
@@ -122,14 +123,17 @@ def receive(
         return _duplicate(session, event)
     if not event.readings:
         return _finish(session, row_id, Disposition.IGNORED, None, None, None, "no action of the target maps this type")
-    found = _operations(session, event)
-    if owns is not None:
-        found = [(op, r) for op, r in found if owns(op, r) is None]
+    found, refused = [], []
+    for op, reading in _operations(session, event):
+        why = owns(op, reading) if owns is not None else None
+        if why is None:
+            found.append((op, reading))
+        else:
+            refused.append(why)
     if not found:
         named = ", ".join(f"{r.action}: key {r.provider_key!r}, reference {r.reference!r}" for r in event.readings)
-        return _finish(
-            session, row_id, Disposition.NO_OPERATION, None, None, event.readings[0], f"no operation ({named})"
-        )
+        note = f"no operation ({named})" + (f"; named but not ours: {'; '.join(refused)}" if refused else "")
+        return _finish(session, row_id, Disposition.NO_OPERATION, None, None, event.readings[0], note)
     if len({op.id for op, _ in found}) > 1:
         ids = ", ".join(sorted({op.id for op, _ in found}))
         return _finish(session, row_id, Disposition.AMBIGUOUS, None, None, found[0][1], f"several operations: {ids}")

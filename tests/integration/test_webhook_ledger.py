@@ -285,3 +285,44 @@ def test_a_reconciler_claim_between_the_events_read_and_its_lock_is_fenced_off(p
         settle_if_fenced(s, claims[0], AttemptReport(AttemptClass.AMBIGUOUS), to=Status.OUTCOME_UNKNOWN, reason="down")
     op = _op(pg_ledger, op_id)
     assert op.status == "succeeded" and op.fencing_token == claims[0].fencing_token + 1
+
+
+def test_with_match_an_event_whose_object_is_not_the_intents_settles_nothing(ledger):
+    """``webhooks.match`` (as lookup.match): the operation the event names is its own only if the object's
+    fields equal the intent's arguments; one it names and does not match is not settled."""
+    from workers.provider.actions import parse_actions
+    from workers.webhooks.events import owner_check
+
+    actions = parse_actions(
+        {
+            "targets": {
+                "payments": {"base_url": "http://127.0.0.1:1", "webhooks": {"scheme": "stripe", "secret": "s"}}
+            },
+            "actions": {
+                ACTION: {
+                    "target": "payments",
+                    "request": {"method": "POST", "path": "/v1/refunds"},
+                    "args": ["order_id", "amount", "currency"],
+                    "webhooks": {
+                        "key": "idempotency_key",
+                        "succeeded": ["refund.succeeded"],
+                        "match": {"amount": "{amount}", "currency": {"equals": "{currency}", "compare": "casefold"}},
+                    },
+                }
+            },
+        }
+    )
+    op_id = _unknown(ledger)
+
+    def event(event_id: str, amount: str) -> ReceivedEvent:
+        obj = {"id": "re_1", "amount": amount, "currency": "eur", "idempotency_key": "acme:r-1"}
+        reading = EventReading(ACTION, WebhookOutcome.SUCCEEDED, "acme:r-1", "re_1", obj)
+        return ReceivedEvent("payments", None, event_id, "refund.succeeded", "stripe", None, "b" * 64, [reading])
+
+    with ledger.sessions.begin() as s:
+        wrong = receive(s, event("evt_1", "99.00"), actor="w", sink=SINK, packet=packet, owns=owner_check(actions))
+    assert wrong.disposition.value == "no_operation" and "amount differs" in wrong.note
+    assert _op(ledger, op_id).status == "outcome_unknown"
+    with ledger.sessions.begin() as s:
+        right = receive(s, event("evt_2", "25.0"), actor="w", sink=SINK, packet=packet, owns=owner_check(actions))
+    assert right.moved_to == "succeeded"  # 25.0 == 25.00 as decimals; EUR == eur casefolded

@@ -176,6 +176,16 @@ def test_an_event_is_read_by_the_actions_mapping(tmp_path: Path) -> None:
             "declare `key` or `reference`",
         ),
         (
+            lambda d: d["actions"]["payments.payout.create"]["webhooks"].update(match={"amount": "{amount}"}),
+            "actions.payments.payout.create.webhooks.match",
+            "need the action's `args:` list",
+        ),
+        (
+            lambda d: d["actions"]["payments.payout.create"]["webhooks"].update(match={"currency": "eur"}),
+            "actions.payments.payout.create.webhooks.match",
+            "compares no argument",
+        ),
+        (
             lambda d: d["actions"]["payments.payout.create"]["webhooks"].update(when="payout.paid"),
             "actions.payments.payout.create.webhooks.when",
             "Extra inputs",

@@ -163,6 +163,16 @@ def _webhook_problems(cfg: ActionsConfig, name: str, action: ActionConfig) -> li
     if action.webhooks.key is None and action.webhooks.reference_path(action.result_reference) is None:
         why = "where an event names its operation"
         problems.append((where, f"declare `key` or `reference` (or the action's result_reference): {why}"))
+    unknown = match_arguments(action.webhooks.match) - RESERVED_PLACEHOLDERS
+    declared = set(action.args) if action.args is not None else None
+    if unknown and declared is None:
+        problems.append(
+            (f"{where}.match", f"placeholders {sorted(unknown)} need the action's `args:` list to check them")
+        )
+    elif unknown and declared is not None and unknown - declared:
+        problems.append(
+            (f"{where}.match", f"{sorted(unknown - declared)} are not argument names (args: {sorted(declared)})")
+        )
     return problems
 
 

@@ -31,7 +31,7 @@ from outbox.settings import Settings
 from workers.provider.actions import ActionsConfig, TargetConfig
 from workers.reconcile.handoff_packet import packet_builder
 from workers.webhooks import metrics
-from workers.webhooks.events import event_type, readings, redactor_for
+from workers.webhooks.events import event_type, owner_check, readings, redactor_for
 from workers.webhooks.signatures import WebhookRefused, verify
 from workers.wiring.runtime import load_actions_for
 
@@ -115,6 +115,7 @@ class WebhookReceiver:
                 actor=f"webhook:{target}",
                 sink=self.sink,
                 packet=packet_builder(actions),
+                owns=owner_check(actions),
                 result_of=redactor_for(actions),
             )
         disposition = received.disposition.value

@@ -2,9 +2,9 @@
 each says it means (succeeded / failed / pending), and the object, key and reference it carries.
 
 The key and the reference name the operation (the ledger finds it: outbox/evidence/webhooks.py).
-A ``match:`` of the object's fields against the intent's arguments would be added here, as an
-``owns`` check (outbox/evidence/webhooks.py: called with the operation found and the reading that
-named it; an operation it refuses is not the event's).
+With ``match:`` (as a lookup's: outbox/actions/matching.py), the operation an event names is its own
+only if the object's declared fields equal the intent's arguments (``owner_check``: the ledger asks
+it of every operation found; one it refuses is not the event's).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from outbox.actions.matching import MissingArgument, describe, mismatches
 from outbox.evidence.webhooks import EventReading
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Operation
@@ -76,3 +77,22 @@ def redactor_for(actions: ActionsConfig) -> Callable[[Operation, EventReading], 
         return masked if isinstance(masked, dict) else None
 
     return result
+
+
+def owner_check(actions: ActionsConfig) -> Callable[[Operation, EventReading], str | None]:
+    """Why an operation the event names is not its own (None: it is): its action's ``webhooks.match``
+    compares the event's object with the intent's arguments. Without a match: every one is."""
+
+    def owns(op: Operation, reading: EventReading) -> str | None:
+        action = actions.actions.get(reading.action)
+        spec = action.webhooks if action is not None else None
+        if spec is None or not spec.match:
+            return None
+        args = loads_exact(op.args) if op.args else {}
+        try:
+            wrong = mismatches(reading.result or {}, spec.match, args, idempotency_key=op.provider_key)
+        except MissingArgument as exc:
+            return f"operation {op.id} cannot be compared: {exc}"
+        return f"operation {op.id} does not match: {describe(wrong)}" if wrong else None
+
+    return owns
