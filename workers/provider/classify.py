@@ -32,7 +32,7 @@ DEFAULT_STATUS_MAP: dict[int | str, AttemptClass] = {
     425: A.NOT_PROCESSED,
     # Business rejections: the provider read the request and refused it, so no effect.
     400: A.REJECTED,
-    401: A.REJECTED,
+    401: A.REJECTED,  # 401/403 are also authority refusals by default: a person (DEFAULT_AUTHORITY_STATUSES)
     403: A.REJECTED,
     404: A.REJECTED,
     409: A.REJECTED,
