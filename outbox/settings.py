@@ -135,6 +135,9 @@ class Settings(BaseSettings):
     pacing_fallback_processes: int = Field(default=4, ge=1)
     # Evidence sink; empty = the ledger's own evidence table, written with the success itself.
     evidence_url: str = Field(default="", description="separate database for evidence records")
+    # Fail closed for every action (as `evidence: {required: true}` does for one): while the separate
+    # evidence store is down nothing is sent; operations wait (waiting_for = evidence), unspent.
+    evidence_required: bool = Field(default=False, description="send nothing while the evidence store is down")
     actions_file: Path | None = Field(default=None, description="YAML actions/targets file")
     # Operation ids per dispatch doorbell. More = fewer messages and commits per operation (the
     # batch is claimed in one statement, called concurrently, finalized in one transaction); the

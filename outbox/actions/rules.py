@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from outbox.actions.files import ActionsFileError, read_yaml, resolve_env
-from outbox.actions.specs import ApprovalSpec, BudgetScopeSpec, ToolSpec, scope_budgets
+from outbox.actions.specs import ApprovalSpec, BudgetScopeSpec, ToolSpec, irreversible_problem, scope_budgets
 from outbox.ledger.budget_scopes import ScopeBudget
 from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
@@ -156,6 +156,8 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             problems.append((f"{where}.irreversible", "must be true or false"))
         elif part.get("irreversible"):
             irreversible.add(name)
+            if name in approvals and (unruled := irreversible_problem(True, approvals[name])):
+                problems.append((f"{where}.approval", unruled))
     if problems:
         raise ActionsFileError(path, problems)
     return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args, objects, budgets)

@@ -213,6 +213,32 @@ class ApprovalSpec(_Strict):
         return evaluate(parse_condition(self.when), args)
 
 
+def irreversible_problem(irreversible: Any, approval: ApprovalSpec) -> str | None:
+    """Why an action marked irreversible may not be declared so (None: it may). Automation never undoes
+    its effect, so a person (or a condition the operator wrote) must decide before it is sent: an
+    approval rule, ``always`` or ``when``. ``required: never`` is no rule: it says nobody looks."""
+    if irreversible is not True or approval.required != "never":
+        return None
+    return (
+        "irreversible: true needs an approval rule (automation never undoes its effect, so it is not sent on the "
+        "agent's word alone): add approval: {required: always}, or approval: {required: when, when: "
+        '"amount > 500"} for the cases a person must see; or drop irreversible: true if the effect can be undone'
+    )
+
+
+class EvidenceSpec(_Strict):
+    """What an action asks of the evidence store (``OUTBOX_EVIDENCE_URL``, outbox/evidence/sinks.py).
+
+    ``required``: fail closed. While a separate evidence store is down nothing of the action is sent:
+    the operation waits (``waiting_for = evidence``, no attempt spent) and leaves once the store is
+    back, so no effect of it is ever committed without its record. Without it (the default) the effect
+    is sent and, if the store is down at that moment, recorded ``committed_evidence_degraded`` and
+    backfilled. The ledger's own evidence table (no ``OUTBOX_EVIDENCE_URL``) is written in the same
+    transaction as the success and is never down on its own: nothing waits there."""
+
+    required: bool = False
+
+
 class ToolSpec(_Strict):
     """How an agent runtime sees the action as a tool (producer/agents/): what it is for, its input
     schema, and which arguments are the business reference its key is made of."""

@@ -21,7 +21,7 @@ from outbox.ledger.drivers import driver_for
 from outbox.ledger.drivers.base import FinalizeWrite
 from outbox.ledger.effect_guard import no_effect_confirmed
 from outbox.ledger.models import Attempt, Operation, core_table
-from outbox.ledger.states import NO_EFFECT, AttemptKind, EventKind, Resolution, Status
+from outbox.ledger.states import NO_EFFECT, AttemptKind, EventKind, Resolution, Status, WaitingFor
 from outbox.ledger.transitions import (
     AttemptReport,
     current_row,
@@ -71,6 +71,7 @@ def settle_if_fenced(
     recheck_in_s: float = 0.0,
     result: dict[str, Any] | None = None,
     cannot_land: bool = False,
+    waiting_for: WaitingFor | None = None,
 ) -> None:
     """Apply what a lookup proved to a reconciler-claimed operation.
 
@@ -85,7 +86,8 @@ def settle_if_fenced(
       earlier attempt off, so they are marked proven unable to land; otherwise they stay able to,
       and failed_before_commit stays out of reach until a fence, the provider or a person says so;
     - outcome_unknown: still unknown (pending, lookup down): re-check after ``recheck_in_s``;
-    - reconciliation_required: a person must decide (the handoff row is written by the caller).
+    - reconciliation_required: a person must decide (the handoff row is written by the caller);
+      ``waiting_for`` says what they are asked for, when more than whether it happened (a decision).
     """
     if claim.kind != AttemptKind.LOOKUP:
         raise ValueError("settle_if_fenced takes a reconciler claim (claims.claim_unknown)")
@@ -109,6 +111,8 @@ def settle_if_fenced(
         values.update(next_attempt_at=db_now(max(recheck_in_s, 0.0)))
     if to is Status.ACCEPTED:  # the provider's reference and answer, while it finishes
         values.update(success_values(report.provider_reference, report.response_digest, result))
+    if to is Status.RECONCILIATION_REQUIRED and waiting_for is not None:
+        values.update(waiting_for=waiting_for.value)
     try:
         move(
             session,

@@ -16,14 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, literal, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from outbox.evidence.health import SinkHealth
 from outbox.evidence.settlement import evidence_backfilled
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim
 from outbox.ledger.clock import db_now
-from outbox.ledger.db import make_engine
+from outbox.ledger.db import connect_timeout_args, make_engine
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Evidence, Operation, core_table
 from outbox.ledger.states import Status
@@ -137,24 +138,46 @@ def record_for(
     )
 
 
+# A separate store that stops answering (a host gone, not a refused connection) must not hold a
+# success's finalize, a backfill or a health probe for the operating system's TCP timeout (~2 min).
+SINK_CONNECT_TIMEOUT_S = 5
+
+
 class EvidenceSink:
-    """Where evidence goes. ``separate`` sinks are written in their own transaction and may fail."""
+    """Where evidence goes. ``separate`` sinks are written in their own transaction and may fail;
+    ``health`` is what this process knows of whether they answer (outbox/evidence/health.py)."""
 
     def __init__(self, engine: Engine | None = None) -> None:
         self.engine = engine
         self._table_ready = engine is None
+        self.health = SinkHealth(self._probe)
 
     @classmethod
     def from_url(cls, url: str) -> EvidenceSink:
         if not url:
             return cls(None)
-        sink = cls(make_engine(url))
+        sink = cls(make_engine(url, **connect_timeout_args(url, SINK_CONNECT_TIMEOUT_S)))
         try:
             sink._ensure_table()
         except Exception as exc:  # noqa: BLE001 - a sink that is down at start-up must not stop workers
-            # Successes become committed_evidence_degraded until it is back; backfill repairs them.
-            log.warning("evidence sink unavailable at start-up: %s", exc)
+            # Successes become committed_evidence_degraded until it is back; backfill repairs them;
+            # actions that require evidence wait (health logs it once).
+            sink.health.saw(False, exc)
+        else:
+            sink.health.saw(True)
         return sink
+
+    def available(self) -> bool:
+        """Whether evidence can be written now, as far as this process knows (no round trip unless
+        what it knows is stale: health.py). The ledger's own table is always available."""
+        return self.engine is None or self.health.is_up()
+
+    def _probe(self) -> None:
+        if self.engine is None:
+            return
+        self._ensure_table()
+        with self.engine.connect() as conn:
+            conn.execute(select(literal(1)))
 
     def _ensure_table(self) -> None:
         if not self._table_ready and self.engine is not None:
@@ -178,9 +201,14 @@ class EvidenceSink:
             driver_for(session).insert_evidence(session, [asdict(r) for r in records])
             return
         stmt = insert(Evidence).values([dict(asdict(r), recorded_at=db_now()) for r in records])
-        self._ensure_table()
-        with self.engine.begin() as conn:
-            conn.execute(stmt)
+        try:
+            self._ensure_table()
+            with self.engine.begin() as conn:
+                conn.execute(stmt)
+        except Exception as exc:
+            self.health.saw(False, exc)
+            raise
+        self.health.saw(True)
 
     def write_separately(self, record: EvidenceRecord) -> Status:
         """A separate sink's write, before the success is recorded: succeeded, or

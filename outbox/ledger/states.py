@@ -137,6 +137,12 @@ ALLOWED: dict[tuple[Status, Status], str] = {
         Status.ACCEPTED,
     ): "2xx that says accepted, not finished (a 202, or a status in lookup.pending)",
     (Status.DISPATCHING, Status.FAILED_AT_PROVIDER): "2xx whose status says it failed at the provider (lookup.failed)",
+    # Nothing was executed, and automation must not decide the rest: the provider refused our
+    # authority (a target's authority_statuses), or the action says on_final_failure: handoff.
+    (
+        Status.DISPATCHING,
+        Status.RECONCILIATION_REQUIRED,
+    ): "the provider refused our credentials, or a final failure the action hands to a person: handoff",
     (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
     # Accepted: the provider has it; only its lookups (or a late answer) settle it. Nothing is sent.
     (Status.ACCEPTED, Status.ACCEPTED): "reconciler claim / still pending at the provider: re-check later",
@@ -227,7 +233,8 @@ class AttemptKind(str, enum.Enum):
 
 
 class WaitingFor(str, enum.Enum):
-    """Why a not_dispatched or outcome_unknown operation is not due yet (``operations.waiting_for``).
+    """Why a not_dispatched or outcome_unknown operation is not due yet (``operations.waiting_for``);
+    on a reconciliation_required one that nothing executed, what the person is asked for.
 
     NULL: due at ``next_attempt_at`` for no reason but its schedule (a fresh intent). The reason
     text next to it is for people; code decides on this column.
@@ -241,6 +248,10 @@ class WaitingFor(str, enum.Enum):
     PROVIDER = "provider"  # accepted: the provider is still processing it; the reconciler asks again
     RATE_LIMIT = "rate_limit"  # a limit its target declares (rate or concurrency) had no room: not sent yet
     OBJECT = "object"  # another operation on the same business object may have taken effect unseen
+    EVIDENCE = "evidence"  # its action requires evidence and the evidence store is down: not sent yet
+    # reconciliation_required, nothing executed: what the person is asked for.
+    CREDENTIALS = "credentials"  # the provider refused our authority (401/403): check or rotate them
+    DECISION = "decision"  # a final failure the action hands to a person (on_final_failure: handoff)
 
     def __str__(self) -> str:
         return self.value
@@ -264,6 +275,18 @@ WAITING_MEANING: dict[WaitingFor, str] = {
         "another operation on the same business object (the action's `object`) is in flight, outcome unknown,"
         " with a person or awaiting approval: not sent, the attempt not counted; looked at again at next_attempt_at"
         " (the reason names the blocking operation)"
+    ),
+    WaitingFor.EVIDENCE: (
+        "its action requires evidence (evidence.required, or OUTBOX_EVIDENCE_REQUIRED) and the separate evidence"
+        " store (OUTBOX_EVIDENCE_URL) is down: not sent, the attempt not counted; sent once the store is back"
+    ),
+    WaitingFor.CREDENTIALS: (
+        "the provider refused our credentials (a status in the target's authority_statuses); nothing was"
+        " executed: a person checks or rotates them, then resolves it (not-executed sends it again, same key)"
+    ),
+    WaitingFor.DECISION: (
+        "it would have ended failed_before_commit (the reason says why); nothing was executed, and the action"
+        " asks a person instead (on_final_failure: handoff): resolve not-executed to send it again, or abandon it"
     ),
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from outbox.ledger.states import Status
+from outbox.ledger.states import Status, WaitingFor
 
 
 class Outcome(str, enum.Enum):
@@ -76,7 +76,7 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
             "with the provider."
         )
     if outcome is Outcome.NEEDS_HUMAN:
-        return f"A person is deciding whether {action} happened; do not retry, and do not tell the user it failed."
+        return _with_a_person(op, action)
     if outcome is Outcome.AWAITING_APPROVAL:
         return f"{action} is waiting for a person's approval; nothing has been sent. Wait, or check later."
     if outcome is Outcome.CANCELLED:
@@ -89,6 +89,11 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
             + " and is still processing it; it is being checked with the provider. Do not resubmit; wait for "
             "it or check later."
         )
+    if op.get("waiting_for") == WaitingFor.EVIDENCE.value:
+        return (
+            f"Waiting, nothing sent: {action} is sent only while its audit record can be kept, and the evidence "
+            "store is down; it is sent once the store is back. Wait for it or check later, do not resubmit."
+        )
     if op.get("waiting_for") == "object":
         why = op.get("reason") or "another operation on the same object is not settled"
         return (
@@ -96,6 +101,23 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
             "it or check later, do not resubmit."
         )
     return f"Accepted, not finished: {action} is queued or in progress; wait for it or check later, do not resubmit."
+
+
+def _with_a_person(op: dict[str, Any], action: str) -> str:
+    """NEEDS_HUMAN, by what the person is asked for (``waiting_for``)."""
+    why = op.get("reason") or op.get("last_error") or "no reason recorded"
+    if op.get("waiting_for") == WaitingFor.CREDENTIALS.value:
+        return (
+            f"Not executed yet: the provider refused our credentials for {action}, so nothing happened. A person "
+            "must fix the credentials; then it is sent again under the same idempotency key. Do not retry or "
+            "resubmit, and do not tell the user it failed: wait for it or check later."
+        )
+    if op.get("waiting_for") == WaitingFor.DECISION.value:
+        return (
+            f"Not executed: {action} did not happen ({why}); instead of failing it, a person decides whether to "
+            "send it again or drop it. Do not retry or resubmit: wait for the decision or check later."
+        )
+    return f"A person is deciding whether {action} happened; do not retry, and do not tell the user it failed."
 
 
 def with_outcome(op: dict[str, Any]) -> dict[str, Any]:

@@ -140,14 +140,16 @@ SETTLE_WRITES_FOR = frozenset(
 
 def waiting_on_entry(to: Status, scheduled: WaitingFor | None = None) -> WaitingFor | None:
     """What an operation moved to ``to`` waits for: a lookup in outcome_unknown, a person in
-    awaiting_approval; in not_dispatched what the move scheduled (None: due now); else nothing."""
+    awaiting_approval; in not_dispatched what the move scheduled (None: due now); in
+    reconciliation_required what the person is asked for, if the move says (credentials, a
+    decision); else nothing."""
     if to is Status.OUTCOME_UNKNOWN:
         return WaitingFor.LOOKUP
     if to is Status.ACCEPTED:
         return WaitingFor.PROVIDER
     if to is Status.AWAITING_APPROVAL:
         return WaitingFor.APPROVAL
-    return scheduled if to is Status.NOT_DISPATCHED else None
+    return scheduled if to in (Status.NOT_DISPATCHED, Status.RECONCILIATION_REQUIRED) else None
 
 
 def core_values(writes: WriteSet, params: Mapping[str, Any], table: Any) -> dict[str, Any]:

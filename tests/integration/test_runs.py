@@ -31,7 +31,8 @@ def _actions(pipe: Any, sandbox: Any) -> None:
                 "shop.order.create": action("/v1/orders"),
                 "shop.stock.reserve": action("/v1/reservations"),
                 "shop.cancel": action("/v1/cancellations"),
-                "ledger.accrual.post": action("/v1/tickets", irreversible=True),
+                # Irreversible: never undone by automation, so a person approves each one before it is sent.
+                "ledger.accrual.post": action("/v1/tickets", irreversible=True, approval={"required": "always"}),
                 "notify.email.send": action("/v1/emails"),
                 "quote.draft": action("/v1/quotes", phase="draft"),
                 "quote.commit": action("/v1/quote_commits", phase="commit"),
@@ -200,6 +201,10 @@ def test_an_irreversible_step_and_a_later_failure_go_to_a_person_with_nothing_co
     pipe.start_worker()
     pipe.start_relay()
     run_id = _submit(pipe, "irr", _order_steps("irr", accrual_irreversible=True))
+    wait_for(lambda: _run(pipe, run_id)["outcome"] == "AWAITING_APPROVAL", 30, what="the accrual waits for a person")
+    accrual = next(s["operation"]["operation_id"] for s in _run(pipe, run_id)["steps"] if s["name"] == "accrual")
+    approved = _cli(pipe, "approvals", "approve", accrual, "--by", "alice", "--note", "accrual checked")
+    assert approved.returncode == 0, approved.stderr
     done = _wait_run(pipe, run_id)
     assert done["status"] == "needs_person" and "accrual (irreversible)" in done["reason"], done["reason"]
     assert "no compensation was attempted" in done["reason"]

@@ -25,6 +25,7 @@ from workers.dispatch.outcomes import (
     AttemptOutcome,
     FailedAtProvider,
     NeedsApproval,
+    NeedsPerson,
     Rejected,
     Succeeded,
     after_failed_probe,
@@ -32,6 +33,7 @@ from workers.dispatch.outcomes import (
     breaker_open,
     deadline_of,
     decide,
+    evidence_wait,
     limit_wait,
     object_wait,
 )
@@ -40,8 +42,9 @@ from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet
 from workers.wiring import metrics
 
-# Outcomes that end the operation as a failure: their attempt span's status is ERROR (and only theirs).
-FINAL_FAILURES = (Rejected, FailedAtProvider)
+# Outcomes that end the operation as a failure, or hand it to a person after a refusal: their attempt
+# span's status is ERROR (and only theirs).
+FINAL_FAILURES = (Rejected, FailedAtProvider, NeedsPerson)
 
 Attempted = tuple[Claim, AttemptReport, AttemptOutcome, ActionConfig | None]
 
@@ -146,6 +149,8 @@ def _attempt(
             early = NeedsApproval(lapsed)
     if early is None and (blocker := checks.held_back.get(claim.operation_id)) is not None:
         early = object_wait(claim, action, blocker, now=claim.now())
+    if early is None and claim.operation_id in checks.evidence_down:
+        early = evidence_wait(claim, action, now=claim.now())
     if early is not None:
         admissions.give_back(claim.operation_id)
         metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)

@@ -15,9 +15,11 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import StaleFence
+from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.sinks import EvidenceSink, finish_with_evidence, records_for_claims
 from outbox.ledger.claims import Claim
 from outbox.ledger.hot_path import LedgerConnection
+from outbox.ledger.models import Operation
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from outbox.ledger.transitions import (
     AttemptReport,
@@ -34,11 +36,13 @@ from workers.dispatch.outcomes import (
     Cancelled,
     FailedAtProvider,
     NeedsApproval,
+    NeedsPerson,
     Rejected,
     RetryAt,
     Succeeded,
 )
 from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.reconcile.handoff_packet import build_packet
 from workers.reconcile.late import apply_late_successes
 from workers.relay.doorbell import Doorbell
 from workers.wiring import metrics
@@ -92,6 +96,9 @@ def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, 
     if isinstance(outcome, NeedsApproval):
         kw.update(refund_attempt=True, waiting_for=WaitingFor.APPROVAL)
         return Status.AWAITING_APPROVAL, outcome.why, kw
+    if isinstance(outcome, NeedsPerson):
+        kw.update(waiting_for=outcome.waiting_for)
+        return Status.RECONCILIATION_REQUIRED, outcome.why, kw
     return Status.OUTCOME_UNKNOWN, outcome.why, kw
 
 
@@ -111,6 +118,12 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
     """
     if rec.evidence.separate:
         return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
+    # A handoff writes its packet through the ORM (rare: a refusal a person must look at): alone.
+    for c, r, o, a in items:
+        if isinstance(o, NeedsPerson):
+            _apply_alone(rec, c, r, o, a)
+    outcomes = {c.operation_id: o for c, _, o, _ in items}
+    items = [item for item in items if not isinstance(item[2], NeedsPerson)]
     applied: list[Applied] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
     late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
@@ -139,7 +152,7 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
     if late:
         # Committed above as evidence; now it settles its operation (evidence wins).
         rec.late(late)
-    return {c.operation_id: o for c, _, o, _ in items}
+    return outcomes
 
 
 def _apply_alone(
@@ -156,6 +169,16 @@ def _apply_alone(
                 report,
                 lambda session, status: finalize_if_fenced(session, claim, report, to=status, reason=reason, **kw),
             )
+        elif isinstance(outcome, NeedsPerson):
+
+            def hand_over(session: Session) -> None:
+                finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
+                op = session.get(Operation, claim.operation_id)
+                assert op is not None
+                packet = build_packet(session, op, reason=reason, action=action, actions=rec.actions)
+                open_handoff(session, claim.operation_id, reason=reason, packet=packet)
+
+            commit_even_if_stale(rec.sessions, hand_over)
         else:
             commit_even_if_stale(
                 rec.sessions, lambda session: finalize_if_fenced(session, claim, report, to=to, reason=reason, **kw)
@@ -206,6 +229,9 @@ def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -
         log.info("cancelled before send", extra=fields)
     elif isinstance(outcome, NeedsApproval):
         log.info("not sent, waiting for approval again: %s", reason, extra=fields)
+    elif isinstance(outcome, NeedsPerson):
+        # A handoff: one of the ERROR lines of the normal path (a person must act).
+        log.error("handed to a person (%s): %s", outcome.waiting_for.value, reason, extra=fields)
     else:
         # The only ERROR of the normal path: a final failure, with proof that nothing happened.
         log.error("failed_before_commit: %s", reason, extra=fields)

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import Admissions, BreakerRegistry, Open
 from outbox.approvals.decisions import Grant, grants
+from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim, read_due
 from outbox.ledger.clock import LedgerClock, as_utc
@@ -75,6 +76,8 @@ class SendChecks:
 
     approvals: dict[str, Grant | None] = field(default_factory=dict)
     held_back: dict[str, Blocker] = field(default_factory=dict)
+    # Those whose action requires evidence while the separate evidence store is down: not sent.
+    evidence_down: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class Gate:
     actions: ActionsConfig
     breakers: BreakerRegistry
     worker_id: str
+    # The evidence store and OUTBOX_EVIDENCE_REQUIRED: an action that requires evidence is not sent
+    # while a separate store is down (None: nothing requires it here).
+    evidence: EvidenceSink | None = None
+    evidence_required: bool = False
 
     def admissions(self) -> Admissions:
         """A doorbell's breaker answers, shared by its calls (the reconciler's are its own)."""
@@ -163,7 +170,23 @@ class Gate:
         admissions.share(targets)
 
     def checks(self, claims: Sequence[Claim]) -> SendChecks:
-        return SendChecks(self.approvals(claims), self.objects(claims))
+        return SendChecks(self.approvals(claims), self.objects(claims), self.evidence_down(claims))
+
+    def evidence_down(self, claims: Sequence[Claim]) -> frozenset[str]:
+        """The claims whose action requires evidence, if the separate evidence store is down: asked
+        once per doorbell, and answered from what this process last saw of the store (a probe only
+        when that is stale: outbox/evidence/health.py), never a round trip per operation."""
+        sink = self.evidence
+        if sink is None or not sink.separate:
+            return frozenset()
+        requiring = [c.operation_id for c in claims if self._requires_evidence(c.action)]
+        if not requiring or sink.available():
+            return frozenset()
+        return frozenset(requiring)
+
+    def _requires_evidence(self, action: str) -> bool:
+        known = self.actions.actions.get(action)
+        return known is not None and (known.evidence.required or self.evidence_required)
 
     def objects(self, claims: Sequence[Claim]) -> dict[str, Blocker]:
         """For the claims whose action declares a business object: take the object's hold, each in a

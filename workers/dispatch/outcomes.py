@@ -88,7 +88,25 @@ class NeedsApproval:
     why: str
 
 
-AttemptOutcome = Succeeded | Accepted | FailedAtProvider | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval
+@dataclass(frozen=True)
+class NeedsPerson:
+    """Not executed, and not for automation to settle: reconciliation_required with a handoff, its
+    ``waiting_for`` saying what the person is asked for: credentials (the provider refused our
+    authority) or a decision (a final failure the action hands to a person: on_final_failure)."""
+
+    why: str
+    waiting_for: WaitingFor
+
+
+AttemptOutcome = (
+    Succeeded | Accepted | FailedAtProvider | RetryAt | Rejected | Ambiguous | Cancelled | NeedsApproval | NeedsPerson
+)
+
+# An operation waiting for the evidence store is looked at again after a tenth of its age, within
+# these bounds: soon after a blip (the store is often back within seconds), and at most every 30 s
+# through a long outage, so a backlog of waiting operations costs a claim each per 30 s, not per second.
+EVIDENCE_RECHECK_MIN_S = 1.0
+EVIDENCE_RECHECK_MAX_S = 30.0
 
 
 class BudgetFields(Protocol):
@@ -133,7 +151,38 @@ def _spent(claim: Claim, action: ActionConfig, why: str) -> AttemptOutcome:
         return Ambiguous(f"{why}; an earlier attempt may have taken effect: looking it up before ending")
     if claim.proven_absent_through > 0 and action.lookup is not None:
         return Ambiguous(f"{why}; an earlier attempt was in doubt: looking it up once more before ending")
+    if action.on_final_failure == "handoff":
+        return NeedsPerson(
+            f"{why}; nothing was executed, and the action hands a final failure to a person "
+            "(on_final_failure: handoff) instead of failing it",
+            WaitingFor.DECISION,
+        )
     return Rejected(why)
+
+
+def authority_refused(claim: Claim, action: ActionConfig, c: Classification) -> NeedsPerson:
+    """The provider refused our authority (its status is in the target's authority_statuses): the
+    request was not executed, and no retry or new argument will change that until a person has
+    fixed the credentials. Never retried blindly, never failed: a person."""
+    why = (
+        f"{c.reason}: the provider refused our credentials for target {action.target} (revoked, expired or "
+        "without the permission); nothing was executed; not retried: a person checks or rotates them"
+    )
+    if claim.open_ambiguity:
+        why += "; an earlier attempt of this key may have taken effect: look it up before sending it again"
+    return NeedsPerson(why, WaitingFor.CREDENTIALS)
+
+
+def evidence_wait(claim: Claim, action: ActionConfig, *, now: datetime) -> AttemptOutcome:
+    """Its action requires evidence and the separate evidence store is down: not sent (fail closed),
+    back to the ledger without spending an attempt, looked at again after a tenth of its age
+    (EVIDENCE_RECHECK_*). The deadline still bounds every wait: past it, it ends as the budget would."""
+    why = "the evidence store is down and this action requires evidence: not sent until it is back"
+    waited_s = (now - claim.created_at).total_seconds()
+    recheck_s = min(EVIDENCE_RECHECK_MAX_S, max(EVIDENCE_RECHECK_MIN_S, waited_s / 10))
+    if now + timedelta(seconds=recheck_s) > deadline_of(claim, action):
+        return _spent(claim, action, f"{why}, past the deadline")
+    return RetryAt(recheck_s, why, refund_attempt=True, waiting_for=WaitingFor.EVIDENCE)
 
 
 def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> AttemptOutcome | None:
@@ -257,6 +306,8 @@ def decide(
                 f"{c.reason}: the provider reports it failed; an earlier attempt is in doubt: looking it up"
             )
         return FailedAtProvider(f"{c.reason}: the provider took it and reports it failed", c.provider_reference)
+    if c.authority_refused:
+        return authority_refused(claim, action, c)
     if c.final:  # arguments that can never be sent: retrying would spend the budget for nothing
         return _spent(claim, action, f"{c.reason} (not retried: the arguments never change)")
     budget = effective_budget(claim, action)

@@ -15,6 +15,7 @@ from outbox.actions.specs import (
     AgentRulesSpec,
     ApprovalSpec,
     BudgetSpec,
+    EvidenceSpec,
     ListSpec,
     LookupSpec,
     ProviderIdempotency,
@@ -78,6 +79,12 @@ class ActionConfig(AgentRulesSpec):
     # Runs (outbox/runs/lifecycle.py): irreversible = never compensated; a draft is never real until its commit step.
     irreversible: bool = False
     phase: Literal["draft", "commit"] | None = None
+    # What an operation that would end failed_before_commit (a rejection, the budget spent while
+    # nothing was executed) does instead: fail (the default), or go to a person (reconciliation_required,
+    # waiting_for = decision, a handoff with the reason it would have failed).
+    on_final_failure: Literal["fail", "handoff"] = "fail"
+    # evidence: {required: true}: nothing is sent while the separate evidence store is down (EvidenceSpec).
+    evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
     tool: ToolSpec = Field(default_factory=ToolSpec)  # as agent runtimes see it (producer/agents/)
 
     @field_validator("status_map")

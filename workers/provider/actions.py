@@ -24,6 +24,7 @@ from outbox.actions.specs import (
     RequestSpec,
     _Strict,
     every_tool_budget,
+    irreversible_problem,
     scope_budgets,
 )
 from outbox.errors import ConfigError
@@ -113,6 +114,8 @@ def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) 
             )
         if action.webhooks is not None:
             problems += _webhook_problems(cfg, name, action)
+        if irreversible := irreversible_problem(action.irreversible, action.approval):
+            problems.append((f"{where}.approval", irreversible))
         window = action.approval_window_problem(RECONCILE_WINDOW_S)
         if window:
             problems.append((f"{where}.approval.ttl_s", window))

@@ -8,7 +8,7 @@ is a double refund; the cost of a wrong "ambiguous" is one lookup.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -32,7 +32,7 @@ DEFAULT_STATUS_MAP: dict[int | str, AttemptClass] = {
     425: A.NOT_PROCESSED,
     # Business rejections: the provider read the request and refused it, so no effect.
     400: A.REJECTED,
-    401: A.REJECTED,
+    401: A.REJECTED,  # 401/403 are also authority refusals by default: a person (DEFAULT_AUTHORITY_STATUSES)
     403: A.REJECTED,
     404: A.REJECTED,
     409: A.REJECTED,
@@ -73,6 +73,14 @@ _EXCEPTION_TABLE: tuple[tuple[type[BaseException], AttemptClass, str], ...] = (
     (httpx.DecodingError, A.AMBIGUOUS, "decoding_error"),
 )
 
+# Statuses that mean the provider refused our authority (credentials revoked or expired, a key
+# without the permission), by default: the request was read and refused, so nothing was executed;
+# but no retry and no change of arguments will cure it, and failing the intent would blame it for
+# what an operator must fix. Such an answer goes to a person (the "needs a person" class of the
+# table). A target declares its own list (targets.<name>.authority_statuses): a provider whose 403
+# means something else (SendGrid: a temporary block; GitHub: also rate limits) leaves it out.
+DEFAULT_AUTHORITY_STATUSES: tuple[int, ...] = (401, 403)
+
 _REQUEST_ID_HEADERS = ("request-id", "x-request-id", "x-amzn-requestid", "x-correlation-id")
 
 
@@ -107,6 +115,9 @@ class Classification:
     # A 2xx whose status field says the provider failed it (the action's lookup.failed): the
     # provider took it and holds it as failed, which is not a rejection of the request.
     failed_at_provider: bool = False
+    # A rejection whose status the target names in its authority_statuses: the provider refused our
+    # credentials, not the intent. Still provably not executed; never retried blindly: a person.
+    authority_refused: bool = False
 
     @property
     def provably_not_executed(self) -> bool:
@@ -154,6 +165,7 @@ def classify_response(
     status_map: Mapping[int | str, AttemptClass] | None = None,
     now: datetime | None = None,
     progress: Progress | None = None,
+    authority_statuses: Collection[int] = (),
 ) -> Classification:
     """Classify a complete HTTP response.
 
@@ -161,7 +173,9 @@ def classify_response(
     A truncated or empty 2xx is AMBIGUOUS, never success (FAULTS.md: proxies cut bodies).
     Accepted is not completed: a 202, or a 2xx whose ``progress.status_field`` is pending, is
     ACCEPTED (its reference kept if it has one); one whose status is failed is REJECTED with
-    ``failed_at_provider`` (the provider took it and failed it).
+    ``failed_at_provider`` (the provider took it and failed it). A rejection whose status is in
+    ``authority_statuses`` (the target's) is ``authority_refused``: our credentials, not the intent,
+    were refused. Only a rejection: an action that maps such a status to another class keeps it.
     """
     hdrs = headers if isinstance(headers, httpx.Headers) else httpx.Headers(headers)
     parsed = _parse_json(body)
@@ -185,6 +199,8 @@ def classify_response(
         found = extract(body_dict, result_reference) if body_dict is not None and result_reference else None
         ref = None if found is None or isinstance(found, (dict, list, bool)) or str(found) == "" else str(found)
         return result(A.ACCEPTED, f"http_{status_code}_accepted", ref)
+    if klass is A.REJECTED and status_code in authority_statuses:
+        return replace(result(klass, f"http_{status_code}_authority_refused"), authority_refused=True)
     if klass is not A.SUCCEEDED:
         return result(klass, f"http_{status_code}")
     if body_dict is None:

@@ -225,6 +225,7 @@ class HttpConnector:
             status_map=action_cfg.status_map,
             # The lookup's status lists read the send's own answer too: accepted is not completed.
             progress=Progress(spec.status_field, tuple(spec.pending), tuple(spec.failed)) if spec else None,
+            authority_statuses=self._config.targets[action_cfg.target].authority_statuses,
         )
         raw_error = None
         if classification.klass is not AttemptClass.SUCCEEDED:

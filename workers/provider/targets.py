@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from outbox.actions.specs import BreakerSpec, RateLimitSpec, _Strict
 from outbox.actions.webhooks import WebhookEndpointSpec, secret_problem, secrets_of
+from workers.provider.classify import DEFAULT_AUTHORITY_STATUSES
 
 
 class TenantCredentials(_Strict):
@@ -51,11 +52,26 @@ class TargetConfig(_Strict):
     # that traces continues the intent's trace. Off by default: a trace id is an identifier the
     # provider did not ask for. Only while tracing is on (workers/wiring/tracing.py).
     propagate_trace: bool = False
+    # Statuses by which this provider says it refused our authority (credentials revoked or expired,
+    # a permission missing): nothing was executed, and a person must look (workers/provider/classify.py).
+    # [] when none does; leave 403 out where it means something else (a temporary block, a rate limit).
+    authority_statuses: list[int] = Field(default_factory=lambda: list(DEFAULT_AUTHORITY_STATUSES))
     # This base_url is the provider's test mode (a sandbox account): `agent-outbox probe` may send
     # real requests to it. Nothing else reads it.
     test_mode: bool = False
     # How the provider signs its webhooks (outbox/actions/webhooks.py); None: none are received.
     webhooks: WebhookEndpointSpec | None = None
+
+    @field_validator("authority_statuses")
+    @classmethod
+    def _client_errors(cls, value: list[int]) -> list[int]:
+        wrong = [code for code in value if not 400 <= code <= 499]
+        if wrong:
+            raise ValueError(
+                f"{wrong} are not 4xx statuses: only a client error proves the provider refused the request "
+                "without executing it (e.g. [401, 403]; [] for none)"
+            )
+        return value
 
     @field_validator("base_url")
     @classmethod

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from outbox.evidence.late import PacketBuilder
 from outbox.ledger.models import Approval, Attempt, Operation
+from outbox.ledger.states import AttemptClass, AttemptKind, WaitingFor
 from outbox.privacy.masking import MASK
 from outbox.reads.queries import approval_json, attempt_json, provider_key_of
 from workers.provider.actions import ActionConfig, ActionsConfig
@@ -27,7 +28,58 @@ def masked_args(args_text: str | None, action: ActionConfig | None) -> Any:
     return {k: MASK for k in args} if isinstance(args, dict) else MASK
 
 
-def next_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> str:
+def next_step(
+    op: Operation, action: ActionConfig | None, actions: ActionsConfig | None, attempts: Sequence[Attempt] = ()
+) -> str:
+    """What the person should do: by what the operation waits for (the provider refused our
+    credentials; a final failure the action hands over), else find out whether the effect exists."""
+    if op.waiting_for == WaitingFor.CREDENTIALS.value:
+        return credentials_step(op, action, actions, attempts)
+    if op.waiting_for == WaitingFor.DECISION.value:
+        return decision_step(op)
+    return look_up_step(op, action, actions)
+
+
+def credentials_step(
+    op: Operation, action: ActionConfig | None, actions: ActionsConfig | None, attempts: Sequence[Attempt]
+) -> str:
+    target = action.target if action is not None else "its target"
+    cfg = actions.targets.get(action.target) if action is not None and actions is not None else None
+    where = f"targets.{target}.headers"
+    if cfg is not None and cfg.accounts:
+        where = f"targets.{target}.tenants.{op.tenant}.headers"
+    at = f" ({cfg.base_url})" if cfg is not None else ""
+    sent = [a for a in attempts if a.kind == AttemptKind.DISPATCH.value]
+    status = next((a.status_code for a in reversed(sent) if a.status_code is not None), None)
+    first = ""
+    if any(a.attempt_class in _IN_DOUBT and a.attempt_number > (op.proven_absent_through or 0) for a in sent):
+        first = f"First, an earlier attempt may have taken effect: {look_up_step(op, action, actions)} Then: "
+    return (
+        f"{first}The provider{at} refused our credentials (HTTP {status or '401/403'}): nothing was executed. Check "
+        f"the credentials this operation was sent with ({where} in the actions file, and the secrets it names, "
+        f"for tenant {op.tenant}): revoked, expired, or without the permission this action needs. Rotate or "
+        f"grant them and restart the workers; then agent-outbox handoffs resolve ID --as not-executed --by NAME "
+        f"--note TEXT sends it again under the same key ({provider_key_of(op)!r}). If it must not go ahead: "
+        f"--as abandoned with a note."
+    )
+
+
+# Dispatch attempts that may have taken effect, unless a later proof (proven_absent_through) says not.
+_IN_DOUBT = (AttemptClass.AMBIGUOUS.value, AttemptClass.PENDING.value)
+
+
+def decision_step(op: Operation) -> str:
+    return (
+        "It would have ended failed_before_commit (why_handed_off says why), and nothing was executed at the "
+        "provider; its action hands such an end to a person (on_final_failure: handoff). If what stopped it can "
+        "be fixed outside this intent (an account limit, a missing record, credentials), fix it and run "
+        "agent-outbox handoffs resolve ID --as not-executed --by NAME --note TEXT: it is sent again under the "
+        f"same key ({provider_key_of(op)!r}) with the same arguments. Otherwise --as abandoned with a note, and "
+        "tell whoever asked: a changed intent needs a new idempotency key."
+    )
+
+
+def look_up_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> str:
     where = "the provider's dashboard or API"
     if action is not None and actions is not None:
         target = actions.targets.get(action.target)
@@ -59,8 +111,10 @@ def build_packet(
 ) -> dict[str, Any]:
     """``candidates``: the references of objects at the provider that each pass the lookup's
     ``match:`` (an ambiguous lookup); the person says which one, if any, is ours."""
-    attempts = session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
-    step = next_step(op, action, actions)
+    attempts = list(
+        session.execute(select(Attempt).where(Attempt.operation_id == op.id).order_by(Attempt.id)).scalars()
+    )
+    step = next_step(op, action, actions, attempts)
     if candidates:
         step = (
             f"The lookup found {len(candidates)} objects that match this intent: {', '.join(candidates)}. "

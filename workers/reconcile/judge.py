@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from outbox.ledger.claims import Claim
 from outbox.ledger.clock import as_utc
-from outbox.ledger.states import AttemptClass, Status
+from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from workers.dispatch.outcomes import deadline_of, effective_budget
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
@@ -50,6 +50,8 @@ class Verdict:
     cannot_land: bool = False
     # A person decides between these objects, each ours as far as the lookup can tell (their references).
     candidates: tuple[str, ...] = ()
+    # reconciliation_required: what the person is asked for, when more than "did it happen?".
+    waiting_for: WaitingFor | None = None
 
 
 def recheck_delay_s(lookup_number: int, rng: random.Random, *, max_delay_s: float = RECHECK_MAX_S) -> float:
@@ -329,4 +331,12 @@ def after_not_found(
         if fenced and claim.open_ambiguity
         else ("no earlier attempt can still take effect")
     )
+    if to is Status.FAILED_BEFORE_COMMIT and action.on_final_failure == "handoff":
+        return Verdict(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
+            f"{verdict.reason}; {ending}; {why}: nothing was executed, and the action hands a final failure to a "
+            "person (on_final_failure: handoff) instead of failing it",
+            waiting_for=WaitingFor.DECISION,
+        )
     return Verdict(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")

@@ -93,6 +93,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         recheck_in_s=verdict.recheck_in_s,
         result=item.result(),
         cannot_land=verdict.cannot_land,
+        waiting_for=verdict.waiting_for,
     )
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)

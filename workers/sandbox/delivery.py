@@ -82,9 +82,13 @@ async def fail_before_commit(
         status, code = 429, "rate_limit"
         seconds = rule.retry_after_s if rule.retry_after_s is not None else 1.0
         headers["Retry-After"] = retry_after_value(seconds, rule.retry_after_http_date)
+    elif mode == "refuse_credentials":
+        # Stripe's words: 401 authentication_error (no valid key), 403 permission_error (the key lacks it).
+        status = rule.status or 401
+        code = "invalid_api_key" if status == 401 else "permission_denied"
     else:  # fail_before_commit
         status, code = rule.status or 500, "api_error"
-    type_ = "rate_limit_error" if status == 429 else "api_error"
+    type_ = {429: "rate_limit_error", 401: "authentication_error", 403: "permission_error"}.get(status, "api_error")
     reply = error(status, rid, type_, code, f"Injected {mode}: nothing was processed.")
     reply.headers = headers
     entry.status = status

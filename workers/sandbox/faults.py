@@ -25,6 +25,7 @@ MODES: dict[str, str] = {
     "refuse": "alias of drop_before_commit",
     "fail_before_commit": "5xx (status, default 500) before commit; the key stays free, nothing exists",
     "stall_before_commit": "wait stall_s then reset, without processing (a black hole)",
+    "refuse_credentials": "401 (or status 403) before commit: our credentials refused (revoked, expired, no permission)",
     "reject_422": "business rejection: 422 invalid_amount, nothing created",
     "reject_402": "business rejection: 402 amount_over_limit, nothing created (stored for replay)",
     "latency": "wait latency_ms while the key is in flight, then behave normally",
@@ -47,7 +48,15 @@ MODES: dict[str, str] = {
 }
 
 BEFORE_COMMIT = frozenset(
-    {"unavailable_503", "rate_limited_429", "drop_before_commit", "refuse", "fail_before_commit", "stall_before_commit"}
+    {
+        "unavailable_503",
+        "rate_limited_429",
+        "drop_before_commit",
+        "refuse",
+        "fail_before_commit",
+        "stall_before_commit",
+        "refuse_credentials",
+    }
 )
 AFTER_COMMIT = frozenset(
     {
@@ -217,6 +226,8 @@ def parse_rule(body: Any, default_seed: int | None = None) -> FaultRule:
         raise RuleError("quota_per_s", "must be > 0 (requests admitted per trailing second)")
     if "status" in clean and not 100 <= clean["status"] <= 599:
         raise RuleError("status", "must be an HTTP status code")
+    if mode == "refuse_credentials" and clean.get("status", 401) not in (401, 403):
+        raise RuleError("status", "refuse_credentials answers 401 (unauthenticated) or 403 (no permission)")
     rule = FaultRule(**clean)
     seed = rule.seed if rule.seed is not None else default_seed
     rule._rng = random.Random(seed)

@@ -83,8 +83,8 @@ class WebhookReceiver:
         cfg = actions.targets.get(target)
         label = target if cfg is not None else None
         try:
-            secrets = _secrets(cfg, target, tenant)
-            verified = verify(cfg.webhooks.scheme, secrets, headers, body, now_s=time.time())  # type: ignore[union-attr]
+            scheme, secrets = _endpoint(cfg, target, tenant)
+            verified = verify(scheme, secrets, headers, body, now_s=time.time())
         except EndpointNotFound:
             metrics.record(label, rejected="endpoint")
             raise
@@ -96,13 +96,13 @@ class WebhookReceiver:
                 extra={"target": target, "tenant": tenant, "status": refused.status, "why": refused.why},
             )
             raise
-        assert cfg is not None and cfg.webhooks is not None
+        assert cfg is not None
         event = ledger.ReceivedEvent(
             target=target,
             scope=tenant,
             event_id=verified.event_id[:255],
             event_type=event_type(actions, target, verified.payload),
-            scheme=cfg.webhooks.scheme,
+            scheme=scheme,
             signed_at=verified.signed_at,
             body_digest=hashlib.sha256(body).hexdigest(),
             readings=readings(actions, target, verified.payload),
@@ -135,7 +135,8 @@ class WebhookReceiver:
         return Answer(event.event_id, received.duplicate, disposition)
 
 
-def _secrets(cfg: TargetConfig | None, target: str, tenant: str | None) -> list[str]:
+def _endpoint(cfg: TargetConfig | None, target: str, tenant: str | None) -> tuple[str, list[str]]:
+    """(the scheme, the secrets) that verify an event at this endpoint; EndpointNotFound if none."""
     if cfg is None or cfg.webhooks is None:
         raise EndpointNotFound(f"target {target[:200]!r} receives no webhooks (targets.<name>.webhooks)")
     if tenant is not None and not 0 < len(tenant) <= TENANT_MAX:
@@ -149,4 +150,4 @@ def _secrets(cfg: TargetConfig | None, target: str, tenant: str | None) -> list[
             if tenant is None
             else f"target {target!r} has no webhook secret for {where}"
         )
-    return secrets
+    return cfg.webhooks.scheme, secrets

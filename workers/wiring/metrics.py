@@ -145,6 +145,13 @@ PACING_FALLBACK = Gauge(
     multiprocess_mode="livemax",
     registry=PROCESS_REGISTRY,
 )
+EVIDENCE_STORE_DOWN = Gauge(
+    "outbox_evidence_store_down",
+    "1 while a process sees the separate evidence store (OUTBOX_EVIDENCE_URL) down: actions that require "
+    "evidence wait, unsent; max over processes",
+    multiprocess_mode="livemax",
+    registry=PROCESS_REGISTRY,
+)
 KNOWN_LIMITS = frozenset({"rate", "concurrency"})
 # Calls that reached (or may have reached) the provider again for the same operation: what retries
 # cost at a provider that bills per call. The report's definition (outbox/reads/report.py
@@ -248,6 +255,20 @@ def record_limit_released(target: str, limit: str) -> None:
 @_never_raises
 def record_pacing_fallback(on: bool) -> None:
     PACING_FALLBACK.set(1 if on else 0)
+
+
+@_never_raises
+def record_evidence_store_down(down: bool) -> None:
+    EVIDENCE_STORE_DOWN.set(1 if down else 0)
+
+
+def watch_evidence_sink(sink: Any) -> None:
+    """Keep ``outbox_evidence_store_down`` to what this process sees of a separate evidence store
+    (an outbox.evidence.sinks.EvidenceSink): set now, then at each change its health sees."""
+    if not getattr(sink, "separate", False):
+        return
+    sink.health.on_change = lambda up: record_evidence_store_down(not up)
+    record_evidence_store_down(sink.health.up is False)
 
 
 @_never_raises

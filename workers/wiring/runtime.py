@@ -44,6 +44,7 @@ from workers.reconcile.batch import Reconciler
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.lookup import LookupBudget
 from workers.relay.doorbell import Doorbell
+from workers.wiring import metrics
 from workers.wiring.celery_app import check_time_limits, make_app
 
 
@@ -117,7 +118,15 @@ class Runtime:
         """What a dispatch doorbell takes: the gate (on the doorbell task's connection), the calls
         in flight, and the claim's terms."""
         if self._dispatcher is None:
-            gate = Gate(self.ledger, self.sessions, self.actions, self.breakers, self.worker_id)
+            gate = Gate(
+                self.ledger,
+                self.sessions,
+                self.actions,
+                self.breakers,
+                self.worker_id,
+                evidence=self.evidence,
+                evidence_required=self.settings.evidence_required,
+            )
             self._dispatcher = Dispatcher(
                 gate,
                 self.in_flight,
@@ -275,6 +284,7 @@ class Fleet:
         self.breakers = breaker_registry(settings, self.actions)
         self.pacer = pacer_for(settings, self.actions, self.worker_id)
         self.evidence = EvidenceSink.from_url(settings.evidence_url)
+        metrics.watch_evidence_sink(self.evidence)
         self._runtimes: dict[str | None, Runtime] = {}
         self._lock = threading.Lock()
         # A doorbell that names no ledger (rung before the fleet was told of several, or by a
