@@ -41,6 +41,7 @@ from outbox.ledger.models import (
     RUNS,
 )
 from outbox.ledger.scope_models import BUDGET_SCOPES, OBJECT_HOLDS
+from outbox.ledger.webhook_models import WEBHOOK_EVENTS
 
 # docker-compose.yml's postgres, as published on 127.0.0.1 (its redis is the default below).
 COMPOSE_PG_URL = "postgresql+psycopg://outbox:outbox@127.0.0.1:5432/outbox"
@@ -49,7 +50,7 @@ REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 IN_CI = bool(os.environ.get("CI"))
 RUN_ID = uuid.uuid4().hex[:10]
 TABLES = (HANDOFFS, APPROVALS, EVIDENCE, OPERATION_EVENTS, ATTEMPTS, OPERATIONS, API_KEYS, RUNS, REPORT_RUNS)
-TABLES += (OBJECT_HOLDS, BUDGET_SCOPES)
+TABLES += (OBJECT_HOLDS, BUDGET_SCOPES, WEBHOOK_EVENTS)
 
 _skipped_services: dict[str, str] = {}
 

@@ -117,10 +117,15 @@ def apply(
     sink: EvidenceSink,
     packet: PacketBuilder,
     result: dict[str, Any] | None = None,
+    event: EventKind = LATE_EVIDENCE_EVENT,
+    why: str | None = None,
 ) -> Status | None:
     """Settle one operation by its late success (see the module docstring). Returns the new status,
-    or None when there was nothing to do (it already holds the effect)."""
-    op = session.execute(select(Operation).where(Operation.id == late.operation_id).with_for_update()).scalar_one()
+    or None when there was nothing to do (it already holds the effect). ``event`` / ``why``: what the
+    history says of a success that came another way than a worker's attempt (a provider's webhook)."""
+    # populate_existing: the row as locked now, not as the caller's session may have read it before.
+    locking = select(Operation).where(Operation.id == late.operation_id).with_for_update()
+    op = session.execute(locking.execution_options(populate_existing=True)).scalar_one()
     status = Status(op.status)
     # Compare-and-set: another sweep, worker or reconciler may have applied it since it was read.
     stamped = session.execute(
@@ -132,24 +137,24 @@ def apply(
     if stamped is None or status in EFFECT:
         return None
     if status in NO_EFFECT:
-        return _contradiction(session, op, status, late, actor=actor, packet=packet)
+        return _contradiction(session, op, status, late, actor=actor, packet=packet, said=why)
     if status is Status.RECONCILIATION_REQUIRED and _in_review(session, op.id):
         # A person is reviewing a contradiction of this operation: more evidence goes to them (it
         # is in the attempt log they read), not around them.
         return None
     record = record_for(session, op, reference=late.provider_reference, response_digest=late.response_digest)
     to = sink.write_separately(record) if sink.separate else Status.SUCCEEDED
-    reason = f"{late.label} was confirmed by the provider after its worker had lost the lease: evidence wins" + (
-        " (completed after cancel requested)" if op.cancel_requested else ""
-    )
+    said = why or f"{late.label} was confirmed by the provider after its worker had lost the lease"
+    reason = f"{said}: evidence wins" + (" (completed after cancel requested)" if op.cancel_requested else "")
     move(
         session,
         op.id,
         sources=[status],
         to=to,
-        event=LATE_EVIDENCE_EVENT,
+        event=event,
         actor=actor,
         reason=reason,
+        token=op.fencing_token,  # read under the row's lock: a compare-and-set, as every move
         fencing_token=_OP.c.fencing_token + 1,
         **released(),
         **success_values(late.provider_reference, late.response_digest, result),
@@ -199,10 +204,18 @@ def _in_review(session: Session, operation_id: str) -> bool:
 
 
 def _contradiction(
-    session: Session, op: Operation, status: Status, late: LateSuccess, *, actor: str, packet: PacketBuilder
+    session: Session,
+    op: Operation,
+    status: Status,
+    late: LateSuccess,
+    *,
+    actor: str,
+    packet: PacketBuilder,
+    said: str | None = None,
 ) -> Status:
+    said = said or f"{late.label} holds the provider's confirmation"
     reason = (
-        f"{late.label} holds the provider's confirmation (reference {late.provider_reference}) although "
+        f"{said} (reference {late.provider_reference}) although "
         f"the operation ended {status.value}: the agent was told nothing happened and may have acted on it. "
         "Review, then resolve --as succeeded with that reference"
     )
@@ -214,6 +227,7 @@ def _contradiction(
         event=CONTRADICTION_EVENT,
         actor=actor,
         reason=reason,
+        token=op.fencing_token,
         fencing_token=_OP.c.fencing_token + 1,
         finished_at=None,
         result_reference=late.provider_reference,

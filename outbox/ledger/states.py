@@ -315,6 +315,7 @@ class EventKind(str, enum.Enum):
     EVIDENCE_BACKFILLED = "evidence backfilled"
     LATE_EVIDENCE = "late evidence"  # a stale attempt's confirmed success settled the operation
     LATE_EVIDENCE_CONTRADICTS = "late evidence contradicts"  # ... contradicting a "no effect" end
+    WEBHOOK = "webhook"  # the provider's verified webhook event settled it, as a lookup's answer would
 
     def __str__(self) -> str:
         return self.value

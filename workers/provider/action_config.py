@@ -22,6 +22,7 @@ from outbox.actions.specs import (
     RequestSpec,
     ToolSpec,
 )
+from outbox.actions.webhooks import WebhookSpec
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, MIN_MAX_LENGTH, KeyRule, template_problem
 from outbox.ledger.states import AttemptClass
 from outbox.privacy.masking import Redactor, masked_view, path_problem
@@ -57,6 +58,8 @@ class ActionConfig(AgentRulesSpec):
     lookup: LookupSpec | None = None
     # YAML key `list` (alias: a field named `list` would shadow the builtin in this class).
     listing: ListSpec | None = Field(default=None, alias="list")
+    # Which of the target's webhook events settle its operations (outbox/actions/webhooks.py).
+    webhooks: WebhookSpec | None = None
     # Response field (dotted path allowed) kept as evidence. None: any JSON object 2xx counts.
     result_reference: str | None = "id"
     # Declared argument names; when given, placeholders and *_args are checked against them.

@@ -112,6 +112,8 @@ def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) 
                     f"credentials under targets.{action.target}.tenants",
                 )
             )
+        if action.webhooks is not None:
+            problems += _webhook_problems(cfg, name, action)
         if irreversible := irreversible_problem(action.irreversible, action.approval):
             problems.append((f"{where}.approval", irreversible))
         window = action.approval_window_problem(RECONCILE_WINDOW_S)
@@ -148,6 +150,32 @@ def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) 
                 missing = {top_field(path) for path in getattr(action, field)} - declared
                 if missing:
                     problems.append((f"{where}.{field}", f"{sorted(missing)} are not in args {sorted(declared)}"))
+    return problems
+
+
+def _webhook_problems(cfg: ActionsConfig, name: str, action: ActionConfig) -> list[tuple[str, str]]:
+    """An action's ``webhooks``: its target must say how events are signed, and an event must have
+    something to find the operation by."""
+    assert action.webhooks is not None
+    where = f"actions.{name}.webhooks"
+    target = cfg.targets.get(action.target)
+    problems = []
+    if target is not None and target.webhooks is None:
+        fix = f"add targets.{action.target}.webhooks"
+        problems.append((where, f"target {action.target!r} declares no webhooks (scheme and secret): {fix}"))
+    if action.webhooks.key is None and action.webhooks.reference_path(action.result_reference) is None:
+        why = "where an event names its operation"
+        problems.append((where, f"declare `key` or `reference` (or the action's result_reference): {why}"))
+    unknown = match_arguments(action.webhooks.match) - RESERVED_PLACEHOLDERS
+    declared = set(action.args) if action.args is not None else None
+    if unknown and declared is None:
+        problems.append(
+            (f"{where}.match", f"placeholders {sorted(unknown)} need the action's `args:` list to check them")
+        )
+    elif unknown and declared is not None and unknown - declared:
+        problems.append(
+            (f"{where}.match", f"{sorted(unknown - declared)} are not argument names (args: {sorted(declared)})")
+        )
     return problems
 
 

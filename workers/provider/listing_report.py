@@ -31,7 +31,8 @@ The JSON object (``REPORT_VERSION`` 1; fields are only ever added):
         "record_without_document": [{"operation_id", "tenant", "idempotency_key", "provider_key", "action",
                                      "status", "reference", "finished_at", "target"}],
         "document_without_record": [{"target", "tenant", "actions", "idempotency_key", "reference",
-                                     "status", "why", "ledger": [operation, ...]}],
+                                     "status", "why", "ledger": [operation, ...],
+                                     "source"?: "webhook", "event_id"?}],   # an event no operation took
         "duplicates": [{"target", "tenant", "actions", "idempotency_key", "count", "references"}],
         "state_contradictions": [{"operation_id", "tenant", "idempotency_key", "action", "status",
                                   "reference", "finished_at", "why",
@@ -60,6 +61,7 @@ from sqlalchemy.orm import Session
 
 from outbox.actions.specs import ListSpec
 from outbox.reads import report as ledger
+from outbox.reads.webhook_events import documents_without_record as webhook_documents
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.classify import LocalValidationError, extract
 from workers.provider.connectors import HttpConnector
@@ -309,6 +311,12 @@ def build_report(
         if own_http:
             connector.close()
 
+    # The provider's webhook events that no operation took (outbox/reads/webhook_events.py), but those
+    # a listing found already.
+    listed = {(d["target"], d["reference"]) for d in discrepancies["document_without_record"] if d["reference"]}
+    discrepancies["document_without_record"] += [
+        d for d in webhook_documents(session, since=since) if (d["target"], d["reference"]) not in listed
+    ]
     discrepancies["state_contradictions"] = ledger.state_contradictions(session, since=since)
     retries: dict[str, dict[str, int]] = defaultdict(lambda: {"retries": 0, "billable": 0})
     for action_name, counts in ledger.retries_by_action(session, since=since).items():

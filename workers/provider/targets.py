@@ -6,9 +6,10 @@ The unit of circuit breaking, of connection pools and of rate and concurrency li
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from outbox.actions.specs import BreakerSpec, RateLimitSpec, _Strict
+from outbox.actions.webhooks import WebhookEndpointSpec, secret_problem, secrets_of
 from workers.provider.classify import DEFAULT_AUTHORITY_STATUSES
 
 
@@ -21,6 +22,9 @@ class TenantCredentials(_Strict):
     # that declares just a limit lends none and turns no per-tenant credentials on.
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     rate_limit: RateLimitSpec | None = None
+    # This tenant's own webhook endpoint secret (the target's ``webhooks.scheme``): it verifies events
+    # at /v1/webhooks/<target>/<tenant> only, and they settle this tenant's operations only.
+    webhook_secret: str | list[str] | None = Field(default=None, repr=False)
 
     @property
     def is_account(self) -> bool:
@@ -55,6 +59,8 @@ class TargetConfig(_Strict):
     # This base_url is the provider's test mode (a sandbox account): `agent-outbox probe` may send
     # real requests to it. Nothing else reads it.
     test_mode: bool = False
+    # How the provider signs its webhooks (outbox/actions/webhooks.py); None: none are received.
+    webhooks: WebhookEndpointSpec | None = None
 
     @field_validator("authority_statuses")
     @classmethod
@@ -73,6 +79,33 @@ class TargetConfig(_Strict):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _webhook_secrets(self) -> TargetConfig:
+        for name, tenant in self.tenants.items():
+            for secret in secrets_of(tenant.webhook_secret):
+                if self.webhooks is None:
+                    raise ValueError(f"tenants.{name}.webhook_secret needs webhooks.scheme (how the provider signs)")
+                problem = secret_problem(self.webhooks.scheme, secret)
+                if problem:
+                    raise ValueError(f"tenants.{name}.webhook_secret {problem}")
+        if self.webhooks is not None and not secrets_of(self.webhooks.secret) and not self.webhook_tenants:
+            raise ValueError("webhooks: declare a secret, or a webhook_secret for some tenant under tenants")
+        return self
+
+    @property
+    def webhook_tenants(self) -> list[str]:
+        """The tenants with a webhook endpoint secret of their own."""
+        return sorted(n for n, t in self.tenants.items() if secrets_of(t.webhook_secret))
+
+    def webhook_secrets(self, tenant: str | None) -> list[str]:
+        """The secrets that verify an event at this target's endpoint for ``tenant`` (None: the target's
+        own endpoint): a tenant's own if it declares one, else the target's. Empty: none may."""
+        if tenant is not None:
+            own = secrets_of(self.tenants[tenant].webhook_secret) if tenant in self.tenants else []
+            if own:
+                return own
+        return secrets_of(self.webhooks.secret) if self.webhooks is not None else []
 
     @property
     def accounts(self) -> dict[str, TenantCredentials]:

@@ -135,6 +135,23 @@ def add_routes(app: web.Application, key: web.AppKey[SandboxState]) -> None:
         clock.advance(float(seconds))
         return _json({"now": clock.now(), "offset_s": clock.offset_s})
 
+    async def webhooks(request: web.Request) -> web.Response:
+        rows = [d.to_json() for d in state(request).webhooks.deliveries]
+        return _json({"count": len(rows), "data": rows})
+
+    async def release_webhooks(request: web.Request) -> web.Response:
+        return _json({"released": state(request).webhooks.release()})
+
+    async def redeliver_webhook(request: web.Request) -> web.Response:
+        try:
+            delivery_id = int(request.match_info["id"])
+        except ValueError:
+            return _bad("id", "must be an integer")
+        found = state(request).webhooks.redeliver(delivery_id)
+        if found is None:
+            return _json(error_body("invalid_request_error", "resource_missing", "No such webhook.", "id"), 404)
+        return _json(found.to_json())
+
     r = app.router
     r.add_get("/admin/health", health)
     r.add_post("/admin/reset", reset)
@@ -149,3 +166,6 @@ def add_routes(app: web.Application, key: web.AppKey[SandboxState]) -> None:
     r.add_delete("/admin/faults/{id}", delete_fault)
     r.add_get("/admin/clock", get_clock)
     r.add_post("/admin/clock", advance_clock)
+    r.add_get("/admin/webhooks", webhooks)
+    r.add_post("/admin/webhooks/release", release_webhooks)
+    r.add_post("/admin/webhooks/{id}/redeliver", redeliver_webhook)

@@ -7,6 +7,7 @@ Each request passes three fault phases (faults.py): before commit (nothing happe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import itertools
 import json
@@ -27,6 +28,7 @@ from workers.sandbox.resources import RESOURCES, Rejection, invalid, over_limit
 from workers.sandbox.responses import encode, error_body
 from workers.sandbox.state import SandboxState
 from workers.sandbox.store import StoredObject
+from workers.sandbox.webhooks import run_sender
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +229,7 @@ async def create(
         obj = StoredObject(spec.new_id(), spec, tenant, key, params, now, now + config.processing_s, seq, fails)
         objects.add(obj)
         effects.record(Effect(seq, obj.id, resource, tenant, key, digest, token, now))
+        state.webhooks.created(config, obj, now)  # a signed event, if webhook_url is set
         reply = Reply(config.processing_status if processing else 200, encode(obj.render(now)), rid, object_id=obj.id)
         if use_keys:
             assert key is not None
@@ -341,4 +344,16 @@ def make_app(state: SandboxState) -> web.Application:
     app.router.add_get("/v1/{resource}", handle_lookup_or_list)
     app.router.add_get("/v1/{resource}/{id}", handle_retrieve)
     admin.add_routes(app, STATE)
+    app.cleanup_ctx.append(_webhook_sender)
     return app
+
+
+async def _webhook_sender(app: web.Application) -> Any:
+    """The signed webhooks' sender (webhooks.py), for as long as the app runs."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_sender(app[STATE], stop))
+    yield
+    stop.set()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -37,6 +37,14 @@ class SandboxConfig:
     processing_fails: str = ""
     # Bounds memory in long benchmarks; the oldest request-log entries are dropped first.
     request_log_max: int = 100_000
+    # Signed webhooks (webhooks.py): an event on each object's creation and when a pending one
+    # settles, POSTed to this URL ("{tenant}" is the object's tenant); empty: none are sent.
+    webhook_url: str = ""
+    webhook_scheme: str = "standard"  # "standard" (Standard Webhooks) or "stripe" (Stripe-Signature)
+    webhook_secret: str = ""
+    webhook_secrets: dict[str, str] = field(default_factory=dict)  # a tenant's own, over webhook_secret
+    # True: events wait in the sandbox until POST /admin/webhooks/release (a test decides when they land).
+    webhooks_held: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -56,7 +64,7 @@ class SandboxConfig:
 
 
 def _parse(name: str, value: Any) -> Any:
-    if name in ("idempotency", "strict_fencing"):
+    if name in ("idempotency", "strict_fencing", "webhooks_held"):
         if not isinstance(value, bool):
             raise SettingError(name, "must be true or false")
         return value
@@ -72,6 +80,18 @@ def _parse(name: str, value: Any) -> Any:
         if value not in (200, 201, 202):
             raise SettingError(name, "must be 200, 201 or 202")
         return value
+    if name == "webhook_scheme":
+        if value not in ("standard", "stripe"):
+            raise SettingError(name, "must be 'standard' or 'stripe'")
+        return value
+    if name in ("webhook_url", "webhook_secret"):
+        if not isinstance(value, str):
+            raise SettingError(name, "must be a string (empty: none)")
+        return value
+    if name == "webhook_secrets":
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise SettingError(name, "must be an object of tenant -> secret")
+        return dict(value)
     if name == "processing_fails":
         if not isinstance(value, str):
             raise SettingError(name, "must be a glob of idempotency keys (or empty)")

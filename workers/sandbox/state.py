@@ -11,6 +11,7 @@ from workers.sandbox.faults import FaultBook
 from workers.sandbox.idempotency import FencingBook, KeyStore
 from workers.sandbox.requestlog import RequestLog
 from workers.sandbox.store import ObjectStore
+from workers.sandbox.webhooks import WebhookBook
 
 
 @dataclass
@@ -25,6 +26,7 @@ class SandboxState:
     faults: FaultBook = field(default_factory=FaultBook)
     requests: RequestLog = field(default_factory=lambda: RequestLog(100_000))
     seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    webhooks: WebhookBook = field(default_factory=WebhookBook)
 
     @classmethod
     def create(cls, config: SandboxConfig, seed: int | None = None) -> SandboxState:
@@ -48,3 +50,4 @@ class SandboxState:
         else:
             self.faults.forget_keys()  # a fresh run: every key's next request is its first again
         self.seq = itertools.count(1)
+        self.webhooks = WebhookBook()

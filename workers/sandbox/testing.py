@@ -79,6 +79,19 @@ class SandboxAdmin:
     def advance_clock(self, seconds: float) -> None:
         self._call("POST", "/admin/clock", json={"advance_s": seconds})
 
+    def webhooks(self) -> list[dict[str, Any]]:
+        """Every signed event the sandbox made, and what became of its sending (status: the receiver's)."""
+        return list(self._call("GET", "/admin/webhooks")["data"])
+
+    def release_webhooks(self) -> int:
+        """Send the events held back (``webhooks_held``)."""
+        return int(self._call("POST", "/admin/webhooks/release")["released"])
+
+    def redeliver_webhook(self, delivery_id: int) -> dict[str, Any]:
+        """Send an event again: the same id and body, signed anew (a provider's retry)."""
+        result: dict[str, Any] = self._call("POST", f"/admin/webhooks/{delivery_id}/redeliver")
+        return result
+
     def _close_admin(self) -> None:
         if self._admin is not None:
             self._admin.close()

@@ -44,8 +44,9 @@ from producer.http.problems import (
     refused_problem,
 )
 from producer.http.waiters import Waiters
-from workers.server import operators
+from workers.server import operators, webhooks
 from workers.server.request_metrics import RequestMetrics
+from workers.service.webhooks import WebhookReceiver
 from workers.wiring import metrics, tracing
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
         lifespan=lifespan,
     )
     app.state.api = api_state
+    app.state.webhooks = WebhookReceiver(settings, sessions)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
     app.add_middleware(RequestMetrics)  # outermost: a refused body (413) is a request too
 
@@ -244,6 +246,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     app.include_router(agents.router)
     app.include_router(runs.router)
     app.include_router(operators.router)
+    app.include_router(webhooks.router)
     _mount_console(app)
     openapi.install(app)
     return app

@@ -1,0 +1,84 @@
+"""The provider's webhook events, read for the reconciliation report: the documents without record.
+
+An event no operation took when it came (``no_operation``, or ``ambiguous``: several operations)
+is a document the provider holds and the ledger does not (workers/provider/listing_report.py lists
+them beside the listings' own). Each is looked up again when the report runs, by the key and the
+reference it carried: one whose operation exists by then is no discrepancy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from outbox.ledger.models import Operation
+from outbox.ledger.webhook_models import UNMATCHED, Disposition, WebhookEvent
+
+# One report lists at most this many (the oldest first); the count in the findings says if it was cut.
+MAX_DOCUMENTS = 1000
+
+
+def documents_without_record(session: Session, *, since: dt.datetime) -> list[dict[str, Any]]:
+    """Webhook events received since ``since`` that no single operation holds, as the report's
+    ``document_without_record`` items (with ``source``: "webhook" and the provider's ``event_id``)."""
+    rows = session.execute(
+        select(WebhookEvent)
+        .where(WebhookEvent.disposition.in_(UNMATCHED), WebhookEvent.received_at >= since)
+        .order_by(WebhookEvent.received_at, WebhookEvent.id)
+        .limit(MAX_DOCUMENTS)
+    ).scalars()
+    out = []
+    for event in rows:
+        ledger = _operations(session, event)
+        if event.disposition == Disposition.NO_OPERATION.value and len(ledger) == 1:
+            continue  # its operation exists now: nothing is missing
+        why = (
+            f"webhook {event.event_type} ({event.event_id}) names no operation"
+            if not ledger
+            else f"webhook {event.event_type} ({event.event_id}) names several operations"
+        )
+        out.append(
+            {
+                "target": event.target,
+                "tenant": event.tenant or (ledger[0]["tenant"] if len({r["tenant"] for r in ledger}) == 1 else None),
+                "actions": [event.action] if event.action else [],
+                "idempotency_key": event.provider_key,
+                "reference": event.reference,
+                "status": event.event_type,
+                "why": why,
+                "ledger": ledger,
+                "source": "webhook",
+                "event_id": event.event_id,
+            }
+        )
+    return out
+
+
+def _operations(session: Session, event: WebhookEvent) -> list[dict[str, Any]]:
+    named = []
+    if event.provider_key is not None:
+        named.append(Operation.provider_key == event.provider_key)
+    if event.reference is not None:
+        named.append(Operation.result_reference == event.reference)
+    if not named:
+        return []
+    stmt = select(Operation).where(or_(*named))
+    if event.action is not None:
+        stmt = stmt.where(Operation.action == event.action)
+    if event.scope:
+        stmt = stmt.where(Operation.tenant == event.scope)
+    return [
+        {
+            "operation_id": op.id,
+            "tenant": op.tenant,
+            "idempotency_key": op.idempotency_key,
+            "provider_key": op.provider_key,
+            "action": op.action,
+            "status": op.status,
+            "reference": op.result_reference,
+        }
+        for op in session.execute(stmt.limit(10)).scalars()
+    ]
