@@ -10,6 +10,9 @@ starts the fleet again and looks at what the sandbox received under the key.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -18,7 +21,7 @@ from sqlalchemy import select, update
 from outbox.actions.rules import load_intent_rules
 from outbox.evidence.handoffs import resolve
 from outbox.ledger.models import Handoff, Operation
-from tests.harness import action, actions_doc, pk, wait_for
+from tests.harness import ROOT, action, actions_doc, pk, wait_for
 from workers.provider.actions import load_actions
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -60,6 +63,24 @@ def _deploy(pipe: Any, sandbox: Any, **over: Any) -> str:
 
 def _posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
     return sorted(sandbox.requests(method="POST", key=pk(key)), key=lambda e: e["seq"])
+
+
+def _cli(pipe: Any, *args: str) -> Any:
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli.main", *args],
+        cwd=ROOT,
+        env=dict(os.environ) | pipe.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout) if "--json" in args else done.stdout
+
+
+def first_digest(pipe: Any, operation_id: str) -> str | None:
+    """The request digest of the operation's first dispatch attempt (what its key names)."""
+    return pipe.attempts(operation_id, "dispatch")[0].request_digest
 
 
 def _handoff(pipe: Any, operation_id: str) -> Handoff:
@@ -105,7 +126,13 @@ def test_a_retry_after_a_deploy_sends_the_first_request_again(pipe, sandbox, pro
     assert json.loads(first["body"])["amount_cents"] == 500 and first["query"] == ""
     assert len(sandbox.effects(key=pk(key))) == 1
     assert op.result_reference == sandbox.effects(key=pk(key))[0]["object_id"]
+    digests = [a.request_digest for a in pipe.attempts(op_id, "dispatch")]
+    assert len(digests) == 2 and digests[0] == digests[1] == op.request_digest
     assert (op.action_version, op.request_version) == (submitted, submitted)
+    shown = _cli(pipe, "ops", "show", op_id, "--json")
+    assert shown["action_version"] == submitted
+    assert shown["request"] == {"version": submitted, "method": "POST", "digest": first_digest(pipe, op_id)}
+    assert f"action version {submitted}" in _cli(pipe, "ops", "show", op_id)
 
 
 def test_a_request_not_on_record_is_not_rebuilt_under_another_definition(pipe, sandbox):
