@@ -5,7 +5,9 @@ decides ``awaiting_approval`` at submit, and nothing more: it must not need the 
 (``${PAYMENTS_TOKEN}``) to do so, nor hold them. This reads only ``actions.<name>.provider_key``,
 ``provider_key_max_length``, ``approval``, ``phase``, ``irreversible``, ``tool``, ``args``,
 ``sensitive_args``, ``object``, ``when_object_busy``, ``budget_scope`` and the file's top-level
-``budget_scope`` (``${VAR}`` resolved there only), checked as the full loader checks them;
+``budget_scope`` (``${VAR}`` resolved there only), checked as the full loader checks them; and, for
+each action's version (outbox/actions/versions.py), its ``target``, ``request``, ``decimal_args``,
+``provider_idempotency``, ``connector`` and its target's ``base_url`` (never the targets' headers);
 workers load the whole file (workers/provider/actions.py).
 """
 
@@ -20,6 +22,7 @@ from pydantic import ValidationError
 
 from outbox.actions.files import ActionsFileError, read_yaml, resolve_env
 from outbox.actions.specs import ApprovalSpec, BudgetScopeSpec, ToolSpec, irreversible_problem, scope_budgets
+from outbox.actions.versions import version_of_raw
 from outbox.ledger.budget_scopes import ScopeBudget
 from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
@@ -39,6 +42,8 @@ class IntentRules:
     declared_args: dict[str, list[str] | None] = field(default_factory=dict)
     objects: dict[str, ObjectRule] = field(default_factory=dict)  # outbox/ledger/objects.py
     budgets: dict[str, tuple[ScopeBudget, ...]] = field(default_factory=dict)  # outbox/ledger/budget_scopes.py
+    # Each action's version (outbox/actions/versions.py); None: not known here (recorded by its first send).
+    versions: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def actions(self) -> dict[str, KeyRule]:
@@ -59,6 +64,9 @@ class IntentRules:
 
     def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
         return self.phases.get(action)
+
+    def action_version(self, action: str) -> str | None:
+        return self.versions.get(action)
 
     def is_irreversible(self, action: str) -> bool:
         return action in self.irreversible
@@ -88,11 +96,13 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
     irreversible: set[str] = set()
     tools: dict[str, ToolSpec] = {}
     args: dict[str, list[str] | None] = {}
+    versions: dict[str, str | None] = {}
     for name, raw in actions.items():
         where = f"actions.{name}"
         if not isinstance(raw, dict):
             problems.append((where, "must be a mapping"))
             continue
+        versions[name] = version_of_raw(raw, data.get("targets"), env)
         part = {
             k: raw[k]
             for k in (
@@ -160,7 +170,7 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
                 problems.append((f"{where}.approval", unruled))
     if problems:
         raise ActionsFileError(path, problems)
-    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args, objects, budgets)
+    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args, objects, budgets, versions)
 
 
 def _budget_scope(raw: Any, where: str, problems: list[tuple[str, str]]) -> BudgetScopeSpec | None:

@@ -21,6 +21,7 @@ from outbox.ledger.drivers import driver_for
 from outbox.ledger.drivers.base import FinalizeWrite
 from outbox.ledger.effect_guard import no_effect_confirmed
 from outbox.ledger.models import Attempt, Operation, core_table
+from outbox.ledger.request_record import CLEARED
 from outbox.ledger.states import NO_EFFECT, AttemptKind, EventKind, Resolution, Status, WaitingFor
 from outbox.ledger.transitions import (
     AttemptReport,
@@ -248,6 +249,9 @@ def resolve_by_person(
             reason=note,
             proven_absent_through=_last_dispatch_number(operation_id),
             next_attempt_at=db_now(),
+            # The provider holds nothing under the key: its next request is the first it sees, built
+            # from the definition then current (outbox/ledger/request_record.py).
+            **CLEARED,
         )
         return Status.NOT_DISPATCHED
     raise ValueError(f"a person resolves {outcome.value!r} without a move of the operation")

@@ -22,6 +22,7 @@ from outbox.ledger.clock import LedgerClock, as_utc, db_now
 from outbox.ledger.drivers import ClaimedRow, driver_for
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import Operation, core_table
+from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, check_allowed
 
 _OP = core_table(Operation)
@@ -74,6 +75,10 @@ class Claim:
     status: Status = Status.DISPATCHING
     # The W3C trace context the intent was submitted in: every span of this claim's work continues it.
     traceparent: str | None = None
+    # The action's version at submit (None: not known then), and the request on record under its key
+    # (None: none left yet, or its worker died before recording it): outbox/ledger/request_record.py.
+    action_version: str | None = None
+    sent: RequestRecord | None = None
 
     def log_fields(self) -> dict[str, object]:
         """What a log line about this claim's work carries as fields (OUTBOX_LOG_FORMAT=json)."""
@@ -241,6 +246,8 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         clock=LedgerClock(claimed),
         status=Status(row.status),
         traceparent=getattr(row, "traceparent", None),
+        action_version=getattr(row, "action_version", None),
+        sent=RequestRecord.of_row(row),
     )
 
 

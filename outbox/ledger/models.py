@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.ledger.request_columns import RequestRecordColumns
 from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Status
 
@@ -89,7 +90,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-class Operation(Base):
+class Operation(RequestRecordColumns, Base):
     __tablename__ = OPERATIONS
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

@@ -78,6 +78,11 @@ class KeyRules(Protocol):
         the file's top-level budget_scope, then the action's own."""
         ...
 
+    def action_version(self, action: str) -> str | None:
+        """The version of the action's request-shaping definition (outbox/actions/versions.py), recorded
+        on the operation at submit; None: not known here (the operation's first request records it)."""
+        ...
+
 
 def template_fields(template: str) -> set[str]:
     return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}

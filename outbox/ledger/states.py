@@ -138,11 +138,13 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     ): "2xx that says accepted, not finished (a 202, or a status in lookup.pending)",
     (Status.DISPATCHING, Status.FAILED_AT_PROVIDER): "2xx whose status says it failed at the provider (lookup.failed)",
     # Nothing was executed, and automation must not decide the rest: the provider refused our
-    # authority (a target's authority_statuses), or the action says on_final_failure: handoff.
+    # authority (a target's authority_statuses), the action says on_final_failure: handoff, or the
+    # request its key names cannot be sent again (workers/dispatch/same_request.py).
     (
         Status.DISPATCHING,
         Status.RECONCILIATION_REQUIRED,
-    ): "the provider refused our credentials, or a final failure the action hands to a person: handoff",
+    ): "the provider refused our credentials, a final failure the action hands to a person, or a request its key"
+    " names that cannot be sent again (nothing sent): handoff",
     (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
     # Accepted: the provider has it; only its lookups (or a late answer) settle it. Nothing is sent.
     (Status.ACCEPTED, Status.ACCEPTED): "reconciler claim / still pending at the provider: re-check later",
@@ -252,6 +254,7 @@ class WaitingFor(str, enum.Enum):
     # reconciliation_required, nothing executed: what the person is asked for.
     CREDENTIALS = "credentials"  # the provider refused our authority (401/403): check or rotate them
     DECISION = "decision"  # a final failure the action hands to a person (on_final_failure: handoff)
+    REQUEST = "request"  # the request its key names cannot be sent again as it was (a changed definition)
 
     def __str__(self) -> str:
         return self.value
@@ -287,6 +290,11 @@ WAITING_MEANING: dict[WaitingFor, str] = {
     WaitingFor.DECISION: (
         "it would have ended failed_before_commit (the reason says why); nothing was executed, and the action"
         " asks a person instead (on_final_failure: handoff): resolve not-executed to send it again, or abandon it"
+    ),
+    WaitingFor.REQUEST: (
+        "the request first sent under its key cannot be sent again as it was, nor built again under the same"
+        " definition (the reason names the action's versions); nothing was sent: a person looks for the key at the"
+        " provider, then resolves it (not-executed builds it from the current definition)"
     ),
 }
 

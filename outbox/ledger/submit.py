@@ -228,6 +228,8 @@ def submit(
         priority=priority,
         object_key=object_key,
         budget_scope=budget_scope if budgets else None,
+        # The definition its requests are built from (outbox/ledger/request_record.py says why).
+        action_version=key_rules.action_version(env.action) if key_rules is not None else None,
     )
     rules = _Rules(object_rule, budgets, budget_scope)
     with tracing.span(

@@ -22,7 +22,9 @@ from outbox.ledger.drivers import FinalizeWrite, driver_for
 from outbox.ledger.effect_guard import no_effect_possible
 from outbox.ledger.events import record_events
 from outbox.ledger.models import Attempt, Operation, core_table
+from outbox.ledger.request_record import NO_RECORD, RequestRecord
 from outbox.ledger.states import (
+    EFFECT,
     NO_EFFECT,
     PROVABLY_NOT_EXECUTED,
     TERMINAL,
@@ -54,6 +56,9 @@ class AttemptReport:
     # A declared limit the attempt waited for before it left ("waited 0.420s for the rate limit of
     # target payments: 50/s"): said in its event, which people read in the history (ops show).
     waited: str | None = None
+    # The request this attempt sent, when it may have left (outbox/ledger/request_record.py): recorded
+    # on the operation by its finalize if none is on record yet. Not part of the attempt row.
+    sent: RequestRecord | None = None
 
     def event_reason(self, label: str, reason: str) -> str:
         """The reason of this attempt's event in the history (``label``: "attempt 3", "lookup 2")."""
@@ -253,8 +258,20 @@ def _finalize_write(item: Finalize) -> FinalizeWrite:
             "delay_s": float(max(item.delay_s, 0.0)),
             "result": item.result,
             **report_params(report),
+            **_record(report, to),
         },
     )
+
+
+def _record(report: AttemptReport, to: Status) -> dict[str, Any]:
+    """The request to record if none is on record (writes.RECORD_FIRST). Its body is kept only while
+    another attempt may follow: after a success nothing is sent under the key again."""
+    if report.sent is None:
+        return NO_RECORD
+    params = report.sent.params()
+    if to in EFFECT:
+        params["sent_body"] = None
+    return params
 
 
 def report_params(report: AttemptReport) -> dict[str, Any]:
@@ -268,6 +285,7 @@ def report_params(report: AttemptReport) -> dict[str, Any]:
         "retry_after_s": report.retry_after_s,
         "latency_s": report.latency_s,
         "error": report.error,
+        **NO_RECORD,  # a settlement's (and the attempt row's) parameters: it records no request
     }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import case, null
 
 from outbox.ledger.clock import db_now
+from outbox.ledger.request_record import RECORD_COLUMNS, RECORD_PARAMS
 from outbox.ledger.states import EFFECT, TERMINAL, Status, WaitingFor
 
 
@@ -46,7 +47,16 @@ class Param:
     cast: str | None = None  # a type the parameter is sent as (PostgreSQL text: json)
 
 
-Value = Param | Db
+@dataclass(frozen=True)
+class IfNull:
+    """The named parameter where the column ``unless`` IS NULL, else the column as it is: a value
+    written once and kept (the request on record under a key: outbox/ledger/request_record.py)."""
+
+    name: str
+    unless: str
+
+
+Value = Param | Db | IfNull
 WriteSet = tuple[tuple[str, Value], ...]
 
 # An attempt's report, written once to its row.
@@ -80,6 +90,15 @@ NOT_SUCCESS: WriteSet = (
 
 RELEASE_LEASE: WriteSet = (("lease_owner", Db.NULL), ("lease_expires_at", Db.NULL))
 
+# The first request that left under the key, recorded by the finalize of its attempt and never
+# overwritten (all of it or none: the guard is request_version); with the version it was built
+# under, which an operation that recorded none at submit takes too. An attempt that did not leave
+# passes NULLs, which change nothing.
+RECORD_FIRST: WriteSet = (
+    *((column, IfNull(param, unless="request_version")) for column, param in zip(RECORD_COLUMNS, RECORD_PARAMS)),
+    ("action_version", IfNull("sent_version", unless="action_version")),
+)
+
 
 def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
     """What a worker's fenced finalize writes on the operation when it moves it to ``to``."""
@@ -91,6 +110,7 @@ def finalize_writes(to: Status, *, refund: bool) -> WriteSet:
         *RELEASE_LEASE,
         # Accepted keeps the provider's reference and answer while the provider finishes.
         *(SUCCESS if to in EFFECT or to is Status.ACCEPTED else NOT_SUCCESS),
+        *RECORD_FIRST,
     ]
     if to in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN, Status.ACCEPTED):
         writes.append(("next_attempt_at", Db.NOW_PLUS_DELAY))
@@ -160,6 +180,8 @@ def core_values(writes: WriteSet, params: Mapping[str, Any], table: Any) -> dict
             # A JSON parameter of None is SQL NULL, as PostgreSQL's CAST(NULL AS json), not JSON null.
             none_is_null = value.cast == "json" and params[value.name] is None
             values[column] = null() if none_is_null else params[value.name]
+        elif isinstance(value, IfNull):
+            values[column] = case((table.c[value.unless].is_(None), params[value.name]), else_=table.c[column])
         elif value is Db.NULL:
             values[column] = None
         elif value is Db.NOW:

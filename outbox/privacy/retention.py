@@ -4,7 +4,8 @@
 failed_before_commit, cancelled) that finished more than ``older_than_s`` ago, in batches, each
 batch its own transaction. What stays: states, digests (arguments, result), provider references,
 attempts (their redacted error texts included), the history, evidence records and handoffs (their
-packets lose the intent's arguments too). Finished runs lose their steps' arguments the same way, and
+packets lose the intent's arguments too). Of the request on record under the key (outbox/ledger/request_record.py)
+its body and path go (built from the arguments); its method, digest and version stay. Finished runs lose their steps' arguments the same way, and
 a purged operation's hold on its business object (outbox/ledger/objects.py) is dropped. A purged operation cannot be sent again: if late evidence
 ever reopens one and a person says "not executed", dispatch refuses it (no arguments to send).
 """
@@ -98,7 +99,8 @@ def purge(
                 done = session.execute(
                     update(Operation)
                     .where(Operation.id.in_(ids), _due(older_than_s))
-                    .values(args=None, result=null())  # SQL NULL, not JSON null
+                    # SQL NULL, not JSON null; the request on record goes with the arguments it was built from.
+                    .values(args=None, result=null(), request_body=None, request_path=None)
                 )
                 if not done.rowcount:  # type: ignore[attr-defined]
                     break  # nothing changed: never loop on rows we cannot purge
@@ -106,6 +108,9 @@ def purge(
                 for h in handoffs:
                     packet = dict(h.packet or {})
                     packet["intent"] = {**(packet.get("intent") or {}), "args": PURGED}
+                    sent = (packet.get("request") or {}).get("sent")
+                    if sent:  # the request on record: its path and body hold argument values
+                        packet["request"] = {**packet["request"], "sent": {**sent, "path": PURGED, "body": PURGED}}
                     h.packet = packet
         if progress is not None:
             progress(out)

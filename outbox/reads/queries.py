@@ -55,6 +55,14 @@ def operation_json(op: Operation) -> dict[str, Any]:
         "last_error": op.last_error,
         "cancel_requested": op.cancel_requested,
         "args_digest": op.args_digest,
+        # The definition it was submitted under, and the request its key names: its method, digest and
+        # the version it was built under (outbox/ledger/request_record.py; path and body: handoff packets).
+        "action_version": op.action_version,
+        "request": (
+            {"version": op.request_version, "method": op.request_method, "digest": op.request_digest}
+            if op.request_version is not None or op.request_digest is not None
+            else None
+        ),
         "run_id": op.run_id,
         "tool_call_id": op.tool_call_id,
         "object": op.object_key,
@@ -181,6 +189,7 @@ def submitted_detail(new: NewOperation, inserted: Inserted) -> OperationDetail:
         cancel_requested=False,
         object_key=new.object_key,
         budget_scope=new.budget_scope,
+        action_version=new.action_version,
         lease_owner=None,
         lease_expires_at=None,
         next_attempt_at=inserted.next_attempt_at,

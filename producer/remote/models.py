@@ -49,6 +49,9 @@ class Operation(_Answer):
     last_error: str | None = None
     cancel_requested: bool | None = None
     args_digest: str | None = None
+    # The action's version at submit; the request its key names ({version, method, digest}).
+    action_version: str | None = None
+    request: dict[str, Any] | None = None
     run_id: str | None = None
     tool_call_id: str | None = None
     object: str | None = None  # the business object it touches (outbox/ledger/objects.py)

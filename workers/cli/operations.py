@@ -257,6 +257,15 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
         f"reason: {detail['reason']}  attempts {detail['attempts']}/{detail['max_attempts']}  "
         f"token {detail['fencing_token']}  priority {detail['priority']}"
     )
+    sent = detail["request"] or {}
+    console.print(
+        f"action version {detail['action_version'] or 'not recorded at submit'}; request under its key: "
+        + (
+            f"{sent['method'] or '(a hook connector)'} under version {sent['version']}, digest {sent['digest']}"
+            if sent
+            else "none sent yet"
+        )
+    )
     if detail["result"]:
         console.print(f"result: reference {detail['result']['reference']}")
     if detail["error_class"]:

@@ -18,6 +18,7 @@ from outbox.approvals.decisions import lapse_reason
 from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
+from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
 from workers.dispatch.gate import SendChecks
@@ -37,9 +38,10 @@ from workers.dispatch.outcomes import (
     limit_wait,
     object_wait,
 )
+from workers.dispatch.same_request import Resend, route, without_action
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
-from workers.provider.connectors import AttemptResult, ConnectorSet
+from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
 from workers.wiring import metrics
 
 # Outcomes that end the operation as a failure, or hand it to a person after a refusal: their attempt
@@ -87,7 +89,7 @@ def attempt_claimed(downstream: Downstream, admissions: Admissions, claim: Claim
     except KeyError as exc:
         admissions.give_back(claim.operation_id)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
-        return claim, report, Rejected(f"unknown action {claim.action!r}: not in the actions file"), None
+        return claim, report, without_action(claim, earlier_left=claim.operation_id in checks.left_before), None
     report, outcome = attempt(downstream, admissions, claim, action, checks)
     return claim, report, outcome, action
 
@@ -136,8 +138,17 @@ def _attempt(
     those whose business object is not free (gate.py).
     """
     early = before_send(claim, action, now=claim.now())
-    if early is None and not claim.args:
-        early = Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
+    version = downstream.actions.action_version(claim.action)
+    chosen = route(
+        claim,
+        version,
+        # Asked only of a request on record (a hook connector is never handed one).
+        http=claim.sent is None or isinstance(downstream.connectors.for_action(claim.action), HttpConnector),
+        base_url=downstream.actions.target_of(action).base_url,
+        earlier_left=claim.operation_id in checks.left_before,
+    )
+    if early is None and isinstance(chosen, (NeedsPerson, Rejected)):
+        early = chosen  # the request its key names cannot be sent (again): nothing is sent
     if early is None and claim.operation_id in checks.approvals:
         lapsed = lapse_reason(
             checks.approvals[claim.operation_id],
@@ -172,6 +183,8 @@ def _attempt(
         connector = downstream.connectors.for_action(claim.action)
         failpoints.hit("dispatch.before_send", claim.idempotency_key)
         args = loads_exact(claim.args)
+        # The request on record goes again as it is; a hook connector is never handed one.
+        recorded = {"recorded": chosen.request} if isinstance(chosen, Resend) else {}
         result = connector.send(
             claim.action,
             action,
@@ -179,6 +192,7 @@ def _attempt(
             idempotency_key=claim.provider_key,
             tenant=claim.tenant,
             fencing_token=claim.fencing_token,
+            **recorded,
         )
     finally:
         downstream.done(paced)
@@ -192,7 +206,7 @@ def _attempt(
     if failed and decision.probe:
         reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s
         outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s, now=claim.now())
-    return private(action, args, replace(_report(result), waited=paced.note()), outcome)
+    return private(action, args, replace(_report(result, version), waited=paced.note()), outcome)
 
 
 def private(
@@ -214,7 +228,19 @@ def _is_transport(result: AttemptResult) -> bool:
     return result.classification.origin == "transport"
 
 
-def _report(result: AttemptResult) -> AttemptReport:
+def _sent(result: AttemptResult, version: str | None) -> RequestRecord | None:
+    """The request this attempt put on the wire, to record under its key (outbox/ledger/request_record.py);
+    None when it cannot have left. A hook connector's own request: its version and digest only."""
+    if result.classification.klass is AttemptClass.NOT_SENT:
+        return None
+    sent = result.sent
+    if sent is None:
+        return RequestRecord(version, digest=result.request_digest or None)
+    body = sent.body.decode() if sent.body is not None else None
+    return RequestRecord(version, sent.method, sent.path, body, sent.digest)
+
+
+def _report(result: AttemptResult, version: str | None = None) -> AttemptReport:
     c = result.classification
     digest = None
     if c.body is not None:
@@ -229,6 +255,7 @@ def _report(result: AttemptResult) -> AttemptReport:
         retry_after_s=c.retry_after_s,
         latency_s=result.latency_s,
         error=None if c.klass is AttemptClass.SUCCEEDED else f"{c.reason}: {result.raw_error or ''}"[:2000],
+        sent=_sent(result, version),
     )
 
 

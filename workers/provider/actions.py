@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ValidationError
@@ -27,6 +28,7 @@ from outbox.actions.specs import (
     irreversible_problem,
     scope_budgets,
 )
+from outbox.actions.versions import action_version
 from outbox.errors import ConfigError
 from outbox.ledger.budget_scopes import ScopeBudget
 from outbox.ledger.objects import ObjectRule
@@ -89,6 +91,28 @@ class ActionsConfig(_Strict):
 
     def is_irreversible(self, action: str) -> bool:
         return action in self.actions and self.actions[action].irreversible
+
+    def action_version(self, action: str) -> str | None:
+        """The action's version (outbox/actions/versions.py); None for an action not in the file."""
+        return self.versions.get(action)
+
+    @cached_property
+    def versions(self) -> dict[str, str]:
+        """Every action's version, computed once: the worker reads it at every attempt."""
+        out = {}
+        for name, cfg in self.actions.items():
+            target = self.targets.get(cfg.target)
+            if target is not None:
+                keys = cfg.provider_idempotency
+                out[name] = action_version(
+                    target=cfg.target,
+                    base_url=target.base_url,
+                    request=cfg.request,
+                    decimal_args=cfg.decimal_args,
+                    idempotency_header=keys.header if keys is not None else None,
+                    connector=cfg.connector,
+                )
+        return out
 
 
 def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ from workers.provider.classify import (
     classify_exception,
     classify_response,
 )
-from workers.provider.http_request import PreparedRequest, prepare, request_digest
+from workers.provider.http_request import PreparedRequest, SentRequest, prepare, relative_path, request_digest
 from workers.provider.lookups import LookupResult, interpret_lookup
 
 # Enough of a failed response to explain it in a handoff, small enough for an attempt row.
@@ -46,6 +46,7 @@ class AttemptResult:
     status_code: int | None
     latency_s: float
     raw_error: str | None  # repr of the exception, or a short excerpt of a non-success body
+    sent: SentRequest | None = None  # what was put on the wire (HttpConnector); None: nothing, or a hook's own
 
 
 def _timeout(target: TargetConfig) -> httpx.Timeout:
@@ -193,11 +194,14 @@ class HttpConnector:
         idempotency_key: str,
         fencing_token: int,
         tenant: str = "",
+        recorded: PreparedRequest | None = None,
     ) -> AttemptResult:
+        """One attempt: ``recorded`` (the request on record under the key: workers/dispatch/same_request.py)
+        as it is, else the action's request built from ``args``."""
         started = self._clock()
         try:
             credentials = self._credentials(action_cfg.target, tenant)
-            prepared = prepare(
+            prepared = recorded or prepare(
                 action_cfg.request, args, idempotency_key=idempotency_key, decimal_args=action_cfg.decimal_args
             )
         except LocalValidationError as exc:
@@ -211,10 +215,12 @@ class HttpConnector:
         self._propagate(action_cfg.target, headers)
         request = self._request(action_cfg.target, prepared, headers, credentials)
         digest = request_digest(request.method, str(request.url), prepared.body)
+        base_url = self._config.targets[action_cfg.target].base_url
+        sent = SentRequest(request.method, relative_path(request.url.raw_path, base_url), prepared.body, digest)
         try:
             response = self._exchange(action_cfg.target, request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified attempt
-            return AttemptResult(classify_exception(exc), digest, None, self._clock() - started, repr(exc))
+            return AttemptResult(classify_exception(exc), digest, None, self._clock() - started, repr(exc), sent)
         latency_s = self._clock() - started
         spec = action_cfg.lookup
         classification = classify_response(
@@ -230,7 +236,7 @@ class HttpConnector:
         raw_error = None
         if classification.klass is not AttemptClass.SUCCEEDED:
             raw_error = response.content[:RAW_ERROR_EXCERPT_BYTES].decode("utf-8", errors="replace")
-        return AttemptResult(classification, digest, response.status_code, latency_s, raw_error)
+        return AttemptResult(classification, digest, response.status_code, latency_s, raw_error, sent)
 
     def lookup(
         self,

@@ -6,13 +6,14 @@ table classes as not_sent (nothing left the machine).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from outbox.actions.specs import RequestSpec, placeholders
 from outbox.errors import InvalidIntent
@@ -32,6 +33,36 @@ class PreparedRequest:
     query: dict[str, Any] = field(default_factory=dict)
     body: bytes | None = None  # canonical JSON, exactly the bytes sent
     headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """What one attempt put on the wire, as an operation records it (outbox/ledger/request_record.py):
+    the method, the path and query as encoded, relative to the target's base_url, the body, the digest."""
+
+    method: str
+    path: str
+    body: bytes | None
+    digest: str
+
+
+@functools.lru_cache(maxsize=64)
+def _base_path(base_url: str) -> str:
+    return urlsplit(base_url).path.rstrip("/")
+
+
+def relative_path(raw_path: bytes, base_url: str) -> str:
+    """A request's path and query as sent (httpx's ``url.raw_path``), without ``base_url``'s own path."""
+    path = raw_path.decode("ascii")
+    base = _base_path(base_url)
+    return path[len(base) :] if base and path.startswith(base) else path
+
+
+def recorded_request(method: str, path: str, body: str | None) -> PreparedRequest:
+    """The request on record, to be sent again as it is (its query is part of ``path``)."""
+    data = body.encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    return PreparedRequest(method, path, {}, data, headers)
 
 
 def canonical_json(value: Any) -> bytes:

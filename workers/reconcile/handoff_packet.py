@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 from outbox.evidence.late import PacketBuilder
 from outbox.ledger.models import Approval, Attempt, Operation
 from outbox.ledger.states import AttemptClass, AttemptKind, WaitingFor
-from outbox.privacy.masking import MASK
+from outbox.privacy.masking import MASK, masked_view
+from outbox.privacy.retention import PURGED
 from outbox.reads.queries import approval_json, attempt_json, provider_key_of
 from workers.provider.actions import ActionConfig, ActionsConfig
 
@@ -132,6 +133,7 @@ def build_packet(
         "attempts": [attempt_json(a) for a in attempts],
         "last_error": {"class": op.error_class, "raw": op.last_error, "why_handed_off": reason},
         "next_step": step,
+        "request": request_view(op, action, actions),
         "intent": {
             "args": masked_args(op.args, action),
             "args_digest": op.args_digest,
@@ -144,6 +146,36 @@ def build_packet(
     if candidates:
         packet["candidates"] = list(candidates)
     return packet
+
+
+def request_view(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> dict[str, Any]:
+    """The action's versions (at submit, of the first request that left, now) and that request
+    (outbox/ledger/request_record.py): its path and body masked as the arguments are (the action
+    unknown here: masked whole), "purged" once retention took them."""
+    sent = None
+    if op.request_version is not None or op.request_digest is not None:
+        path, body = op.request_path, op.request_body
+        if op.args is None:  # purged with the arguments they were built from
+            path, body = PURGED, PURGED
+        elif action is None:
+            path, body = MASK if path else path, MASK if body else body
+        else:
+            redactor = action.redactor(json.loads(op.args))
+            path = redactor.text(path)
+            if body:
+                body = json.dumps(masked_view(json.loads(body), action.sensitive_args, redactor), ensure_ascii=False)
+        sent = {
+            "version": op.request_version,
+            "method": op.request_method,
+            "path": path,
+            "body": body,
+            "digest": op.request_digest,
+        }
+    return {
+        "action_version": op.action_version,
+        "current_version": actions.action_version(op.action) if actions is not None else None,
+        "sent": sent,
+    }
 
 
 def _approval(session: Session, operation_id: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import hashlib
 import itertools
 import json
 import logging
@@ -24,6 +25,7 @@ from workers.sandbox.delivery import Reply, deliver, error, fail_before_commit
 from workers.sandbox.effects import Effect
 from workers.sandbox.faults import BEFORE_COMMIT, FaultRule, RuleError, parse_rule
 from workers.sandbox.idempotency import KeyInUse, KeyMismatch, StoredResponse, params_digest
+from workers.sandbox.requestlog import BODY_KEPT
 from workers.sandbox.resources import RESOURCES, Rejection, invalid, over_limit
 from workers.sandbox.responses import encode, error_body
 from workers.sandbox.state import SandboxState
@@ -118,6 +120,8 @@ async def handle_create(request: web.Request) -> web.StreamResponse:
     a = await arrive(request, key, token_raw)
     if not isinstance(a, Arrival):
         return a
+    raw = await request.read()  # aiohttp keeps it: create() reads it again
+    a.entry.body, a.entry.body_digest = raw.decode("utf-8", "replace")[:BODY_KEPT], hashlib.sha256(raw).hexdigest()
     reply = await create(request, a.state, a.spec.name, a.tenant, key, token_raw, a.rule, a.rid)
     response = await deliver(request, a.entry, a.rule, reply)
     a.entry.answered = time.time()
@@ -172,18 +176,18 @@ async def create(
         refused = _stale_token(rid, token, state.fencing.admit(tenant, key, token))
         if refused is not None:
             return refused
-    digest = params_digest("POST", request.path, body)
+    # The query is part of the parameters (Stripe compares them all): /v1/refunds?v=2 is another request.
+    digest = params_digest(request.method, request.path_qs, body)
     use_keys = config.idempotency and key is not None and mode != "ignore_idempotency_key"
     now = clock.now()
     if use_keys:
         assert key is not None
         try:
-            stored = keys.begin(
-                tenant, key, digest, now, config.retention_s, check_digest=mode != "accept_changed_args"
-            )
+            compares = config.compare_params and mode != "accept_changed_args"
+            stored = keys.begin(tenant, key, digest, now, config.retention_s, check_digest=compares)
         except KeyMismatch:
             return error(
-                409,
+                config.params_mismatch_status,
                 rid,
                 "idempotency_error",
                 "idempotency_error",

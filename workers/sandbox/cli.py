@@ -26,6 +26,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-idempotency", action="store_true", help="ignore Idempotency-Key: repeated keys create repeated objects"
     )
+    parser.add_argument(
+        "--no-compare-params",
+        action="store_true",
+        help="a known key with other parameters replays the first answer instead of idempotency_error",
+    )
+    parser.add_argument(
+        "--params-mismatch-status", type=int, default=409, help="idempotency_error's status: 409, or 400 as Stripe"
+    )
     parser.add_argument("--retention-s", type=float, default=86400.0, help="idempotency key retention")
     parser.add_argument("--index-lag-s", type=float, default=0.0, help="delay before lookups see a new object")
     parser.add_argument(
@@ -64,6 +72,8 @@ def build_state(args: argparse.Namespace) -> SandboxState:
     config.update(
         {
             "idempotency": not args.no_idempotency,
+            "compare_params": not args.no_compare_params,
+            "params_mismatch_status": args.params_mismatch_status,
             "retention_s": args.retention_s,
             "index_lag_s": args.index_lag_s,
             "strict_fencing": args.strict_fencing,

@@ -21,6 +21,14 @@ class SandboxConfig:
     """Settings that tests change at run time through `POST /admin/config`."""
 
     idempotency: bool = True
+    # A request under a known key whose method, path, query or body differ from the first one's is
+    # refused (error code idempotency_error), as Stripe does. On by default: the careful provider is
+    # the sandbox's default, and an error is how a test sees that a retry was not the first request
+    # (a replayed answer would hide it). Off: a provider that does not compare, which replays the
+    # first answer whatever the later request says (the contract fault accept_changed_args, for
+    # every key). The status: 409 (the sandbox's since issue 3) or 400 (exactly Stripe's).
+    compare_params: bool = True
+    params_mismatch_status: int = 409
     # Stripe prunes keys "after they're at least 24 hours old"; we keep exactly that by default.
     retention_s: float = 86400.0
     # Search indexes of real providers lag their primary store; 0 means lookups see writes at once.
@@ -64,7 +72,11 @@ class SandboxConfig:
 
 
 def _parse(name: str, value: Any) -> Any:
-    if name in ("idempotency", "strict_fencing", "webhooks_held"):
+    if name == "params_mismatch_status":
+        if value not in (400, 409):
+            raise SettingError(name, "must be 400 (as Stripe answers) or 409")
+        return value
+    if name in ("idempotency", "strict_fencing", "webhooks_held", "compare_params"):
         if not isinstance(value, bool):
             raise SettingError(name, "must be true or false")
         return value

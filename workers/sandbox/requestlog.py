@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+BODY_KEPT = 2000  # characters of a creation's body kept in its entry (the digest covers all of it)
+
 
 @dataclass
 class RequestEntry:
@@ -33,6 +35,10 @@ class RequestEntry:
     object_id: str | None = None
     answered: float | None = None  # wall-clock epoch seconds a creation's answer was ready (calls in flight)
     traceparent: str | None = None  # the W3C trace header the call carried (a target's propagate_trace)
+    # A creation's body as it arrived (text, cut at BODY_KEPT characters) and the SHA-256 of its bytes:
+    # two requests under one key are the same request only with the same method, path, query and body.
+    body: str | None = None
+    body_digest: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -52,6 +52,7 @@ class NewOperation:
     traceparent: str | None = None  # W3C trace context (outbox/ledger/tracing.py)
     object_key: str | None = None  # the business object it touches (outbox/ledger/objects.py)
     budget_scope: str | None = None  # the conversation charged for it (outbox/ledger/budget_scopes.py)
+    action_version: str | None = None  # the action's version at submit (outbox/actions/versions.py)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,13 @@ class ClaimedRow(NamedTuple):
     number: int
     open_ambiguity: bool
     traceparent: str | None = None
+    # The action's version at submit, and the request on record (outbox/ledger/request_record.py).
+    action_version: str | None = None
+    request_version: str | None = None
+    request_method: str | None = None
+    request_path: str | None = None
+    request_body: str | None = None
+    request_digest: str | None = None
 
 
 class HotPath(Protocol):

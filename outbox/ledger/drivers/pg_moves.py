@@ -15,8 +15,18 @@ from outbox.ledger.drivers.base import FinalizeWrite
 from outbox.ledger.drivers.pg_statements import EVENTS_ID_SEQ, driver_params
 from outbox.ledger.effect_guard import NO_EFFECT_POSSIBLE
 from outbox.ledger.models import ATTEMPTS, OPERATION_EVENTS, OPERATIONS
+from outbox.ledger.request_record import RECORD_PARAMS
 from outbox.ledger.states import RECONCILE_CLAIMABLE, Status
-from outbox.ledger.writes import ATTEMPT_REPORT, CANCEL_NOTE, Db, Param, WriteSet, finalize_writes, settle_writes
+from outbox.ledger.writes import (
+    ATTEMPT_REPORT,
+    CANCEL_NOTE,
+    Db,
+    IfNull,
+    Param,
+    WriteSet,
+    finalize_writes,
+    settle_writes,
+)
 
 
 def render(writes: WriteSet, source: str = ":") -> str:
@@ -24,9 +34,11 @@ def render(writes: WriteSet, source: str = ":") -> str:
     parameter's name follows (``:`` a statement's parameter; ``v.p_`` a column of the JSON rows a
     multi-row statement updates from, finalize_rows)."""
 
-    def value(column: str, v: Param | Db) -> str:
+    def value(column: str, v: Param | Db | IfNull) -> str:
         if isinstance(v, Param):
             return f"CAST({source}{v.name} AS {v.cast})" if v.cast else f"{source}{v.name}"
+        if isinstance(v, IfNull):
+            return f"CASE WHEN {v.unless} IS NULL THEN CAST({source}{v.name} AS text) ELSE {column} END"
         return {
             Db.NULL: "NULL",
             Db.NOW: "clock_timestamp()",
@@ -103,6 +115,7 @@ FINALIZE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("latency_s", "float8"),
     ("error", "text"),
     ("stale", "boolean"),
+    *((name, "text") for name in RECORD_PARAMS),  # the request on record (writes.RECORD_FIRST)
 )
 
 

@@ -75,17 +75,32 @@ WITH ins AS (
     INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, provider_key, action, args, args_digest, subject, run_id,
         tool_call_id, status, waiting_for, reason, fencing_token, attempt_count, max_attempts, deadline_at,
         next_attempt_at, cancel_requested, proven_absent_through, created_at, updated_at, submitted_by, key_space,
-        priority, traceparent, object_key, budget_scope, submit_event_id, submitted_as, submit_reason)
+        priority, traceparent, object_key, budget_scope, submit_event_id, submitted_as, submit_reason,
+        action_version)
     VALUES (%(id)s, %(tenant)s, %(key)s, %(provider_key)s, %(action)s, %(args)s, %(digest)s, %(subject)s, %(run_id)s,
         %(tool_call_id)s, %(status)s, %(waiting_for)s, 'submitted', 0, 0, %(max_attempts)s,
         clock_timestamp() + make_interval(secs => CAST(%(deadline_s)s AS float8)),  -- NULL: no deadline
         clock_timestamp() + make_interval(secs => CAST(%(delay_s)s AS float8)),
         false, 0, clock_timestamp(), clock_timestamp(), %(submitted_by)s, %(key_space)s, %(priority)s,
-        %(traceparent)s, %(object_key)s, %(budget_scope)s, nextval('{EVENTS_ID_SEQ}'), %(status)s, %(reason)s)
+        %(traceparent)s, %(object_key)s, %(budget_scope)s, nextval('{EVENTS_ID_SEQ}'), %(status)s, %(reason)s,
+        %(action_version)s)
     ON CONFLICT (tenant, idempotency_key) DO NOTHING
     RETURNING id, created_at, updated_at, next_attempt_at, deadline_at
 )
 SELECT created_at, updated_at, next_attempt_at, deadline_at"""
+# The submit's parameters that are NewOperation's fields as they are (key, digest, status, waiting_for: spelled).
+SUBMIT_AS_GIVEN: tuple[str, ...] = (
+    "id",
+    "tenant",
+    "provider_key",
+    "action",
+    "args",
+    "subject",
+    "run_id",
+    "tool_call_id",
+)
+SUBMIT_AS_GIVEN += ("max_attempts", "deadline_s", "delay_s", "reason", "submitted_by", "key_space", "priority")
+SUBMIT_AS_GIVEN += ("traceparent", "object_key", "budget_scope", "action_version")
 # One row when inserted (the row's times: a submit is answered from them), none for a replay.
 SUBMIT_NOTIFY = _SUBMIT + f", pg_notify('{NOTIFY_CHANNEL}', id) AS notified FROM ins"
 SUBMIT_QUIET = _SUBMIT + " FROM ins"
@@ -110,7 +125,8 @@ WITH {recursive}{due_ctes}, claimed AS (
     RETURNING due.rank, o.id, o.fencing_token, o.attempt_count, o.tenant, o.idempotency_key, o.provider_key, o.action,
               o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
-              o.cancel_requested, o.proven_absent_through, o.updated_at, o.status, o.traceparent
+              o.cancel_requested, o.proven_absent_through, o.updated_at, o.status, o.traceparent,
+              o.action_version, o.request_version, o.request_method, o.request_path, o.request_body, o.request_digest
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM {attempts} a

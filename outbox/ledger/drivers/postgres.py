@@ -152,30 +152,13 @@ class PostgresDriver:
     # -- writes of the state machine -------------------------------------------------------------
     def insert_operation(self, session: Any, new: NewOperation) -> Inserted | None:
         statement = sql.SUBMIT_NOTIFY if new.status is Status.NOT_DISPATCHED else sql.SUBMIT_QUIET
-        params = {
-            "id": new.id,
-            "tenant": new.tenant,
-            "key": new.idempotency_key,
-            "provider_key": new.provider_key,
-            "action": new.action,
-            "args": new.args,
-            "digest": new.args_digest,
-            "subject": new.subject,
-            "run_id": new.run_id,
-            "tool_call_id": new.tool_call_id,
-            "status": new.status.value,
-            "waiting_for": new.waiting_for.value if new.waiting_for else None,
-            "max_attempts": new.max_attempts,
-            "deadline_s": new.deadline_s,
-            "delay_s": new.delay_s,
-            "reason": new.reason,
-            "submitted_by": new.submitted_by,
-            "key_space": new.key_space,
-            "priority": new.priority,
-            "traceparent": new.traceparent,
-            "object_key": new.object_key,
-            "budget_scope": new.budget_scope,
-        }
+        params: dict[str, Any] = {name: getattr(new, name) for name in sql.SUBMIT_AS_GIVEN}
+        params.update(
+            key=new.idempotency_key,
+            digest=new.args_digest,
+            status=new.status.value,
+            waiting_for=new.waiting_for.value if new.waiting_for else None,
+        )
         row = _execute(session, statement, params, by_name=False).fetchone()
         return None if row is None else Inserted(*row[:4])
 

@@ -36,29 +36,10 @@ _AT = core_table(Attempt)
 # NewOperation fields written as they are.
 _AS_GIVEN: tuple[str, ...] = ("id", "tenant", "idempotency_key", "provider_key", "action", "args", "args_digest")
 _AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", "priority", "traceparent")
-_AS_GIVEN += ("object_key", "budget_scope")
+_AS_GIVEN += ("object_key", "budget_scope", "action_version")
 
-_CLAIMED = (
-    _OP.c.id,
-    _OP.c.fencing_token,
-    _OP.c.attempt_count,
-    _OP.c.tenant,
-    _OP.c.idempotency_key,
-    _OP.c.provider_key,
-    _OP.c.action,
-    _OP.c.args,
-    _OP.c.args_digest,
-    _OP.c.subject,
-    _OP.c.lease_expires_at,
-    _OP.c.max_attempts,
-    _OP.c.deadline_at,
-    _OP.c.created_at,
-    _OP.c.cancel_requested,
-    _OP.c.proven_absent_through,
-    _OP.c.updated_at,  # the claim's own time (the database's clock)
-    _OP.c.status,
-    _OP.c.traceparent,
-)
+# A claimed row's columns, in ClaimedRow's order (the attempt's own fields are added by _open_attempt).
+_CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in ("attempt_id", "number", "open_ambiguity"))
 
 
 class SqliteDriver:
@@ -231,8 +212,8 @@ class SqliteDriver:
             reason=f"{kind.value} attempt {number}",
             actor=worker,
         )
-        *columns, traceparent = tuple(row)
-        return ClaimedRow(*columns, attempt_id, number, bool(open_ambiguity), traceparent)  # type: ignore[call-arg]
+        head, tail = tuple(row)[:18], tuple(row)[18:]  # tail: traceparent, the version and the record
+        return ClaimedRow(*head, attempt_id, number, bool(open_ambiguity), *tail)  # type: ignore[call-arg]
 
     def finalize(self, session: Session, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
         return [self._finalize(session, w) for w in writes]

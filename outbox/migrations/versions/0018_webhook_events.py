@@ -1,7 +1,7 @@
 """The provider's webhook events, and the indexes that find an event's operation
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-12-08
 
 - ``outbox_webhook_events``: one row per verified webhook event (outbox/ledger/webhook_models.py),
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0018'
-down_revision = '0016'
+down_revision = '0017'
 branch_labels = None
 depends_on = None
 
