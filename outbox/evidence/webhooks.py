@@ -17,9 +17,10 @@ caller's transaction:
      (dispatching, outcome_unknown, accepted, reconciliation_required, ...) -> succeeded, the token
      bumped, an open handoff closed; from a "no effect" end -> a person reviews; already succeeded:
      nothing, and a second reference is on record for the report;
-   - failed, for an accepted or outcome_unknown operation: failed_at_provider, as a lookup that found
-     it failed (no attempt can still take effect: the provider holds the key as failed); anything
-     else is left to its owner (a worker in flight, a person);
+   - failed, for an accepted or outcome_unknown operation, or one whose handoff is re-checked
+     (outbox/evidence/rechecks.py: closed "resolved by the provider's evidence"): failed_at_provider,
+     as a lookup that found it failed (no attempt can still take effect: the provider holds the key as
+     failed); anything else is left to its owner (a worker in flight, a person);
    - pending: recorded, nothing moves.
 
 ``owns`` compares the event's object with the intent's arguments before an operation is taken as
@@ -41,14 +42,16 @@ from sqlalchemy.orm import Session
 
 from outbox.actions.webhooks import WebhookOutcome
 from outbox.errors import StaleFence
+from outbox.evidence.handoffs import close_by_evidence
 from outbox.evidence.late import LateSuccess, PacketBuilder
 from outbox.evidence.late import apply as apply_late
+from outbox.evidence.rechecks import is_rechecked
 from outbox.evidence.settlement import _last_dispatch_number
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.clock import db_now
 from outbox.ledger.effect_guard import no_effect_confirmed
 from outbox.ledger.models import Attempt, Operation, core_table
-from outbox.ledger.states import AttemptClass, AttemptKind, EventKind, Status
+from outbox.ledger.states import AttemptClass, AttemptKind, EventKind, Resolution, Status
 from outbox.ledger.transitions import move
 from outbox.ledger.webhook_models import Disposition, WebhookEvent
 from outbox.ledger.writes import released
@@ -245,7 +248,9 @@ def _apply(
         if moved is not None:
             return moved, f"{said} confirmed it: {status.value} -> {moved.value}"
         return None, f"{said} confirmed it; the operation is {status.value}: nothing to move"
-    if status not in FAILABLE:
+    # A handoff the provider's answer settles (it is re-checked) is closed by it, as a re-check would.
+    case = status is Status.RECONCILIATION_REQUIRED and is_rechecked(session, locked.id)
+    if status not in FAILABLE and not case:
         return None, f"{said} says it failed; the operation is {status.value}, which only its owner moves"
     reason = f"{said}: the provider took it and holds it as failed"
     try:
@@ -268,6 +273,16 @@ def _apply(
             )
     except StaleFence:  # the row is locked: only the guard refuses it
         return None, f"{said} says it failed, but a confirmed success is on record: evidence wins"
+    if case:
+        close_by_evidence(
+            session,
+            locked.id,
+            resolution=Resolution.FAILED_AT_PROVIDER,
+            reference=reading.reference,
+            actor=actor,
+            note=f"resolved by the provider's evidence: {reason}",
+            attempt_id=attempt_id,
+        )
     log.error("failed_at_provider: %s", reason, extra={"operation_id": locked.id, "target": event.target})
     return Status.FAILED_AT_PROVIDER, reason
 

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from breaker import Admissions, Decision, Open, counts_as_failure
+from outbox.evidence.checks import RecheckTerms
 from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
@@ -28,10 +29,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class LookupBudget:
     """The reconciler's own budget: lookups before a person decides, and the cap of the backoff
-    between them (OUTBOX_RECONCILE_MAX_LOOKUPS, OUTBOX_RECONCILE_MAX_DELAY_S)."""
+    between them (OUTBOX_RECONCILE_MAX_LOOKUPS, OUTBOX_RECONCILE_MAX_DELAY_S); then the slow schedule
+    of a handoff's re-checks."""
 
     max_lookups: int
     max_delay_s: float
+    # How its handoffs are looked up again once the budget is spent (OUTBOX_HANDOFF_RECHECK_*).
+    rechecks: RecheckTerms = RecheckTerms()
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,15 @@ from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
 from workers.reconcile.handoff_packet import build_packet
-from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge, recheck
+from workers.reconcile.judge import (
+    DispatchAttempt,
+    Verdict,
+    after_not_found,
+    dispatch_window,
+    judge,
+    recheck,
+    with_recheck,
+)
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.wiring import metrics
@@ -101,7 +109,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         packet = build_packet(
             session, op, reason=verdict.reason, action=item.action, actions=rec.actions, candidates=verdict.candidates
         )
-        open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
+        open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet, recheck=verdict.recheck)
 
 
 def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
@@ -261,12 +269,14 @@ def settle_answers(
     not_asked: dict[str, int] = {}
     if not_found or near_budget:
         with rec.sessions() as session:
-            attempts = _dispatch_attempts(session, not_found) if not_found else {}
+            attempts = dispatch_attempts(session, not_found) if not_found else {}
             not_asked = _lookups_not_asked(session, near_budget) if near_budget else {}
     looked = [
         _judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget, not_asked.get(a.claim.operation_id, 0))
         for rng, a in items
     ]
+    # A handoff the provider's answer could settle keeps being looked up (workers/reconcile/rechecks.py).
+    looked = [replace(i, verdict=with_recheck(i.verdict, i.action, budget.rechecks)) for i in looked]
     return settle_all(rec, looked)
 
 
@@ -330,7 +340,7 @@ def _lookups_not_asked(session: Session, operation_ids: Sequence[str]) -> dict[s
     return {op: int(n) for op, n in rows}
 
 
-def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
+def dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
     """One read of these operations' dispatch attempts, each in order: both judgements of a "not
     found" (dispatch_window, after_not_found)."""
     rows = session.execute(
