@@ -288,3 +288,44 @@ def test_unowned_cases_rise_past_the_setting_per_tenant_and_target(ledger):
     with ledger.sessions.begin() as s:
         handoffs.take(s, "acme", hid, identity="key:7")
     assert unowned() == {}
+
+
+def test_the_operator_api_takes_a_case_and_retries_it_as_a_new_intent(ledger, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from outbox.access.keys import create_key
+    from outbox.settings import Settings
+    from workers.server.app import create_app
+
+    op_id, hid = _handed_over(ledger)
+    with ledger.sessions.begin() as s:
+        ops, _ = create_key(s, tenant="acme", scopes=["operate"])
+        other, _ = create_key(s, tenant="acme", scopes=["operate"])
+        agent, _ = create_key(s, tenant="acme", scopes=["submit", "read"])
+    app = create_app(Settings(database_url=ledger.url, data_dir=tmp_path))
+    with TestClient(app, base_url="http://localhost") as api:
+
+        def as_(key: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {key}"}
+
+        taken = api.post(f"/v1/handoffs/{hid}/take", headers=as_(ops))
+        assert taken.status_code == 200, taken.text
+        owner = taken.json()["owner"]
+        assert owner.startswith("key:") and taken.json()["next_check_at"] and taken.json()["retried_as"] is None
+        assert api.post(f"/v1/handoffs/{hid}/take", headers=as_(other)).status_code == 422  # owned: say --over
+        over = api.post(f"/v1/handoffs/{hid}/take", headers=as_(other), json={"over": True})
+        assert over.status_code == 200 and over.json()["owner"] != owner
+        assert api.get("/v1/handoffs", headers=as_(ops)).json()["handoffs"][0]["owner"] == over.json()["owner"]
+        body = {"as": "retry-as-new-intent", "by": "ada", "note": "provider support: nothing under the old key"}
+        assert api.post(f"/v1/handoffs/{hid}/resolve", headers=as_(agent), json=body).status_code == 403
+        done = api.post(f"/v1/handoffs/{hid}/resolve", headers=as_(ops), json=body)
+        assert done.status_code == 200, done.text
+        doc = done.json()
+        assert (
+            doc["operation_status"] == "abandoned" and doc["resolution"] == "retry-as-new-intent" and doc["retried_as"]
+        )
+        new = api.get(f"/v1/operations/{doc['retried_as']}", headers=as_(agent))
+        assert new.status_code == 200 and new.json()["retry_of"] == op_id, new.text
+        old = api.get(f"/v1/operations/{op_id}", headers=as_(agent)).json()
+        assert old["retried_as"] == doc["retried_as"] and old["outcome"] == "ABANDONED"
+        assert "A person retried it as a new intent" in old["model_message"]
