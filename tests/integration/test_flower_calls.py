@@ -147,6 +147,37 @@ def test_every_call_is_a_task_in_flower_in_the_ledgers_state(pipe, sandbox, tmp_
         flower.wait(10)
 
 
+def test_flower_turns_the_calls_events_on_itself(pipe, sandbox, tmp_path):
+    """A worker started without task events (no OUTBOX_TASK_EVENTS, no -E): Flower's own
+    enable_events, which it repeats every 5 s, makes its calls tasks in Flower too."""
+    pytest.importorskip("flower")
+    assert "OUTBOX_TASK_EVENTS" not in pipe.env
+    worker = pipe.start_worker("quiet", queues="dispatch")
+    pipe.start_relay()
+    port = _free_port()
+    env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": ":".join(AUTH)}
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
+        env=env, cwd=tmp_path, stdout=open(tmp_path / "flower.log", "wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: any(worker.name in (w.get("hostname") or "") for w in _dashboard(base)), 60, what="Flower")
+        submitted: list[str] = []
+
+        def shown() -> bool:
+            receipt = pipe.submit(f"after-flower-{len(submitted)}")
+            submitted.append(receipt.operation_id)
+            pipe.wait_status(receipt.operation_id, "succeeded")
+            tasks = _tasks(base, taskname=NAME)
+            return any(tasks.get(op_id, {}).get("state") == "SUCCESS" for op_id in submitted)
+
+        wait_for(shown, 40, interval_s=0.5, what="a call shown once Flower enabled task events")
+    finally:
+        flower.terminate()
+        flower.wait(10)
+
+
 def _get(base: str, path: str, **kw: Any) -> httpx.Response:
     r = httpx.get(base + path, auth=AUTH, timeout=10, **kw)
     r.raise_for_status()

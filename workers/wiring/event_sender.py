@@ -110,11 +110,17 @@ class TaskEventsSwitch(bootsteps.StartStopStep):  # type: ignore[misc]
 
 
 def send(type_: str, fields: dict[str, Any]) -> None:
-    """Queue one task event (``fields`` carries its ``timestamp``) for this process's sender."""
+    """Queue one task event (``fields`` carries its ``timestamp``) for this process's sender.
+
+    A ``task-retried`` wakes the sender at once: the next attempt may be another process's, and
+    Celery's event state (Flower's) applies a RETRY over any state, even one that came before it;
+    so it must leave before the next attempt's events can, not up to FLUSH_EVERY_S later."""
     sender = _sender
     if sender is None or sender.pid != os.getpid():
         sender = _start_sender()
     sender.put(type_, fields)
+    if type_ == "task-retried":
+        sender.wake.set()
 
 
 def flush() -> None:
@@ -146,6 +152,7 @@ class _Sender:
         self._connection: Any = None
         self._down_since: float | None = None
         self._lock = threading.Lock()  # one flush at a time (the thread's, or flush())
+        self.wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="task-events", daemon=True)
         self._thread.start()
 
@@ -156,7 +163,8 @@ class _Sender:
 
     def _run(self) -> None:
         while True:
-            time.sleep(FLUSH_EVERY_S)
+            self.wake.wait(FLUSH_EVERY_S)
+            self.wake.clear()
             if self.queued:
                 try:
                     self.flush()
