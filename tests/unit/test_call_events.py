@@ -92,9 +92,7 @@ def dispatch(c: Claim, outcome: Any, to: Status, reason: str = "", **fields: Any
 
 
 def test_uuid_and_name_follow_from_the_operation():
-    assert call_events.call_uuid(OP) == OP
-    other = call_events.call_uuid("not-a-uuid")
-    assert other == call_events.call_uuid("not-a-uuid") and uuid.UUID(other)
+    assert call_events.call_uuid(OP) == OP  # the operation id: pasted from the console into Flower
     assert call_events.lookup_uuid(OP, 1) == call_events.lookup_uuid(OP, 1) != call_events.lookup_uuid(OP, 2)
     assert call_events.call_name("payments.refund.create") == "outbox.payments.refund.create"
     assert call_events.lookup_name("payments.refund.create") == "outbox.lookup.payments.refund.create"

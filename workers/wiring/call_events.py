@@ -78,11 +78,9 @@ def lookup_name(action: str) -> str:
 
 
 def call_uuid(operation_id: str) -> str:
-    """The operation's task: its id (a uuid4 at submit); anything else hashed to one."""
-    try:
-        return str(uuid.UUID(operation_id))
-    except ValueError:
-        return str(uuid.uuid5(NAMESPACE, f"call:{operation_id}"))
+    """The operation's task: the operation id itself (a uuid4, made at submit), so an operator
+    pastes either into the other's search. Not parsed: three events per call ask for it."""
+    return operation_id
 
 
 def lookup_uuid(operation_id: str, round_: int) -> str:
@@ -122,21 +120,18 @@ def dispatched(applied: Iterable[tuple[Claim, AttemptOutcome, Status, str, Mappi
     if not event_sender.on():
         return
     for claim, outcome, to, reason, fields in applied:
-        klass = fields.get("class")
-        text = _scrubbed(claim, reason)
-        if isinstance(outcome, RetryAt):
-            text = f"{klass}, next attempt in {outcome.delay_s:.3f}s (waiting for {outcome.waiting_for.value}): {text}"
-        elif to is Status.OUTCOME_UNKNOWN:
-            text = (
-                f"{klass}: {text}; may have executed: looked up as {lookup_name(claim.action)}, never re-sent blindly"
-            )
-        type_, event = _operation_event(
-            claim,
-            to,
-            text,
-            reference=outcome.reference if isinstance(outcome, Succeeded) else None,
-            delay_s=outcome.delay_s if isinstance(outcome, RetryAt) else None,
-        )
+        if isinstance(outcome, Succeeded):  # the common case, kept short: no text to build
+            type_, event = _end_of(claim.operation_id, to, "", outcome.reference, None)
+        else:
+            klass, text = fields.get("class"), _scrubbed(claim, reason)
+            if isinstance(outcome, RetryAt):
+                waiting = outcome.waiting_for.value
+                text = f"{klass}, next attempt in {outcome.delay_s:.3f}s (waiting for {waiting}): {text}"
+            elif to is Status.OUTCOME_UNKNOWN:
+                looked_up = lookup_name(claim.action)
+                text = f"{klass}: {text}; may have executed: looked up as {looked_up}, never re-sent blindly"
+            delay_s = outcome.delay_s if isinstance(outcome, RetryAt) else None
+            type_, event = _operation_event(claim, to, text, reference=None, delay_s=delay_s)
         if (latency := fields.get("latency_s")) is not None:
             event["runtime"] = latency
         event_sender.send(type_, event)
@@ -211,8 +206,7 @@ def _received(task_uuid: str, name: str, claim: Claim) -> None:
             "args": repr((claim.operation_id, claim.tenant)),
             "kwargs": "{}",
             "retries": max(claim.attempt_number - 1, 0),
-            "eta": None,
-            "expires": None,
+            "eta": None,  # a retry's eta is past once the next attempt is received
             "timestamp": time.time(),
         },
     )
@@ -230,7 +224,7 @@ def _end_of(
     """The event that tells the operation's task what the ledger moved it to."""
     event: dict[str, Any] = {"uuid": task_uuid, "timestamp": time.time()}
     if to in (Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED):
-        event["result"] = repr({"status": to.value, "reference": reference})
+        event["result"] = f"{{'status': '{to.value}', 'reference': {reference!r}}}"  # as repr() of that dict
         return "task-succeeded", event
     if to in (Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER):
         event["exception"] = _exception(_camel(to), text)

@@ -13,8 +13,8 @@ threads (workers/dispatch/in_flight.py, workers/reconcile/in_flight.py). Their t
   on; the sender thread hands whatever has queued to a ``celery.events.Dispatcher`` of its own
   (hostname: the worker's node name, so Flower files the events under that worker) buffering the
   ``task`` group, as the worker's own dispatcher buffers its events, and publishes the batch as one
-  ``task.multi`` message every FLUSH_EVERY_S. Every consumer of Celery events (Flower, ``celery
-  events``, an EventReceiver) reads such batches;
+  ``task.multi`` message every FLUSH_EVERY_S (at once after a ``task-retried``). Every consumer of
+  Celery events (Flower, ``celery events``, an EventReceiver) reads such batches;
 - **events are monitoring**: while the broker is away they are dropped (one WARNING per outage,
   with how many), never held without bound nor retried on a call's thread.
 """
@@ -34,8 +34,9 @@ from celery import bootsteps
 log = logging.getLogger(__name__)
 
 # How often the sender publishes what has queued: a call's events reach Flower this much later at
-# most, and a busy process publishes one message per interval instead of one per event.
-FLUSH_EVERY_S = 0.05
+# most (a person does not see 0.2 s), and a busy process publishes one message per interval instead
+# of one per event: a publish costs about as much as 20 events in it (bench/README.md).
+FLUSH_EVERY_S = 0.2
 # How often the main process copies its dispatcher's switch to the pool (Flower's enable_events
 # comes every 5 s: a second more is not noticed).
 SYNC_EVERY_S = 1.0

@@ -115,6 +115,7 @@ def _close_solo_runtime(**_: object) -> None:
     from workers.wiring.runtime import reset_runtime
 
     reset_runtime()
+    event_sender.flush()  # the finalized calls' task events, before the process ends
 
 
 @worker_process_shutdown.connect
@@ -126,6 +127,7 @@ def _close_runtime(**kw: object) -> None:
     finally:
         soft_limit.on_process_shutdown()  # a stale soft limit met while draining is said here
     tracing.flush()
+    event_sender.flush()
     pid = kw.get("pid")
     metrics.on_worker_process_shutdown(pid=pid if isinstance(pid, int) else None)
 
