@@ -422,9 +422,14 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "outbox_events" in row:
             # Events on beside off, each repeat's pair (run back to back) and the medians.
             pairs = _event_pairs(runs, pool, w)
+            cpu = _event_pairs(runs, pool, w, key="celery workers")
             row["events_cost"] = {
                 "median": 1 - row["outbox_events"]["median"] / row["outbox"]["median"],
                 "pairs": [round(1 - on / off, 4) for off, on in pairs],
+                # The workers' CPU per operation, on beside off in each pair: less sensitive than
+                # throughput to what else the machine runs.
+                "workers_cpu_pairs": [round(on / off - 1, 4) for off, on in cpu],
+                "workers_cpu_median": statistics.median(on / off - 1 for off, on in cpu) if cpu else None,
             }
         row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
         if "naive" in row:
@@ -446,10 +451,15 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _event_pairs(runs: list[dict[str, Any]], pool: str, w: int) -> list[tuple[float, float]]:
-    """(events off, events on) ops/s of each repeat, in run order: the two ran back to back."""
-    off = [r["ops_per_s"] for r in _measured(runs, "outbox", pool, w)]
-    on = [r["ops_per_s"] for r in _measured(runs, "outbox_events", pool, w)]
+def _event_pairs(runs: list[dict[str, Any]], pool: str, w: int, key: str = "") -> list[tuple[float, float]]:
+    """(events off, events on) of each repeat, in run order (the two ran back to back): ops/s, or
+    the CPU ms per operation of ``key``'s processes."""
+
+    def of(r: dict[str, Any]) -> float:
+        return float(r["cpu_ms_per_op"].get(key, 0.0)) if key else float(r["ops_per_s"])
+
+    off = [of(r) for r in _measured(runs, "outbox", pool, w)]
+    on = [of(r) for r in _measured(runs, "outbox_events", pool, w)]
     return list(zip(off, on))
 
 
@@ -504,7 +514,9 @@ def print_events(rows: list[dict[str, Any]]) -> None:
         print(
             f"task events {r['pool']} W={r['workers']}: off {off['median']:.0f} [{off['min']:.0f}-{off['max']:.0f}], "
             f"on {on['median']:.0f} [{on['min']:.0f}-{on['max']:.0f}] ops/s: on costs {cost['median']:+.1%} "
-            f"(per repeat, back to back: {', '.join(f'{p:+.1%}' for p in cost['pairs'])})"
+            f"(per repeat, back to back: {', '.join(f'{p:+.1%}' for p in cost['pairs'])}); the workers' CPU per "
+            f"operation {cost['workers_cpu_median']:+.1%} (per repeat: "
+            f"{', '.join(f'{p:+.1%}' for p in cost['workers_cpu_pairs'])})"
         )
 
 
