@@ -42,7 +42,7 @@ from workers.dispatch.same_request import Resend, route, without_action
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 # Outcomes that end the operation as a failure, or hand it to a person after a refusal: their attempt
 # span's status is ERROR (and only theirs).
@@ -185,6 +185,7 @@ def _attempt(
         args = loads_exact(claim.args)
         # The request on record goes again as it is; a hook connector is never handed one.
         recorded = {"recorded": chosen.request} if isinstance(chosen, Resend) else {}
+        call_events.sending(claim)
         result = connector.send(
             claim.action,
             action,

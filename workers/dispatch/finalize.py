@@ -45,7 +45,7 @@ from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.reconcile.handoff_packet import build_packet
 from workers.reconcile.late import apply_late_successes
 from workers.relay.doorbell import Doorbell
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
         "target": action.target if action else None,
         "class": report.klass.value,
         "retry_after_s": report.retry_after_s,
+        "latency_s": report.latency_s,
     }
 
 
@@ -210,6 +211,7 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
             metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
             if outcome.delay_s <= 0:
                 redispatch.append(claim.operation_id)
+    call_events.dispatched(applied)
     if redispatch:
         rec.doorbell.ring_dispatch_after_commit(redispatch)
 

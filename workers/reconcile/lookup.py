@@ -20,7 +20,7 @@ from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult, verify_found
 from workers.reconcile.judge import Verdict
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ def _ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
             metrics.record_limit_released(action.target, paced.limit)
             return Asked(claim, action, early=limit_wait(claim, paced))
         args = loads_exact(claim.args or "{}")
+        call_events.looking_up(claim)
         try:
             found = downstream.connectors.for_action(claim.action).lookup(
                 claim.action,

@@ -36,7 +36,7 @@ from workers.reconcile.handoff_packet import build_packet
 from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge, recheck
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger("workers.reconcile.batch")
 
@@ -173,6 +173,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
     for item, to in applied:
         _trace_settled(item, to)
         _log_settled(item, to)
+        call_events.settled(item, to)
         metrics.record_outcome(to)
         if to is Status.NOT_DISPATCHED:
             redispatch.append(item.claim.operation_id)
@@ -212,6 +213,7 @@ def _settle(rec: Recorder, item: Looked) -> Verdict:
         return verdict
     _trace_settled(item, applied)
     _log_settled(item, applied)
+    call_events.settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
         rec.doorbell.ring_dispatch_after_commit([claim.operation_id])
