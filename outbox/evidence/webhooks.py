@@ -37,7 +37,6 @@ recorded reference is enough. An event that names only operations it refuses nam
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,12 +54,11 @@ from outbox.ledger.models import Attempt, Operation, core_table
 from outbox.ledger.states import AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.webhook_models import Disposition, WebhookEvent
 
-log = logging.getLogger(__name__)
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
 _EV = core_table(WebhookEvent)
 
-# What a failure event may end: what a lookup that found it failed ends (workers/reconcile/judge.py).
+# Where a failure event makes the lookup due now: what the reconciler looks up (claim_unknown).
 FAILABLE = (Status.ACCEPTED, Status.OUTCOME_UNKNOWN)
 
 

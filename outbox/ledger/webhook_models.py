@@ -37,7 +37,7 @@ Index(
 class Disposition(str, enum.Enum):
     """What the ledger did with a verified event. The database's CHECK lists the same words."""
 
-    SETTLED = "settled"  # it moved its operation (evidence wins; failed at the provider)
+    SETTLED = "settled"  # it moved its operation (a success: evidence wins; at once, or when the reconciler claimed it)
     RECORDED = "recorded"  # its operation was found; nothing to move (pending, already settled, in flight)
     NO_OPERATION = "no_operation"  # no operation has its key or reference: a document without record
     AMBIGUOUS = "ambiguous"  # several operations have its key or reference: none is moved
