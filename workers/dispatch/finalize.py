@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import StaleFence
 from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.sinks import EvidenceSink, finish_with_evidence, records_for_claims
+from outbox.evidence.stored_events import due_now
 from outbox.ledger.claims import Claim
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.models import Operation
@@ -204,6 +205,7 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     (bench/README.md). The cost: a lookup starts up to OUTBOX_RELAY_POLL_S later, which an
     ambiguous outcome can afford (settle windows are longer)."""
     redispatch = []
+    taken_up = []  # into the reconciler's hands, of an action that maps webhooks
     for claim, outcome, to, reason, fields in applied:
         _log_outcome(outcome, reason, fields)
         metrics.record_outcome(to)
@@ -211,9 +213,33 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
             metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
             if outcome.delay_s <= 0:
                 redispatch.append(claim.operation_id)
+        elif to in (Status.ACCEPTED, Status.OUTCOME_UNKNOWN) and _maps_webhooks(rec, claim):
+            taken_up.append(claim.operation_id)
     call_events.dispatched(applied)
     if redispatch:
         rec.doorbell.ring_dispatch_after_commit(redispatch)
+    if taken_up:
+        _events_waiting(rec, taken_up)
+
+
+def _maps_webhooks(rec: Recorder, claim: Claim) -> bool:
+    action = rec.actions.actions.get(claim.action)
+    return action is not None and action.webhooks is not None
+
+
+def _events_waiting(rec: Recorder, operation_ids: list[str]) -> None:
+    """A webhook event kept while these were in flight (a failure, or a success named by a reference
+    not recorded yet: outbox/evidence/stored_events.py) makes them due now: the reconciler's next
+    claim takes the event up, or looks the object up, without waiting for the settle window. One
+    statement, only for operations of actions that map webhooks; a failure here only delays that."""
+    try:
+        with rec.sessions.begin() as session:
+            due = due_now(session, operation_ids)
+    except Exception as exc:  # noqa: BLE001 - the first lookup still comes at its scheduled time
+        log.warning("webhook events kept for %d operation(s) not checked: %s", len(operation_ids), type(exc).__name__)
+        return
+    if due:
+        log.info("a webhook event came while in flight: looked at now", extra={"operation_ids": due})
 
 
 def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -> None:

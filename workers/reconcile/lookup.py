@@ -47,6 +47,8 @@ class Asked:
     # The lookup was cut part-way (why): it may have reached the provider, so it counts against the
     # reconciler's budget; judged with the lookups that were sent (verdicts.settle_answers).
     cut: str | None = None
+    # Webhook events the ledger held that answered it instead of a lookup (stored_events.py): their rows.
+    events: tuple[int, ...] = ()
 
 
 def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:

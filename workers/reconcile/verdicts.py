@@ -22,6 +22,7 @@ from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_many_if_fenced
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
+from outbox.evidence.stored_events import mark_applied
 from outbox.ledger import tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
@@ -54,6 +55,7 @@ class Looked:
     verdict: Verdict
     action: ActionConfig | None = None
     waited: str | None = None  # a declared limit the lookup waited for (its event says so)
+    events: tuple[int, ...] = ()  # webhook events that answered it instead (stored_events.py): marked its own
 
     def report(self) -> AttemptReport:
         found, verdict, action, claim = self.found, self.verdict, self.action, self.claim
@@ -95,6 +97,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         cannot_land=verdict.cannot_land,
         waiting_for=verdict.waiting_for,
     )
+    _mark_events(session, item, to)
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)
         assert op is not None
@@ -102,6 +105,11 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
             session, op, reason=verdict.reason, action=item.action, actions=rec.actions, candidates=verdict.candidates
         )
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
+
+
+def _mark_events(session: Session, item: Looked, to: Status) -> None:
+    if item.events:
+        mark_applied(session, item.events, operation_id=item.claim.operation_id, tenant=item.claim.tenant, moved_to=to)
 
 
 def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
@@ -140,6 +148,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
         for item, refused in zip(one_statement, refusals):
             if refused is None:
                 applied.append((item, item.verdict.to))
+                _mark_events(session, item, item.verdict.to)
             else:
                 stale.append((item, refused))
         for item in others:
@@ -290,7 +299,7 @@ def _judged(
         )
     if asked.early is not None or found is None or action is None:
         assert asked.early is not None
-        return Looked(claim, None, asked.early, action)
+        return Looked(claim, None, asked.early, action, events=asked.events)
     first_sent = last_activity = None
     if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
         target = rec.actions.target_of(action)
