@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import ColumnElement, delete, insert, select, update
+from sqlalchemy import ColumnElement, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -62,7 +62,12 @@ def stop(session: Session, *, tenant: str, subject: str, by: str, reason: str | 
     held = Stop.of(session.execute(select(SubjectStop).where(_key(tenant, subject))).scalar_one())
     rows = session.execute(
         update(_OP)
-        .where(_OP.c.tenant == tenant, _OP.c.subject == subject, _OP.c.status == Status.NOT_DISPATCHED.value)
+        .where(
+            _OP.c.tenant == tenant,
+            _OP.c.subject == subject,
+            _OP.c.status == Status.NOT_DISPATCHED.value,
+            or_(_OP.c.waiting_for.is_(None), _OP.c.waiting_for != WaitingFor.STOPPED.value),  # not held yet
+        )
         .values(
             next_attempt_at=db_now(HOLD_S),
             waiting_for=WaitingFor.STOPPED.value,

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.access.keys import Caller
+from outbox.errors import InvalidIntent
 from outbox.service import subjects
 from outbox.service.inputs import BY_MAX, NOTE_MAX
 from producer.http.auth import require, state
@@ -55,6 +56,8 @@ class ResumeIn(BaseModel):
 
 def vouched(caller: Caller, by: str) -> str:
     """Who acts, as written down: who they said they are and the key that vouches for it."""
+    if not by.strip():
+        raise InvalidIntent("by", "required: who acts")
     return f"{by} (api:key-{caller.key_id})"
 
 
