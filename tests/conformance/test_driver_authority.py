@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from outbox.access.revocation import revoke
 from outbox.errors import SubjectStopped
@@ -20,6 +21,7 @@ from outbox.ledger import stops
 from outbox.ledger.authority import SETTLE_S, board_for
 from outbox.ledger.states import AttemptClass, AttemptKind, EventKind, Status, WaitingFor
 from outbox.ledger.submit import submit
+from tests.conformance.conftest import EV
 
 YEAR_S = 300 * 86400.0  # "held": due no sooner than this (stops.HOLD_S is a year)
 
@@ -180,3 +182,18 @@ def test_a_lookup_claim_is_not_held_by_a_stop(case):
     _stop(case)
     (row,) = case.claim(AttemptKind.LOOKUP, limit=5)
     assert row.id == op_id and row.status == "outcome_unknown"
+
+
+def test_a_stop_of_thousands_of_queued_rows_holds_each_and_records_each_in_the_history(case):
+    """One VALUES list per thousand events: PostgreSQL binds at most 65,535 parameters a statement."""
+    with case.sessions.begin() as s:
+        for _ in range(2100):
+            case.driver.insert_operation(s, case.new_operation(subject="agent:flood", delay_s=-1.0))
+    _, _, held = _stop(case, "agent:flood")
+    assert held == 2100 and case.claim(limit=10) == []
+    with case.sessions() as s:
+        stopped = s.execute(
+            select(func.count()).select_from(EV).where(EV.c.event == EventKind.SUBJECT_STOPPED.value)
+        ).scalar_one()
+    assert stopped == 2100
+    assert _resume(case, "agent:flood")[1] == 2100
