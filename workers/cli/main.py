@@ -31,6 +31,7 @@ REGISTRARS: dict[str, tuple[str, ...]] = {
     "workers.cli.retention:register": ("purge",),
     "workers.cli.api:register": ("keys", "serve"),
     "workers.cli.approvals:register": ("approvals",),
+    "workers.cli.subjects:register": ("subjects",),
     "workers.cli.runs:register": ("runs",),
     "workers.cli.mcp:register": ("mcp",),
     "workers.cli.actions:register": ("actions",),

@@ -29,6 +29,7 @@ from outbox.ledger.transitions import (
     finalize_if_fenced,
     finalize_many_if_fenced,
 )
+from workers.dispatch.authority import hold_if_stopped, is_hold
 from workers.dispatch.fan_out import Attempted
 from workers.dispatch.outcomes import (
     Accepted,
@@ -120,12 +121,13 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
     """
     if rec.evidence.separate:
         return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
-    # A handoff writes its packet through the ORM (rare: a refusal a person must look at): alone.
-    for c, r, o, a in items:
-        if isinstance(o, NeedsPerson):
-            _apply_alone(rec, c, r, o, a)
+    # A handoff writes its packet through the ORM, a stopped subject's hold under the stop's lock
+    # (rare: a refusal a person must look at, an emergency stop): alone.
     outcomes = {c.operation_id: o for c, _, o, _ in items}
-    items = [item for item in items if not isinstance(item[2], NeedsPerson)]
+    for c, r, o, a in items:
+        if _alone(o):
+            outcomes[c.operation_id] = _apply_alone(rec, c, r, o, a)
+    items = [item for item in items if not _alone(item[2])]
     applied: list[Applied] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
     late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
@@ -157,11 +159,25 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
     return outcomes
 
 
+def _alone(outcome: AttemptOutcome) -> bool:
+    return isinstance(outcome, NeedsPerson) or is_hold(outcome)
+
+
 def _apply_alone(
     rec: Recorder, claim: Claim, report: AttemptReport, outcome: AttemptOutcome, action: ActionConfig | None
 ) -> AttemptOutcome:
-    to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
+    if is_hold(outcome):
+        try:
+            if commit_even_if_stale(rec.sessions, lambda session: hold_if_stopped(session, claim, report)):
+                _after(rec, [(claim, outcome, Status.NOT_DISPATCHED, _why(outcome), fields)])
+                return outcome
+        except StaleFence as exc:
+            log.info("stale fence: not held (%s)", exc, extra=fields)
+            return outcome
+        # Resumed between the check and the hold: due at once, not held for nothing.
+        outcome = RetryAt(0.0, "its subject was resumed before it was held: due now", refund_attempt=True)
+    to, reason, kw = _transition_of(claim, outcome)
     try:
         if isinstance(outcome, Succeeded):
             finish_with_evidence(
@@ -209,7 +225,7 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     for claim, outcome, to, reason, fields in applied:
         _log_outcome(outcome, reason, fields)
         metrics.record_outcome(to)
-        if isinstance(outcome, RetryAt):
+        if isinstance(outcome, RetryAt) and not is_hold(outcome):
             metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
             if outcome.delay_s <= 0:
                 redispatch.append(claim.operation_id)
@@ -242,9 +258,15 @@ def _events_waiting(rec: Recorder, operation_ids: list[str]) -> None:
         log.info("a webhook event came while in flight: looked at now", extra={"operation_ids": due})
 
 
+def _why(outcome: AttemptOutcome) -> str:
+    return getattr(outcome, "why", "") or ""
+
+
 def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -> None:
     if isinstance(outcome, Succeeded):
         log.info("succeeded", extra=fields | {"reference": outcome.reference})
+    elif is_hold(outcome):
+        log.info("not sent: %s", reason, extra=fields)
     elif isinstance(outcome, RetryAt):
         log.info("retry scheduled in %.3fs: %s", outcome.delay_s, reason, extra=fields | {"delay_s": outcome.delay_s})
     elif isinstance(outcome, Ambiguous):
