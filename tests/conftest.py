@@ -41,6 +41,7 @@ from outbox.ledger.models import (
     RUNS,
 )
 from outbox.ledger.scope_models import BUDGET_SCOPES, OBJECT_HOLDS
+from outbox.ledger.stop_models import SUBJECT_STOPS
 from outbox.ledger.webhook_models import WEBHOOK_EVENTS
 
 # docker-compose.yml's postgres, as published on 127.0.0.1 (its redis is the default below).
@@ -51,6 +52,7 @@ IN_CI = bool(os.environ.get("CI"))
 RUN_ID = uuid.uuid4().hex[:10]
 TABLES = (HANDOFFS, APPROVALS, EVIDENCE, OPERATION_EVENTS, ATTEMPTS, OPERATIONS, API_KEYS, RUNS, REPORT_RUNS)
 TABLES += (OBJECT_HOLDS, BUDGET_SCOPES, WEBHOOK_EVENTS)
+TABLES += (SUBJECT_STOPS,)
 
 _skipped_services: dict[str, str] = {}
 

@@ -309,12 +309,16 @@ def settle_open(
     return True, at
 
 
-def is_rechecked(session: Session, operation_id: str) -> bool:
-    """An open handoff of this operation that the provider's answer settles (it has a next check)."""
+def recheck_now(session: Session, operation_id: str) -> bool:
+    """The provider said something of a case it settles (a webhook): its re-check is due now, and the
+    lookup reads what the provider holds. False: no open handoff of it is re-checked."""
     found = session.execute(
-        select(_H.c.id).where(
+        update(_H)
+        .where(
             and_(_H.c.operation_id == operation_id, _H.c.status == HandoffStatus.OPEN.value),
             _H.c.next_check_at.is_not(None),
         )
+        .values(next_check_at=db_now())
+        .returning(_H.c.id)
     ).first()
     return found is not None

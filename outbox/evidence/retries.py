@@ -20,8 +20,10 @@ The old operation ends ``abandoned`` (nothing more is sent or looked up under it
 confirmation still settles it, and the report then shows both effects); its handoff is resolved
 ``retry-as-new-intent``. An operation a person abandoned earlier can be retried the same way. The
 two are linked both ways (``retried_as``, ``retry_of``). The new one is an intent like any other: the
-action's approval rule, object and limits apply; its submitter is the old one's (the authority it
-was asked under), and the person is recorded as who retried it.
+action's approval rule, object and limits apply, and a stopped subject's is refused. It is submitted in
+the name of the person who retried it (``submitted_by``: their identity, ``key:<id>`` or
+``cli:<account>``), as a person's "not executed" is sent in theirs: the key that asked for the old one
+may have been revoked since, and separation of duties keeps the person from approving it themselves.
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ def retry_as_new_intent(
         max_attempts=op.max_attempts,
         key_rules=key_rules,
         provider_key=provider_key,
-        submitted_by=op.submitted_by,
+        submitted_by=identity or op.submitted_by,
         priority=op.priority,
     )
     if not new.new:

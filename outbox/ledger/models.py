@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.ledger.authority_columns import ApproverIdentityColumns, RevocationColumns
 from outbox.ledger.case_columns import HandoffCaseColumns, RetryLinkColumns
 from outbox.ledger.request_columns import RequestRecordColumns
 from outbox.ledger.run_states import ACTIVE, RunStatus
@@ -262,12 +263,7 @@ class Handoff(HandoffCaseColumns, Base):
     __table_args__ = (
         CheckConstraint("status IN ('open', 'resolved')", name="status"),
         CheckConstraint(f"resolution IS NULL OR resolution IN ({RESOLUTION_VALUES})", name="resolution"),
-        Index(
-            f"ix_{HANDOFFS}_open",
-            "opened_at",
-            postgresql_where=text("status = 'open'"),
-            sqlite_where=text("status = 'open'"),
-        ),
+        Index(f"ix_{HANDOFFS}_open", "opened_at", **_where("status = 'open'")),
         Index(f"ix_{HANDOFFS}_checks", "next_check_at", **_where("status = 'open' AND next_check_at IS NOT NULL")),
     )
 
@@ -289,7 +285,7 @@ class Evidence(Base):
     recorded_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
-class Approval(Base):
+class Approval(ApproverIdentityColumns, Base):
     """A person's decision on one operation (outbox/approvals/decisions.py): bound to its tenant, action, args
     digest and requesting subject, the policy version it was given under, and an expiry."""
 
@@ -311,7 +307,7 @@ class Approval(Base):
     __table_args__ = (CheckConstraint("decision IN ('approved', 'denied')", name="decision"),)
 
 
-class ApiKey(Base):
+class ApiKey(RevocationColumns, Base):
     """An HTTP API key (outbox/access/keys.py): one tenant, some scopes; only the key's SHA-256 is stored."""
 
     __tablename__ = API_KEYS

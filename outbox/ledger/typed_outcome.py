@@ -105,6 +105,11 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
             f"Waiting, nothing sent: {action} is sent only while its audit record can be kept, and the evidence "
             "store is down; it is sent once the store is back. Wait for it or check later, do not resubmit."
         )
+    if op.get("waiting_for") == WaitingFor.STOPPED.value:
+        return (
+            f"On hold, nothing sent: an operator stopped this agent, so {action} is held until they resume it. "
+            "Do not retry or resubmit; tell the user it is on hold."
+        )
     if op.get("waiting_for") == "object":
         why = op.get("reason") or "another operation on the same object is not settled"
         return (
@@ -122,6 +127,11 @@ def _with_a_person(op: dict[str, Any], action: str) -> str:
             f"Not executed yet: the provider refused our credentials for {action}, so nothing happened. A person "
             "must fix the credentials; then it is sent again under the same idempotency key. Do not retry or "
             "resubmit, and do not tell the user it failed: wait for it or check later."
+        )
+    if op.get("waiting_for") == WaitingFor.AUTHORITY.value:
+        return (
+            f"Not executed: the key that submitted {action} was revoked, so nothing was sent; a person decides "
+            "whether it goes ahead. Do not retry or resubmit: wait for the decision or check later."
         )
     if op.get("waiting_for") == WaitingFor.DECISION.value:
         return (

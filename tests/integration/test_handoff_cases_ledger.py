@@ -239,6 +239,7 @@ def test_retry_as_a_new_intent_links_both_ways_under_a_derived_key(ledger):
     new = _op(ledger, old.retried_as or "")
     assert new.retry_of == op_id and new.idempotency_key == "r-1:retry-1" and new.provider_key == "acme:r-1:retry-1"
     assert new.status == "not_dispatched" and new.args_digest == old.args_digest and new.subject == old.subject
+    assert new.submitted_by == "key:3"  # sent in the name of the person who retried it
     h = _handoff(ledger, hid)
     assert h.resolution == "retry-as-new-intent" and h.resolved_by == "bob (key:3)" and new.id in (h.note or "")
     ev = [e for e in _events(ledger, op_id) if e.event == "resolved: retried as a new intent"]

@@ -21,6 +21,7 @@ from outbox.ledger.envelope import loads_exact
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
+from workers.dispatch.authority import Authority, approval_lapse, refusal
 from workers.dispatch.gate import SendChecks
 from workers.dispatch.outcomes import (
     AttemptOutcome,
@@ -42,7 +43,7 @@ from workers.dispatch.same_request import Resend, route, without_action
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 # Outcomes that end the operation as a failure, or hand it to a person after a refusal: their attempt
 # span's status is ERROR (and only theirs).
@@ -64,6 +65,8 @@ class Downstream:
     actions: ActionsConfig
     connectors: ConnectorSet
     pacer: Pacer | None = None
+    # Who may still act (workers/dispatch/authority.py), asked before each send; None: nobody is asked.
+    authority: Authority | None = None
 
     def pace(self, claim: Claim, target: str, *, deadline: datetime | None = None) -> Cleared | Deferred:
         """Whether this claimed call (or lookup) may leave now, after a short wait in this thread
@@ -138,6 +141,8 @@ def _attempt(
     those whose business object is not free (gate.py).
     """
     early = before_send(claim, action, now=claim.now())
+    if early is None:  # a revoked submitting key, a stopped subject: nothing leaves in their name
+        early = refusal(downstream.authority, claim, overridden=claim.operation_id in checks.overridden)
     version = downstream.actions.action_version(claim.action)
     chosen = route(
         claim,
@@ -150,12 +155,10 @@ def _attempt(
     if early is None and isinstance(chosen, (NeedsPerson, Rejected)):
         early = chosen  # the request its key names cannot be sent (again): nothing is sent
     if early is None and claim.operation_id in checks.approvals:
+        grant = checks.approvals[claim.operation_id]
         lapsed = lapse_reason(
-            checks.approvals[claim.operation_id],
-            args_digest=claim.args_digest,
-            policy_version=action.approval.policy_version,
-            now=claim.now(),
-        )
+            grant, args_digest=claim.args_digest, policy_version=action.approval.policy_version, now=claim.now()
+        ) or approval_lapse(downstream.authority, grant)
         if lapsed is not None:
             early = NeedsApproval(lapsed)
     if early is None and (blocker := checks.held_back.get(claim.operation_id)) is not None:
@@ -185,6 +188,7 @@ def _attempt(
         args = loads_exact(claim.args)
         # The request on record goes again as it is; a hook connector is never handed one.
         recorded = {"recorded": chosen.request} if isinstance(chosen, Resend) else {}
+        call_events.sending(claim)
         result = connector.send(
             claim.action,
             action,

@@ -33,6 +33,7 @@ from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.objects import Blocker, take_hold
 from outbox.ledger.request_record import left_before
 from outbox.ledger.waits import park_for_breaker
+from workers.dispatch.authority import Authority
 from workers.dispatch.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
 from workers.dispatch.same_request import needs_check
 from workers.provider.actions import ActionConfig, ActionsConfig
@@ -83,6 +84,9 @@ class SendChecks:
     # Those with an earlier attempt that may have left with nothing on record, where it matters
     # (workers/dispatch/same_request.py).
     left_before: frozenset[str] = frozenset()
+    # Those whose submitting key was revoked and whom a person resolved "not executed" since: sent in
+    # that person's name (workers/dispatch/authority.py).
+    overridden: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class Gate:
     # while a separate store is down (None: nothing requires it here).
     evidence: EvidenceSink | None = None
     evidence_required: bool = False
+    # Who may still act (workers/dispatch/authority.py); None: nobody is asked.
+    authority: Authority | None = None
 
     def admissions(self) -> Admissions:
         """A doorbell's breaker answers, shared by its calls (the reconciler's are its own)."""
@@ -175,8 +181,13 @@ class Gate:
         admissions.share(targets)
 
     def checks(self, claims: Sequence[Claim]) -> SendChecks:
+        overridden = self.authority.overridden(claims) if self.authority is not None else frozenset()
         return SendChecks(
-            self.approvals(claims), self.objects(claims), self.evidence_down(claims), self.left_before(claims)
+            self.approvals(claims),
+            self.objects(claims),
+            self.evidence_down(claims),
+            self.left_before(claims),
+            overridden,
         )
 
     def evidence_down(self, claims: Sequence[Claim]) -> frozenset[str]:

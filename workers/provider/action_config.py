@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from outbox.actions.matching import KEY_PLACEHOLDER
 from outbox.actions.specs import (
     AgentRulesSpec,
     ApprovalSpec,
@@ -158,11 +157,7 @@ class ActionConfig(AgentRulesSpec):
     def _fencing_needs_header(self) -> ActionConfig:
         if self.provider_fencing and self.fencing_header is None:
             raise ValueError("provider_fencing: true needs fencing_header (the header that carries the token)")
-        if (
-            self.provider_fencing
-            and self.lookup is not None
-            and KEY_PLACEHOLDER not in self.lookup.request.placeholder_names()
-        ):
+        if self.provider_fencing and self.lookup is not None and not self.lookup.by_key:
             # The provider fences per key: a lookup that does not name the key (a search by order) fences
             # nothing, and its "not found" would wrongly prove that no earlier attempt can still land.
             raise ValueError(
@@ -182,7 +177,7 @@ class ActionConfig(AgentRulesSpec):
             self.lookup is not None
             and self.lookup.authoritative_not_found
             and self.provider_idempotency is None
-            and "idempotency_key" in self.lookup.request.placeholder_names()
+            and self.lookup.by_key
         ):
             raise ValueError(
                 "lookup.authoritative_not_found: a lookup by {idempotency_key} proves nothing when the key "

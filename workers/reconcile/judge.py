@@ -4,7 +4,9 @@ found succeeded -> succeeded; found failed -> failed_at_provider (the provider t
 it: not failed_before_commit); found pending -> accepted, re-checked; several objects that are each
 ours as far as lookup.match can tell -> a person, with their references; not found (finding only
 others' objects is finding none) -> counts only if the lookup is authoritative and settle_s has
-passed since the last dispatch attempt, and never for an accepted operation (the provider said it has it: its index lags); then (``after_not_found``)
+passed since the last dispatch attempt, and never for an accepted operation (the provider said it has it: its index lags),
+nor when the lookup saw only others' objects at a provider that does not honour our key (a match that
+misses our own object would make a re-send a second effect: looked up again, then a person); then (``after_not_found``)
 back to not_dispatched with the SAME key, or, when the operation must end (budget spent, cancel
 requested, the provider rejected the key), ended: failed_before_commit / cancelled only if no
 attempt can still land, else a person decides (past the deadline alone: after the reconciler's own
@@ -136,6 +138,17 @@ def judge(
             return recheck(
                 claim,
                 "not found, and this lookup is not authoritative",
+                rng,
+                max_lookups=max_lookups,
+                max_delay_s=max_delay_s,
+            )
+        if found.others and action.provider_idempotency is None:
+            # Ours may be among them, if the match (or key_field) misses a field the provider writes
+            # otherwise; a provider that does not honour our key would make a re-send a second effect.
+            return recheck(
+                claim,
+                f"found only others' objects ({found.others}), and the provider does not honour idempotency keys "
+                "(no provider_idempotency): no proof that ours was never made, so nothing is sent again",
                 rng,
                 max_lookups=max_lookups,
                 max_delay_s=max_delay_s,

@@ -22,6 +22,7 @@ from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_many_if_fenced
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
+from outbox.evidence.stored_events import mark_applied
 from outbox.ledger import tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
@@ -44,7 +45,7 @@ from workers.reconcile.judge import (
 )
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger("workers.reconcile.batch")
 
@@ -62,6 +63,7 @@ class Looked:
     verdict: Verdict
     action: ActionConfig | None = None
     waited: str | None = None  # a declared limit the lookup waited for (its event says so)
+    events: tuple[int, ...] = ()  # webhook events that answered it instead (stored_events.py): marked its own
 
     def report(self) -> AttemptReport:
         found, verdict, action, claim = self.found, self.verdict, self.action, self.claim
@@ -103,6 +105,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         cannot_land=verdict.cannot_land,
         waiting_for=verdict.waiting_for,
     )
+    _mark_events(session, item, to)
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)
         assert op is not None
@@ -110,6 +113,11 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
             session, op, reason=verdict.reason, action=item.action, actions=rec.actions, candidates=verdict.candidates
         )
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet, recheck=verdict.recheck)
+
+
+def _mark_events(session: Session, item: Looked, to: Status) -> None:
+    if item.events:
+        mark_applied(session, item.events, operation_id=item.claim.operation_id, tenant=item.claim.tenant, moved_to=to)
 
 
 def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
@@ -148,6 +156,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
         for item, refused in zip(one_statement, refusals):
             if refused is None:
                 applied.append((item, item.verdict.to))
+                _mark_events(session, item, item.verdict.to)
             else:
                 stale.append((item, refused))
         for item in others:
@@ -181,6 +190,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
     for item, to in applied:
         _trace_settled(item, to)
         _log_settled(item, to)
+        call_events.settled(item, to)
         metrics.record_outcome(to)
         if to is Status.NOT_DISPATCHED:
             redispatch.append(item.claim.operation_id)
@@ -220,6 +230,7 @@ def _settle(rec: Recorder, item: Looked) -> Verdict:
         return verdict
     _trace_settled(item, applied)
     _log_settled(item, applied)
+    call_events.settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
         rec.doorbell.ring_dispatch_after_commit([claim.operation_id])
@@ -298,7 +309,7 @@ def _judged(
         )
     if asked.early is not None or found is None or action is None:
         assert asked.early is not None
-        return Looked(claim, None, asked.early, action)
+        return Looked(claim, None, asked.early, action, events=asked.events)
     first_sent = last_activity = None
     if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
         target = rec.actions.target_of(action)

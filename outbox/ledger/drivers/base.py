@@ -123,6 +123,8 @@ class ClaimedRow(NamedTuple):
     request_path: str | None = None
     request_body: str | None = None
     request_digest: str | None = None
+    # Who submitted it (``key:<id>``): a claim whose key was revoked since is not sent (outbox/ledger/authority.py).
+    submitted_by: str | None = None
 
 
 class HotPath(Protocol):
