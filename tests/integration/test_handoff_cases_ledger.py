@@ -330,3 +330,28 @@ def test_the_operator_api_takes_a_case_and_retries_it_as_a_new_intent(ledger, tm
         old = api.get(f"/v1/operations/{op_id}", headers=as_(agent)).json()
         assert old["retried_as"] == doc["retried_as"] and old["outcome"] == "ABANDONED"
         assert "A person retried it as a new intent" in old["model_message"]
+
+
+def test_a_failure_webhook_for_a_rechecked_case_makes_its_recheck_due_now(ledger):
+    import datetime as dt
+
+    from outbox.actions.webhooks import WebhookOutcome
+    from outbox.evidence.webhooks import EventReading, ReceivedEvent, receive
+
+    op_id, hid = _handed_over(ledger)
+    assert rechecks.due_rechecks(ledger.engine, limit=5) == []
+    event = ReceivedEvent(
+        target="payments",
+        scope=None,
+        event_id="evt_9",
+        event_type="refund.failed",
+        scheme="standard",
+        signed_at=dt.datetime.now(dt.UTC),
+        body_digest="b" * 64,
+        readings=[EventReading(ACTION, WebhookOutcome.FAILED, "acme:r-1", "re_1", {"id": "re_1", "status": "failed"})],
+    )
+    with ledger.sessions.begin() as s:
+        got = receive(s, event, actor="webhook:payments", sink=SINK, packet=lambda s, o, w: {})
+    assert got.operation_id == op_id and got.moved_to is None and "re-checked now" in got.note
+    assert rechecks.due_rechecks(ledger.engine, limit=5) == [op_id]  # the lookup reads what the provider holds
+    assert _op(ledger, op_id).status == "reconciliation_required" and _handoff(ledger, hid).status == "open"
