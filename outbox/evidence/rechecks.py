@@ -58,7 +58,10 @@ _CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in ("att
 check_allowed("*", [RR], RR)  # the claim's move, written as one statement below
 
 
-def _due(now: Any) -> list[Any]:
+def _due() -> list[Any]:
+    # The bound the partial index ix_outbox_handoffs_checks can answer (db_scan_now: clock.py says why):
+    # a range of the cases due, not a read of every open case at each claim.
+    now = db_scan_now()
     return [
         _H.c.status == HandoffStatus.OPEN.value,
         _H.c.next_check_at.is_not(None),
@@ -74,7 +77,7 @@ def due_rechecks(engine: Engine, *, limit: int) -> list[str]:
     stmt = (
         select(_H.c.operation_id)
         .join(_OP, _OP.c.id == _H.c.operation_id)
-        .where(*_due(db_scan_now()))
+        .where(*_due())
         .order_by(_H.c.next_check_at)
         .limit(limit)
     )
@@ -92,7 +95,7 @@ def claim_rechecks(
     due = (
         select(_OP.c.id)
         .join(_H, _H.c.operation_id == _OP.c.id)
-        .where(*_due(db_now()))
+        .where(*_due())
         .order_by(_H.c.next_check_at)
         .limit(limit)
     )
