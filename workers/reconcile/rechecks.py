@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from outbox.evidence import rechecks
@@ -33,7 +33,7 @@ from workers.provider.actions import ActionConfig
 from workers.reconcile.judge import DispatchAttempt, Verdict, dispatch_window
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.reconcile.verdicts import Looked, dispatch_attempts, late
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 RR = Status.RECONCILIATION_REQUIRED
@@ -144,6 +144,7 @@ def settle_rechecks(
         looked = Looked(claim, asked.found, verdict, action, asked.waited)
         report = looked.report()
         fields = claim.log_fields()
+        at = None
         try:
             with rec.sessions.begin() as session:
                 if judged.to is not None:
@@ -158,7 +159,7 @@ def settle_rechecks(
                     )
                     settled = moved is not None
                 else:
-                    settled, _ = rechecks.settle_open(
+                    settled, at = rechecks.settle_open(
                         session,
                         claim,
                         report,
@@ -172,7 +173,11 @@ def settle_rechecks(
         except Exception:  # noqa: BLE001 - one case must not hold back the others: its lease brings it back
             log.warning("re-check not settled; looked up again once its lease expires", exc_info=True, extra=fields)
             continue
+        if moved is RR and at is not None:  # Flower's lookup task says when it is looked up again
+            verdict = replace(verdict, recheck_in_s=max((at - claim.now()).total_seconds(), 0.0))
         out[claim.operation_id] = verdict
+        if moved is not None:
+            call_events.settled(replace(looked, verdict=verdict), moved)
         if moved is None:
             log.info("re-check refused: the case moved on meanwhile (its lookup kept as evidence)", extra=fields)
             if judged.to is Status.SUCCEEDED:
