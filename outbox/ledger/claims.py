@@ -79,6 +79,8 @@ class Claim:
     # (None: none left yet, or its worker died before recording it): outbox/ledger/request_record.py.
     action_version: str | None = None
     sent: RequestRecord | None = None
+    # The conversation it is charged to: each retry is charged there before it leaves (budget_charges.py).
+    budget_scope: str | None = None
 
     def log_fields(self) -> dict[str, object]:
         """What a log line about this claim's work carries as fields (OUTBOX_LOG_FORMAT=json)."""
@@ -248,6 +250,7 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         traceparent=getattr(row, "traceparent", None),
         action_version=getattr(row, "action_version", None),
         sent=RequestRecord.of_row(row),
+        budget_scope=getattr(row, "budget_scope", None),
     )
 
 

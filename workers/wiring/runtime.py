@@ -76,7 +76,7 @@ class Runtime:
 
     def downstream(self) -> Downstream:
         """What fan-out and lookups take to call a provider."""
-        return Downstream(self.actions, self.connectors, self.pacer)
+        return Downstream(self.actions, self.connectors, self.pacer, self.sessions)
 
     def recorder(self, ledger: LedgerConnection) -> Recorder:
         """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""

@@ -123,6 +123,8 @@ class ClaimedRow(NamedTuple):
     request_path: str | None = None
     request_body: str | None = None
     request_digest: str | None = None
+    # The conversation it is charged to (outbox/ledger/budget_charges.py): its retries are charged there.
+    budget_scope: str | None = None
 
 
 class HotPath(Protocol):
