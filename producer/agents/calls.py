@@ -163,7 +163,7 @@ class ToolCaller:
             return refused_answer(exc, action=action, idempotency_key=key)
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.
-            first = self.get(exc.operation_id)
+            first = self.get(exc.operation_id, replay=True)  # an earlier call made it
             refs = ", ".join(f"{a}={args.get(a)!r}" for a in tool.reference_args)
             said = (
                 f"A call of {action} for {refs} was already made with other arguments; it stands and no second "

@@ -32,7 +32,7 @@ OCCURRENCE_SCHEMA: dict[str, Any] = {
         {"type": "string", "pattern": OCCURRENCE_LABEL},
     ],
     "description": (
-        "Only to make another one of the same call: the same arguments again are the same call and make no "
+        "Pass it only to make another one of the same call: the same arguments again are the same call and make no "
         "second effect, so to make a second one on purpose (a second partial refund of one order) pass 2 (then "
         "3, ...) or a short label of your own. Leave it out for the first one. The same occurrence again is "
         "still the same call."
