@@ -18,6 +18,11 @@ session's connection is back in its pool by then, so SQLite's one writer is free
 stored. A write that fails (the ledger away, a connection lent by a framework that owns it) is logged
 at INFO and dropped: this is a counter, never evidence. The minute comes from this process's clock:
 a bucket of a counter, never a deadline.
+
+Where the caller's transaction is not the session's to end (a session on a connection whose own
+transaction goes on, Django's ``atomic()`` block: ``IN_CALLERS_TRANSACTION`` in ``Session.info``), a
+second connection would wait for the caller's write lock (SQLite) or could not commit at all (a lent
+connection): the use is counted in the caller's transaction instead, and a rollback takes it along.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ Kind = Literal["replays", "conflicts"]
 REPLAYS: Kind = "replays"
 CONFLICTS: Kind = "conflicts"
 _NOTES = "outbox.key_uses"  # the session's notes (Session.info), written when its transaction ends
+# Set in Session.info by a caller whose transaction the session does not own (producer/django/).
+IN_CALLERS_TRANSACTION = "outbox.in_callers_transaction"
 
 
 class KeyUse(Base):
@@ -62,6 +69,9 @@ _KU = core_table(KeyUse)
 
 def note(session: Session, *, tenant: str, action: str, kind: Kind) -> None:
     """Count one use, written once the session's outermost transaction ends (the module docstring)."""
+    if session.info.get(IN_CALLERS_TRANSACTION):
+        record(session.connection(), Counter({(tenant, action, kind): 1}))
+        return
     notes: Counter[tuple[str, str, str]] = session.info.setdefault(_NOTES, Counter())
     notes[(tenant, action, kind)] += 1
 
@@ -75,6 +85,9 @@ def _write_notes(session: Session, transaction: SessionTransaction) -> None:
         return
     try:
         bind = session.get_bind()
+        if isinstance(bind, Connection) and bind.in_transaction():
+            record(bind, notes)  # the connection's own transaction goes on: counted in it
+            return
         engine = bind.engine if isinstance(bind, Connection) else bind
         assert isinstance(engine, Engine)
         with engine.begin() as conn:
