@@ -81,6 +81,8 @@ class Claim:
     sent: RequestRecord | None = None
     # Who submitted it (``key:<id>``; None: in-process): its authority is checked again before the send.
     submitted_by: str | None = None
+    # The conversation it is charged to: each retry is charged there before it leaves (budget_charges.py).
+    budget_scope: str | None = None
 
     def log_fields(self) -> dict[str, object]:
         """What a log line about this claim's work carries as fields (OUTBOX_LOG_FORMAT=json)."""
@@ -251,6 +253,7 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         action_version=getattr(row, "action_version", None),
         sent=RequestRecord.of_row(row),
         submitted_by=getattr(row, "submitted_by", None),
+        budget_scope=getattr(row, "budget_scope", None),
     )
 
 

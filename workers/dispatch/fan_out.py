@@ -1,6 +1,7 @@
 """Fan-out: one claimed operation's call to the downstream, and what the attempt proved.
 
-Nothing here writes to the ledger: an attempt returns its report (for the attempt row) and its
+Nothing here writes to the ledger but a retry's charge to its conversation's budget, made right
+before it leaves (scope_budget.py): an attempt returns its report (for the attempt row) and its
 outcome (for the one guarded move that finalize.py makes of it). Which thread makes which call,
 and when, is in_flight.py's business.
 """
@@ -12,6 +13,8 @@ import json
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import Admissions, Open, counts_as_failure
 from outbox.approvals.decisions import lapse_reason
@@ -40,6 +43,7 @@ from workers.dispatch.outcomes import (
     object_wait,
 )
 from workers.dispatch.same_request import Resend, route, without_action
+from workers.dispatch.scope_budget import charge_before_send
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
@@ -59,14 +63,16 @@ FINALIZE_MARGIN_S = 0.5
 
 @dataclass(frozen=True)
 class Downstream:
-    """What calling a provider takes: the actions file (targets, budgets), the connectors, and the
-    pacer that holds each call to its target's declared limits (None: no limits anywhere)."""
+    """What calling a provider takes: the actions file (targets, budgets), the connectors, the
+    pacer that holds each call to its target's declared limits (None: no limits anywhere), and the
+    ledger's sessions for a retry's charge to its conversation (None: nothing is charged)."""
 
     actions: ActionsConfig
     connectors: ConnectorSet
     pacer: Pacer | None = None
     # Who may still act (workers/dispatch/authority.py), asked before each send; None: nobody is asked.
     authority: Authority | None = None
+    sessions: sessionmaker[Session] | None = None
 
     def pace(self, claim: Claim, target: str, *, deadline: datetime | None = None) -> Cleared | Deferred:
         """Whether this claimed call (or lookup) may leave now, after a short wait in this thread
@@ -182,6 +188,13 @@ def _attempt(
         outcome = limit_wait(claim, action, wait_s=paced.wait_s, why=paced.why, now=claim.now())
         error = f"{paced.why}: not sent, no room for {paced.wait_s:.3f}s"
         return AttemptReport(AttemptClass.NOT_SENT, error=error), outcome
+    # The last question before the send: a retry's charge to its conversation (none: no statement).
+    refused = charge_before_send(downstream.sessions, downstream.actions, claim, action)
+    if refused is not None:
+        downstream.done(paced)
+        admissions.give_back(claim.operation_id)
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
+        return AttemptReport(AttemptClass.NOT_SENT, error=_why(refused)), refused
     try:
         connector = downstream.connectors.for_action(claim.action)
         failpoints.hit("dispatch.before_send", claim.idempotency_key)

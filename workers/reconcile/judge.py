@@ -257,8 +257,12 @@ def after_not_found(
     rng: random.Random | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
+    scope_spent: str | None = None,
 ) -> Verdict:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
+
+    ``scope_spent``: why its conversation's budget has no retry left (outbox/ledger/budget_charges.py),
+    read by the caller for an operation in a budget scope: it ends as when its own budget is spent.
 
     What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
     never reported (a frozen worker, a provider's queue) can take effect after this lookup; no
@@ -288,6 +292,8 @@ def after_not_found(
         ending = "cancel requested"
     elif claim.attempt_count >= budget.max_attempts:
         ending = f"attempts used up ({claim.attempt_count}/{budget.max_attempts})"
+    elif scope_spent is not None:
+        ending = scope_spent
     elif now >= deadline_of(claim, action):
         ending = f"deadline passed ({budget.deadline_s:g}s)"
         deadline_only = last is None or last.klass is not AttemptClass.REJECTED

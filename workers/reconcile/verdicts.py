@@ -24,6 +24,7 @@ from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
 from outbox.evidence.stored_events import mark_applied
 from outbox.ledger import tracing
+from outbox.ledger.budget_charges import spent_budget
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Attempt, Operation
@@ -270,12 +271,23 @@ def settle_answers(
     near_budget = [a.claim.operation_id for a in judged if a.claim.attempt_number >= budget.max_lookups]
     attempts: dict[str, list[DispatchAttempt]] = {}
     not_asked: dict[str, int] = {}
+    scopes: dict[str, str] = {}
     if not_found or near_budget:
         with rec.sessions() as session:
             attempts = _dispatch_attempts(session, not_found) if not_found else {}
             not_asked = _lookups_not_asked(session, near_budget) if near_budget else {}
+            scoped = [a.claim for a in judged if a.claim.operation_id in not_found and a.claim.budget_scope]
+            scopes = _scopes_spent(rec, session, scoped) if scoped else {}
     looked = [
-        _judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget, not_asked.get(a.claim.operation_id, 0))
+        _judged(
+            rec,
+            a,
+            rng,
+            attempts.get(a.claim.operation_id, []),
+            budget,
+            not_asked.get(a.claim.operation_id, 0),
+            scopes.get(a.claim.operation_id),
+        )
         for rng, a in items
     ]
     return settle_all(rec, looked)
@@ -288,6 +300,7 @@ def _judged(
     attempts: list[DispatchAttempt],
     budget: LookupBudget,
     not_asked: int = 0,
+    scope_spent: str | None = None,
 ) -> Looked:
     claim, action, found = asked.claim, asked.action, asked.found
     max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
@@ -319,9 +332,30 @@ def _judged(
     )
     if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
         verdict = after_not_found(
-            sent, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+            sent,
+            action,
+            verdict,
+            attempts,
+            now=claim.now(),
+            rng=rng,
+            max_lookups=max_lookups,
+            max_delay_s=max_delay_s,
+            scope_spent=scope_spent,
         )
     return Looked(claim, found, verdict, action, asked.waited)
+
+
+def _scopes_spent(rec: Recorder, session: Session, claims: Sequence[Claim]) -> dict[str, str]:
+    """For operations in a budget scope found absent: why their conversation has no retry left (one
+    read per operation; only for those: an operation without a scope costs nothing here)."""
+    out: dict[str, str] = {}
+    for claim in claims:
+        assert claim.budget_scope is not None
+        budgets = rec.actions.budgets_of(claim.action)
+        found = spent_budget(session, tenant=claim.tenant, scope=claim.budget_scope, budgets=budgets)
+        if found is not None:
+            out[claim.operation_id] = found.why
+    return out
 
 
 def _lookups_not_asked(session: Session, operation_ids: Sequence[str]) -> dict[str, int]:

@@ -125,6 +125,8 @@ class ClaimedRow(NamedTuple):
     request_digest: str | None = None
     # Who submitted it (``key:<id>``): a claim whose key was revoked since is not sent (outbox/ledger/authority.py).
     submitted_by: str | None = None
+    # The conversation it is charged to (outbox/ledger/budget_charges.py): its retries are charged there.
+    budget_scope: str | None = None
 
 
 class HotPath(Protocol):
