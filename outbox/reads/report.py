@@ -52,7 +52,7 @@ RETRYABLE_CLASSES = (AttemptClass.NOT_SENT.value, AttemptClass.NOT_PROCESSED.val
 # The classes of a failed attempt (not pending, accepted or succeeded).
 FAILED_CLASSES = RETRYABLE_CLASSES + (AttemptClass.REJECTED.value,)
 # How a worker names a transport failure at the start of its attempt's error (the reasons of
-# workers/provider/classify.py's exception table, tests/unit/test_report_figures.py keeps them equal).
+# workers/provider/classify.py's exception table, tests/unit/test_report_figure_rules.py keeps them equal).
 TRANSPORT_ERRORS = (
     "connect_timeout",
     "pool_timeout",
