@@ -1,10 +1,9 @@
 """Verdicts: a doorbell's lookup answers judged and written, whatever has arrived in one transaction.
 
-The reconciler (batch.py) claims a batch of outcome_unknown operations and looks each up (lookup.py,
-on the lookup threads of in_flight.py); here the answers that have arrived are judged (judge.py:
-one read of the dispatch attempts for every "not found") into verdicts, and the verdicts become the
-ledger's fenced settlement moves (outbox/evidence/settlement.py), one commit for them all, then the
-logs, metrics and doorbells that follow.
+The reconciler (batch.py) claims outcome_unknown operations and looks each up (lookup.py, on the
+lookup threads of in_flight.py); here the answers that arrived are judged (judge.py: one read of the
+dispatch attempts for every "not found") into verdicts, which become the ledger's fenced settlement
+moves (outbox/evidence/settlement.py) in one commit, then the logs, metrics and doorbells that follow.
 """
 
 from __future__ import annotations
