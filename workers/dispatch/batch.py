@@ -23,7 +23,6 @@ from breaker import Admissions
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim, claim_due
 from outbox.ledger.fairness import Fairness
-from outbox.ledger.hot_path import LedgerConnection
 from workers.dispatch.gate import Gate, SendChecks
 from workers.dispatch.in_flight import InFlight
 from workers.dispatch.outcomes import AttemptOutcome
@@ -91,7 +90,7 @@ class Dispatcher:
                 # While some rung ids wait for their breaker (parked just below), the claim takes the
                 # wanted ids alone: filled with whatever else is due, it could take those along too.
                 fill = not passed.to_park
-                claims = _claim(gate.ledger, gate.worker_id, self.lease_s, passed.wanted, size, self.fairness, fill)
+                claims = _claim(gate, self.lease_s, passed.wanted, size, self.fairness, fill)
             if not claims:
                 log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
             gate.admit_taken_along(claims, admissions)
@@ -109,8 +108,7 @@ class Dispatcher:
 
 
 def _claim(
-    ledger: LedgerConnection,
-    worker_id: str,
+    gate: Gate,
     lease_s: float,
     wanted: list[str],
     size: int,
@@ -122,20 +120,22 @@ def _claim(
     come first within their own tenant only, so one tenant's doorbells cannot keep another's due
     work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
     whatever is due, up to ``size``. ``fill`` False (with ids): only those ids. Room for fewer
-    than the rung ids (a busy process): the first ``size`` of them (the rest stay due)."""
+    than the rung ids (a busy process): the first ``size`` of them (the rest stay due). Each attempt
+    row records the version of its action this worker holds (outbox/ledger/request_record.py)."""
     wanted = wanted[:size]
     if fill and fairness.on and len(wanted) >= size > 1:
         # Room for one row the ids did not name, so another tenant's due row can still win its turn;
         # the id left out is still due and competes as any other row (in its tenant's order). Room
         # for one only (a busy process): the rung id, which may hold its breaker's probe.
         wanted = wanted[: size - 1]
-    with ledger.one_statement() as session:
+    with gate.ledger.one_statement() as session:
         return claim_due(
             session,
-            worker=worker_id,
+            worker=gate.worker_id,
             lease_s=lease_s,
             operation_ids=wanted or None,
             limit=len(wanted) if wanted else size,
             also_due=size - len(wanted) if wanted and fill else 0,
             fairness=fairness,
+            versions=gate.actions.versions,
         )

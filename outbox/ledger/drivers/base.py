@@ -10,7 +10,7 @@ database it runs on.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -123,6 +123,10 @@ class ClaimedRow(NamedTuple):
     request_path: str | None = None
     request_body: str | None = None
     request_digest: str | None = None
+    request_key_header: str | None = None
+    # Not a column: with nothing on record, the versions the earlier attempts that may have left
+    # were claimed under (request_record.left_versions_sql); None: a record, or none left.
+    left_versions: str | None = None
 
 
 class HotPath(Protocol):
@@ -175,9 +179,12 @@ class LedgerDriver(Protocol):
         operation_ids: list[str] | None,
         also_due: int,
         fairness: Fairness | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> Sequence[Any]:
         """Rows in rank order. ``fairness`` (dispatch claims only; None: oldest first by priority,
-        as for lookups): shared among tenants, or not, as it says."""
+        as for lookups): shared among tenants, or not, as it says. ``versions`` (dispatch claims
+        only): the claiming worker's version of each action, written on each attempt row it opens
+        (its row's action's; NULL for an action not in it); each row carries ``left_versions``."""
         ...
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]: ...

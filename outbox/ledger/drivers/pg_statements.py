@@ -40,6 +40,7 @@ from outbox.ledger.drivers.pg_tenant_walk import (
 )
 from outbox.ledger.effect_guard import may_have_taken_effect
 from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
+from outbox.ledger.request_record import left_versions_sql
 from outbox.ledger.states import AttemptKind, Status
 
 # The events' id sequence (PostgreSQL names a serial column's after its table): events recorded on
@@ -114,6 +115,9 @@ NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 # sequence, the status claimed from: outbox_history shows it as the event row it stands for). The
 # CTEs read attempts as of the statement's snapshot, so numbering and the ambiguity check see the
 # rows committed before this claim.
+# A dispatch claim's attempt row records the version of its action the worker holds (:versions, a
+# JSON object action -> version: one parameter for the batch), and the claim answers, when nothing
+# is on record, the versions of the earlier attempts that may have left (request_record.py).
 _CLAIM = """
 WITH {recursive}{due_ctes}, claimed AS (
     UPDATE {operations} o SET
@@ -126,18 +130,20 @@ WITH {recursive}{due_ctes}, claimed AS (
               o.args,
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
               o.cancel_requested, o.proven_absent_through, o.updated_at, o.status, o.traceparent,
-              o.action_version, o.request_version, o.request_method, o.request_path, o.request_body, o.request_digest
+              o.action_version, o.request_version, o.request_method, o.request_path, o.request_body, o.request_digest,
+              o.request_key_header
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM {attempts} a
           WHERE a.operation_id = c.id AND a.kind = '{kind}') AS number,
-        EXISTS (SELECT 1 FROM {attempts} a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
+        EXISTS (SELECT 1 FROM {attempts} a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity,
+        {left_versions} AS left_versions
     FROM claimed c
 ), opened AS (
     INSERT INTO {attempts} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale,
-        claim_event_id, claimed_from)
+        claim_event_id, claimed_from, action_version)
     SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false,
-        nextval('{events_id_seq}'), {from_status}
+        nextval('{events_id_seq}'), {from_status}, {claimed_under}
     FROM numbered
     RETURNING id AS attempt_id, operation_id
 )
@@ -232,6 +238,8 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
             kind=kind.value,
             from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
             may_have_taken_effect=may_have_taken_effect("c"),
+            left_versions="CAST(NULL AS text)" if lookup else left_versions_sql("c", "string_agg(DISTINCT {}, ',')"),
+            claimed_under="NULL" if lookup else "CAST(:versions AS json) ->> action",
             dispatch_sets=dispatch_sets,
             operations=OPERATIONS,
             attempts=ATTEMPTS,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,7 @@ class PostgresDriver:
         operation_ids: list[str] | None,
         also_due: int,
         fairness: Fairness | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Any]:
         fair = fairness is not None and fairness.on
         ids_fit = operation_ids is not None and len(operation_ids) <= limit
@@ -185,6 +187,7 @@ class PostgresDriver:
             params.update((fairness or Fairness(FairnessMode.OFF)).claim_params())
             if operation_ids is None:
                 params["operation_ids"] = []
+            params["versions"] = json.dumps(dict(versions)) if versions else None
         return _generic_rows(session, statement, params)
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
