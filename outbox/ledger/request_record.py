@@ -14,8 +14,8 @@ outbox/privacy/retention.py), the digest of the whole request (method, URL, body
 operation that recorded no version at submit takes this one.
 
 Between a send and its finalize a worker can die, freeze past its lease or lose it: then its
-finalize is refused (stale), which still records the request if none is yet (``record_if_none``:
-what left is a fact about the provider, and the first record wins). Nothing on record at all, what
+finalize is refused (stale), which still records the request if none is yet (the drivers'
+``record_request``: what left is a fact about the provider, and the first record wins). Nothing on record at all, what
 says what it was built from is its attempt row: every dispatch claim writes there the version of
 the action its worker holds (the one it builds under), and the next claim reads those of the
 earlier attempts that may have left (``left_versions_sql``), in the claim statement itself
@@ -27,9 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, update
-
-from outbox.ledger.models import ATTEMPTS, Operation, core_table
+from outbox.ledger.models import ATTEMPTS, OPERATIONS
 from outbox.ledger.states import AttemptClass, AttemptKind
 
 # The operation's columns of the record, in RequestRecord's order (the claim reads them), and the
@@ -111,24 +109,17 @@ def left_versions(text: str | None) -> frozenset[str | None]:
     return frozenset(v or UNKNOWN for v in text.split(","))
 
 
-_OP = core_table(Operation)
+def _late(column: str, param: str) -> str:
+    # Path and body only while the arguments they were built from are kept (retention purges them
+    # together): a request recorded late, after a purge, records neither.
+    value = f"CAST(:{param} AS text)"
+    return f"CASE WHEN args IS NULL THEN NULL ELSE {value} END" if column in ("request_path", "request_body") else value
 
 
-def record_if_none(session: Any, operation_id: str, record: RequestRecord) -> bool:
-    """Record ``record`` on the operation if none is on record yet: the request a worker put on the
-    wire, reported by a finalize that was refused (its lease lost, its token stale). What left is a
-    fact about the provider whoever holds the operation now, so the first report wins; guarded by
-    ``request_version IS NULL`` in the UPDATE itself, it never overwrites a record. The body and
-    path only while the arguments they were built from are kept (retention). Rare: only a refused
-    finalize comes here, never the hot path. Returns whether it recorded."""
-    values: dict[str, Any] = dict(zip(RECORD_COLUMNS, record.params().values()))
-    for column in ("request_path", "request_body"):
-        values[column] = case((_OP.c.args.is_(None), None), else_=values[column])
-    values["action_version"] = case((_OP.c.action_version.is_(None), record.version), else_=_OP.c.action_version)
-    stmt = (
-        update(_OP)
-        .where(_OP.c.id == operation_id, _OP.c.request_version.is_(None))
-        .values(**values)
-        .returning(_OP.c.id)
-    )
-    return session.execute(stmt).first() is not None
+# A refused finalize's request (its lease lost), recorded if none is: the drivers' record_request,
+# one spelling for both (``:name`` parameters: RECORD_PARAMS and :operation_id).
+RECORD_IF_NONE = f"""
+UPDATE {OPERATIONS} SET {", ".join(f"{c} = {_late(c, p)}" for c, p in zip(RECORD_COLUMNS, RECORD_PARAMS))},
+    action_version = coalesce(action_version, CAST(:sent_version AS text))
+WHERE id = :operation_id AND request_version IS NULL
+RETURNING id"""

@@ -22,7 +22,7 @@ from outbox.ledger.drivers import FinalizeWrite, driver_for
 from outbox.ledger.effect_guard import no_effect_possible
 from outbox.ledger.events import record_events
 from outbox.ledger.models import Attempt, Operation, core_table
-from outbox.ledger.request_record import NO_RECORD, RequestRecord, record_if_none
+from outbox.ledger.request_record import NO_RECORD, RequestRecord
 from outbox.ledger.states import (
     EFFECT,
     NO_EFFECT,
@@ -210,8 +210,9 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
         item = items[i]
         if item.report.sent is not None:
             # Refused (its lease lost, or the guard): what it sent is still a fact about the provider,
-            # recorded if nothing is yet (first wins; request_record.record_if_none).
-            record_if_none(session, item.claim.operation_id, _recorded(item.report.sent, item.to))
+            # recorded if nothing is yet (first wins, never overwritten: the driver's record_request).
+            sent = _recorded(item.report.sent, item.to)
+            driver_for(session).record_request(session, item.claim.operation_id, sent.params())
         if item.to in NO_EFFECT and _still_ours(session, item.claim):
             # The token is current: the refusal is the ledger's own guard, not a lost lease.
             refusals[i] = IllegalTransition(

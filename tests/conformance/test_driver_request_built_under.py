@@ -96,6 +96,15 @@ def test_an_attempt_claimed_before_0019_counts_as_built_under_the_version_at_sub
     assert left_versions(claim_under(case, unknown, "v-now").left_versions) == {None}
 
 
+def test_record_request_writes_only_where_nothing_is_on_record_on_every_access_path(access):
+    op_id = access.submit(action_version=None)
+    assert access.within(lambda s: access.driver.record_request(s, op_id, FIRST.params()))
+    assert not access.within(lambda s: access.driver.record_request(s, op_id, LATER.params()))
+    op = access.op(op_id)
+    assert recorded(op) == FIRST and op.action_version == "v-first", "first wins; the version it was built under"
+    assert op.status == "not_dispatched", "the record only: whatever the status, nothing moves"
+
+
 def _claim(case: Any, op_id: str, worker: str, version: str) -> Claim:
     with case.sessions.begin() as s:
         (claim,) = claim_due(s, worker=worker, lease_s=30, operation_id=op_id, versions={ACTION: version})

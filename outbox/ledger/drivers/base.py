@@ -193,6 +193,14 @@ class LedgerDriver(Protocol):
 
     def mark_attempt_stale(self, session: Any, attempt_id: int) -> None: ...
 
+    def record_request(self, session: Any, operation_id: str, params: dict[str, Any]) -> bool:
+        """Record the request an attempt sent (``params``: RequestRecord.params()) on the operation
+        if none is on record, whatever its status and token (a finalize refused for a lost lease):
+        never over a record (guarded in the UPDATE itself), its path and body only while the
+        arguments are kept, the version as the operation's if it has none. Whether
+        it recorded. Not the hot path: a refused finalize only."""
+        ...
+
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> Sequence[Any]: ...
 
     def attempt_log(self, session: Any, operation_ids: Sequence[str], columns: tuple[str, ...]) -> Sequence[Any]: ...

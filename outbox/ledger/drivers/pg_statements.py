@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import re
 
+from outbox.ledger import request_record
 from outbox.ledger.drivers.pg_tenant_walk import (
     CLAIM_ORDER,
     FAIR_DUE,
@@ -251,6 +252,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
 # -- finalize: pg_moves.py ------------------------------------------------------------------------
 CURRENT_ROW = f"SELECT status, fencing_token FROM {OPERATIONS} WHERE id = %(id)s"
 MARK_ATTEMPT_STALE = f"UPDATE {ATTEMPTS} SET stale = true WHERE id = %(id)s"
+RECORD_IF_NONE = driver_params(request_record.RECORD_IF_NONE)
 
 # A doorbell's first read: which of its ids are due now, with what a deadline check needs.
 READ_DUE = f"""

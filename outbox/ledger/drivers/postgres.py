@@ -220,6 +220,10 @@ class PostgresDriver:
     def mark_attempt_stale(self, session: Any, attempt_id: int) -> None:
         _execute(session, sql.MARK_ATTEMPT_STALE, {"id": attempt_id}, by_name=False)
 
+    def record_request(self, session: Any, operation_id: str, params: dict[str, Any]) -> bool:
+        row = _execute(session, sql.RECORD_IF_NONE, {**params, "operation_id": operation_id}, by_name=False)
+        return row.fetchone() is not None
+
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> list[Any]:
         return _generic_rows(session, sql.READ_DUE, {"ids": list(operation_ids)})

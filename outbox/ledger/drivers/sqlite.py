@@ -24,7 +24,7 @@ from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Evidence, Operation, Run, core_table
-from outbox.ledger.request_record import left_versions_sql
+from outbox.ledger.request_record import RECORD_IF_NONE, left_versions_sql
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, core_values
 
@@ -41,6 +41,7 @@ _AS_GIVEN += ("object_key", "budget_scope", "action_version")
 
 # A claimed row's columns, in ClaimedRow's order (the attempt's own fields are added by _open_attempt).
 _NOT_COLUMNS = ("attempt_id", "number", "open_ambiguity", "left_versions")
+_V = Mapping[str, str] | None  # a worker's versions of the actions (claim)
 _CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in _NOT_COLUMNS)
 
 
@@ -143,15 +144,7 @@ class SqliteDriver:
         return claimed
 
     def _claim(
-        self,
-        session: Session,
-        kind: AttemptKind,
-        *,
-        worker: str,
-        lease_s: float,
-        limit: int,
-        within: Any,
-        versions: Mapping[str, str] | None,
+        self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, within: Any, versions: _V
     ) -> list[ClaimedRow]:
         lookup = kind is AttemptKind.LOOKUP
         # A lookup claim keeps its row's status (outcome_unknown or accepted).
@@ -183,9 +176,7 @@ class SqliteDriver:
         rows = sorted(session.execute(stmt.returning(*_CLAIMED)).all(), key=lambda row: rank[row.id])
         return [self._open_attempt(session, row, worker, kind, versions) for row in rows]
 
-    def _open_attempt(
-        self, session: Session, row: Any, worker: str, kind: AttemptKind, versions: Mapping[str, str] | None
-    ) -> ClaimedRow:
+    def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind, versions: _V) -> ClaimedRow:
         lookup = kind is AttemptKind.LOOKUP
         left = "NULL" if lookup else left_versions_sql("o", "group_concat(DISTINCT {})")
         open_ambiguity, left_versions = session.execute(
@@ -274,6 +265,10 @@ class SqliteDriver:
 
     def mark_attempt_stale(self, session: Session, attempt_id: int) -> None:
         session.execute(update(_AT).where(_AT.c.id == attempt_id).values(stale=True))
+
+    def record_request(self, session: Session, operation_id: str, params: dict[str, Any]) -> bool:
+        found = session.execute(text(RECORD_IF_NONE), {**params, "operation_id": operation_id}).first()
+        return found is not None
 
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Session, operation_ids: Sequence[str]) -> list[Any]:
