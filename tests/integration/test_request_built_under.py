@@ -167,6 +167,7 @@ def test_a_worker_frozen_past_its_lease_still_records_what_it_sent_and_the_retry
     assert first.stale, "its finalize came after its lease: refused"
     op = pipe.op(op_id)
     assert op.request_method == "POST" and op.request_digest == first.request_digest, "recorded all the same"
+    assert op.request_key_header == "idempotency-key", "and the header its key went in"
 
     _deploy(pipe, sandbox, **slow_lookup)
     pipe.advance_ledger_clock(60, operation_ids=[op_id])  # settle_s passes: "not found" proves it
