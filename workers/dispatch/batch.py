@@ -16,13 +16,14 @@ outcome_unknown and let the reconciler ask the provider by key.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from breaker import Admissions
 from outbox.ledger import failpoints
 from outbox.ledger.claims import Claim, claim_due
 from outbox.ledger.fairness import Fairness
+from outbox.ledger.hot_path import LedgerConnection
 from workers.dispatch.gate import Gate, SendChecks
 from workers.dispatch.in_flight import InFlight
 from workers.dispatch.outcomes import AttemptOutcome
@@ -90,7 +91,16 @@ class Dispatcher:
                 # While some rung ids wait for their breaker (parked just below), the claim takes the
                 # wanted ids alone: filled with whatever else is due, it could take those along too.
                 fill = not passed.to_park
-                claims = _claim(gate, self.lease_s, passed.wanted, size, self.fairness, fill)
+                claims = _claim(
+                    gate.ledger,
+                    gate.worker_id,
+                    self.lease_s,
+                    passed.wanted,
+                    size,
+                    self.fairness,
+                    fill,
+                    versions=gate.actions.versions,
+                )
             if not claims:
                 log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
             gate.admit_taken_along(claims, admissions)
@@ -108,12 +118,14 @@ class Dispatcher:
 
 
 def _claim(
-    gate: Gate,
+    ledger: LedgerConnection,
+    worker_id: str,
     lease_s: float,
     wanted: list[str],
     size: int,
     fairness: Fairness,
     fill: bool = True,
+    versions: Mapping[str, str] | None = None,
 ) -> list[Claim]:
     """A doorbell wakes a worker; the database says what is due. The same statement fills the batch
     with whatever else is due now, shared among tenants (outbox/ledger/fairness.py): the rung ids
@@ -121,21 +133,21 @@ def _claim(
     work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
     whatever is due, up to ``size``. ``fill`` False (with ids): only those ids. Room for fewer
     than the rung ids (a busy process): the first ``size`` of them (the rest stay due). Each attempt
-    row records the version of its action this worker holds (outbox/ledger/request_record.py)."""
+    row records ``versions``' version of its action, this worker's (outbox/ledger/request_record.py)."""
     wanted = wanted[:size]
     if fill and fairness.on and len(wanted) >= size > 1:
         # Room for one row the ids did not name, so another tenant's due row can still win its turn;
         # the id left out is still due and competes as any other row (in its tenant's order). Room
         # for one only (a busy process): the rung id, which may hold its breaker's probe.
         wanted = wanted[: size - 1]
-    with gate.ledger.one_statement() as session:
+    with ledger.one_statement() as session:
         return claim_due(
             session,
-            worker=gate.worker_id,
+            worker=worker_id,
             lease_s=lease_s,
             operation_ids=wanted or None,
             limit=len(wanted) if wanted else size,
             also_due=size - len(wanted) if wanted and fill else 0,
             fairness=fairness,
-            versions=gate.actions.versions,
+            versions=versions,
         )
