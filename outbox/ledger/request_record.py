@@ -10,16 +10,17 @@ not_sent), in the UPDATE that finalize makes anyway (outbox/ledger/writes.py ``R
 overwritten: its method, path with query (relative to the target's ``base_url``, as encoded on the
 wire), body (canonical JSON; kept only while another attempt can follow, purged with the arguments:
 outbox/privacy/retention.py), the digest of the whole request (method, URL, body: the attempt rows'
-``request_digest``) and the action's version it was built under (outbox/actions/versions.py). An
-operation that recorded no version at submit takes this one.
+``request_digest``), the header its key went in, and the action's version it was built under
+(outbox/actions/versions.py). An operation that recorded no version at submit takes this one.
 
-Between a send and its finalize a worker can die, freeze past its lease or lose it: then its
-finalize is refused (stale), which still records the request if none is yet (the drivers'
-``record_request``: what left is a fact about the provider, and the first record wins). Nothing on record at all, what
-says what it was built from is its attempt row: every dispatch claim writes there the version of
-the action its worker holds (the one it builds under), and the next claim reads those of the
+Between a send and its finalize a worker can die, freeze past its lease or lose it. A finalize
+refused for a lost lease still records the request if none is yet (the drivers' ``record_request``:
+what left is a fact about the provider; the first record wins). With nothing on record at all, the
+attempt rows say what it was built from: every dispatch claim writes on the row it opens the version
+of the action its worker holds (the one it builds under), and the next claim reads those of the
 earlier attempts that may have left (``left_versions_sql``), in the claim statement itself
-(workers/dispatch/same_request.py decides with them).
+(workers/dispatch/same_request.py decides with them). Not the version at submit: a producer may
+have no actions file, or, in a rolling deploy, a newer one than the worker that sent.
 """
 
 from __future__ import annotations
