@@ -90,13 +90,16 @@ def left_versions_sql(op: str, distinct_list: str) -> str:
     numbered after ``proven_absent_through`` (a fenced lookup, the provider's record or a person
     proved none before can land), as a comma-separated list ("" for an unknown one: an attempt
     claimed before migration 0019 counts as built under the version at submit, if any). NULL when
-    a request is on record or none may have left. Evaluated in the claim's own statement: read
-    where the claim reads anyway (by the attempts' (operation_id, kind, number) index).
+    a request is on record or none may have left. Evaluated in the claim's own statement (by the
+    attempts' (operation_id, kind, number) index), and only where ``attempt_count`` (the claim's,
+    this attempt counted) is over 1: a count of 1 means every earlier dispatch attempt was refunded,
+    and only an attempt that sent nothing is (a wait for a breaker, a limit, an object, the evidence
+    store, an approval), so a first attempt, the hot path's, reads nothing more.
     ``distinct_list``: the driver's aggregate of distinct values joined by commas, ``{}`` for the
     value (PostgreSQL ``string_agg(DISTINCT {}, ',')``, SQLite ``group_concat(DISTINCT {})``)."""
     agg = distinct_list.format(f"coalesce(a.action_version, {op}.action_version, '')")
     return (
-        f"CASE WHEN {op}.request_version IS NULL THEN (SELECT {agg} FROM {ATTEMPTS} a"
+        f"CASE WHEN {op}.request_version IS NULL AND {op}.attempt_count > 1 THEN (SELECT {agg} FROM {ATTEMPTS} a"
         f" WHERE a.operation_id = {op}.id AND a.kind = '{AttemptKind.DISPATCH.value}'"
         f" AND a.attempt_class <> '{AttemptClass.NOT_SENT.value}' AND a.attempt_number > {op}.proven_absent_through)"
         " END"

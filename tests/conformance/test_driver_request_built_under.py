@@ -59,6 +59,17 @@ def test_a_dispatch_claim_writes_its_workers_version_of_the_action_on_the_attemp
     assert case.attempt(case.claim_one(plain).attempt_id).action_version is None  # no versions given
 
 
+def test_a_claim_after_refunded_attempts_only_reads_nothing_more(case):
+    # Refunded attempts sent nothing (a breaker, a limit, an approval...): the count stays at 1, and
+    # the claim does not look for earlier attempts that may have left (a first attempt's cost).
+    op_id = case.submit(action_version=None)
+    first = claim_under(case, op_id, "v1")
+    refunded = case.write(first, Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, refund=True)
+    assert case.finalize(refunded) == [(True, True)]
+    again = claim_under(case, op_id, "v2")
+    assert (again.attempt_count, again.number, again.left_versions) == (1, 2, None)
+
+
 def test_with_nothing_on_record_a_claim_answers_the_versions_of_the_attempts_that_may_have_left(case):
     op_id = case.submit(action_version=None)
     first = claim_under(case, op_id, "v1")
@@ -90,9 +101,11 @@ def test_with_nothing_on_record_a_claim_answers_the_versions_of_the_attempts_tha
 def test_an_attempt_claimed_before_0019_counts_as_built_under_the_version_at_submit(case):
     submitted = case.submit(action_version="v-submit")
     case.add_attempt(submitted, 1, AttemptClass.AMBIGUOUS)  # no action_version: an older worker's
+    case.set(submitted, attempt_count=1)  # as its claim counted it
     assert left_versions(claim_under(case, submitted, "v-now").left_versions) == {"v-submit"}
     unknown = case.submit(action_version=None)
     case.add_attempt(unknown, 1, AttemptClass.PENDING)
+    case.set(unknown, attempt_count=1)
     assert left_versions(claim_under(case, unknown, "v-now").left_versions) == {None}
 
 
