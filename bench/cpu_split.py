@@ -25,6 +25,8 @@ def _kind(cmdline: str, pid: int) -> str | None:
         return "redis"
     if "sandbox" in cmdline:
         return "sandbox"
+    if "bench.event_sink" in cmdline:
+        return "event consumer (Flower's stand-in)"
     if "bench.celery_workers" in cmdline or "celery" in cmdline:
         # A worker on the reconcile queue alone is the reconciler (bench/liveness.py runs both).
         return "reconciler" if "-Q outcome_unknown " in cmdline else "celery workers"

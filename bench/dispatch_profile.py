@@ -18,6 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import redis
 import yaml
@@ -45,7 +46,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no cProfile: report this process's CPU per operation (all its threads)",
     )
+    p.add_argument(
+        "--task-events",
+        choices=("off", "on", "both"),
+        default="off",
+        help="each call's Celery task events (workers/wiring/call_events.py) sent, to a consumer standing in for "
+        "Flower (bench/event_sink.py); both: off and on in turn, --rounds times each (the order alternating), "
+        "and CPU per operation of each (implies --no-profile)",
+    )
+    p.add_argument("--rounds", type=int, default=6, help="with --task-events both: rounds of off and on")
     args = p.parse_args(argv)
+    if args.task_events == "both":
+        args.no_profile = True
     from bench.pipeline_bench import REDIS_URL, actions_doc
     from bench.scratch_database import ScratchDatabase
     from workers.sandbox.testing import SandboxProcess
@@ -71,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
             rt = get_runtime()
             ids = []
-            for i in range(args.ops + 10):
+            for i in range(10 if args.task_events == "both" else args.ops + 10):
                 with rt.sessions.begin() as s:
                     ids.append(
                         submit(
@@ -93,6 +105,35 @@ def main(argv: list[str] | None = None) -> int:
                 for i in range(10, len(ids), 10):
                     rt.dispatcher.dispatch(ids[i : i + 10])
                 work, what = rt.reconciler.reconcile, "lookups"
+            sink = None
+            if args.task_events != "off":
+                from bench.pipeline_bench import EventSink
+                from workers.wiring import event_sender
+                from workers.wiring.celery_app import make_app
+
+                sink = EventSink(dict(os.environ), Path(tmp)).start()
+                event_sender.install(make_app(), "bench@dispatch_profile", task_events=True)
+            if args.task_events == "both":
+
+                def submit_n(n: int, tag: str) -> list[str]:
+                    with rt.sessions.begin() as s:
+                        return [
+                            submit(
+                                s,
+                                tenant="prof",
+                                idempotency_key=f"{tag}-{i}",
+                                action="payments.refund.create",
+                                args={"order_id": "o", "amount": "12.50", "currency": "EUR"},
+                                subject="bench",
+                            ).operation_id
+                            for i in range(n)
+                        ]
+
+                _both(work, submit_n, args.ops // (2 * args.rounds), args.batch, args.rounds)
+                rt.close()
+                if sink is not None:
+                    print(f"events taken in by the consumer: {sink.stop()}")
+                return 0
             prof = cProfile.Profile()
             started, cpu_started = time.perf_counter(), time.process_time()
             if not args.no_profile:
@@ -101,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(0, len(rest), args.batch):
                 work(rest[i : i + args.batch])
             prof.disable()
+            if sink is not None:
+                event_sender.flush()  # the sender's work for these calls, inside the measure
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
             done = args.ops
             if args.reconcile:  # only what was looked up: a breaker opened by the 504s leaves some unsent
@@ -118,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_profile:
                 pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.top)
             rt.close()
+            if sink is not None:
+                print(f"events taken in by the consumer: {sink.stop()}")
     finally:
         keys = list(r.scan_iter(match=f"{prefix}*", count=1000)) + list(
             r.scan_iter(match=f"agent-outbox:breaker:{prefix}*", count=1000)
@@ -125,6 +170,34 @@ def main(argv: list[str] | None = None) -> int:
         if keys:
             r.delete(*keys)
     return 0
+
+
+def _both(work: Any, submit_n: Any, per: int, batch: int, rounds: int) -> None:
+    """Events off and on in turn over the same process, database and sandbox: CPU per operation of
+    this process (every thread: the call threads, the finalizer, the events' sender) for each. Each
+    turn dispatches ``per`` intents submitted just before it (a doorbell claims whatever is due:
+    intents of the next turn would be taken along)."""
+    import statistics
+
+    from workers.wiring import event_sender
+
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(rounds):
+        for on in (False, True) if r % 2 == 0 else (True, False):
+            chunk = submit_n(per, f"r{r}-{on}")
+            event_sender.set_on(on)
+            started = time.process_time()
+            for i in range(0, len(chunk), batch):
+                work(chunk[i : i + batch])
+            event_sender.flush()
+            cpu[on].append((time.process_time() - started) / len(chunk) * 1000)
+    off, on_ = statistics.median(cpu[False]), statistics.median(cpu[True])
+    pairs = [f"{b / a - 1:+.1%}" for a, b in zip(cpu[False], cpu[True])]
+    print(
+        f"{per} operations x {rounds} rounds each, batch {batch}: CPU ms per operation, events off "
+        f"{off:.3f} [{min(cpu[False]):.3f}-{max(cpu[False]):.3f}], on {on_:.3f} [{min(cpu[True]):.3f}-"
+        f"{max(cpu[True]):.3f}]: on costs {on_ / off - 1:+.1%} (per round: {', '.join(pairs)})"
+    )
 
 
 if __name__ == "__main__":

@@ -211,9 +211,64 @@ def run_outbox(
     submitters: int = 1,
     slow: float = 0.0,
     nodes: int = 1,
+    task_events: bool = False,
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
-    with Workers("workers", pool, w, ob.env, ob.tmp, queues="dispatch,outcome_unknown", nodes=nodes) as workers:
+    env = ob.env | {"OUTBOX_TASK_EVENTS": "true" if task_events else "false"}
+    sink = EventSink(env, ob.tmp).start() if task_events else None
+    try:
+        result = _run_outbox(ob, sandbox, pool, w, n, batch, timeout_s, presubmit, submitters, slow, nodes, env, tag)
+    finally:
+        events = sink.stop() if sink is not None else {}
+    result["task_events"] = task_events
+    if task_events:
+        result["side"] = "outbox_events"
+        # Events the consumer took in per operation (the warm-up's included): 3 for a clean call.
+        result["events_per_op"] = round(sum(events.values()) / (n + 2 * w * nodes), 2)
+        result["events"] = events
+    return result
+
+
+class EventSink:
+    """bench/event_sink.py as a process: every event delivered to a consumer, as where Flower runs."""
+
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.env, self.ready, self.counts = env, tmp / f"sink-{tag}.ready", tmp / f"sink-{tag}.json"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> EventSink:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.event_sink", str(self.ready), str(self.counts)],
+            env={**os.environ, **self.env},
+            cwd=ROOT,
+        )
+        wait_until(lambda: self.ready.exists() or self.proc.poll() is not None, 60, 0.05, "the event consumer")  # type: ignore[union-attr]
+        return self
+
+    def stop(self) -> dict[str, int]:
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(30)
+        return dict(json.loads(self.counts.read_text())) if self.counts.exists() else {}
+
+
+def _run_outbox(
+    ob: Outbox,
+    sandbox: Any,
+    pool: str,
+    w: int,
+    n: int,
+    batch: int,
+    timeout_s: float,
+    presubmit: bool,
+    submitters: int,
+    slow: float,
+    nodes: int,
+    env: dict[str, str],
+    tag: str,
+) -> dict[str, Any]:
+    with Workers("workers", pool, w, env, ob.tmp, queues="dispatch,outcome_unknown", nodes=nodes) as workers:
         warm = f"warm-{tag}"
         ob.submit_all(warm, 2 * w, 1)
         wait_until(lambda: ob.count(warm) == 2 * w, 60, 0.02, "warm-up")
@@ -358,10 +413,24 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for pool, w in sorted({(r["pool"], r["workers"]) for r in runs}):
         row: dict[str, Any] = {"pool": pool, "workers": w}
-        for side in ("outbox", "bare", "naive"):
+        for side in ("outbox", "outbox_events", "bare", "naive"):
             rates = [r["ops_per_s"] for r in _measured(runs, side, pool, w)]
             if rates:
                 row[side] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": rates}
+        if "outbox" not in row:  # --task-events on alone: the events-on runs are the outbox's
+            row["outbox"] = row.pop("outbox_events")
+        if "outbox_events" in row:
+            # Events on beside off, each repeat's pair (run back to back) and the medians.
+            pairs = _event_pairs(runs, pool, w)
+            cpu = _event_pairs(runs, pool, w, key="celery workers")
+            row["events_cost"] = {
+                "median": 1 - row["outbox_events"]["median"] / row["outbox"]["median"],
+                "pairs": [round(1 - on / off, 4) for off, on in pairs],
+                # The workers' CPU per operation, on beside off in each pair: less sensitive than
+                # throughput to what else the machine runs.
+                "workers_cpu_pairs": [round(on / off - 1, 4) for off, on in cpu],
+                "workers_cpu_median": statistics.median(on / off - 1 for off, on in cpu) if cpu else None,
+            }
         row["ratio"] = row["outbox"]["median"] / row["bare"]["median"]
         if "naive" in row:
             row["ratio_naive"] = row["outbox"]["median"] / row["naive"]["median"]
@@ -375,10 +444,23 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ]
                 row[f"{kind}_mib_{prefix}executing"] = statistics.median(values) if values else None
         row["effects_ok"] = all(
-            r["effects"] == r["ops"] and r["duplicates"] == 0 for r in _measured(runs, "outbox", pool, w)
+            r["effects"] == r["ops"] and r["duplicates"] == 0
+            for r in _measured(runs, "outbox", pool, w) + _measured(runs, "outbox_events", pool, w)
         )
         rows.append(row)
     return rows
+
+
+def _event_pairs(runs: list[dict[str, Any]], pool: str, w: int, key: str = "") -> list[tuple[float, float]]:
+    """(events off, events on) of each repeat, in run order (the two ran back to back): ops/s, or
+    the CPU ms per operation of ``key``'s processes."""
+
+    def of(r: dict[str, Any]) -> float:
+        return float(r["cpu_ms_per_op"].get(key, 0.0)) if key else float(r["ops_per_s"])
+
+    off = [of(r) for r in _measured(runs, "outbox", pool, w)]
+    on = [of(r) for r in _measured(runs, "outbox_events", pool, w)]
+    return list(zip(off, on))
 
 
 def scale_out(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -421,6 +503,20 @@ def print_table(rows: list[dict[str, Any]], n: int, repeats: int) -> None:
                 if naive
                 else ""
             )
+        )
+
+
+def print_events(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if "events_cost" not in r:
+            continue
+        off, on, cost = r["outbox"], r["outbox_events"], r["events_cost"]
+        print(
+            f"task events {r['pool']} W={r['workers']}: off {off['median']:.0f} [{off['min']:.0f}-{off['max']:.0f}], "
+            f"on {on['median']:.0f} [{on['min']:.0f}-{on['max']:.0f}] ops/s: on costs {cost['median']:+.1%} "
+            f"(per repeat, back to back: {', '.join(f'{p:+.1%}' for p in cost['pairs'])}); the workers' CPU per "
+            f"operation {cost['workers_cpu_median']:+.1%} (per repeat: "
+            f"{', '.join(f'{p:+.1%}' for p in cost['workers_cpu_pairs'])})"
         )
 
 
@@ -469,6 +565,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="run under a cgroup CPU quota of this many CPUs (bench/cpu_quota.py: a slower CPU emulated; "
         "the machine's PostgreSQL and Redis stay outside it)",
+    )
+    p.add_argument(
+        "--task-events",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the outbox's workers send task events (OUTBOX_TASK_EVENTS; each call a task in Flower), with a "
+        "consumer taking them in as Flower would (bench/event_sink.py); both: off and on back to back in each "
+        "repeat (the order alternating), and the cost of on",
     )
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument(
@@ -525,7 +629,8 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                 for rep in range(repeats):
                     for pool in pools:
                         for w in counts:
-                            for nodes in node_counts:
+                            modes = {"off": [False], "on": [True], "both": [False, True]}[args.task_events]
+                            for nodes, events in [(k, e) for k in node_counts for e in modes[:: 1 - 2 * (rep % 2)]]:
                                 res = run_outbox(
                                     ob,
                                     sandbox,
@@ -538,10 +643,13 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                                     args.submitters,
                                     args.slow,
                                     nodes,
+                                    events,
                                 )
                                 runs.append(res)
                                 print(
-                                    f"[{rep + 1}/{repeats}] outbox {pool} W={w} x{nodes} node(s): "
+                                    f"[{rep + 1}/{repeats}] outbox {pool} W={w} x{nodes} node(s)"
+                                    + (f", task events on ({res['events_per_op']} per op)" if events else "")
+                                    + ": "
                                     f"{res['ops_per_s']:.0f} ops/s (submit {res['submit_s']:.2f}s of "
                                     f"{res['seconds']:.2f}s; effects {res['effects']}, dups {res['duplicates']}; "
                                     f"RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
@@ -573,6 +681,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
             r.delete(*keys)
     rows = summarise(runs)
     print_table(rows, n, repeats)
+    print_events(rows)
     grown = scale_out(runs)
     if len({r["nodes"] for r in grown}) > 1:
         print("\nscale-out (outbox): worker nodes -> median ops/s, CPU ms per operation (all / workers / PostgreSQL)")
@@ -595,6 +704,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
         "presubmit": args.presubmit,
         "slow": args.slow,
         "bare_events": args.bare_events,
+        "task_events": args.task_events,
         "cpu_quota": args.cpu_quota,
         "environment": env,
         "summary": rows,
@@ -606,6 +716,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
         ("-quick" if args.quick else "")
         + ("-presubmit" if args.presubmit else "")
         + ("-bare-events" if args.bare_events else "")
+        + (f"-events-{args.task_events}" if args.task_events != "off" else "")
         + (f"-submitters{args.submitters}" if args.submitters != 1 else "")
         + (f"-slow{args.slow:g}" if args.slow else "")
         + (f"-quota{args.cpu_quota:g}" if args.cpu_quota else "")

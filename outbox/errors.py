@@ -90,6 +90,31 @@ class ObjectBusy(Refused):
         )
 
 
+class SubjectStopped(Refused):
+    """An operator stopped the intent's subject (``agent-outbox subjects stop``): its new intents are
+    refused, nothing stored, until they resume it. ``stopped_by`` / ``stopped_at`` / ``why``: the stop."""
+
+    def __init__(
+        self, model_message: str, *, tenant: str, subject: str, stopped_by: str, stopped_at: str, why: str | None
+    ) -> None:
+        super().__init__(model_message)
+        self.tenant, self.subject, self.stopped_by, self.stopped_at, self.why = (
+            tenant,
+            subject,
+            stopped_by,
+            stopped_at,
+            why,
+        )
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {
+            "subject": self.subject,
+            "stopped_by": self.stopped_by,
+            "stopped_at": self.stopped_at,
+            "reason": self.why,
+        }
+
+
 class SelfApproval(OutboxError):
     """Separation of duties: the identity that submitted an intent may not approve it."""
 

@@ -2,6 +2,7 @@
 
 A key is ``ao_`` + 32 random bytes (urlsafe base64); it is shown once, at creation. Verification
 hashes what the caller sent and looks the hash up: a leaked ledger does not leak usable keys.
+Revoking one takes back its queued intents too (outbox/access/revocation.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidIntent
+from outbox.ledger.authority import identity_of_key
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.models import ApiKey
 
@@ -35,7 +37,7 @@ class Caller:
     def identity(self) -> str:
         """The identity recorded as ``submitted_by`` and compared by separation of duties: the key,
         whatever ``subject`` or ``by`` text a request carries (a console session of the key is the key)."""
-        return f"key:{self.key_id}"
+        return identity_of_key(self.key_id)
 
 
 def parse_scopes(text: str) -> list[str]:
@@ -83,13 +85,6 @@ def list_keys(session: Session) -> list[dict[str, Any]]:
     return [key_json(k) for k in session.execute(select(ApiKey).order_by(ApiKey.id)).scalars()]
 
 
-def revoke(session: Session, key_id: int) -> bool:
-    done = session.execute(
-        update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=db_now())
-    )
-    return bool(done.rowcount)  # type: ignore[attr-defined]
-
-
 def _iso(value: dt.datetime | None) -> str | None:
     v = as_utc(value)
     return v.isoformat() if v is not None else None
@@ -104,4 +99,7 @@ def key_json(k: ApiKey) -> dict[str, Any]:
         "name": k.name,
         "created_at": _iso(k.created_at),
         "revoked_at": _iso(k.revoked_at),
+        "revoked_by": k.revoked_by,
+        # What its revocation did to the intents it had queued: cancelled them, or handed them to a person.
+        "revoke_cancels_queued": bool(k.revoke_cancels_queued) if k.revoked_at is not None else None,
     }

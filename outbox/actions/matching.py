@@ -22,8 +22,13 @@ How two values compare (``compare``):
 - ``casefold``: text compared case-insensitively (a currency the provider lower-cases); decimals
   still compare as decimals.
 
-Exact is the default because a wrong "equal" adopts someone else's effect as ours, while a wrong
-"differs" only costs a lookup that found nothing (the not-found rules decide what that proves).
+Exact is the default because a wrong "equal" adopts someone else's effect as ours. A wrong "differs"
+is not free either: it makes our own object "not ours", and a lookup that found only others' objects
+is a not-found. So the not-found rules (workers/reconcile/judge.py) weigh it: authoritative only as
+declared, and never where the provider does not honour our key (no ``provider_idempotency``): there
+a re-send after a miss could be a second effect, so the lookup is repeated and then a person decides.
+Where the provider honours the key, a re-send under the same key is deduplicated, and the declared
+``authoritative_not_found`` holds.
 
 How to call it (pure, no I/O)::
 
@@ -103,8 +108,9 @@ def rule_of(entry: str | MatchRule) -> MatchRule:
     return entry if isinstance(entry, MatchRule) else MatchRule(equals=entry)
 
 
-def template_arguments(template: str) -> set[str]:
-    """The ``{name}`` placeholders of a template; ValueError if one is not a plain name."""
+def placeholders(template: str) -> set[str]:
+    """The ``{name}`` placeholders of a template (a path, a query value, a match template); ValueError
+    if one is not a plain argument name. The one parser of templates (outbox/actions/specs.py too)."""
     names: set[str] = set()
     for _, field, spec, conv in string.Formatter().parse(template):
         if field is None:
@@ -119,7 +125,7 @@ def match_arguments(match: Match) -> set[str]:
     """Every argument name the templates compare (``idempotency_key`` included when used)."""
     names: set[str] = set()
     for entry in match.values():
-        names |= template_arguments(rule_of(entry).equals)
+        names |= placeholders(rule_of(entry).equals)
     return names
 
 
@@ -129,7 +135,7 @@ def match_problem(match: Match) -> str | None:
         if not path or any(not part for part in path.split(".")):
             return f"{path!r} is not a dotted path of the found object (e.g. amount, refund.amount)"
         try:
-            template_arguments(rule_of(entry).equals)
+            placeholders(rule_of(entry).equals)
         except ValueError as exc:
             return f"{path}: {exc}"
     if not match_arguments(match):
@@ -154,7 +160,7 @@ def dig(obj: Any, path: str) -> Any:
 
 def render(template: str, values: Mapping[str, Any]) -> Any:
     """The intent's value for a template: the argument itself for ``"{name}"``, text otherwise."""
-    names = template_arguments(template)
+    names = placeholders(template)
     absent = {n for n in names if n not in values}
     if absent:
         raise MissingArgument(absent)

@@ -7,14 +7,13 @@ targets and actions and checks what crosses models.
 from __future__ import annotations
 
 import math
-import string
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from outbox.actions.matching import KEY_PLACEHOLDER, Match, match_problem
+from outbox.actions.matching import KEY_PLACEHOLDER, Match, match_problem, placeholders
 from outbox.ledger.budget_scopes import EVERY_TOOL, AmountCap, ScopeBudget
 from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.privacy.masking import top_field
@@ -89,19 +88,27 @@ class LookupSpec(_Strict):
     # Where a list-shaped lookup answer keeps its candidates (a dotted path); None tries data / items /
     # results. `items_field` is its older name, still read.
     items: str | None = Field(default=None, validation_alias=AliasChoices("items", "items_field"))
-    # Field of a found object holding our key; when set, objects with another key are ignored,
-    # so a provider that silently ignores the filter cannot make an unrelated effect "ours".
+    # Field of a found object holding our key. In a lookup by key (its request names the key), objects
+    # with another key are ignored (one without the field is the key's: the provider filtered), so a
+    # provider that silently ignores the filter cannot make an unrelated effect "ours"; in a lookup by
+    # reference it must hold our key exactly (an object without it is not ours), beside ``match``.
     key_field: str | None = None
     # Which fields of a found object must equal which arguments (outbox/actions/matching.py): a found
     # object that differs is not ours. Required when the lookup is not by the provider's key.
     match: Match = Field(default_factory=dict)
     # A POST that only reads (a search endpoint): declared, since a POST is otherwise a write.
     search: bool = False
+    # What a HEAD lookup's 2xx means (a HEAD answer has no body, so no status to read): "succeeded" only
+    # where the provider's object under the key exists once the effect is done; "unknown" (the
+    # default): found, its state unknown (accepted, looked up again, then a person).
+    exists_means: Literal["succeeded", "unknown"] | None = None
 
     @property
     def by_key(self) -> bool:
-        """Whether it asks by the key the provider saw ({idempotency_key} in its request, or key_field)."""
-        return KEY_PLACEHOLDER in self.request.placeholder_names() or self.key_field is not None
+        """Whether it asks by the key the provider saw: its request names ``{idempotency_key}``. The one
+        definition (the loader, provider_fencing, the probe, interpret_lookup): a ``key_field`` alone
+        does not make a lookup by key, since the provider is not asked for the key's objects."""
+        return KEY_PLACEHOLDER in self.request.placeholder_names()
 
     @model_validator(mode="after")
     def _reads_and_verifies(self) -> LookupSpec:
@@ -118,6 +125,16 @@ class LookupSpec(_Strict):
             )
         if self.search and method != "POST":
             raise ValueError(f"lookup.search: true declares a POST search; this lookup is a {method}")
+        if method == "HEAD" and not self.by_key:
+            raise ValueError(
+                "a HEAD lookup has no body, so nothing tells our object from another one: it must ask by the "
+                "key ({idempotency_key} in lookup.request); a lookup by reference is a GET with lookup.match"
+            )
+        if self.exists_means is not None and method != "HEAD":
+            raise ValueError(
+                f"lookup.exists_means applies to a HEAD lookup (a {method} answer's {self.status_field} says the "
+                "state): remove it"
+            )
         if self.match:
             problem = match_problem(self.match)
             if problem:
@@ -126,9 +143,9 @@ class LookupSpec(_Strict):
                 raise ValueError("lookup.match: a HEAD answer has no body to compare; use GET")
         elif not self.by_key:
             raise ValueError(
-                "this lookup is not by the provider's key (no {idempotency_key} in lookup.request, no "
-                "lookup.key_field), so it can find others' objects too (an earlier refund of the same "
-                "order): add lookup.match with the fields that make an object ours, e.g. "
+                "this lookup is not by the provider's key (no {idempotency_key} in lookup.request; a "
+                "lookup.key_field alone does not make it one), so it can find others' objects too (an earlier "
+                "refund of the same order): add lookup.match with the fields that make an object ours, e.g. "
                 'match: {amount: "{amount}", order_id: "{order_id}"}'
             )
         return self
@@ -166,18 +183,6 @@ class BudgetSpec(_Strict):
         if self.base_delay_s > self.max_delay_s:
             raise ValueError(f"base_delay_s ({self.base_delay_s}) must be <= max_delay_s ({self.max_delay_s})")
         return self
-
-
-def placeholders(template: str) -> set[str]:
-    """The ``{name}`` fields of a path or query template; raises ValueError if malformed."""
-    names: set[str] = set()
-    for _, field, spec, conv in string.Formatter().parse(template):
-        if field is None:
-            continue
-        if not field.isidentifier() or spec or conv:
-            raise ValueError(f"placeholder {{{field}}} must be a plain argument name")
-        names.add(field)
-    return names
 
 
 class ApprovalSpec(_Strict):

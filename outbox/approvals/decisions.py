@@ -37,6 +37,9 @@ class Grant:
     policy_version: str
     approver: str
     expires_at: dt.datetime
+    # The key that approved (``key:<id>``); an approval given with a key revoked since no longer counts
+    # (workers/dispatch/authority.py). None: a person at the command line.
+    approver_identity: str | None = None
 
 
 def lapse_reason(grant: Grant | None, *, args_digest: str, policy_version: str, now: dt.datetime) -> str | None:
@@ -70,7 +73,7 @@ def grants(session: Session, operation_ids: Sequence[str]) -> dict[str, Grant]:
     for a in rows:
         expires = as_utc(a.expires_at)
         assert expires is not None
-        out[a.operation_id] = Grant(a.id, a.args_digest, a.policy_version, a.approver, expires)
+        out[a.operation_id] = Grant(a.id, a.args_digest, a.policy_version, a.approver, expires, a.approver_identity)
     return out
 
 
@@ -98,6 +101,7 @@ def _record(
     note: str | None,
     policy_version: str,
     ttl_s: float | None,
+    identity: str | None = None,
 ) -> Approval:
     """The decision, bound to what was asked (operation, tenant, action, args digest, subject)."""
     row = Approval(
@@ -109,6 +113,7 @@ def _record(
         policy_version=policy_version,
         decision=decision,
         approver=by,
+        approver_identity=identity,
         note=note,
         decided_at=db_now(),
         expires_at=db_now(ttl_s) if ttl_s is not None else None,
@@ -157,7 +162,9 @@ def approve(
         if by == op.subject:
             raise InvalidIntent("--by", f"{by!r} asked for this intent and cannot approve it (separate_approver)")
     by = recorded_as or by
-    row = _record(session, op, "approved", by=by, note=note, policy_version=policy_version, ttl_s=ttl_s)
+    row = _record(
+        session, op, "approved", by=by, note=note, policy_version=policy_version, ttl_s=ttl_s, identity=identity
+    )
     move(
         session,
         op.id,

@@ -4,8 +4,9 @@ it takes a lookup's answer.
 The workers verify the signature and read the event (workers/webhooks/); here the ledger, in the
 caller's transaction:
 
-1. keeps the event once: its row is unique per (target, endpoint scope, event id), so the provider's
-   retry of an event it delivered before (webhooks are at-least-once) finds it and changes nothing;
+1. keeps the event once: its row is unique per (target, whose secret verified it, event id), so the
+   provider's retry of an event it delivered before (webhooks are at-least-once) finds it and changes
+   nothing, and so does a captured event posted again under another path its secret verifies;
 2. finds the operation it names: by the key the provider saw (``provider_key``) or by the provider's
    reference recorded on it (``result_reference``), among the operations of the actions that map
    its type, of the endpoint's tenant only when the endpoint is a tenant's. None: a document without
@@ -17,10 +18,16 @@ caller's transaction:
      (dispatching, outcome_unknown, accepted, reconciliation_required, ...) -> succeeded, the token
      bumped, an open handoff closed; from a "no effect" end -> a person reviews; already succeeded:
      nothing, and a second reference is on record for the report;
-   - failed, for an accepted or outcome_unknown operation: failed_at_provider, as a lookup that found
-     it failed (no attempt can still take effect: the provider holds the key as failed); anything
-     else is left to its owner (a worker in flight, a person);
+   - failed: settles nothing by itself. Events come in any order (a payment's "failed" may precede its
+     "succeeded"; PROVIDERS.md, rule 4), so the provider's current object decides: an accepted or
+     outcome_unknown operation is made due now (``next_attempt_at``) and the reconciler's lookup reads
+     it (failed_at_provider if it is failed there); one a worker is sending gets that lookup as soon as
+     its finalize leaves it accepted / outcome_unknown (outbox/evidence/stored_events.py); anything
+     else is left to its owner (a person);
    - pending: recorded, nothing moves.
+
+An event that came before its operation could take it (a success named by a reference the 202's
+finalize had not recorded yet) is kept ``no_operation`` and applied later: outbox/evidence/stored_events.py.
 
 ``owns`` compares the event's object with the intent's arguments before an operation is taken as
 the event's (the action's ``webhooks.match``: workers/webhooks/events.py); without it, a key or a
@@ -30,7 +37,6 @@ recorded reference is enough. An event that names only operations it refuses nam
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,25 +46,19 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from outbox.actions.webhooks import WebhookOutcome
-from outbox.errors import StaleFence
 from outbox.evidence.late import LateSuccess, PacketBuilder
 from outbox.evidence.late import apply as apply_late
-from outbox.evidence.settlement import _last_dispatch_number
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.clock import db_now
-from outbox.ledger.effect_guard import no_effect_confirmed
 from outbox.ledger.models import Attempt, Operation, core_table
 from outbox.ledger.states import AttemptClass, AttemptKind, EventKind, Status
-from outbox.ledger.transitions import move
 from outbox.ledger.webhook_models import Disposition, WebhookEvent
-from outbox.ledger.writes import released
 
-log = logging.getLogger(__name__)
 _OP = core_table(Operation)
 _AT = core_table(Attempt)
 _EV = core_table(WebhookEvent)
 
-# What a failure event may end: what a lookup that found it failed ends (workers/reconcile/judge.py).
+# Where a failure event makes the lookup due now: what the reconciler looks up (claim_unknown).
 FAILABLE = (Status.ACCEPTED, Status.OUTCOME_UNKNOWN)
 
 
@@ -87,6 +87,8 @@ class ReceivedEvent:
     readings: Sequence[EventReading]  # one per action of the target that maps its type (none: ignored)
     # Tenants whose events come to their own endpoint only: the target's endpoint never settles theirs.
     exclude_tenants: Sequence[str] = ()
+    # Whose secret verified it: "" the target's, else the tenant's whose own secret did (the dedupe key).
+    verified_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ def _keep(session: Session, event: ReceivedEvent) -> int | None:
     values = {
         "target": event.target,
         "scope": event.scope or "",
+        "verified_by": event.verified_by,
         "event_id": event.event_id,
         "event_type": event.event_type,
         "scheme": event.scheme,
@@ -170,7 +173,7 @@ def _duplicate(session: Session, event: ReceivedEvent) -> Received:
     row = session.execute(
         select(WebhookEvent).where(
             WebhookEvent.target == event.target,
-            WebhookEvent.scope == (event.scope or ""),
+            WebhookEvent.verified_by == event.verified_by,
             WebhookEvent.event_id == event.event_id,
         )
     ).scalar_one()
@@ -245,31 +248,27 @@ def _apply(
         if moved is not None:
             return moved, f"{said} confirmed it: {status.value} -> {moved.value}"
         return None, f"{said} confirmed it; the operation is {status.value}: nothing to move"
-    if status not in FAILABLE:
-        return None, f"{said} says it failed; the operation is {status.value}, which only its owner moves"
-    reason = f"{said}: the provider took it and holds it as failed"
-    try:
-        with session.begin_nested():
-            attempt_id, _ = _attempt(session, event, locked, reading, AttemptClass.REJECTED, stale=False)
-            move(
-                session,
-                locked.id,
-                sources=[status],
-                to=Status.FAILED_AT_PROVIDER,
-                event=EventKind.WEBHOOK,
-                actor=actor,
-                reason=reason,
-                token=locked.fencing_token,
-                # A confirmed success on record (any attempt) refuses it: evidence wins over a failure.
-                extra_where=[no_effect_confirmed(excluding_attempt=attempt_id)],
-                fencing_token=_OP.c.fencing_token + 1,
-                proven_absent_through=_last_dispatch_number(locked.id),
-                **released(),
-            )
-    except StaleFence:  # the row is locked: only the guard refuses it
-        return None, f"{said} says it failed, but a confirmed success is on record: evidence wins"
-    log.error("failed_at_provider: %s", reason, extra={"operation_id": locked.id, "target": event.target})
-    return Status.FAILED_AT_PROVIDER, reason
+    # A failure settles nothing by itself: events come in any order (a payment's "failed" can precede
+    # its "succeeded"), so the provider's current object is read first (PROVIDERS.md, rule 4).
+    return None, _look_now(session, locked, status, said)
+
+
+def _look_now(session: Session, op: Operation, status: Status, said: str) -> str:
+    """A failure event's due: the operation's lookup now, if the reconciler is what settles it (why)."""
+    if status in FAILABLE:
+        session.execute(
+            update(_OP).where(_OP.c.id == op.id, _OP.c.status == status.value).values(next_attempt_at=db_now())
+        )
+        return (
+            f"{said} says it failed: looking it up now before anything moves (events come in any order; "
+            f"the operation stays {status.value} until the lookup reads the provider's object)"
+        )
+    if status is Status.DISPATCHING:
+        return (
+            f"{said} says it failed while a worker sends it: once the worker leaves it accepted or "
+            "outcome_unknown, a lookup reads the provider's object at once"
+        )
+    return f"{said} says it failed; the operation is {status.value}, which only its owner moves"
 
 
 def _attempt(
@@ -325,7 +324,12 @@ def _finish(
         "moved_to": moved.value if moved else None,
     }
     if reading is not None:
-        values.update(action=reading.action, provider_key=reading.provider_key, reference=reading.reference)
+        values.update(
+            action=reading.action,
+            outcome=reading.outcome.value,
+            provider_key=reading.provider_key,
+            reference=reading.reference,
+        )
     if op is not None:
         values.update(operation_id=op.id, tenant=op.tenant)
     session.execute(update(_EV).where(_EV.c.id == row_id).values(values))

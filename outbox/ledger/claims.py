@@ -82,6 +82,10 @@ class Claim:
     # Nothing on record: the versions of the action the earlier dispatch attempts that may have
     # reached the provider were claimed under (None: not known); empty when none may have.
     left_under: frozenset[str | None] = frozenset()
+    # Who submitted it (``key:<id>``; None: in-process): its authority is checked again before the send.
+    submitted_by: str | None = None
+    # The conversation it is charged to: each retry is charged there before it leaves (budget_charges.py).
+    budget_scope: str | None = None
 
     def log_fields(self) -> dict[str, object]:
         """What a log line about this claim's work carries as fields (OUTBOX_LOG_FORMAT=json)."""
@@ -260,6 +264,8 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         action_version=getattr(row, "action_version", None),
         sent=RequestRecord.of_row(row),
         left_under=left_versions(getattr(row, "left_versions", None)),
+        submitted_by=getattr(row, "submitted_by", None),
+        budget_scope=getattr(row, "budget_scope", None),
     )
 
 

@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.ledger.authority_columns import ApproverIdentityColumns, RevocationColumns
 from outbox.ledger.request_columns import AttemptVersionColumn, RequestRecordColumns
 from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Status
@@ -288,7 +289,7 @@ class Evidence(Base):
     recorded_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
-class Approval(Base):
+class Approval(ApproverIdentityColumns, Base):
     """A person's decision on one operation (outbox/approvals/decisions.py): bound to its tenant, action, args
     digest and requesting subject, the policy version it was given under, and an expiry."""
 
@@ -310,7 +311,7 @@ class Approval(Base):
     __table_args__ = (CheckConstraint("decision IN ('approved', 'denied')", name="decision"),)
 
 
-class ApiKey(Base):
+class ApiKey(RevocationColumns, Base):
     """An HTTP API key (outbox/access/keys.py): one tenant, some scopes; only the key's SHA-256 is stored."""
 
     __tablename__ = API_KEYS

@@ -55,7 +55,7 @@ class RequestRecord:
     body: str | None = None  # canonical JSON text; None: no body, or purged
     digest: str | None = None  # sha256 of method, URL and body (the attempt row's request_digest)
     # The header that carried the idempotency key, lower case; "": none (the key went nowhere, or
-    # only where the path or body template put it); None: not known (recorded before migration 0019,
+    # only where the path or body template put it); None: not known (recorded before migration 0021,
     # or a hook's own request).
     key_header: str | None = None
 
@@ -78,7 +78,7 @@ NO_RECORD: dict[str, Any] = dict.fromkeys(RECORD_PARAMS)
 CLEARED: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
 
 
-# Unknown: an earlier attempt whose version is not known (claimed before migration 0019, with none
+# Unknown: an earlier attempt whose version is not known (claimed before migration 0021, with none
 # recorded at submit either). In left_versions_sql's list as the empty string.
 UNKNOWN = None
 
@@ -89,7 +89,7 @@ def left_versions_sql(op: str, distinct_list: str) -> str:
     have reached the provider: any class but not_sent (it left, or its worker never reported),
     numbered after ``proven_absent_through`` (a fenced lookup, the provider's record or a person
     proved none before can land), as a comma-separated list ("" for an unknown one: an attempt
-    claimed before migration 0019 counts as built under the version at submit, if any). NULL when
+    claimed before migration 0021 counts as built under the version at submit, if any). NULL when
     a request is on record or none may have left. Evaluated in the claim's own statement (by the
     attempts' (operation_id, kind, number) index), and only where ``attempt_count`` (the claim's,
     this attempt counted) is over 1: a count of 1 means every earlier dispatch attempt was refunded,

@@ -107,7 +107,8 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (Status.NOT_DISPATCHED, Status.AWAITING_APPROVAL): "approval expired",
     # Waits that send nothing and claim nothing: a breaker open parks it until its reopen time, a
     # breaker reset wakes it at once (waiting_for says which wait it is in).
-    (Status.NOT_DISPATCHED, Status.NOT_DISPATCHED): "breaker open: parked until it may close / breaker reset: woken",
+    (Status.NOT_DISPATCHED, Status.NOT_DISPATCHED): "breaker open: parked until it may close / breaker reset: woken"
+    " / its subject stopped: held, resumed: woken / its submitting key revoked: parked until every worker knows",
     (Status.NOT_DISPATCHED, Status.SUCCEEDED): "an earlier attempt's success arrived late",
     (
         Status.NOT_DISPATCHED,
@@ -117,7 +118,10 @@ ALLOWED: dict[tuple[Status, Status], str] = {
         Status.DISPATCHING,
         Status.SUCCEEDED,
     ): "2xx with a provider reference (this attempt's, or an earlier one's arriving late)",
-    (Status.DISPATCHING, Status.CANCELLED): "cancel requested, seen by the worker before sending",
+    (
+        Status.DISPATCHING,
+        Status.CANCELLED,
+    ): "cancel requested, or its submitting key revoked with --cancel-queued, seen by the worker before sending",
     (Status.DISPATCHING, Status.COMMITTED_EVIDENCE_DEGRADED): "2xx, evidence store down",
     (
         Status.DISPATCHING,
@@ -143,8 +147,8 @@ ALLOWED: dict[tuple[Status, Status], str] = {
     (
         Status.DISPATCHING,
         Status.RECONCILIATION_REQUIRED,
-    ): "the provider refused our credentials, a final failure the action hands to a person, or a request its key"
-    " names that cannot be sent again (nothing sent): handoff",
+    ): "the provider refused our credentials, a final failure the action hands to a person, a request its key"
+    " names that cannot be sent again, or its submitting key was revoked (nothing sent): handoff",
     (Status.COMMITTED_EVIDENCE_DEGRADED, Status.SUCCEEDED): "evidence backfilled",
     # Accepted: the provider has it; only its lookups (or a late answer) settle it. Nothing is sent.
     (Status.ACCEPTED, Status.ACCEPTED): "reconciler claim / still pending at the provider: re-check later",
@@ -255,6 +259,9 @@ class WaitingFor(str, enum.Enum):
     CREDENTIALS = "credentials"  # the provider refused our authority (401/403): check or rotate them
     DECISION = "decision"  # a final failure the action hands to a person (on_final_failure: handoff)
     REQUEST = "request"  # the request its key names cannot be sent again as it was (a changed definition)
+    # Authority re-checked when work continues (outbox/ledger/authority.py): nothing leaves in its name.
+    STOPPED = "stopped"  # not_dispatched: an operator stopped its subject; held until they resume it
+    AUTHORITY = "authority"  # the key that submitted it was revoked: a person decides (parked until then)
 
     def __str__(self) -> str:
         return self.value
@@ -296,6 +303,15 @@ WAITING_MEANING: dict[WaitingFor, str] = {
         " definition (the reason names the action's versions); nothing was sent: a person looks for the key at the"
         " provider, then resolves it (not-executed builds it from the current definition)"
     ),
+    WaitingFor.STOPPED: (
+        "an operator stopped its subject (agent-outbox subjects stop; the reason says who, when and why): held, not"
+        " sent, the attempt not counted; due at once when they resume it (agent-outbox subjects resume)"
+    ),
+    WaitingFor.AUTHORITY: (
+        "the API key that submitted it was revoked (the reason says when): nothing more is sent in its name. Parked"
+        " in not_dispatched a few seconds, until every worker knows, then with a person (reconciliation_required):"
+        " resolve not-executed to send it in the person's name, or abandon it"
+    ),
 }
 
 
@@ -324,6 +340,9 @@ class EventKind(str, enum.Enum):
     LATE_EVIDENCE = "late evidence"  # a stale attempt's confirmed success settled the operation
     LATE_EVIDENCE_CONTRADICTS = "late evidence contradicts"  # ... contradicting a "no effect" end
     WEBHOOK = "webhook"  # the provider's verified webhook event settled it, as a lookup's answer would
+    SUBJECT_STOPPED = "subject stopped"  # an operator's emergency stop of its subject: held, nothing sent
+    SUBJECT_RESUMED = "subject resumed"  # the stop lifted: due at once
+    KEY_REVOKED = "key revoked"  # the key that submitted it was revoked: cancelled, or parked for a person
 
     def __str__(self) -> str:
         return self.value

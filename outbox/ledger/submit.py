@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict, ObjectBusy
-from outbox.ledger import budget_scopes, objects, tracing
+from outbox.ledger import budget_scopes, key_uses, objects, stops, tracing
 from outbox.ledger.drivers import NewOperation, driver_for
 from outbox.ledger.drivers.base import Inserted
 from outbox.ledger.envelope import build_envelope
@@ -159,8 +159,9 @@ def submit(
     is charged to, when the actions file declares one for the action (``budget_scope:``); a refusal
     raises BudgetExhausted and stores nothing (outbox/ledger/budget_scopes.py). An action that declares
     its business ``object`` is rendered here; with ``when_object_busy: refuse`` a new intent on an
-    object in doubt raises ObjectBusy (outbox/ledger/objects.py). Neither is stored by a refusal, and a
-    replay of an intent already accepted is answered as always.
+    object in doubt raises ObjectBusy (outbox/ledger/objects.py). A subject an operator stopped raises
+    SubjectStopped (outbox/ledger/stops.py). None is stored by a refusal, and a replay of an intent
+    already accepted is answered as always.
     """
     key = _validate_key(idempotency_key)
     priority = validate_priority(priority)
@@ -232,6 +233,8 @@ def submit(
         action_version=key_rules.action_version(env.action) if key_rules is not None else None,
     )
     rules = _Rules(object_rule, budgets, budget_scope)
+    if key_space == "intent":  # a run's steps are its run's: refused with the run, held at their claim
+        stops.refuse_if_stopped(session, tenant=env.tenant, subject=env.subject, replay=lambda: _known(session, new))
     with tracing.span(
         "outbox.submit", parent=traceparent, attributes={"outbox.tenant": env.tenant, "outbox.action": env.action}
     ) as span:
@@ -312,8 +315,13 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rul
     if existing.key_space != new.key_space:
         owner = "a plain intent" if existing.key_space == "intent" else "a run's step or compensation"
         raise KeySpaceConflict(key, existing.id, owner=owner)
+    counted = new.key_space == "intent"  # a run's steps are keyed by the run: not a caller's key use
     if existing.args_digest != new.args_digest:
+        if counted:
+            key_uses.note(session, tenant=new.tenant, action=new.action, kind=key_uses.CONFLICTS)
         raise IdempotencyConflict(key, existing.args_digest, new.args_digest, existing.id)
+    if counted:
+        key_uses.note(session, tenant=new.tenant, action=new.action, kind=key_uses.REPLAYS)
     left: tuple[budget_scopes.Standing, ...] = ()
     if rules.budgets and rules.scope is not None:
         left = tuple(budget_scopes.standing(session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets))
@@ -330,6 +338,12 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rul
         existing.provider_key,
         budget=left,
     )
+
+
+def _known(session: Session, new: NewOperation) -> bool:
+    """Whether the intent's key is taken already (a replay, answered as always; or a conflict)."""
+    found = select(_OP.c.id).where(_OP.c.tenant == new.tenant, _OP.c.idempotency_key == new.idempotency_key)
+    return session.execute(found).first() is not None
 
 
 def _busy(new: NewOperation, blocker: objects.Blocker) -> ObjectBusy:

@@ -109,6 +109,7 @@ def approval_json(a: Approval) -> dict[str, Any]:
         "policy_version": a.policy_version,
         "decision": a.decision,
         "approver": a.approver,
+        "approver_identity": a.approver_identity,
         "note": a.note,
         "decided_at": _iso(a.decided_at),
         "expires_at": _iso(a.expires_at),

@@ -3,7 +3,11 @@
 An event no operation took when it came (``no_operation``, or ``ambiguous``: several operations)
 is a document the provider holds and the ledger does not (workers/provider/listing_report.py lists
 them beside the listings' own). Each is looked up again when the report runs, by the key and the
-reference it carried: one whose operation exists by then is no discrepancy.
+reference it carried. One whose operation exists by then is no discrepancy only if that operation
+agrees with it: a success event's operation holds the effect, a failure event's is settled (a
+lookup read the object after it), a pending one says nothing. An event whose operation exists and
+was never brought in line with it (taken up once the reconciler claims it:
+outbox/evidence/stored_events.py) is listed, with that operation.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from outbox.actions.webhooks import WebhookOutcome
 from outbox.ledger.models import Operation
+from outbox.ledger.states import EFFECT, TERMINAL
 from outbox.ledger.webhook_models import UNMATCHED, Disposition, WebhookEvent
 
 # One report lists at most this many (the oldest first); the count in the findings says if it was cut.
@@ -33,13 +39,16 @@ def documents_without_record(session: Session, *, since: dt.datetime) -> list[di
     out = []
     for event in rows:
         ledger = _operations(session, event)
+        said = f"webhook {event.event_type} ({event.event_id})"
         if event.disposition == Disposition.NO_OPERATION.value and len(ledger) == 1:
-            continue  # its operation exists now: nothing is missing
-        why = (
-            f"webhook {event.event_type} ({event.event_id}) names no operation"
-            if not ledger
-            else f"webhook {event.event_type} ({event.event_id}) names several operations"
-        )
+            status = ledger[0]["status"]
+            if _agrees(event.outcome, status):
+                continue  # its operation exists now, and holds what the event says
+            why = f"{said} names operation {ledger[0]['operation_id']} ({status}), which came after it and was never brought in line with it"
+        elif not ledger:
+            why = f"{said} names no operation"
+        else:
+            why = f"{said} names several operations"
         out.append(
             {
                 "target": event.target,
@@ -55,6 +64,15 @@ def documents_without_record(session: Session, *, since: dt.datetime) -> list[di
             }
         )
     return out
+
+
+def _agrees(outcome: str | None, status: str) -> bool:
+    """Whether an operation in ``status`` holds what an event of ``outcome`` says (module docstring)."""
+    if outcome == WebhookOutcome.SUCCEEDED.value:
+        return status in {s.value for s in EFFECT}
+    if outcome == WebhookOutcome.FAILED.value:
+        return status in {s.value for s in TERMINAL}
+    return outcome == WebhookOutcome.PENDING.value
 
 
 def _operations(session: Session, event: WebhookEvent) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Operation, Run
 from outbox.ledger.run_states import ACTIVE, RUN_MEANING, RunStatus
 from outbox.ledger.states import Status
+from outbox.ledger.stops import refuse_if_stopped
 from outbox.ledger.submit import validate_priority
 from outbox.ledger.transitions import request_cancel
 from outbox.ledger.typed_outcome import Outcome, outcome_of
@@ -112,6 +113,7 @@ def submit_run(
     }
     if driver_for(session).insert_run(session, values):
         _refuse_plain_keys(session, spec)
+        refuse_if_stopped(session, tenant=spec.tenant, subject=spec.subject, replay=lambda: False)  # rolled back
         run = session.get(Run, run_id)
         assert run is not None
         advance(session, run, actor=spec.subject)  # the first step: due at once, in this transaction
@@ -373,7 +375,7 @@ def run_message(run: Run, outcome: Outcome, holder: Operation | None, steps: Any
     ]
     if outcome is Outcome.SUCCEEDED:
         return (
-            f"Already done: {name} succeeded, all {len(steps)} steps"
+            f"Done: {name} succeeded, all {len(steps)} steps"
             + (f" ({'; '.join(refs)})" if refs else "")
             + "; do not retry."
         )
@@ -388,4 +390,4 @@ def run_message(run: Run, outcome: Outcome, holder: Operation | None, steps: Any
         return f"In progress: {name} waits for step {step}, whose outcome is being checked with the provider; do not retry."
     if outcome is Outcome.AWAITING_APPROVAL:
         return f"{name} waits for a person's approval of step {step}; nothing of that step has been sent. Wait, or check later."
-    return f"Accepted, not finished: {name} is at step {step}; wait for it or check later, do not resubmit."
+    return f"In progress: {name} is at step {step}; wait for it or check later, do not resubmit."

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from outbox.errors import BudgetExhausted, IdempotencyConflict, ObjectBusy, Refused
+from outbox.errors import BudgetExhausted, IdempotencyConflict, ObjectBusy, Refused, SubjectStopped
 
 PROBLEM = "application/problem+json"
 PROBLEM_BASE = "https://agent-outbox.dev/problems/"
@@ -62,6 +62,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "outcome": {"type": "string", "description": "REFUSED: a rule of the actions file refused it; nothing stored"},
         "budget": {"type": "object", "description": "a refused call's conversation budgets: what is left"},
         "waiting_on": {"type": "object", "description": "the operation its business object waits behind"},
+        "stopped": {
+            "type": "object",
+            "description": "a stopped subject's stop: subject, stopped_by, stopped_at, reason",
+        },
     },
 }
 
@@ -87,13 +91,16 @@ def conflict_problem(exc: IdempotencyConflict) -> Problem:
 
 
 def refused_problem(exc: Refused) -> Problem:
-    """A submit refused by the actions file's rules (a conversation's budget, a busy business object):
-    409, nothing stored; the detail is the sentence a model reads."""
+    """A submit refused by the actions file's rules (a conversation's budget, a busy business object)
+    or by an operator's stop of its subject: 409, nothing stored; the detail is the sentence a model reads."""
     members: dict[str, Any] = {"outcome": exc.outcome}
     kind, title = "refused", "Refused"
     if isinstance(exc, BudgetExhausted):
         kind, title = "budget-exhausted", "Budget exhausted"
         members["budget"] = exc.left
+    if isinstance(exc, SubjectStopped):
+        kind, title = "subject-stopped", "Subject stopped"
+        members["stopped"] = exc.as_dict()
     if isinstance(exc, ObjectBusy):
         kind, title = "object-busy", "Object busy"
         members["waiting_on"] = {

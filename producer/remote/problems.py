@@ -132,6 +132,15 @@ class ObjectBusy(Refused):
         return found if isinstance(found, dict) else {}
 
 
+class SubjectStopped(Refused):
+    """409: an operator stopped the intent's subject (``stopped``: who, when, why); nothing stored."""
+
+    @property
+    def stopped(self) -> dict[str, Any]:
+        found = self.body.get("stopped")
+        return found if isinstance(found, dict) else {}
+
+
 class RateLimited(OutboxProblem):
     """429: this key's rate is used up; ``retry_after_s`` says when to come back."""
 
@@ -172,6 +181,7 @@ _BY_KIND: dict[str, type[OutboxProblem]] = {
     "refused": Refused,
     "budget-exhausted": BudgetExhausted,
     "object-busy": ObjectBusy,
+    "subject-stopped": SubjectStopped,
     "rate-limited": RateLimited,
     "not-configured": NotConfigured,
     "not-installed": NotConfigured,

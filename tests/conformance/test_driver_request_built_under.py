@@ -1,5 +1,5 @@
 """Conformance: what a request under a key was built under when it was never recorded
-(outbox/ledger/request_record.py, migration 0019). A dispatch claim writes its worker's version of the
+(outbox/ledger/request_record.py, migration 0021). A dispatch claim writes its worker's version of the
 action on the attempt row it opens, and answers, with nothing on record, the versions of the earlier
 attempts that may have reached the provider; a finalize refused for a lost lease still records what
 its attempt sent if nothing is on record, and never overwrites a record. See conftest.py for how to
@@ -98,7 +98,7 @@ def test_with_nothing_on_record_a_claim_answers_the_versions_of_the_attempts_tha
     assert RequestRecord.of_row(sixth) == FIRST
 
 
-def test_an_attempt_claimed_before_0019_counts_as_built_under_the_version_at_submit(case):
+def test_an_attempt_claimed_before_0021_counts_as_built_under_the_version_at_submit(case):
     submitted = case.submit(action_version="v-submit")
     case.add_attempt(submitted, 1, AttemptClass.AMBIGUOUS)  # no action_version: an older worker's
     case.set(submitted, attempt_count=1)  # as its claim counted it

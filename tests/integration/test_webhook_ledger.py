@@ -21,6 +21,7 @@ from outbox.evidence.settlement import settle_if_fenced
 from outbox.evidence.sinks import EvidenceSink
 from outbox.evidence.webhooks import EventReading, ReceivedEvent, receive
 from outbox.ledger.claims import Claim, claim_due, claim_unknown
+from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.models import Attempt, Evidence, Handoff, Operation
 from outbox.ledger.states import AttemptClass, EventKind, Status
 from outbox.ledger.submit import submit
@@ -175,13 +176,17 @@ def test_a_success_event_closes_the_handoff_of_an_operation_with_a_person(ledger
     assert "webhook refund.succeeded (evt_1)" in (h.note or "")
 
 
-def test_a_failure_event_ends_an_accepted_operation_failed_at_provider_and_moves_nothing_in_flight(ledger):
+def test_a_failure_event_makes_an_accepted_operation_due_for_a_lookup_and_moves_nothing_in_flight(ledger):
+    # Events come in any order: a failure settles nothing by itself; the lookup reads the object now.
     op_id = _accepted(ledger)
     got = _receive(ledger, _event(WebhookOutcome.FAILED))
-    assert got.moved_to == "failed_at_provider"
-    op = _op(ledger, op_id)
-    assert op.status == "failed_at_provider" and op.finished_at is not None and op.proven_absent_through == 1
-    assert op.reason.startswith("webhook refund.failed (evt_1)")
+    assert (got.disposition.value, got.moved_to, got.status) == ("recorded", None, "accepted")
+    assert "looking it up now" in got.note
+    with ledger.sessions() as s:
+        due, now = s.execute(select(Operation.next_attempt_at, db_now()).where(Operation.id == op_id)).one()
+        assert as_utc(due) <= as_utc(now)
+        assert s.execute(select(WebhookEvent.outcome)).scalar_one() == "failed"
+    assert _count(ledger, Attempt, op_id) == 1  # no row of the event's: it answered nothing
     # A failure event for an operation a worker holds: its own answer decides, not the event.
     in_flight = _submit(ledger, "r-2")
     _claim(ledger)

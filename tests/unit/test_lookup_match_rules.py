@@ -74,10 +74,11 @@ def test_a_lookup_by_business_reference_with_match_loads(tmp_path: Path) -> None
 def test_a_lookup_not_by_key_without_match_is_refused_naming_the_path_and_the_fix(tmp_path: Path) -> None:
     message = refused(with_lookup(tmp_path, match=None))
     assert f"{WHERE}:" in message and "add lookup.match" in message and "{idempotency_key}" in message
-    # By the key (in its request, or key_field), the key is what tells ours apart: no match needed.
+    # By the key (its request names it), the key is what tells ours apart: no match needed.
     by_key = {"method": "GET", "path": "/v1/refunds", "query": {"idempotency_key": "{idempotency_key}"}}
     assert load_actions(with_lookup(tmp_path, match=None, request=by_key), environ={})
-    assert load_actions(with_lookup(tmp_path, match=None, key_field="metadata.key"), environ={})
+    # A key_field alone does not make a lookup by reference one by key (review of issue 50, finding 2).
+    assert "key_field alone" in refused(with_lookup(tmp_path, match=None, key_field="metadata.key"))
 
 
 @pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE", "put"])
@@ -101,7 +102,7 @@ def test_a_post_lookup_is_a_read_only_when_declared_a_search(tmp_path: Path) -> 
 def test_head_lookups_are_reads_by_key_only(tmp_path: Path) -> None:
     head = {"method": "HEAD", "path": "/v1/refunds", "query": {"idempotency_key": "{idempotency_key}"}}
     assert load_actions(with_lookup(tmp_path, request=head, match=None), environ={})
-    assert "no body to compare" in refused(with_lookup(tmp_path, request=head))
+    assert "must ask by the key" in refused(with_lookup(tmp_path, request=head | {"query": {"o": "{order_id}"}}))
 
 
 def test_match_must_compare_declared_arguments(tmp_path: Path) -> None:
@@ -233,7 +234,7 @@ def test_the_probe_asks_for_another_intent_by_a_compared_argument_the_search_doe
 
 def test_a_head_lookup_by_key_counts_a_2xx_as_the_effect_existing(tmp_path: Path) -> None:
     head = {"method": "HEAD", "path": "/v1/refunds", "query": {"idempotency_key": "{idempotency_key}"}}
-    lookup = spec(tmp_path, request=head, match=None)
+    lookup = spec(tmp_path, request=head, match=None, exists_means="succeeded")
     assert interpret_lookup(200, b"", lookup, "id", "k", args=ARGS).state == "succeeded"
     assert interpret_lookup(404, b"", lookup, "id", "k", args=ARGS).outcome == "not_found"
 

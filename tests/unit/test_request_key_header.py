@@ -47,7 +47,7 @@ def test_a_renamed_or_removed_header_is_a_person_told_both_versions():
     assert isinstance(added, NeedsPerson) and "its key went in no header" in added.why
 
 
-def test_a_request_recorded_before_0019_is_resent_only_under_its_own_version():
+def test_a_request_recorded_before_0021_is_resent_only_under_its_own_version():
     legacy = recorded(key_header=None)  # the header it went in is not on record
     assert isinstance(go(claim(sent=legacy), "aaaa"), Resend), "its version fixes the header"
     person = go(claim(sent=legacy), "bbbb")

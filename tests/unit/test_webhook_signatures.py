@@ -116,7 +116,8 @@ def test_an_event_is_read_by_the_actions_mapping(tmp_path: Path) -> None:
     cfg = _load(tmp_path, BASE)
     target = cfg.targets["payments"]
     assert target.webhook_secrets(None) == ["whsec_the_targets"] and target.webhook_secrets("acme") == ["whsec_acme"]
-    assert target.webhook_secrets("globex") == ["whsec_the_targets"] and target.webhook_tenants == ["acme"]
+    # A tenant not listed under tenants has no endpoint: never the target's secret (review of issue 50, 4).
+    assert target.webhook_secrets("globex") == [] and target.webhook_tenants == ["acme"]
     event = {"type": "payout.paid", "data": {"object": {"id": "po_1", "metadata": {"idempotency_key": "acme:p-1"}}}}
     (reading,) = readings(cfg, "payments", event)
     assert (reading.outcome.value, reading.provider_key, reading.reference) == ("succeeded", "acme:p-1", "po_1")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from outbox.access.keys import create_key, key_json, list_keys, parse_scopes, revoke
+from outbox.access.keys import create_key, key_json, list_keys, parse_scopes
+from outbox.access.revocation import revoke
 from outbox.errors import InvalidIntent
 from outbox.settings import load_settings
 from workers.cli import render
-from workers.cli.flags import add_log_level, log_level
+from workers.cli.flags import add_log_level, log_level, operator_name
 from workers.cli.ledger import ledger, open_engine
 from workers.wiring import logs
 
@@ -39,8 +40,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = ks.add_parser("list", help="keys (never the keys themselves: their first characters)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
-    p = ks.add_parser("revoke", help="a revoked key is refused from then on (within 5 s)")
+    p = ks.add_parser(
+        "revoke",
+        help="a revoked key is refused from then on (within 5 s); its intents not sent yet go to a person",
+    )
     p.add_argument("id", type=int, metavar="ID")
+    p.add_argument(
+        "--cancel-queued",
+        action="store_true",
+        help="cancel the key's intents not sent yet instead of handing them to a person",
+    )
+    p.add_argument("--by", default=None, help="who revokes it (default: your user name)")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_revoke)
     k.set_defaults(func=lambda a: k.print_help() or 2)
 
@@ -128,6 +139,7 @@ COLUMNS: list[render.Column] = [
     ("name", lambda r: r["name"]),
     ("created_at", lambda r: r["created_at"]),
     ("revoked_at", lambda r: r["revoked_at"]),
+    ("revoked_by", lambda r: r["revoked_by"]),
 ]
 
 
@@ -139,8 +151,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     with ledger() as sessions, sessions.begin() as session:
-        done = revoke(session, args.id)
-    if not done:
-        raise InvalidIntent("ID", f"no active key {args.id} (agent-outbox keys list)")
-    print(f"key {args.id} revoked")
+        done = revoke(session, args.id, by=operator_name(args.by), cancel_queued=args.cancel_queued)
+    if args.json:
+        print(json.dumps(done.as_dict(), sort_keys=True))
+    elif args.cancel_queued:
+        print(
+            f"key {args.id} revoked: {done.cancelled} queued intent(s) cancelled, {done.cancel_requested} to be "
+            "cancelled once a lookup proves an earlier attempt did not land"
+        )
+    else:
+        print(f"key {args.id} revoked: {done.parked} queued intent(s) go to a person (agent-outbox handoffs list)")
     return 0

@@ -1,9 +1,10 @@
 """Flags every command spells alike: ``--log-level LEVEL`` (``--loglevel``, Celery's spelling, and
-``-v``/``-vv`` keep working), and ``--version``."""
+``-v``/``-vv`` keep working), ``--version``, and who acts when ``--by`` is left out."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 from importlib.metadata import PackageNotFoundError, version
 
 DISTRIBUTION = "agent-outbox-ledger"
@@ -29,6 +30,16 @@ def add_log_level(parser: argparse.ArgumentParser, *, what: str, default: str | 
 def log_level(args: argparse.Namespace, default: str) -> str:
     """The level given on the command line (before or after the subcommand), or ``default``."""
     return str(getattr(args, "log_level", None) or default).upper()
+
+
+def operator_name(given: str | None) -> str:
+    """Who acts (``--by``): as given, else this session's user name."""
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in this environment (a container without one)
+        return "operator"
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ REGISTRARS: dict[str, tuple[str, ...]] = {
     "workers.cli.retention:register": ("purge",),
     "workers.cli.api:register": ("keys", "serve"),
     "workers.cli.approvals:register": ("approvals",),
+    "workers.cli.subjects:register": ("subjects",),
     "workers.cli.runs:register": ("runs",),
     "workers.cli.mcp:register": ("mcp",),
     "workers.cli.actions:register": ("actions",),
@@ -107,22 +108,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         tracing.configure()
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"agent-outbox: {exc}", file=sys.stderr)
+        _say(f"agent-outbox: {exc}")
         return EXIT_INVALID
     except InvalidIntent as exc:
-        print(f"agent-outbox: invalid input: {exc}", file=sys.stderr)
+        _say(f"agent-outbox: invalid input: {exc}")
         return EXIT_INVALID
     except (IdempotencyConflict, RunConflict) as exc:
-        print(f"agent-outbox: idempotency conflict: {exc}", file=sys.stderr)
+        _say(f"agent-outbox: idempotency conflict: {exc}")
         return EXIT_CONFLICT
     except NotFound as exc:
-        print(f"agent-outbox: not found: {exc}", file=sys.stderr)
+        _say(f"agent-outbox: not found: {exc}")
         return EXIT_INVALID
     except OutboxError as exc:
-        print(f"agent-outbox: {exc}", file=sys.stderr)
+        _say(f"agent-outbox: {exc}")
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+def _say(text: str) -> None:
+    """An error that ends the command, on stderr: a JSON record under OUTBOX_LOG_FORMAT=json (a
+    long-running command's output is a log stream), the text itself otherwise."""
+    from workers.wiring import logs
+
+    logs.say(text, level=logging.ERROR, logger="agent_outbox")
 
 
 if __name__ == "__main__":  # pragma: no cover

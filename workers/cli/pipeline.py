@@ -274,16 +274,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings()
     pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=log_level(args, "INFO"))
-    from workers.wiring import metrics
+    from workers.wiring import logs, metrics
 
     metrics.wipe_multiproc_dir()
     pipeline.start()
     ledgers = ", ".join(
         shown(url) if name is None else f"{name}={shown(url)}" for name, url in settings.ledger_urls.items()
     )
-    print(
+    logs.say(
         f"agent-outbox running: ledger {ledgers}, broker {settings.resolved_broker_url}; Ctrl-C stops",
-        file=sys.stderr,
+        logger=__name__,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -298,6 +298,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         pipeline.stop()
     if died is not None:
         # Its output went to this terminal (above); say plainly that it is why we stop.
-        print(f"agent-outbox run: {died}; stopping (see its output above)", file=sys.stderr)
+        logs.say(f"agent-outbox run: {died}; stopping (see its output above)", level=logging.ERROR, logger=__name__)
         return 1
     return 0

@@ -1,6 +1,7 @@
 """Fan-out: one claimed operation's call to the downstream, and what the attempt proved.
 
-Nothing here writes to the ledger: an attempt returns its report (for the attempt row) and its
+Nothing here writes to the ledger but a retry's charge to its conversation's budget, made right
+before it leaves (scope_budget.py): an attempt returns its report (for the attempt row) and its
 outcome (for the one guarded move that finalize.py makes of it). Which thread makes which call,
 and when, is in_flight.py's business.
 """
@@ -13,6 +14,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from breaker import Admissions, Open, counts_as_failure
 from outbox.approvals.decisions import lapse_reason
 from outbox.ledger import failpoints, tracing
@@ -21,6 +24,7 @@ from outbox.ledger.envelope import loads_exact
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
+from workers.dispatch.authority import Authority, approval_lapse, refusal
 from workers.dispatch.gate import SendChecks
 from workers.dispatch.outcomes import (
     AttemptOutcome,
@@ -39,10 +43,11 @@ from workers.dispatch.outcomes import (
     object_wait,
 )
 from workers.dispatch.same_request import Resend, key_header_of, route, without_action
+from workers.dispatch.scope_budget import charge_before_send
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 # Outcomes that end the operation as a failure, or hand it to a person after a refusal: their attempt
 # span's status is ERROR (and only theirs).
@@ -58,12 +63,16 @@ FINALIZE_MARGIN_S = 0.5
 
 @dataclass(frozen=True)
 class Downstream:
-    """What calling a provider takes: the actions file (targets, budgets), the connectors, and the
-    pacer that holds each call to its target's declared limits (None: no limits anywhere)."""
+    """What calling a provider takes: the actions file (targets, budgets), the connectors, the
+    pacer that holds each call to its target's declared limits (None: no limits anywhere), and the
+    ledger's sessions for a retry's charge to its conversation (None: nothing is charged)."""
 
     actions: ActionsConfig
     connectors: ConnectorSet
     pacer: Pacer | None = None
+    # Who may still act (workers/dispatch/authority.py), asked before each send; None: nobody is asked.
+    authority: Authority | None = None
+    sessions: sessionmaker[Session] | None = None
 
     def pace(self, claim: Claim, target: str, *, deadline: datetime | None = None) -> Cleared | Deferred:
         """Whether this claimed call (or lookup) may leave now, after a short wait in this thread
@@ -138,6 +147,8 @@ def _attempt(
     those whose business object is not free (gate.py).
     """
     early = before_send(claim, action, now=claim.now())
+    if early is None:  # a revoked submitting key, a stopped subject: nothing leaves in their name
+        early = refusal(downstream.authority, claim, overridden=claim.operation_id in checks.overridden)
     version = downstream.actions.action_version(claim.action)
     chosen = route(
         claim,
@@ -150,12 +161,10 @@ def _attempt(
     if early is None and isinstance(chosen, (NeedsPerson, Rejected)):
         early = chosen  # the request its key names cannot be sent (again): nothing is sent
     if early is None and claim.operation_id in checks.approvals:
+        grant = checks.approvals[claim.operation_id]
         lapsed = lapse_reason(
-            checks.approvals[claim.operation_id],
-            args_digest=claim.args_digest,
-            policy_version=action.approval.policy_version,
-            now=claim.now(),
-        )
+            grant, args_digest=claim.args_digest, policy_version=action.approval.policy_version, now=claim.now()
+        ) or approval_lapse(downstream.authority, grant)
         if lapsed is not None:
             early = NeedsApproval(lapsed)
     if early is None and (blocker := checks.held_back.get(claim.operation_id)) is not None:
@@ -179,12 +188,20 @@ def _attempt(
         outcome = limit_wait(claim, action, wait_s=paced.wait_s, why=paced.why, now=claim.now())
         error = f"{paced.why}: not sent, no room for {paced.wait_s:.3f}s"
         return AttemptReport(AttemptClass.NOT_SENT, error=error), outcome
+    # The last question before the send: a retry's charge to its conversation (none: no statement).
+    refused = charge_before_send(downstream.sessions, downstream.actions, claim, action)
+    if refused is not None:
+        downstream.done(paced)
+        admissions.give_back(claim.operation_id)
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
+        return AttemptReport(AttemptClass.NOT_SENT, error=_why(refused)), refused
     try:
         connector = downstream.connectors.for_action(claim.action)
         failpoints.hit("dispatch.before_send", claim.idempotency_key)
         args = loads_exact(claim.args)
         # The request on record goes again as it is; a hook connector is never handed one.
         recorded = {"recorded": chosen.request} if isinstance(chosen, Resend) else {}
+        call_events.sending(claim)
         result = connector.send(
             claim.action,
             action,

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import StaleFence
 from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.sinks import EvidenceSink, finish_with_evidence, records_for_claims
+from outbox.evidence.stored_events import due_now
 from outbox.ledger.claims import Claim
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.models import Operation
@@ -28,6 +29,7 @@ from outbox.ledger.transitions import (
     finalize_if_fenced,
     finalize_many_if_fenced,
 )
+from workers.dispatch.authority import hold_if_stopped, is_hold
 from workers.dispatch.fan_out import Attempted
 from workers.dispatch.outcomes import (
     Accepted,
@@ -45,7 +47,7 @@ from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.reconcile.handoff_packet import build_packet
 from workers.reconcile.late import apply_late_successes
 from workers.relay.doorbell import Doorbell
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
         "target": action.target if action else None,
         "class": report.klass.value,
         "retry_after_s": report.retry_after_s,
+        "latency_s": report.latency_s,
     }
 
 
@@ -118,12 +121,13 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
     """
     if rec.evidence.separate:
         return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
-    # A handoff writes its packet through the ORM (rare: a refusal a person must look at): alone.
-    for c, r, o, a in items:
-        if isinstance(o, NeedsPerson):
-            _apply_alone(rec, c, r, o, a)
+    # A handoff writes its packet through the ORM, a stopped subject's hold under the stop's lock
+    # (rare: a refusal a person must look at, an emergency stop): alone.
     outcomes = {c.operation_id: o for c, _, o, _ in items}
-    items = [item for item in items if not isinstance(item[2], NeedsPerson)]
+    for c, r, o, a in items:
+        if _alone(o):
+            outcomes[c.operation_id] = _apply_alone(rec, c, r, o, a)
+    items = [item for item in items if not _alone(item[2])]
     applied: list[Applied] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
     late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
@@ -155,11 +159,25 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
     return outcomes
 
 
+def _alone(outcome: AttemptOutcome) -> bool:
+    return isinstance(outcome, NeedsPerson) or is_hold(outcome)
+
+
 def _apply_alone(
     rec: Recorder, claim: Claim, report: AttemptReport, outcome: AttemptOutcome, action: ActionConfig | None
 ) -> AttemptOutcome:
-    to, reason, kw = _transition_of(claim, outcome)
     fields = _fields(claim, report, action)
+    if is_hold(outcome):
+        try:
+            if commit_even_if_stale(rec.sessions, lambda session: hold_if_stopped(session, claim, report)):
+                _after(rec, [(claim, outcome, Status.NOT_DISPATCHED, _why(outcome), fields)])
+                return outcome
+        except StaleFence as exc:
+            log.info("stale fence: not held (%s)", exc, extra=fields)
+            return outcome
+        # Resumed between the check and the hold: due at once, not held for nothing.
+        outcome = RetryAt(0.0, "its subject was resumed before it was held: due now", refund_attempt=True)
+    to, reason, kw = _transition_of(claim, outcome)
     try:
         if isinstance(outcome, Succeeded):
             finish_with_evidence(
@@ -203,20 +221,52 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     (bench/README.md). The cost: a lookup starts up to OUTBOX_RELAY_POLL_S later, which an
     ambiguous outcome can afford (settle windows are longer)."""
     redispatch = []
+    taken_up = []  # into the reconciler's hands, of an action that maps webhooks
     for claim, outcome, to, reason, fields in applied:
         _log_outcome(outcome, reason, fields)
         metrics.record_outcome(to)
-        if isinstance(outcome, RetryAt):
+        if isinstance(outcome, RetryAt) and not is_hold(outcome):
             metrics.record_retry(fields["target"], outcome.delay_s, fields.get("retry_after_s"))
             if outcome.delay_s <= 0:
                 redispatch.append(claim.operation_id)
+        elif to in (Status.ACCEPTED, Status.OUTCOME_UNKNOWN) and _maps_webhooks(rec, claim):
+            taken_up.append(claim.operation_id)
+    call_events.dispatched(applied)
     if redispatch:
         rec.doorbell.ring_dispatch_after_commit(redispatch)
+    if taken_up:
+        _events_waiting(rec, taken_up)
+
+
+def _maps_webhooks(rec: Recorder, claim: Claim) -> bool:
+    action = rec.actions.actions.get(claim.action)
+    return action is not None and action.webhooks is not None
+
+
+def _events_waiting(rec: Recorder, operation_ids: list[str]) -> None:
+    """A webhook event kept while these were in flight (a failure, or a success named by a reference
+    not recorded yet: outbox/evidence/stored_events.py) makes them due now: the reconciler's next
+    claim takes the event up, or looks the object up, without waiting for the settle window. One
+    statement, only for operations of actions that map webhooks; a failure here only delays that."""
+    try:
+        with rec.sessions.begin() as session:
+            due = due_now(session, operation_ids)
+    except Exception as exc:  # noqa: BLE001 - the first lookup still comes at its scheduled time
+        log.warning("webhook events kept for %d operation(s) not checked: %s", len(operation_ids), type(exc).__name__)
+        return
+    if due:
+        log.info("a webhook event came while in flight: looked at now", extra={"operation_ids": due})
+
+
+def _why(outcome: AttemptOutcome) -> str:
+    return getattr(outcome, "why", "") or ""
 
 
 def _log_outcome(outcome: AttemptOutcome, reason: str, fields: dict[str, Any]) -> None:
     if isinstance(outcome, Succeeded):
         log.info("succeeded", extra=fields | {"reference": outcome.reference})
+    elif is_hold(outcome):
+        log.info("not sent: %s", reason, extra=fields)
     elif isinstance(outcome, RetryAt):
         log.info("retry scheduled in %.3fs: %s", outcome.delay_s, reason, extra=fields | {"delay_s": outcome.delay_s})
     elif isinstance(outcome, Ambiguous):

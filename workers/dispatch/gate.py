@@ -32,6 +32,7 @@ from outbox.ledger.envelope import loads_exact
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.objects import Blocker, take_hold
 from outbox.ledger.waits import park_for_breaker
+from workers.dispatch.authority import Authority
 from workers.dispatch.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
 from workers.provider.actions import ActionConfig, ActionsConfig
 
@@ -78,6 +79,9 @@ class SendChecks:
     held_back: dict[str, Blocker] = field(default_factory=dict)
     # Those whose action requires evidence while the separate evidence store is down: not sent.
     evidence_down: frozenset[str] = frozenset()
+    # Those whose submitting key was revoked and whom a person resolved "not executed" since: sent in
+    # that person's name (workers/dispatch/authority.py).
+    overridden: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ class Gate:
     # while a separate store is down (None: nothing requires it here).
     evidence: EvidenceSink | None = None
     evidence_required: bool = False
+    # Who may still act (workers/dispatch/authority.py); None: nobody is asked.
+    authority: Authority | None = None
 
     def admissions(self) -> Admissions:
         """A doorbell's breaker answers, shared by its calls (the reconciler's are its own)."""
@@ -170,7 +176,10 @@ class Gate:
         admissions.share(targets)
 
     def checks(self, claims: Sequence[Claim]) -> SendChecks:
-        return SendChecks(self.approvals(claims), self.objects(claims), self.evidence_down(claims))
+        overridden = self.authority.overridden(claims) if self.authority is not None else frozenset()
+        return SendChecks(
+            self.approvals(claims), self.objects(claims), self.evidence_down(claims), overridden=overridden
+        )
 
     def evidence_down(self, claims: Sequence[Claim]) -> frozenset[str]:
         """The claims whose action requires evidence, if the separate evidence store is down: asked

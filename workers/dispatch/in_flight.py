@@ -50,7 +50,7 @@ from workers.dispatch.gate import SendChecks
 from workers.dispatch.outcomes import Ambiguous, AttemptOutcome
 from workers.dispatch.room import Room
 from workers.relay.outage import OUTAGES
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ class InFlight:
         self, claims: Sequence[Claim], admissions: Admissions, checks: SendChecks
     ) -> Future[dict[str, AttemptOutcome]]:
         """Call each claim (already reserved); the future holds the outcomes once all are finalized."""
+        call_events.claimed(claims)
         batch = _DoorbellCalls(admissions, checks, waiting=len(claims))
         if not claims:
             batch.done.set_result({})

@@ -103,7 +103,7 @@ def _resend(claim: Claim, version: str, sent: RequestRecord, base_url: str | Non
     if sent.path is None or (sent.body is None and sent.method in BODY_METHODS):
         return _person(claim, version, "the request on record was purged")
     if sent.key_header is None and sent.version != version:
-        # Recorded before migration 0019: only its own version says which header carried the key.
+        # Recorded before migration 0021: only its own version says which header carried the key.
         return _person(claim, version, "the request on record does not say which header carried its key")
     if sent.key_header is not None and sent.key_header != key_header:
         return _person(

@@ -15,7 +15,8 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from outbox.actions.specs import RequestSpec, placeholders
+from outbox.actions.matching import placeholders
+from outbox.actions.specs import RequestSpec
 from outbox.errors import InvalidIntent
 from outbox.ledger.envelope import canonical_value, dumps_canonical
 from workers.provider.classify import LocalValidationError

@@ -1,12 +1,16 @@
 """What a lookup answer says: found (in which state), not found, ambiguous, or unavailable.
 
-The provider was asked what became of an intent (``lookup`` in the actions file): by the key it saw,
-or by a business reference. A found object is ours only if it carried our key (``key_field``) and its
+The provider was asked what became of an intent (``lookup`` in the actions file): by the key it saw
+(its request names ``{idempotency_key}``: ``LookupSpec.by_key``), or by a business reference. A found
+object is ours only if it carried our key (``key_field``: in a lookup by key an object without the
+field is the key's, the provider filtered; in a lookup by reference only the exact key is ours) and its
 declared fields equal the intent's arguments (``match``, outbox/actions/matching.py); objects that are
-not ours are left out, so a lookup that found only others' objects is a not-found (whose weight the
-reconciler decides: authoritative_not_found, settle_s, fencing). Two or more candidates that are ours
-as far as the lookup can tell are ambiguous: a person picks, never a guess. This only reports what the
-provider said, in one vocabulary.
+not ours are left out and counted (``others``), so a lookup that found only others' objects is a
+not-found (whose weight the reconciler decides: authoritative_not_found, settle_s, fencing, and whether
+the provider honours keys). Two or more candidates that are ours as far as the lookup can tell are
+ambiguous: a person picks, never a guess. A HEAD answer has no body: its 2xx says an object exists
+under the key, in a state it cannot tell unless ``exists_means: succeeded`` declares it. This only
+reports what the provider said, in one vocabulary.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class LookupResult:
     latency_s: float = 0.0
     # ambiguous: every candidate that is ours as far as the lookup can tell, by its reference
     candidates: tuple[str, ...] = ()
-    others: int = 0  # objects found that lookup.match says are not ours (left out)
+    others: int = 0  # objects found that key_field or lookup.match says are not ours (left out)
 
 
 def interpret_lookup(
@@ -66,8 +70,10 @@ def interpret_lookup(
         # 429/5xx: try later. Other 4xx (auth, bad query) prove nothing about the effect either.
         return result("unavailable", f"http_{status_code}")
     if spec.request.method == "HEAD":
-        # No body: a 2xx says the key's object exists, which is all a HEAD lookup can tell (by key only).
-        return result("found", f"HEAD {status_code}", state="succeeded")
+        # No body: a 2xx says the key's object exists (a HEAD lookup is by key only), nothing of its
+        # state: succeeded only where the action declares that existence means it.
+        state: LookupState = "succeeded" if spec.exists_means == "succeeded" else "unknown"
+        return result("found", f"HEAD {status_code} (exists_means: {spec.exists_means or 'unknown'})", state=state)
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -75,9 +81,14 @@ def interpret_lookup(
     items = _items(parsed, spec)
     if items is None:
         return result("unavailable", "lookup body is neither an object nor a list")
+    seen = len(items)
     if spec.key_field is not None:
-        items = [i for i in items if not isinstance(i, dict) or extract(i, spec.key_field) in (None, idempotency_key)]
+        items = [i for i in items if _carries_key(i, spec, idempotency_key)]
     if not items:
+        if seen:
+            return result(
+                "not_found", f"found {seen} object(s), none of them ours ({spec.key_field} is not our key)", others=seen
+            )
         return result("not_found", "empty result")
     if spec.match:
         try:
@@ -86,9 +97,7 @@ def interpret_lookup(
             return result("unavailable", f"cannot verify a found object: {exc}")
         if not ours:
             # Only others' objects: for the not-found rules, the same as finding nothing.
-            return result(
-                "not_found", f"found {len(items)} object(s), none of them ours (match: {others})", others=len(items)
-            )
+            return result("not_found", f"found {seen} object(s), none of them ours (match: {others})", others=seen)
         items = ours
     if len(items) > 1:
         # Two objects that are ours as far as we can tell smell like two effects, or like someone
@@ -102,12 +111,18 @@ def interpret_lookup(
 
 
 def verify_found(found: LookupResult, spec: LookupSpec, args: Mapping[str, Any], idempotency_key: str) -> LookupResult:
-    """A lookup answer from any connector (a Python hook's too) held to ``spec.match``: a found
-    object that is not ours is a not-found; one that cannot be compared proves nothing."""
+    """A lookup answer from any connector (a Python hook's too) held to ``spec.match`` (and, in a
+    lookup by reference, to ``key_field``): a found object that is not ours is a not-found; one that
+    cannot be compared proves nothing."""
     if found.outcome != "found" or not spec.match:
         return found
     if found.obj is None:
         return replace(found, outcome="unavailable", reason="found, but no object to compare (lookup.match)")
+    if not _carries_key(found.obj, spec, idempotency_key):
+        reason = f"found {found.provider_reference or 'an object'}, not ours ({spec.key_field} is not our key)"
+        return replace(
+            found, outcome="not_found", reason=reason, state=None, obj=None, provider_reference=None, others=1
+        )
     try:
         wrong = mismatches(found.obj, spec.match, args, idempotency_key=idempotency_key)
     except MissingArgument as exc:
@@ -116,6 +131,15 @@ def verify_found(found: LookupResult, spec: LookupSpec, args: Mapping[str, Any],
         return found
     reason = f"found {found.provider_reference or 'an object'}, not ours (match: {describe(wrong)})"
     return replace(found, outcome="not_found", reason=reason, state=None, obj=None, provider_reference=None, others=1)
+
+
+def _carries_key(item: Any, spec: LookupSpec, idempotency_key: str) -> bool:
+    """Whether ``item`` may be ours by its ``key_field``: our key, or (a lookup by key, where the
+    provider filtered) no such field; a lookup by reference adopts only what carries our key exactly."""
+    if not isinstance(item, dict) or spec.key_field is None:
+        return True
+    key = extract(item, spec.key_field)
+    return key == idempotency_key or (key is None and spec.by_key)
 
 
 def _ours(items: list[Any], spec: LookupSpec, args: Mapping[str, Any], idempotency_key: str) -> tuple[list[Any], str]:

@@ -23,7 +23,9 @@ class TenantCredentials(_Strict):
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     rate_limit: RateLimitSpec | None = None
     # This tenant's own webhook endpoint secret (the target's ``webhooks.scheme``): it verifies events
-    # at /v1/webhooks/<target>/<tenant> only, and they settle this tenant's operations only.
+    # at /v1/webhooks/<target>/<tenant> only, and they settle this tenant's operations only. A tenant
+    # with an account of its own (``headers``) and none has no webhook endpoint: the target's secret
+    # is another account's and never verifies its events.
     webhook_secret: str | list[str] | None = Field(default=None, repr=False)
 
     @property
@@ -98,14 +100,41 @@ class TargetConfig(_Strict):
         """The tenants with a webhook endpoint secret of their own."""
         return sorted(n for n, t in self.tenants.items() if secrets_of(t.webhook_secret))
 
+    @property
+    def walled_tenants(self) -> list[str]:
+        """The tenants whose events the target's own endpoint never verifies nor settles: those with a
+        provider account of their own (their account signs their events, never the platform's secret)
+        and those with a webhook secret of their own (they receive at their own endpoint)."""
+        return sorted(n for n, t in self.tenants.items() if t.is_account or secrets_of(t.webhook_secret))
+
+    def webhook_secret_owner(self, tenant: str | None) -> str | None:
+        """Whose secrets verify an event at this target's endpoint for ``tenant`` (None: the target's own
+        endpoint): ``""`` the target's, a tenant's name its own; None: there is no such endpoint.
+
+        A tenant's endpoint exists only for a tenant listed under ``tenants``: its own ``webhook_secret``;
+        without one, the target's, and only if it has no provider account of its own (it shares the
+        platform's account, whose endpoint secret signs its events). A tenant with an account of its own
+        never falls back to the target's secret; a tenant not listed has no endpoint."""
+        if self.webhooks is None:
+            return None
+        if tenant is None:
+            return "" if secrets_of(self.webhooks.secret) else None
+        entry = self.tenants.get(tenant)
+        if entry is None:
+            return None
+        if secrets_of(entry.webhook_secret):
+            return tenant
+        if entry.is_account or not secrets_of(self.webhooks.secret):
+            return None
+        return ""
+
     def webhook_secrets(self, tenant: str | None) -> list[str]:
         """The secrets that verify an event at this target's endpoint for ``tenant`` (None: the target's
-        own endpoint): a tenant's own if it declares one, else the target's. Empty: none may."""
-        if tenant is not None:
-            own = secrets_of(self.tenants[tenant].webhook_secret) if tenant in self.tenants else []
-            if own:
-                return own
-        return secrets_of(self.webhooks.secret) if self.webhooks is not None else []
+        own endpoint; webhook_secret_owner says whose). Empty: there is no such endpoint."""
+        owner = self.webhook_secret_owner(tenant)
+        if owner is None or self.webhooks is None:
+            return []
+        return secrets_of(self.tenants[owner].webhook_secret) if owner else secrets_of(self.webhooks.secret)
 
     @property
     def accounts(self) -> dict[str, TenantCredentials]:

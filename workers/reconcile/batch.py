@@ -1,7 +1,8 @@
 """The reconciler: settle outcome_unknown by asking the provider, never by re-sending.
 
 A reconcile doorbell: late successes first (evidence wins), then a claim of due lookups (the
-doorbell's ids, topped up with whatever else is due), the breaker asked once per target, and the
+doorbell's ids, topped up with whatever else is due), a success webhook event the ledger kept before
+its operation could take it (stored_events.py: it answers instead of a lookup), the breaker asked once per target, and the
 lookups handed to the process's lookup threads (in_flight.py), which judge each answer (judge.py)
 and settle whatever has arrived in one transaction (verdicts.py).
 
@@ -27,6 +28,7 @@ from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.judge import Verdict
 from workers.reconcile.lookup import Asked, breaker_open
+from workers.reconcile.stored_events import answered_by_events
 from workers.reconcile.verdicts import late
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,12 @@ class Reconciler:
         # After a failed lookup the next one asks the breaker again (no canary rule here).
         admissions = Admissions(self.breakers, ask_again_after_failure=True)
         try:
-            answered = _ask_breakers_once(rec.actions, admissions, claims)
+            # A success event the ledger kept before the operation could take it answers first.
+            answered = answered_by_events(rec, claims)
+            by_event = {a.claim.operation_id for a in answered}
+            answered += _ask_breakers_once(
+                rec.actions, admissions, [c for c in claims if c.operation_id not in by_event]
+            )
         except BaseException:
             room.give_back(len(claims))
             raise

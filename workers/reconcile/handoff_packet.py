@@ -38,7 +38,19 @@ def next_step(
         return credentials_step(op, action, actions, attempts)
     if op.waiting_for == WaitingFor.DECISION.value:
         return decision_step(op)
+    if op.waiting_for == WaitingFor.AUTHORITY.value:
+        return authority_step(op)
     return look_up_step(op, action, actions)
+
+
+def authority_step(op: Operation) -> str:
+    return (
+        f"The API key that submitted it ({op.submitted_by}) was revoked (why_handed_off says when), and nothing "
+        "was sent since: automation sends nothing more in its name. If it must still happen, decide it in your own "
+        "name: agent-outbox handoffs resolve ID --as not-executed --by NAME --note TEXT sends it under the same key "
+        f"({provider_key_of(op)!r}) with the same arguments. Otherwise --as abandoned with a note, and tell whoever "
+        "asked: the agent must submit again with a valid key."
+    )
 
 
 def credentials_step(

@@ -44,7 +44,7 @@ from workers.reconcile.judge import Verdict
 from workers.reconcile.lookup import Asked, LookupBudget, ask
 from workers.reconcile.verdicts import settle_answers
 from workers.relay.outage import OUTAGES
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class LookupsInFlight:
     ) -> Future[dict[str, Verdict]]:
         """Look each claim up (already reserved); ``settled``: claims answered without a lookup
         (breaker open, no lookup declared). The future holds the verdicts once all are settled."""
+        call_events.lookups_claimed([*claims, *(a.claim for a in settled)])
         batch = _DoorbellLookups(admissions, rng, waiting=len(claims) + len(settled))
         if not batch.waiting:
             batch.done.set_result({})

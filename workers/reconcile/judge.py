@@ -4,7 +4,9 @@ found succeeded -> succeeded; found failed -> failed_at_provider (the provider t
 it: not failed_before_commit); found pending -> accepted, re-checked; several objects that are each
 ours as far as lookup.match can tell -> a person, with their references; not found (finding only
 others' objects is finding none) -> counts only if the lookup is authoritative and settle_s has
-passed since the last dispatch attempt, and never for an accepted operation (the provider said it has it: its index lags); then (``after_not_found``)
+passed since the last dispatch attempt, and never for an accepted operation (the provider said it has it: its index lags),
+nor when the lookup saw only others' objects at a provider that does not honour our key (a match that
+misses our own object would make a re-send a second effect: looked up again, then a person); then (``after_not_found``)
 back to not_dispatched with the SAME key, or, when the operation must end (budget spent, cancel
 requested, the provider rejected the key), ended: failed_before_commit / cancelled only if no
 attempt can still land, else a person decides (past the deadline alone: after the reconciler's own
@@ -137,6 +139,17 @@ def judge(
                 max_lookups=max_lookups,
                 max_delay_s=max_delay_s,
             )
+        if found.others and action.provider_idempotency is None:
+            # Ours may be among them, if the match (or key_field) misses a field the provider writes
+            # otherwise; a provider that does not honour our key would make a re-send a second effect.
+            return recheck(
+                claim,
+                f"found only others' objects ({found.others}), and the provider does not honour idempotency keys "
+                "(no provider_idempotency): no proof that ours was never made, so nothing is sent again",
+                rng,
+                max_lookups=max_lookups,
+                max_delay_s=max_delay_s,
+            )
         # "Not found" counts only once the provider's index lag has passed since the request
         # may last have landed.
         settled_at = (last_activity or now) + timedelta(seconds=spec.settle_s)
@@ -245,8 +258,12 @@ def after_not_found(
     rng: random.Random | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
+    scope_spent: str | None = None,
 ) -> Verdict:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
+
+    ``scope_spent``: why its conversation's budget has no retry left (outbox/ledger/budget_charges.py),
+    read by the caller for an operation in a budget scope: it ends as when its own budget is spent.
 
     What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
     never reported (a frozen worker, a provider's queue) can take effect after this lookup; no
@@ -287,6 +304,8 @@ def after_not_found(
         ending = "cancel requested"
     elif claim.attempt_count >= budget.max_attempts:
         ending = f"attempts used up ({claim.attempt_count}/{budget.max_attempts})"
+    elif scope_spent is not None:
+        ending = scope_spent
     elif now >= deadline_of(claim, action):
         ending = f"deadline passed ({budget.deadline_s:g}s)"
         deadline_only = last is None or last.klass is not AttemptClass.REJECTED

@@ -14,7 +14,7 @@ from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.states import Status
 from workers.provider.actions import ActionsConfig
 from workers.reconcile.handoff_packet import packet_builder
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -45,4 +45,5 @@ def apply_late_successes(
         return {}
     for status in moved.values():
         metrics.record_outcome(status)
+    call_events.late(moved)
     return moved

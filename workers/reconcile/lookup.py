@@ -20,7 +20,7 @@ from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult, verify_found
 from workers.reconcile.judge import Verdict
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class Asked:
     # The lookup was cut part-way (why): it may have reached the provider, so it counts against the
     # reconciler's budget; judged with the lookups that were sent (verdicts.settle_answers).
     cut: str | None = None
+    # Webhook events the ledger held that answered it instead of a lookup (stored_events.py): their rows.
+    events: tuple[int, ...] = ()
 
 
 def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
@@ -102,6 +104,7 @@ def _ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
             metrics.record_limit_released(action.target, paced.limit)
             return Asked(claim, action, early=limit_wait(claim, paced))
         args = loads_exact(claim.args or "{}")
+        call_events.looking_up(claim)
         try:
             found = downstream.connectors.for_action(claim.action).lookup(
                 claim.action,

@@ -22,7 +22,9 @@ from outbox.errors import IllegalTransition, StaleFence
 from outbox.evidence.handoffs import open_handoff
 from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_many_if_fenced
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
+from outbox.evidence.stored_events import mark_applied
 from outbox.ledger import tracing
+from outbox.ledger.budget_charges import spent_budget
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Attempt, Operation
@@ -36,7 +38,7 @@ from workers.reconcile.handoff_packet import build_packet
 from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge, recheck
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
-from workers.wiring import metrics
+from workers.wiring import call_events, metrics
 
 log = logging.getLogger("workers.reconcile.batch")
 
@@ -54,6 +56,7 @@ class Looked:
     verdict: Verdict
     action: ActionConfig | None = None
     waited: str | None = None  # a declared limit the lookup waited for (its event says so)
+    events: tuple[int, ...] = ()  # webhook events that answered it instead (stored_events.py): marked its own
 
     def report(self) -> AttemptReport:
         found, verdict, action, claim = self.found, self.verdict, self.action, self.claim
@@ -95,6 +98,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         cannot_land=verdict.cannot_land,
         waiting_for=verdict.waiting_for,
     )
+    _mark_events(session, item, to)
     if to is Status.RECONCILIATION_REQUIRED:
         op = session.get(Operation, item.claim.operation_id)
         assert op is not None
@@ -102,6 +106,11 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
             session, op, reason=verdict.reason, action=item.action, actions=rec.actions, candidates=verdict.candidates
         )
         open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
+
+
+def _mark_events(session: Session, item: Looked, to: Status) -> None:
+    if item.events:
+        mark_applied(session, item.events, operation_id=item.claim.operation_id, tenant=item.claim.tenant, moved_to=to)
 
 
 def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
@@ -140,6 +149,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
         for item, refused in zip(one_statement, refusals):
             if refused is None:
                 applied.append((item, item.verdict.to))
+                _mark_events(session, item, item.verdict.to)
             else:
                 stale.append((item, refused))
         for item in others:
@@ -173,6 +183,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
     for item, to in applied:
         _trace_settled(item, to)
         _log_settled(item, to)
+        call_events.settled(item, to)
         metrics.record_outcome(to)
         if to is Status.NOT_DISPATCHED:
             redispatch.append(item.claim.operation_id)
@@ -212,6 +223,7 @@ def _settle(rec: Recorder, item: Looked) -> Verdict:
         return verdict
     _trace_settled(item, applied)
     _log_settled(item, applied)
+    call_events.settled(item, applied)
     metrics.record_outcome(applied)
     if applied is Status.NOT_DISPATCHED:
         rec.doorbell.ring_dispatch_after_commit([claim.operation_id])
@@ -259,12 +271,23 @@ def settle_answers(
     near_budget = [a.claim.operation_id for a in judged if a.claim.attempt_number >= budget.max_lookups]
     attempts: dict[str, list[DispatchAttempt]] = {}
     not_asked: dict[str, int] = {}
+    scopes: dict[str, str] = {}
     if not_found or near_budget:
         with rec.sessions() as session:
             attempts = _dispatch_attempts(session, not_found) if not_found else {}
             not_asked = _lookups_not_asked(session, near_budget) if near_budget else {}
+            scoped = [a.claim for a in judged if a.claim.operation_id in not_found and a.claim.budget_scope]
+            scopes = _scopes_spent(rec, session, scoped) if scoped else {}
     looked = [
-        _judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget, not_asked.get(a.claim.operation_id, 0))
+        _judged(
+            rec,
+            a,
+            rng,
+            attempts.get(a.claim.operation_id, []),
+            budget,
+            not_asked.get(a.claim.operation_id, 0),
+            scopes.get(a.claim.operation_id),
+        )
         for rng, a in items
     ]
     return settle_all(rec, looked)
@@ -277,6 +300,7 @@ def _judged(
     attempts: list[DispatchAttempt],
     budget: LookupBudget,
     not_asked: int = 0,
+    scope_spent: str | None = None,
 ) -> Looked:
     claim, action, found = asked.claim, asked.action, asked.found
     max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
@@ -288,7 +312,7 @@ def _judged(
         )
     if asked.early is not None or found is None or action is None:
         assert asked.early is not None
-        return Looked(claim, None, asked.early, action)
+        return Looked(claim, None, asked.early, action, events=asked.events)
     first_sent = last_activity = None
     if found.outcome == "not_found":  # only "not found" is judged against the dispatch attempts
         target = rec.actions.target_of(action)
@@ -308,9 +332,30 @@ def _judged(
     )
     if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
         verdict = after_not_found(
-            sent, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+            sent,
+            action,
+            verdict,
+            attempts,
+            now=claim.now(),
+            rng=rng,
+            max_lookups=max_lookups,
+            max_delay_s=max_delay_s,
+            scope_spent=scope_spent,
         )
     return Looked(claim, found, verdict, action, asked.waited)
+
+
+def _scopes_spent(rec: Recorder, session: Session, claims: Sequence[Claim]) -> dict[str, str]:
+    """For operations in a budget scope found absent: why their conversation has no retry left (one
+    read per operation; only for those: an operation without a scope costs nothing here)."""
+    out: dict[str, str] = {}
+    for claim in claims:
+        assert claim.budget_scope is not None
+        budgets = rec.actions.budgets_of(claim.action)
+        found = spent_budget(session, tenant=claim.tenant, scope=claim.budget_scope, budgets=budgets)
+        if found is not None:
+            out[claim.operation_id] = found.why
+    return out
 
 
 def _lookups_not_asked(session: Session, operation_ids: Sequence[str]) -> dict[str, int]:

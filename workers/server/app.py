@@ -44,7 +44,7 @@ from producer.http.problems import (
     refused_problem,
 )
 from producer.http.waiters import Waiters
-from workers.server import operators, webhooks
+from workers.server import operators, subjects, webhooks
 from workers.server.request_metrics import RequestMetrics
 from workers.service.webhooks import WebhookReceiver
 from workers.wiring import metrics, tracing
@@ -87,6 +87,7 @@ def _mount_console(app: FastAPI) -> None:
     """The operator console under /console (workers/console/), when its templates' library is installed."""
     try:
         from workers.console import pages
+        from workers.console import subjects as stops_page
     except ImportError as exc:  # jinja2 missing: the API runs, the console says how to get it
         reason = f"the console needs its extra: pip install 'agent-outbox-ledger[api]' ({exc})"
 
@@ -99,6 +100,7 @@ def _mount_console(app: FastAPI) -> None:
 
     app.state.console_signer = Signer.of(app.state.api.settings.console_secret)  # once: every request signs alike
     app.include_router(pages.router)
+    app.include_router(stops_page.router)
     app.mount("/console/static", pages.static, name="console-static")
 
 
@@ -246,6 +248,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
     app.include_router(agents.router)
     app.include_router(runs.router)
     app.include_router(operators.router)
+    app.include_router(subjects.router)
     app.include_router(webhooks.router)
     _mount_console(app)
     openapi.install(app)

@@ -2,11 +2,17 @@
 actions file reads in it, and the ledger's fenced evidence path for what it says.
 
 Endpoints: ``/v1/webhooks/<target>`` verifies with the target's own secret (``webhooks.secret``) and
-may settle the operations of any tenant except those that receive at their own endpoint;
-``/v1/webhooks/<target>/<tenant>`` verifies with that tenant's ``webhook_secret`` (or, when it
-declares none, the target's) and settles that tenant's operations only. So a tenant's secret never
-verifies an event of another tenant's endpoint, and an event verified there never names another
-tenant's operation.
+may settle the operations of any tenant except the walled ones: those with a provider account of their
+own (``tenants.<name>.headers``: another account signs their events) and those with a ``webhook_secret``
+of their own. ``/v1/webhooks/<target>/<tenant>`` exists only for a tenant listed under ``tenants``: it
+verifies with that tenant's ``webhook_secret``, or, for a tenant without an account of its own (it
+shares the platform's), with the target's; it settles that tenant's operations only. A tenant with an
+account of its own and no ``webhook_secret`` has no endpoint: the target's secret never verifies its
+events. So a tenant's secret never verifies an event of another tenant's endpoint, and an event verified
+there never names another tenant's operation. Every "no endpoint here" (unknown target, unknown tenant,
+a tenant without a secret) is the same 404 with the same body: the answer tells nobody which tenants
+exist or have a secret of their own. An event is kept once per (target, whose secret verified it, event
+id), whatever path it was posted to.
 
 The actions file is read again when it changes (a secret rotated in the file takes effect at once;
 one given through ``${VAR}`` with the process's environment).
@@ -40,9 +46,15 @@ TENANT_MAX = 128  # the ledger's tenant column
 
 
 class EndpointNotFound(NotFound):
-    """No webhook endpoint here: the target is unknown, receives no webhooks, or has no secret for it."""
+    """No webhook endpoint here: the target is unknown, receives no webhooks, or has no secret for it.
+    Its message is the same for every case (the answer's body); ``why`` says which, for the log."""
 
     what = "webhook endpoint"
+    PUBLIC = "no webhook endpoint at this path"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(self.PUBLIC)
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -83,10 +95,11 @@ class WebhookReceiver:
         cfg = actions.targets.get(target)
         label = target if cfg is not None else None
         try:
-            scheme, secrets = _endpoint(cfg, target, tenant)
+            scheme, secrets, owner = _endpoint(cfg, target, tenant)
             verified = verify(scheme, secrets, headers, body, now_s=time.time())
-        except EndpointNotFound:
+        except EndpointNotFound as missing:
             metrics.record(label, rejected="endpoint")
+            log.warning("webhook refused: %s", missing.why, extra={"target": target[:200], "status": 404})
             raise
         except WebhookRefused as refused:
             metrics.record(label, rejected=refused.why)
@@ -100,13 +113,14 @@ class WebhookReceiver:
         event = ledger.ReceivedEvent(
             target=target,
             scope=tenant,
+            verified_by=owner,
             event_id=verified.event_id[:255],
             event_type=event_type(actions, target, verified.payload),
             scheme=scheme,
             signed_at=verified.signed_at,
             body_digest=hashlib.sha256(body).hexdigest(),
             readings=readings(actions, target, verified.payload),
-            exclude_tenants=cfg.webhook_tenants if tenant is None else (),
+            exclude_tenants=cfg.walled_tenants if tenant is None else (),
         )
         with self.sessions.begin() as session:
             received = ledger.receive(
@@ -135,19 +149,21 @@ class WebhookReceiver:
         return Answer(event.event_id, received.duplicate, disposition)
 
 
-def _endpoint(cfg: TargetConfig | None, target: str, tenant: str | None) -> tuple[str, list[str]]:
-    """(the scheme, the secrets) that verify an event at this endpoint; EndpointNotFound if none."""
+def _endpoint(cfg: TargetConfig | None, target: str, tenant: str | None) -> tuple[str, list[str], str]:
+    """(the scheme, the secrets, whose they are: "" the target's) that verify an event at this endpoint;
+    EndpointNotFound if none (the same answer whatever the reason: ``why`` is for the log only)."""
     if cfg is None or cfg.webhooks is None:
         raise EndpointNotFound(f"target {target[:200]!r} receives no webhooks (targets.<name>.webhooks)")
     if tenant is not None and not 0 < len(tenant) <= TENANT_MAX:
-        raise EndpointNotFound(f"no webhook endpoint of target {target!r} for that tenant")
-    secrets = cfg.webhook_secrets(tenant)
-    if not secrets:
-        where = f"tenant {tenant!r}" if tenant is not None else "the target itself"
         raise EndpointNotFound(
-            f"target {target!r} has no webhook secret for {where}: its tenants receive at "
-            f"/v1/webhooks/{target}/<tenant>"
-            if tenant is None
-            else f"target {target!r} has no webhook secret for {where}"
+            f"no webhook endpoint of target {target!r} for a tenant name of {len(tenant)} characters"
         )
-    return cfg.webhooks.scheme, secrets
+    owner = cfg.webhook_secret_owner(tenant)
+    if owner is None:
+        raise EndpointNotFound(
+            f"target {target!r} has no webhook secret of its own: its tenants receive at /v1/webhooks/{target}/<tenant>"
+            if tenant is None
+            else f"target {target!r} has no webhook endpoint for tenant {tenant[:TENANT_MAX]!r}: not listed under "
+            "tenants, or an account of its own without a webhook_secret"
+        )
+    return cfg.webhooks.scheme, cfg.webhook_secrets(tenant), owner

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from kombu.utils.objects import cached_property
 
 from outbox.errors import ConfigError
 from outbox.settings import Settings, load_settings
-from workers.wiring import broker_outage, broker_transport, celery_steps, logs, tracing
+from workers.wiring import broker_outage, broker_transport, celery_steps, event_sender, logs, tracing
 
 DISPATCH_QUEUE = "dispatch"
 UNKNOWN_QUEUE = "outcome_unknown"
@@ -123,10 +124,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         worker_hijack_root_logger=False,
         # beat's default scheduler, beating at each tick when OUTBOX_HEARTBEAT_FILE is set.
         beat_scheduler="workers.wiring.celery_steps:BeatScheduler",
-        # Task events cost three extra publishes per task; Flower turns them on when it connects
-        # (enable_events), and OUTBOX_TASK_EVENTS=true keeps them on from the start.
+        # Task events: Flower turns them on when it connects (enable_events), OUTBOX_TASK_EVENTS=true
+        # keeps them on from the start; each call and lookup is then a task (call_events.py). No
+        # task-sent events: a doorbell is no task of Flower's (it would stay PENDING there forever).
         worker_send_task_events=settings.task_events,
-        task_send_sent_event=settings.task_events,
+        task_send_sent_event=False,
         enable_utc=True,
     )
 
@@ -136,6 +138,19 @@ def _redis_options(settings: Settings) -> dict[str, Any]:
     if settings.broker_key_prefix:
         options["global_keyprefix"] = settings.broker_key_prefix
     return options
+
+
+class OutboxCelery(Celery):  # type: ignore[misc]
+    """Celery, whose ``celery worker`` and ``celery beat`` keep OUTBOX_LOG_FORMAT=json whole: their
+    banners and console lines as JSON records (celery_console.py, imported only by those programs)."""
+
+    @cached_property
+    def Worker(self) -> Any:  # noqa: N802 - Celery's name
+        return self.subclass_with_self("workers.wiring.celery_console:Worker")
+
+    @cached_property
+    def Beat(self) -> Any:  # noqa: N802 - Celery's name
+        return self.subclass_with_self("workers.wiring.celery_console:Beat")
 
 
 def make_app(settings: Settings | None = None) -> Celery:
@@ -152,9 +167,11 @@ def make_app(settings: Settings | None = None) -> Celery:
 
         kombu_sqla.Transport.polling_interval = EMBEDDED_POLL_S
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    app = Celery("agent_outbox", set_as_current=True)
+    app = OutboxCelery("agent_outbox", set_as_current=True)
     app.conf.update(celery_config(settings))
     app.conf.include = ["workers.wiring.tasks"]
     # Liveness: a worker's consumer and beat's ticks touch OUTBOX_HEARTBEAT_FILE (heartbeat.py).
     app.steps["consumer"].add(celery_steps.WorkerHeartbeat)
+    # The pool's call threads send task events while the worker does (-E, Flower's enable_events).
+    app.steps["consumer"].add(event_sender.TaskEventsSwitch)
     return app

@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any
 
+from outbox.errors import ConfigError
 from outbox.settings import LogFormat, log_format_from
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -110,6 +111,22 @@ def use_format(logger: logging.Logger) -> None:
     if log_format() is LogFormat.JSON:
         for handler in logger.handlers:
             handler.setFormatter(JsonFormatter())
+
+
+def say(message: str, *, level: int = logging.INFO, logger: str = "agent_outbox", **fields: Any) -> None:
+    """A line a command writes for its operator on stderr (``agent-outbox run`` starting or
+    stopping, an error that ends a command): as it is in text; in json one JSON record, whatever the
+    log level (it is the command's own output, not a log line it may leave out). An invalid
+    OUTBOX_LOG_FORMAT: text (that is what the line may be about)."""
+    try:
+        fmt = log_format()
+    except ConfigError:
+        fmt = LogFormat.TEXT
+    if fmt is LogFormat.JSON:
+        record = logging.LogRecord(logger, level, __file__, 0, message, None, None)
+        record.__dict__.update(fields)
+        message = JsonFormatter().format(record)
+    print(message, file=sys.stderr, flush=True)
 
 
 def uvicorn_logging() -> dict[str, Any]:

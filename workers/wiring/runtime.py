@@ -27,11 +27,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from breaker import BreakerConfig, BreakerRegistry
 from outbox.errors import ConfigError
 from outbox.evidence.sinks import EvidenceSink
+from outbox.ledger.authority import board_for
 from outbox.ledger.db import FLEET_CONNECT_TIMEOUT_S, connect_timeout_args, make_engine, make_sessionmaker
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.privacy.retention import check_retention
 from outbox.settings import Settings, load_settings
+from workers.dispatch.authority import Authority
 from workers.dispatch.batch import Dispatcher
 from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
@@ -76,7 +78,12 @@ class Runtime:
 
     def downstream(self) -> Downstream:
         """What fan-out and lookups take to call a provider."""
-        return Downstream(self.actions, self.connectors, self.pacer)
+        return Downstream(self.actions, self.connectors, self.pacer, authority=self.authority, sessions=self.sessions)
+
+    @property
+    def authority(self) -> Authority:
+        """Who may still act on this ledger, as this process last read it (one board per ledger)."""
+        return Authority(self.sessions, board_for(self.engine))
 
     def recorder(self, ledger: LedgerConnection) -> Recorder:
         """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""
@@ -126,6 +133,7 @@ class Runtime:
                 self.worker_id,
                 evidence=self.evidence,
                 evidence_required=self.settings.evidence_required,
+                authority=self.authority,
             )
             self._dispatcher = Dispatcher(
                 gate,

@@ -1,4 +1,9 @@
-"""Celery tasks. Each takes only an operation id (Flower and the broker see nothing else)."""
+"""Celery tasks. Each takes only an operation id (the broker sees nothing else).
+
+None sends task events of its own (``send_events=False``): a doorbell's SUCCESS in milliseconds says
+nothing of its calls, and beat's upkeep is no operation. Flower shows the operations instead, each
+call and lookup a task of its own (call_events.py), so its succeeded and failed counts are the
+ledger's."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from workers.wiring import logs, metrics, soft_limit, tracing
+from workers.wiring import event_sender, logs, metrics, soft_limit, tracing
 from workers.wiring.celery_app import (
     DISPATCH_TASK,
     PURGE_TASK,
@@ -73,6 +78,9 @@ def _ledger_queues(instance: object, **_: object) -> None:
 # Main process, before the pool forks: empty the multiprocess metrics dir, serve it if asked.
 worker_init.connect(metrics.on_worker_init)
 
+# Main process, before the pool forks: the switch its pool reads to send each call's task events.
+worker_init.connect(event_sender.on_worker_init)
+
 # A pool process: a soft limit's signal acts only on the task it was armed for (soft_limit.py).
 task_prerun.connect(soft_limit.on_task_prerun)
 task_postrun.connect(soft_limit.on_task_postrun)
@@ -107,6 +115,7 @@ def _close_solo_runtime(**_: object) -> None:
     from workers.wiring.runtime import reset_runtime
 
     reset_runtime()
+    event_sender.flush()  # the finalized calls' task events, before the process ends
 
 
 @worker_process_shutdown.connect
@@ -118,11 +127,12 @@ def _close_runtime(**kw: object) -> None:
     finally:
         soft_limit.on_process_shutdown()  # a stale soft limit met while draining is said here
     tracing.flush()
+    event_sender.flush()
     pid = kw.get("pid")
     metrics.on_worker_process_shutdown(pid=pid if isinstance(pid, int) else None)
 
 
-@app.task(name=DISPATCH_TASK, ignore_result=True)
+@app.task(name=DISPATCH_TASK, ignore_result=True, send_events=False)
 def dispatch(operation_ids: str | list[str], ledger: str | None = None) -> None:
     """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH), of ``ledger`` (a
     fleet's: OUTBOX_DATABASE_URLS; None: the one ledger)."""
@@ -137,7 +147,7 @@ def dispatch(operation_ids: str | list[str], ledger: str | None = None) -> None:
         rt.dispatcher.dispatch(ids, wait=False)
 
 
-@app.task(name=RECONCILE_TASK, ignore_result=True)
+@app.task(name=RECONCILE_TASK, ignore_result=True, send_events=False)
 def reconcile(operation_ids: str | list[str], ledger: str | None = None) -> None:
     """One reconcile doorbell: an operation id, or a batch of them, topped up with whatever else is
     due; the lookups run on the process's lookup threads and the task returns at once."""
@@ -174,14 +184,14 @@ def _ids(operation_ids: str | list[str]) -> list[str]:
     return [operation_ids] if isinstance(operation_ids, str) else operation_ids
 
 
-@app.task(name=SWEEP_TASK, ignore_result=True)
+@app.task(name=SWEEP_TASK, ignore_result=True, send_events=False)
 def sweep() -> None:
     """Beat's backstop for the relay: expired leases -> outcome_unknown, lost doorbells re-published
     (in every ledger the fleet drains; one that is down is skipped with a WARNING)."""
     _every_ledger("sweep", _sweep_once)
 
 
-@app.task(name=PURGE_TASK, ignore_result=True)
+@app.task(name=PURGE_TASK, ignore_result=True, send_events=False)
 def purge() -> None:
     """Beat, daily: arguments and provider responses of terminal operations older than
     OUTBOX_ARGS_RETENTION_S (outbox/privacy/retention.py; the worker checked the retention at start-up)."""
@@ -195,7 +205,7 @@ def purge() -> None:
     _every_ledger("purge", purge_one)
 
 
-@app.task(name=REPORT_TASK, ignore_result=True)
+@app.task(name=REPORT_TASK, ignore_result=True, send_events=False)
 def report() -> None:
     """Beat, hourly: the reconciliation report over the last 24 h (workers/provider/listing_report.py), kept in
     the ledger for the exporter, the API and the console (outbox/reads/report_summary.py)."""
@@ -207,7 +217,13 @@ def report() -> None:
     def report_one(rt: Runtime) -> None:
         now = dt.datetime.now(dt.UTC)
         with rt.sessions() as session:
-            found = build_report(session, rt.actions, since=now - dt.timedelta(hours=24), now=now)
+            found = build_report(
+                session,
+                rt.actions,
+                since=now - dt.timedelta(hours=24),
+                now=now,
+                same_object_window_s=rt.settings.report_same_object_window_s,
+            )
         with rt.sessions.begin() as session:
             record_report(session, found, started_at=now, finished_at=dt.datetime.now(dt.UTC), ran_by="beat")
         if found["discrepancy_count"]:

@@ -124,6 +124,10 @@ class ClaimedRow(NamedTuple):
     request_body: str | None = None
     request_digest: str | None = None
     request_key_header: str | None = None
+    # Who submitted it (``key:<id>``): a claim whose key was revoked since is not sent (outbox/ledger/authority.py).
+    submitted_by: str | None = None
+    # The conversation it is charged to (outbox/ledger/budget_charges.py): its retries are charged there.
+    budget_scope: str | None = None
     # Not a column: with nothing on record, the versions the earlier attempts that may have left
     # were claimed under (request_record.left_versions_sql); None: a record, or none left.
     left_versions: str | None = None

@@ -132,7 +132,7 @@ WITH {recursive}{due_ctes}, claimed AS (
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
               o.cancel_requested, o.proven_absent_through, o.updated_at, o.status, o.traceparent,
               o.action_version, o.request_version, o.request_method, o.request_path, o.request_body, o.request_digest,
-              o.request_key_header
+              o.request_key_header, o.submitted_by, o.budget_scope
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM {attempts} a

@@ -220,7 +220,7 @@ class SqliteDriver:
             reason=f"{kind.value} attempt {number}",
             actor=worker,
         )
-        head, tail = tuple(row)[:18], tuple(row)[18:]  # tail: traceparent, the version and the record
+        head, tail = tuple(row)[:18], tuple(row)[18:]  # tail: traceparent, the version, the record, submitted_by
         return ClaimedRow(*head, attempt_id, number, bool(open_ambiguity), *tail, left_versions=left_versions)  # type: ignore[call-arg,misc]
 
     def finalize(self, session: Session, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:

@@ -5,9 +5,10 @@ Revises: 0017
 Create Date: 2026-12-08
 
 - ``outbox_webhook_events``: one row per verified webhook event (outbox/ledger/webhook_models.py),
-  unique per (target, scope, event_id) so a provider's retry of a delivered event changes nothing;
-  a partial index on ``received_at`` over the events no operation took (the reconciliation report's
-  "document without record").
+  unique per (target, verified_by, event_id) so a provider's retry of a delivered event (or a captured
+  one posted under another path) changes nothing; partial indexes over the events no operation took:
+  on ``received_at`` (the reconciliation report's "document without record"), on ``reference`` and on
+  ``provider_key`` (an operation finds the events that came before it could take them).
 - ``ix_outbox_operations_provider_key``: an event names its operation by the key the provider saw.
 - ``ix_outbox_operations_result_reference`` (partial, where one is recorded): or by the provider's
   reference recorded on it.
@@ -42,6 +43,7 @@ def upgrade() -> None:
         sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
         sa.Column('target', sa.String(200), nullable=False),
         sa.Column('scope', sa.String(128), nullable=False),
+        sa.Column('verified_by', sa.String(128), nullable=False),
         sa.Column('event_id', sa.String(255), nullable=False),
         sa.Column('event_type', sa.String(200), nullable=False),
         sa.Column('scheme', sa.String(16), nullable=False),
@@ -58,7 +60,9 @@ def upgrade() -> None:
         sa.Column('moved_to', sa.String(32), nullable=True),
         sa.Column('note', sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint('id', name=op.f('pk_outbox_webhook_events')),
-        sa.UniqueConstraint('target', 'scope', 'event_id', name=op.f('uq_outbox_webhook_events_target_scope_event_id')),
+        sa.UniqueConstraint(
+            'target', 'verified_by', 'event_id', name=op.f('uq_outbox_webhook_events_target_verified_by_event_id')
+        ),
         sa.CheckConstraint(DISPOSITIONS, name=op.f('ck_outbox_webhook_events_disposition')),
     )
     op.create_index(op.f('ix_outbox_webhook_events_operation_id'), 'outbox_webhook_events', ['operation_id'])
@@ -69,6 +73,14 @@ def upgrade() -> None:
         postgresql_where=sa.text(UNMATCHED),
         sqlite_where=sa.text(UNMATCHED),
     )
+    for column in ('reference', 'provider_key'):
+        op.create_index(
+            f'ix_outbox_webhook_events_unmatched_{column}',
+            'outbox_webhook_events',
+            [column],
+            postgresql_where=sa.text(UNMATCHED),
+            sqlite_where=sa.text(UNMATCHED),
+        )
     if not _has_index('ix_outbox_operations_provider_key'):
         op.create_index('ix_outbox_operations_provider_key', 'outbox_operations', ['provider_key'])
     if not _has_index('ix_outbox_operations_result_reference'):
@@ -84,6 +96,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index('ix_outbox_operations_result_reference', table_name='outbox_operations')
     op.drop_index('ix_outbox_operations_provider_key', table_name='outbox_operations')
+    op.drop_index('ix_outbox_webhook_events_unmatched_provider_key', table_name='outbox_webhook_events')
+    op.drop_index('ix_outbox_webhook_events_unmatched_reference', table_name='outbox_webhook_events')
     op.drop_index('ix_outbox_webhook_events_unmatched', table_name='outbox_webhook_events')
     op.drop_index('ix_outbox_webhook_events_operation_id', table_name='outbox_webhook_events')
     op.drop_table('outbox_webhook_events')

@@ -1,7 +1,7 @@
 """What a request under a key was built under, when it was never recorded; which header carried its key
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0021
+Revises: 0020
 Create Date: 2026-12-09
 
 The request on record under a key (0017) was written only by a fenced finalize: a worker killed,
@@ -27,8 +27,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0019'
-down_revision = '0018'
+revision = '0021'
+down_revision = '0020'
 branch_labels = None
 depends_on = None
 
