@@ -42,7 +42,7 @@ from workers.dispatch.outcomes import (
     limit_wait,
     object_wait,
 )
-from workers.dispatch.same_request import Resend, route, without_action
+from workers.dispatch.same_request import Resend, key_header_of, route, without_action
 from workers.dispatch.scope_budget import charge_before_send
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
@@ -98,7 +98,7 @@ def attempt_claimed(downstream: Downstream, admissions: Admissions, claim: Claim
     except KeyError as exc:
         admissions.give_back(claim.operation_id)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
-        return claim, report, without_action(claim, earlier_left=claim.operation_id in checks.left_before), None
+        return claim, report, without_action(claim), None
     report, outcome = attempt(downstream, admissions, claim, action, checks)
     return claim, report, outcome, action
 
@@ -156,7 +156,7 @@ def _attempt(
         # Asked only of a request on record (a hook connector is never handed one).
         http=claim.sent is None or isinstance(downstream.connectors.for_action(claim.action), HttpConnector),
         base_url=downstream.actions.target_of(action).base_url,
-        earlier_left=claim.operation_id in checks.left_before,
+        key_header=key_header_of(action),
     )
     if early is None and isinstance(chosen, (NeedsPerson, Rejected)):
         early = chosen  # the request its key names cannot be sent (again): nothing is sent
@@ -223,7 +223,8 @@ def _attempt(
     if failed and decision.probe:
         reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s
         outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s, now=claim.now())
-    return private(action, args, replace(_report(result, version), waited=paced.note()), outcome)
+    report = replace(_report(result, version, key_header_of(action)), waited=paced.note())
+    return private(action, args, report, outcome)
 
 
 def private(
@@ -245,19 +246,20 @@ def _is_transport(result: AttemptResult) -> bool:
     return result.classification.origin == "transport"
 
 
-def _sent(result: AttemptResult, version: str | None) -> RequestRecord | None:
-    """The request this attempt put on the wire, to record under its key (outbox/ledger/request_record.py);
-    None when it cannot have left. A hook connector's own request: its version and digest only."""
+def _sent(result: AttemptResult, version: str | None, key_header: str | None) -> RequestRecord | None:
+    """The request this attempt put on the wire, to record under its key (outbox/ledger/request_record.py),
+    with the header its key went in; None when it cannot have left. A hook connector's own request:
+    its version and digest only."""
     if result.classification.klass is AttemptClass.NOT_SENT:
         return None
     sent = result.sent
     if sent is None:
         return RequestRecord(version, digest=result.request_digest or None)
     body = sent.body.decode() if sent.body is not None else None
-    return RequestRecord(version, sent.method, sent.path, body, sent.digest)
+    return RequestRecord(version, sent.method, sent.path, body, sent.digest, key_header)
 
 
-def _report(result: AttemptResult, version: str | None = None) -> AttemptReport:
+def _report(result: AttemptResult, version: str | None = None, key_header: str | None = None) -> AttemptReport:
     c = result.classification
     digest = None
     if c.body is not None:
@@ -272,7 +274,7 @@ def _report(result: AttemptResult, version: str | None = None) -> AttemptReport:
         retry_after_s=c.retry_after_s,
         latency_s=result.latency_s,
         error=None if c.klass is AttemptClass.SUCCEEDED else f"{c.reason}: {result.raw_error or ''}"[:2000],
-        sent=_sent(result, version),
+        sent=_sent(result, version, key_header),
     )
 
 

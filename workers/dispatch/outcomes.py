@@ -299,6 +299,13 @@ def decide(
         # The first lookup once the provider's index may show it; no lookup: a person (reconciler).
         check_in_s = max(action.lookup.settle_s, ACCEPTED_FIRST_CHECK_S) if action.lookup is not None else 0.0
         return Accepted(c.provider_reference, c.body, f"{c.reason}: accepted by the provider, not finished", check_in_s)
+    if c.key_conflict:
+        # The provider holds another request under this key (classify.KEY_CONFLICTS), which may have
+        # taken effect. The same request would get the same answer: no replay, the lookup settles it.
+        return Ambiguous(
+            f"{c.reason}: the provider holds another request under this key, which may have taken effect: "
+            "looked up, not sent again"
+        )
     if c.failed_at_provider:
         if claim.open_ambiguity:
             # An earlier attempt is still in doubt: the provider's record (by key) decides, looked up.

@@ -26,6 +26,7 @@ from outbox.ledger.clock import as_utc
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from workers.dispatch.outcomes import deadline_of, effective_budget
 from workers.provider.actions import ActionConfig
+from workers.provider.classify import said_key_conflict
 from workers.provider.lookups import LookupResult
 from workers.provider.retry import RetryBudget, next_delay_s
 
@@ -283,6 +284,17 @@ def after_not_found(
       own backlog (lookups queued behind others); that time must not hand the operation to a
       person by itself.
     """
+    conflict = next(
+        (a for a in attempts if a.number > claim.proven_absent_through and said_key_conflict(a.error)), None
+    )
+    if conflict is not None:
+        # The provider said it holds another request under this key; its absence here contradicts that.
+        return Verdict(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
+            f"{verdict.reason}; but the provider answered attempt {conflict.number} that it holds another request "
+            "under this key: a person compares what it holds with this intent (sent again it gets the same answer)",
+        )
     fenced = action.provider_fencing
     can_land = claim.open_ambiguity and not fenced
     deadline_only = False  # the deadline is the only reason it must end
