@@ -98,3 +98,12 @@ def test_a_lookup_that_finds_nothing_after_one_hands_it_to_a_person_even_where_t
     # Proven absent since (a person, the provider's record): it counts no more.
     later = claim(3, kind="lookup", ambiguity=False, proven_absent_through=2)
     assert after_not_found(later, ACTION, NOT_FOUND, tried, now=T0).to is not Status.RECONCILIATION_REQUIRED
+
+
+@pytest.mark.parametrize("code", ["key_in_use", "idempotency_key_in_use"])
+def test_a_key_still_in_use_is_not_processed_never_a_rejection(code):
+    """A 409 saying the key's earlier request is still running: this one was not processed, and the
+    earlier one may land; a rejection would end the operation failed_before_commit beside it."""
+    body = {"error": {"type": "idempotency_error", "code": code, "message": "still being processed"}}
+    c = classify_response(409, {}, json.dumps(body).encode(), result_reference="id")
+    assert c.klass is A.NOT_PROCESSED and c.reason == "http_409_key_in_use"

@@ -141,6 +141,17 @@ KEY_CONFLICTS: tuple[KeyConflict, ...] = (
 )
 
 
+def key_in_use(status_code: int, body: dict[str, Any] | None) -> bool:
+    """A 409 saying an earlier request under this key is still running at the provider (Stripe's error
+    code ``idempotency_key_in_use``, "currently being used in another request"; our sandbox's
+    ``key_in_use``). This request was not processed, so not_processed (retried with backoff); the
+    earlier one may still take effect, and its ambiguous or open attempt keeps failed_before_commit out
+    of reach. Read as a rejection, it ended the operation failed_before_commit beside that effect."""
+    if status_code != 409 or body is None:
+        return False
+    return extract(body, "error.code") in ("key_in_use", "idempotency_key_in_use")
+
+
 def said_key_conflict(error: str | None) -> bool:
     """Whether an attempt's recorded error is a KEY_CONFLICTS answer (its reason, before the colon)."""
     reason = (error or "").split(":", 1)[0]
@@ -281,6 +292,8 @@ def classify_response(
         assert body_dict is not None
         ref = _conflicting_resource(body_dict) if conflict.names_object else None
         return replace(result(A.AMBIGUOUS, f"http_{status_code}_{conflict.answer}", ref), key_conflict=True)
+    if klass is A.REJECTED and key_in_use(status_code, body_dict):
+        return result(A.NOT_PROCESSED, f"http_{status_code}_key_in_use")
     if klass is A.REJECTED and status_code in authority_statuses:
         return replace(result(klass, f"http_{status_code}_authority_refused"), authority_refused=True)
     if klass is not A.SUCCEEDED:
