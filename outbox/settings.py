@@ -189,6 +189,10 @@ class Settings(BaseSettings):
     # A handoff nobody has taken for longer than this counts in outbox_handoffs_unowned (and its alert):
     # half an hour is long for a customer waiting on a refund, and short of a shift change.
     handoff_unowned_alert_s: float = Field(default=1800.0, gt=0)
+    # The reconciliation report's "possible duplicates by business object": two succeeded operations
+    # on one object under different keys, created at most this far apart (outbox/reads/same_effect.py).
+    # A day catches a caller's retry after an overnight outage; ``report --same-object-window`` overrides.
+    report_same_object_window_s: float = Field(default=86400.0, gt=0)
     # Metrics (README, "Metrics"). metrics_port: a worker's main process (or the relay) serves
     # its own process metrics on this port; 0 = off (``agent-outbox metrics`` serves them when
     # every process shares one PROMETHEUS_MULTIPROC_DIR on one host).

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import migrate
 from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.key_uses import KEY_USES
 from outbox.ledger.models import (
     API_KEYS,
     APPROVALS,
@@ -40,7 +41,7 @@ from outbox.ledger.models import (
     REPORT_RUNS,
     RUNS,
 )
-from outbox.ledger.scope_models import BUDGET_SCOPES, OBJECT_HOLDS
+from outbox.ledger.scope_models import BUDGET_CHARGES, BUDGET_SCOPES, OBJECT_HOLDS
 from outbox.ledger.stop_models import SUBJECT_STOPS
 from outbox.ledger.webhook_models import WEBHOOK_EVENTS
 
@@ -52,7 +53,7 @@ IN_CI = bool(os.environ.get("CI"))
 RUN_ID = uuid.uuid4().hex[:10]
 TABLES = (HANDOFFS, APPROVALS, EVIDENCE, OPERATION_EVENTS, ATTEMPTS, OPERATIONS, API_KEYS, RUNS, REPORT_RUNS)
 TABLES += (OBJECT_HOLDS, BUDGET_SCOPES, WEBHOOK_EVENTS)
-TABLES += (SUBJECT_STOPS,)
+TABLES += (SUBJECT_STOPS, BUDGET_CHARGES, KEY_USES)
 
 _skipped_services: dict[str, str] = {}
 

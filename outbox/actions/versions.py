@@ -1,9 +1,11 @@
 """An action's version: a digest of the part of its definition that shapes its request.
 
 An operation records the version of its action at submit (``operations.action_version``) and the
-version its first request that left was built under (``request_version``: outbox/ledger/request_record.py).
-A later attempt under the same key may build its request afresh only under that same version; under
-another one it sends the request on record, or nothing (workers/dispatch/same_request.py).
+version its first request that left was built under (``request_version``: outbox/ledger/request_record.py);
+each dispatch attempt records the version its worker held at its claim (``attempts.action_version``).
+A later attempt under the same key may build its request afresh only under the version of every
+earlier attempt that may have left; otherwise it sends the request on record, or nothing
+(workers/dispatch/same_request.py).
 
 What counts (``action_version``): what decides where the request goes and what its method, path,
 query and body are, given the arguments: the target's name and ``base_url``; the request's method,

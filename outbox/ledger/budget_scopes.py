@@ -8,9 +8,9 @@ action, for that action's calls):
 
 - ``max_calls``: new operations (a replay of the same call is the same operation and costs nothing);
 - ``max_amount: {arg, limit, currency, decimals}``: the sum of the action's amount argument;
-- ``max_retry_billed``: attempts beyond each call's first, summed over the scope's operations
-  (read at submit: a call is refused once the conversation has spent them; calls already accepted
-  keep their own retry budget);
+- ``max_retry_billed``: attempts beyond each call's first, summed over the scope's operations:
+  each is charged right before it leaves, and none leaves once they are spent
+  (outbox/ledger/budget_charges.py); a new call is refused once the conversation has spent them;
 - ``deadline_s``: from the scope's first call; later calls are refused.
 
 **Atomic under concurrency.** Each (tenant, scope, bucket) is one row, charged by ONE conditional
@@ -30,17 +30,16 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from outbox.errors import BudgetExhausted, InvalidIntent
 from outbox.ledger.clock import db_now
 from outbox.ledger.drivers import driver_for
-from outbox.ledger.models import Operation, core_table
+from outbox.ledger.models import core_table
 from outbox.ledger.scope_models import BudgetScope
 
 _BS = core_table(BudgetScope)
-_OP = core_table(Operation)
 EVERY_TOOL = "*"  # the bucket of the top-level budget_scope: every action's calls in the scope
 MICROS = Decimal(1_000_000)
 MAX_SCOPE = 255
@@ -156,14 +155,6 @@ def _micros(value: Decimal) -> int:
     return int(value * MICROS)
 
 
-def _retry_billed(session: Session, tenant: str, scope: str, bucket: str) -> int:
-    billed = case((_OP.c.attempt_count > 1, _OP.c.attempt_count - 1), else_=0)
-    query = select(func.coalesce(func.sum(billed), 0)).where(_OP.c.tenant == tenant, _OP.c.budget_scope == scope)
-    if bucket != EVERY_TOOL:
-        query = query.where(_OP.c.action == bucket)
-    return int(session.execute(query).scalar_one())
-
-
 def standing(session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeBudget]) -> list[Standing]:
     """What the scope has spent of each budget (nothing charged)."""
     if not budgets:
@@ -171,7 +162,7 @@ def standing(session: Session, *, tenant: str, scope: str, budgets: Sequence[Sco
     rows = {
         r.bucket: r
         for r in session.execute(
-            select(_BS.c.bucket, _BS.c.calls, _BS.c.amount_micros, _BS.c.opened_at).where(
+            select(_BS.c.bucket, _BS.c.calls, _BS.c.amount_micros, _BS.c.retry_billed, _BS.c.opened_at).where(
                 _BS.c.tenant == tenant, _BS.c.scope == scope, _BS.c.bucket.in_([b.bucket for b in budgets])
             )
         )
@@ -179,11 +170,11 @@ def standing(session: Session, *, tenant: str, scope: str, budgets: Sequence[Sco
     out = []
     for b in budgets:
         row = rows.get(b.bucket)
-        billed = _retry_billed(session, tenant, scope, b.bucket) if b.max_retry_billed is not None else 0
         if row is None:
-            out.append(Standing(b, 0, Decimal(0), billed, None))
+            out.append(Standing(b, 0, Decimal(0), 0, None))
         else:
-            out.append(Standing(b, row.calls, Decimal(row.amount_micros) / MICROS, billed, row.opened_at))
+            amount = Decimal(row.amount_micros) / MICROS
+            out.append(Standing(b, row.calls, amount, int(row.retry_billed or 0), row.opened_at))
     return out
 
 
@@ -204,16 +195,15 @@ def charge(
     out = []
     for b in budgets:
         amount = amount_of(b.max_amount, args) if b.max_amount is not None else Decimal(0)
-        billed = _retry_billed(session, tenant, scope, b.bucket) if b.max_retry_billed is not None else 0
-        if b.max_retry_billed is not None and billed >= b.max_retry_billed:
-            raise NoRoom(b, f"its {b.max_retry_billed} retries are spent")
+        if b.max_retry_billed == 0:  # no retry at all: the upsert's insert path would check nothing
+            raise NoRoom(b, "its 0 retries are spent")
         if b.max_amount is not None and amount > b.max_amount.limit:
             cap = b.max_amount
             raise NoRoom(b, f"this call's {cap.shown(amount)} exceeds the cap of {cap.shown(cap.limit)}")
         row = session.execute(_upsert(session, tenant, scope, b, _micros(amount))).first()
         if row is None:
             raise NoRoom(b, _why_full(session, tenant, scope, b, amount))
-        out.append(Standing(b, row.calls, Decimal(row.amount_micros) / MICROS, billed, row.opened_at))
+        out.append(Standing(b, row.calls, Decimal(row.amount_micros) / MICROS, row.retry_billed, row.opened_at))
     return out
 
 
@@ -223,6 +213,8 @@ def _upsert(session: Session, tenant: str, scope: str, b: ScopeBudget, micros: i
         room.append(_BS.c.calls + 1 <= b.max_calls)
     if b.max_amount is not None:
         room.append(_BS.c.amount_micros + micros <= _micros(b.max_amount.limit))
+    if b.max_retry_billed is not None:  # the retries charged so far (outbox/ledger/budget_charges.py)
+        room.append(_BS.c.retry_billed < b.max_retry_billed)
     if b.deadline_s is not None:
         room.append(_BS.c.opened_at > db_now(-b.deadline_s))
     return (
@@ -242,7 +234,7 @@ def _upsert(session: Session, tenant: str, scope: str, b: ScopeBudget, micros: i
             set_={"calls": _BS.c.calls + 1, "amount_micros": _BS.c.amount_micros + micros, "updated_at": db_now()},
             where=and_(*room) if room else None,
         )
-        .returning(_BS.c.calls, _BS.c.amount_micros, _BS.c.opened_at)
+        .returning(_BS.c.calls, _BS.c.amount_micros, _BS.c.retry_billed, _BS.c.opened_at)
     )
 
 
@@ -250,6 +242,8 @@ def _why_full(session: Session, tenant: str, scope: str, b: ScopeBudget, amount:
     (now_spent,) = standing(session, tenant=tenant, scope=scope, budgets=[b])
     if b.max_calls is not None and now_spent.calls + 1 > b.max_calls:
         return f"its {b.max_calls} calls are used"
+    if b.max_retry_billed is not None and now_spent.retry_billed >= b.max_retry_billed:
+        return f"its {b.max_retry_billed} retries are spent"
     if b.max_amount is not None and now_spent.amount + amount > b.max_amount.limit:
         cap = b.max_amount
         return (

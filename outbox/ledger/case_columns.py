@@ -1,6 +1,6 @@
 """The columns of a handoff as a case, and of an operation's "retry as a new intent" links.
 
-Mixins of ``models.Handoff`` and ``models.Operation`` (migration 0020 adds them): outbox/evidence/checks.py,
+Mixins of ``models.Handoff`` and ``models.Operation`` (migration 0022 adds them): outbox/evidence/checks.py,
 rechecks.py and handoffs.py say what they hold and when they are written; retries.py the links.
 """
 

@@ -10,7 +10,7 @@ other; a guarded UPDATE and its rows on SQLite, one writer at a time.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from outbox.ledger.clock import LedgerClock, as_utc, db_now
 from outbox.ledger.drivers import ClaimedRow, driver_for
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import Operation, core_table
-from outbox.ledger.request_record import RequestRecord
+from outbox.ledger.request_record import RequestRecord, left_versions
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status, check_allowed
 
 _OP = core_table(Operation)
@@ -79,8 +79,13 @@ class Claim:
     # (None: none left yet, or its worker died before recording it): outbox/ledger/request_record.py.
     action_version: str | None = None
     sent: RequestRecord | None = None
+    # Nothing on record: the versions of the action the earlier dispatch attempts that may have
+    # reached the provider were claimed under (None: not known); empty when none may have.
+    left_under: frozenset[str | None] = frozenset()
     # Who submitted it (``key:<id>``; None: in-process): its authority is checked again before the send.
     submitted_by: str | None = None
+    # The conversation it is charged to: each retry is charged there before it leaves (budget_charges.py).
+    budget_scope: str | None = None
 
     def log_fields(self) -> dict[str, object]:
         """What a log line about this claim's work carries as fields (OUTBOX_LOG_FORMAT=json)."""
@@ -115,6 +120,7 @@ def claim_due(
     operation_ids: Sequence[str] | None = None,
     also_due: int = 0,
     fairness: Fairness | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due ``not_dispatched`` operations (only ``operation_id(s)`` if given).
 
@@ -125,6 +131,10 @@ def claim_due(
     due); the given ids come first only within their own tenant, so another tenant's due row still
     gets its turn (a given id left out stays due for the next claim). Without ``also_due`` only
     the given ids are claimed. Fairness off: the highest priority, then the oldest, given ids first.
+
+    ``versions``: the worker's version of each action (the actions file's, outbox/actions/versions.py),
+    written on each attempt row opened: what its request is built under if none is on record
+    (outbox/ledger/request_record.py). None (tests): not known.
 
     Returns the claims made in the order they were ranked; an empty list when nothing was due
     (another worker won, the operation is not due yet, or it is no longer ``not_dispatched``).
@@ -141,6 +151,7 @@ def claim_due(
         operation_ids=ids,
         also_due=also_due if ids is not None else 0,
         fairness=fairness or DEFAULT_FAIRNESS,
+        versions=versions,
     )
 
 
@@ -194,6 +205,7 @@ def _claim(
     operation_ids: list[str] | None,
     also_due: int = 0,
     fairness: Fairness | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> list[Claim]:
     if limit < 1:
         raise ValueError("limit must be >= 1")
@@ -207,6 +219,7 @@ def _claim(
         operation_ids=operation_ids,
         also_due=also_due,
         fairness=fairness,
+        versions=versions,
     )
     if fairness is not None:
         fairness.advance(after, (row.tenant for row in rows))
@@ -255,7 +268,9 @@ def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
         traceparent=getattr(row, "traceparent", None),
         action_version=getattr(row, "action_version", None),
         sent=RequestRecord.of_row(row),
+        left_under=left_versions(getattr(row, "left_versions", None)),
         submitted_by=getattr(row, "submitted_by", None),
+        budget_scope=getattr(row, "budget_scope", None),
     )
 
 

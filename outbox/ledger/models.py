@@ -44,7 +44,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outbox.ledger.authority_columns import ApproverIdentityColumns, RevocationColumns
 from outbox.ledger.case_columns import HandoffCaseColumns, RetryLinkColumns
-from outbox.ledger.request_columns import RequestRecordColumns
+from outbox.ledger.request_columns import AttemptVersionColumn, RequestRecordColumns
 from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Resolution, Status
 
@@ -177,7 +177,7 @@ Index(f"ix_{OPERATIONS}_due", Operation.next_attempt_at, **_DUE_ROWS)
 Index(f"ix_{OPERATIONS}_fair_due", Operation.tenant, Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)
 
 
-class Attempt(Base):
+class Attempt(AttemptVersionColumn, Base):
     __tablename__ = ATTEMPTS
 
     id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=True)

@@ -1,7 +1,9 @@
-"""The operation's columns of its action's version and of the request on record under its key.
+"""The operation's columns of its action's version and of the request on record under its key, and
+the attempt's of the version it was claimed under.
 
-A mixin of ``models.Operation`` (outbox/ledger/request_record.py says what they hold and when they
-are written; migration 0017 adds them).
+Mixins of ``models.Operation`` and ``models.Attempt`` (outbox/ledger/request_record.py says what
+they hold and when they are written; migration 0017 adds the operation's, 0021 the key's header and
+the attempt's version).
 """
 
 from __future__ import annotations
@@ -21,3 +23,11 @@ class RequestRecordColumns:
     request_path: Mapped[str | None] = mapped_column(Text)
     request_body: Mapped[str | None] = mapped_column(Text)
     request_digest: Mapped[str | None] = mapped_column(String(64))
+    # The header that carried its idempotency key, lower case ("": none; NULL: recorded before 0021).
+    request_key_header: Mapped[str | None] = mapped_column(String(255))
+
+
+class AttemptVersionColumn:
+    # A dispatch attempt: the version of the action its worker held when it claimed it, the one its
+    # request is built under when none is on record. NULL: a lookup, or claimed before 0021.
+    action_version: Mapped[str | None] = mapped_column(String(64))

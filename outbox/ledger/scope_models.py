@@ -7,6 +7,8 @@ operations. On ``models.Base``'s metadata (models.py imports this module), so a 
   waits (outbox/ledger/objects.py).
 - ``outbox_operations.budget_scope``: the conversation whose budget it was charged to
   (outbox/ledger/budget_scopes.py); NULL: none.
+- ``outbox_budget_charges``: one row per dispatch attempt charged to its conversation's retry budget
+  (outbox/ledger/budget_charges.py): the attempt's id is the key, so a charge asked twice is made once.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import datetime as dt
 from sqlalchemy import BigInteger, DateTime, Index, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from outbox.ledger.models import OPERATIONS, PREFIX, Base, Operation
+from outbox.ledger.models import BIGID, OPERATIONS, PREFIX, Base, Operation
 
 OBJECT_HOLDS = PREFIX + "object_holds"
 BUDGET_SCOPES = PREFIX + "budget_scopes"
+BUDGET_CHARGES = PREFIX + "budget_charges"
 
 # Only operations that name an object or a budget scope are indexed (most name neither).
 Index(
@@ -62,5 +65,22 @@ class BudgetScope(Base):
     calls: Mapped[int] = mapped_column(Integer)
     # The sum of the action's amount argument, in millionths of its unit (exact, summable in SQL).
     amount_micros: Mapped[int] = mapped_column(BigInteger)
+    # Dispatch attempts beyond each call's first, charged right before each leaves
+    # (outbox/ledger/budget_charges.py): what max_retry_billed bounds.
+    retry_billed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     opened_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BudgetCharge(Base):
+    """One dispatch attempt charged to its conversation's retry budget (outbox/ledger/budget_charges.py),
+    keyed by the attempt's row: the charge of an attempt is made once, however often it is asked."""
+
+    __tablename__ = BUDGET_CHARGES
+
+    # Not a serial: the attempt row's own id.
+    attempt_id: Mapped[int] = mapped_column(BIGID, primary_key=True, autoincrement=False)
+    operation_id: Mapped[str] = mapped_column(String(36))
+    tenant: Mapped[str] = mapped_column(String(128))
+    scope: Mapped[str] = mapped_column(String(255))
+    charged_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict, ObjectBusy
-from outbox.ledger import budget_scopes, objects, stops, tracing
+from outbox.ledger import budget_scopes, key_uses, objects, stops, tracing
 from outbox.ledger.drivers import NewOperation, driver_for
 from outbox.ledger.drivers.base import Inserted
 from outbox.ledger.envelope import build_envelope
@@ -315,8 +315,13 @@ def _insert(session: Session, span: tracing.Span, new: NewOperation, rules: _Rul
     if existing.key_space != new.key_space:
         owner = "a plain intent" if existing.key_space == "intent" else "a run's step or compensation"
         raise KeySpaceConflict(key, existing.id, owner=owner)
+    counted = new.key_space == "intent"  # a run's steps are keyed by the run: not a caller's key use
     if existing.args_digest != new.args_digest:
+        if counted:
+            key_uses.note(session, tenant=new.tenant, action=new.action, kind=key_uses.CONFLICTS)
         raise IdempotencyConflict(key, existing.args_digest, new.args_digest, existing.id)
+    if counted:
+        key_uses.note(session, tenant=new.tenant, action=new.action, kind=key_uses.REPLAYS)
     left: tuple[budget_scopes.Standing, ...] = ()
     if rules.budgets and rules.scope is not None:
         left = tuple(budget_scopes.standing(session, tenant=new.tenant, scope=rules.scope, budgets=rules.budgets))

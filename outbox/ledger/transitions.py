@@ -9,7 +9,7 @@ transaction: catch ``StaleFence`` inside ``with session.begin():`` to commit tha
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from sqlalchemy import select, update
@@ -208,6 +208,11 @@ def finalize_many_if_fenced(session: Session, items: Sequence[Finalize]) -> list
         if refused is None:
             continue
         item = items[i]
+        if item.report.sent is not None:
+            # Refused (its lease lost, or the guard): what it sent is still a fact about the provider,
+            # recorded if nothing is yet (first wins, never overwritten: the driver's record_request).
+            sent = _recorded(item.report.sent, item.to)
+            driver_for(session).record_request(session, item.claim.operation_id, sent.params())
         if item.to in NO_EFFECT and _still_ours(session, item.claim):
             # The token is current: the refusal is the ledger's own guard, not a lost lease.
             refusals[i] = IllegalTransition(
@@ -264,14 +269,14 @@ def _finalize_write(item: Finalize) -> FinalizeWrite:
 
 
 def _record(report: AttemptReport, to: Status) -> dict[str, Any]:
-    """The request to record if none is on record (writes.RECORD_FIRST). Its body is kept only while
-    another attempt may follow: after a success nothing is sent under the key again."""
-    if report.sent is None:
-        return NO_RECORD
-    params = report.sent.params()
-    if to in EFFECT:
-        params["sent_body"] = None
-    return params
+    """The request to record if none is on record (writes.RECORD_FIRST)."""
+    return NO_RECORD if report.sent is None else _recorded(report.sent, to).params()
+
+
+def _recorded(sent: RequestRecord, to: Status) -> RequestRecord:
+    """``sent`` as recorded: its body kept only while another attempt may follow (after a success
+    nothing is sent under the key again)."""
+    return replace(sent, body=None) if to in EFFECT else sent
 
 
 def report_params(report: AttemptReport) -> dict[str, Any]:

@@ -3,6 +3,19 @@
 The same vocabulary in every agent-facing surface (HTTP API, MCP, SDK helpers, console; DESIGN.md,
 "Surfaces"): ``outcome`` says what happened in terms of what the model may do next, and
 ``model_message`` says it in one sentence, with the provider's reference or the reason.
+
+**Two words for two states under PENDING.** ``PENDING`` stays the one outcome of everything not
+finished and not in doubt (clients wait on it: SETTLED, ``wait_operation``, every SDK's ``settled``),
+and ``stage`` says which: ``QUEUED`` (nothing has left yet: it waits for a worker, its turn, a
+breaker or a limit), ``IN_PROGRESS`` (a request is leaving, or one left and it is tried again under
+the same key), ``ACCEPTED`` (the provider took it and has not finished it). A new outcome value would
+have broken every client that knows PENDING; a field each old client ignores breaks none. ``stage``
+is None for every other outcome. The sentence says the same: "Queued, not sent yet" is never
+"Accepted, not finished".
+
+**A result reads as its own.** A success reads "Done: ..." (the call's own result, a read, a task's
+result); "Already done" only answers a call that found the operation an earlier call made (a replay:
+``replay=True``), since a model reads it as "an earlier call did it".
 """
 
 from __future__ import annotations
@@ -27,6 +40,14 @@ class Outcome(str, enum.Enum):
     # Not stored: a rule of the actions file refused the call at submit (a conversation's budget, a busy
     # business object). Never an operation's state; only an answer to a call.
     REFUSED = "REFUSED"
+
+
+class Stage(str, enum.Enum):
+    """Where a PENDING operation is (the ``stage`` field; the module docstring says why a field)."""
+
+    QUEUED = "QUEUED"  # nothing has left: waiting for a worker, its turn, a breaker or a limit
+    IN_PROGRESS = "IN_PROGRESS"  # being sent, or sent and tried again under the same key
+    ACCEPTED = "ACCEPTED"  # accepted by the provider, not finished
 
 
 OUTCOME_OF: dict[Status, Outcome] = {
@@ -56,14 +77,32 @@ def outcome_of(status: str | Status) -> Outcome:
     return OUTCOME_OF[Status(status)]
 
 
-def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
+def stage_of(op: dict[str, Any]) -> Stage | None:
+    """The stage of a PENDING operation's JSON (None for any other outcome). Nothing has left while no
+    attempt counted (``attempts``: breaker and limit waits are refunded) and no request is on record."""
+    status = Status(op["status"])
+    if status is Status.ACCEPTED:
+        return Stage.ACCEPTED
+    if status is Status.DISPATCHING:
+        return Stage.IN_PROGRESS
+    if status is Status.NOT_DISPATCHED:
+        left = bool(op.get("attempts")) or op.get("request") is not None
+        return Stage.IN_PROGRESS if left else Stage.QUEUED
+    return None
+
+
+def model_message(op: dict[str, Any], *, again: str = _AGAIN, replay: bool = False) -> str:
     """One sentence for the model, from an operation's JSON (outbox/queries.operation_json).
-    ``again``: what a caller may do after a final "did not happen" (a surface's own way to retry)."""
+    ``again``: what a caller may do after a final "did not happen" (a surface's own way to retry).
+    ``replay``: the answer to a call that found the operation an earlier call made."""
     outcome = outcome_of(op["status"])
     action = op.get("action") or "the action"
     if outcome is Outcome.SUCCEEDED:
         ref = (op.get("result") or {}).get("reference")
-        return f"Already done: {action} succeeded" + (f" (reference {ref})" if ref else "") + "; do not retry."
+        done = f"{action} succeeded" + (f" (reference {ref})" if ref else "")
+        if replay:
+            return f"Already done: an earlier call with these arguments did it: {done}; do not retry."
+        return f"Done: {done}; do not retry."
     if outcome is Outcome.FAILED_BEFORE_COMMIT:
         why = op.get("reason") or op.get("last_error") or "no reason recorded"
         return f"Not executed: {action} did not happen ({why}). {again}"
@@ -116,7 +155,21 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN) -> str:
             f"Waiting, nothing sent: {action} is held back ({why}); it is sent once that outcome is known. Wait for "
             "it or check later, do not resubmit."
         )
-    return f"Accepted, not finished: {action} is queued or in progress; wait for it or check later, do not resubmit."
+    if stage_of(op) is Stage.QUEUED:
+        return (
+            f"Queued, not sent yet: {action} waits for its turn; nothing has been sent to the provider. Wait for it "
+            "or check later, do not resubmit."
+        )
+    if op.get("status") == Status.DISPATCHING.value:
+        return (
+            f"In progress, not finished: {action} is being sent to the provider now; wait for it or check later, "
+            "do not resubmit."
+        )
+    why = op.get("reason") or "an earlier try did not finish"
+    return (
+        f"In progress, not finished: {action} was tried and is tried again under the same idempotency key ({why}); "
+        "wait for it or check later, do not resubmit."
+    )
 
 
 def _with_a_person(op: dict[str, Any], action: str) -> str:
@@ -141,6 +194,11 @@ def _with_a_person(op: dict[str, Any], action: str) -> str:
     return f"A person is deciding whether {action} happened; do not retry, and do not tell the user it failed."
 
 
-def with_outcome(op: dict[str, Any]) -> dict[str, Any]:
-    """The operation's JSON plus ``outcome`` and ``model_message``."""
-    return op | {"outcome": outcome_of(op["status"]).value, "model_message": model_message(op)}
+def with_outcome(op: dict[str, Any], *, replay: bool = False) -> dict[str, Any]:
+    """The operation's JSON plus ``outcome``, ``stage`` and ``model_message`` (``replay``: model_message)."""
+    stage = stage_of(op)
+    return op | {
+        "outcome": outcome_of(op["status"]).value,
+        "stage": stage.value if stage is not None else None,
+        "model_message": model_message(op, replay=replay),
+    }

@@ -29,7 +29,9 @@ Each scrape runs a few small read-only queries in one short transaction, all on 
   quantiles without ``rate()``. The handoffs table holds only operations a person had to see.
 - the last reconciliation report's figures, from the ledger (``outbox.reads.report_summary``):
   duplicate effects and their ratio per operation, failure attributability and the auto-recovery
-  rate, as the report defines them (outbox/reads/report.py), so dashboard and report agree.
+  rate, as the report defines them (outbox/reads/report.py), and the articles' figures: possible
+  duplicates by business object, key conflicts, same-key replays and the first-time resolution ratio
+  (outbox/reads/counters.py), so dashboard and report agree.
 
 Ages come from the database clock (``db_age_s``), like every time in the ledger. A ledger that
 does not answer gives ``outbox_ledger_up 0`` and a WARNING, never a failed scrape: the process
@@ -334,10 +336,21 @@ class LedgerCollector(Collector):
             ("outbox_report_duplicate_effect_ratio", summary.duplicate_effect_ratio,
              "Duplicate effects per operation of the last report's window (the duplicate-effect rate)"),
             ("outbox_failure_attributability_ratio", summary.attributability,
-             "Of the last report's failed or handed-over operations, the share with an error class and a reason"),
+             "Of the last report's failed or handed-over operations, the share whose failure names a fault point "
+             "(an error class and the provider's status code or a transport error)"),
             ("outbox_auto_recovery_ratio", summary.auto_recovery,
              "Of the last report's operations with a retryable failed attempt, the share that succeeded without "
              "a person"),
+            ("outbox_first_time_resolution_ratio", summary.first_time_resolution,
+             "Of the operations the last report's window settled, the share settled without a second attempt or "
+             "a person"),
+            ("outbox_report_possible_duplicates_by_object", summary.possible_duplicates_by_object,
+             "Groups of operations with different keys on one business object, all succeeded, found by the last "
+             "report (a caller minting a new key per retry?)"),
+            ("outbox_report_key_conflicts", summary.key_conflicts,
+             "Submits of the last report's window that reused a key with other arguments"),
+            ("outbox_report_key_replays", summary.key_replays,
+             "Submits of the last report's window answered with the operation their key already named"),
         )  # fmt: skip
         for name, value, doc in figures:
             if value is not None:  # nothing to measure in the window: absent, not a made-up figure

@@ -5,7 +5,10 @@ only reads the ledger, so it needs no actions file and no network.
 
 Health figures, over operations created since the window start:
 - failure attributability: of the operations that ended ``failed_before_commit`` or are parked in
-  ``reconciliation_required``, the share that carry both an error class and a reason;
+  ``reconciliation_required``, the share whose failure names a fault point: an error class, and its
+  last failed dispatch attempt names where it failed, by the provider's status code or a transport
+  error (``TRANSPORT_ERRORS``: a connect refused, a read timeout). A reason alone ("deadline passed",
+  "breaker open") says what the ledger did, not where the call failed;
 - auto-recovery rate: of the operations with at least one retryable failed dispatch attempt
   (not_sent / not_processed / ambiguous), the share that later succeeded without a person;
 - handoffs opened in the window: open / resolved, and time to resolution (median, max);
@@ -46,6 +49,25 @@ from outbox.ledger.states import (
 EFFECT_STATUSES = (Status.SUCCEEDED.value, Status.COMMITTED_EVIDENCE_DEGRADED.value)
 ATTRIBUTABLE_STATUSES = (Status.FAILED_BEFORE_COMMIT.value, Status.RECONCILIATION_REQUIRED.value)
 RETRYABLE_CLASSES = (AttemptClass.NOT_SENT.value, AttemptClass.NOT_PROCESSED.value, AttemptClass.AMBIGUOUS.value)
+# The classes of a failed attempt (not pending, accepted or succeeded).
+FAILED_CLASSES = RETRYABLE_CLASSES + (AttemptClass.REJECTED.value,)
+# How a worker names a transport failure at the start of its attempt's error (the reasons of
+# workers/provider/classify.py's exception table, tests/unit/test_report_figure_rules.py keeps them equal).
+TRANSPORT_ERRORS = (
+    "connect_timeout",
+    "pool_timeout",
+    "connect_error",
+    "unsupported_protocol",
+    "invalid_url",
+    "local_protocol_error",
+    "write_timeout",
+    "write_error",
+    "read_timeout",
+    "read_error",
+    "remote_protocol_error",
+    "decoding_error",
+    "unexpected_error",
+)
 
 
 @dataclass(frozen=True)
@@ -143,13 +165,35 @@ def records_by_reference(
     return out
 
 
+def names_a_fault_point(status_code: int | None, error: str | None) -> bool:
+    """A failed attempt says where it failed: the provider's status code, or a transport error."""
+    if status_code is not None:
+        return True
+    head = (error or "").split(":", 1)[0].strip()
+    return head in TRANSPORT_ERRORS
+
+
 def failure_attributability(session: Session, *, since: dt.datetime) -> dict[str, Any]:
+    """The module docstring's figure: one read of the failures, one of their failed dispatch attempts."""
     rows = session.execute(
-        select(Operation.error_class, Operation.reason, Operation.last_error).where(
+        select(Operation.id, Operation.error_class).where(
             Operation.status.in_(ATTRIBUTABLE_STATUSES), Operation.created_at >= since
         )
     ).all()
-    attributable = sum(1 for r in rows if r.error_class and (r.reason or "").strip())
+    last_failed: dict[str, tuple[int | None, str | None]] = {}
+    ids = [r.id for r in rows if r.error_class]
+    for i in range(0, len(ids), 500):
+        for a in session.execute(
+            select(Attempt.operation_id, Attempt.status_code, Attempt.error)
+            .where(
+                Attempt.operation_id.in_(ids[i : i + 500]),
+                Attempt.kind == AttemptKind.DISPATCH.value,
+                Attempt.attempt_class.in_(FAILED_CLASSES),
+            )
+            .order_by(Attempt.operation_id, Attempt.attempt_number)
+        ).all():
+            last_failed[a.operation_id] = (a.status_code, a.error)  # the last one read wins
+    attributable = sum(1 for r in rows if r.error_class and names_a_fault_point(*last_failed.get(r.id, (None, None))))
     return {
         "operations": len(rows),
         "attributable": attributable,

@@ -19,6 +19,9 @@ from sqlalchemy.orm import Session, defer
 from outbox.ledger.clock import as_utc
 from outbox.ledger.models import ReportRun
 
+# Where a kept report holds its possible duplicates by business object, beside the discrepancies.
+BY_OBJECT = "possible_duplicates_by_object"
+
 
 @dataclass(frozen=True)
 class ReportSummary:
@@ -30,6 +33,11 @@ class ReportSummary:
     operations: int = 0  # operations created in its window
     attributability: float | None = None  # failure_attributability.share
     auto_recovery: float | None = None  # auto_recovery.rate
+    # The articles' figures (outbox/reads/counters.py, same_effect.py); None: a report from before them.
+    possible_duplicates_by_object: int | None = None
+    key_conflicts: int | None = None
+    key_replays: int | None = None
+    first_time_resolution: float | None = None  # first_time_resolution.ratio
 
     @property
     def duplicate_effect_ratio(self) -> float | None:
@@ -51,7 +59,9 @@ def record_report(
         duplicate_effects=int(report["health"]["duplicate_effects"]),
         by_tenant=dict(report.get("by_tenant") or {}),
         health=dict(report["health"]),
-        findings=dict(report.get("discrepancies") or {}),
+        # The possible duplicates by object are kept with the findings (not counted as discrepancies).
+        findings=dict(report.get("discrepancies") or {})
+        | {BY_OBJECT: list(report.get("possible_duplicates_by_object") or [])},
         ran_by=ran_by,
     )
     session.add(row)
@@ -81,6 +91,10 @@ def read_summary(session: Session) -> ReportSummary | None:
         value = (health.get(section) or {}).get(key)
         return float(value) if isinstance(value, int | float) else None
 
+    def count(key: str) -> int | None:
+        value = health.get(key)
+        return int(value) if isinstance(value, int) else None
+
     return ReportSummary(
         finished.timestamp(),
         row.duplicate_effects,
@@ -89,6 +103,10 @@ def read_summary(session: Session) -> ReportSummary | None:
         operations=int(health.get("operations") or 0),
         attributability=figure("failure_attributability", "share"),
         auto_recovery=figure("auto_recovery", "rate"),
+        possible_duplicates_by_object=count("possible_duplicates_by_object"),
+        key_conflicts=count("key_conflicts"),
+        key_replays=count("key_replays"),
+        first_time_resolution=figure("first_time_resolution", "ratio"),
     )
 
 
@@ -104,7 +122,9 @@ def report_json(row: ReportRun, *, tenant: str | None = None) -> dict[str, Any]:
         "finished_at": (as_utc(row.finished_at) or row.finished_at).isoformat(),
         "since": (as_utc(row.since) or row.since).isoformat(),
         "complete": row.complete,
-        "discrepancy_count": sum(len(v) for v in findings.values()) if tenant else row.discrepancies,
+        "discrepancy_count": sum(len(v) for k, v in findings.items() if k != BY_OBJECT)
+        if tenant
+        else row.discrepancies,
         "duplicate_effects": row.duplicate_effects if tenant is None else len(findings.get("duplicates", [])),
         "by_tenant": row.by_tenant if tenant is None else {tenant: (row.by_tenant or {}).get(tenant, {})},
         "health": row.health if tenant is None else None,

@@ -377,7 +377,7 @@ def run_message(run: Run, outcome: Outcome, holder: Operation | None, steps: Any
     ]
     if outcome is Outcome.SUCCEEDED:
         return (
-            f"Already done: {name} succeeded, all {len(steps)} steps"
+            f"Done: {name} succeeded, all {len(steps)} steps"
             + (f" ({'; '.join(refs)})" if refs else "")
             + "; do not retry."
         )
@@ -392,4 +392,4 @@ def run_message(run: Run, outcome: Outcome, holder: Operation | None, steps: Any
         return f"In progress: {name} waits for step {step}, whose outcome is being checked with the provider; do not retry."
     if outcome is Outcome.AWAITING_APPROVAL:
         return f"{name} waits for a person's approval of step {step}; nothing of that step has been sent. Wait, or check later."
-    return f"Accepted, not finished: {name} is at step {step}; wait for it or check later, do not resubmit."
+    return f"In progress: {name} is at step {step}; wait for it or check later, do not resubmit."

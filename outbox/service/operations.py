@@ -48,23 +48,24 @@ def find(session: Session, tenant: str | None, id_or_key: str) -> Operation:
     return find_operation(session, id_or_key, tenant=tenant)
 
 
-def answer(session: Session, op: Operation) -> dict[str, Any]:
-    """The operation with its attempts, history and typed outcome, as agents read it."""
-    return with_outcome(detail_of(session, op).as_json())
+def answer(session: Session, op: Operation, *, replay: bool = False) -> dict[str, Any]:
+    """The operation with its attempts, history and typed outcome, as agents read it (``replay``: the
+    answer to a submit that found it, made by an earlier call: outbox/ledger/typed_outcome.py)."""
+    return with_outcome(detail_of(session, op).as_json(), replay=replay)
 
 
 def submitted(session: Session, receipt: Receipt) -> dict[str, Any]:
     """A submit's answer, as agents read operations: a new row from what its insert wrote and returned
-    (no read; outbox.reads.queries.submitted_detail), an existing one read."""
+    (no read; outbox.reads.queries.submitted_detail), an existing one read (a replay)."""
     if receipt.written is not None:
         return with_outcome(submitted_detail(*receipt.written).as_json())
-    return answer(session, get(session, receipt.tenant, receipt.operation_id))
+    return answer(session, get(session, receipt.tenant, receipt.operation_id), replay=not receipt.new)
 
 
-def answers(session: Session, operation_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Several operations' answers in four reads whatever their number (a batch submit's)."""
+def answers(session: Session, operation_ids: Sequence[str], *, replay: bool = False) -> dict[str, dict[str, Any]]:
+    """Several operations' answers in four reads whatever their number (a batch submit's replays)."""
     ops = list(session.execute(select(Operation).where(Operation.id.in_(list(operation_ids)))).scalars())
-    return {d.operation.id: with_outcome(d.as_json()) for d in details_of(session, ops)}
+    return {d.operation.id: with_outcome(d.as_json(), replay=replay) for d in details_of(session, ops)}
 
 
 def read(session: Session, tenant: str | None, operation_id: str) -> dict[str, Any]:

@@ -1,31 +1,11 @@
-"""One idea of a tool call, shared by every agent adapter.
-
-**The key rule.** A model may call the same tool twice (a retry after a timeout, a resumed run, a
-second identical call): each must map to the same operation and answer its outcome instead of acting
-again. So a tool call's idempotency key is made only of what the host owns and what survives retries:
-
-    {scope}:{action}:ref={the declared reference arguments}     (tool.reference_args in the actions file)
-    {scope}:{action}:args={sha256 of the canonical arguments}   (otherwise)
-
-``scope`` is the host's: a conversation, run or thread id (MCP: the ``agent-outbox/scope`` entry of the
-request's ``_meta``, else the server's ``--scope``; OpenAI Agents SDK: what ``scope=`` returns from the
-run context; LangGraph: the thread id). Never the tool call id (a model's retry gets a new one), never
-a model-written "key" argument, never a timestamp. Limits: two calls with the same arguments in one
-scope are one operation, also when a person meant two (give such actions a reference argument, e.g.
-an invoice number); arguments that differ only in what the model wrote freely (a reason text) are two
-operations, unless the action declares reference arguments, which then decide alone.
-
-Numbers: runtimes hand JSON numbers over as binary floats; a float is read back through its shortest
-decimal repr (``12.5`` stays 12.5, exact for up to 15 significant digits). Declare money as strings in
-``tool.args_schema`` to be exact beyond that.
+"""One idea of a tool call, shared by every agent adapter: submitted as an intent under the call's key
+(producer/agents/call_keys.py: the same call again is the same operation, ``occurrence`` makes another
+one on purpose), answered with its typed outcome (outbox/ledger/typed_outcome.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, replace
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import select
@@ -34,54 +14,16 @@ from outbox.actions.rules import IntentRules
 from outbox.errors import BudgetExhausted, IdempotencyConflict, InvalidIntent, ObjectBusy, OperationNotFound, Refused
 from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.ledger.models import Operation
-from outbox.ledger.submit import MAX_KEY_LEN
 from outbox.ledger.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
 from outbox.reads.queries import operation_json, submitted_detail
 from outbox.service import approvals, operations, waiting
-from producer.agents.catalog import RETRY_OF, ToolView, catalog, tool_for
+from producer.agents.call_keys import as_text, call_key, exact, retry_key
+from producer.agents.catalog import OCCURRENCE, RESERVED, RETRY_OF, ToolView, catalog, tool_for
 from producer.client import Outbox
 
-MAX_SCOPE = 128
 # Final outcomes that say "it did not happen": the only ones a call may be tried again after. Not
 # CANCELLED: a person's denial is not the model's to route around.
 RETRYABLE = frozenset({Outcome.FAILED_BEFORE_COMMIT, Outcome.FAILED_AT_PROVIDER})
-
-
-def exact(value: Any) -> Any:
-    """Floats as the decimals they were written as (see the module docstring); the rest unchanged."""
-    if isinstance(value, float):
-        return Decimal(repr(value))
-    if isinstance(value, dict):
-        return {k: exact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [exact(v) for v in value]
-    return value
-
-
-def call_key(scope: str, action: str, args: dict[str, Any], reference_args: tuple[str, ...] = ()) -> str:
-    """The idempotency key of a tool call (the module docstring says why it is made this way)."""
-    if not isinstance(scope, str) or not scope.strip() or len(scope) > MAX_SCOPE:
-        raise InvalidIntent("scope", f"required: the host's conversation, run or thread id (1-{MAX_SCOPE} characters)")
-    canonical = canonical_value(exact(args))
-    if reference_args:
-        missing = [a for a in reference_args if canonical.get(a) in (None, "")]
-        if missing:
-            raise InvalidIntent(f"args.{missing[0]}", "required: it names the business object this call is about")
-        ref = "ref=" + ",".join(json.dumps(_as_text(canonical[a]), ensure_ascii=False) for a in reference_args)
-    else:
-        ref = "args=" + hashlib.sha256(dumps_canonical(canonical).encode()).hexdigest()[:32]
-    key = f"{scope}:{action}:{ref}"
-    if len(key) > MAX_KEY_LEN:  # scope and action included in the hash: never longer than 150
-        key = f"{action[:80]}:h={hashlib.sha256(key.encode()).hexdigest()}"
-    return key
-
-
-def retry_key(key: str, action: str, retry_of: str) -> str:
-    """The key of a call tried again after the operation ``retry_of`` ended "did not happen"."""
-    retried = f"{key}:retry-of={retry_of}"
-    if len(retried) > MAX_KEY_LEN:
-        retried = f"{action[:80]}:h={hashlib.sha256(retried.encode()).hexdigest()}"
-    return retried
 
 
 def refused_answer(exc: Refused, *, action: str, idempotency_key: str) -> ToolAnswer:
@@ -109,16 +51,6 @@ def refused_answer(exc: Refused, *, action: str, idempotency_key: str) -> ToolAn
         budget=budget,
         waiting_on=waiting_on,
     )
-
-
-def _as_text(value: Any) -> str:
-    """A reference value as text: the order 81 and the order "81" are one order (a model may write
-    either on a retry)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return dumps_canonical(value)
 
 
 def check_schema(schema: dict[str, Any], args: dict[str, Any]) -> None:
@@ -157,6 +89,8 @@ class ToolAnswer:
     budget: dict[str, Any] | None = None
     # The operation on the same business object this one waits behind (or was refused for).
     waiting_on: dict[str, Any] | None = None
+    # With PENDING: QUEUED (nothing sent yet), IN_PROGRESS, or ACCEPTED (by the provider, not finished).
+    stage: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -207,7 +141,7 @@ class ToolCaller:
         an argument of the tool: an action may have a business argument of that name."""
         tool = tool_for(self.tools, action)
         key = self.key_of(action, args, scope=scope)
-        plain = {k: v for k, v in args.items() if k != RETRY_OF}
+        plain = {k: v for k, v in args.items() if k not in RESERVED}
         if args.get(RETRY_OF) is not None:
             self._check_retry(tool, args[RETRY_OF], plain, scope=scope)
         try:
@@ -229,11 +163,11 @@ class ToolCaller:
             return refused_answer(exc, action=action, idempotency_key=key)
         except IdempotencyConflict as exc:
             # The same business object (reference arguments), other arguments: the first call stands.
-            first = self.get(exc.operation_id)
+            first = self.get(exc.operation_id, replay=True)  # an earlier call made it
             refs = ", ".join(f"{a}={args.get(a)!r}" for a in tool.reference_args)
             said = (
                 f"A call of {action} for {refs} was already made with other arguments; it stands and no second "
-                f"one is made. {first.model_message}"
+                f"one is made (to make another one on purpose, call again with occurrence=2). {first.model_message}"
             )
             return replace(first, model_message=said, conflict=True)
         # A new call is answered as its insert wrote it (as the HTTP API answers), not as a read after
@@ -242,7 +176,7 @@ class ToolCaller:
         answer = (
             self._answer(with_outcome(submitted_detail(*receipt.written).as_json()), new=True)
             if receipt.written is not None
-            else self.get(receipt.operation_id, new=receipt.new)
+            else self.get(receipt.operation_id, new=receipt.new, replay=not receipt.new)
         )
         extras = receipt.extras()
         message = answer.model_message
@@ -260,8 +194,8 @@ class ToolCaller:
         if not isinstance(args, dict):
             raise InvalidIntent("args", "must be an object of the tool's arguments")
         check_schema(tool.input_schema, args)
-        plain = {k: v for k, v in args.items() if k != RETRY_OF}
-        key = call_key(scope, action, plain, tool.reference_args)
+        plain = {k: v for k, v in args.items() if k not in RESERVED}
+        key = call_key(scope, action, plain, tool.reference_args, args.get(OCCURRENCE))
         retry_of = args.get(RETRY_OF)
         return key if retry_of is None else retry_key(key, action, retry_of)
 
@@ -304,7 +238,7 @@ class ToolCaller:
         before = loads_exact(op.args)
         now = canonical_value(exact(args))
         if tool.reference_args:
-            return all(_as_text(before.get(a)) == _as_text(now.get(a)) for a in tool.reference_args)
+            return all(as_text(before.get(a)) == as_text(now.get(a)) for a in tool.reference_args)
         return bool(dumps_canonical(canonical_value(before)) == dumps_canonical(now))
 
     def find(self, action: str, args: dict[str, Any], *, scope: str) -> ToolAnswer | None:
@@ -316,14 +250,16 @@ class ToolCaller:
             ).scalar()
         return None if found is None else self.get(found)
 
-    def get(self, operation_id: str, *, new: bool = False) -> ToolAnswer:
+    def get(self, operation_id: str, *, new: bool = False, replay: bool = False) -> ToolAnswer:
+        """The operation as it is now. ``replay``: the answer to a call that found the operation an
+        earlier call made (its success reads "Already done"; any other answer, "Done")."""
         with self.outbox.sessions() as session:
             try:
                 op = operations.get(session, self.tenant, operation_id)
             except OperationNotFound:
                 # To a model, a wrong id is a wrong argument: it corrects the call.
                 raise InvalidIntent("operation_id", f"no operation {operation_id!r} for this tenant") from None
-            doc = with_outcome(operation_json(op))
+            doc = with_outcome(operation_json(op), replay=replay)
         return self._answer(doc, new=new)
 
     def _answer(self, doc: dict[str, Any], *, new: bool) -> ToolAnswer:
@@ -340,6 +276,7 @@ class ToolCaller:
             idempotency_key=doc["idempotency_key"],
             reference=result.get("reference"),
             new=new,
+            stage=doc.get("stage"),
         )
 
     def _again(self, action: str, operation_id: str) -> str:
@@ -356,14 +293,17 @@ class ToolCaller:
             f'again with retry_of="{operation_id}". A call with changed arguments is a new call and needs no retry_of.'
         )
 
-    def wait(self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = waiting.POLL_S) -> ToolAnswer:
-        """Until the outcome is settled (final, or a person is needed) or ``timeout_s`` (at most 60)."""
+    def wait(
+        self, operation_id: str, *, timeout_s: float = 30.0, interval_s: float = waiting.POLL_S, replay: bool = False
+    ) -> ToolAnswer:
+        """Until the outcome is settled (final, or a person is needed) or ``timeout_s`` (at most 60).
+        ``replay``: waited for by a call that found an earlier call's operation (see ``get``)."""
         waiting.timeout_of(timeout_s)
-        answer = self.get(operation_id)
+        answer = self.get(operation_id, replay=replay)
         if answer.settled or not timeout_s:
             return answer
         waiting.wait(self.outbox.sessions, operation_id, timeout_s=timeout_s, poll_s=interval_s)
-        return self.get(operation_id)
+        return self.get(operation_id, replay=replay)
 
     def approve(self, operation_id: str, *, by: str, note: str | None = None) -> None:
         """A person's approval, recorded as agent-outbox approvals are (who, when, under which policy).

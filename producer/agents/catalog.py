@@ -20,6 +20,25 @@ RETRY_OF_SCHEMA: dict[str, Any] = {
         "call and the cause was fixed: that answer's operation_id. Leave it out otherwise."
     ),
 }
+# The other: a second call on purpose. The same arguments twice are one call (one effect); a model that
+# means another one (a second partial refund of one order) says which with a small number or a label of
+# its own, part of the call's key (producer/agents/calls.py occurrence_of). Absent (or 1): the first one.
+OCCURRENCE = "occurrence"
+MAX_OCCURRENCE = 1000
+OCCURRENCE_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+OCCURRENCE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_OCCURRENCE},
+        {"type": "string", "pattern": OCCURRENCE_LABEL},
+    ],
+    "description": (
+        "Pass it only to make another one of the same call: the same arguments again are the same call and make no "
+        "second effect, so to make a second one on purpose (a second partial refund of one order) pass 2 (then "
+        "3, ...) or a short label of your own. Leave it out for the first one. The same occurrence again is "
+        "still the same call."
+    ),
+}
+RESERVED = (RETRY_OF, OCCURRENCE)
 
 
 @dataclass(frozen=True)
@@ -64,13 +83,17 @@ def catalog(rules: IntentRules) -> dict[str, ToolView]:
         description += (
             " Each call is idempotent: the same call again returns the same operation and its outcome, never a"
             " second effect. Read `outcome` and `model_message`; never retry an UNKNOWN or PENDING one."
+            " `occurrence`: only to make another one of the same call (2, 3, ... or a label); leave it out otherwise."
         )
         schema = dict(spec.args_schema) if spec and spec.args_schema else _schema(declared, references)
-        if RETRY_OF in (declared or []) or RETRY_OF in schema.get("properties", {}):
-            raise InvalidIntent(
-                f"actions.{action}.args", f"{RETRY_OF!r} is reserved for trying a failed tool call again; rename it"
-            )
-        schema["properties"] = {**schema.get("properties", {}), RETRY_OF: RETRY_OF_SCHEMA}
+        for reserved, use in ((RETRY_OF, "trying a failed tool call again"), (OCCURRENCE, "a second call on purpose")):
+            if reserved in (declared or []) or reserved in schema.get("properties", {}):
+                raise InvalidIntent(f"actions.{action}.args", f"{reserved!r} is reserved for {use}; rename it")
+        schema["properties"] = {
+            **schema.get("properties", {}),
+            RETRY_OF: RETRY_OF_SCHEMA,
+            OCCURRENCE: OCCURRENCE_SCHEMA,
+        }
         destructive = spec.destructive if spec else True
         out[action] = ToolView(action, description, schema, tuple(references), approval, destructive)
     return out

@@ -21,7 +21,9 @@ from langgraph.types import interrupt
 
 from outbox.errors import InvalidIntent
 from outbox.ledger.envelope import canonical_value, dumps_canonical
-from producer.agents.calls import ToolAnswer, ToolCaller, exact
+from producer.agents.call_keys import exact
+from producer.agents.calls import ToolAnswer, ToolCaller
+from producer.agents.catalog import RESERVED
 
 Node = Callable[[Any, RunnableConfig], dict[str, Any]]
 
@@ -44,7 +46,9 @@ def outbox_node(
     wait_s: float = 20.0,
 ) -> Node:
     """A graph node: ``args_from(state)`` gives the action's arguments; the answer lands in
-    ``state[result_key]``. ``wait_s``: how long the node waits for a settled outcome."""
+    ``state[result_key]``. ``wait_s``: how long the node waits for a settled outcome. ``args_from``
+    may add ``occurrence`` (2, 3, ... or a label: producer/agents/calls.py), only to make another
+    one of the same call: a second node asking for the same arguments on purpose."""
 
     def node(state: Any, config: RunnableConfig) -> dict[str, Any]:
         args = dict(args_from(state))
@@ -58,7 +62,7 @@ def outbox_node(
                 decision = interrupt(question | {"error": f"resume with operation_id {answer.operation_id}"})
             answer = _decide(caller, answer, decision)
         if not answer.settled and wait_s > 0:
-            answer = caller.wait(answer.stored_id, timeout_s=wait_s)
+            answer = caller.wait(answer.stored_id, timeout_s=wait_s, replay=not answer.new)
         return {result_key: answer.as_dict()}
 
     return node
@@ -70,7 +74,8 @@ def _question(answer: ToolAnswer, args: dict[str, Any]) -> dict[str, Any]:
         "kind": "agent-outbox approval",
         "operation_id": answer.operation_id,
         "action": answer.action,
-        "args": dumps_canonical(canonical_value(exact(args))),  # canonical JSON text: what would be sent
+        # Canonical JSON text: what would be sent (never ``occurrence`` or ``retry_of``: the call's own).
+        "args": dumps_canonical(canonical_value(exact({k: v for k, v in args.items() if k not in RESERVED}))),
         "idempotency_key": answer.idempotency_key,
         "message": answer.model_message,
         "resume_with": {"operation_id": answer.operation_id, "approved": "true|false", "by": "who", "note": "why"},

@@ -21,7 +21,7 @@ from mcp.server import Server
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from outbox.errors import OutboxError
-from outbox.ledger.typed_outcome import Outcome
+from outbox.ledger.typed_outcome import Outcome, Stage
 from outbox.service import waiting
 from outbox.service.waiting import MAX_WAIT_S
 from producer.agents.calls import ToolAnswer, ToolCaller
@@ -45,6 +45,8 @@ ANSWER_SCHEMA: dict[str, Any] = {
             "type": "string",
             "enum": [o.value for o in Outcome],
         },
+        # With PENDING: QUEUED (nothing sent yet), IN_PROGRESS, ACCEPTED (by the provider, not finished).
+        "stage": {"type": ["string", "null"], "enum": [*(s.value for s in Stage), None]},
         "model_message": {"type": "string"},
         "operation_id": {"type": ["string", "null"]},
         "status": {"type": "string"},

@@ -8,7 +8,9 @@ task survives a server restart and every read is tenant-scoped (outbox.service.o
     awaiting_approval                                   -> input_required (+ a URL-mode elicitation of
                                                            the console's approvals page: never a form)
     not_dispatched, dispatching, outcome_unknown,
-    reconciliation_required, accepted                   -> working, statusMessage says which
+    reconciliation_required, accepted                   -> working, statusMessage says which (queued and
+                                                           not sent yet, in progress, accepted: the typed
+                                                           outcome's stage)
     succeeded, committed_evidence_degraded              -> completed
     failed_before_commit, failed_at_provider            -> completed, result isError (a business outcome)
     cancelled                                           -> cancelled
@@ -35,6 +37,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from outbox.errors import OperationNotFound, OutboxError
 from outbox.ledger.states import Status
+from outbox.ledger.typed_outcome import Stage, stage_of
 from outbox.service import operations, waiting
 from outbox.settings import load_settings
 from producer.agents.calls import ToolCaller
@@ -52,6 +55,9 @@ WORKING_MESSAGE: dict[Status, str] = {
     Status.RECONCILIATION_REQUIRED: "with a person: the outcome could not be established automatically",
     Status.ACCEPTED: "accepted by the provider: waiting for its final answer",
 }
+# Not dispatched after a try that left (a 503, a reset proven harmless): the typed outcome's IN_PROGRESS,
+# never "queued: not sent yet" (outbox/ledger/typed_outcome.py stage_of).
+RETRYING_MESSAGE = "in progress: tried, and tried again under the same key"
 COMPLETED = frozenset({Status.SUCCEEDED, Status.COMMITTED_EVIDENCE_DEGRADED})
 FAILED = frozenset({Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER})
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
@@ -85,6 +91,8 @@ def task_of(op: Any, base_url: str) -> dict[str, Any]:
         state, message = "cancelled", "cancelled"
     elif status is Status.ABANDONED:
         state, message = "completed", "abandoned: a person stopped checking whether it happened (see the result)"
+    elif status is Status.NOT_DISPATCHED and _stage(op) is Stage.IN_PROGRESS:
+        state, message = "working", RETRYING_MESSAGE
     else:
         state, message = "working", WORKING_MESSAGE.get(status, status.value)
     task = types.Task(
@@ -101,6 +109,11 @@ def task_of(op: Any, base_url: str) -> dict[str, Any]:
     if meta:
         doc["_meta"] = meta
     return doc
+
+
+def _stage(op: Any) -> Stage | None:
+    request = getattr(op, "request_digest", None) or getattr(op, "request_version", None)
+    return stage_of({"status": op.status, "attempts": getattr(op, "attempt_count", 0), "request": request})
 
 
 def _not_found(task_id: str) -> types.ErrorData:

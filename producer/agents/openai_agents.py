@@ -127,7 +127,7 @@ class OutboxTools:
         answer = self.caller.call(action, args, scope=scope, tool_call_id=tool_call_id)
         if self.wait_s <= 0 or answer.settled:
             return answer
-        waited = self.caller.wait(answer.stored_id, timeout_s=self.wait_s)
+        waited = self.caller.wait(answer.stored_id, timeout_s=self.wait_s, replay=not answer.new)
         return replace(waited, new=answer.new, conflict=answer.conflict, model_message=waited.model_message)
 
     def _submit_for(self, state: RunState[Any], item: ToolApprovalItem) -> ToolAnswer:

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox.errors import ConfigError, OutboxError
+from outbox.ledger.key_uses import IN_CALLERS_TRANSACTION
 from outbox.ledger.submit import Receipt
 from outbox.ledger.submit import submit as ledger_submit
 from outbox.runs.lifecycle import RunReceipt
@@ -97,7 +98,8 @@ def _in_django_transaction(using: str, write: Callable[[Session], T]) -> T:
             f"producer.django needs Django on psycopg 3 or psycopg2; the Django database {using!r} runs on "
             f"{type(raw).__module__}. Use django.db.backends.postgresql (or a backend built on it)"
         )
-    with driver.lent(using, raw) as engine, Session(engine) as session:
+    # The transaction is Django's: what the ledger counts on the side is counted in it (key_uses.py).
+    with driver.lent(using, raw) as engine, Session(engine, info={IN_CALLERS_TRANSACTION: True}) as session:
         try:
             # A failed statement reaches the caller as Django's own error (django.db.IntegrityError,
             # ...), whichever path the statement took: the driver's error straight from the raw

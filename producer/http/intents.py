@@ -93,6 +93,9 @@ class OperationOut(BaseModel):
     action: str
     status: str
     outcome: str = Field(description="SUCCEEDED | FAILED_BEFORE_COMMIT | UNKNOWN | NEEDS_HUMAN | ...")
+    stage: str | None = Field(
+        default=None, description="with PENDING: QUEUED (nothing sent yet) | IN_PROGRESS | ACCEPTED (by the provider)"
+    )
     model_message: str = Field(description="one sentence a language model can act on")
 
 
@@ -291,7 +294,7 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                     results.append({"index": i, "status": 409, "problem": refused_problem(exc).body()})
             # New rows answered from what their inserts wrote; replays read, all in four reads.
             replays = [r["operation"].operation_id for r in results if "operation" in r and not r["operation"].new]
-            answers = operations.answers(session, replays) if replays else {}
+            answers = operations.answers(session, replays, replay=True) if replays else {}
             for r in results:
                 if "operation" in r:
                     receipt = r["operation"]

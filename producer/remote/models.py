@@ -36,6 +36,8 @@ class Operation(_Answer):
     status: str
     outcome: str
     model_message: str
+    # With PENDING: QUEUED (nothing sent yet), IN_PROGRESS or ACCEPTED (by the provider, not finished).
+    stage: str | None = None
     subject: str | None = None
     submitted_by: str | None = None
     waiting_for: str | None = None

@@ -242,11 +242,19 @@ class Case:
         also_due: int = 0,
         worker: str = "w1",
         lease_s: float = 30.0,
+        versions: dict[str, str] | None = None,
     ) -> list[Any]:
         with self.sessions.begin() as s:
             return list(
                 self.driver.claim(
-                    s, kind, worker=worker, lease_s=lease_s, limit=limit, operation_ids=ids, also_due=also_due
+                    s,
+                    kind,
+                    worker=worker,
+                    lease_s=lease_s,
+                    limit=limit,
+                    operation_ids=ids,
+                    also_due=also_due,
+                    versions=versions,
                 )
             )
 

@@ -197,9 +197,7 @@ def test_wait_returns_each_outcome(pipe, sandbox, api):
         pipe.start_worker(queues="outcome_unknown")
         got = {k: c.get(f"/v1/operations/{i}/wait", params={"timeout_s": 30}).json() for k, i in ids.items()}
         assert got["w-ok"]["outcome"] == "SUCCEEDED"
-        assert (
-            got["w-ok"]["model_message"].startswith("Already done") and "do not retry" in got["w-ok"]["model_message"]
-        )
+        assert got["w-ok"]["model_message"].startswith("Done:") and "do not retry" in got["w-ok"]["model_message"]
         assert got["w-rejected"]["outcome"] == "FAILED_BEFORE_COMMIT"
         assert got["w-rejected"]["model_message"].startswith("Not executed")
         assert got["w-lost"]["outcome"] == "NEEDS_HUMAN" and "do not retry" in got["w-lost"]["model_message"]

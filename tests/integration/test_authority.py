@@ -83,10 +83,10 @@ def test_a_revoked_keys_queued_intents_never_reach_the_provider(pipe, sandbox, c
     rows = _rows(pipe, mine)
     if cancel_queued:  # cancelled in the revocation's own transaction: exact
         queued = [i for i, op in rows.items() if op.status == "cancelled"]
-        assert len(queued) == done["cancelled"] > 150 and done["to_a_person"] == 0
+        assert len(queued) == done["cancelled"] >= 50 and done["to_a_person"] == 0
     else:  # parked until every worker knows, then to a person at their claim
         queued = [i for i, op in rows.items() if op.status == "not_dispatched" and op.waiting_for == "authority"]
-        assert len(queued) == done["to_a_person"] > 150 and done["cancelled"] == 0
+        assert len(queued) == done["to_a_person"] >= 50 and done["cancelled"] == 0
     assert {rows[i].status for i in mine if i not in queued} <= {"dispatching", *SETTLED}, "only calls out remain"
 
     # Another key's intents flow meanwhile: revoking one agent stops nothing else.

@@ -16,6 +16,7 @@ from sqlalchemy import update
 
 from outbox.actions.rules import load_intent_rules
 from outbox.ledger.models import Operation
+from outbox.ledger.scope_models import BudgetScope
 from producer.agents.calls import ToolCaller
 from producer.client import Outbox
 from tests.harness import action, actions_doc
@@ -120,8 +121,8 @@ def test_the_conversation_wide_budget_retries_and_deadline(ledger, tmp_path):
     caller = _caller(ledger.sessions, _rules(tmp_path, own={"deadline_s": 3600}, every=every))
     first = caller.call(REFUND, _refund("o-1", "1"), scope="conv")
     assert "1 of 2 calls, 1 of 1 retries left in this conversation" in first.model_message
-    with ledger.sessions.begin() as s:  # the first call took three attempts (two retries billed)
-        s.execute(update(Operation).where(Operation.id == first.operation_id).values(attempt_count=3))
+    with ledger.sessions.begin() as s:  # the first call's two retries, charged as they left (budget_charges.py)
+        s.execute(update(BudgetScope).where(BudgetScope.scope == "conv").values(retry_billed=2))
     spent = caller.call(REFUND, _refund("o-2", "1"), scope="conv")
     assert spent.outcome == "REFUSED" and "its 1 retries are spent" in spent.model_message
 

@@ -117,7 +117,7 @@ def test_submit_wait_and_replay_make_one_effect(served):
         assert op.new is True and op.outcome == "PENDING" and op.idempotency_key == "cl-1" and op.tenant == "acme"
         done = outbox.wait(op.operation_id, timeout_s=30)
         assert done.settled and done.outcome == "SUCCEEDED" and done.reference, done
-        assert done.model_message.startswith("Already done") and done.attempt_log
+        assert done.model_message.startswith("Done:") and done.attempt_log  # its own result: never "Already done"
         # The same intent again (12.5 is 12.50 by value): the same operation, nothing stored or sent anew.
         again = outbox.submit(REFUND, dict(REFUND_ARGS, amount=Decimal("12.5")), idempotency_key="cl-1")
         assert again.new is False and again.operation_id == op.operation_id and again.outcome == "SUCCEEDED"

@@ -776,6 +776,7 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
     # The claim workers send: the tenants' walk, then each tenant's due rows through the fair index.
     statement = sql.claim(AttemptKind.DISPATCH, False, 10, 0, True)
     params = {"worker": "probe", "lease_s": 30, "after_tenant": "", "weight_tenants": [], "weights": []}
+    params["versions"] = None  # the workers' versions of the actions, for the attempt rows
     with psycopg.connect(url) as conn:
 
         def heap_pages_read() -> int:

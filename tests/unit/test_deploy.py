@@ -88,6 +88,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
             "duplicate_effects": 0,
             "failure_attributability": {"share": 1.0},
             "auto_recovery": {"rate": 1.0},
+            "first_time_resolution": {"ratio": 1.0},
+            "possible_duplicates_by_object": 0,
+            "key_conflicts": 0,
+            "key_replays": 0,
         }
         doc = {"since": now.isoformat(), "health": health, "discrepancy_count": 0, "complete": True}
         record_report(s, doc | {"discrepancies": {}}, started_at=now, finished_at=now, ran_by="test")
@@ -147,6 +151,10 @@ def test_every_series_named_is_exported(exported: set[str]):
         "outbox_report_duplicate_effect_ratio",
         "outbox_failure_attributability_ratio",
         "outbox_auto_recovery_ratio",
+        "outbox_first_time_resolution_ratio",
+        "outbox_report_possible_duplicates_by_object",
+        "outbox_report_key_conflicts",
+        "outbox_report_key_replays",
         "outbox_handoff_takeover_seconds_bucket",
         "outbox_handoff_ratio",
         "outbox_retry_billed_calls_total",

@@ -11,7 +11,7 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import AttemptKind
 from workers.dispatch.outcomes import NeedsPerson, Rejected
-from workers.dispatch.same_request import BUILD, Resend, needs_check, route, without_action
+from workers.dispatch.same_request import BUILD, Resend, route, without_action
 from workers.provider.http_request import request_digest
 
 BASE_URL = "https://pay.example.com/api"
@@ -46,22 +46,24 @@ def claim(**over: object) -> Claim:
     return replace(c, **over)  # type: ignore[arg-type]
 
 
+KEY_HEADER = "idempotency-key"
+
+
 def recorded(version: str = "aaaa", base_url: str = BASE_URL, **over: object) -> RequestRecord:
     digest = request_digest("POST", str(httpx.URL(base_url + PATH)), BODY.encode())
-    return replace(RequestRecord(version, "POST", PATH, BODY, digest), **over)  # type: ignore[arg-type]
+    return replace(RequestRecord(version, "POST", PATH, BODY, digest, KEY_HEADER), **over)  # type: ignore[arg-type]
 
 
-def go(c: Claim, version: str | None = "bbbb", *, http: bool = True, earlier_left: bool = False) -> object:
-    return route(c, version, http=http, base_url=BASE_URL, earlier_left=earlier_left)
+def go(c: Claim, version: str | None = "bbbb", *, http: bool = True, key_header: str = KEY_HEADER) -> object:
+    return route(c, version, http=http, base_url=BASE_URL, key_header=key_header)
 
 
-def test_a_first_attempt_or_an_unchanged_definition_builds_and_asks_nothing() -> None:
-    first = claim(attempt_number=1)
-    assert go(first) is BUILD and not needs_check(first, "bbbb")
-    same = claim(action_version="bbbb")
-    assert go(same, earlier_left=True) is BUILD and not needs_check(same, "bbbb")
-    unknown = claim(action_version=None)  # submitted without the actions file: built as before
-    assert go(unknown, earlier_left=True) is BUILD and not needs_check(unknown, "bbbb")
+def test_a_first_attempt_or_earlier_ones_under_the_current_version_build() -> None:
+    assert go(claim(attempt_number=1)) is BUILD  # nothing can have left
+    # Submitted under another version (or none), but every attempt that may have left was claimed
+    # under the current one: the deterministic build is that request again.
+    assert go(claim(left_under=frozenset({"bbbb"}))) is BUILD
+    assert go(claim(action_version=None, left_under=frozenset({"bbbb"}))) is BUILD
 
 
 def test_the_request_on_record_is_sent_again_exactly_whatever_the_definition() -> None:
@@ -79,13 +81,11 @@ def test_a_moved_base_url_or_a_purged_body_is_a_person() -> None:
 
 
 def test_nothing_on_record_and_another_version_builds_only_if_nothing_can_have_left() -> None:
-    c = claim()
-    assert needs_check(c, "bbbb")
-    assert go(c, earlier_left=False) is BUILD  # every earlier attempt not_sent (or proven absent)
-    person = go(c, earlier_left=True)
+    assert go(claim()) is BUILD  # every earlier attempt not_sent (or proven absent)
+    person = go(claim(left_under=frozenset({"aaaa"})))
     assert isinstance(person, NeedsPerson)
     assert "submitted under aaaa" in person.why and "current bbbb" in person.why
-    assert "first request sent under unknown" in person.why
+    assert "first request sent under aaaa (not on record" in person.why
 
 
 def test_a_hook_connector_calls_again_only_under_the_version_it_was_sent_under() -> None:
@@ -99,10 +99,12 @@ def test_a_hook_connector_calls_again_only_under_the_version_it_was_sent_under()
 
 
 def test_a_removed_action_or_purged_arguments_end_it_only_when_nothing_left() -> None:
-    assert isinstance(without_action(claim(), earlier_left=False), Rejected)
-    removed = without_action(claim(sent=recorded()), earlier_left=False)
+    assert isinstance(without_action(claim()), Rejected)
+    removed = without_action(claim(sent=recorded()))
     assert isinstance(removed, NeedsPerson) and "current none" in removed.why
-    assert isinstance(go(claim(args=""), earlier_left=False), Rejected)
+    assert isinstance(without_action(claim(left_under=frozenset({"aaaa"}))), NeedsPerson)
+    assert isinstance(go(claim(args="")), Rejected)
     purged = go(claim(args="", sent=recorded()))
     assert isinstance(purged, NeedsPerson) and "purged" in purged.why
-    assert needs_check(claim(args="", action_version="bbbb"), "bbbb")
+    left = go(claim(args="", action_version="bbbb", left_under=frozenset({"bbbb"})))
+    assert isinstance(left, NeedsPerson) and "purged" in left.why

@@ -26,13 +26,13 @@ def test_every_state_has_exactly_one_outcome():
 @pytest.mark.parametrize(
     ("status", "words"),
     [
-        ("succeeded", ["Already done", "RF-9001", "do not retry"]),
-        ("committed_evidence_degraded", ["Already done", "do not retry"]),
+        ("succeeded", ["Done:", "RF-9001", "do not retry"]),
+        ("committed_evidence_degraded", ["Done:", "do not retry"]),
         ("failed_before_commit", ["Not executed", "amount over limit", "new idempotency key"]),
         ("outcome_unknown", ["Outcome unknown", "may have executed", "do not retry"]),
         ("reconciliation_required", ["A person is deciding", "do not retry"]),
         ("awaiting_approval", ["approval", "nothing has been sent"]),
-        ("not_dispatched", ["not finished", "do not resubmit"]),
+        ("not_dispatched", ["Queued, not sent yet", "do not resubmit"]),
         ("dispatching", ["not finished"]),
         ("cancelled", ["Cancelled", "did not happen"]),
         ("accepted", ["Accepted, not finished", "still processing", "Do not resubmit"]),

@@ -27,8 +27,11 @@ EPILOG = """\
 Compares the ledger with what each provider lists (actions that declare a `list` request) and
 prints: record-without-document, document-without-record, duplicates (more than one document per
 business key), operations whose own attempts contradict their state (e.g. a confirmed success
-beside failed_before_commit), and the health figures (duplicate effects, failure attributability, auto-recovery
-rate, handoffs and time to resolution, retries per target).
+beside failed_before_commit), possible duplicates by business object (two keys, one object -- the
+action's `object` or `report.same_effect_when` -- both succeeded within --same-object-window; for a
+person to review, not counted as discrepancies), and the health figures (duplicate effects, failure
+attributability, auto-recovery rate, key conflicts, same-key replays, first-time resolution, handoffs
+and time to resolution, retries per target).
 
 exit status:
   0  no discrepancy found (and every listing was read)
@@ -52,6 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="window start: ISO timestamp (2026-11-29T10:00:00Z) or a duration ago (24h, 30m, 7d); default 24h",
     )
     p.add_argument(
+        "--same-object-window",
+        default=None,
+        metavar="D",
+        help="possible duplicates by business object: two successes on one object at most this far apart "
+        "(24h, 30m, 7d; default OUTBOX_REPORT_SAME_OBJECT_WINDOW_S, 24h)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print the report as one JSON object (see workers/provider/listing_report.py)",
@@ -70,14 +80,24 @@ def parse_since(text: str, *, now: dt.datetime) -> dt.datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def parse_duration_s(text: str, flag: str) -> float:
+    match = _DURATION.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise InvalidIntent(flag, f"{text!r} is not a duration like 24h / 30m / 7d")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     now = dt.datetime.now(UTC)
     since = parse_since(args.since, now=now)
     settings = load_settings()
+    window_s = settings.report_same_object_window_s
+    if args.same_object_window is not None:
+        window_s = parse_duration_s(args.same_object_window, "--same-object-window")
     actions = load_actions_for(settings)
     with ledger(settings) as sessions:
         with sessions() as session:
-            report = build_report(session, actions, since=since, now=now)
+            report = build_report(session, actions, since=since, now=now, same_object_window_s=window_s)
         keep_report(sessions, report, started_at=now, ran_by="cli")
     if args.json:
         print(dumps(report))
@@ -164,6 +184,16 @@ def render(report: dict[str, object]) -> None:
         )
     console.print(t)
 
+    by_object = report.get("possible_duplicates_by_object") or []
+    assert isinstance(by_object, list)
+    t = Table(title=f"possible duplicates by business object: two keys, one object, both succeeded ({len(by_object)})")
+    for col in ("tenant", "action", "object", "operations (key: reference)"):
+        t.add_column(col, overflow="fold")
+    for r in by_object:
+        ops = "; ".join(f"{o['idempotency_key']}: {o['reference'] or '?'}" for o in r["operations"])
+        t.add_row(r["tenant"], r["action"], r["object"], ops)
+    console.print(t)
+
     h = report["health"]
     assert isinstance(h, dict)
     fa, ar, ho = h["failure_attributability"], h["auto_recovery"], h["handoffs"]
@@ -173,6 +203,11 @@ def render(report: dict[str, object]) -> None:
     t.add_row("duplicate effects", str(h["duplicate_effects"]))
     t.add_row("failure attributability", _share(fa["share"]) + f" ({fa['attributable']}/{fa['operations']})")
     t.add_row("auto-recovery rate", _share(ar["rate"]) + f" ({ar['recovered']}/{ar['operations']})")
+    ft = h.get("first_time_resolution") or {"ratio": None, "first_time": 0, "settled": 0}
+    t.add_row("first-time resolution", _share(ft["ratio"]) + f" ({ft['first_time']}/{ft['settled']})")
+    t.add_row("key conflicts (same key, other arguments)", str(h.get("key_conflicts", 0)))
+    t.add_row("same-key replays", str(h.get("key_replays", 0)))
+    t.add_row("possible duplicates by business object", str(h.get("possible_duplicates_by_object", 0)))
     ttr = ho["time_to_resolution_s"]
     t.add_row(
         "handoffs",

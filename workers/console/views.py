@@ -48,6 +48,8 @@ def counters(session: Session, tenant: str) -> dict[str, Any]:
     report = last_report(session)
     # This tenant's counts per kind of finding (the report's by_tenant): the findings stay unread.
     found = dict((report.by_tenant or {}).get(tenant, {})) if report is not None else {}
+    # And its own figures of the articles (outbox/reads/counters.py): a tenant sees only its own.
+    mine = ((report.health or {}).get("by_tenant") or {}).get(tenant, {}) if report is not None else {}
     age = (now - as_utc(oldest_unknown)).total_seconds() if oldest_unknown is not None and now else 0.0  # type: ignore[operator]
     return {
         "by_status": {s.value: int(by_status.get(s.value, 0)) for s in Status},
@@ -64,6 +66,10 @@ def counters(session: Session, tenant: str) -> dict[str, Any]:
             "complete": report.complete,
             "duplicates": int(found.get("duplicates", 0)),
             "discrepancies": sum(int(n) for n in found.values()),
+            "possible_duplicates_by_object": int(mine.get("possible_duplicates_by_object", 0)),
+            "key_conflicts": int(mine.get("key_conflicts", 0)),
+            "key_replays": int(mine.get("key_replays", 0)),
+            "first_time_resolution": (mine.get("first_time_resolution") or {}).get("ratio"),
         },
     }
 

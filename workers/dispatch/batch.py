@@ -16,7 +16,7 @@ outcome_unknown and let the reconciler ask the provider by key.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from breaker import Admissions
@@ -91,7 +91,16 @@ class Dispatcher:
                 # While some rung ids wait for their breaker (parked just below), the claim takes the
                 # wanted ids alone: filled with whatever else is due, it could take those along too.
                 fill = not passed.to_park
-                claims = _claim(gate.ledger, gate.worker_id, self.lease_s, passed.wanted, size, self.fairness, fill)
+                claims = _claim(
+                    gate.ledger,
+                    gate.worker_id,
+                    self.lease_s,
+                    passed.wanted,
+                    size,
+                    self.fairness,
+                    fill,
+                    versions=gate.actions.versions,
+                )
             if not claims:
                 log.debug("nothing to claim", extra={"operation_ids": list(operation_ids)})
             gate.admit_taken_along(claims, admissions)
@@ -116,13 +125,15 @@ def _claim(
     size: int,
     fairness: Fairness,
     fill: bool = True,
+    versions: Mapping[str, str] | None = None,
 ) -> list[Claim]:
     """A doorbell wakes a worker; the database says what is due. The same statement fills the batch
     with whatever else is due now, shared among tenants (outbox/ledger/fairness.py): the rung ids
     come first within their own tenant only, so one tenant's doorbells cannot keep another's due
     work out; those ids' own doorbells will in turn claim whatever is due then. No rung id due:
     whatever is due, up to ``size``. ``fill`` False (with ids): only those ids. Room for fewer
-    than the rung ids (a busy process): the first ``size`` of them (the rest stay due)."""
+    than the rung ids (a busy process): the first ``size`` of them (the rest stay due). Each attempt
+    row records ``versions``' version of its action, this worker's (outbox/ledger/request_record.py)."""
     wanted = wanted[:size]
     if fill and fairness.on and len(wanted) >= size > 1:
         # Room for one row the ids did not name, so another tenant's due row can still win its turn;
@@ -138,4 +149,5 @@ def _claim(
             limit=len(wanted) if wanted else size,
             also_due=size - len(wanted) if wanted and fill else 0,
             fairness=fairness,
+            versions=versions,
         )

@@ -1,6 +1,7 @@
 """Fan-out: one claimed operation's call to the downstream, and what the attempt proved.
 
-Nothing here writes to the ledger: an attempt returns its report (for the attempt row) and its
+Nothing here writes to the ledger but a retry's charge to its conversation's budget, made right
+before it leaves (scope_budget.py): an attempt returns its report (for the attempt row) and its
 outcome (for the one guarded move that finalize.py makes of it). Which thread makes which call,
 and when, is in_flight.py's business.
 """
@@ -12,6 +13,8 @@ import json
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import Admissions, Open, counts_as_failure
 from outbox.approvals.decisions import lapse_reason
@@ -39,7 +42,8 @@ from workers.dispatch.outcomes import (
     limit_wait,
     object_wait,
 )
-from workers.dispatch.same_request import Resend, route, without_action
+from workers.dispatch.same_request import Resend, key_header_of, route, without_action
+from workers.dispatch.scope_budget import charge_before_send
 from workers.pacing import Cleared, Deferred, Pacer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
@@ -59,14 +63,16 @@ FINALIZE_MARGIN_S = 0.5
 
 @dataclass(frozen=True)
 class Downstream:
-    """What calling a provider takes: the actions file (targets, budgets), the connectors, and the
-    pacer that holds each call to its target's declared limits (None: no limits anywhere)."""
+    """What calling a provider takes: the actions file (targets, budgets), the connectors, the
+    pacer that holds each call to its target's declared limits (None: no limits anywhere), and the
+    ledger's sessions for a retry's charge to its conversation (None: nothing is charged)."""
 
     actions: ActionsConfig
     connectors: ConnectorSet
     pacer: Pacer | None = None
     # Who may still act (workers/dispatch/authority.py), asked before each send; None: nobody is asked.
     authority: Authority | None = None
+    sessions: sessionmaker[Session] | None = None
 
     def pace(self, claim: Claim, target: str, *, deadline: datetime | None = None) -> Cleared | Deferred:
         """Whether this claimed call (or lookup) may leave now, after a short wait in this thread
@@ -92,7 +98,7 @@ def attempt_claimed(downstream: Downstream, admissions: Admissions, claim: Claim
     except KeyError as exc:
         admissions.give_back(claim.operation_id)
         report = AttemptReport(AttemptClass.NOT_SENT, error=str(exc))
-        return claim, report, without_action(claim, earlier_left=claim.operation_id in checks.left_before), None
+        return claim, report, without_action(claim), None
     report, outcome = attempt(downstream, admissions, claim, action, checks)
     return claim, report, outcome, action
 
@@ -150,7 +156,7 @@ def _attempt(
         # Asked only of a request on record (a hook connector is never handed one).
         http=claim.sent is None or isinstance(downstream.connectors.for_action(claim.action), HttpConnector),
         base_url=downstream.actions.target_of(action).base_url,
-        earlier_left=claim.operation_id in checks.left_before,
+        key_header=key_header_of(action),
     )
     if early is None and isinstance(chosen, (NeedsPerson, Rejected)):
         early = chosen  # the request its key names cannot be sent (again): nothing is sent
@@ -182,6 +188,13 @@ def _attempt(
         outcome = limit_wait(claim, action, wait_s=paced.wait_s, why=paced.why, now=claim.now())
         error = f"{paced.why}: not sent, no room for {paced.wait_s:.3f}s"
         return AttemptReport(AttemptClass.NOT_SENT, error=error), outcome
+    # The last question before the send: a retry's charge to its conversation (none: no statement).
+    refused = charge_before_send(downstream.sessions, downstream.actions, claim, action)
+    if refused is not None:
+        downstream.done(paced)
+        admissions.give_back(claim.operation_id)
+        metrics.record_attempt(action.target, AttemptClass.NOT_SENT, None)
+        return AttemptReport(AttemptClass.NOT_SENT, error=_why(refused)), refused
     try:
         connector = downstream.connectors.for_action(claim.action)
         failpoints.hit("dispatch.before_send", claim.idempotency_key)
@@ -210,7 +223,8 @@ def _attempt(
     if failed and decision.probe:
         reopen_s = downstream.actions.target_of(action).breaker.reset_timeout_s
         outcome = after_failed_probe(claim, action, outcome, reopen_s=reopen_s, now=claim.now())
-    return private(action, args, replace(_report(result, version), waited=paced.note()), outcome)
+    report = replace(_report(result, version, key_header_of(action)), waited=paced.note())
+    return private(action, args, report, outcome)
 
 
 def private(
@@ -232,19 +246,20 @@ def _is_transport(result: AttemptResult) -> bool:
     return result.classification.origin == "transport"
 
 
-def _sent(result: AttemptResult, version: str | None) -> RequestRecord | None:
-    """The request this attempt put on the wire, to record under its key (outbox/ledger/request_record.py);
-    None when it cannot have left. A hook connector's own request: its version and digest only."""
+def _sent(result: AttemptResult, version: str | None, key_header: str | None) -> RequestRecord | None:
+    """The request this attempt put on the wire, to record under its key (outbox/ledger/request_record.py),
+    with the header its key went in; None when it cannot have left. A hook connector's own request:
+    its version and digest only."""
     if result.classification.klass is AttemptClass.NOT_SENT:
         return None
     sent = result.sent
     if sent is None:
         return RequestRecord(version, digest=result.request_digest or None)
     body = sent.body.decode() if sent.body is not None else None
-    return RequestRecord(version, sent.method, sent.path, body, sent.digest)
+    return RequestRecord(version, sent.method, sent.path, body, sent.digest, key_header)
 
 
-def _report(result: AttemptResult, version: str | None = None) -> AttemptReport:
+def _report(result: AttemptResult, version: str | None = None, key_header: str | None = None) -> AttemptReport:
     c = result.classification
     digest = None
     if c.body is not None:
@@ -259,7 +274,7 @@ def _report(result: AttemptResult, version: str | None = None) -> AttemptReport:
         retry_after_s=c.retry_after_s,
         latency_s=result.latency_s,
         error=None if c.klass is AttemptClass.SUCCEEDED else f"{c.reason}: {result.raw_error or ''}"[:2000],
-        sent=_sent(result, version),
+        sent=_sent(result, version, key_header),
     )
 
 

@@ -31,11 +31,9 @@ from outbox.ledger.clock import LedgerClock, as_utc
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.objects import Blocker, take_hold
-from outbox.ledger.request_record import left_before
 from outbox.ledger.waits import park_for_breaker
 from workers.dispatch.authority import Authority
 from workers.dispatch.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
-from workers.dispatch.same_request import needs_check
 from workers.provider.actions import ActionConfig, ActionsConfig
 
 log = logging.getLogger(__name__)
@@ -81,9 +79,6 @@ class SendChecks:
     held_back: dict[str, Blocker] = field(default_factory=dict)
     # Those whose action requires evidence while the separate evidence store is down: not sent.
     evidence_down: frozenset[str] = frozenset()
-    # Those with an earlier attempt that may have left with nothing on record, where it matters
-    # (workers/dispatch/same_request.py).
-    left_before: frozenset[str] = frozenset()
     # Those whose submitting key was revoked and whom a person resolved "not executed" since: sent in
     # that person's name (workers/dispatch/authority.py).
     overridden: frozenset[str] = frozenset()
@@ -183,11 +178,7 @@ class Gate:
     def checks(self, claims: Sequence[Claim]) -> SendChecks:
         overridden = self.authority.overridden(claims) if self.authority is not None else frozenset()
         return SendChecks(
-            self.approvals(claims),
-            self.objects(claims),
-            self.evidence_down(claims),
-            self.left_before(claims),
-            overridden,
+            self.approvals(claims), self.objects(claims), self.evidence_down(claims), overridden=overridden
         )
 
     def evidence_down(self, claims: Sequence[Claim]) -> frozenset[str]:
@@ -205,20 +196,6 @@ class Gate:
     def _requires_evidence(self, action: str) -> bool:
         known = self.actions.actions.get(action)
         return known is not None and (known.evidence.required or self.evidence_required)
-
-    def left_before(self, claims: Sequence[Claim]) -> frozenset[str]:
-        """For the claims whose request is in question (nothing on record, the definition changed,
-        the action or the arguments gone): whether an earlier attempt may have left (one query;
-        none at all on a first attempt or under an unchanged definition)."""
-        asked = [
-            (c.operation_id, c.attempt_number, c.proven_absent_through)
-            for c in claims
-            if needs_check(c, self.actions.action_version(c.action))
-        ]
-        if not asked:
-            return frozenset()
-        with self.sessions() as session:
-            return frozenset(left_before(session, asked))
 
     def objects(self, claims: Sequence[Claim]) -> dict[str, Blocker]:
         """For the claims whose action declares a business object: take the object's hold, each in a

@@ -139,7 +139,7 @@ def deadline_of(claim: BudgetFields, action: ActionConfig) -> datetime:
     return claim.created_at + timedelta(seconds=effective_budget(claim, action).deadline_s)
 
 
-def _spent(claim: Claim, action: ActionConfig, why: str) -> AttemptOutcome:
+def spent(claim: Claim, action: ActionConfig, why: str) -> AttemptOutcome:
     """The budget (or the caller) ends the operation: failed only where nothing can have happened.
 
     An earlier attempt that may still take effect (or did: a success on record) sends it to
@@ -181,7 +181,7 @@ def evidence_wait(claim: Claim, action: ActionConfig, *, now: datetime) -> Attem
     waited_s = (now - claim.created_at).total_seconds()
     recheck_s = min(EVIDENCE_RECHECK_MAX_S, max(EVIDENCE_RECHECK_MIN_S, waited_s / 10))
     if now + timedelta(seconds=recheck_s) > deadline_of(claim, action):
-        return _spent(claim, action, f"{why}, past the deadline")
+        return spent(claim, action, f"{why}, past the deadline")
     return RetryAt(recheck_s, why, refund_attempt=True, waiting_for=WaitingFor.EVIDENCE)
 
 
@@ -196,13 +196,13 @@ def before_send(claim: Claim, action: ActionConfig, *, now: datetime) -> Attempt
     budget = effective_budget(claim, action)
     # attempt_count counts attempts that cost budget (breaker-open waits are refunded).
     if claim.attempt_count > budget.max_attempts:
-        return _spent(claim, action, f"attempts used up ({claim.attempt_count - 1}/{budget.max_attempts})")
+        return spent(claim, action, f"attempts used up ({claim.attempt_count - 1}/{budget.max_attempts})")
     if now >= deadline_of(claim, action):
         # The deadline is the caller's: nothing is sent after it, whoever made the time pass. Say
         # who did: before a first attempt all of it was our own backlog, not the provider.
         waited = (now - claim.created_at).total_seconds()
         whose = "all of it waiting for a worker (our backlog)" if claim.attempt_count <= 1 else "since submit"
-        return _spent(
+        return spent(
             claim,
             action,
             f"deadline passed before attempt {claim.attempt_count} ({budget.deadline_s:g}s): {waited:.1f}s {whose}",
@@ -216,7 +216,7 @@ def breaker_open(claim: Claim, action: ActionConfig, *, wait_s: float, now: date
     ``wait_s``: until the breaker reopens, measured on the breaker's clock; ``now``: the ledger's.
     """
     if now + timedelta(seconds=wait_s) > deadline_of(claim, action):
-        return _spent(claim, action, f"breaker for {action.target} stays open past the deadline")
+        return spent(claim, action, f"breaker for {action.target} stays open past the deadline")
     return breaker_wait(action, wait_s=wait_s, now=now, spent_attempts=claim.attempt_count - 1)
 
 
@@ -225,7 +225,7 @@ def limit_wait(claim: Claim, action: ActionConfig, *, wait_s: float, why: str, n
     spending an attempt (as a breaker wait), ``why`` naming the limit. A wait past the deadline ends
     it as the budget would (nothing was sent)."""
     if now + timedelta(seconds=wait_s) > deadline_of(claim, action):
-        return _spent(claim, action, f"{why}: no room for it before the deadline")
+        return spent(claim, action, f"{why}: no room for it before the deadline")
     return RetryAt(max(wait_s, 0.0), why, refund_attempt=True, waiting_for=WaitingFor.RATE_LIMIT)
 
 
@@ -236,7 +236,7 @@ def object_wait(claim: Claim, action: ActionConfig, blocker: Blocker, *, now: da
     why = f"waiting for its object: {blocker.describe()}"
     recheck_s = blocker.recheck_s(waited_s=(now - claim.created_at).total_seconds())
     if now + timedelta(seconds=recheck_s) > deadline_of(claim, action):
-        return _spent(claim, action, f"{why}, past the deadline")
+        return spent(claim, action, f"{why}, past the deadline")
     return RetryAt(recheck_s, why, refund_attempt=True, waiting_for=WaitingFor.OBJECT)
 
 
@@ -299,6 +299,13 @@ def decide(
         # The first lookup once the provider's index may show it; no lookup: a person (reconciler).
         check_in_s = max(action.lookup.settle_s, ACCEPTED_FIRST_CHECK_S) if action.lookup is not None else 0.0
         return Accepted(c.provider_reference, c.body, f"{c.reason}: accepted by the provider, not finished", check_in_s)
+    if c.key_conflict:
+        # The provider holds another request under this key (classify.KEY_CONFLICTS), which may have
+        # taken effect. The same request would get the same answer: no replay, the lookup settles it.
+        return Ambiguous(
+            f"{c.reason}: the provider holds another request under this key, which may have taken effect: "
+            "looked up, not sent again"
+        )
     if c.failed_at_provider:
         if claim.open_ambiguity:
             # An earlier attempt is still in doubt: the provider's record (by key) decides, looked up.
@@ -309,7 +316,7 @@ def decide(
     if c.authority_refused:
         return authority_refused(claim, action, c)
     if c.final:  # arguments that can never be sent: retrying would spend the budget for nothing
-        return _spent(claim, action, f"{c.reason} (not retried: the arguments never change)")
+        return spent(claim, action, f"{c.reason} (not retried: the arguments never change)")
     budget = effective_budget(claim, action)
     plan = plan_retry(
         attempt_number=claim.attempt_count,
@@ -326,9 +333,9 @@ def decide(
                 return RetryAt(plan.delay_s, f"{c.reason}: replay with the same key ({plan.reason})")
         return Ambiguous(c.reason)
     if c.klass is A.REJECTED:
-        return _spent(claim, action, f"{c.reason}")
+        return spent(claim, action, f"{c.reason}")
     if isinstance(plan, BudgetSpent):
-        return _spent(claim, action, f"budget spent: {plan.reason} (last: {c.reason})")
+        return spent(claim, action, f"budget spent: {plan.reason} (last: {c.reason})")
     waiting = WaitingFor.RETRY_AFTER if plan.retry_after else WaitingFor.BACKOFF
     return RetryAt(plan.delay_s, f"{c.reason}; {plan.reason}", waiting_for=waiting)
 

@@ -6,16 +6,20 @@ change while an operation waits for its retry or its lookup (another path, a ``q
 ``decimal_args``). So (outbox/ledger/request_record.py, outbox/actions/versions.py):
 
 - a request on record under the key is sent again exactly (method, path with query, body; the
-  credentials, the idempotency and fencing headers and ``traceparent`` are the current ones), to the
-  same URL: a target whose ``base_url`` moved since is another provider as far as the key goes;
-- with nothing on record, the request is built from the arguments only under the version the
-  operation was submitted under (the build is deterministic), or when no earlier attempt under the
-  key can have reached the provider (all not_sent, or proven absent: a fenced lookup, a person):
-  then it is the first the provider sees, under the current version;
+  credentials, the fencing header and ``traceparent`` are the current ones), to the same URL, with
+  its key in the same header: a target whose ``base_url`` moved since is another provider as far as
+  the key goes, and a request whose key would go in another header (or in none) is not the one the
+  provider holds under it;
+- with nothing on record (the first attempt, or every earlier one's worker died, froze or lost its
+  lease before recording what it sent), the request is built from the arguments only under the
+  version of the action that every earlier attempt that may have reached the provider was claimed
+  under (each attempt row records its worker's: the build is deterministic, so it is that request
+  again); none may have (all not_sent, or proven absent: a fenced lookup, the provider's record, a
+  person): it is the first the provider sees, under the current version;
 - otherwise nothing is sent and a person decides (reconciliation_required, a handoff packet), told
-  both versions: the action removed from the file, the arguments (and the request on record with
-  them) purged, or another version while an earlier attempt may have left unrecorded (its worker
-  died between the send and the finalize).
+  the versions: the action removed from the file, the arguments (and the request on record with
+  them) purged, an earlier attempt that may have left unrecorded under another version, the key's
+  header changed.
 
 A Python hook connector (``connector:``) builds its own request: nothing of it is on record but its
 digest, so a later attempt calls the hook again only under the version it was first sent under.
@@ -31,6 +35,7 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import WaitingFor
 from workers.dispatch.outcomes import NeedsPerson, Rejected
+from workers.provider.action_config import ActionConfig
 from workers.provider.http_request import BODY_METHODS, PreparedRequest, recorded_request, request_digest
 
 
@@ -50,25 +55,20 @@ BUILD = Build()
 Route = Resend | Build | NeedsPerson | Rejected
 
 
-def needs_check(claim: Claim, version: str | None) -> bool:
-    """Whether this claim's route depends on its earlier attempts (``route``'s ``earlier_left``): only
-    when nothing is on record and the request could otherwise not be built as submitted. A read
-    that the hot path never makes: a first attempt, or a retry under an unchanged definition, skips it."""
-    if claim.sent is not None or claim.attempt_number <= 1:
-        return False
-    changed = claim.action_version is not None and claim.action_version != version
-    return version is None or not claim.args or changed
+def key_header_of(action: ActionConfig) -> str:
+    """The header the action sends its idempotency key in, lower case; "" for none."""
+    keys = action.provider_idempotency
+    return keys.header.lower() if keys is not None else ""
 
 
-def route(claim: Claim, version: str | None, *, http: bool, base_url: str | None, earlier_left: bool) -> Route:
+def route(claim: Claim, version: str | None, *, http: bool, base_url: str | None, key_header: str = "") -> Route:
     """What this attempt sends. ``version``: the action's current version (None: the action is not in
     the actions file); ``http``: the action's connector is the HTTP one (not a hook); ``base_url``: its
-    target's; ``earlier_left``: an earlier attempt, not proven absent, may have reached the provider
-    with nothing on record (asked only where ``needs_check`` says so)."""
+    target's; ``key_header``: the header it sends the key in now (``key_header_of``)."""
     sent = claim.sent
-    left = sent is not None or earlier_left
+    left = sent is not None or bool(claim.left_under)
     if version is None:
-        return without_action(claim, earlier_left=earlier_left)
+        return without_action(claim)
     if not claim.args:
         if left:
             return _person(
@@ -76,31 +76,39 @@ def route(claim: Claim, version: str | None, *, http: bool, base_url: str | None
             )
         return Rejected("its arguments were purged (OUTBOX_ARGS_RETENTION_S): nothing to send")
     if sent is not None and sent.method is not None and http:
-        return _resend(claim, version, sent, base_url)
+        return _resend(claim, version, sent, base_url, key_header)
     if sent is not None:
         if sent.version == version:
             return BUILD
         return _person(claim, version, "a Python hook connector built it, and its definition changed since")
-    if claim.action_version is None or claim.action_version == version or not earlier_left:
+    if all(v == version for v in claim.left_under):  # none may have left, or all under this version
         return BUILD
     return _person(
         claim,
         version,
-        "an earlier attempt may have reached the provider and its request is not on record (its worker stopped "
-        "between sending and recording it), and the action's definition changed since",
+        "an earlier attempt may have reached the provider and its request is not on record (its worker stopped, "
+        "froze or lost its lease between sending and recording it), and it was built under another version of "
+        "the action than the current one",
     )
 
 
-def without_action(claim: Claim, *, earlier_left: bool) -> NeedsPerson | Rejected:
+def without_action(claim: Claim) -> NeedsPerson | Rejected:
     """``route`` for a claim whose action is not in the actions file."""
-    if claim.sent is not None or earlier_left:
+    if claim.sent is not None or claim.left_under:
         return _person(claim, None, "its action is no longer in the actions file")
     return Rejected(f"unknown action {claim.action!r}: not in the actions file")
 
 
-def _resend(claim: Claim, version: str, sent: RequestRecord, base_url: str | None) -> Route:
+def _resend(claim: Claim, version: str, sent: RequestRecord, base_url: str | None, key_header: str) -> Route:
     if sent.path is None or (sent.body is None and sent.method in BODY_METHODS):
         return _person(claim, version, "the request on record was purged")
+    if sent.key_header is None and sent.version != version:
+        # Recorded before migration 0021: only its own version says which header carried the key.
+        return _person(claim, version, "the request on record does not say which header carried its key")
+    if sent.key_header is not None and sent.key_header != key_header:
+        return _person(
+            claim, version, f"its key went {_header(sent.key_header)}, the action now sends it {_header(key_header)}"
+        )
     request = recorded_request(str(sent.method), sent.path, sent.body)
     if base_url is not None and sent.digest is not None:
         url = str(httpx.URL(base_url + request.path))
@@ -109,13 +117,27 @@ def _resend(claim: Claim, version: str, sent: RequestRecord, base_url: str | Non
     return Resend(request)
 
 
+def _header(name: str) -> str:
+    return f"in header {name}" if name else "in no header"
+
+
 def _person(claim: Claim, version: str | None, detail: str) -> NeedsPerson:
-    sent = claim.sent
     return NeedsPerson(
         waiting_for=WaitingFor.REQUEST,
         why=f"the request under this key cannot be sent again as it was: {detail}; nothing was sent. "
         f"Action version: submitted under {claim.action_version or 'unknown (not recorded at submit)'}, "
-        f"first request sent under {sent.version if sent and sent.version else 'unknown (none on record)'}, "
-        f"current {version or 'none (not in the actions file)'}. If the provider holds nothing under the key, "
-        "resolve --as not-executed: it is then built from the current definition",
+        f"first request sent under {_first(claim)}, current {version or 'none (not in the actions file)'}. "
+        "If the provider holds nothing under the key, resolve --as not-executed: it is then built from the "
+        "current definition",
     )
+
+
+def _first(claim: Claim) -> str:
+    """The version the first request under the key was built under, as a person reads it."""
+    if claim.sent is not None and claim.sent.version:
+        return claim.sent.version
+    if claim.sent is None and claim.left_under:
+        known = sorted(v for v in claim.left_under if v is not None)
+        said = " or ".join(known + (["an unknown one"] if None in claim.left_under else []))
+        return f"{said} (not on record: the version its worker held)"
+    return "unknown (none on record)"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from outbox.actions.specs import (
     AgentRulesSpec,
@@ -32,6 +32,26 @@ MAPPABLE_CLASSES: frozenset[AttemptClass] = frozenset(
     {AttemptClass.NOT_PROCESSED, AttemptClass.REJECTED, AttemptClass.AMBIGUOUS, AttemptClass.SUCCEEDED}
 )
 _STATUS_KEY = re.compile(r"^[1-5](\d\d|xx)$")
+
+
+class ReportSpec(BaseModel):
+    """What the reconciliation report needs to know of an action beyond its requests
+    (outbox/reads/same_effect.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The arguments whose equal values make two operations the same business effect ("two refunds of
+    # one order"): listed as possible duplicates when both succeeded under different keys. Without it,
+    # the action's ``object`` template decides.
+    same_effect_when: list[str] = Field(min_length=1)
+
+    @field_validator("same_effect_when")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not name.isidentifier()]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an argument name (a top-level argument, such as order_id)")
+        return value
 
 
 class ActionConfig(AgentRulesSpec):
@@ -85,6 +105,8 @@ class ActionConfig(AgentRulesSpec):
     # evidence: {required: true}: nothing is sent while the separate evidence store is down (EvidenceSpec).
     evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
     tool: ToolSpec = Field(default_factory=ToolSpec)  # as agent runtimes see it (producer/agents/)
+    # report: {same_effect_when: [order_id]}: how the reconciliation report finds two effects on one object.
+    report: ReportSpec | None = None
 
     @field_validator("status_map")
     @classmethod
@@ -164,6 +186,14 @@ class ActionConfig(AgentRulesSpec):
                 "provider_fencing: true needs a lookup whose request names the key ({idempotency_key}): "
                 "a search by business reference cannot fence it; set provider_fencing: false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _same_effect_args_declared(self) -> ActionConfig:
+        if self.report is not None and self.args is not None:
+            missing = [a for a in self.report.same_effect_when if a not in self.args]
+            if missing:
+                raise ValueError(f"report.same_effect_when names {missing}, not in args {self.args}")
         return self
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ is a double refund; the cost of a wrong "ambiguous" is one lookup.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -84,6 +84,90 @@ DEFAULT_AUTHORITY_STATUSES: tuple[int, ...] = (401, 403)
 _REQUEST_ID_HEADERS = ("request-id", "x-request-id", "x-amzn-requestid", "x-correlation-id")
 
 
+@dataclass(frozen=True)
+class KeyConflict:
+    """A provider's answer "this key was first used with another request": a row of KEY_CONFLICTS."""
+
+    answer: str  # the reason's tail (the attempt's error says which row matched)
+    statuses: tuple[int, ...]  # the HTTP statuses it comes with; () any 4xx
+    matches: Callable[[dict[str, Any]], bool]  # on the JSON body
+    names_object: bool = False  # it names the object the key already made (kept as the reference)
+
+
+def _error_reasons(body: dict[str, Any]) -> list[Any]:
+    errors = extract(body, "error.errors")
+    return [e.get("reason") for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
+
+
+def _conflicting_resource(body: dict[str, Any]) -> str | None:
+    errors = extract(body, "error.errors")
+    for e in errors if isinstance(errors, list) else []:
+        found = extract(e, "links.conflicting_resource_id")
+        if isinstance(found, str) and found:
+            return found
+    return None
+
+
+# "Same key, different request" (or "the key already made something"): the provider holds a request
+# under our key and refused this one because of it. Not "not executed": the request it holds is
+# ours, sent earlier under the key (a worker that died before recording it, a person who said "not
+# executed" wrongly, a definition changed since), and it may have taken effect. So ambiguous: the
+# operation's lookup settles it (a person where the action declares none); never replayed (the
+# same request gets the same answer); never failed_before_commit beside a real effect. A status
+# the action's status_map maps to another class keeps that class (as for authority_statuses).
+# Sources: /work/shared/PROVIDERS.md.
+KEY_CONFLICTS: tuple[KeyConflict, ...] = (
+    # Stripe: "Keys for idempotent requests can only be used with the same parameters they were first
+    # used with". It keeps a key only once the endpoint began executing (a request that failed
+    # validation stores nothing): the first request ran. stripe-python's IdempotencyError: 400 or 404.
+    KeyConflict("stripe_idempotency_error", (400, 404), lambda b: extract(b, "error.type") == "idempotency_error"),
+    # Our sandbox's answer to the same (workers/sandbox/idempotency.py): 409 by default, 400 as Stripe.
+    KeyConflict("idempotency_error", (), lambda b: extract(b, "error.code") == "idempotency_error"),
+    # Twilio 17534 "Idempotency key payload mismatch": the key, with another payload. Its status is
+    # not documented: any 4xx.
+    KeyConflict("twilio_17534_payload_mismatch", (), lambda b: str(extract(b, "code")) == "17534"),
+    # GoCardless: 409 invalid_state "A resource has already been created with this idempotency key",
+    # on any reuse after success, naming it (links.conflicting_resource_id): that object may be our
+    # effect; the lookup (or the person) checks its fields.
+    KeyConflict(
+        "gocardless_idempotent_creation_conflict",
+        (409,),
+        lambda b: (
+            extract(b, "error.type") == "invalid_state"
+            and ("idempotent_creation_conflict" in _error_reasons(b) or _conflicting_resource(b) is not None)
+        ),
+        names_object=True,
+    ),
+)
+
+
+def key_in_use(status_code: int, body: dict[str, Any] | None) -> bool:
+    """A 409 saying an earlier request under this key is still running at the provider (Stripe's error
+    code ``idempotency_key_in_use``, "currently being used in another request"; our sandbox's
+    ``key_in_use``). This request was not processed, so not_processed (retried with backoff); the
+    earlier one may still take effect, and its ambiguous or open attempt keeps failed_before_commit out
+    of reach. Read as a rejection, it ended the operation failed_before_commit beside that effect."""
+    if status_code != 409 or body is None:
+        return False
+    return extract(body, "error.code") in ("key_in_use", "idempotency_key_in_use")
+
+
+def said_key_conflict(error: str | None) -> bool:
+    """Whether an attempt's recorded error is a KEY_CONFLICTS answer (its reason, before the colon)."""
+    reason = (error or "").split(":", 1)[0]
+    return reason.startswith("http_") and any(reason.endswith("_" + row.answer) for row in KEY_CONFLICTS)
+
+
+def key_conflict(status_code: int, body: dict[str, Any] | None) -> KeyConflict | None:
+    """The row of KEY_CONFLICTS this 4xx answer matches, if any."""
+    if body is None or not 400 <= status_code < 500:
+        return None
+    for row in KEY_CONFLICTS:
+        if (not row.statuses or status_code in row.statuses) and row.matches(body):
+            return row
+    return None
+
+
 class LocalValidationError(ValueError):
     """The request could not be built; nothing was sent.
 
@@ -118,6 +202,9 @@ class Classification:
     # A rejection whose status the target names in its authority_statuses: the provider refused our
     # credentials, not the intent. Still provably not executed; never retried blindly: a person.
     authority_refused: bool = False
+    # The provider holds another request under our key (KEY_CONFLICTS): ambiguous, looked up, never
+    # replayed.
+    key_conflict: bool = False
 
     @property
     def provably_not_executed(self) -> bool:
@@ -176,6 +263,8 @@ def classify_response(
     ``failed_at_provider`` (the provider took it and failed it). A rejection whose status is in
     ``authority_statuses`` (the target's) is ``authority_refused``: our credentials, not the intent,
     were refused. Only a rejection: an action that maps such a status to another class keeps it.
+    A rejection that says the key was first used with another request (KEY_CONFLICTS) is AMBIGUOUS
+    with ``key_conflict``: the provider holds a request under the key, which may have taken effect.
     """
     hdrs = headers if isinstance(headers, httpx.Headers) else httpx.Headers(headers)
     parsed = _parse_json(body)
@@ -199,6 +288,12 @@ def classify_response(
         found = extract(body_dict, result_reference) if body_dict is not None and result_reference else None
         ref = None if found is None or isinstance(found, (dict, list, bool)) or str(found) == "" else str(found)
         return result(A.ACCEPTED, f"http_{status_code}_accepted", ref)
+    if klass is A.REJECTED and (conflict := key_conflict(status_code, body_dict)) is not None:
+        assert body_dict is not None
+        ref = _conflicting_resource(body_dict) if conflict.names_object else None
+        return replace(result(A.AMBIGUOUS, f"http_{status_code}_{conflict.answer}", ref), key_conflict=True)
+    if klass is A.REJECTED and key_in_use(status_code, body_dict):
+        return result(A.NOT_PROCESSED, f"http_{status_code}_key_in_use")
     if klass is A.REJECTED and status_code in authority_statuses:
         return replace(result(klass, f"http_{status_code}_authority_refused"), authority_refused=True)
     if klass is not A.SUCCEEDED:

@@ -41,11 +41,22 @@ The JSON object (``REPORT_VERSION`` 1; fields are only ever added):
      "listings": [{"target", "tenant", "actions", "request", "documents", "pages", "error"}],
      "actions_without_listing": [name, ...],
      "too_recent": int,   # successes younger than the lookup's settle_s: not compared (index lag)
+     "possible_duplicates_by_object": [{"tenant", "action", "object", "by", "window_s", "count",
+                                        "operations": [{"operation_id", "idempotency_key", "status",
+                                                        "reference", "created_at"}]}],
      "health": {"operations": int, "duplicate_effects": int,
                 "failure_attributability": {"operations", "attributable", "share"},
                 "auto_recovery": {"operations", "recovered", "rate"},
                 "handoffs": {"open", "resolved", "time_to_resolution_s": {"median", "max"}},
-                "retries_by_target": {target: {"retries", "billable"}}}}
+                "retries_by_target": {target: {"retries", "billable"}},
+                "possible_duplicates_by_object": int, "key_conflicts": int, "key_replays": int,
+                "first_time_resolution": {"settled", "first_time", "ratio"},
+                "by_tenant": {tenant: {"possible_duplicates_by_object", "key_conflicts", "key_replays",
+                                       "first_time_resolution": {"settled", "first_time", "ratio"}}}}}
+
+Possible duplicates by business object (outbox/reads/same_effect.py: two keys, one object, both
+succeeded within ``same_object_window_s``) are for a person to review, not discrepancies: they are
+not in ``discrepancy_count`` and do not fail the report (a second partial refund may be meant).
 """
 
 from __future__ import annotations
@@ -61,6 +72,8 @@ from sqlalchemy.orm import Session
 
 from outbox.actions.specs import ListSpec
 from outbox.reads import report as ledger
+from outbox.reads.counters import report_figures
+from outbox.reads.same_effect import DEFAULT_WINDOW_S
 from outbox.reads.webhook_events import documents_without_record as webhook_documents
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.provider.classify import LocalValidationError, extract
@@ -280,8 +293,23 @@ def compare(
     return out, too_recent
 
 
+def same_effect_rules(actions: ActionsConfig) -> dict[str, tuple[str, ...] | None]:
+    """Per action that names its business object: its ``report.same_effect_when``, or None (``object``)."""
+    return {
+        name: tuple(a.report.same_effect_when) if a.report is not None else None
+        for name, a in sorted(actions.actions.items())
+        if a.report is not None or a.business_object is not None
+    }
+
+
 def build_report(
-    session: Session, actions: ActionsConfig, *, since: dt.datetime, now: dt.datetime, http: HttpConnector | None = None
+    session: Session,
+    actions: ActionsConfig,
+    *,
+    since: dt.datetime,
+    now: dt.datetime,
+    http: HttpConnector | None = None,
+    same_object_window_s: float = DEFAULT_WINDOW_S,
 ) -> dict[str, Any]:
     """The whole report as the documented JSON object (see the module docstring)."""
     listings, unlisted = group_listings(actions)
@@ -318,6 +346,9 @@ def build_report(
         d for d in webhook_documents(session, since=since) if (d["target"], d["reference"]) not in listed
     ]
     discrepancies["state_contradictions"] = ledger.state_contradictions(session, since=since)
+    by_object, figures = report_figures(
+        session, rules=same_effect_rules(actions), since=since, window_s=same_object_window_s
+    )
     retries: dict[str, dict[str, int]] = defaultdict(lambda: {"retries": 0, "billable": 0})
     for action_name, counts in ledger.retries_by_action(session, since=since).items():
         cfg = actions.actions.get(action_name)
@@ -335,6 +366,7 @@ def build_report(
         "listings": [listing.describe() for listing in listings],
         "actions_without_listing": unlisted,
         "too_recent": too_recent,
+        "possible_duplicates_by_object": by_object,
         "health": {
             "operations": ledger.operations_in_window(session, since=since),
             "duplicate_effects": sum(d["count"] - 1 for d in discrepancies["duplicates"]),
@@ -342,6 +374,7 @@ def build_report(
             "auto_recovery": ledger.auto_recovery(session, since=since),
             "handoffs": ledger.handoff_figures(session, since=since),
             "retries_by_target": dict(sorted(retries.items())),
+            **figures,
         },
     }
 

@@ -27,6 +27,7 @@ from outbox.ledger.clock import as_utc
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from workers.dispatch.outcomes import deadline_of, effective_budget
 from workers.provider.actions import ActionConfig
+from workers.provider.classify import said_key_conflict
 from workers.provider.lookups import LookupResult
 from workers.provider.retry import RetryBudget, next_delay_s
 
@@ -261,8 +262,12 @@ def after_not_found(
     rng: random.Random | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
+    scope_spent: str | None = None,
 ) -> Verdict:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
+
+    ``scope_spent``: why its conversation's budget has no retry left (outbox/ledger/budget_charges.py),
+    read by the caller for an operation in a budget scope: it ends as when its own budget is spent.
 
     What "not found" proves depends on who can still land. Earlier attempts that were ambiguous or
     never reported (a frozen worker, a provider's queue) can take effect after this lookup; no
@@ -283,6 +288,17 @@ def after_not_found(
       own backlog (lookups queued behind others); that time must not hand the operation to a
       person by itself.
     """
+    conflict = next(
+        (a for a in attempts if a.number > claim.proven_absent_through and said_key_conflict(a.error)), None
+    )
+    if conflict is not None:
+        # The provider said it holds another request under this key; its absence here contradicts that.
+        return Verdict(
+            Status.RECONCILIATION_REQUIRED,
+            AttemptClass.NOT_SENT,
+            f"{verdict.reason}; but the provider answered attempt {conflict.number} that it holds another request "
+            "under this key: a person compares what it holds with this intent (sent again it gets the same answer)",
+        )
     fenced = action.provider_fencing
     can_land = claim.open_ambiguity and not fenced
     deadline_only = False  # the deadline is the only reason it must end
@@ -292,6 +308,8 @@ def after_not_found(
         ending = "cancel requested"
     elif claim.attempt_count >= budget.max_attempts:
         ending = f"attempts used up ({claim.attempt_count}/{budget.max_attempts})"
+    elif scope_spent is not None:
+        ending = scope_spent
     elif now >= deadline_of(claim, action):
         ending = f"deadline passed ({budget.deadline_s:g}s)"
         deadline_only = last is None or last.klass is not AttemptClass.REJECTED

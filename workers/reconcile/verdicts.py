@@ -1,10 +1,9 @@
 """Verdicts: a doorbell's lookup answers judged and written, whatever has arrived in one transaction.
 
-The reconciler (batch.py) claims a batch of outcome_unknown operations and looks each up (lookup.py,
-on the lookup threads of in_flight.py); here the answers that have arrived are judged (judge.py:
-one read of the dispatch attempts for every "not found") into verdicts, and the verdicts become the
-ledger's fenced settlement moves (outbox/evidence/settlement.py), one commit for them all, then the
-logs, metrics and doorbells that follow.
+The reconciler (batch.py) claims outcome_unknown operations and looks each up (lookup.py, on the
+lookup threads of in_flight.py); here the answers that arrived are judged (judge.py: one read of the
+dispatch attempts for every "not found") into verdicts, which become the ledger's fenced settlement
+moves (outbox/evidence/settlement.py) in one commit, then the logs, metrics and doorbells that follow.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from outbox.evidence.settlement import SettlementMove, settle_if_fenced, settle_
 from outbox.evidence.sinks import finish_with_evidence, records_for_claims
 from outbox.evidence.stored_events import mark_applied
 from outbox.ledger import tracing
+from outbox.ledger.budget_charges import spent_budget
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Attempt, Operation
@@ -278,12 +278,23 @@ def settle_answers(
     near_budget = [a.claim.operation_id for a in judged if a.claim.attempt_number >= budget.max_lookups]
     attempts: dict[str, list[DispatchAttempt]] = {}
     not_asked: dict[str, int] = {}
+    scopes: dict[str, str] = {}
     if not_found or near_budget:
         with rec.sessions() as session:
             attempts = dispatch_attempts(session, not_found) if not_found else {}
             not_asked = _lookups_not_asked(session, near_budget) if near_budget else {}
+            scoped = [a.claim for a in judged if a.claim.operation_id in not_found and a.claim.budget_scope]
+            scopes = _scopes_spent(rec, session, scoped) if scoped else {}
     looked = [
-        _judged(rec, a, rng, attempts.get(a.claim.operation_id, []), budget, not_asked.get(a.claim.operation_id, 0))
+        _judged(
+            rec,
+            a,
+            rng,
+            attempts.get(a.claim.operation_id, []),
+            budget,
+            not_asked.get(a.claim.operation_id, 0),
+            scopes.get(a.claim.operation_id),
+        )
         for rng, a in items
     ]
     # A handoff the provider's answer could settle keeps being looked up (workers/reconcile/rechecks.py).
@@ -298,6 +309,7 @@ def _judged(
     attempts: list[DispatchAttempt],
     budget: LookupBudget,
     not_asked: int = 0,
+    scope_spent: str | None = None,
 ) -> Looked:
     claim, action, found = asked.claim, asked.action, asked.found
     max_lookups, max_delay_s = budget.max_lookups, budget.max_delay_s
@@ -329,9 +341,30 @@ def _judged(
     )
     if verdict.to is Status.NOT_DISPATCHED:  # only after "not found": the attempts were read above
         verdict = after_not_found(
-            sent, action, verdict, attempts, now=claim.now(), rng=rng, max_lookups=max_lookups, max_delay_s=max_delay_s
+            sent,
+            action,
+            verdict,
+            attempts,
+            now=claim.now(),
+            rng=rng,
+            max_lookups=max_lookups,
+            max_delay_s=max_delay_s,
+            scope_spent=scope_spent,
         )
     return Looked(claim, found, verdict, action, asked.waited)
+
+
+def _scopes_spent(rec: Recorder, session: Session, claims: Sequence[Claim]) -> dict[str, str]:
+    """For operations in a budget scope found absent: why their conversation has no retry left (one
+    read per operation; only for those: an operation without a scope costs nothing here)."""
+    out: dict[str, str] = {}
+    for claim in claims:
+        assert claim.budget_scope is not None
+        budgets = rec.actions.budgets_of(claim.action)
+        found = spent_budget(session, tenant=claim.tenant, scope=claim.budget_scope, budgets=budgets)
+        if found is not None:
+            out[claim.operation_id] = found.why
+    return out
 
 
 def _lookups_not_asked(session: Session, operation_ids: Sequence[str]) -> dict[str, int]:

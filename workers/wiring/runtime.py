@@ -79,7 +79,7 @@ class Runtime:
 
     def downstream(self) -> Downstream:
         """What fan-out and lookups take to call a provider."""
-        return Downstream(self.actions, self.connectors, self.pacer, self.authority)
+        return Downstream(self.actions, self.connectors, self.pacer, authority=self.authority, sessions=self.sessions)
 
     @property
     def authority(self) -> Authority:

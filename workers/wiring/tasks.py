@@ -217,7 +217,13 @@ def report() -> None:
     def report_one(rt: Runtime) -> None:
         now = dt.datetime.now(dt.UTC)
         with rt.sessions() as session:
-            found = build_report(session, rt.actions, since=now - dt.timedelta(hours=24), now=now)
+            found = build_report(
+                session,
+                rt.actions,
+                since=now - dt.timedelta(hours=24),
+                now=now,
+                same_object_window_s=rt.settings.report_same_object_window_s,
+            )
         with rt.sessions.begin() as session:
             record_report(session, found, started_at=now, finished_at=dt.datetime.now(dt.UTC), ran_by="beat")
         if found["discrepancy_count"]:

@@ -10,7 +10,7 @@ database it runs on.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -123,8 +123,14 @@ class ClaimedRow(NamedTuple):
     request_path: str | None = None
     request_body: str | None = None
     request_digest: str | None = None
+    request_key_header: str | None = None
     # Who submitted it (``key:<id>``): a claim whose key was revoked since is not sent (outbox/ledger/authority.py).
     submitted_by: str | None = None
+    # The conversation it is charged to (outbox/ledger/budget_charges.py): its retries are charged there.
+    budget_scope: str | None = None
+    # Not a column: with nothing on record, the versions the earlier attempts that may have left
+    # were claimed under (request_record.left_versions_sql); None: a record, or none left.
+    left_versions: str | None = None
 
 
 class HotPath(Protocol):
@@ -177,9 +183,12 @@ class LedgerDriver(Protocol):
         operation_ids: list[str] | None,
         also_due: int,
         fairness: Fairness | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> Sequence[Any]:
         """Rows in rank order. ``fairness`` (dispatch claims only; None: oldest first by priority,
-        as for lookups): shared among tenants, or not, as it says."""
+        as for lookups): shared among tenants, or not, as it says. ``versions`` (dispatch claims
+        only): the claiming worker's version of each action, written on each attempt row it opens
+        (its row's action's; NULL for an action not in it); each row carries ``left_versions``."""
         ...
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]: ...
@@ -187,6 +196,14 @@ class LedgerDriver(Protocol):
     def current_row(self, session: Any, operation_id: str) -> Any: ...
 
     def mark_attempt_stale(self, session: Any, attempt_id: int) -> None: ...
+
+    def record_request(self, session: Any, operation_id: str, params: dict[str, Any]) -> bool:
+        """Record the request an attempt sent (``params``: RequestRecord.params()) on the operation
+        if none is on record, whatever its status and token (a finalize refused for a lost lease):
+        never over a record (guarded in the UPDATE itself), its path and body only while the
+        arguments are kept, the version as the operation's if it has none. Whether
+        it recorded. Not the hot path: a refused finalize only."""
+        ...
 
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> Sequence[Any]: ...
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import re
 
+from outbox.ledger import request_record
 from outbox.ledger.drivers.pg_tenant_walk import (
     CLAIM_ORDER,
     FAIR_DUE,
@@ -40,6 +41,7 @@ from outbox.ledger.drivers.pg_tenant_walk import (
 )
 from outbox.ledger.effect_guard import may_have_taken_effect
 from outbox.ledger.models import ATTEMPTS, EVIDENCE, OPERATION_EVENTS, OPERATIONS, RECONCILE_DUE
+from outbox.ledger.request_record import left_versions_sql
 from outbox.ledger.states import AttemptKind, Status
 
 # The events' id sequence (PostgreSQL names a serial column's after its table): events recorded on
@@ -114,6 +116,9 @@ NOTIFY_DUE = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(id)s)"
 # sequence, the status claimed from: outbox_history shows it as the event row it stands for). The
 # CTEs read attempts as of the statement's snapshot, so numbering and the ambiguity check see the
 # rows committed before this claim.
+# A dispatch claim's attempt row records the version of its action the worker holds (:versions, a
+# JSON object action -> version: one parameter for the batch), and the claim answers, when nothing
+# is on record, the versions of the earlier attempts that may have left (request_record.py).
 _CLAIM = """
 WITH {recursive}{due_ctes}, claimed AS (
     UPDATE {operations} o SET
@@ -127,18 +132,19 @@ WITH {recursive}{due_ctes}, claimed AS (
               o.args_digest, o.subject, o.lease_expires_at, o.max_attempts, o.deadline_at, o.created_at,
               o.cancel_requested, o.proven_absent_through, o.updated_at, o.status, o.traceparent,
               o.action_version, o.request_version, o.request_method, o.request_path, o.request_body, o.request_digest,
-              o.submitted_by
+              o.request_key_header, o.submitted_by, o.budget_scope
 ), numbered AS (
     SELECT c.*,
         (SELECT coalesce(max(a.attempt_number), 0) + 1 FROM {attempts} a
           WHERE a.operation_id = c.id AND a.kind = '{kind}') AS number,
-        EXISTS (SELECT 1 FROM {attempts} a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity
+        EXISTS (SELECT 1 FROM {attempts} a WHERE a.operation_id = c.id AND {may_have_taken_effect}) AS open_ambiguity,
+        {left_versions} AS left_versions
     FROM claimed c
 ), opened AS (
     INSERT INTO {attempts} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class, stale,
-        claim_event_id, claimed_from)
+        claim_event_id, claimed_from, action_version)
     SELECT id, number, '{kind}', fencing_token, :worker, clock_timestamp(), 'pending', false,
-        nextval('{events_id_seq}'), {from_status}
+        nextval('{events_id_seq}'), {from_status}, {claimed_under}
     FROM numbered
     RETURNING id AS attempt_id, operation_id
 )
@@ -233,6 +239,8 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
             kind=kind.value,
             from_status="status" if lookup else f"'{Status.NOT_DISPATCHED.value}'",
             may_have_taken_effect=may_have_taken_effect("c"),
+            left_versions="CAST(NULL AS text)" if lookup else left_versions_sql("c", "string_agg(DISTINCT {}, ',')"),
+            claimed_under="NULL" if lookup else "CAST(:versions AS json) ->> action",
             dispatch_sets=dispatch_sets,
             operations=OPERATIONS,
             attempts=ATTEMPTS,
@@ -244,6 +252,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
 # -- finalize: pg_moves.py ------------------------------------------------------------------------
 CURRENT_ROW = f"SELECT status, fencing_token FROM {OPERATIONS} WHERE id = %(id)s"
 MARK_ATTEMPT_STALE = f"UPDATE {ATTEMPTS} SET stale = true WHERE id = %(id)s"
+RECORD_IF_NONE = driver_params(request_record.RECORD_IF_NONE)
 
 # A doorbell's first read: which of its ids are due now, with what a deadline check needs.
 READ_DUE = f"""

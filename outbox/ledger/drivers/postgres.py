@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,7 @@ class PostgresDriver:
         operation_ids: list[str] | None,
         also_due: int,
         fairness: Fairness | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Any]:
         fair = fairness is not None and fairness.on
         ids_fit = operation_ids is not None and len(operation_ids) <= limit
@@ -185,6 +187,7 @@ class PostgresDriver:
             params.update((fairness or Fairness(FairnessMode.OFF)).claim_params())
             if operation_ids is None:
                 params["operation_ids"] = []
+            params["versions"] = json.dumps(dict(versions)) if versions else None
         return _generic_rows(session, statement, params)
 
     def finalize(self, session: Any, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
@@ -216,6 +219,10 @@ class PostgresDriver:
 
     def mark_attempt_stale(self, session: Any, attempt_id: int) -> None:
         _execute(session, sql.MARK_ATTEMPT_STALE, {"id": attempt_id}, by_name=False)
+
+    def record_request(self, session: Any, operation_id: str, params: dict[str, Any]) -> bool:
+        row = _execute(session, sql.RECORD_IF_NONE, {**params, "operation_id": operation_id}, by_name=False)
+        return row.fetchone() is not None
 
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Any, operation_ids: Sequence[str]) -> list[Any]:

@@ -8,7 +8,7 @@ UPDATE over a sub-select followed by its attempt and event rows (the same transa
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Evidence, Operation, Run, core_table
+from outbox.ledger.request_record import RECORD_IF_NONE, left_versions_sql
 from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, AttemptKind, EventKind, Status
 from outbox.ledger.writes import ATTEMPT_REPORT, core_values
 
@@ -39,7 +40,9 @@ _AS_GIVEN += ("subject", "run_id", "tool_call_id", "submitted_by", "key_space", 
 _AS_GIVEN += ("object_key", "budget_scope", "action_version")
 
 # A claimed row's columns, in ClaimedRow's order (the attempt's own fields are added by _open_attempt).
-_CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in ("attempt_id", "number", "open_ambiguity"))
+_NOT_COLUMNS = ("attempt_id", "number", "open_ambiguity", "left_versions")
+_V = Mapping[str, str] | None  # a worker's versions of the actions (claim)
+_CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in _NOT_COLUMNS)
 
 
 class SqliteDriver:
@@ -123,22 +126,25 @@ class SqliteDriver:
         operation_ids: list[str] | None,
         also_due: int,
         fairness: Fairness | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[ClaimedRow]:
+        def take(limit: int, within: Any) -> list[ClaimedRow]:
+            return self._claim(
+                session, kind, worker=worker, lease_s=lease_s, limit=limit, within=within, versions=versions
+            )
+
         if kind is AttemptKind.DISPATCH and fairness is not None and fairness.on and (not operation_ids or also_due):
             order = fair_order(session, operation_ids or [], limit + also_due if operation_ids else limit, fairness)
-            within = _OP.c.id.in_(order)
-            rows = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=len(order), within=within)
+            rows = take(len(order), _OP.c.id.in_(order))
             return sorted(rows, key=lambda row: order.index(row.id))  # in rank order
-        given = true() if operation_ids is None else _OP.c.id.in_(operation_ids)
-        claimed = self._claim(session, kind, worker=worker, lease_s=lease_s, limit=limit, within=given)
+        claimed = take(limit, true() if operation_ids is None else _OP.c.id.in_(operation_ids))
         if operation_ids is not None and also_due:
             # Then other due rows, never a given id; one writer at a time: this statement sees the first.
-            others = _OP.c.id.not_in(operation_ids)
-            claimed += self._claim(session, kind, worker=worker, lease_s=lease_s, limit=also_due, within=others)
+            claimed += take(also_due, _OP.c.id.not_in(operation_ids))
         return claimed
 
     def _claim(
-        self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, within: Any
+        self, session: Session, kind: AttemptKind, *, worker: str, lease_s: float, limit: int, within: Any, versions: _V
     ) -> list[ClaimedRow]:
         lookup = kind is AttemptKind.LOOKUP
         # A lookup claim keeps its row's status (outcome_unknown or accepted).
@@ -168,16 +174,18 @@ class SqliteDriver:
         rank = {op_id: n for n, op_id in enumerate(chosen)}
         stmt = update(_OP).values(**values).where(_OP.c.id.in_(chosen), *guard)
         rows = sorted(session.execute(stmt.returning(*_CLAIMED)).all(), key=lambda row: rank[row.id])
-        return [self._open_attempt(session, row, worker, kind) for row in rows]
+        return [self._open_attempt(session, row, worker, kind, versions) for row in rows]
 
-    def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind) -> ClaimedRow:
-        open_ambiguity = session.execute(
+    def _open_attempt(self, session: Session, row: Any, worker: str, kind: AttemptKind, versions: _V) -> ClaimedRow:
+        lookup = kind is AttemptKind.LOOKUP
+        left = "NULL" if lookup else left_versions_sql("o", "group_concat(DISTINCT {})")
+        open_ambiguity, left_versions = session.execute(
             text(
-                f"SELECT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')})"
-                f" FROM {OPERATIONS} o WHERE o.id = :id"
+                f"SELECT EXISTS (SELECT 1 FROM {ATTEMPTS} a WHERE a.operation_id = o.id AND {may_have_taken_effect('o')}),"
+                f" {left} FROM {OPERATIONS} o WHERE o.id = :id"
             ),
             {"id": row.id},
-        ).scalar_one()
+        ).one()
         # Attempt rows are numbered in sequence per kind. Not attempt_count: a breaker-open wait
         # refunds its attempt to the budget, but its row (evidence) keeps its number.
         number = (
@@ -199,10 +207,10 @@ class SqliteDriver:
                 started_at=db_now(),
                 attempt_class=AttemptClass.PENDING.value,
                 stale=False,
+                action_version=None if lookup or versions is None else versions.get(row.action),
             )
             .returning(_AT.c.id)
         ).scalar_one()
-        lookup = kind is AttemptKind.LOOKUP
         record_events(
             session,
             [(row.id, row.fencing_token)],
@@ -213,7 +221,7 @@ class SqliteDriver:
             actor=worker,
         )
         head, tail = tuple(row)[:18], tuple(row)[18:]  # tail: traceparent, the version, the record, submitted_by
-        return ClaimedRow(*head, attempt_id, number, bool(open_ambiguity), *tail)  # type: ignore[call-arg]
+        return ClaimedRow(*head, attempt_id, number, bool(open_ambiguity), *tail, left_versions=left_versions)  # type: ignore[call-arg,misc]
 
     def finalize(self, session: Session, writes: Sequence[FinalizeWrite]) -> list[tuple[bool, bool]]:
         return [self._finalize(session, w) for w in writes]
@@ -257,6 +265,10 @@ class SqliteDriver:
 
     def mark_attempt_stale(self, session: Session, attempt_id: int) -> None:
         session.execute(update(_AT).where(_AT.c.id == attempt_id).values(stale=True))
+
+    def record_request(self, session: Session, operation_id: str, params: dict[str, Any]) -> bool:
+        found = session.execute(text(RECORD_IF_NONE), {**params, "operation_id": operation_id}).first()
+        return found is not None
 
     # -- reads of the hot path --------------------------------------------------------------------
     def read_due(self, session: Session, operation_ids: Sequence[str]) -> list[Any]:

@@ -1,7 +1,7 @@
 """Handoffs that keep working: an owner, a next check, "retry as a new intent", and the abandoned state
 
-Revision ID: 0020
-Revises: 0019
+Revision ID: 0022
+Revises: 0021
 Create Date: 2026-12-09
 
 - ``outbox_handoffs``: ``owner`` (VARCHAR 255: the identity that took the case, ``key:<id>`` or
@@ -33,8 +33,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0020'
-down_revision = '0019'
+revision = '0022'
+down_revision = '0021'
 branch_labels = None
 depends_on = None
 
@@ -142,7 +142,7 @@ def downgrade() -> None:
     ).scalar_one()
     if abandoned or resolved:
         raise RuntimeError(
-            f"{abandoned} operation(s) are abandoned and {resolved} handoff(s) were resolved in ways revision 0019 "
+            f"{abandoned} operation(s) are abandoned and {resolved} handoff(s) were resolved in ways revision 0021 "
             "cannot hold: the downgrade would lose what a person decided"
         )
     op.drop_index(CHECKS_INDEX, table_name='outbox_handoffs')
