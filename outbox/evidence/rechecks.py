@@ -53,7 +53,9 @@ _OP = core_table(Operation)
 _AT = core_table(Attempt)
 _H = core_table(Handoff)
 RR = Status.RECONCILIATION_REQUIRED
-_CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in ("attempt_id", "number", "open_ambiguity"))
+# A claimed row's columns, in ClaimedRow's order (left_versions: a dispatch's only, None for a lookup).
+_NOT_COLUMNS = ("attempt_id", "number", "open_ambiguity", "left_versions")
+_CLAIMED = tuple(_OP.c[name] for name in ClaimedRow._fields if name not in _NOT_COLUMNS)
 
 check_allowed("*", [RR], RR)  # the claim's move, written as one statement below
 

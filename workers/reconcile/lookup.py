@@ -20,7 +20,7 @@ from workers.dispatch.fan_out import Downstream
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult, verify_found
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import Verdict, with_recheck
 from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ class LookupBudget:
     max_delay_s: float
     # How its handoffs are looked up again once the budget is spent (OUTBOX_HANDOFF_RECHECK_*).
     rechecks: RecheckTerms = RecheckTerms()
+
+    def with_recheck(self, verdict: Verdict, action: ActionConfig | None) -> Verdict:
+        """``verdict``, with its handoff's re-checks when the provider's answer could settle it
+        (judge.with_recheck; workers/reconcile/rechecks.py)."""
+        return with_recheck(verdict, action, self.rechecks)
 
 
 @dataclass(frozen=True)

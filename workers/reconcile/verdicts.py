@@ -34,15 +34,7 @@ from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
 from workers.reconcile.handoff_packet import build_packet
-from workers.reconcile.judge import (
-    DispatchAttempt,
-    Verdict,
-    after_not_found,
-    dispatch_window,
-    judge,
-    recheck,
-    with_recheck,
-)
+from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge, recheck
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.wiring import call_events, metrics
@@ -297,9 +289,7 @@ def settle_answers(
         )
         for rng, a in items
     ]
-    # A handoff the provider's answer could settle keeps being looked up (workers/reconcile/rechecks.py).
-    looked = [replace(i, verdict=with_recheck(i.verdict, i.action, budget.rechecks)) for i in looked]
-    return settle_all(rec, looked)
+    return settle_all(rec, [replace(i, verdict=budget.with_recheck(i.verdict, i.action)) for i in looked])
 
 
 def _judged(
