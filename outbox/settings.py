@@ -179,6 +179,16 @@ class Settings(BaseSettings):
     # cap is about ten minutes of provider outage; tests shrink both to stay fast.
     reconcile_max_lookups: int = Field(default=12, ge=1)
     reconcile_max_delay_s: float = Field(default=60.0, gt=0)
+    # A handoff that the provider's answer could settle keeps being looked up (outbox/evidence/checks.py):
+    # first after handoff_recheck_first_s, then as long again as it has been open, at most
+    # handoff_recheck_max_s apart, until the provider's key retention ends (without provider keys:
+    # handoff_recheck_without_keys_s from the first attempt).
+    handoff_recheck_first_s: float = Field(default=60.0, gt=0)
+    handoff_recheck_max_s: float = Field(default=6 * 3600.0, gt=0)
+    handoff_recheck_without_keys_s: float = Field(default=7 * 86400.0, gt=0)
+    # A handoff nobody has taken for longer than this counts in outbox_handoffs_unowned (and its alert):
+    # half an hour is long for a customer waiting on a refund, and short of a shift change.
+    handoff_unowned_alert_s: float = Field(default=1800.0, gt=0)
     # The reconciliation report's "possible duplicates by business object": two succeeded operations
     # on one object under different keys, created at most this far apart (outbox/reads/same_effect.py).
     # A day catches a caller's retry after an overnight outage; ``report --same-object-window`` overrides.

@@ -6,7 +6,7 @@ it: the token moved on. That refusal is about who owns the operation, not about 
 the provider, so the ledger then applies the evidence:
 
 - from a state that claims no outcome yet (awaiting_approval, not_dispatched, dispatching,
-  outcome_unknown, reconciliation_required) -> ``succeeded`` with that reference and evidence
+  outcome_unknown, reconciliation_required, abandoned) -> ``succeeded`` with that reference and evidence
   (``committed_evidence_degraded`` if a separate evidence store is down). The token is bumped, so
   whoever holds the lease now finds its own write refused; an open handoff is closed as settled;
 - from a terminal state that says "no effect" (failed_before_commit, cancelled) ->
@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.evidence.handoffs import open_handoff
+from outbox.evidence.handoffs import close_by_evidence, open_handoff
 from outbox.evidence.sinks import EvidenceSink, record_for
 from outbox.ledger import failpoints
 from outbox.ledger.clock import db_now
@@ -162,17 +162,14 @@ def apply(
     if not sink.separate:
         sink.write(record, session=session)
     if status is Status.RECONCILIATION_REQUIRED:
-        session.execute(
-            update(Handoff)
-            .where(Handoff.operation_id == op.id, Handoff.status == HandoffStatus.OPEN.value)
-            .values(
-                status=HandoffStatus.RESOLVED.value,
-                resolution=Resolution.SUCCEEDED.value,
-                resolved_reference=late.provider_reference,
-                resolved_by=actor,
-                resolved_at=db_now(),
-                note=f"settled by late evidence: {reason}",
-            )
+        close_by_evidence(
+            session,
+            op.id,
+            resolution=Resolution.SUCCEEDED,
+            reference=late.provider_reference,
+            actor=actor,
+            note=f"settled by late evidence: {reason}",
+            attempt_id=late.attempt_id,
         )
     log.info(
         "late evidence applied: %s -> %s",

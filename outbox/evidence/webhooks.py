@@ -22,8 +22,9 @@ caller's transaction:
      "succeeded"; PROVIDERS.md, rule 4), so the provider's current object decides: an accepted or
      outcome_unknown operation is made due now (``next_attempt_at``) and the reconciler's lookup reads
      it (failed_at_provider if it is failed there); one a worker is sending gets that lookup as soon as
-     its finalize leaves it accepted / outcome_unknown (outbox/evidence/stored_events.py); anything
-     else is left to its owner (a person);
+     its finalize leaves it accepted / outcome_unknown (outbox/evidence/stored_events.py); a handoff
+     that is re-checked gets its re-check now (outbox/evidence/rechecks.py); anything else is left to
+     its owner (a person);
    - pending: recorded, nothing moves.
 
 An event that came before its operation could take it (a success named by a reference the 202's
@@ -48,6 +49,7 @@ from sqlalchemy.orm import Session
 from outbox.actions.webhooks import WebhookOutcome
 from outbox.evidence.late import LateSuccess, PacketBuilder
 from outbox.evidence.late import apply as apply_late
+from outbox.evidence.rechecks import recheck_now
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.clock import db_now
 from outbox.ledger.models import Attempt, Operation, core_table
@@ -267,6 +269,11 @@ def _look_now(session: Session, op: Operation, status: Status, said: str) -> str
         return (
             f"{said} says it failed while a worker sends it: once the worker leaves it accepted or "
             "outcome_unknown, a lookup reads the provider's object at once"
+        )
+    if status is Status.RECONCILIATION_REQUIRED and recheck_now(session, op.id):
+        return (
+            f"{said} says it failed: its handoff is re-checked now (the lookup reads the provider's object and "
+            "resolves the case by the provider's evidence)"
         )
     return f"{said} says it failed; the operation is {status.value}, which only its owner moves"
 

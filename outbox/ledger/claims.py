@@ -231,6 +231,11 @@ def _claim(
     return claims
 
 
+def lookup_claim_of(row: ClaimedRow, worker: str) -> Claim:
+    """A lookup claim of a row claimed elsewhere (a handoff's re-check: outbox/evidence/rechecks.py)."""
+    return _claim_of(row, worker, AttemptKind.LOOKUP)
+
+
 def _claim_of(row: ClaimedRow, worker: str, kind: AttemptKind) -> Claim:
     lease = as_utc(row.lease_expires_at)
     created = as_utc(row.created_at)

@@ -43,9 +43,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from outbox.ledger.authority_columns import ApproverIdentityColumns, RevocationColumns
+from outbox.ledger.case_columns import HandoffCaseColumns, RetryLinkColumns
 from outbox.ledger.request_columns import AttemptVersionColumn, RequestRecordColumns
 from outbox.ledger.run_states import ACTIVE, RunStatus
-from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Status
+from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptClass, Resolution, Status
 
 PREFIX = "outbox_"
 OPERATIONS = PREFIX + "operations"
@@ -71,6 +72,7 @@ STATUS_VALUES = ", ".join(f"'{s.value}'" for s in Status)
 RUN_STATUS_VALUES = ", ".join(f"'{s.value}'" for s in RunStatus)
 RUN_ACTIVE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(ACTIVE)) + ")"
 CLASS_VALUES = ", ".join(f"'{c.value}'" for c in AttemptClass)
+RESOLUTION_VALUES = ", ".join(f"'{r.value}'" for r in Resolution)
 KEY_SPACES = ("intent", "run")
 KEY_SPACE_VALUES = ", ".join(f"'{k}'" for k in KEY_SPACES)
 # What the reconciler claims (states.RECONCILE_CLAIMABLE), spelled once for the partial index and the claims.
@@ -91,7 +93,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-class Operation(RequestRecordColumns, Base):
+class Operation(RequestRecordColumns, RetryLinkColumns, Base):
     __tablename__ = OPERATIONS
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -239,7 +241,7 @@ class OperationEvent(Base):
     actor: Mapped[str] = mapped_column(String(255))
 
 
-class Handoff(Base):
+class Handoff(HandoffCaseColumns, Base):
     """The packet a person needs to take over an operation automation could not settle."""
 
     __tablename__ = HANDOFFS
@@ -260,15 +262,9 @@ class Handoff(Base):
 
     __table_args__ = (
         CheckConstraint("status IN ('open', 'resolved')", name="status"),
-        CheckConstraint(
-            "resolution IS NULL OR resolution IN ('succeeded', 'not-executed', 'abandoned')", name="resolution"
-        ),
-        Index(
-            f"ix_{HANDOFFS}_open",
-            "opened_at",
-            postgresql_where=text("status = 'open'"),
-            sqlite_where=text("status = 'open'"),
-        ),
+        CheckConstraint(f"resolution IS NULL OR resolution IN ({RESOLUTION_VALUES})", name="resolution"),
+        Index(f"ix_{HANDOFFS}_open", "opened_at", **_where("status = 'open'")),
+        Index(f"ix_{HANDOFFS}_checks", "next_check_at", **_where("status = 'open' AND next_check_at IS NOT NULL")),
     )
 
 

@@ -29,6 +29,7 @@ class Status(str, enum.Enum):
     CANCELLED = "cancelled"
     ACCEPTED = "accepted"
     FAILED_AT_PROVIDER = "failed_at_provider"
+    ABANDONED = "abandoned"
 
     def __str__(self) -> str:
         return self.value
@@ -59,10 +60,16 @@ MEANING: dict[Status, str] = {
         "the provider took the request and then reported it failed (a status in the action's lookup.failed): "
         "no effect remains, but the provider holds a record of it, so it is not failed_before_commit"
     ),
+    Status.ABANDONED: (
+        "a person closed its handoff without knowing whether it took effect (abandoned, or retried as a new "
+        "intent): nothing more is sent or looked up under its key; a confirmation from the provider still settles it"
+    ),
 }
 
+# Abandoned is an end (nothing more is sent or looked up) that claims neither an effect nor its
+# absence: a person stopped looking. It is in AWAITING_OUTCOME too, so evidence still settles it.
 TERMINAL: frozenset[Status] = frozenset(
-    {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED}
+    {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED, Status.ABANDONED}
 )
 
 # States that say "the effect happened" (evidence recorded, or being repaired).
@@ -85,6 +92,7 @@ AWAITING_OUTCOME: frozenset[Status] = frozenset(
         Status.OUTCOME_UNKNOWN,
         Status.ACCEPTED,
         Status.RECONCILIATION_REQUIRED,
+        Status.ABANDONED,
     }
 )
 
@@ -177,8 +185,20 @@ ALLOWED: dict[tuple[Status, Status], str] = {
         "an attempt's success arrived late, evidence store down"
     ),
     (Status.RECONCILIATION_REQUIRED, Status.NOT_DISPATCHED): "person resolved: not executed",
-    # Abandoned: a person closed the case without proof either way; the state stays honest.
-    (Status.RECONCILIATION_REQUIRED, Status.RECONCILIATION_REQUIRED): "person resolved: abandoned",
+    # A handoff is a case that keeps working (outbox/evidence/rechecks.py): its lookups go on while a
+    # person owns it, and what the provider says settles it; taking or releasing it moves nothing.
+    (Status.RECONCILIATION_REQUIRED, Status.RECONCILIATION_REQUIRED): (
+        "handoff re-check claimed, or found nothing yet (looked up again later); the handoff taken or released"
+    ),
+    (Status.RECONCILIATION_REQUIRED, Status.FAILED_AT_PROVIDER): "a handoff's re-check found it failed at the provider",
+    # Abandoned: a person closed the case without proof either way (or retried it as a new intent):
+    # an end that claims nothing, which the provider's confirmation still settles.
+    (Status.RECONCILIATION_REQUIRED, Status.ABANDONED): "person resolved: abandoned, or retried as a new intent",
+    (Status.ABANDONED, Status.ABANDONED): "person retried an abandoned operation as a new intent",
+    (Status.ABANDONED, Status.SUCCEEDED): "an attempt's success arrived late, after a person abandoned it",
+    (Status.ABANDONED, Status.COMMITTED_EVIDENCE_DEGRADED): (
+        "an attempt's success arrived late, after a person abandoned it, evidence store down"
+    ),
     # The only ways out of a terminal state: it said "no effect" and the provider confirmed one
     # (a provider that does not fence though declared to, or a person's wrong "not executed").
     # The agent was told it did not happen, so a person reviews; it is never left as it was.
@@ -336,6 +356,11 @@ class EventKind(str, enum.Enum):
     RESOLVED_SUCCEEDED = "resolved: succeeded"
     RESOLVED_NOT_EXECUTED = "resolved: not executed"
     RESOLVED_ABANDONED = "resolved: abandoned"
+    RESOLVED_RETRY = "resolved: retried as a new intent"  # the old operation's end; its new one is linked
+    RESOLVED_BY_EVIDENCE = "resolved by the provider's evidence"  # a handoff's re-check found the answer
+    RECHECK = "re-check"  # a handoff's lookup found nothing that settles it: looked up again later
+    HANDOFF_TAKEN = "handoff taken"  # a person took the case (its owner); nothing moves
+    HANDOFF_RELEASED = "handoff released"  # its owner gave it back; nothing moves
     EVIDENCE_BACKFILLED = "evidence backfilled"
     LATE_EVIDENCE = "late evidence"  # a stale attempt's confirmed success settled the operation
     LATE_EVIDENCE_CONTRADICTS = "late evidence contradicts"  # ... contradicting a "no effect" end
@@ -357,8 +382,16 @@ class HandoffStatus(str, enum.Enum):
 
 
 class Resolution(str, enum.Enum):
-    """What a person found when they resolved a handoff; it decides the operation's next state."""
+    """What a person found when they resolved a handoff (or the provider's evidence said: a re-check,
+    a late success, a webhook); it decides the operation's next state."""
 
     SUCCEEDED = "succeeded"  # the effect is there (with the provider's reference): succeeded
     NOT_EXECUTED = "not-executed"  # proven absent at the provider: sent again under the same key
-    ABANDONED = "abandoned"  # nobody can tell: it stays reconciliation_required, closed by a person
+    ABANDONED = "abandoned"  # nobody can tell, and nobody looks any more: abandoned, closed by a person
+    # The old one ends abandoned; a new operation with a derived key does the work (outbox/evidence/retries.py).
+    RETRY_AS_NEW_INTENT = "retry-as-new-intent"
+    FAILED_AT_PROVIDER = "failed-at-provider"  # the provider's evidence only: it holds the key as failed
+
+
+# What a person may resolve a handoff as (the last of Resolution is the provider's word only).
+PERSON_RESOLUTIONS: tuple[Resolution, ...] = tuple(r for r in Resolution if r is not Resolution.FAILED_AT_PROVIDER)

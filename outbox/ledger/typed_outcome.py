@@ -35,6 +35,8 @@ class Outcome(str, enum.Enum):
     AWAITING_APPROVAL = "AWAITING_APPROVAL"
     PENDING = "PENDING"
     CANCELLED = "CANCELLED"
+    # A person closed its case without knowing whether it happened (abandoned, or retried as a new intent).
+    ABANDONED = "ABANDONED"
     # Not stored: a rule of the actions file refused the call at submit (a conversation's budget, a busy
     # business object). Never an operation's state; only an answer to a call.
     REFUSED = "REFUSED"
@@ -60,6 +62,7 @@ OUTCOME_OF: dict[Status, Outcome] = {
     Status.CANCELLED: Outcome.CANCELLED,
     Status.ACCEPTED: Outcome.PENDING,
     Status.FAILED_AT_PROVIDER: Outcome.FAILED_AT_PROVIDER,
+    Status.ABANDONED: Outcome.ABANDONED,
 }
 # Outcomes a waiting caller stops waiting at: final, or waiting for a person.
 SETTLED: frozenset[Outcome] = frozenset(set(Outcome) - {Outcome.PENDING, Outcome.UNKNOWN})
@@ -120,6 +123,14 @@ def model_message(op: dict[str, Any], *, again: str = _AGAIN, replay: bool = Fal
         return f"{action} is waiting for a person's approval; nothing has been sent. Wait, or check later."
     if outcome is Outcome.CANCELLED:
         return f"Cancelled: {action} was cancelled before anything was sent; it did not happen."
+    if outcome is Outcome.ABANDONED:
+        instead = (
+            f" A person retried it as a new intent (operation {op['retried_as']})." if op.get("retried_as") else ""
+        )
+        return (
+            f"Abandoned: a person stopped checking whether {action} happened; it may or may not have taken effect."
+            f"{instead} Do not retry it, and do not tell the user it happened or failed: say a person handled it."
+        )
     if op.get("status") == Status.ACCEPTED.value:
         ref = (op.get("result") or {}).get("reference")
         return (

@@ -18,7 +18,10 @@ Each scrape runs a few small read-only queries in one short transaction, all on 
 - with ``tenants`` > 0 (OUTBOX_METRICS_TENANTS), the oldest due age of that many tenants, those
   waiting longest (fairness, per tenant): one group-by over the due rows, so its cost follows the
   backlog in front of the workers, and the one labelled family the operator opts into;
-- open handoffs: count and age of the oldest (the partial index ``ix_outbox_handoffs_open``).
+- open handoffs: count and age of the oldest (the partial index ``ix_outbox_handoffs_open``); those
+  nobody has taken for longer than ``unowned_after_s`` (OUTBOX_HANDOFF_UNOWNED_ALERT_S), per tenant
+  and target (``targets``: each action's, from the actions file; "unknown" without it). Only cases
+  past that age make a series: a tenant appears while one of its cases waits unowned.
 - approvals pending: count and age of the oldest operation in ``awaiting_approval``.
 - people, over ``terminal_window_s``: handoffs opened, the handoff ratio (handoffs opened over
   operations that ended or were handed over), and the human takeover time: a histogram of the
@@ -41,7 +44,7 @@ This module reads only the ledger (``outbox`` imports nothing from workers/ or b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
@@ -71,11 +74,21 @@ TAKEOVER_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0
 
 
 class LedgerCollector(Collector):
-    def __init__(self, engine: Engine, *, terminal_window_s: float = 3600.0, tenants: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        terminal_window_s: float = 3600.0,
+        tenants: int = 0,
+        unowned_after_s: float = 1800.0,
+        targets: Mapping[str, str] | None = None,
+    ) -> None:
         self.engine = engine
         self.sessions = make_sessionmaker(engine)
         self.terminal_window_s = terminal_window_s
         self.tenants = tenants
+        self.unowned_after_s = unowned_after_s
+        self.targets = dict(targets or {})
         self._warned = False
 
     def describe(self) -> list[GaugeMetricFamily]:
@@ -143,6 +156,17 @@ class LedgerCollector(Collector):
                     Handoff.status == HandoffStatus.OPEN.value
                 )
             ).one()
+            # Open cases nobody took within the setting: a person should have (the alert's series).
+            unowned = session.execute(
+                select(Operation.tenant, Operation.action, func.count())
+                .join(Handoff, Handoff.operation_id == Operation.id)
+                .where(
+                    Handoff.status == HandoffStatus.OPEN.value,
+                    Handoff.owner.is_(None),
+                    Handoff.opened_at <= db_now(-self.unowned_after_s),
+                )
+                .group_by(Operation.tenant, Operation.action)
+            ).all()
             summary = read_summary(session)
             # Handoffs opened or resolved in the window (a small table: only what a person saw).
             since = db_now(-self.terminal_window_s)
@@ -214,6 +238,18 @@ class LedgerCollector(Collector):
             "outbox_handoffs_oldest_open_age_seconds", "Seconds since the oldest open handoff was opened (0 when none)"
         )
         handoffs_age.add_metric([], max(float(handoff_age or 0.0), 0.0))
+        unowned_family = GaugeMetricFamily(
+            "outbox_handoffs_unowned",
+            f"Open handoffs nobody has taken for longer than {self.unowned_after_s:g} s "
+            "(OUTBOX_HANDOFF_UNOWNED_ALERT_S), per tenant and target",
+            labels=["tenant", "target"],
+        )
+        per_case: dict[tuple[str, str], int] = {}
+        for tenant, action, n in unowned:
+            key = (str(tenant), self.targets.get(str(action), "unknown"))
+            per_case[key] = per_case.get(key, 0) + int(n)
+        for (tenant, target), n in sorted(per_case.items()):
+            unowned_family.add_metric([tenant, target], n)
         approvals = GaugeMetricFamily("outbox_approvals_pending", "Operations waiting for a person's approval")
         approvals.add_metric([], open_counts.get(Status.AWAITING_APPROVAL.value, 0))
         approvals_oldest = GaugeMetricFamily(
@@ -238,6 +274,7 @@ class LedgerCollector(Collector):
             lookups_oldest,
             handoffs,
             handoffs_age,
+            unowned_family,
             approvals,
             approvals_oldest,
             runs,

@@ -65,6 +65,10 @@ def operation_json(op: Operation) -> dict[str, Any]:
         ),
         "run_id": op.run_id,
         "tool_call_id": op.tool_call_id,
+        # Retry as a new intent (outbox/evidence/retries.py): the operation this one replaced, and the one
+        # that replaced it.
+        "retry_of": op.retry_of,
+        "retried_as": op.retried_as,
         "object": op.object_key,
         "budget_scope": op.budget_scope,
         "lease_owner": op.lease_owner,

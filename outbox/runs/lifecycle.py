@@ -215,18 +215,20 @@ def cancel_run(
 
 def resolve_run(session: Session, run: Run, *, actor: str, note: str) -> Run:
     """A person closes a run that waits for one, saying what they did: a run in needs_person, or one
-    held by a step or compensation in reconciliation_required (whose handoff may have been closed as
-    abandoned, which holds the run for good)."""
+    held by a step or compensation in reconciliation_required, or abandoned (its handoff closed by a
+    person without knowing: that holds the run for good)."""
     run = _locked(session, run)
     holder = session.get(Operation, run.current_op_id) if run.current_op_id else None
     held = (
-        RunStatus(run.status) in ACTIVE and holder is not None and holder.status == Status.RECONCILIATION_REQUIRED.value
+        RunStatus(run.status) in ACTIVE
+        and holder is not None
+        and holder.status in (Status.RECONCILIATION_REQUIRED.value, Status.ABANDONED.value)
     )
     if run.status != RunStatus.NEEDS_PERSON.value and not held:
         raise RunNotMovable(
             "run",
             f"run {run.id} is {run.status}: a person resolves a run in needs_person, or one held by a step "
-            "in reconciliation_required",
+            "in reconciliation_required or abandoned",
         )
     if not note or not note.strip():
         raise InvalidIntent("note", "required: what was done about the effects that remained")

@@ -1,5 +1,10 @@
-"""Handoffs as every surface lists, shows and resolves them, for one tenant (the ledger's moves are
-outbox/evidence/handoffs.py)."""
+"""Handoffs as every surface lists, shows, takes and resolves them, for one tenant (the ledger's moves
+are outbox/evidence/handoffs.py; retry as a new intent outbox/evidence/retries.py).
+
+Who takes a case is an identity, as separation of duties compares them (``Caller.identity``:
+``key:<id>`` for an API key or a console session of it; ``cli:<account>`` for the command line,
+which holds the ledger's own credentials and vouches for the account that ran it), never text a
+request carries."""
 
 from __future__ import annotations
 
@@ -8,12 +13,15 @@ from typing import NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from outbox.errors import HandoffNotFound
-from outbox.evidence import handoffs
+from outbox.errors import HandoffNotFound, InvalidIntent
+from outbox.evidence import handoffs, retries
 from outbox.ledger import tracing
 from outbox.ledger.models import Handoff, Operation
-from outbox.ledger.states import HandoffStatus, Resolution, Status
+from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.states import PERSON_RESOLUTIONS, HandoffStatus, Resolution, Status
 from outbox.service.inputs import BY_MAX, NOTE_MAX, REFERENCE_MAX, written
+
+IDENTITY_MAX = 255
 
 LIMIT = 500
 _MAX_ID = 2**63 - 1  # a BIGINT: a larger id names no handoff (and must not reach the database)
@@ -50,6 +58,29 @@ def get(session: Session, tenant: str | None, handoff_id: int) -> Handoff:
     return found
 
 
+def with_operation(session: Session, handoff: Handoff) -> HandoffRow:
+    op = session.get(Operation, handoff.operation_id, populate_existing=True)
+    assert op is not None
+    return HandoffRow(session.get(Handoff, handoff.id, populate_existing=True) or handoff, op)
+
+
+def _identity(identity: str) -> str:
+    written("identity", identity, max_len=IDENTITY_MAX, required=True)
+    return identity
+
+
+def take(session: Session, tenant: str | None, handoff_id: int, *, identity: str, over: bool = False) -> HandoffRow:
+    """``identity`` owns the case of ``tenant`` from now (``over``: even when another does)."""
+    handoff = handoffs.take(session, get(session, tenant, handoff_id), identity=_identity(identity), over=over)
+    return with_operation(session, handoff)
+
+
+def release(session: Session, tenant: str | None, handoff_id: int, *, identity: str, over: bool = False) -> HandoffRow:
+    """Give the case back (``over``: someone else's)."""
+    handoff = handoffs.release(session, get(session, tenant, handoff_id), identity=_identity(identity), over=over)
+    return with_operation(session, handoff)
+
+
 def resolve(
     session: Session,
     tenant: str | None,
@@ -59,15 +90,31 @@ def resolve(
     by: str,
     note: str,
     reference: str | None = None,
+    key_rules: KeyRules | None = None,
+    identity: str | None = None,
 ) -> Status:
-    """A person's decision on a handoff of ``tenant``; returns the operation's state after it."""
+    """A person's decision on a handoff of ``tenant``; returns the operation's state after it.
+    ``retry-as-new-intent`` also submits the new intent (under ``key_rules``, the actions file's, as
+    any submit: approvals, provider keys, objects); the handoff's operation then names it
+    (``retried_as``). ``identity``: who decides, as the surface knows them (recorded beside ``by``)."""
     written("--by", by, max_len=BY_MAX)
     written("--note", note, max_len=NOTE_MAX)
     written("--reference", reference, max_len=REFERENCE_MAX)
+    if str(resolution) not in {r.value for r in PERSON_RESOLUTIONS}:
+        raise InvalidIntent("--as", f"one of {', '.join(r.value for r in PERSON_RESOLUTIONS)}")
+    resolution = Resolution(resolution)
     handoff = get(session, tenant, handoff_id)
     parent = session.execute(select(Operation.traceparent).where(Operation.id == handoff.operation_id)).scalar()
-    attributes = {"outbox.operation_id": handoff.operation_id, "outbox.handoff.resolution": str(resolution)}
+    attributes = {"outbox.operation_id": handoff.operation_id, "outbox.handoff.resolution": resolution.value}
     with tracing.span("outbox.handoff.resolve", parent=parent, attributes=attributes) as span:
+        if resolution is Resolution.RETRY_AS_NEW_INTENT:
+            if reference:
+                raise InvalidIntent("--reference", "only with --as succeeded")
+            retried = retries.retry_as_new_intent(
+                session, handoff, by=by, note=note, key_rules=key_rules, identity=identity
+            )
+            span.set(**{"outbox.status": Status.ABANDONED.value, "outbox.retried_as": retried.new.operation_id})
+            return Status.ABANDONED
         status = handoffs.resolve(session, handoff, resolution=resolution, by=by, note=note, reference=reference)
         span.set(**{"outbox.status": status.value})
         return status

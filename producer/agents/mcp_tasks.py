@@ -89,6 +89,8 @@ def task_of(op: Any, base_url: str) -> dict[str, Any]:
         state, message = "completed", f"{status.value}: it did not happen (see the result)"
     elif status is Status.CANCELLED:
         state, message = "cancelled", "cancelled"
+    elif status is Status.ABANDONED:
+        state, message = "completed", "abandoned: a person stopped checking whether it happened (see the result)"
     elif status is Status.NOT_DISPATCHED and _stage(op) is Stage.IN_PROGRESS:
         state, message = "working", RETRYING_MESSAGE
     else:

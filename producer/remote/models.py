@@ -193,3 +193,13 @@ class Handoff(_Answer):
     note: str | None = None
     packet: dict[str, Any] | None = None
     operation_status: str | None = None
+    # The case: who took it, when the provider is asked again and until when, what evidence resolved
+    # it; the two ends of a retry as a new intent.
+    owner: str | None = None
+    taken_at: datetime | None = None
+    next_check_at: datetime | None = None
+    checks_until: datetime | None = None
+    resolved_by_evidence: bool = False
+    evidence_attempt_id: int | None = None
+    retry_of: str | None = None
+    retried_as: str | None = None

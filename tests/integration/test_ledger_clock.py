@@ -182,7 +182,17 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
             )
         )
         handoff = open_handoff(s, done, reason="test", packet={"x": 1})
-        s.execute(update(Handoff).where(Handoff.id == handoff).values(status="resolved", resolved_at=db_now()))
+        s.execute(
+            update(Handoff)
+            .where(Handoff.id == handoff)
+            .values(
+                status="resolved",
+                resolved_at=db_now(),
+                taken_at=db_now(),
+                next_check_at=db_now(60),
+                checks_until=db_now(86400),
+            )
+        )
     leased = _submit(ledger, "k-leased", delay_s=0.0)
     _claim(ledger, operation_id=leased)
 

@@ -25,6 +25,7 @@ EXPECTED = {
     Status.FAILED_BEFORE_COMMIT: "completed",  # isError in tasks/result: a business outcome
     Status.FAILED_AT_PROVIDER: "completed",
     Status.CANCELLED: "cancelled",
+    Status.ABANDONED: "completed",  # a person closed it without knowing: the result says so
 }
 
 

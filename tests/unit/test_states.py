@@ -51,7 +51,8 @@ def test_a_no_effect_state_is_left_only_for_a_person_when_evidence_contradicts_i
     # Evidence wins: a provider-confirmed success after "no effect" is never silently left as it
     # was; the operation goes to a person (late_evidence.py), and nowhere else.
     assert [dst for (src, dst) in ALLOWED if src is terminal] == [Status.RECONCILIATION_REQUIRED]
-    assert NO_EFFECT | {Status.SUCCEEDED} == TERMINAL
+    # The other ends: the effect, and abandoned (a person stopped looking; it claims neither).
+    assert NO_EFFECT | {Status.SUCCEEDED, Status.ABANDONED} == TERMINAL
 
 
 def test_a_late_success_settles_every_state_that_claims_no_outcome_yet():
@@ -60,7 +61,13 @@ def test_a_late_success_settles_every_state_that_claims_no_outcome_yet():
 
 
 def test_terminal_set_is_what_the_design_says():
-    assert TERMINAL == {Status.SUCCEEDED, Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED}
+    assert TERMINAL == {
+        Status.SUCCEEDED,
+        Status.FAILED_BEFORE_COMMIT,
+        Status.FAILED_AT_PROVIDER,
+        Status.CANCELLED,
+        Status.ABANDONED,
+    }
 
 
 def test_accepted_is_settled_only_by_what_the_provider_says_and_never_sent_again():
@@ -77,8 +84,14 @@ def test_accepted_is_settled_only_by_what_the_provider_says_and_never_sent_again
 
 
 def test_failed_at_provider_only_from_what_the_provider_said():
-    # The provider took it and reported it failed: a 2xx that says so, or a lookup. Never a guess.
-    assert sources_of(Status.FAILED_AT_PROVIDER) == {Status.DISPATCHING, Status.OUTCOME_UNKNOWN, Status.ACCEPTED}
+    # The provider took it and reported it failed: a 2xx that says so, or a lookup (a handoff's
+    # re-check too, or a webhook for a re-checked handoff). Never a guess.
+    assert sources_of(Status.FAILED_AT_PROVIDER) == {
+        Status.DISPATCHING,
+        Status.OUTCOME_UNKNOWN,
+        Status.ACCEPTED,
+        Status.RECONCILIATION_REQUIRED,
+    }
     assert not is_allowed(Status.ACCEPTED, Status.FAILED_BEFORE_COMMIT)
 
 

@@ -17,6 +17,7 @@ def test_every_state_has_exactly_one_outcome():
         Outcome.NEEDS_HUMAN,
         Outcome.AWAITING_APPROVAL,
         Outcome.CANCELLED,
+        Outcome.ABANDONED,  # a person closed it: nothing more happens by itself
         Outcome.REFUSED,  # an answer, never a state: nothing was stored, nothing to wait for
     }
     assert Outcome.REFUSED not in set(OUTCOME_OF.values())
@@ -36,6 +37,7 @@ def test_every_state_has_exactly_one_outcome():
         ("cancelled", ["Cancelled", "did not happen"]),
         ("accepted", ["Accepted, not finished", "still processing", "Do not resubmit"]),
         ("failed_at_provider", ["Failed at the provider", "did not take effect", "new idempotency key"]),
+        ("abandoned", ["Abandoned", "may or may not have taken effect", "Do not retry"]),
     ],
 )
 def test_model_messages(status: str, words: list[str]):

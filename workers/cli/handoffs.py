@@ -1,16 +1,21 @@
-"""``agent-outbox handoffs list|show|resolve`` and ``agent-outbox evidence backfill``."""
+"""``agent-outbox handoffs list|show|take|release|resolve`` and ``agent-outbox evidence backfill``.
+
+The command line acts with the ledger's own credentials: who takes a case is the operating-system
+account that ran it (``cli:<account>``), never a flag's text."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 
 from outbox.errors import InvalidIntent
 from outbox.evidence.handoffs import handoff_json
 from outbox.evidence.sinks import EvidenceSink, backfill
-from outbox.ledger.states import Resolution
+from outbox.ledger.states import PERSON_RESOLUTIONS, Resolution
 from outbox.service import handoffs
 from outbox.settings import load_settings
+from producer.client import key_rules_for
 from workers.cli import render
 from workers.cli.ledger import ledger
 
@@ -26,9 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("id", type=int, metavar="ID")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_show)
+    for name, what in (("take", "own the case (your account: cli:<user>)"), ("release", "give the case back")):
+        p = hs.add_parser(name, help=what)
+        p.add_argument("id", type=int, metavar="ID")
+        p.add_argument("--over", action="store_true", help="even when someone else owns it (the history says who)")
+        p.set_defaults(func=cmd_take if name == "take" else cmd_release)
     p = hs.add_parser("resolve", help="write a person's decision back")
     p.add_argument("id", type=int, metavar="ID")
-    p.add_argument("--as", dest="resolution", required=True, choices=[r.value for r in Resolution])
+    p.add_argument("--as", dest="resolution", required=True, choices=[r.value for r in PERSON_RESOLUTIONS])
     p.add_argument("--reference", help="the provider's reference (required with --as succeeded)")
     p.add_argument("--note", required=True, help="why: what was checked, and where")
     p.add_argument("--by", required=True, help="who decides")
@@ -48,6 +58,8 @@ COLUMNS: list[render.Column] = [
     ("key", lambda r: r["packet"]["operation"]["idempotency_key"]),
     ("action", lambda r: r["packet"]["operation"]["action"]),
     ("opened_at", lambda r: (r["opened_at"] or "")[:19]),
+    ("owner", lambda r: r["owner"] or "-"),
+    ("next_check_at", lambda r: (r["next_check_at"] or "-")[:19]),
     ("status", lambda r: r["status"] + (f" ({r['resolution']})" if r["resolution"] else "")),
     ("reason", lambda r: r["reason"][:80]),
 ]
@@ -55,13 +67,13 @@ COLUMNS: list[render.Column] = [
 
 def cmd_list(args: argparse.Namespace) -> int:
     with ledger() as sessions, sessions() as session:
-        rows = [handoff_json(row.handoff) for row in handoffs.listing(session, None, include_resolved=args.all)]
+        rows = [handoff_json(*row) for row in handoffs.listing(session, None, include_resolved=args.all)]
     return render.listing(rows, as_json=args.json, title="{n} handoff(s)", columns=COLUMNS)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     with ledger() as sessions, sessions() as session:
-        row = handoff_json(handoffs.get(session, None, args.id))
+        row = handoff_json(*handoffs.with_operation(session, handoffs.get(session, None, args.id)))
     if args.json:
         render.emit_json(row)
         return 0
@@ -69,6 +81,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     packet = row["packet"]
     op = packet["operation"]
     console.print(f"[bold]handoff {row['handoff_id']}[/] ({row['status']}) opened {row['opened_at']}")
+    console.print(
+        f"owner {row['owner'] or '- (nobody has taken it)'}"
+        + (f" since {row['taken_at']}" if row["taken_at"] else "")
+        + f"; next check {row['next_check_at'] or '- (not re-checked)'}"
+        + (f", re-checked until {row['checks_until']}" if row["checks_until"] else "")
+    )
     console.print(
         f"1. operation {op['operation_id']}  key {op['idempotency_key']}  tenant {op['tenant']}  "
         f"action {op['action']}  target {op['target']}"
@@ -102,21 +120,57 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"run {intent['run_id']}  tool call {intent['tool_call_id']}"
     )
     if row["resolution"]:
+        by = "the provider's evidence" if row["resolved_by_evidence"] else row["resolved_by"]
         console.print(
-            f"resolved as {row['resolution']} by {row['resolved_by']} at {row['resolved_at']}: {row['note']}"
+            f"resolved as {row['resolution']} by {by} at {row['resolved_at']}: {row['note']}"
             + (f" (reference {row['resolved_reference']})" if row["resolved_reference"] else "")
         )
+    if row["retried_as"]:
+        console.print(f"retried as a new intent: operation {row['retried_as']}")
+    return 0
+
+
+def cli_identity() -> str:
+    """Who acts from the command line: the account that ran it (it holds the ledger's credentials)."""
+    return f"cli:{getpass.getuser()}"
+
+
+def cmd_take(args: argparse.Namespace) -> int:
+    with ledger() as sessions, sessions.begin() as session:
+        row = handoffs.take(session, None, args.id, identity=cli_identity(), over=args.over)
+        owner = row.handoff.owner
+    print(f"handoff {args.id} is now owned by {owner}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    with ledger() as sessions, sessions.begin() as session:
+        handoffs.release(session, None, args.id, identity=cli_identity(), over=args.over)
+    print(f"handoff {args.id} released: nobody owns it")
     return 0
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
     if args.resolution != "succeeded" and args.reference:
         raise InvalidIntent("--reference", "only with --as succeeded")
-    with ledger() as sessions, sessions.begin() as session:
+    settings = load_settings()
+    retry = args.resolution == Resolution.RETRY_AS_NEW_INTENT.value
+    with ledger(settings) as sessions, sessions.begin() as session:
         status = handoffs.resolve(
-            session, None, args.id, resolution=args.resolution, by=args.by, note=args.note, reference=args.reference
+            session,
+            None,
+            args.id,
+            resolution=args.resolution,
+            by=args.by,
+            note=args.note,
+            reference=args.reference,
+            key_rules=key_rules_for(settings) if retry else None,
+            identity=cli_identity(),
         )
+        new = handoffs.with_operation(session, handoffs.get(session, None, args.id)).operation.retried_as
     print(f"handoff {args.id} resolved as {args.resolution} by {args.by}: operation is now {status.value}")
+    if retry:
+        print(f"retried as a new intent: operation {new}")
     return 0
 
 

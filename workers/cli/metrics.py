@@ -52,7 +52,13 @@ def build_registry(settings: Settings) -> CollectorRegistry:
         log.warning("metrics: %s", exc)
         engine = open_engine(settings, ensure_schema=False)
     registry.register(
-        LedgerCollector(engine, terminal_window_s=settings.metrics_terminal_window_s, tenants=settings.metrics_tenants)
+        LedgerCollector(
+            engine,
+            terminal_window_s=settings.metrics_terminal_window_s,
+            tenants=settings.metrics_tenants,
+            unowned_after_s=settings.handoff_unowned_alert_s,
+            targets=_targets(settings),
+        )
     )
     if settings.redis_url and settings.actions_file is not None:
         from breaker.metrics import BreakerCollector
@@ -64,6 +70,19 @@ def build_registry(settings: Settings) -> CollectorRegistry:
     else:
         log.info("metrics: no breaker states (they need OUTBOX_REDIS_URL and OUTBOX_ACTIONS_FILE)")
     return registry
+
+
+def _targets(settings: Settings) -> dict[str, str]:
+    """Each action's target (the unowned handoffs' label); none without a readable actions file."""
+    if settings.actions_file is None:
+        return {}
+    from workers.wiring.runtime import load_actions_for
+
+    try:
+        return {name: action.target for name, action in load_actions_for(settings).actions.items()}
+    except Exception as exc:  # noqa: BLE001 - the exporter serves the rest; the label says "unknown"
+        log.warning("metrics: actions file not read (%s): unowned handoffs are labelled target=unknown", exc)
+        return {}
 
 
 class _QuietHandler(WSGIRequestHandler):

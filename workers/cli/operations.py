@@ -268,6 +268,10 @@ def cmd_ops_show(args: argparse.Namespace) -> int:
     )
     if detail["result"]:
         console.print(f"result: reference {detail['result']['reference']}")
+    if detail["retry_of"]:
+        console.print(f"retry of {detail['retry_of']} (a person retried it as this new intent)")
+    if detail["retried_as"]:
+        console.print(f"retried as {detail['retried_as']} (a new intent under a derived key)")
     if detail["error_class"]:
         console.print(f"last error ({detail['error_class']}): {detail['last_error']}")
     console.print(

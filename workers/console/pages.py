@@ -303,14 +303,40 @@ async def deciding(request: Request, scope: str, page_path: str) -> tuple[Caller
     return caller, form
 
 
+@router.post("/handoffs/{handoff_id}/take")
+async def take(request: Request, handoff_id: int) -> Response:  # this session's key owns it: key:<id>
+    return await _take_or_release(request, handoff_id, "take")
+
+
+@router.post("/handoffs/{handoff_id}/release")
+async def release(request: Request, handoff_id: int) -> Response:
+    return await _take_or_release(request, handoff_id, "release")
+
+
+async def _take_or_release(request: Request, handoff_id: int, act: str) -> Response:
+    if isinstance(got := await deciding(request, "operate", "/handoffs"), Response):
+        return got
+    caller, form = got
+    over = form.get("over") == "1"
+    try:
+        with state(request).sessions.begin() as session:
+            moves = handoff_service.take if act == "take" else handoff_service.release
+            moves(session, caller.tenant, handoff_id, identity=caller.identity, over=over)
+    except OutboxError as exc:
+        return back(request, "/handoffs", error=refused(exc))
+    said = f"handoff {handoff_id} taken by {caller.identity}" if act == "take" else f"handoff {handoff_id} released"
+    return back(request, "/handoffs", done=said)
+
+
 @router.post("/handoffs/{handoff_id}/resolve")
 async def resolve(request: Request, handoff_id: int) -> Response:
     if isinstance(got := await deciding(request, "operate", "/handoffs"), Response):
         return got
     caller, form = got
+    st = state(request)
     try:
-        with state(request).sessions.begin() as session:
-            handoff_service.resolve(
+        with st.sessions.begin() as session:
+            status = handoff_service.resolve(
                 session,
                 caller.tenant,
                 handoff_id,
@@ -318,10 +344,15 @@ async def resolve(request: Request, handoff_id: int) -> Response:
                 by=form.get("by", ""),
                 note=form.get("note", ""),
                 reference=form.get("reference") or None,
+                key_rules=st.key_rules,
+                identity=caller.identity,
             )
+            op = handoff_service.with_operation(session, handoff_service.get(session, caller.tenant, handoff_id))
+            new = op.operation.retried_as
     except OutboxError as exc:
         return back(request, "/handoffs", error=refused(exc))
-    return back(request, "/handoffs", done=f"handoff {handoff_id} resolved as {form.get('as')}")
+    said = f"handoff {handoff_id} resolved as {form.get('as')}: the operation is {status.value}"
+    return back(request, "/handoffs", done=said + (f"; retried as operation {new}" if new else ""))
 
 
 @router.post("/approvals/{operation_id}/{decision}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import Admissions, BreakerRegistry, Open
+from outbox.evidence.rechecks import claim_rechecks
 from outbox.ledger.claims import Claim, claim_unknown
 from outbox.ledger.states import AttemptClass, Status
 from workers.dispatch.finalize import Recorder
@@ -114,20 +115,25 @@ def _claim(
     sessions: sessionmaker[Session], worker_id: str, lease_s: float, wanted: list[str], size: int
 ) -> list[Claim]:
     """The given ids, then whatever else is due up to ``size``: topped up by a second statement
-    when some of the ids were no longer claimable (settled, or taken along by another claim)."""
+    when some of the ids were no longer claimable (settled, or taken along by another claim), then
+    with handoffs whose re-check is due (outbox/evidence/rechecks.py: the slow lane, hours apart,
+    which takes the room the outcome_unknown lookups leave)."""
     with sessions.begin() as session:
         if not wanted:
-            return claim_unknown(session, worker=worker_id, lease_s=lease_s, limit=size)
-        claims = claim_unknown(
-            session,
-            worker=worker_id,
-            lease_s=lease_s,
-            operation_ids=wanted,
-            limit=len(wanted),
-            also_due=size - len(wanted),
-        )
+            claims = claim_unknown(session, worker=worker_id, lease_s=lease_s, limit=size)
+        else:
+            claims = claim_unknown(
+                session,
+                worker=worker_id,
+                lease_s=lease_s,
+                operation_ids=wanted,
+                limit=len(wanted),
+                also_due=size - len(wanted),
+            )
+            if len(claims) < size:
+                claims += claim_unknown(session, worker=worker_id, lease_s=lease_s, limit=size - len(claims))
         if len(claims) < size:
-            claims += claim_unknown(session, worker=worker_id, lease_s=lease_s, limit=size - len(claims))
+            claims += claim_rechecks(session, worker=worker_id, lease_s=lease_s, limit=size - len(claims))
     return claims
 
 

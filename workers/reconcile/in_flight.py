@@ -36,12 +36,14 @@ from dataclasses import dataclass, field
 
 from breaker import Admissions
 from outbox.ledger.claims import Claim
+from outbox.ledger.states import Status
 from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
 from workers.dispatch.in_flight import HANDOFF_S, WATCH_EVERY_S
 from workers.dispatch.room import Room
 from workers.reconcile.judge import Verdict
 from workers.reconcile.lookup import Asked, LookupBudget, ask
+from workers.reconcile.rechecks import settle_rechecks
 from workers.reconcile.verdicts import settle_answers
 from workers.relay.outage import OUTAGES
 from workers.wiring import call_events, metrics
@@ -208,7 +210,12 @@ class LookupsInFlight:
         verdicts: dict[str, Verdict] = {}
         ids = [a.claim.operation_id for _, a in items]
         try:
-            verdicts = settle_answers(self.recorder, [(b.rng, a) for b, a in items], self._budget)
+            # A handoff's re-checks are judged and settled by their own rules (rechecks.py).
+            cases = [(b.rng, a) for b, a in items if a.claim.status is Status.RECONCILIATION_REQUIRED]
+            answers = [(b.rng, a) for b, a in items if a.claim.status is not Status.RECONCILIATION_REQUIRED]
+            verdicts = settle_answers(self.recorder, answers, self._budget) if answers else {}
+            if cases:
+                verdicts |= settle_rechecks(self.recorder, cases, self._budget)
         except OUTAGES as exc:
             # Not retried here: the transaction may have committed before the broker refused a
             # re-dispatch doorbell, and a second settlement would take our own lookups for stale.

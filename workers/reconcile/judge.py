@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from outbox.evidence.checks import Recheck, RecheckTerms, plan
 from outbox.ledger.claims import Claim
 from outbox.ledger.clock import as_utc
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
@@ -55,6 +56,9 @@ class Verdict:
     candidates: tuple[str, ...] = ()
     # reconciliation_required: what the person is asked for, when more than "did it happen?".
     waiting_for: WaitingFor | None = None
+    # reconciliation_required: the provider's answer could still settle it, so its handoff is looked
+    # up again (outbox/evidence/checks.py); None: a person's decision by design.
+    recheck: Recheck | None = None
 
 
 def recheck_delay_s(lookup_number: int, rng: random.Random, *, max_delay_s: float = RECHECK_MAX_S) -> float:
@@ -371,3 +375,17 @@ def after_not_found(
             waiting_for=WaitingFor.DECISION,
         )
     return Verdict(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
+
+
+def with_recheck(verdict: Verdict, action: ActionConfig | None, terms: RecheckTerms) -> Verdict:
+    """A handoff the provider's answer could settle keeps being looked up: one whose action has a
+    lookup, handed over because the lookups could not settle it (the lookup down or lagging, an
+    ambiguous attempt, still pending, an earlier attempt that may still land). Not one that asks the
+    person for something no lookup answers (credentials, a decision, a request: ``waiting_for``), nor
+    two matching objects (looking again finds the same two: a person picks)."""
+    if verdict.to is not Status.RECONCILIATION_REQUIRED or action is None or action.lookup is None:
+        return verdict
+    if verdict.waiting_for is not None or verdict.candidates:
+        return verdict
+    keys = action.provider_idempotency
+    return replace(verdict, recheck=plan(terms, keys.retention_s if keys is not None else None))

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from breaker import Admissions, Decision, Open, counts_as_failure
+from outbox.evidence.checks import RecheckTerms
 from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
@@ -19,7 +20,7 @@ from workers.dispatch.fan_out import Downstream
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult, verify_found
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import Verdict, with_recheck
 from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,18 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class LookupBudget:
     """The reconciler's own budget: lookups before a person decides, and the cap of the backoff
-    between them (OUTBOX_RECONCILE_MAX_LOOKUPS, OUTBOX_RECONCILE_MAX_DELAY_S)."""
+    between them (OUTBOX_RECONCILE_MAX_LOOKUPS, OUTBOX_RECONCILE_MAX_DELAY_S); then the slow schedule
+    of a handoff's re-checks."""
 
     max_lookups: int
     max_delay_s: float
+    # How its handoffs are looked up again once the budget is spent (OUTBOX_HANDOFF_RECHECK_*).
+    rechecks: RecheckTerms = RecheckTerms()
+
+    def with_recheck(self, verdict: Verdict, action: ActionConfig | None) -> Verdict:
+        """``verdict``, with its handoff's re-checks when the provider's answer could settle it
+        (judge.with_recheck; workers/reconcile/rechecks.py)."""
+        return with_recheck(verdict, action, self.rechecks)
 
 
 @dataclass(frozen=True)

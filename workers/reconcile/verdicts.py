@@ -104,7 +104,7 @@ def _write_settlement(rec: Recorder, session: Session, item: Looked, report: Att
         packet = build_packet(
             session, op, reason=verdict.reason, action=item.action, actions=rec.actions, candidates=verdict.candidates
         )
-        open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet)
+        open_handoff(session, item.claim.operation_id, reason=verdict.reason, packet=packet, recheck=verdict.recheck)
 
 
 def _mark_events(session: Session, item: Looked, to: Status) -> None:
@@ -273,7 +273,7 @@ def settle_answers(
     scopes: dict[str, str] = {}
     if not_found or near_budget:
         with rec.sessions() as session:
-            attempts = _dispatch_attempts(session, not_found) if not_found else {}
+            attempts = dispatch_attempts(session, not_found) if not_found else {}
             not_asked = _lookups_not_asked(session, near_budget) if near_budget else {}
             scoped = [a.claim for a in judged if a.claim.operation_id in not_found and a.claim.budget_scope]
             scopes = _scopes_spent(rec, session, scoped) if scoped else {}
@@ -289,7 +289,7 @@ def settle_answers(
         )
         for rng, a in items
     ]
-    return settle_all(rec, looked)
+    return settle_all(rec, [replace(i, verdict=budget.with_recheck(i.verdict, i.action)) for i in looked])
 
 
 def _judged(
@@ -374,7 +374,7 @@ def _lookups_not_asked(session: Session, operation_ids: Sequence[str]) -> dict[s
     return {op: int(n) for op, n in rows}
 
 
-def _dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
+def dispatch_attempts(session: Session, operation_ids: Sequence[str]) -> dict[str, list[DispatchAttempt]]:
     """One read of these operations' dispatch attempts, each in order: both judgements of a "not
     found" (dispatch_window, after_not_found)."""
     rows = session.execute(

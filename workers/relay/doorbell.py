@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from celery import Celery
+from sqlalchemy import Engine
 
+from outbox.evidence.rechecks import due_rechecks
 from outbox.ledger import tracing
 from workers.relay.outage import BROKER_OUTAGES
 from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE, ledger_queue
@@ -57,6 +59,17 @@ class Doorbell:
 
     def ring_reconcile(self, operation_ids: Iterable[str]) -> int:
         return self._ring(RECONCILE_TASK, ledger_queue(UNKNOWN_QUEUE, self.ledger), list(operation_ids), self.batch)
+
+    def ring_rechecks(self, engine: Engine) -> list[str]:
+        """Handoffs whose next check is due (outbox/evidence/rechecks.py): any reconcile doorbell with
+        room left takes them along, so one is rung only when the broker holds none (the relay's sweep
+        rings it: re-checks are hours apart)."""
+        if self.queued_reconcile():
+            return []
+        ids = due_rechecks(engine, limit=self.batch)
+        if ids:
+            self.ring_reconcile(ids)
+        return ids
 
     def queued_dispatch(self) -> int | None:
         """Dispatch doorbells waiting in the broker (not those a worker holds), or None if unknown."""

@@ -3,6 +3,7 @@
 Each tick (``run_once``):
 1. expired leases on ``dispatching`` -> ``outcome_unknown`` (a crashed worker may have sent), and
    late successes a worker wrote but did not live to apply -> settled (outbox/evidence/late.py);
+   handoffs whose next check is due -> a reconcile doorbell when none is queued (their re-check);
 2. due ``not_dispatched`` rows never published, due again (a retry), or published longer ago than
    ``republish_after_s`` (the message was lost: broker restart, crashed consumer) -> ``dispatch``;
 3. runs whose current step settled move on: the next step is submitted, or completed steps are
@@ -266,6 +267,7 @@ class Relay:
             settled = late_evidence.apply_unapplied(self.sessions, actor="sweep", sink=self._sink, packet=self._packet)
             if settled:
                 log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))
+            self.doorbell.ring_rechecks(self.engine)
         # Runs whose current step settled: submit the next step, compensate, or end (run_advance.py).
         advance_due(self.sessions, irreversible=self._irreversible)
         reconcile_ids = self._ring_lookups()

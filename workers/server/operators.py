@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from outbox.access.keys import Caller
 from outbox.approvals.decisions import approval_json, pending_json
 from outbox.evidence.handoffs import handoff_json
-from outbox.ledger.states import Resolution
+from outbox.ledger.states import PERSON_RESOLUTIONS
 from outbox.service import approvals, handoffs, reports
 from outbox.service.inputs import BY_MAX, NOTE_MAX, REFERENCE_MAX
 from producer.http.auth import require, state
@@ -42,8 +42,8 @@ class ResolveIn(BaseModel):
 
     resolution: str = Field(
         alias="as",
-        description="succeeded | not-executed | abandoned",
-        json_schema_extra={"enum": [r.value for r in Resolution]},
+        description="succeeded | not-executed | abandoned | retry-as-new-intent",
+        json_schema_extra={"enum": [r.value for r in PERSON_RESOLUTIONS]},
     )
     reference: str | None = Field(
         default=None,
@@ -55,6 +55,12 @@ class ResolveIn(BaseModel):
         max_length=NOTE_MAX, description="why: what was checked, and where", json_schema_extra={"pattern": NONBLANK}
     )
     by: str = Field(max_length=BY_MAX, description="who decides", json_schema_extra={"pattern": NONBLANK})
+
+
+class TakeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    over: bool = Field(default=False, description="take over (or release) a case someone else owns")
 
 
 class ResetIn(BaseModel):
@@ -84,22 +90,52 @@ def list_handoffs(
     """Open handoffs of this tenant, oldest first (``all=true``: resolved ones too)."""
     with state(request).sessions() as session:
         rows = handoffs.listing(session, caller.tenant, include_resolved=all)
-        return {"handoffs": [handoff_json(row.handoff) for row in rows]}
+        return {"handoffs": [handoff_json(*row) for row in rows]}
 
 
 @router.get("/handoffs/{handoff_id}", responses=PROBLEMS)
 def get_handoff(handoff_id: HandoffId, request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> Any:
     """One handoff with its whole packet."""
     with state(request).sessions() as session:
-        return handoff_json(handoffs.get(session, caller.tenant, handoff_id))
+        return handoff_json(*handoffs.with_operation(session, handoffs.get(session, caller.tenant, handoff_id)))
+
+
+@router.post("/handoffs/{handoff_id}/take", responses=PROBLEMS | CONFLICT)
+def take_handoff(
+    handoff_id: HandoffId,
+    request: Request,
+    caller: Annotated[Caller, Depends(require("operate"))],
+    body: TakeIn | None = None,
+) -> Any:
+    """This key owns the case from now (its ``owner``: ``key:<id>``); ``over``: even when another does."""
+    with state(request).sessions.begin() as session:
+        row = handoffs.take(session, caller.tenant, handoff_id, identity=caller.identity, over=bool(body and body.over))
+        return handoff_json(*row)
+
+
+@router.post("/handoffs/{handoff_id}/release", responses=PROBLEMS | CONFLICT)
+def release_handoff(
+    handoff_id: HandoffId,
+    request: Request,
+    caller: Annotated[Caller, Depends(require("operate"))],
+    body: TakeIn | None = None,
+) -> Any:
+    """Give the case back: nobody owns it (``over``: release another's)."""
+    with state(request).sessions.begin() as session:
+        row = handoffs.release(
+            session, caller.tenant, handoff_id, identity=caller.identity, over=bool(body and body.over)
+        )
+        return handoff_json(*row)
 
 
 @router.post("/handoffs/{handoff_id}/resolve", responses=PROBLEMS | CONFLICT)
 def resolve_handoff(
     handoff_id: HandoffId, body: ResolveIn, request: Request, caller: Annotated[Caller, Depends(require("operate"))]
 ) -> Any:
-    """A person's decision, as ``agent-outbox handoffs resolve``."""
-    with state(request).sessions.begin() as session:
+    """A person's decision, as ``agent-outbox handoffs resolve``; ``retry-as-new-intent`` submits the new
+    intent (its id: ``retried_as``)."""
+    st = state(request)
+    with st.sessions.begin() as session:
         status = handoffs.resolve(
             session,
             caller.tenant,
@@ -108,9 +144,12 @@ def resolve_handoff(
             by=body.by,
             note=body.note,
             reference=body.reference,
+            key_rules=st.key_rules,
+            identity=caller.identity,
         )
-    with state(request).sessions() as session:
-        return handoff_json(handoffs.get(session, caller.tenant, handoff_id)) | {"operation_status": status.value}
+    with st.sessions() as session:
+        row = handoffs.with_operation(session, handoffs.get(session, caller.tenant, handoff_id))
+        return handoff_json(*row) | {"operation_status": status.value}
 
 
 @router.get("/reports/latest", responses=PROBLEMS)

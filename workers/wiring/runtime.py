@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import BreakerConfig, BreakerRegistry
 from outbox.errors import ConfigError
+from outbox.evidence.checks import RecheckTerms
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.authority import board_for
 from outbox.ledger.db import FLEET_CONNECT_TIMEOUT_S, connect_timeout_args, make_engine, make_sessionmaker
@@ -110,7 +111,14 @@ class Runtime:
         uses only sessions, so the recorder shares the doorbell task's (idle) hot-path connection."""
         with self._in_flight_lock:
             if self._lookups is None:
-                budget = LookupBudget(self.settings.reconcile_max_lookups, self.settings.reconcile_max_delay_s)
+                rechecks = RecheckTerms(
+                    self.settings.handoff_recheck_first_s,
+                    self.settings.handoff_recheck_max_s,
+                    self.settings.handoff_recheck_without_keys_s,
+                )
+                budget = LookupBudget(
+                    self.settings.reconcile_max_lookups, self.settings.reconcile_max_delay_s, rechecks
+                )
                 self._lookups = LookupsInFlight(
                     self.downstream(),
                     self.recorder(self.ledger),
