@@ -65,6 +65,7 @@ wanted AS (
         row_number() OVER (PARTITION BY tenant ORDER BY {CLAIM_ORDER}) AS turn FROM (
         SELECT id, tenant, priority, next_attempt_at FROM {{operations}}
         WHERE {NOT_DISPATCHED} AND next_attempt_at <= clock_timestamp(){IDS_IN}
+        ORDER BY {CLAIM_ORDER}  -- more ids than wanted: the first in claim order, not whichever the plan meets
         LIMIT {{wanted}}
         FOR UPDATE SKIP LOCKED) given
 ), candidates AS (
