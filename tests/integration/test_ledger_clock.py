@@ -21,6 +21,7 @@ from outbox.evidence.handoffs import open_handoff
 from outbox.ledger.claims import claim_due
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.history import HistoryEvent
+from outbox.ledger.key_uses import KeyUse
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import (
     ApiKey,
@@ -35,11 +36,10 @@ from outbox.ledger.models import (
     Run,
     core_table,
 )
-from outbox.ledger.key_uses import KeyUse
 from outbox.ledger.scope_models import BudgetCharge, BudgetScope, ObjectHold
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.stop_models import SubjectStop
+from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.ledger.webhook_models import WebhookEvent
 from outbox.testing import advance_ledger_clock, ledger_timestamp_columns
