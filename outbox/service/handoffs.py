@@ -100,7 +100,8 @@ def resolve(
     written("--by", by, max_len=BY_MAX)
     written("--note", note, max_len=NOTE_MAX)
     written("--reference", reference, max_len=REFERENCE_MAX)
-    if str(resolution) not in {r.value for r in PERSON_RESOLUTIONS}:
+    value = resolution.value if isinstance(resolution, Resolution) else resolution
+    if value not in {r.value for r in PERSON_RESOLUTIONS}:
         raise InvalidIntent("--as", f"one of {', '.join(r.value for r in PERSON_RESOLUTIONS)}")
     resolution = Resolution(resolution)
     handoff = get(session, tenant, handoff_id)
