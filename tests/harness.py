@@ -441,6 +441,36 @@ class Pipeline:
 
 
 @contextmanager
+def own_pg_ledger() -> Iterator[tuple[str, Any]]:
+    """A migrated ledger on a PostgreSQL cluster of the test's own (bench/pg_cluster.py), for a test
+    that stops or restarts its database: the machine's cluster serves every other test at the same
+    time (the suite runs in parallel), so no test may restart it. Yields (url, cluster)."""
+    import psycopg
+    import pytest
+
+    from outbox import migrate
+    from outbox.ledger.db import make_engine
+
+    try:
+        from bench.pg_cluster import StockCluster
+
+        cluster = StockCluster()
+    except SystemExit as exc:  # no initdb here
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to start a PostgreSQL cluster of its own: {exc}")
+        pytest.skip(f"cannot start a PostgreSQL cluster here: {exc}")
+    with cluster as admin_url:
+        name = f"outbox_own_{uuid.uuid4().hex[:6]}"
+        with psycopg.connect(admin_url.replace("+psycopg", ""), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+        engine = make_engine(url)
+        migrate.upgrade(engine)
+        engine.dispose()
+        yield url, cluster
+
+
+@contextmanager
 def pipeline(
     *,
     db_url: str,

@@ -8,18 +8,14 @@ any worker's log (a ledger outage is a WARNING per interrupted task; ERROR is fo
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 
-import psycopg
 import pytest
 
-from outbox import migrate
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.states import Status
 from outbox.ledger.submit import submit
-from tests.harness import REFUND_ARGS, Pipeline, error_lines, pk, wait_for
+from tests.harness import REFUND_ARGS, Pipeline, error_lines, own_pg_ledger, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -28,30 +24,13 @@ N = 150
 SETTLED = {Status.SUCCEEDED.value, Status.FAILED_BEFORE_COMMIT.value, Status.RECONCILIATION_REQUIRED.value}
 
 
-def _cluster():
-    try:
-        from bench.pg_cluster import StockCluster
-
-        return StockCluster()
-    except SystemExit as exc:  # no initdb here
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must be able to start a PostgreSQL cluster of its own: {exc}")
-        pytest.skip(f"cannot start a PostgreSQL cluster here: {exc}")
-
-
 def _count(ledger: Pipeline, op_ids: list[str], wanted: set[str]) -> int:
     return sum(s in wanted for s in (ledger.statuses(op_ids) or {}).values())
 
 
 def test_one_ledger_restarted_the_other_keeps_flowing_nothing_lost_or_doubled(pipe, sandbox):
-    cluster = _cluster()
-    with cluster as admin_url:
-        name = f"outbox_fleet_{uuid.uuid4().hex[:6]}"
-        with psycopg.connect(admin_url.replace("+psycopg", ""), autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        url_a = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    with own_pg_ledger() as (url_a, cluster):
         engine_a = make_engine(url_a)
-        migrate.upgrade(engine_a)
         a, b = pipe.on_ledger(make_sessionmaker(engine_a)), pipe
         pipe.env["OUTBOX_DATABASE_URLS"] = f"a={url_a},b={pipe.env['OUTBOX_DATABASE_URL']}"
         pipe.env["OUTBOX_RELAY_POLL_S"] = "0.1"
