@@ -303,7 +303,6 @@ def test_several_server_processes_share_the_ledger_and_answer_keep_alive_request
     """``serve --workers 2``: one process per core. uvicorn's supervisor bound the port without
     TCP_NODELAY (uvicorn#3149), so each keep-alive request after the first waited ~40 ms for a
     delayed ACK; and processes that sign console sessions must share a secret."""
-    import statistics
     import time
 
     refused = subprocess.run(
@@ -326,8 +325,10 @@ def test_several_server_processes_share_the_ledger_and_answer_keep_alive_request
                 answers.append((r.status_code, r.json()["operation_id"]))
         assert [code for code, _ in answers] == [201] + [200] * 14, answers
         assert len({op for _, op in answers}) == 1
-        # Nagle's algorithm against a delayed ACK costs 40 ms a request; a submit here takes a few.
-        assert statistics.median(took[1:]) < 0.03, took
+        # Nagle's algorithm against a delayed ACK costs every keep-alive request at least 40 ms (Linux's
+        # minimum delayed-ACK time); a submit here takes a few. The fastest of 14 is the figure that
+        # proves it gone on a loaded machine too: a median is any load's hostage.
+        assert min(took[1:]) < 0.035, took
 
 
 def test_a_full_backlog_answers_new_intents_429_and_still_answers_replays(pipe, sandbox):
