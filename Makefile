@@ -28,8 +28,12 @@ $(STAMP): pyproject.toml $(VENV)/.created
 demo: $(DEMO_STAMP)
 	$(BIN)/agent-outbox demo
 
+# In parallel: twice as many test processes as CPUs (most tests wait on a worker, a server or the
+# database), each with its own PostgreSQL database, Redis key prefix and ports (tests/conftest.py).
+# Tests are handed out two at a time, the slow-marked first. JOBS=0 runs in this process, serially.
+JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist load --maxschedchunk 2 --durations=30 $(ARGS)
 
 # ruff (configured in pyproject.toml): lint and format check; CI fails on either.
 lint: $(STAMP)
