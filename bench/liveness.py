@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,6 +314,7 @@ def run_liveness(
     backlog: bool = False,
     quiet_within_s: float = 600.0,
     verbose: bool = False,
+    restart_db: Callable[[], None] | None = None,
 ) -> LivenessResult:
     """Run one scenario against an EMPTY migrated ledger and a sandbox (reset here).
 
@@ -323,7 +325,11 @@ def run_liveness(
     own rate). Otherwise intents are submitted while it runs, by a thread of this process, which
     shares the GIL with the relay's thread and the 2 cores with everything: clean, the pipeline
     then settles as fast as this submitter submits (12.6 s to submit 10,000, 12.9 s to settle,
-    2026-12-01), so the burst figure is the submitter's rate, not the pipeline's."""
+    2026-12-01), so the burst figure is the submitter's rate, not the pipeline's.
+
+    ``restart_db``: how the PostgreSQL fault restarts the ledger's server (default: the machine's
+    cluster, ``restart_postgres``); the test suite passes its own cluster's, since in a parallel run
+    the machine's serves every other test."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     clean = scenario == "clean"
@@ -409,7 +415,7 @@ def run_liveness(
                         )
                     )
                 elif fault == "postgres":
-                    restart_postgres()
+                    (restart_db or restart_postgres)()
                     result.pg_restarts += 1
                 elif fault == "outage":
                     rule = sandbox.add_fault(mode="drop_before_commit", probability=1.0)

@@ -15,23 +15,32 @@ from __future__ import annotations
 import pytest
 
 from bench.liveness import QUEUE_SLACK, run_liveness
+from outbox.ledger.db import make_engine, make_sessionmaker
+from tests.harness import own_pg_ledger
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 INTENTS = 5_000
 
 
-def test_five_thousand_intents_settle_under_faults(pg_ledger, redis_url, sandbox, tmp_path):
+def test_five_thousand_intents_settle_under_faults(redis_url, sandbox, tmp_path):
     # redis_url: only so that a missing Redis skips (laptop) or fails (CI); the broker here is private.
-    result = run_liveness(
-        db_url=pg_ledger.url,
-        sessions=pg_ledger.sessions,
-        sandbox=sandbox,
-        tmp=tmp_path,
-        intents=INTENTS,
-        seed=7,
-        quiet_within_s=300,
-    )
+    # The ledger's PostgreSQL is the test's own: its restart must not cut the other tests of the run.
+    with own_pg_ledger() as (url, cluster):
+        engine = make_engine(url)
+        try:
+            result = run_liveness(
+                db_url=url,
+                sessions=make_sessionmaker(engine),
+                sandbox=sandbox,
+                tmp=tmp_path,
+                intents=INTENTS,
+                seed=7,
+                quiet_within_s=300,
+                restart_db=lambda: (cluster.stop(), cluster.start()),
+            )
+        finally:
+            engine.dispose()
     s = result.scale
     print(result.summary())
     assert s.redis_restarts == s.worker_kills == s.worker_freezes == result.pg_restarts == result.outages == 1
