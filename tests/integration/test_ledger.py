@@ -801,5 +801,8 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
             assert rows_scan, f"no scan of a tenant's due rows in {plan}"
             return touched
 
-        heap_pages_read()  # the first scan after the churn marks the dead entries it passes
-        assert heap_pages_read() < 30
+        # A scan marks the dead entries it passes once PostgreSQL sees them dead to every snapshot;
+        # its view of that horizon is refreshed lazily, so on a busy server the marking may take a
+        # scan or two more. A bitmap scan (the regression) never marks: it stays at hundreds of pages.
+        touched = [heap_pages_read() for _ in range(4)]
+        assert min(touched[1:]) < 30, touched
