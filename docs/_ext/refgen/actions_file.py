@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from refgen.comments import field_comments
-from refgen.markdown import GENERATED, code, joined, table
 from refgen.fields import constraints, default_text, type_name
+from refgen.markdown import GENERATED, code, joined, table
 
 
 def _models_in(annotation: Any) -> list[tuple[str, type[BaseModel]]]:

@@ -34,7 +34,7 @@ def _default(action: argparse.Action) -> str:
 def _walk(parser: argparse.ArgumentParser, path: list[str], about: str, out: list[str]) -> None:
     depth = len(path)
     title = " ".join(path)
-    out += [f"{'#' * min(depth + 1, 6)} `{title}`", ""]
+    out += [f"{'#' * min(depth + 2, 6)} `{title}`", ""]
     text = about or parser.description or ""
     if text:
         out += [cell(text), ""]

@@ -4,8 +4,8 @@ what the code says it is for (the field's description and the comment above it).
 from __future__ import annotations
 
 from refgen.comments import field_comments
-from refgen.markdown import GENERATED, code, joined, table
 from refgen.fields import constraints, default_text, type_name
+from refgen.markdown import GENERATED, code, joined, table
 
 
 def render() -> str:
