@@ -172,6 +172,8 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
             raise InvalidIntent(f"{where}deadline_s", f"must be {DEADLINE_RULE}")
         out["deadline_s"] = float(deadline)
     if "priority" in obj:  # null is not an integer (the document's type): leave it out for 0
+        if obj["priority"] is None:  # said as POST /v1/runs says it (producer/http/runs.py)
+            raise InvalidIntent(f"{where}priority", "must not be null; leave it out for the default")
         out["priority"] = validate_priority(obj["priority"], f"{where}priority")
     if not isinstance(out["args"], dict):
         raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")

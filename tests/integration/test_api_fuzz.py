@@ -57,7 +57,7 @@ include-path = "/v1/intents"
 parameters = {{ "body.action" = {{ dictionary = "actions", probability = 0.9 }} }}
 checks.positive_data_acceptance.expected-statuses = {with_rules}
 
-# The batch answers its items one by one (README): an item the document refuses gets its 422 in
+# The batch answers its items one by one (docs/how-to/http-api.md): an item the document refuses gets its 422 in
 # the results while the good ones are stored, so such a batch is a 200.
 [[operations]]
 include-method = "POST"
@@ -213,10 +213,13 @@ def test_what_the_document_forbids_is_refused_and_what_it_answers_it_documents(s
         assert (item["status"], item["problem"]["field"]) == (422, "intents.0.deadline_s"), item
         assert c.post("/v1/intents", json=too_long).json()["field"] == "deadline_s"
         assert c.get("/v1/operations", params={"idempotency_key": "fuzz-deadline"}).json()["operations"] == []
-        assert c.post("/v1/intents", json=_intent("fuzz-null", priority=None)).json()["field"] == "priority"
+        r = c.post("/v1/intents", json=_intent("fuzz-null", priority=None))
+        assert (r.status_code, r.json()["field"]) == (422, "priority"), r.text
+        assert "must not be null; leave it out" in r.json()["detail"], r.text  # as POST /v1/runs says it
         step = {"name": "refund", "action": "payments.refund.create", "args": {"order_id": "o-1", "amount": "1.00"}}
         r = c.post("/v1/runs", json={"run_key": "fuzz-run", "steps": [step], "priority": None})
         assert (r.status_code, r.json()["field"]) == (422, "priority"), r.text
+        assert "must not be null; leave it out" in r.json()["detail"], r.text
         r = c.post("/v1/approvals/0/deny", json={"by": "alice"})
         assert (r.status_code, r.json()["field"]) == (422, "note"), r.text
 

@@ -8,9 +8,12 @@ A page marks such a fenced block with a comment on the line before it:
 The marked blocks of one page run in order as one bash script (a ``python`` block as
 ``python - <<EOF``), in an empty folder, with this environment's ``agent-outbox`` and ``python`` first
 on the PATH and no ``OUTBOX_*`` variable: the embedded default (a SQLite ledger and broker in
-``./.outbox/``), as a newcomer runs it. Port 8900, the sandbox provider's port in the docs, becomes a
-free port when the page starts its own sandbox, or else the port of the suite's ``sandbox``. What a
-page leaves running is stopped with its process group.
+``./.outbox/``), as a newcomer runs it. Port 8900, the sandbox provider's port in the docs
+(``127.0.0.1:8900`` and ``--port 8900``, no other "8900"), becomes a free port when the page starts
+its own sandbox, or else the port of the suite's ``sandbox``. What a page leaves running is stopped
+with the page's process group, all but the Celery worker of ``agent-outbox run``: that one has a
+process group of its own, and stops on the parent-death signal (workers/cli/pipeline.py) when its
+``agent-outbox run`` is killed with the page's group.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 BLOCK = re.compile(r"<!-- run(?::\s*(?P<file>\S+))?\s*-->\s*\n```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)\n```", re.S)
-SANDBOX_PORT = "8900"
+# The sandbox's port where the docs name it: an address and the sandbox's flag, not any "8900".
+SANDBOX_PORT = re.compile(r"(?<=127\.0\.0\.1:)8900\b|(?<=--port )8900\b")
 # The tutorial's workers start, the provider loses an answer and the reconciler settles it by lookup.
 TIMEOUT_S = 240
 
@@ -70,7 +74,7 @@ def test_the_pages_examples_run(page: Path, tmp_path: Path, request: pytest.Fixt
         port = str(_free_port())
     else:
         port = request.getfixturevalue("sandbox").url.rsplit(":", 1)[1].rstrip("/")
-    script = script.replace(SANDBOX_PORT, port)
+    script = SANDBOX_PORT.sub(port, script)
     (tmp_path / "page.sh").write_text(script)
     bin_dir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
