@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 # second one lacks, and either reinstalls when pyproject.toml changes.
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test lint format bench bench-full clean
+.PHONY: demo test lint format docs bench bench-full clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,11 @@ $(DEMO_STAMP): pyproject.toml $(VENV)/.created
 # The test extra: the demo's packages, PostgreSQL's psycopg, every adapter, pytest, mypy, ruff.
 $(STAMP): pyproject.toml $(VENV)/.created
 	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+# The docs extra: Sphinx, furo and MyST (the site in docs/), beside the package it documents.
+$(DOCS_STAMP): pyproject.toml $(VENV)/.created
+	$(BIN)/pip install --quiet -e '.[docs]'
 	touch $@
 
 demo: $(DEMO_STAMP)
@@ -44,6 +50,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The site (docs/): warnings are errors and every internal link is checked (-W -n); the reference
+# pages are generated from the code during the build (docs/_ext/). Output: docs/_build/html.
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -W -n --keep-going -b html docs docs/_build/html
+
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
 
@@ -52,4 +63,4 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.run --full
 
 clean:
-	rm -rf $(VENV) .outbox
+	rm -rf $(VENV) .outbox docs/_build docs/_generated

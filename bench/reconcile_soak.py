@@ -10,7 +10,7 @@ keeps up. Set-up of one run:
   ``ambiguous_scale`` (so more first requests end outcome_unknown), and optionally every lookup
   slowed by ``lookup_latency_ms`` (a real provider's search is tens of milliseconds, the sandbox's
   one);
-- two dispatch workers (prefork ``-c 2``) and ONE reconciler as the README starts it
+- two dispatch workers (prefork ``-c 2``) and ONE reconciler as docs/how-to/deploy.md starts it
   (``celery -A workers worker -Q outcome_unknown -c 1``), the relay polling every
   ``relay_poll_s`` (the default 0.5 s); optionally a dispatch worker SIGKILLed at each of
   ``kill_at_s`` (its claims expire into outcome_unknown);

@@ -7,8 +7,8 @@
 
 ``Outbox.from_settings()`` reads the same ``OUTBOX_*`` variables as the workers (here none but the
 actions file: a SQLite ledger in ``./.outbox/``), and opens its own transaction per submit. Inside a
-transaction of your own, use ``producer.submit(session, ...)`` instead (README, "Using it from an
-agent runtime"). The idempotency key is the workflow's identity: running the script again for the
+transaction of your own, use ``producer.submit(session, ...)`` instead (docs/how-to/submit.md).
+The idempotency key is the workflow's identity: running the script again for the
 same order answers the same operation, and the provider refunds once.
 """
 

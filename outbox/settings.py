@@ -193,7 +193,7 @@ class Settings(BaseSettings):
     # on one object under different keys, created at most this far apart (outbox/reads/same_effect.py).
     # A day catches a caller's retry after an overnight outage; ``report --same-object-window`` overrides.
     report_same_object_window_s: float = Field(default=86400.0, gt=0)
-    # Metrics (README, "Metrics"). metrics_port: a worker's main process (or the relay) serves
+    # Metrics (docs/reference/metrics.md). metrics_port: a worker's main process (or the relay) serves
     # its own process metrics on this port; 0 = off (``agent-outbox metrics`` serves them when
     # every process shares one PROMETHEUS_MULTIPROC_DIR on one host).
     metrics_port: int = Field(default=0, ge=0, le=65535)

@@ -3,7 +3,7 @@
 The sandbox provider (a real HTTP server in this process), the embedded ledger (SQLite in a temporary
 folder) and its pipeline (the relay in a thread, one Celery worker process on the SQLite broker), with
 an actions file that makes refunds an action. Nothing here is needed in production: there the ledger,
-broker and workers are yours (README, "Running it for real").
+broker and workers are yours (docs/how-to/deploy.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 order) and submits the refund intent to the outbox in the SAME transaction. Both commit, or neither:
 a second request for an order fails on the service's own unique constraint after it submitted, and
 its intent rolls back with it (409, nothing sent, no doorbell rung). The outbox's relay and workers
-send the committed ones (README, "Running it for real").
+send the committed ones (docs/how-to/deploy.md).
 
 Run it (a PostgreSQL ledger, migrated with ``agent-outbox migrate``)::
 

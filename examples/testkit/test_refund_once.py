@@ -15,7 +15,7 @@ def refund(order_id: str, amount: str = "25.00") -> dict[str, str]:
     return {"order_id": order_id, "amount": amount, "currency": "EUR", "reason": "damaged"}
 
 
-def test_the_refund_happens_once_under_the_fault_mix(outbox_pipeline):  # the README's five lines
+def test_the_refund_happens_once_under_the_fault_mix(outbox_pipeline):  # docs/how-to/test-actions.md's five lines
     outbox_pipeline.inject_fault_mix(seed=7)  # each key's first request: 503, 429, a lost answer...
     refund = outbox_pipeline.submit("payments.refund.create", {"order_id": "o-81", "amount": "25", "currency": "EUR"})
     assert outbox_pipeline.settle(refund).status == "succeeded"

@@ -4,7 +4,7 @@ Same idempotency key + same digest = the same intent (a replay); same key + diff
 ``IdempotencyConflict``. The digest must therefore not change with key order, whitespace or the
 way a number was written, and money must never pass through a binary float.
 
-Decision on numbers (documented in the README):
+Decision on numbers (documented in docs/how-to/submit.md):
 - JSON text (CLI ``--args``, ``--jsonl``) is parsed with every number as an exact ``Decimal``;
 - Python ``float`` values are REFUSED with an error naming the field: a float such as 0.1 is not
   the decimal the caller meant, and silently rounding money is how two systems come to disagree.

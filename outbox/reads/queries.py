@@ -30,7 +30,7 @@ def provider_key_of(op: Operation) -> str:
 
 
 def operation_json(op: Operation) -> dict[str, Any]:
-    """The stable JSON shape of an operation (documented in the README; scripts rely on it)."""
+    """The stable JSON shape of an operation (documented in docs/reference/cli.md; scripts rely on it)."""
     return {
         "operation_id": op.id,
         "tenant": op.tenant,

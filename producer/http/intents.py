@@ -135,6 +135,9 @@ SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+DEADLINE_RULE = f"a positive number of seconds, at most {MAX_SECONDS:.0f} (ten years)"
+
+
 def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str = "") -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise InvalidIntent(where or "body", "must be a JSON object")
@@ -162,8 +165,15 @@ def _intent_fields(obj: Any, header_key: str | None, caller: Caller, where: str 
             raise InvalidIntent(f"{where}max_attempts", "must be an integer from 1 to 1000")
         out["max_attempts"] = int(m)
     if obj.get("deadline_s") is not None:
-        out["deadline_s"] = float(_bounded(obj["deadline_s"], f"{where}deadline_s", "a positive number of seconds"))
-    if obj.get("priority") is not None:
+        # The document's bound (IntentIn: 0 < deadline_s <= MAX_SECONDS), checked here too: the bodies are
+        # read as exact JSON, not through the model, and a batch's items are checked one by one.
+        deadline = _bounded(obj["deadline_s"], f"{where}deadline_s", DEADLINE_RULE)
+        if not 0 < deadline <= MAX_SECONDS:
+            raise InvalidIntent(f"{where}deadline_s", f"must be {DEADLINE_RULE}")
+        out["deadline_s"] = float(deadline)
+    if "priority" in obj:  # null is not an integer (the document's type): leave it out for 0
+        if obj["priority"] is None:  # said as POST /v1/runs says it (producer/http/runs.py)
+            raise InvalidIntent(f"{where}priority", "must not be null; leave it out for the default")
         out["priority"] = validate_priority(obj["priority"], f"{where}priority")
     if not isinstance(out["args"], dict):
         raise InvalidIntent(f"{where}args", "required: a JSON object of the action's arguments")

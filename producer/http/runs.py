@@ -7,7 +7,7 @@ under the same key is 409.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -112,6 +112,11 @@ def _run(request: Request, caller: Caller, run_id: str) -> dict[str, Any]:
         return runs.read(session, caller.tenant, run_id)
 
 
+def _nullable(field: str) -> bool:
+    """Whether RunIn's document allows null for ``field`` (a type ``X | None``)."""
+    return not RunIn.model_fields[field].is_required() and type(None) in get_args(RunIn.model_fields[field].annotation)
+
+
 @router.post(
     "/runs",
     status_code=201,
@@ -135,6 +140,12 @@ async def post_run(request: Request, caller: Annotated[Caller, Depends(require("
     if unknown:
         raise InvalidIntent(unknown[0], f"unknown field; allowed: {', '.join(RunIn.model_fields)}")
 
+    # null where the document does not allow it (RunIn: priority an integer, budget an object, subject a
+    # string, each optional) is refused naming the field, not read as "left out".
+    for name in ("priority", "budget", "subject"):
+        if name in body and body[name] is None and not _nullable(name):
+            raise InvalidIntent(name, "must not be null; leave it out for the default")
+
     def run() -> tuple[int, str]:
         with st.sessions.begin() as session:
             receipt = submit_run(
@@ -146,7 +157,7 @@ async def post_run(request: Request, caller: Annotated[Caller, Depends(require("
                 subject=subject_of(body, caller),
                 submitted_by=caller.identity,
                 key_rules=st.key_rules,  # type: ignore[arg-type]
-                priority=0 if body.get("priority") is None else body["priority"],
+                priority=body.get("priority", 0),
             )
         return (201 if receipt.new else 200), receipt.run_id
 

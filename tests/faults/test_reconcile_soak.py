@@ -5,7 +5,7 @@ keeps up. Here: intents at a steady rate for 45 s under the provider's first-req
 (resets, 504s, stalls and truncated bodies after commit, 503/429, 500), its after-commit share
 doubled (~60% of first requests end outcome_unknown) and every lookup taking 100 ms at the
 sandbox (a real provider's search, not the sandbox's ~2 ms), a dispatch worker SIGKILLed once (its
-claims expire into outcome_unknown), and ONE reconciler as the README starts it
+claims expire into outcome_unknown), and ONE reconciler as docs/how-to/deploy.md starts it
 (``celery -A workers worker -Q outcome_unknown -c 1``). A reconciler that looks up one operation
 at a time manages ~9 lookups/s there against ~24/s arriving: its backlog and the oldest
 operation's age grow for the whole run (by ~15 operations and ~1 s of age a second, so thirds of

@@ -1,4 +1,4 @@
-"""A run cancelled while its step is in flight, the step then succeeding late (README "Runs", Cancel).
+"""A run cancelled while its step is in flight, the step then succeeding late (docs/how-to/runs.md, Cancel).
 
 A request already on its way cannot be called back. Step 1 is in flight when ``runs cancel`` runs:
 either its worker passed every check before the send (cancel included) and is frozen (SIGSTOP) as

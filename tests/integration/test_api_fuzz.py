@@ -57,7 +57,7 @@ include-path = "/v1/intents"
 parameters = {{ "body.action" = {{ dictionary = "actions", probability = 0.9 }} }}
 checks.positive_data_acceptance.expected-statuses = {with_rules}
 
-# The batch answers its items one by one (README): an item the document refuses gets its 422 in
+# The batch answers its items one by one (docs/how-to/http-api.md): an item the document refuses gets its 422 in
 # the results while the good ones are stored, so such a batch is a 200.
 [[operations]]
 include-method = "POST"
@@ -196,6 +196,32 @@ def test_errors_of_the_protocol_are_problems_the_document_names(served: tuple[Ap
             assert c.get("/v1/operations", params={"status": status.value}).status_code == 200, status
         bad = c.get("/v1/operations", params={"status": ""})
         assert bad.status_code == 422 and bad.json()["field"] == "status", bad.text
+
+
+def test_what_the_document_forbids_is_refused_and_what_it_answers_it_documents(served: tuple[Api, str]) -> None:
+    # Schemathesis found these (issue 55): a batch item's deadline_s past the document's maximum was
+    # stored, a run's null priority read as 0; a denial's note is required, and now the document says so.
+    api, key = served
+    doc = httpx.get(f"{api.url}/openapi.json", timeout=10).json()
+    deny = doc["paths"]["/v1/approvals/{operation_id}/deny"]["post"]["requestBody"]["content"]["application/json"]
+    assert "note" in _resolve(doc, deny["schema"]["$ref"])["required"]
+    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {key}"}, timeout=10) as c:
+        too_long = _intent("fuzz-deadline", deadline_s=10 * 365 * 86400 + 1)
+        r = c.post("/v1/intents:batch", json={"intents": [too_long]})
+        assert r.status_code == 200, r.text
+        [item] = r.json()["results"]
+        assert (item["status"], item["problem"]["field"]) == (422, "intents.0.deadline_s"), item
+        assert c.post("/v1/intents", json=too_long).json()["field"] == "deadline_s"
+        assert c.get("/v1/operations", params={"idempotency_key": "fuzz-deadline"}).json()["operations"] == []
+        r = c.post("/v1/intents", json=_intent("fuzz-null", priority=None))
+        assert (r.status_code, r.json()["field"]) == (422, "priority"), r.text
+        assert "must not be null; leave it out" in r.json()["detail"], r.text  # as POST /v1/runs says it
+        step = {"name": "refund", "action": "payments.refund.create", "args": {"order_id": "o-1", "amount": "1.00"}}
+        r = c.post("/v1/runs", json={"run_key": "fuzz-run", "steps": [step], "priority": None})
+        assert (r.status_code, r.json()["field"]) == (422, "priority"), r.text
+        assert "must not be null; leave it out" in r.json()["detail"], r.text
+        r = c.post("/v1/approvals/0/deny", json={"by": "alice"})
+        assert (r.status_code, r.json()["field"]) == (422, "note"), r.text
 
 
 def test_schemathesis_finds_nothing_with_every_check_in_every_phase(served: tuple[Api, str], tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ def test_an_operator_settles_what_automation_cannot(pipe, sandbox, chromium):
         wait_for(
             lambda: page.locator(".card [data-counter=handoffs_open]").inner_text() == "0", 15, what="counters shown"
         )
-        _shot(page, "overview-after")  # the README's picture (docs/console-overview.png)
+        _shot(page, "overview-after")  # docs/how-to/console.md's picture (docs/console-overview.png)
 
         # A second tenant's operator sees none of the first tenant's data.
         other_key = _key(api.env, "t2", "operate,approve")

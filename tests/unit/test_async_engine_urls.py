@@ -21,7 +21,7 @@ except MissingDependency as exc:
 
 def test_an_asyncpg_url_needs_no_psycopg_and_a_psycopg_url_says_what_to_install():
     """make_async_engine asked for a psycopg implementation even for postgresql+asyncpg://, which
-    the README says the [asyncpg] extra is enough for."""
+    docs/how-to/submit.md says the [asyncpg] extra is enough for."""
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -107,7 +107,7 @@ def test_interpolation_follows_the_compose_rules():
 
 
 def test_the_file_is_accepted_with_no_variable_set():
-    # `docker compose up -d postgres redis` (README, and the suite's skip message) interpolates the
+    # `docker compose up -d postgres redis` (README "Tests", and the suite's skip message) interpolates the
     # whole file before it picks services: one required variable anywhere stops it.
     config = interpolated(COMPOSE, {})
     assert config["services"]["postgres"]["image"] == "postgres:15"
@@ -222,7 +222,7 @@ def test_every_command_is_a_real_entry_point(name, tmp_path):
 
 
 def test_the_image_installs_flower_as_the_declared_extra():
-    # The Dockerfile and the README install Flower (and the API, MCP, the sandbox's server, the
+    # The Dockerfile and docs/how-to/deploy.md install Flower (and the API, MCP, the sandbox's server, the
     # prebuilt psycopg and OpenTelemetry) through the package's own extras, so their version ranges
     # live in one place (pyproject.toml).
     import tomllib

@@ -171,7 +171,7 @@ def test_every_ledger_module_lives_in_a_known_room():
 
 
 def test_the_ledgers_rooms_import_only_rooms_before_them():
-    """outbox/ is rooms by concept (the README's layout table); the order is the direction: the core
+    """outbox/ is rooms by concept (docs/explanation/architecture.md's layout table); the order is the direction: the core
     (ledger) knows no run, approval or report; runs know no evidence; the service layer is the top."""
     upward = sorted(
         (name, dep)

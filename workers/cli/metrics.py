@@ -7,7 +7,7 @@ One registry combines:
   OUTBOX_REDIS_URL and OUTBOX_ACTIONS_FILE are set;
 - the process metrics of workers and relay (``workers.wiring.metrics``) summed over
   ``PROMETHEUS_MULTIPROC_DIR``, when this exporter runs on the same host as them and shares the
-  directory. Workers in other containers serve their own (OUTBOX_METRICS_PORT; README "Metrics").
+  directory. Workers in other containers serve their own (OUTBOX_METRICS_PORT; docs/reference/metrics.md).
 
 It never records anything itself, so it never writes into the shared directory.
 """

@@ -15,7 +15,7 @@ Where the limits are counted:
 
 - with OUTBOX_REDIS_URL, in Redis for the whole fleet (shared.py);
 - without it (the embedded deployment), in each process (local.py), each with the whole limit:
-  a worker with several prefork children may send that many times the limit (README says so);
+  a worker with several prefork children may send that many times the limit (docs/how-to/limits.md says so);
 - with Redis away, in this process, with its share of every limit: the limit divided by the live
   processes Redis last counted (OUTBOX_PACING_FALLBACK_PROCESSES before any count was seen), a
   concurrency limit likewise (at least one slot). Never unlimited. The switch is one WARNING, the

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-# mode -> one-line meaning (README.md lists the same table).
+# mode -> one-line meaning (workers/sandbox/README.md lists the same table).
 MODES: dict[str, str] = {
     "unavailable_503": "503 before commit, with Retry-After if retry_after_s is set (down / overloaded)",
     "rate_limited_429": "429 before commit, with Retry-After (default 1 s)",

@@ -83,6 +83,14 @@ class DecisionIn(BaseModel):
     )
 
 
+class DenyIn(DecisionIn):
+    """A denial: its note is required (the reason the operation ends cancelled), so the document says so."""
+
+    note: str = Field(
+        max_length=NOTE_MAX, description="why it is denied (required)", json_schema_extra={"pattern": NONBLANK}
+    )
+
+
 @router.get("/handoffs", responses=PROBLEMS)
 def list_handoffs(
     request: Request, caller: Annotated[Caller, Depends(require("operate"))], all: bool = False
@@ -207,7 +215,7 @@ def approve_operation(
 
 @router.post("/approvals/{operation_id}/deny", responses=PROBLEMS | CONFLICT)
 def deny_operation(
-    operation_id: str, body: DecisionIn, request: Request, caller: Annotated[Caller, Depends(require("approve"))]
+    operation_id: str, body: DenyIn, request: Request, caller: Annotated[Caller, Depends(require("approve"))]
 ) -> dict[str, Any]:
     """Deny: the operation ends cancelled with the reason; nothing is sent."""
     return _decide(request, caller, operation_id, body, approved=False)

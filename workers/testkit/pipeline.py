@@ -54,7 +54,7 @@ class Settled:
 
     operation_id: str
     status: str  # succeeded, failed_before_commit, reconciliation_required, ...
-    outcome: str  # SUCCEEDED, FAILED_BEFORE_COMMIT, NEEDS_HUMAN, ... (README, the typed outcome)
+    outcome: str  # SUCCEEDED, FAILED_BEFORE_COMMIT, NEEDS_HUMAN, ... (docs/how-to/http-api.md, the typed outcomes)
     model_message: str
     attempts: int
     reference: str | None
