@@ -388,6 +388,10 @@ def test_servers_start_from_the_image_and_pass_their_healthchecks(image, image_l
         OUTBOX_BROKER_URL=redis_url,
         OUTBOX_HEARTBEAT_FILE=str(heartbeat),
     )
+    if env.get("OUTBOX_METRICS_PORT", "0") != "0":  # compose's fixed port: taken when tests run in parallel
+        metrics = _free_port()
+        check = _with_port(check, env["OUTBOX_METRICS_PORT"], metrics)
+        env["OUTBOX_METRICS_PORT"] = str(metrics)
     log = image.home / f"{service}.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(

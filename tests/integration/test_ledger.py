@@ -750,7 +750,23 @@ def wait_for_stats(stats, table):
     return done
 
 
-def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledger):
+@pytest.fixture
+def lone_pg_ledger():
+    """A PostgreSQL ledger in a database of its own: no other session of the run can hold back the
+    horizon that decides when a dead index entry may be marked (one left idle in a transaction by
+    another test in the process's shared database would keep every entry alive)."""
+    import uuid
+
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from tests.conftest import Ledger, scratch_pg_database
+
+    with scratch_pg_database(f"outbox_test_lone_{uuid.uuid4().hex[:8]}") as url:
+        engine = make_engine(url)
+        yield Ledger("postgres", url, engine, make_sessionmaker(engine))
+        engine.dispose()
+
+
+def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg_ledger):
     """Issue 14: every claim moves its rows out of the partial index of due rows, and their
     entries stay until VACUUM. Bounded by clock_timestamp() (VOLATILE: no index condition), a claim
     of "whatever is due" read the whole index through a bitmap scan, dead entries and their heap
@@ -765,14 +781,14 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(pg_ledg
     from outbox.ledger.drivers import pg_statements as sql
     from outbox.ledger.states import AttemptKind
 
-    with pg_ledger.sessions.begin() as s:
+    with lone_pg_ledger.sessions.begin() as s:
         for n in range(2000):
             submit(s, **(INTENT | {"idempotency_key": f"churn-{n}"}))
-    with pg_ledger.engine.begin() as conn:
+    with lone_pg_ledger.engine.begin() as conn:
         conn.execute(text(f"ANALYZE {OPERATIONS}"))
     for _ in range(195):  # 1,950 claimed: their due-index entries are dead, 50 rows still due
-        assert len(_claim(pg_ledger, limit=10)) == 10
-    url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        assert len(_claim(lone_pg_ledger, limit=10)) == 10
+    url = make_url(lone_pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
     # The claim workers send: the tenants' walk, then each tenant's due rows through the fair index.
     statement = sql.claim(AttemptKind.DISPATCH, False, 10, 0, True)
     params = {"worker": "probe", "lease_s": 30, "after_tenant": "", "weight_tenants": [], "weights": []}
