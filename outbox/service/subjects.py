@@ -27,12 +27,21 @@ def listing(session: Session, tenant: str | None) -> list[dict[str, Any]]:
     return [s.as_dict() for s in stops.listing(session, tenant)]
 
 
-def stop(session: Session, tenant: str, subject: str, *, by: str, reason: str | None) -> dict[str, Any]:
+def _vouched(by: str, identity: str | None) -> str:
+    """Who acts, as written down: who they said they are, and the identity that vouches for it (an
+    API key: room for it is left beside BY_MAX in the column)."""
+    return f"{by} ({identity})" if identity else by
+
+
+def stop(
+    session: Session, tenant: str, subject: str, *, by: str, reason: str | None, identity: str | None = None
+) -> dict[str, Any]:
     """Stop ``subject`` in ``tenant``: what was stopped, whether now (``new``), and how many queued
-    intents were held at once (``held``)."""
+    intents were held at once (``held``). ``identity``: who vouches for ``by`` (recorded beside it)."""
     _subject(subject)
     written("--by", by, max_len=BY_MAX, required=True)
     written("--reason", reason, max_len=NOTE_MAX)
+    by = _vouched(by, identity)
     done, new, held = stops.stop(session, tenant=_tenant(tenant), subject=subject, by=by, reason=reason or None)
     log.warning(
         "subject stopped: its unsent intents are held, new ones refused",
@@ -41,11 +50,12 @@ def stop(session: Session, tenant: str, subject: str, *, by: str, reason: str | 
     return done.as_dict() | {"stopped": True, "new": new, "held": held}
 
 
-def resume(session: Session, tenant: str, subject: str, *, by: str) -> dict[str, Any]:
+def resume(session: Session, tenant: str, subject: str, *, by: str, identity: str | None = None) -> dict[str, Any]:
     """Lift the stop of ``subject`` in ``tenant``; its held intents are due at once (``woken``).
     InvalidIntent when it was not stopped and nothing of it is held."""
     _subject(subject)
     written("--by", by, max_len=BY_MAX, required=True)
+    by = _vouched(by, identity)
     lifted, woken = stops.resume(session, tenant=_tenant(tenant), subject=subject, by=by)
     if lifted is None and not woken:
         raise InvalidIntent("subject", f"{subject!r} is not stopped in tenant {tenant} (agent-outbox subjects list)")

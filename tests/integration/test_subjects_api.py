@@ -91,6 +91,13 @@ def test_a_subject_with_a_slash_and_a_colon_is_one_path_segment_of_its_own(api):
     assert stop.status_code == 200 and stop.json()["subject"] == "team/bot:7"
     blank = client.post("/v1/subjects/agent:bot:stop", json={"by": " "}, headers=_h(keys["op1"]))
     assert blank.status_code == 422
+    # The schema's longest `by` (200) is taken: the key that vouches for it is recorded beside it.
+    longest = client.post("/v1/subjects/agent:long:stop", json={"by": "a" * 200}, headers=_h(keys["op1"]))
+    assert longest.status_code == 200 and longest.json()["stopped_by"].startswith("a" * 200 + " (api:key-"), (
+        longest.text
+    )
+    longer = client.post("/v1/subjects/agent:long:stop", json={"by": "a" * 201}, headers=_h(keys["op1"]))
+    assert longer.status_code == 422
 
 
 def test_the_console_shows_who_stopped_a_subject_and_when_and_stops_and_resumes_it(api):

@@ -41,8 +41,9 @@ async def stop(request: Request) -> Response:
                 session,
                 caller.tenant,
                 subject,
-                by=f"{form.get('by', '')} (api:key-{caller.key_id})" if form.get("by", "").strip() else "",
+                by=form.get("by", ""),
                 reason=(form.get("reason") or "").strip() or None,
+                identity=f"api:key-{caller.key_id}",
             )
     except OutboxError as exc:
         return back(request, "/subjects", error=refused(exc))
@@ -58,9 +59,7 @@ async def resume(request: Request) -> Response:
     by = form.get("by", "")
     try:
         with state(request).sessions.begin() as session:
-            done = subject_service.resume(
-                session, caller.tenant, subject, by=f"{by} (api:key-{caller.key_id})" if by.strip() else ""
-            )
+            done = subject_service.resume(session, caller.tenant, subject, by=by, identity=f"api:key-{caller.key_id}")
     except OutboxError as exc:
         return back(request, "/subjects", error=refused(exc))
     return back(request, "/subjects", done=f"{subject} resumed: {done['woken']} held intent(s) due now")

@@ -14,7 +14,6 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.access.keys import Caller
-from outbox.errors import InvalidIntent
 from outbox.service import subjects
 from outbox.service.inputs import BY_MAX, NOTE_MAX
 from producer.http.auth import require, state
@@ -54,13 +53,6 @@ class ResumeIn(BaseModel):
     )
 
 
-def vouched(caller: Caller, by: str) -> str:
-    """Who acts, as written down: who they said they are and the key that vouches for it."""
-    if not by.strip():
-        raise InvalidIntent("by", "required: who acts")
-    return f"{by} (api:key-{caller.key_id})"
-
-
 @router.get("/subjects", responses=PROBLEMS)
 def list_stops(request: Request, caller: Annotated[Caller, Depends(require("operate"))]) -> dict[str, Any]:
     """This tenant's stopped subjects: by whom, when, why."""
@@ -75,7 +67,9 @@ def stop_subject(
     """Hold every unsent intent of the subject (held: how many were queued), refuse its new ones; calls
     already out finish and settle. Stopping it again keeps the first stop."""
     with state(request).sessions.begin() as session:
-        return subjects.stop(session, caller.tenant, subject, by=vouched(caller, body.by), reason=body.reason)
+        return subjects.stop(
+            session, caller.tenant, subject, by=body.by, reason=body.reason, identity=f"api:key-{caller.key_id}"
+        )
 
 
 @router.post("/subjects/{subject:path}:resume", responses=PROBLEMS)
@@ -84,4 +78,4 @@ def resume_subject(
 ) -> dict[str, Any]:
     """Lift the stop: its held intents are due at once (woken: how many), each sent once."""
     with state(request).sessions.begin() as session:
-        return subjects.resume(session, caller.tenant, subject, by=vouched(caller, body.by))
+        return subjects.resume(session, caller.tenant, subject, by=body.by, identity=f"api:key-{caller.key_id}")
