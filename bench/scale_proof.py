@@ -276,8 +276,11 @@ class Burst:
     def _submit_batch(self, first: int, end: int) -> None:
         """One transaction of intents, as an agent's producer would submit it: a ledger that goes
         away mid-transaction (the PostgreSQL restart fault) is retried with the SAME keys, which is
-        safe (same key + same arguments = the same operation); receipts count only once committed."""
-        from sqlalchemy.exc import DBAPIError
+        safe (same key + same arguments = the same operation); receipts count only once committed.
+        Any SQLAlchemy error is such a loss: besides the driver's (DBAPIError), a connection cut
+        while the transaction closes surfaces as InvalidRequestError/PendingRollbackError (a run of
+        the liveness test whose restart landed mid-submit ended its submitter on one)."""
+        from sqlalchemy.exc import SQLAlchemyError
 
         from outbox.ledger.submit import submit
 
@@ -299,7 +302,7 @@ class Burst:
                             subject=self.subject,
                         )
                         receipts[r.operation_id] = (name, r.provider_key or key)
-            except DBAPIError:
+            except SQLAlchemyError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)

@@ -43,7 +43,9 @@ def test_five_thousand_intents_settle_under_faults(redis_url, sandbox, tmp_path)
             engine.dispose()
     s = result.scale
     print(result.summary())
-    assert s.redis_restarts == s.worker_kills == s.worker_freezes == result.pg_restarts == result.outages == 1
+    assert s.redis_restarts == s.worker_kills == s.worker_freezes == result.pg_restarts == result.outages == 1, (
+        "\n".join([result.summary(), *s.violations[:10]])
+    )
     assert sum(s.faults_fired.values()) > INTENTS // 4, s.faults_fired  # ~45% of first requests
     assert s.violations == [], "\n".join([result.summary(), *s.violations[:30]])
     assert s.statuses["succeeded"] == INTENTS and s.duplicates == 0 and s.lost == 0

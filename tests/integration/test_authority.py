@@ -177,7 +177,9 @@ def test_a_stopped_subject_stays_unsent_while_another_flows_and_resume_sends_eac
     assert (held["subject"], held["stopped_by"], held["reason"], held["new"]) == ("agent:bad", "alice", "loops", True)
     rows = _rows(pipe, bad)
     queued = [i for i, op in rows.items() if op.status == "not_dispatched" and op.waiting_for == "stopped"]
-    assert len(queued) == held["held"] > 50
+    # How many were still queued depends on how long the CLI took to start (seconds on a loaded
+    # machine, while the worker kept sending): 28 to 90 of the 100 seen. Every one of them held.
+    assert len(queued) == held["held"] > 0
 
     # New intents of it are refused within seconds (each process reads the stops once a second);
     # one accepted before this process read the stop is held at its claim like the rest.
