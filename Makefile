@@ -37,7 +37,9 @@ demo: $(DEMO_STAMP)
 # In parallel: twice as many test processes as CPUs (most tests wait on a worker, a server or the
 # database), each with its own PostgreSQL database, Redis key prefix and ports (tests/conftest.py).
 # Tests are handed out two at a time, the slow-marked first. JOBS=0 runs in this process, serially.
-JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+# At most 8 by default: each process holds its own database, workers and servers (PostgreSQL's
+# default max_connections is 100), and nproc does not see a container's CPU quota.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2); echo $$(( n * 2 > 8 ? 8 : n * 2 )))
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) --dist load --maxschedchunk 2 --durations=30 $(ARGS)
 

@@ -70,6 +70,9 @@ class StockCluster:
             "start",
         )
 
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
     def stop(self) -> None:
         """Immediate mode, as after a crash: every connection cut, nothing flushed politely."""
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
@@ -78,7 +81,7 @@ class StockCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            if (self.data / "postmaster.pid").exists():  # a test may have left it stopped
+            if self.running():  # a test may have left it stopped
                 self.stop()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -35,7 +35,6 @@ from outbox.ledger.models import (
     ATTEMPTS,
     EVIDENCE,
     HANDOFFS,
-    HISTORY,
     OPERATION_EVENTS,
     OPERATIONS,
     REPORT_RUNS,
@@ -44,6 +43,7 @@ from outbox.ledger.models import (
 from outbox.ledger.scope_models import BUDGET_CHARGES, BUDGET_SCOPES, OBJECT_HOLDS
 from outbox.ledger.stop_models import SUBJECT_STOPS
 from outbox.ledger.webhook_models import WEBHOOK_EVENTS
+from tests.harness import MOVES_TAKEN, record_moves
 
 # docker-compose.yml's postgres, as published on 127.0.0.1 (its redis is the default below).
 COMPOSE_PG_URL = "postgresql+psycopg://outbox:outbox@127.0.0.1:5432/outbox"
@@ -177,25 +177,21 @@ class Ledger:
         return make_engine(self.url)
 
 
-# Every (from, to) status pair the suite's operations moved through, read from their history
-# before each ledger is emptied; at the end of the run each must be a move of states.ALLOWED.
-_MOVES_TAKEN: set[tuple[str, str]] = set()
-
-
-def _record_moves(engine: Engine) -> None:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            # A "cancel requested" row records a request, not a move (its status stays as it was).
-            text(
-                f"SELECT DISTINCT from_status, to_status FROM {HISTORY}"
-                " WHERE from_status IS NOT NULL AND event <> 'cancel requested'"
-            )
-        ).all()
-    _MOVES_TAKEN.update((r[0], r[1]) for r in rows)
+# Every (from, to) status pair the suite's operations moved through (tests/harness.py MOVES_TAKEN,
+# filled by record_moves before each ledger is emptied); at the end of the run each must be a move of
+# states.ALLOWED.
+_MOVES_TAKEN = MOVES_TAKEN
+_record_moves = record_moves
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from outbox.ledger.states import ALLOWED
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist process: the controller checks what every process saw
+        workeroutput["moves_taken"] = sorted(list(move) for move in _MOVES_TAKEN)
+        workeroutput["skipped_services"] = dict(_skipped_services)
+        return
 
     allowed = {(a.value, b.value) for a, b in ALLOWED}
     unlisted = sorted(_MOVES_TAKEN - allowed)
@@ -204,6 +200,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"moves taken in this run that outbox/ledger/states.py ALLOWED does not list: {unlisted}", red=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller: gather each process's moves and skipped services (its sessionfinish and
+    terminal summary would be seen and counted by nobody)."""
+    output = getattr(node, "workeroutput", {})
+    _MOVES_TAKEN.update((a, b) for a, b in output.get("moves_taken", []))
+    _skipped_services.update(output.get("skipped_services", {}))
 
 
 def _truncate(engine: Engine) -> None:

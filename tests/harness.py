@@ -36,6 +36,29 @@ from workers.sandbox.scenario import actions_doc
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Every (from, to) status pair the suite's operations moved through, read from their history before
+# each ledger is emptied or dropped (tests/conftest.py checks them against states.ALLOWED at the end
+# of the run). Here, not in conftest: pytest loads conftest as a module of its own ("conftest"), apart
+# from the "tests.conftest" that test files import, and every ledger must add to one set.
+MOVES_TAKEN: set[tuple[str, str]] = set()
+
+
+def record_moves(engine: Any) -> None:
+    from sqlalchemy import text
+
+    from outbox.ledger.models import HISTORY
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            # A "cancel requested" row records a request, not a move (its status stays as it was).
+            text(
+                f"SELECT DISTINCT from_status, to_status FROM {HISTORY}"
+                " WHERE from_status IS NOT NULL AND event <> 'cancel requested'"
+            )
+        ).all()
+    MOVES_TAKEN.update((r[0], r[1]) for r in rows)
+
+
 def wait_for(
     predicate: Callable[[], Any],
     timeout_s: float = 20.0,
@@ -466,8 +489,13 @@ def own_pg_ledger() -> Iterator[tuple[str, Any]]:
         url = admin_url.rsplit("/", 1)[0] + f"/{name}"
         engine = make_engine(url)
         migrate.upgrade(engine)
-        engine.dispose()
-        yield url, cluster
+        try:
+            yield url, cluster
+            if cluster.running():  # a test may leave its cluster stopped
+                engine.dispose()  # its pooled connections may predate a restart
+                record_moves(engine)
+        finally:
+            engine.dispose()
 
 
 @contextmanager

@@ -325,9 +325,11 @@ def test_several_server_processes_share_the_ledger_and_answer_keep_alive_request
                 answers.append((r.status_code, r.json()["operation_id"]))
         assert [code for code, _ in answers] == [201] + [200] * 14, answers
         assert len({op for _, op in answers}) == 1
-        # Nagle's algorithm against a delayed ACK costs every keep-alive request at least 40 ms (Linux's
-        # minimum delayed-ACK time); a submit here takes a few. The fastest of 14 is the figure that
-        # proves it gone on a loaded machine too: a median is any load's hostage.
+        # Nagle's algorithm against a delayed ACK costs back-to-back keep-alive requests at least 40 ms
+        # each; a submit here takes a few. The fastest of 14 is the figure a loaded machine does not
+        # spoil (a median is any load's hostage). Weaker than it looks: a pause of the client (> 40 ms,
+        # likely under load) ends the delayed-ACK mode, so one fast request can slip through with
+        # Nagle on; a deterministic check needs the server processes' accepted sockets.
         assert min(took[1:]) < 0.035, took
 
 

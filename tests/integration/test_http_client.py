@@ -300,7 +300,8 @@ def test_rate_limited_requests_wait_for_retry_after(served, caplog):
             if waits():
                 break
     # The refused read was asked again, no sooner than its Retry-After (1 s), and answered (a page,
-    # empty when this test runs before the module's others have submitted: the order is random).
+    # empty when no other test of the module ran before it in this process: the order is random and
+    # each xdist process has a `served` of its own; "greedy" may read only).
     assert waits() and min(waits()) >= 1.0 and time.monotonic() - started >= 1.0
     assert isinstance(page.operations, list)
 

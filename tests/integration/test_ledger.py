@@ -759,10 +759,12 @@ def lone_pg_ledger():
 
     from outbox.ledger.db import make_engine, make_sessionmaker
     from tests.conftest import Ledger, scratch_pg_database
+    from tests.harness import record_moves
 
     with scratch_pg_database(f"outbox_test_lone_{uuid.uuid4().hex[:8]}") as url:
         engine = make_engine(url)
         yield Ledger("postgres", url, engine, make_sessionmaker(engine))
+        record_moves(engine)
         engine.dispose()
 
 
