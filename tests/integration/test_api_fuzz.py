@@ -39,6 +39,9 @@ SCHEMATHESIS_CONFIG = """\
 # Written by tests/integration/test_api_fuzz.py. The key comes from the environment.
 headers = {{ Authorization = "Bearer ${{FUZZ_KEY}}" }}
 workers = 1
+# A big batch on a loaded machine (the suite runs 4 processes on 2 cores) may take more than the
+# default 10 s: a timeout is a network error, not a finding.
+request-timeout = 60
 
 [generation]
 max-examples = {max_examples}
