@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.harness import pk, wait_for
+from workers.sandbox.testing import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -28,10 +28,15 @@ LOOKUP = "outbox.lookup.payments.refund.create"
 CANARIES = ("ord-canary-5e1f0b", "canary-reason-a93c7d", "991.37")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _start_flower(pipe: Any, tmp_path: Any) -> tuple[subprocess.Popen[bytes], str]:
+    """Flower (basic auth AUTH) on a free port over the pipe's broker: its process and base URL."""
+    port = free_port()
+    env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": ":".join(AUTH)}
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
+        env=env, cwd=tmp_path, stdout=open(tmp_path / "flower.log", "wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return flower, f"http://127.0.0.1:{port}"
 
 
 class EventTap:
@@ -65,13 +70,7 @@ def test_every_call_is_a_task_in_flower_in_the_ledgers_state(pipe, sandbox, tmp_
     from workers.wiring.celery_app import make_app
 
     tap = EventTap(make_app(pipe.settings())).start()
-    port = _free_port()
-    env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": ":".join(AUTH)}
-    flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
-        env=env, cwd=tmp_path, stdout=open(tmp_path / "flower.log", "wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    flower, base = _start_flower(pipe, tmp_path)
     try:
         sandbox.add_fault(mode="rate_limited_429", method="POST", key_pattern=pk("f-429"), count=1, retry_after_s=0.3)
         sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern=pk("f-lost"), count=1)
@@ -154,13 +153,7 @@ def test_flower_turns_the_calls_events_on_itself(pipe, sandbox, tmp_path):
     assert "OUTBOX_TASK_EVENTS" not in pipe.env
     worker = pipe.start_worker("quiet", queues="dispatch")
     pipe.start_relay()
-    port = _free_port()
-    env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": ":".join(AUTH)}
-    flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
-        env=env, cwd=tmp_path, stdout=open(tmp_path / "flower.log", "wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    flower, base = _start_flower(pipe, tmp_path)
     try:
         wait_for(lambda: any(worker.name in (w.get("hostname") or "") for w in _dashboard(base)), 60, what="Flower")
         submitted: list[str] = []
