@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
+from outbox.service.inputs import BY_MAX
 from producer.http.problems import PROBLEM, PROBLEM_SCHEMA
 
 COMPONENTS = "#/components/schemas/"
@@ -29,6 +30,14 @@ COMPONENTS = "#/components/schemas/"
 SPACE = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 STORABLE = r"^[^\x00]*$"
 NONBLANK = rf"^[^\x00]*[^{SPACE}\x00][^\x00]*$"
+
+
+def who_field(description: str) -> Any:
+    """The ``by`` of an operator's act (an approval, a stop, a resume): who acts, not blank, at most
+    BY_MAX characters (the surface records the key that vouches for it beside it)."""
+    return Field(min_length=1, max_length=BY_MAX, description=description, json_schema_extra={"pattern": NONBLANK})
+
+
 TRIMMED = rf"^[^{SPACE}\x00](?:[^\x00]*[^{SPACE}\x00])?$"
 OPTIONAL_TRIMMED = rf"^(?:[^{SPACE}\x00](?:[^\x00]*[^{SPACE}\x00])?)?$"  # or empty: the default applies
 WORD = rf"^[^{SPACE}\x00]+$"

@@ -20,7 +20,7 @@ from outbox.service import approvals, handoffs, reports
 from outbox.service.inputs import BY_MAX, NOTE_MAX, REFERENCE_MAX
 from producer.http.auth import require, state
 from producer.http.intents import PROBLEMS
-from producer.http.openapi import CONFLICT, NONBLANK, STORABLE, UNCONFIGURED
+from producer.http.openapi import CONFLICT, NONBLANK, STORABLE, UNCONFIGURED, who_field
 from producer.http.problems import Problem
 from workers.service import breakers
 from workers.service.policies import approval_policies
@@ -72,12 +72,7 @@ class ResetIn(BaseModel):
 class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(
-        min_length=1,
-        max_length=BY_MAX,
-        description="who decides (recorded with this key's id)",
-        json_schema_extra={"pattern": NONBLANK},
-    )
+    by: str = who_field("who decides (recorded with this key's id)")
     note: str | None = Field(
         default=None, max_length=NOTE_MAX, description="why (required to deny)", json_schema_extra={"pattern": STORABLE}
     )

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.access.keys import Caller
 from outbox.service import subjects
-from outbox.service.inputs import BY_MAX, NOTE_MAX
+from outbox.service.inputs import NOTE_MAX
 from producer.http.auth import require, state
 from producer.http.intents import PROBLEMS
-from producer.http.openapi import NONBLANK, STORABLE
+from producer.http.openapi import STORABLE, who_field
 
 router = APIRouter(prefix="/v1", tags=["operators"])
 # A subject may hold any character ("agent:support-bot", "team/bot"): the path's rest, up to ":stop".
@@ -28,12 +28,7 @@ Subject = Annotated[str, Path(min_length=1, max_length=255, description="the sub
 class StopIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(
-        min_length=1,
-        max_length=BY_MAX,
-        description="who stops it (recorded with this key's id)",
-        json_schema_extra={"pattern": NONBLANK},
-    )
+    by: str = who_field("who stops it (recorded with this key's id)")
     reason: str | None = Field(
         default=None,
         max_length=NOTE_MAX,
@@ -45,12 +40,7 @@ class StopIn(BaseModel):
 class ResumeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    by: str = Field(
-        min_length=1,
-        max_length=BY_MAX,
-        description="who resumes it (recorded with this key's id)",
-        json_schema_extra={"pattern": NONBLANK},
-    )
+    by: str = who_field("who resumes it (recorded with this key's id)")
 
 
 @router.get("/subjects", responses=PROBLEMS)
