@@ -177,24 +177,20 @@ class Ledger:
         return make_engine(self.url)
 
 
-# Every (from, to) status pair the suite's operations moved through (tests/harness.py MOVES_TAKEN,
-# filled by record_moves before each ledger is emptied); at the end of the run each must be a move of
+# Every (from, to) status pair the suite's operations moved through is in tests/harness.py MOVES_TAKEN
+# (filled by record_moves before each ledger is emptied); at the end of the run each must be a move of
 # states.ALLOWED.
-_MOVES_TAKEN = MOVES_TAKEN
-_record_moves = record_moves
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from outbox.ledger.states import ALLOWED
 
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist process: the controller checks what every process saw
-        workeroutput["moves_taken"] = sorted(list(move) for move in _MOVES_TAKEN)
+        workeroutput["moves_taken"] = sorted(list(move) for move in MOVES_TAKEN)
         workeroutput["skipped_services"] = dict(_skipped_services)
         return
 
     allowed = {(a.value, b.value) for a, b in ALLOWED}
-    unlisted = sorted(_MOVES_TAKEN - allowed)
+    unlisted = sorted(MOVES_TAKEN - allowed)
     if unlisted:
         session.config.get_terminal_writer().line(
             f"moves taken in this run that outbox/ledger/states.py ALLOWED does not list: {unlisted}", red=True
@@ -207,7 +203,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     """xdist's controller: gather each process's moves and skipped services (its sessionfinish and
     terminal summary would be seen and counted by nobody)."""
     output = getattr(node, "workeroutput", {})
-    _MOVES_TAKEN.update((a, b) for a, b in output.get("moves_taken", []))
+    MOVES_TAKEN.update((a, b) for a, b in output.get("moves_taken", []))
     _skipped_services.update(output.get("skipped_services", {}))
 
 
@@ -232,7 +228,7 @@ def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
     engine = make_engine(url)
     _truncate(engine)
     yield Ledger(request.param, url, engine, make_sessionmaker(engine))
-    _record_moves(engine)
+    record_moves(engine)
     engine.dispose()
 
 
@@ -241,7 +237,7 @@ def pg_ledger(pg_database_url: str) -> Iterator[Ledger]:
     engine = make_engine(pg_database_url)
     _truncate(engine)
     yield Ledger("postgres", pg_database_url, engine, make_sessionmaker(engine))
-    _record_moves(engine)
+    record_moves(engine)
     engine.dispose()
 
 
