@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.submit import Receipt, submit
 from outbox.settings import Settings
+from tests import spawn
 
 # The tests import the sandbox's actions document from here (one copy, shared with the demo).
 from workers.sandbox.scenario import action as action
@@ -203,7 +204,7 @@ REFUND_ARGS = {"order_id": "o-1", "amount": "12.50", "currency": "EUR", "reason"
 @dataclass
 class WorkerProc:
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | spawn.Forked
     log_path: Path
 
     @property
@@ -298,7 +299,7 @@ class Pipeline:
             "--without-mingle",
         ]
         out = open(log_path, "wb")
-        proc = subprocess.Popen(cmd, cwd=self.tmp, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = spawn.popen(cmd, cwd=self.tmp, env=env, stdout=out, stderr=subprocess.STDOUT)
         worker = WorkerProc(name, proc, log_path)
         self.workers.append(worker)
         wait_for(

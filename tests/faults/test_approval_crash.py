@@ -27,6 +27,7 @@ from sqlalchemy import select
 from outbox.approvals.decisions import history
 from outbox.ledger.history import HistoryEvent
 from outbox.ledger.states import EventKind, Status
+from tests import spawn
 from tests.faults.test_dispatch_faults import holds
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, ROOT, action, actions_doc, pk, wait_for
 from tests.integration.test_tenants import _cli
@@ -151,7 +152,7 @@ def test_relay_killed_when_the_approval_commits(pipe, sandbox):
     rules = _rules(pipe, sandbox)
     pipe.start_worker()
     log = open(pipe.tmp / "relay.log", "wb")
-    relay = subprocess.Popen(
+    relay = spawn.popen(
         [sys.executable, "-m", "workers.cli.main", "relay"],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env | {"OUTBOX_RELAY_POLL_S": "0.1"},

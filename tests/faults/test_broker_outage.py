@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from outbox.ledger.states import Status
+from tests import spawn
 from tests.harness import ROOT, PrivateRedis, WorkerProc, log_records, pk, wait_for, whole_log_records
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -49,7 +50,7 @@ def relay_process(pipe: Any, private_redis: PrivateRedis, tmp_path: Path) -> Ite
 
     def start() -> tuple[subprocess.Popen[bytes], Path]:
         log_path = tmp_path / "relay.log"
-        proc = subprocess.Popen(
+        proc = spawn.popen(
             [sys.executable, "-m", "workers.cli.main", "-v", "relay"],
             cwd=ROOT,
             env=dict(os.environ) | pipe.env,

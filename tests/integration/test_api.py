@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import spawn
 from tests.harness import REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -25,7 +26,7 @@ REFUND = "payments.refund.create"
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "workers.cli.main", *args],
         cwd=ROOT,
         env=dict(os.environ) | env,
@@ -58,7 +59,7 @@ def _serve(pipe: Any, *args: str, **settings: str) -> Iterator[Api]:
         port = s.getsockname()[1]
     env = pipe.env | settings
     log = open(pipe.tmp / f"api-{port}.log", "wb")
-    proc = subprocess.Popen(
+    proc = spawn.popen(
         [sys.executable, "-m", "workers.cli.main", "serve", "--port", str(port), "--log-level", "warning", *args],
         cwd=ROOT,
         env=dict(os.environ) | env,
@@ -305,7 +306,7 @@ def test_several_server_processes_share_the_ledger_and_answer_keep_alive_request
     delayed ACK; and processes that sign console sessions must share a secret."""
     import time
 
-    refused = subprocess.run(
+    refused = spawn.run(
         [sys.executable, "-m", "workers.cli.main", "serve", "--port", "0", "--workers", "2"],
         cwd=ROOT,
         env={k: v for k, v in (dict(os.environ) | pipe.env).items() if k != "OUTBOX_CONSOLE_SECRET"},

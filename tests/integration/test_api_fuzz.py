@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from outbox.ledger.states import Status
+from tests import spawn
 from tests.harness import action, actions_doc
 from tests.integration.test_api import Api, _intent, _key, _serve
 
@@ -237,7 +237,7 @@ def test_schemathesis_finds_nothing_with_every_check_in_every_phase(served: tupl
     )
     report = tmp_path / "report.json"
     started = time.monotonic()
-    done = subprocess.run(
+    done = spawn.run(
         [
             sys.executable,
             "-m",

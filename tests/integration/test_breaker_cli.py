@@ -14,13 +14,14 @@ import redis
 from sqlalchemy import select
 
 from outbox.ledger.history import HistoryEvent
+from tests import spawn
 from tests.harness import REFUND_ARGS, ROOT, action, actions_doc, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 def _cli(pipe: Any, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "workers.cli.main", "breaker", *args],
         cwd=ROOT,
         env=env or (dict(os.environ) | pipe.env),

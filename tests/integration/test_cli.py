@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from outbox.ledger.envelope import build_envelope
+from tests import spawn
 
 CLI_TIMEOUT_S = 60.0  # far above a normal run (~1-2 s); a hang fails the test instead of the run
 FIELDS = {
@@ -42,7 +43,7 @@ class Cli:
 
     def start(self, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Any:
         full_env = {k: v for k, v in (self.env | (env or {})).items() if v is not None}
-        proc = subprocess.Popen(
+        proc = spawn.popen(
             [sys.executable, "-m", "workers.cli.main", *args],
             cwd=self.cwd,
             env=full_env,

@@ -5,7 +5,6 @@ does not drain harms nothing. The restart of one ledger mid-run: tests/faults/te
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.states import Status
+from tests import spawn
 from tests.conftest import RUN_ID, scratch_pg_database
 from tests.harness import Pipeline, pk, wait_for
 
@@ -72,7 +72,7 @@ def test_relay_once_reports_each_ledger_and_fails_for_one_it_cannot_reach(fleet,
     _, b = fleet
     env = dict(b.env)
     env["OUTBOX_DATABASE_URLS"] += ",down=postgresql+psycopg://postgres@127.0.0.1:1/nothing"
-    done = subprocess.run(
+    done = spawn.run(
         [sys.executable, "-m", "workers.cli.main", "relay", "--once"],
         env=dict(os.environ) | env,
         capture_output=True,
@@ -136,7 +136,7 @@ def test_migrate_ledgers_migrates_each_and_says_which_it_could_not_reach(fleet, 
     _, b = fleet
     env = dict(os.environ) | b.env
     env["OUTBOX_DATABASE_URLS"] += ",down=postgresql+psycopg://postgres@127.0.0.1:1/nothing"
-    done = subprocess.run(
+    done = spawn.run(
         [sys.executable, "-m", "workers.cli.main", "migrate", "--ledgers"],
         env=env,
         capture_output=True,
@@ -148,7 +148,7 @@ def test_migrate_ledgers_migrates_each_and_says_which_it_could_not_reach(fleet, 
     assert "ledger a at " in done.stdout and "ledger b at " in done.stdout and "schema already at" in done.stdout
     assert "ledger down: cannot reach the ledger" in done.stderr
     env.pop("OUTBOX_DATABASE_URLS")
-    alone = subprocess.run(
+    alone = spawn.run(
         [sys.executable, "-m", "workers.cli.main", "migrate", "--ledgers"], env=env, capture_output=True, text=True
     )
     assert alone.returncode != 0 and "--ledgers: OUTBOX_DATABASE_URLS is not set" in alone.stderr

@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 
+from tests import spawn
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -33,7 +34,7 @@ def test_flower_shows_workers_and_tasks_with_operation_ids_only(pipe, sandbox, t
     # As docker-compose.yml runs it: credentials required (FLOWER_BASIC_AUTH).
     env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": "ops:s3cret"}
     log = open(tmp_path / "flower.log", "wb")
-    flower = subprocess.Popen(
+    flower = spawn.popen(
         [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
         env=env,
         cwd=tmp_path,

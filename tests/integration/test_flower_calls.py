@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import spawn
 from tests.harness import pk, wait_for
 from workers.sandbox.testing import free_port
 
@@ -32,7 +33,7 @@ def _start_flower(pipe: Any, tmp_path: Any) -> tuple[subprocess.Popen[bytes], st
     """Flower (basic auth AUTH) on a free port over the pipe's broker: its process and base URL."""
     port = free_port()
     env = dict(os.environ) | pipe.env | {"FLOWER_BASIC_AUTH": ":".join(AUTH)}
-    flower = subprocess.Popen(
+    flower = spawn.popen(
         [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}", "--address=127.0.0.1"],
         env=env, cwd=tmp_path, stdout=open(tmp_path / "flower.log", "wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests import spawn
 from tests.harness import ROOT, action, actions_doc, pk
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 def cli(pipe, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ) | pipe.env
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "workers.cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
 

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests import spawn
 from tests.harness import wait_for
 from workers.wiring.heartbeat import age_s
 
@@ -28,11 +29,11 @@ def test_a_frozen_worker_or_relay_fails_its_probe_and_passes_again_when_thawed(p
     worker_hb, relay_hb, beat_hb = tmp_path / "worker.hb", tmp_path / "relay.hb", tmp_path / "beat.hb"
     worker = pipe.start_worker(pool="prefork", concurrency=1, extra_env={"OUTBOX_HEARTBEAT_FILE": str(worker_hb)})
     env = dict(os.environ) | pipe.env
-    relay = subprocess.Popen(
+    relay = spawn.popen(
         [sys.executable, "-m", "workers.cli.main", "relay"], env=env | {"OUTBOX_HEARTBEAT_FILE": str(relay_hb)},
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    beat = subprocess.Popen(
+    beat = spawn.popen(
         [sys.executable, "-m", "celery", "-A", "workers", "beat", "--schedule", str(tmp_path / "schedule")],
         env=env | {"OUTBOX_HEARTBEAT_FILE": str(beat_hb)}, cwd=tmp_path,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -72,7 +73,7 @@ def test_a_frozen_worker_or_relay_fails_its_probe_and_passes_again_when_thawed(p
 def test_the_probe_says_what_is_wrong(tmp_path, monkeypatch):
     missing = probe(tmp_path / "never")
     assert missing.returncode == 1 and "does not exist" in missing.stdout
-    nothing = subprocess.run(
+    nothing = spawn.run(
         [sys.executable, "-m", "workers.cli.main", "health"], capture_output=True, text=True, timeout=30
     )
     assert nothing.returncode == 2 and "--heartbeat" in nothing.stdout

@@ -17,6 +17,7 @@ import anyio
 import httpx
 import pytest
 
+from tests import spawn
 from tests.harness import action, actions_doc, wait_for
 from tests.integration.test_api import _key
 
@@ -143,7 +144,7 @@ def _http_server(pipe: Any) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(pipe.tmp / "mcp-http.log", "wb")
-    proc = subprocess.Popen(
+    proc = spawn.popen(
         [sys.executable, "-m", "workers.cli.main", "mcp", "--http", "--port", str(port)],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env,

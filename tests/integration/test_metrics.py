@@ -25,6 +25,7 @@ from outbox.ledger.clock import db_now
 from outbox.ledger.models import Handoff, Operation
 from outbox.ledger.submit import submit
 from outbox.reads.report_summary import record_report
+from tests import spawn
 from tests.harness import REFUND_ARGS, actions_doc, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ def exporter(env: dict[str, str]) -> Iterator[str]:
     port = _free_port()
     # Only what the test passes decides whether the exporter reads a multiprocess directory.
     base = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    proc = subprocess.Popen(
+    proc = spawn.popen(
         [sys.executable, "-m", "workers.cli.main", "metrics", "--port", str(port)],
         cwd=ROOT,
         env=base | env,

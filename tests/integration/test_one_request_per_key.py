@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -21,6 +20,7 @@ from sqlalchemy import select, update
 from outbox.actions.rules import load_intent_rules
 from outbox.evidence.handoffs import resolve
 from outbox.ledger.models import Handoff, Operation
+from tests import spawn
 from tests.harness import ROOT, action, actions_doc, pk, wait_for
 from workers.provider.actions import load_actions
 
@@ -66,7 +66,7 @@ def _posts(sandbox: Any, key: str) -> list[dict[str, Any]]:
 
 
 def _cli(pipe: Any, *args: str) -> Any:
-    done = subprocess.run(
+    done = spawn.run(
         [sys.executable, "-m", "workers.cli.main", *args],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env,

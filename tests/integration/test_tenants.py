@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 
+from tests import spawn
 from tests.harness import REFUND_ARGS, action, actions_doc, wait_for
 from workers.provider.actions import load_actions
 
@@ -27,7 +28,7 @@ REFUNDS = "/v1/refunds"
 
 
 def _cli(pipe: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return spawn.run(
         [sys.executable, "-m", "workers.cli.main", *args],
         cwd=ROOT,
         env=dict(os.environ) | pipe.env,

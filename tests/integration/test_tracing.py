@@ -31,6 +31,7 @@ from outbox.ledger import tracing
 from outbox.ledger.models import Handoff
 from outbox.ledger.tracing import validate_traceparent
 from producer.tracing import OpenTelemetryTracer
+from tests import spawn
 from tests.harness import REFUND_ARGS, actions_doc, pk, wait_for
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -234,7 +235,7 @@ def test_a_retried_operation_an_unknown_settled_by_lookup_and_a_handoff_are_each
     env = traced_env(receiver, "outbox-worker") | {"OUTBOX_RECONCILE_MAX_LOOKUPS": "1"}
     pipe.env.update({"OUTBOX_RECONCILE_MAX_LOOKUPS": "1"})
     pipe.start_worker(extra_env=env)
-    relay = subprocess.Popen(
+    relay = spawn.popen(
         [sys.executable, "-m", "workers.cli.main", "relay"],
         env=dict(os.environ) | pipe.env | traced_env(receiver, "outbox-relay"),
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -260,7 +261,7 @@ def test_a_retried_operation_an_unknown_settled_by_lookup_and_a_handoff_are_each
         with pipe.sessions() as s:
             handoff_id = s.execute(select(Handoff.id).where(Handoff.operation_id == person)).scalar_one()
         reference = sandbox.effects(key=pk("tr-person"))[0]["object_id"]
-        resolved = subprocess.run(
+        resolved = spawn.run(
             [sys.executable, "-m", "workers.cli.main", "handoffs", "resolve", str(handoff_id), "--as", "succeeded",
              "--reference", reference, "--note", "checked the provider's dashboard", "--by", "alice"],
             env=dict(os.environ) | pipe.env | traced_env(receiver, "outbox-cli"), capture_output=True, text=True,
