@@ -74,8 +74,11 @@ PRELOAD = (
     "workers.cli.pipeline",
 )
 
-# Decided by the interpreter at start-up, so a child forked from the server could not honour them.
-_COLD_ENV_PREFIXES = ("PYTHON", "LD_", "FAKETIME", "DYLD_")
+# Decided by the interpreter at start-up (PYTHON*, the loader's LD_*, libfaketime), or read by a
+# preloaded library when it is imported (prometheus_client's multiprocess mode, OpenTelemetry's
+# settings): a child forked from the server could not honour them, so a request that changes one
+# runs cold.
+_COLD_ENV_PREFIXES = ("PYTHON", "LD_", "FAKETIME", "DYLD_", "PROMETHEUS_", "OTEL_")
 
 
 class Forked:

@@ -15,7 +15,7 @@ import pytest
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.states import Status
 from outbox.ledger.submit import submit
-from tests.harness import REFUND_ARGS, Pipeline, error_lines, own_pg_ledger, pk, wait_for
+from tests.harness import REFUND_ARGS, Pipeline, error_lines, own_pg_ledger, pk, wait_for, whole_log_records
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -104,7 +104,10 @@ def _run(a: Pipeline, b: Pipeline, cluster, sandbox) -> None:
     assert sandbox.duplicates() == []
     for w in workers:
         assert w.proc.poll() is None, f"{w.name} died"
-        assert error_lines(w.log()) == [], (w.name, error_lines(w.log())[:5])
+        assert error_lines(w.log(), outages=True) == [], (
+            w.name,
+            whole_log_records(w.log(), "WARNING", "ERROR", "CRITICAL"),
+        )
     looked_up = sum(bool(a.attempts(op_id, "lookup")) for op_id in ops["a"])
     print(
         f"ledger a: {before}/{N} settled at its stop, {looked_up} reconciled after it; "
