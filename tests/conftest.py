@@ -126,20 +126,71 @@ def service_missing(name: str, why: str, *, get_it: str | None = None) -> None:
     pytest.skip(f"{name} unavailable ({why}); get it with `{get_it or default}`")
 
 
-@contextmanager
-def scratch_pg_database(name: str, *, revision: str = "head") -> Iterator[str]:
-    """A new PostgreSQL database ``name`` migrated to ``revision``; its URL; dropped afterwards."""
+# One migrated template per run, shared by the run's processes (xdist gives them one run id): each
+# process's database and each test's scratch database at the head revision is a copy of it
+# (CREATE DATABASE ... TEMPLATE) instead of a migration of its own. Made by whichever process asks
+# first (an advisory lock orders them), dropped by the process that ends the run.
+TEMPLATE = f"outbox_template_{os.environ.get('PYTEST_XDIST_TESTRUNUID', RUN_ID)[:12]}"
+_TEMPLATE_LOCK = 0x6F7574626F78  # pg_advisory_lock key: "outbox" in ASCII
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist's controller: hand this run's id to the processes, so that their template is the one
+    this process drops at the end."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "") is None:
+        config.option.testrunuid = RUN_ID
+
+
+def _admin() -> psycopg.Connection[Any]:
     try:
-        admin = psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3)
+        return psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as exc:
         service_missing("postgres", str(exc).strip().splitlines()[0])
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+        raise  # not reached: service_missing skips or fails
+
+
+def _url_of(name: str) -> str:
+    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def _ensure_template(admin: psycopg.Connection[Any]) -> None:
+    admin.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
     try:
-        engine = make_engine(url)
-        migrate.upgrade(engine, revision)
-        engine.dispose()
+        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE,)).fetchone() is None:
+            admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
+            engine = make_engine(_url_of(TEMPLATE))
+            try:
+                migrate.upgrade(engine, "head")
+            finally:
+                engine.dispose()  # a template takes no copies while anyone is connected to it
+    finally:
+        admin.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
+
+
+def drop_template() -> None:
+    try:
+        with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+    except psycopg.OperationalError:
+        pass  # no PostgreSQL: no template was made
+
+
+@contextmanager
+def scratch_pg_database(name: str, *, revision: str = "head") -> Iterator[str]:
+    """A new PostgreSQL database ``name`` migrated to ``revision`` (at the head: a copy of the run's
+    migrated template); its URL; dropped afterwards."""
+    with _admin() as admin:
+        if revision == "head":
+            _ensure_template(admin)
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+        else:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    url = _url_of(name)
+    try:
+        if revision != "head":
+            engine = make_engine(url)
+            migrate.upgrade(engine, revision)
+            engine.dispose()
         yield url
     finally:
         with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True) as admin:
@@ -188,6 +239,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         workeroutput["moves_taken"] = sorted(list(move) for move in MOVES_TAKEN)
         workeroutput["skipped_services"] = dict(_skipped_services)
         return
+    drop_template()  # the controller, or the one process of a serial run: the run is over
 
     allowed = {(a.value, b.value) for a, b in ALLOWED}
     unlisted = sorted(MOVES_TAKEN - allowed)
