@@ -126,19 +126,13 @@ def service_missing(name: str, why: str, *, get_it: str | None = None) -> None:
     pytest.skip(f"{name} unavailable ({why}); get it with `{get_it or default}`")
 
 
-# One migrated template per run, shared by the run's processes (xdist gives them one run id): each
-# process's database and each test's scratch database at the head revision is a copy of it
-# (CREATE DATABASE ... TEMPLATE) instead of a migration of its own. Made by whichever process asks
-# first (an advisory lock orders them), dropped by the process that ends the run.
-TEMPLATE = f"outbox_template_{os.environ.get('PYTEST_XDIST_TESTRUNUID', RUN_ID)[:12]}"
+# One migrated template per run, shared by the run's processes: each process's database and each
+# test's scratch database at the head revision is a copy of it (CREATE DATABASE ... TEMPLATE) instead
+# of a migration of its own. Made by whichever process asks first (an advisory lock orders them),
+# dropped by the process that ends the run. Its name travels in the environment: xdist's processes
+# inherit it from the controller, and a second import of this module (as tests.conftest) keeps it.
+TEMPLATE = os.environ.setdefault("OUTBOX_TEST_TEMPLATE_DB", f"outbox_template_{uuid.uuid4().hex[:10]}")
 _TEMPLATE_LOCK = 0x6F7574626F78  # pg_advisory_lock key: "outbox" in ASCII
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """xdist's controller: hand this run's id to the processes, so that their template is the one
-    this process drops at the end."""
-    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "") is None:
-        config.option.testrunuid = RUN_ID
 
 
 def _admin() -> psycopg.Connection[Any]:
