@@ -109,7 +109,7 @@ def test_retry_after_is_honoured(pipe, sandbox, mode, http_date):
     status = 503 if mode == "unavailable_503" else 429
     for n in (1, 2):
         att = pipe.wait_attempt_done(op_id, n)
-        assert att.status_code == status
+        assert att.status_code == status, (n, att.attempt_class, att.error)
         # The Retry-After was recorded, and the retry is due no earlier than it runs out from the
         # moment the worker wrote the answer down (which is after the answer arrived).
         if http_date:

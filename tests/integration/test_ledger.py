@@ -821,6 +821,8 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg
 
         # A scan marks the dead entries it passes once PostgreSQL sees them dead to every snapshot;
         # its view of that horizon is refreshed lazily, so on a busy server the marking may take a
-        # scan or two more. A bitmap scan (the regression) never marks: it stays at hundreds of pages.
+        # scan or two more. Pages touched: 24 on a quiet machine, 38 with six test processes on two
+        # cores (2026-12-06); the index scan bounded by statement_timestamp() (asserted above, node by
+        # node) is what keeps it there, and a bitmap scan of the whole index reads hundreds.
         touched = [heap_pages_read() for _ in range(4)]
-        assert min(touched[1:]) < 30, touched
+        assert min(touched[1:]) < 100, touched
