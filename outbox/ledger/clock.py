@@ -61,7 +61,7 @@ class db_scan_now(FunctionElement[dt.datetime]):  # noqa: N801 - reads like the 
     ``clock_timestamp()`` is VOLATILE and can only filter: a claim then read the WHOLE partial
     index of due rows, dead entries included (each row leaves it on claim, and its entry stays
     until VACUUM), through a bitmap scan that never marks them dead: under a fault mix's churn a
-    claim of 10 rows read hundreds of heap pages (bench/README.md). With a bound, a plain index scan
+    claim of 10 rows read hundreds of heap pages. With a bound, a plain index scan
     reads in order, stops at its LIMIT and marks the dead entries it passes, so the next scan
     skips them. The statement's start is microseconds from clock_timestamp(), and not frozen at
     the transaction's start as now() is. Not for leases handed out: those use db_now()."""

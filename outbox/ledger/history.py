@@ -6,8 +6,8 @@ recorded on rows written anyway: a worker's claim and the move its attempt's res
 attempt row (its ``claim_event_id``/``claimed_from`` and ``move_event_id``/``moved_to``/
 ``move_reason``, migration 0015), the submit on the operation row (``submit_event_id``/
 ``submitted_as``/``submit_reason``; its time is ``created_at``, its actor ``subject``, migration
-0016): three row writes and three foreign-key checks fewer per operation (bench/README.md, issue
-35). The view spells those as the event rows they stand for, with ids drawn from the events' own
+0016): three row writes and three foreign-key checks fewer per operation.
+The view spells those as the event rows they stand for, with ids drawn from the events' own
 sequence when they were written, so ordering by id keeps the order the ledger wrote them in.
 SQLite's driver still writes them as rows (those columns stay NULL): both read the same through
 the view.

@@ -3,7 +3,7 @@
 A worker's claim is one statement and needs no transaction around it; a doorbell's finalize is a
 few statements that commit together. Through a SQLAlchemy session each of those transactions cost
 a pool checkout, a BEGIN round trip, a COMMIT round trip and the session's own bookkeeping: more
-than PostgreSQL spent running the statements (bench/README.md). So on PostgreSQL a worker keeps one
+than PostgreSQL spent running the statements. So on PostgreSQL a worker keeps one
 psycopg connection in autocommit mode (``PostgresDriver.hot_path``):
 
 - ``one_statement()``: the statement is its own transaction (one round trip, no BEGIN/COMMIT);

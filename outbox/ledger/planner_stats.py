@@ -6,7 +6,7 @@ autovacuum refreshes those only after 10% of a table has changed, checking once 
 table outruns that: planned while ``outbox_operations`` was empty (a new deployment) or while the due
 set was tiny (a steady state), a doorbell's claim of ten ids scanned the whole partial index of
 due rows, and the evidence query scanned all of ``attempts``: per doorbell, work proportional
-to the backlog, just when a backlog builds (bench/README.md has the figures). ``refresh_if_stale``
+to the backlog, just when a backlog builds. ``refresh_if_stale``
 runs ANALYZE on a queue table
 once enough of it changed since its last analysis; ANALYZE invalidates the cached plans, so every
 connection re-plans its next execution.
@@ -17,7 +17,7 @@ to ANALYZE (not the tables' owner) it says so once and leaves the statistics to 
 
 What it costs: a young ledger's tables change by a fifth every few seconds, so the relay analyzes
 them every ``MIN_INTERVAL_S`` while they grow, and a whole-table ANALYZE was 13% of the database's
-CPU in ``bench.pg_statements`` (issue 35; its statistics for the wide text columns -- arguments,
+CPU in ``bench.pg_statements`` (its statistics for the wide text columns -- arguments,
 results, errors -- cost most and no plan reads them). So a table's first analysis by this relay,
 and one every ``ALL_COLUMNS_EVERY_S``, covers every column; the others only the columns its
 indexes key or filter on (id, key, status, due time, ...), which is what the plans are chosen on:

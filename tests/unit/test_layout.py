@@ -4,7 +4,9 @@
 - no import cycle between product modules (lazy imports inside functions count too);
 - only the ledger drivers (outbox/ledger/drivers/) ask which database they run on;
 - SQL text lives in outbox/ only; writes to the ledger's tables happen in outbox/ only.
-- inside outbox/, rooms import only rooms on floors below their own (ledger first, service last).
+- inside outbox/, rooms import only rooms on floors below their own (ledger first, service last);
+- the sandbox (the fake provider) imports nothing of the system it fakes;
+- docstrings cite no issue of ours and not the benchmarks' notes: history is in git.
 """
 
 from __future__ import annotations
@@ -181,3 +183,27 @@ def test_the_ledgers_rooms_import_only_rooms_before_them():
         if dep.startswith("outbox.") and dep.split(".")[1] != name.split(".")[1] and _floor(dep) >= _floor(name)
     )
     assert upward == []
+
+
+def test_the_sandbox_shares_no_code_with_what_it_fakes():
+    """The fake provider (workers/sandbox/) imports nothing of outbox, producer, breaker or the rest of
+    workers: a bug in shared code would be on both sides of every test and never be seen."""
+    borrowed = {
+        name: sorted(m for m in _imports(name, path) if not m.startswith("workers.sandbox"))
+        for name, path in MODULES.items()
+        if name.startswith("workers.sandbox")
+    }
+    assert {name: found for name, found in borrowed.items() if found} == {}
+
+
+def test_docstrings_say_what_is_and_leave_history_to_git():
+    """No product module cites an issue of ours or the benchmarks' notes for its reasons: a docstring
+    says what is and why; which issue asked for it is in git (migrations, frozen history, excepted)."""
+    citing = re.compile(r"\b[Ii]ssues? #?\d+|bench/README\.md|\bstop \d+\b")
+    found = {
+        name: [line.strip() for line in path.read_text().splitlines() if citing.search(line)]
+        for name, path in MODULES.items()
+    }
+    external = re.compile(r"\b(uvicorn|celery|kombu|redis|sqlalchemy|psycopg) issue #?\d+", re.IGNORECASE)
+    ours = {n: [x for x in lines if not external.search(x)] for n, lines in found.items()}
+    assert {n: lines for n, lines in ours.items() if lines} == {}

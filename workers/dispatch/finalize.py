@@ -217,8 +217,8 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
     due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from
     here, each finalize would ring for its own one or two ambiguous calls and the relay for the
     same ids again: a reconcile task per one or two lookups, each paying a Celery message, a
-    late-success query, a claim and a commit, and a Celery publish in the worker's finalizer
-    (bench/README.md). The cost: a lookup starts up to OUTBOX_RELAY_POLL_S later, which an
+    late-success query, a claim and a commit, and a Celery publish in the worker's finalizer.
+    The cost: a lookup starts up to OUTBOX_RELAY_POLL_S later, which an
     ambiguous outcome can afford (settle windows are longer)."""
     redispatch = []
     taken_up = []  # into the reconciler's hands, of an action that maps webhooks

@@ -5,8 +5,7 @@ A doorbell task gates and claims (batch.py), hands its claims here and returns: 
 takes its next doorbell while the calls are out. Here:
 
 - a batch's calls to one target run on one pool thread, one after another: a fast target needs
-  nothing more (handing each call to a thread of its own costs more CPU than such a call waits:
-  bench/README.md);
+  nothing more (handing each call to a thread of its own costs more CPU than such a call waits);
 - a call still running after HANDOFF_S gives away its batch's calls not yet started, one pool
   thread each (the watchdog), so one 1.5 s timeout holds one operation, not the nine behind it;
 - a suspect target gets one call at a time from the whole process, each asking the breaker first
@@ -205,7 +204,7 @@ class InFlight:
         after a failure seen here, else at most every SUCCESS_EVERY_S per target. Held to the
         doorbell's end, successes let failures recorded meanwhile by every process run up to
         fail_max: a provider that fails a large share of first requests and answers the rest
-        would have its breaker opened while it is healthy (bench/README.md)."""
+        would have its breaker opened while it is healthy."""
         if not admissions.success_waiting(target):
             return
         now = time.monotonic()

@@ -90,7 +90,7 @@ class HttpConnector:
     built here, not through ``httpx.Client.send``: the client would keep a cookie jar shared by
     every tenant's operations (a provider's Set-Cookie would ride along on everyone's next
     request), and its cookie, auth and redirect machinery cost about as much CPU per call as the
-    HTTP exchange itself (bench/README.md). Redirects are answers we classify, never followed.
+    HTTP exchange itself. Redirects are answers we classify, never followed.
     """
 
     def __init__(

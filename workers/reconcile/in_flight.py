@@ -7,7 +7,7 @@ takes its next doorbell while the lookups are out. Here:
 - a doorbell's lookups of one target run on one pool thread, one after another, while that
   target answers lookups within SPREAD_AFTER_S: a provider that answers in milliseconds needs
   nothing more (a thread per lookup costs more CPU per lookup than the hand-off saves, and splits
-  a doorbell's settlements into more transactions: bench/README.md), and the process's other
+  a doorbell's settlements into more transactions), and the process's other
   doorbells run beside it;
 - a target whose last lookups took longer gets a thread per lookup, all of a doorbell's at once;
   and a lookup still running after HANDOFF_S gives the lookups queued behind it threads of their

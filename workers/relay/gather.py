@@ -8,8 +8,7 @@ While every worker process is busy (a doorbell of this ledger waits in the broke
 of one, a free process would have taken it), ids are held up to ``busy_linger_s`` more, until a
 full doorbell's worth or a process frees up: a doorbell published then would only queue behind the
 others, and one that carries more ids costs fewer claims, finalizes and messages per operation. So
-slow arrivals no longer mean one-id doorbells when the workers are the bottleneck (bench/README.md,
-"the ratio on a slower CPU"). While a worker is free nothing waits longer than before, but for one
+slow arrivals no longer mean one-id doorbells when the workers are the bottleneck. While a worker is free nothing waits longer than before, but for one
 recheck (``recheck_s``) when the depth was read just after a publish, before a worker took it.
 """
 

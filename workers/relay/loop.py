@@ -19,8 +19,8 @@ relay per deployment does this: the holder of an advisory lock; others only poll
 ``published_at`` is written in bulk by the next tick, for the ids still waiting, so the tick
 does not ring them again. While a relay listens, its ticks also leave never-published rows alone
 for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung but not yet
-marked): without that, under load the ticks race the listener and ring many ids twice
-(bench/README.md). The leading relay's ticks ring rows that came due before it began leading at
+marked): without that, under load the ticks race the listener and ring many ids twice.
+The leading relay's ticks ring rows that came due before it began leading at
 once: nobody rang those from NOTIFY (submitted while no relay led, or while this one took over).
 The ticks (every ``poll_s``) are the backstop for everything else: retries coming due, doorbells
 lost, notifications missed while the relay was away. On SQLite it polls.
@@ -32,7 +32,7 @@ counts the due rows, and rings only the doorbells missing: one per ``doorbell_ba
 never more than ``max_queued`` in the broker (the NOTIFY path checks the same room). Nothing is
 re-published because it "looks lost" while the broker still holds enough doorbells: otherwise a
 backlog grows a queue of more doorbells than operations waiting, each re-published one looking
-lost in turn behind the others (bench/README.md). ``republish_after_s`` is used only where the
+lost in turn behind the others. ``republish_after_s`` is used only where the
 depth cannot be read.
 """
 

@@ -96,14 +96,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"sandbox: {exc}", file=sys.stderr)
         return 2
 
-    from outbox.errors import ConfigError
-    from workers.wiring import logs
+    from workers.sandbox import logs
 
     level = getattr(args, "log_level", None) or "WARNING"
     try:
-        logs.configure(level, text="%(asctime)s %(levelname)s %(name)s %(message)s")
+        logs.configure(level)
         state = build_state(args)
-    except (ValueError, RuleError, SettingError, ConfigError) as exc:
+    except (ValueError, RuleError, SettingError) as exc:
         print(f"sandbox: bad option: {exc}", file=sys.stderr)
         return 2
     asyncio.run(serve_forever(state, args.host, args.port, args.access_log))

@@ -26,7 +26,7 @@ class SandboxConfig:
     # the sandbox's default, and an error is how a test sees that a retry was not the first request
     # (a replayed answer would hide it). Off: a provider that does not compare, which replays the
     # first answer whatever the later request says (the contract fault accept_changed_args, for
-    # every key). The status: 409 (the sandbox's since issue 3) or 400 (exactly Stripe's).
+    # every key). The status: 409 (the sandbox's default) or 400 (exactly Stripe's).
     compare_params: bool = True
     params_mismatch_status: int = 409
     # Stripe prunes keys "after they're at least 24 hours old"; we keep exactly that by default.

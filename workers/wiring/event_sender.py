@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # How often the sender publishes what has queued: a call's events reach Flower this much later at
 # most (a person does not see 0.2 s), and a busy process publishes one message per interval instead
-# of one per event: a publish costs about as much as 20 events in it (bench/README.md).
+# of one per event: a publish costs about as much as 20 events in it.
 FLUSH_EVERY_S = 0.2
 # How often the main process copies its dispatcher's switch to the pool (Flower's enable_events
 # comes every 5 s: a second more is not noticed).

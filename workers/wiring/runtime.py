@@ -328,7 +328,7 @@ class Fleet:
                     "of the fleet the same OUTBOX_DATABASE_URLS"
                 )
             # No pre-ping: it costs a round trip per transaction, a sizeable share of a dispatch
-            # (bench/README.md); a connection lost anyway invalidates the pool and the doorbell is
+            # ; a connection lost anyway invalidates the pool and the doorbell is
             # re-published.
             # A fleet's ledger that stops answering (a host gone, not a refused connection) must not
             # hold a doorbell task for the operating system's TCP timeout (~2 min), others behind it.

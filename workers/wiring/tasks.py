@@ -90,7 +90,7 @@ task_postrun.connect(soft_limit.on_task_postrun)
 def _preload(**_: object) -> None:
     # The main process imports what every task process needs (the ledger, SQLAlchemy, psycopg,
     # httpx, the breakers) before the pool forks: the children share those pages instead of each
-    # importing its own copy after the fork (memory and start-up CPU per child: bench/README.md).
+    # importing its own copy after the fork (memory and start-up CPU per child).
     # Modules only: no connection is opened here, so a child has nothing of its parent's to reuse.
     import contextlib
     import gc

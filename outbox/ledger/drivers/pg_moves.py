@@ -125,8 +125,8 @@ def finalize_rows(to: Status, refund: bool, source: Status = Status.DISPATCHING)
     JSON array with one object per operation (the parameters of FINALIZE_COLUMNS by name), the
     statement answers one row (wrote, moved) per operation in their order. The same writes, fence
     and event rows as that many ``finalize`` statements: PostgreSQL's cost per statement (executor
-    start, a CTE plan of three writes) is paid once per doorbell instead of once per operation
-    (bench/README.md, issue 35). One JSON text, not an array per parameter: psycopg dumps arrays
+    start, a CTE plan of three writes) is paid once per doorbell instead of once per operation.
+    One JSON text, not an array per parameter: psycopg dumps arrays
     element by element in Python (~60 us per operation of worker CPU for these 21, measured), the
     json module in C (~4 us).
     No ``guard``: a move that claims "no effect" reads every other attempt of its own operation, and
@@ -136,7 +136,7 @@ def finalize_rows(to: Status, refund: bool, source: Status = Status.DISPATCHING)
     scanned every row in dispatching (and their dead index entries) for the ten it moves (the
     finalize's execution per operation rose 0.11 -> 0.16 ms in bench.pg_statements), and every
     attempt row while the table is small enough for a scan to look cheaper than 100 index probes
-    (below ~30,000 rows: 1.7 ms per statement at 20,000; bench/README.md, issue 35)."""
+    (below ~30,000 rows: 1.7 ms per statement at 20,000)."""
     writes = settle_writes(to) if source in RECONCILE_CLAIMABLE else finalize_writes(to, refund=refund)
     claimed = (
         f",\n        claimed_from = coalesce(claimed_from, '{source.value}')" if source in RECONCILE_CLAIMABLE else ""

@@ -2,7 +2,7 @@
 
 Plain SQL sent through psycopg (``%(name)s`` parameters), not SQLAlchemy constructs: on the hot
 path SQLAlchemy's per-execute work cost more client CPU than PostgreSQL spent running the
-statements (bench/README.md). Statements that come in shapes (a claim with or without ids, a
+statements. Statements that come in shapes (a claim with or without ids, a
 finalize per target status) are built from named parts, once per shape (``lru_cache``): here, and
 the fenced moves' in pg_moves.py (the tenant walk's parts: pg_tenant_walk.py).
 
@@ -17,7 +17,7 @@ Status values and LIMITs are written in as literals, not parameters: psycopg pre
 after a few executions, and only then can PostgreSQL keep one generic plan for it. With the status
 as a parameter the generic plan cannot use the partial index of that status, and with LIMIT as a
 parameter it is costed for 10% of the table, so PostgreSQL re-planned every claim: planning cost
-as much as running it (bench/README.md).
+as much as running it.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def claim(kind: AttemptKind, with_ids: bool, limit: int, others: int, fair: bool
     rows and the walk writes their LIMIT as the batch's size: every split of one batch size between
     given ids and at least one other row is then one text, which psycopg prepares once per connection and
     PostgreSQL plans once, instead of one per split, each planned afresh until its own fifth run
-    (a claim's planning cost about what running it did: bench/README.md).
+    (a claim's planning cost about what running it did).
     """
     lookup = kind is AttemptKind.LOOKUP
     # A lookup claim keeps its row's status (outcome_unknown or accepted): its attempt's claimed_from says which.

@@ -10,7 +10,7 @@ An application's own transaction may run on another driver: psycopg2 (SQLAlchemy
 ``run_sync`` hands us: producer/aio.py). There the same catalogue statements go through
 SQLAlchemy (``text()`` on the caller's session), so they are one text and one meaning on every
 driver; only a sync psycopg connection takes the raw path, which the workers' hot path and the
-submit benchmarks measure (bench/README.md).
+submit benchmarks measure.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _generic_rows(bind: Any, statement: str, params: dict[str, Any]) -> list[Any
     generic one, and a custom plan priced for the ids actually given looks cheaper than the
     generic one priced for ten whenever fewer come: the hot path's claim (~1 ms to plan, more than
     to run it), its doorbell reads and its finalize were planned on most calls in some runs, not
-    in others (bench/README.md, issue 35). Their statuses and limits are literals in the text, so
+    in others. Their statuses and limits are literals in the text, so
     the generic plans read the same partial indexes. Set, run, set back: one pipeline, one round
     trip, as the statement alone."""
     conn = _raw(bind)
@@ -123,7 +123,7 @@ class PostgresDriver:
 
     def make_engine(self, url: str, **kwargs: Any) -> Engine:
         # No pool pre-ping by default: it costs a round trip and (with psycopg) a counted
-        # transaction per checkout, doubling commits per operation (bench/README.md). A connection
+        # transaction per checkout, doubling commits per operation. A connection
         # that died in the pool fails its first use, SQLAlchemy invalidates the pool, callers retry.
         return create_engine(url, **kwargs)
 
