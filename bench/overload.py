@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.pg_cluster import StockCluster  # noqa: E402
 from bench.reconcile_soak import SoakResult, _p99, run_soak  # noqa: E402
+from tests.pg_cluster import StockCluster  # noqa: E402
 
 GOAL_WINDOW_SHARE = 0.9
 GOAL_R2 = 0.9

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.pg_cluster import StockCluster  # noqa: E402
+from tests.pg_cluster import StockCluster  # noqa: E402
 
 TOP = """
 SELECT calls, rows, total_exec_time, mean_exec_time, plans, total_plan_time,

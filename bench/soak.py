@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.pg_cluster import StockCluster  # noqa: E402
 from bench.reconcile_soak import SoakResult, rss_growth, run_soak  # noqa: E402
+from tests.pg_cluster import StockCluster  # noqa: E402
 
 GOAL_SETTLE_RATIO = 1.5
 GOAL_RSS_GROWTH = 0.10

@@ -3,7 +3,7 @@
 Every application keeps its outbox in its own database, so the way past one primary's CPU is one
 fleet draining several ledgers. This measures what that costs each database, on this machine:
 
-- two clusters initdb'd here with stock settings (bench/pg_cluster.py), a ledger database in each;
+- two clusters initdb'd here with stock settings (tests/pg_cluster.py), a ledger database in each;
 - the sandbox provider (plain path), the relay as its own process (``agent-outbox relay``: one
   relay thread per ledger) and W Celery worker processes (prefork), all with the same
   OUTBOX_DATABASE_URLS;
@@ -49,9 +49,9 @@ from sqlalchemy import text  # noqa: E402
 
 from bench.celery_workers import Workers  # noqa: E402
 from bench.cpu_split import CpuSplit  # noqa: E402
-from bench.pg_cluster import StockCluster  # noqa: E402
 from bench.pipeline_bench import ARGS, REDIS_URL, actions_doc, wait_until  # noqa: E402
 from outbox.ledger.models import OPERATIONS  # noqa: E402
+from tests.pg_cluster import StockCluster  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _TICK = os.sysconf("SC_CLK_TCK")

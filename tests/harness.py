@@ -487,7 +487,7 @@ class Pipeline:
 
 @contextmanager
 def own_pg_ledger() -> Iterator[tuple[str, Any]]:
-    """A migrated ledger on a PostgreSQL cluster of the test's own (bench/pg_cluster.py), for a test
+    """A migrated ledger on a PostgreSQL cluster of the test's own (tests/pg_cluster.py), for a test
     that stops or restarts its database: the machine's cluster serves every other test at the same
     time (the suite runs in parallel), so no test may restart it. Yields (url, cluster)."""
     import psycopg
@@ -497,7 +497,7 @@ def own_pg_ledger() -> Iterator[tuple[str, Any]]:
     from outbox.ledger.db import make_engine
 
     try:
-        from bench.pg_cluster import StockCluster
+        from tests.pg_cluster import StockCluster
 
         cluster = StockCluster()
     except SystemExit as exc:  # no initdb here

@@ -1,5 +1,5 @@
 """One ledger of two restarted mid-run (issue 35): a fleet drains ledger ``a`` (a PostgreSQL cluster
-of the test's own, bench/pg_cluster.py) and ledger ``b`` (the machine's). ``a`` is stopped in
+of the test's own, tests/pg_cluster.py) and ledger ``b`` (the machine's). ``a`` is stopped in
 immediate mode (as after a crash) with calls in flight and kept down while ``b`` takes a new burst:
 ``b``'s operations must all settle while ``a`` is down. Then ``a`` comes back and every one of its
 operations settles too: each exactly one effect at the provider, in both ledgers, no ERROR line in
