@@ -21,9 +21,9 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from outbox.actions.files import ActionsFileError, read_yaml, resolve_env
-from outbox.actions.specs import ApprovalSpec, BudgetScopeSpec, ToolSpec, irreversible_problem, scope_budgets
+from outbox.actions.specs import ApprovalSpec, BudgetScopeSpec, ToolSpec, irreversible_problem, scope_limits
 from outbox.actions.versions import version_of_raw
-from outbox.ledger.budget_scopes import ScopeBudget
+from outbox.ledger.budget_scopes import ScopeLimit
 from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, KeyRule
 
@@ -41,7 +41,7 @@ class IntentRules:
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     declared_args: dict[str, list[str] | None] = field(default_factory=dict)
     objects: dict[str, ObjectRule] = field(default_factory=dict)  # outbox/ledger/objects.py
-    budgets: dict[str, tuple[ScopeBudget, ...]] = field(default_factory=dict)  # outbox/ledger/budget_scopes.py
+    budgets: dict[str, tuple[ScopeLimit, ...]] = field(default_factory=dict)  # outbox/ledger/budget_scopes.py
     # Each action's version (outbox/actions/versions.py); None: not known here (recorded by its first send).
     versions: dict[str, str | None] = field(default_factory=dict)
 
@@ -59,7 +59,7 @@ class IntentRules:
     def object_rule(self, action: str) -> ObjectRule | None:
         return self.objects.get(action)
 
-    def budgets_of(self, action: str) -> tuple[ScopeBudget, ...]:
+    def budgets_of(self, action: str) -> tuple[ScopeLimit, ...]:
         return self.budgets.get(action, ())
 
     def phase_of(self, action: str) -> Literal["draft", "commit"] | None:
@@ -89,7 +89,7 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             )
         )
     objects: dict[str, ObjectRule] = {}
-    budgets: dict[str, tuple[ScopeBudget, ...]] = {}
+    budgets: dict[str, tuple[ScopeLimit, ...]] = {}
     keys: dict[str, KeyRule] = {}
     approvals: dict[str, ApprovalSpec] = {}
     phases: dict[str, Literal["draft", "commit"]] = {}
@@ -156,7 +156,7 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
             except ValueError as exc:
                 problems.append((f"{where}.object", str(exc)))
         own = _budget_scope(part.get("budget_scope"), f"{where}.budget_scope", problems)
-        budgets[name] = scope_budgets(name, every, own)
+        budgets[name] = scope_limits(name, every, own)
         phase = part.get("phase")
         if phase is not None and phase not in ("draft", "commit"):
             problems.append((f"{where}.phase", "must be 'draft' or 'commit' (or absent)"))

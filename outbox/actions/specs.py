@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from outbox.actions.matching import KEY_PLACEHOLDER, Match, match_problem, placeholders
-from outbox.ledger.budget_scopes import EVERY_TOOL, AmountCap, ScopeBudget
+from outbox.ledger.budget_scopes import EVERY_TOOL, AmountCap, ScopeLimit
 from outbox.ledger.objects import ObjectRule, template_fields
 from outbox.privacy.masking import top_field
 
@@ -319,8 +319,8 @@ class BudgetScopeSpec(_Strict):
             raise ValueError("declare at least one of max_calls, max_amount, max_retry_billed, deadline_s")
         return self
 
-    def budget(self, bucket: str) -> ScopeBudget:
-        return ScopeBudget(
+    def limit(self, bucket: str) -> ScopeLimit:
+        return ScopeLimit(
             bucket,
             self.max_calls,
             self.max_amount.cap() if self.max_amount is not None else None,
@@ -336,9 +336,10 @@ def every_tool_budget(value: BudgetScopeSpec | None) -> BudgetScopeSpec | None:
     return value
 
 
-def scope_budgets(action: str, every: BudgetScopeSpec | None, own: BudgetScopeSpec | None) -> tuple[ScopeBudget, ...]:
-    """An action's budgets in a scope: every tool call's (the file's top-level budget_scope), then its own."""
-    return tuple(spec.budget(bucket) for bucket, spec in ((EVERY_TOOL, every), (action, own)) if spec is not None)
+def scope_limits(action: str, every: BudgetScopeSpec | None, own: BudgetScopeSpec | None) -> tuple[ScopeLimit, ...]:
+    """The limits of an action's budgets in a scope: every tool call's (the file's top-level budget_scope),
+    then its own."""
+    return tuple(spec.limit(bucket) for bucket, spec in ((EVERY_TOOL, every), (action, own)) if spec is not None)
 
 
 class AgentRulesSpec(_Strict):

@@ -36,15 +36,15 @@ from typing import Any
 from sqlalchemy import and_, literal, select
 from sqlalchemy.orm import Session
 
-from outbox.ledger.budget_scopes import EVERY_TOOL, ScopeBudget, Standing, standing
+from outbox.ledger.budget_scopes import EVERY_TOOL, ScopeLimit, Standing, standing
 from outbox.ledger.clock import db_now
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Operation, core_table
-from outbox.ledger.scope_models import BudgetCharge, BudgetScope
+from outbox.ledger.scope_models import BudgetCharge, ScopeSpend
 from outbox.ledger.states import Status
 
 _OP = core_table(Operation)
-_BS = core_table(BudgetScope)
+_SPEND = core_table(ScopeSpend)
 _CH = core_table(BudgetCharge)
 
 
@@ -60,7 +60,7 @@ class Charged:
 class Spent:
     """A budget of the scope has no room for this retry: nothing was charged, nothing may leave."""
 
-    budget: ScopeBudget
+    budget: ScopeLimit
     standings: tuple[Standing, ...]
 
     @property
@@ -82,14 +82,14 @@ class Stale:
 STALE = Stale()
 
 
-def needs_charge(*, budget_scope: str | None, attempt_count: int, budgets: Sequence[ScopeBudget]) -> bool:
+def needs_charge(*, budget_scope: str | None, attempt_count: int, budgets: Sequence[ScopeLimit]) -> bool:
     """Whether an attempt about to leave is charged: a retry (beyond the call's first) of an
     operation in a scope whose action has budgets there."""
     return budget_scope is not None and attempt_count > 1 and bool(budgets)
 
 
 class _NoRoom(Exception):
-    def __init__(self, budget: ScopeBudget) -> None:
+    def __init__(self, budget: ScopeLimit) -> None:
         super().__init__(budget.bucket)
         self.budget = budget
 
@@ -102,7 +102,7 @@ def charge_attempt(
     operation_id: str,
     attempt_id: int,
     fencing_token: int,
-    budgets: Sequence[ScopeBudget],
+    budgets: Sequence[ScopeLimit],
 ) -> Charged | Spent | Stale:
     """Charge one retry of this claimed attempt to each of ``budgets``, in the caller's transaction
     (a savepoint: a refusal writes nothing). The module docstring says why it is safe."""
@@ -147,13 +147,13 @@ def charge_attempt(
     return Charged(_standings(session, tenant, scope, budgets))
 
 
-def _charge_one(session: Session, tenant: str, scope: str, b: ScopeBudget) -> Any:
+def _charge_one(session: Session, tenant: str, scope: str, b: ScopeLimit) -> Any:
     """One budget's retry counter + 1, if it has room (no row yet, a bucket declared after the call's
     submit: made now)."""
-    room = [_BS.c.retry_billed + 1 <= b.max_retry_billed] if b.max_retry_billed is not None else []
+    room = [_SPEND.c.retry_billed + 1 <= b.max_retry_billed] if b.max_retry_billed is not None else []
     return (
         driver_for(session)
-        .upsert(_BS)
+        .upsert(_SPEND)
         .values(
             tenant=tenant,
             scope=scope,
@@ -165,19 +165,19 @@ def _charge_one(session: Session, tenant: str, scope: str, b: ScopeBudget) -> An
             updated_at=db_now(),
         )
         .on_conflict_do_update(
-            index_elements=[_BS.c.tenant, _BS.c.scope, _BS.c.bucket],
-            set_={"retry_billed": _BS.c.retry_billed + 1, "updated_at": db_now()},
+            index_elements=[_SPEND.c.tenant, _SPEND.c.scope, _SPEND.c.bucket],
+            set_={"retry_billed": _SPEND.c.retry_billed + 1, "updated_at": db_now()},
             where=and_(*room) if room else None,
         )
-        .returning(_BS.c.retry_billed)
+        .returning(_SPEND.c.retry_billed)
     )
 
 
-def _standings(session: Session, tenant: str, scope: str, budgets: Sequence[ScopeBudget]) -> tuple[Standing, ...]:
+def _standings(session: Session, tenant: str, scope: str, budgets: Sequence[ScopeLimit]) -> tuple[Standing, ...]:
     return tuple(standing(session, tenant=tenant, scope=scope, budgets=budgets))
 
 
-def spent_budget(session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeBudget]) -> Spent | None:
+def spent_budget(session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeLimit]) -> Spent | None:
     """The budget with no room left for another retry, if any (nothing charged): the reconciler asks
     before it sends an operation back to be dispatched again."""
     standings = _standings(session, tenant, scope, budgets)

@@ -37,9 +37,9 @@ from outbox.errors import BudgetExhausted, InvalidIntent
 from outbox.ledger.clock import db_now
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import core_table
-from outbox.ledger.scope_models import BudgetScope
+from outbox.ledger.scope_models import ScopeSpend
 
-_BS = core_table(BudgetScope)
+_SPEND = core_table(ScopeSpend)
 EVERY_TOOL = "*"  # the bucket of the top-level budget_scope: every action's calls in the scope
 MICROS = Decimal(1_000_000)
 MAX_SCOPE = 255
@@ -62,8 +62,9 @@ class AmountCap:
 
 
 @dataclass(frozen=True)
-class ScopeBudget:
-    """One budget of a scope: ``bucket`` is the action's name, or ``*`` for every tool call."""
+class ScopeLimit:
+    """What one budget of a scope may spend, as the actions file declares it (``budget_scope:``):
+    ``bucket`` is the action's name, or ``*`` for every tool call. What was spent is a ScopeSpend row."""
 
     bucket: str
     max_calls: int | None = None
@@ -80,7 +81,7 @@ class ScopeBudget:
 class Standing:
     """What a scope has spent of one budget, and what is left."""
 
-    budget: ScopeBudget
+    budget: ScopeLimit
     calls: int
     amount: Decimal  # in the amount argument's unit
     retry_billed: int
@@ -155,15 +156,17 @@ def _micros(value: Decimal) -> int:
     return int(value * MICROS)
 
 
-def standing(session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeBudget]) -> list[Standing]:
+def standing(session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeLimit]) -> list[Standing]:
     """What the scope has spent of each budget (nothing charged)."""
     if not budgets:
         return []
     rows = {
         r.bucket: r
         for r in session.execute(
-            select(_BS.c.bucket, _BS.c.calls, _BS.c.amount_micros, _BS.c.retry_billed, _BS.c.opened_at).where(
-                _BS.c.tenant == tenant, _BS.c.scope == scope, _BS.c.bucket.in_([b.bucket for b in budgets])
+            select(
+                _SPEND.c.bucket, _SPEND.c.calls, _SPEND.c.amount_micros, _SPEND.c.retry_billed, _SPEND.c.opened_at
+            ).where(
+                _SPEND.c.tenant == tenant, _SPEND.c.scope == scope, _SPEND.c.bucket.in_([b.bucket for b in budgets])
             )
         )
     }
@@ -182,13 +185,13 @@ class NoRoom(Exception):
     """A budget had no room for the call (raised inside the submit's savepoint; ``refusal`` turns it
     into the caller's BudgetExhausted once the savepoint is rolled back)."""
 
-    def __init__(self, budget: ScopeBudget, why: str) -> None:
+    def __init__(self, budget: ScopeLimit, why: str) -> None:
         super().__init__(why)
         self.budget, self.why = budget, why
 
 
 def charge(
-    session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeBudget], args: Mapping[str, Any]
+    session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeLimit], args: Mapping[str, Any]
 ) -> list[Standing]:
     """Charge one new call to each budget, or raise NoRoom (the caller rolls the savepoint back and
     raises ``refusal``: submit.py). Returns what is left after the charge."""
@@ -207,19 +210,19 @@ def charge(
     return out
 
 
-def _upsert(session: Session, tenant: str, scope: str, b: ScopeBudget, micros: int) -> Any:
+def _upsert(session: Session, tenant: str, scope: str, b: ScopeLimit, micros: int) -> Any:
     room = []
     if b.max_calls is not None:
-        room.append(_BS.c.calls + 1 <= b.max_calls)
+        room.append(_SPEND.c.calls + 1 <= b.max_calls)
     if b.max_amount is not None:
-        room.append(_BS.c.amount_micros + micros <= _micros(b.max_amount.limit))
+        room.append(_SPEND.c.amount_micros + micros <= _micros(b.max_amount.limit))
     if b.max_retry_billed is not None:  # the retries charged so far (outbox/ledger/budget_charges.py)
-        room.append(_BS.c.retry_billed < b.max_retry_billed)
+        room.append(_SPEND.c.retry_billed < b.max_retry_billed)
     if b.deadline_s is not None:
-        room.append(_BS.c.opened_at > db_now(-b.deadline_s))
+        room.append(_SPEND.c.opened_at > db_now(-b.deadline_s))
     return (
         driver_for(session)
-        .upsert(_BS)
+        .upsert(_SPEND)
         .values(
             tenant=tenant,
             scope=scope,
@@ -230,15 +233,19 @@ def _upsert(session: Session, tenant: str, scope: str, b: ScopeBudget, micros: i
             updated_at=db_now(),
         )
         .on_conflict_do_update(
-            index_elements=[_BS.c.tenant, _BS.c.scope, _BS.c.bucket],
-            set_={"calls": _BS.c.calls + 1, "amount_micros": _BS.c.amount_micros + micros, "updated_at": db_now()},
+            index_elements=[_SPEND.c.tenant, _SPEND.c.scope, _SPEND.c.bucket],
+            set_={
+                "calls": _SPEND.c.calls + 1,
+                "amount_micros": _SPEND.c.amount_micros + micros,
+                "updated_at": db_now(),
+            },
             where=and_(*room) if room else None,
         )
-        .returning(_BS.c.calls, _BS.c.amount_micros, _BS.c.retry_billed, _BS.c.opened_at)
+        .returning(_SPEND.c.calls, _SPEND.c.amount_micros, _SPEND.c.retry_billed, _SPEND.c.opened_at)
     )
 
 
-def _why_full(session: Session, tenant: str, scope: str, b: ScopeBudget, amount: Decimal) -> str:
+def _why_full(session: Session, tenant: str, scope: str, b: ScopeLimit, amount: Decimal) -> str:
     (now_spent,) = standing(session, tenant=tenant, scope=scope, budgets=[b])
     if b.max_calls is not None and now_spent.calls + 1 > b.max_calls:
         return f"its {b.max_calls} calls are used"
@@ -253,7 +260,7 @@ def _why_full(session: Session, tenant: str, scope: str, b: ScopeBudget, amount:
 
 
 def refusal(
-    session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeBudget], no_room: NoRoom
+    session: Session, *, tenant: str, scope: str, budgets: Sequence[ScopeLimit], no_room: NoRoom
 ) -> BudgetExhausted:
     """What the caller hears (read after the savepoint's rollback: what is left without this call)."""
     left = standing(session, tenant=tenant, scope=scope, budgets=budgets)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from outbox.ledger.budget_scopes import ScopeBudget
+    from outbox.ledger.budget_scopes import ScopeLimit
     from outbox.ledger.objects import ObjectRule
 
 DEFAULT_TEMPLATE = "{tenant}:{idempotency_key}"
@@ -73,7 +73,7 @@ class KeyRules(Protocol):
         """The business object the action touches (outbox/ledger/objects.py); None: none declared."""
         ...
 
-    def budgets_of(self, action: str) -> tuple[ScopeBudget, ...]:
+    def budgets_of(self, action: str) -> tuple[ScopeLimit, ...]:
         """What one budget scope may spend on the action's calls (outbox/ledger/budget_scopes.py):
         the file's top-level budget_scope, then the action's own."""
         ...

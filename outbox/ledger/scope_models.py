@@ -53,9 +53,10 @@ class ObjectHold(Base):
     taken_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
-class BudgetScope(Base):
+class ScopeSpend(Base):
     """What one conversation (a budget scope) has spent of one budget: an action's, or every tool's
-    (bucket '*'). Charged at submit by one conditional upsert (outbox/ledger/budget_scopes.py)."""
+    (bucket '*'). Charged at submit by one conditional upsert against its ScopeLimit
+    (outbox/ledger/budget_scopes.py)."""
 
     __tablename__ = BUDGET_SCOPES
 

@@ -247,7 +247,7 @@ class _Rules:
     """What the actions file asks of this intent at submit beyond its row: its object, its budgets."""
 
     object_rule: objects.ObjectRule | None
-    budgets: tuple[budget_scopes.ScopeBudget, ...]
+    budgets: tuple[budget_scopes.ScopeLimit, ...]
     scope: str | None
 
     @property

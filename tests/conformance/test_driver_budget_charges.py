@@ -12,15 +12,15 @@ from typing import Any
 from sqlalchemy import insert, select
 
 from outbox.ledger.budget_charges import STALE, Charged, Spent, charge_attempt, needs_charge
-from outbox.ledger.budget_scopes import EVERY_TOOL, ScopeBudget
+from outbox.ledger.budget_scopes import EVERY_TOOL, ScopeLimit
 from outbox.ledger.clock import db_now
 from outbox.ledger.models import core_table
-from outbox.ledger.scope_models import BudgetCharge, BudgetScope
+from outbox.ledger.scope_models import BudgetCharge, ScopeSpend
 
-BS = core_table(BudgetScope)
+SPEND = core_table(ScopeSpend)
 CH = core_table(BudgetCharge)
-EVERY = ScopeBudget(EVERY_TOOL, max_calls=10, max_retry_billed=1)
-OWN = ScopeBudget("payments.refund.create", max_calls=10)
+EVERY = ScopeLimit(EVERY_TOOL, max_calls=10, max_retry_billed=1)
+OWN = ScopeLimit("payments.refund.create", max_calls=10)
 
 
 def _opened(case: Any, scope: str, *buckets: str) -> None:
@@ -28,7 +28,7 @@ def _opened(case: Any, scope: str, *buckets: str) -> None:
     with case.sessions.begin() as s:
         for bucket in buckets:
             s.execute(
-                insert(BS).values(
+                insert(SPEND).values(
                     tenant="t",
                     scope=scope,
                     bucket=bucket,
@@ -40,7 +40,7 @@ def _opened(case: Any, scope: str, *buckets: str) -> None:
             )
 
 
-def _charge(case: Any, row: Any, *, token: int | None = None, budgets: tuple[ScopeBudget, ...] = (EVERY, OWN)) -> Any:
+def _charge(case: Any, row: Any, *, token: int | None = None, budgets: tuple[ScopeLimit, ...] = (EVERY, OWN)) -> Any:
     with case.sessions.begin() as s:
         return charge_attempt(
             s,
@@ -55,7 +55,7 @@ def _charge(case: Any, row: Any, *, token: int | None = None, budgets: tuple[Sco
 
 def _billed(case: Any, scope: str) -> dict[str, int]:
     with case.sessions() as s:
-        return dict(s.execute(select(BS.c.bucket, BS.c.retry_billed).where(BS.c.scope == scope)).all())
+        return dict(s.execute(select(SPEND.c.bucket, SPEND.c.retry_billed).where(SPEND.c.scope == scope)).all())
 
 
 def _charges(case: Any) -> list[int]:
@@ -103,7 +103,7 @@ def test_a_scope_without_room_refuses_and_writes_nothing(case):
     assert "1 of 1 retries used in this conversation" in refused.why and "no further attempt" in refused.why
     assert _billed(case, "conv") == {EVERY_TOOL: 1, OWN.bucket: 1}, "the refused charge took nothing back or more"
     assert _charges(case) == [one.attempt_id]
-    none_at_all = ScopeBudget(EVERY_TOOL, max_retry_billed=0)
+    none_at_all = ScopeLimit(EVERY_TOOL, max_retry_billed=0)
     assert isinstance(_charge(case, one, budgets=(none_at_all,)), Charged), "an attempt charged before stays charged"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from outbox.actions.rules import load_intent_rules
-from outbox.ledger.scope_models import BudgetCharge, BudgetScope
+from outbox.ledger.scope_models import BudgetCharge, ScopeSpend
 from producer.agents.calls import ToolCaller
 from producer.client import Outbox
 from tests.harness import action, actions_doc, wait_for
@@ -56,7 +56,7 @@ def test_a_conversations_retries_stop_at_its_budget_counted_at_the_sandbox(pipe,
 
     assert len(_posts(sandbox)) == 6 + 2, "the submits' first attempts and the conversation's two retries, no more"
     with pipe.sessions() as s:
-        scope = s.query(BudgetScope).filter_by(scope="conv-1", bucket="*").one()
+        scope = s.query(ScopeSpend).filter_by(scope="conv-1", bucket="*").one()
         assert scope.retry_billed == 2 and s.query(BudgetCharge).count() == 2
     said = [caller.get(c.stored_id) for c in calls]
     cut = [a for a in said if "budget is spent: 2 of 2 retries used in this conversation" in a.model_message]

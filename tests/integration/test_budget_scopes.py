@@ -16,7 +16,7 @@ from sqlalchemy import update
 
 from outbox.actions.rules import load_intent_rules
 from outbox.ledger.models import Operation
-from outbox.ledger.scope_models import BudgetScope
+from outbox.ledger.scope_models import ScopeSpend
 from producer.agents.calls import ToolCaller
 from producer.client import Outbox
 from tests.harness import action, actions_doc
@@ -122,7 +122,7 @@ def test_the_conversation_wide_budget_retries_and_deadline(ledger, tmp_path):
     first = caller.call(REFUND, _refund("o-1", "1"), scope="conv")
     assert "1 of 2 calls, 1 of 1 retries left in this conversation" in first.model_message
     with ledger.sessions.begin() as s:  # the first call's two retries, charged as they left (budget_charges.py)
-        s.execute(update(BudgetScope).where(BudgetScope.scope == "conv").values(retry_billed=2))
+        s.execute(update(ScopeSpend).where(ScopeSpend.scope == "conv").values(retry_billed=2))
     spent = caller.call(REFUND, _refund("o-2", "1"), scope="conv")
     assert spent.outcome == "REFUSED" and "its 1 retries are spent" in spent.model_message
 

@@ -36,7 +36,7 @@ from outbox.ledger.models import (
     Run,
     core_table,
 )
-from outbox.ledger.scope_models import BudgetCharge, BudgetScope, ObjectHold
+from outbox.ledger.scope_models import BudgetCharge, ObjectHold, ScopeSpend
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.stop_models import SubjectStop
 from outbox.ledger.submit import submit
@@ -160,7 +160,7 @@ def test_every_stored_timestamp_moves_back_exactly_and_nothing_else_changes(ledg
             insert(ObjectHold).values(tenant="acme", object_key="order:o-17", operation_id=done, taken_at=db_now())
         )
         s.execute(
-            insert(BudgetScope).values(
+            insert(ScopeSpend).values(
                 tenant="acme",
                 scope="conv-1",
                 bucket="*",

@@ -26,7 +26,7 @@ from workers.dispatch.outcomes import (
     Succeeded,
 )
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import LookupVerdict
 from workers.wiring import call_events, event_sender
 
 OP = str(uuid.uuid4())
@@ -63,7 +63,7 @@ def claim(n: int = 1, *, kind: AttemptKind = AttemptKind.DISPATCH, status: Statu
 class Looked:
     claim: Claim
     found: LookupResult | None
-    verdict: Verdict
+    verdict: LookupVerdict
 
 
 @pytest.fixture
@@ -145,14 +145,14 @@ def test_an_unknown_outcome_settled_by_a_lookup(sent):
     call_events.lookups_claimed([look])
     call_events.looking_up(look)
     call_events.settled(
-        Looked(look, None, Verdict(Status.OUTCOME_UNKNOWN, AttemptClass.NOT_SENT, "breaker", 3.0)),
+        Looked(look, None, LookupVerdict(Status.OUTCOME_UNKNOWN, AttemptClass.NOT_SENT, "breaker", 3.0)),
         Status.OUTCOME_UNKNOWN,
     )
     lookup_task = flower_state(sent).tasks[call_events.lookup_uuid(OP, 1)]
     assert lookup_task.state == "RETRY" and "3.000s" in lookup_task.exception  # it looks again later
     call_events.lookups_claimed([look])
     call_events.looking_up(look)
-    call_events.settled(Looked(look, found, Verdict(Status.SUCCEEDED, AttemptClass.SUCCEEDED, "found", reference="re_9")), Status.SUCCEEDED)  # fmt: skip
+    call_events.settled(Looked(look, found, LookupVerdict(Status.SUCCEEDED, AttemptClass.SUCCEEDED, "found", reference="re_9")), Status.SUCCEEDED)  # fmt: skip
 
     state = flower_state(sent)
     op, lookup = state.tasks[OP], state.tasks[call_events.lookup_uuid(OP, 1)]
@@ -165,10 +165,10 @@ def test_an_unknown_outcome_settled_by_a_lookup(sent):
 
 def test_a_handoff_and_a_redispatch_after_a_lookup(sent):
     look = claim(1, kind=AttemptKind.LOOKUP, status=Status.OUTCOME_UNKNOWN)
-    absent = Verdict(Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, "not found: never executed")
+    absent = LookupVerdict(Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, "not found: never executed")
     call_events.settled(Looked(look, None, absent), Status.NOT_DISPATCHED)
     assert flower_state(sent).tasks[OP].state == "RETRY"
-    person = Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, "no lookup declared")
+    person = LookupVerdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, "no lookup declared")
     call_events.settled(Looked(look, None, person), Status.RECONCILIATION_REQUIRED)
     state = flower_state(sent)
     assert state.tasks[OP].state == state.tasks[call_events.lookup_uuid(OP, 1)].state == "RECONCILIATION_REQUIRED"

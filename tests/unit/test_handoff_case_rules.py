@@ -30,7 +30,7 @@ from outbox.ledger.states import (
 )
 from workers.provider.actions import parse_actions
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import DispatchAttempt, Verdict, with_recheck
+from workers.reconcile.judge import DispatchAttempt, LookupVerdict, with_recheck
 from workers.reconcile.lookup import Asked
 from workers.reconcile.rechecks import judge_recheck
 from workers.sandbox.scenario import action, actions_doc
@@ -160,16 +160,16 @@ def test_rechecks_stop_when_looking_again_cannot_help():
 
 def test_only_handoffs_a_providers_answer_could_settle_are_rechecked():
     act = _actions().actions["refund"]
-    lookup_down = Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, "budget spent")
+    lookup_down = LookupVerdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, "budget spent")
     assert with_recheck(lookup_down, act, TERMS).recheck == plan(TERMS, 86400)
     for why in (WaitingFor.CREDENTIALS, WaitingFor.DECISION, WaitingFor.REQUEST):
-        person = Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT, "x", waiting_for=why)
+        person = LookupVerdict(Status.RECONCILIATION_REQUIRED, AttemptClass.NOT_SENT, "x", waiting_for=why)
         assert with_recheck(person, act, TERMS).recheck is None, why
-    two = Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, "x", candidates=("a", "b"))
+    two = LookupVerdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, "x", candidates=("a", "b"))
     assert with_recheck(two, act, TERMS).recheck is None
     no_lookup = _actions(lookup=None).actions["refund"]
     assert with_recheck(lookup_down, no_lookup, TERMS).recheck is None
-    settled = Verdict(Status.SUCCEEDED, AttemptClass.SUCCEEDED, "found")
+    settled = LookupVerdict(Status.SUCCEEDED, AttemptClass.SUCCEEDED, "found")
     assert with_recheck(settled, act, TERMS).recheck is None
 
 

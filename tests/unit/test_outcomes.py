@@ -26,7 +26,7 @@ from workers.dispatch.outcomes import (
 from workers.provider.actions import parse_actions
 from workers.provider.classify import Classification
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import MAX_LOOKUPS, DispatchAttempt, Verdict, after_not_found, judge
+from workers.reconcile.judge import MAX_LOOKUPS, DispatchAttempt, LookupVerdict, after_not_found, judge
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DOC = {
@@ -233,7 +233,7 @@ def test_not_found_after_the_provider_forgot_the_key_is_no_proof():
     assert after.to is Status.RECONCILIATION_REQUIRED and "retention_s" in after.reason and "a person" in after.reason
 
 
-NOT_FOUND = Verdict(Status.NOT_DISPATCHED, A.NOT_SENT, "authoritative not found after settle_s=5s")
+NOT_FOUND = LookupVerdict(Status.NOT_DISPATCHED, A.NOT_SENT, "authoritative not found after settle_s=5s")
 
 
 def attempts(*classes: A) -> list[DispatchAttempt]:

@@ -126,9 +126,9 @@ class Ask:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """A limiter's answer. ``go``: the call may leave after ``wait_s`` (its turn is reserved: it
-    sleeps, then sends without asking again). Otherwise ``limit`` says what held it, and ``wait_s``
+class PaceDecision:
+    """A limiter's answer to one call asking to go. ``go``: the call may leave after ``wait_s`` (its
+    turn is reserved: it sleeps, then sends without asking again). Otherwise ``limit`` says what held it, and ``wait_s``
     how long until it could go (a rate) or until the earliest slot's lease ends (a bound: concurrency).
     ``scope``: the rate that set the wait, if one did. ``live``: processes seen sharing the limits
     (Redis only)."""

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from workers.pacing.limits import Ask, Verdict
+from workers.pacing.limits import Ask, PaceDecision
 
 
 class LocalPacing:
@@ -25,7 +25,7 @@ class LocalPacing:
         self._slots: dict[str, dict[str, float]] = {}  # target -> holder -> lease end
         self._not_before = float("-inf")  # no rate gives a turn before this (see forget)
 
-    def acquire(self, ask: Ask) -> Verdict:
+    def acquire(self, ask: Ask) -> PaceDecision:
         """As RedisPacing.acquire, for this process alone (``ask`` already holds its share)."""
         with self._lock:
             now = self._clock()
@@ -43,18 +43,18 @@ class LocalPacing:
                 key = (ask.target, held_by.key)
                 back = max(self._queue.get(key, now) + held_by.rate.interval_s, now + wait)
                 self._queue[key] = back
-                return Verdict(False, max(back - now, wait), "rate", held_by)
+                return PaceDecision(False, max(back - now, wait), "rate", held_by)
             if ask.slots is not None:
                 holders = self._slots.setdefault(ask.target, {})
                 for holder in [h for h, until in holders.items() if until <= now]:
                     del holders[holder]
                 if len(holders) >= ask.slots:
-                    return Verdict(False, max(0.0, min(holders.values()) - now), "concurrency")
+                    return PaceDecision(False, max(0.0, min(holders.values()) - now), "concurrency")
                 holders[ask.holder] = now + wait + ask.slot_lease_s
             send = now + wait
             for scope, tat in zip(ask.scopes, tats):
                 self._tats[(ask.target, scope.key)] = max(tat, send) + scope.rate.interval_s
-            return Verdict(True, wait, scope=held_by)
+            return PaceDecision(True, wait, scope=held_by)
 
     def release(self, target: str, holder: str) -> None:
         with self._lock:

@@ -50,7 +50,7 @@ from typing import Literal
 from redis.exceptions import RedisError
 
 from breaker.registry import connect
-from workers.pacing.limits import Ask, LimitKind, TargetLimits, Verdict
+from workers.pacing.limits import Ask, LimitKind, PaceDecision, TargetLimits
 from workers.pacing.local import LocalPacing
 from workers.pacing.shared import Reading, RedisPacing
 from workers.relay.outage import OutageReport
@@ -151,23 +151,23 @@ class Pacer:
         polled = False  # waited for a free slot
         while True:
             left = max(0.0, budget - (self._clock() - start))
-            verdict, storage, pause_s = self._ask(limits, tenant, holder or "", left)
-            if verdict.go:
-                if verdict.wait_s > 0:
-                    self._sleep(verdict.wait_s)
+            decision, storage, pause_s = self._ask(limits, tenant, holder or "", left)
+            if decision.go:
+                if decision.wait_s > 0:
+                    self._sleep(decision.wait_s)
                 waited = self._clock() - start
                 held: tuple[LimitKind, str] | None = None
-                if verdict.scope is not None and verdict.wait_s > 0:
-                    held = ("rate", _rate_why(verdict.scope.why(), pause_s))
+                if decision.scope is not None and decision.wait_s > 0:
+                    held = ("rate", _rate_why(decision.scope.why(), pause_s))
                 elif polled:
                     held = ("concurrency", limits.concurrency_why())
                 if held is not None:
                     metrics.record_limit_wait(target, held[0], waited)
                 return Cleared(target, holder, storage, waited if held else 0.0, held[1] if held else None)
-            if verdict.limit == "rate":
-                assert verdict.scope is not None
-                wait = verdict.wait_s * (1 + RATE_RETRY_JITTER * self._rng())
-                return Deferred(target, "rate", wait, _rate_why(verdict.scope.why(), pause_s))
+            if decision.limit == "rate":
+                assert decision.scope is not None
+                wait = decision.wait_s * (1 + RATE_RETRY_JITTER * self._rng())
+                return Deferred(target, "rate", wait, _rate_why(decision.scope.why(), pause_s))
             if self._clock() - start + SLOT_POLL_S > budget:
                 return Deferred(target, "concurrency", SLOTS_RETRY_S * (1 + self._rng()), limits.concurrency_why())
             self._sleep(SLOT_POLL_S)
@@ -207,8 +207,8 @@ class Pacer:
     # -- internals ---------------------------------------------------------------------------
     def _ask(
         self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float
-    ) -> tuple[Verdict, Literal["redis", "local"], float]:
-        """The verdict, where it was asked, and the pause after Redis came back still ahead then."""
+    ) -> tuple[PaceDecision, Literal["redis", "local"], float]:
+        """The decision, where it was asked, and the pause after Redis came back still ahead then."""
         if self._shared is not None and self._use_shared():
             try:
                 # Coming back (or just back): the local turns handed out go first, this process's and
@@ -216,13 +216,13 @@ class Pacer:
                 back_at = self._clock() if self._degraded else self._back_at
                 ask = self._asking(limits, tenant, holder, max_wait_s, 1)
                 ask = replace(ask, not_before_s=max(0.0, back_at + self._return_hold_s - self._clock()))
-                verdict = self._shared.acquire(ask)
+                decision = self._shared.acquire(ask)
             except _STORAGE_ERRORS as exc:
                 self._enter_degraded(exc)
             else:
-                self._seen_live = verdict.live or self._seen_live
+                self._seen_live = decision.live or self._seen_live
                 self._leave_degraded()
-                return verdict, "redis", ask.not_before_s
+                return decision, "redis", ask.not_before_s
         return self._local.acquire(self._asking(limits, tenant, holder, max_wait_s, self._share())), "local", 0.0
 
     def _asking(self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float, share: int) -> Ask:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import redis
 
-from workers.pacing.limits import Ask, Verdict
+from workers.pacing.limits import Ask, PaceDecision
 
 KEY_PREFIX = "agent-outbox:pacing"
 
@@ -144,7 +144,7 @@ class RedisPacing:
     def key(self, target: str, name: str) -> str:
         return f"{self._base}:{target}:{name}"
 
-    def acquire(self, ask: Ask) -> Verdict:
+    def acquire(self, ask: Ask) -> PaceDecision:
         keys = [f"{self._base}:processes", self.key(ask.target, "admitted"), self.key(ask.target, "slots")]
         args: list[str | int] = [
             self._process_id,
@@ -162,10 +162,10 @@ class RedisPacing:
         wait_s, live = int(wait_us) / 1_000_000, int(live)
         held_by = ask.scopes[int(which) - 1] if int(which) > 0 else None
         if code == 0:
-            return Verdict(True, wait_s, scope=held_by, live=live)
+            return PaceDecision(True, wait_s, scope=held_by, live=live)
         if code == 1:
-            return Verdict(False, wait_s, "rate", held_by, live=live)
-        return Verdict(False, wait_s, "concurrency", live=live)
+            return PaceDecision(False, wait_s, "rate", held_by, live=live)
+        return PaceDecision(False, wait_s, "concurrency", live=live)
 
     def release(self, target: str, holder: str) -> None:
         self._redis.zrem(self.key(target, "slots"), holder)

@@ -26,11 +26,11 @@ from outbox.actions.specs import (
     _Strict,
     every_tool_budget,
     irreversible_problem,
-    scope_budgets,
+    scope_limits,
 )
 from outbox.actions.versions import action_version
 from outbox.errors import ConfigError
-from outbox.ledger.budget_scopes import ScopeBudget
+from outbox.ledger.budget_scopes import ScopeLimit
 from outbox.ledger.objects import ObjectRule
 from outbox.ledger.provider_keys import KeyRule
 from outbox.privacy.masking import top_field
@@ -85,9 +85,9 @@ class ActionsConfig(_Strict):
         cfg = self.actions.get(action)
         return cfg.object_rule if cfg is not None else None
 
-    def budgets_of(self, action: str) -> tuple[ScopeBudget, ...]:
+    def budgets_of(self, action: str) -> tuple[ScopeLimit, ...]:
         cfg = self.actions.get(action)
-        return scope_budgets(action, self.budget_scope, cfg.budget_scope if cfg is not None else None)
+        return scope_limits(action, self.budget_scope, cfg.budget_scope if cfg is not None else None)
 
     def is_irreversible(self, action: str) -> bool:
         return action in self.actions and self.actions[action].irreversible

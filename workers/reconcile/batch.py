@@ -27,7 +27,7 @@ from outbox.ledger.states import AttemptClass, Status
 from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.reconcile.in_flight import LookupsInFlight
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked, breaker_open
 from workers.reconcile.stored_events import answered_by_events
 from workers.reconcile.verdicts import late
@@ -47,7 +47,7 @@ class Reconciler:
     lease_s: float
     room_wait_s: float
 
-    def reconcile_one(self, operation_id: str, *, rng: random.Random | None = None) -> Verdict | None:
+    def reconcile_one(self, operation_id: str, *, rng: random.Random | None = None) -> LookupVerdict | None:
         """One operation's reconcile doorbell (None: settled by a late success, or nothing to claim)."""
         return self.reconcile([operation_id], rng=rng).get(operation_id)
 
@@ -58,7 +58,7 @@ class Reconciler:
         rng: random.Random | None = None,
         fill_to: int = 0,
         wait: bool = True,
-    ) -> dict[str, Verdict]:
+    ) -> dict[str, LookupVerdict]:
         """A reconcile doorbell's ids: late successes first, then a claim, a lookup each on the
         process's lookup threads (in_flight.py: overlapped, so a process looks up as many
         operations at once as its room holds), and one transaction that settles whatever has
@@ -153,7 +153,7 @@ def _ask_breakers_once(actions: ActionsConfig, admissions: Admissions, claims: S
             by_target.setdefault(action.target, []).append((claim, action))
             continue
         answered.append(
-            Asked(claim, action, early=Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, why))
+            Asked(claim, action, early=LookupVerdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, why))
         )
     decisions = admissions.share(by_target)
     for target, group in by_target.items():

@@ -41,7 +41,7 @@ from workers.dispatch.fan_out import Downstream
 from workers.dispatch.finalize import Recorder
 from workers.dispatch.in_flight import HANDOFF_S, WATCH_EVERY_S
 from workers.dispatch.room import Room
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked, LookupBudget, ask
 from workers.reconcile.rechecks import settle_rechecks
 from workers.reconcile.verdicts import settle_answers
@@ -65,8 +65,8 @@ class _DoorbellLookups:
     admissions: Admissions
     rng: random.Random
     waiting: int
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
-    done: Future[dict[str, Verdict]] = field(default_factory=Future)
+    verdicts: dict[str, LookupVerdict] = field(default_factory=dict)
+    done: Future[dict[str, LookupVerdict]] = field(default_factory=Future)
 
 
 @dataclass(eq=False)  # a job is itself: held in a set while it runs
@@ -112,7 +112,7 @@ class LookupsInFlight:
     # -- lookups ----------------------------------------------------------------------------
     def start(
         self, claims: Sequence[Claim], admissions: Admissions, rng: random.Random, settled: Sequence[Asked] = ()
-    ) -> Future[dict[str, Verdict]]:
+    ) -> Future[dict[str, LookupVerdict]]:
         """Look each claim up (already reserved); ``settled``: claims answered without a lookup
         (breaker open, no lookup declared). The future holds the verdicts once all are settled."""
         call_events.lookups_claimed([*claims, *(a.claim for a in settled)])
@@ -207,7 +207,7 @@ class LookupsInFlight:
 
     def _settle(self, arrived: list[tuple[_DoorbellLookups, list[Asked]]]) -> None:
         items = [(batch, asked) for batch, answers in arrived for asked in answers]
-        verdicts: dict[str, Verdict] = {}
+        verdicts: dict[str, LookupVerdict] = {}
         ids = [a.claim.operation_id for _, a in items]
         try:
             # A handoff's re-checks are judged and settled by their own rules (rechecks.py).

@@ -41,9 +41,9 @@ RECHECK_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The judge's verdict on one lookup (or on an operation not looked up): the status the
-    operation moves to, what the lookup row records, and when to look again if it stays."""
+class LookupVerdict:
+    """What one lookup's answer proves for an operation (or the judgement on one not looked up): the
+    status the operation moves to, what the lookup row records, and when to look again if it stays."""
 
     to: Status
     klass: AttemptClass
@@ -79,7 +79,7 @@ def judge(
     first_sent: datetime | None = None,
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
-) -> Verdict:
+) -> LookupVerdict:
     """Pure: what a lookup answer proves for this operation.
 
     ``max_lookups`` / ``max_delay_s``: the reconciler's budget (Settings.reconcile_max_lookups,
@@ -91,14 +91,14 @@ def judge(
     assert spec is not None
     if found.outcome == "found":
         if found.state == "succeeded":
-            return Verdict(
+            return LookupVerdict(
                 Status.SUCCEEDED,
                 AttemptClass.SUCCEEDED,
                 "reconciled: found at the provider",
                 reference=found.provider_reference,
             )
         if found.state == "failed":
-            return Verdict(
+            return LookupVerdict(
                 Status.FAILED_AT_PROVIDER,
                 AttemptClass.REJECTED,
                 "reconciled: the provider took it and holds it as failed/cancelled",
@@ -117,7 +117,7 @@ def judge(
     if found.outcome == "ambiguous":
         # Two objects that both pass lookup.match: adopting either could call someone else's effect
         # ours, and looking again finds the same two. A person picks (both references in the packet).
-        return Verdict(
+        return LookupVerdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.AMBIGUOUS,
             f"{len(found.candidates)} objects at the provider match this intent ({', '.join(found.candidates)}): "
@@ -159,7 +159,7 @@ def judge(
         settled_at = (last_activity or now) + timedelta(seconds=spec.settle_s)
         if now < settled_at:
             wait_s = (settled_at - now).total_seconds()
-            return Verdict(
+            return LookupVerdict(
                 claim.status,
                 AttemptClass.AMBIGUOUS,
                 f"not found yet, inside the settle window: re-check in {wait_s:.1f}s",
@@ -167,8 +167,8 @@ def judge(
             )
         forgotten = _key_forgotten(action, first_sent, now)
         if forgotten:
-            return Verdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, forgotten)
-        return Verdict(
+            return LookupVerdict(Status.RECONCILIATION_REQUIRED, AttemptClass.AMBIGUOUS, forgotten)
+        return LookupVerdict(
             Status.NOT_DISPATCHED, AttemptClass.NOT_SENT, f"authoritative not found after settle_s={spec.settle_s:g}s"
         )
     return recheck(claim, f"lookup unavailable: {found.reason}", rng, max_lookups=max_lookups, max_delay_s=max_delay_s)
@@ -199,17 +199,17 @@ def recheck(
     to: Status | None = None,
     klass: AttemptClass = AttemptClass.AMBIGUOUS,
     reference: str | None = None,
-) -> Verdict:
+) -> LookupVerdict:
     """Look again later (backoff), staying where it is (``to``: accepted once the provider says
     pending), or, with the reconciler's budget spent, a person decides."""
     if claim.attempt_number >= max_lookups:
-        return Verdict(
+        return LookupVerdict(
             Status.RECONCILIATION_REQUIRED,
             klass,
             f"{reason}; reconciler budget spent ({max_lookups} lookups): a person must decide",
             reference=reference,
         )
-    return Verdict(
+    return LookupVerdict(
         to or claim.status,
         klass,
         reason,
@@ -255,7 +255,7 @@ def dispatch_window(
 def after_not_found(
     claim: Claim,
     action: ActionConfig,
-    verdict: Verdict,
+    verdict: LookupVerdict,
     attempts: list[DispatchAttempt],
     *,
     now: datetime,
@@ -263,7 +263,7 @@ def after_not_found(
     max_lookups: int = MAX_LOOKUPS,
     max_delay_s: float = RECHECK_MAX_S,
     scope_spent: str | None = None,
-) -> Verdict:
+) -> LookupVerdict:
     """Pure: the provider has no record of the key. Send again with the same key, or end it?
 
     ``scope_spent``: why its conversation's budget has no retry left (outbox/ledger/budget_charges.py),
@@ -293,7 +293,7 @@ def after_not_found(
     )
     if conflict is not None:
         # The provider said it holds another request under this key; its absence here contradicts that.
-        return Verdict(
+        return LookupVerdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,
             f"{verdict.reason}; but the provider answered attempt {conflict.number} that it holds another request "
@@ -324,7 +324,7 @@ def after_not_found(
             verdict, reason=f"{verdict.reason}{fence_note}: re-dispatch with the same key", cannot_land=fenced
         )
     if last is not None and last.klass is AttemptClass.PENDING and claim.attempt_count >= budget.max_attempts:
-        return Verdict(
+        return LookupVerdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,
             f"{verdict.reason}; but the attempts are used up ({claim.attempt_count}/{budget.max_attempts}) and the "
@@ -353,7 +353,7 @@ def after_not_found(
                 max_lookups=max_lookups,
                 max_delay_s=max_delay_s,
             )
-        return Verdict(
+        return LookupVerdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,
             f"{verdict.reason}, and it must end ({ending}); but {which} may still take effect: a paused "
@@ -367,17 +367,17 @@ def after_not_found(
         else ("no earlier attempt can still take effect")
     )
     if to is Status.FAILED_BEFORE_COMMIT and action.on_final_failure == "handoff":
-        return Verdict(
+        return LookupVerdict(
             Status.RECONCILIATION_REQUIRED,
             AttemptClass.NOT_SENT,
             f"{verdict.reason}; {ending}; {why}: nothing was executed, and the action hands a final failure to a "
             "person (on_final_failure: handoff) instead of failing it",
             waiting_for=WaitingFor.DECISION,
         )
-    return Verdict(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
+    return LookupVerdict(to, AttemptClass.NOT_SENT, f"{verdict.reason}; {ending}; {why}")
 
 
-def with_recheck(verdict: Verdict, action: ActionConfig | None, terms: RecheckTerms) -> Verdict:
+def with_recheck(verdict: LookupVerdict, action: ActionConfig | None, terms: RecheckTerms) -> LookupVerdict:
     """A handoff the provider's answer could settle keeps being looked up: one whose action has a
     lookup, handed over because the lookups could not settle it (the lookup down or lagging, an
     ambiguous attempt, still pending, an earlier attempt that may still land). Not one that asks the

@@ -20,7 +20,7 @@ from workers.dispatch.fan_out import Downstream
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult, verify_found
-from workers.reconcile.judge import Verdict, with_recheck
+from workers.reconcile.judge import LookupVerdict, with_recheck
 from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class LookupBudget:
     # How its handoffs are looked up again once the budget is spent (OUTBOX_HANDOFF_RECHECK_*).
     rechecks: RecheckTerms = RecheckTerms()
 
-    def with_recheck(self, verdict: Verdict, action: ActionConfig | None) -> Verdict:
+    def with_recheck(self, verdict: LookupVerdict, action: ActionConfig | None) -> LookupVerdict:
         """``verdict``, with its handoff's re-checks when the provider's answer could settle it
         (judge.with_recheck; workers/reconcile/rechecks.py)."""
         return with_recheck(verdict, action, self.rechecks)
@@ -51,7 +51,7 @@ class Asked:
     claim: Claim
     action: ActionConfig | None
     found: LookupResult | None = None
-    early: Verdict | None = None
+    early: LookupVerdict | None = None
     waited: str | None = None  # a declared limit it waited for before it was sent
     # The lookup was cut part-way (why): it may have reached the provider, so it counts against the
     # reconciler's budget; judged with the lookups that were sent (verdicts.settle_answers).
@@ -60,10 +60,10 @@ class Asked:
     events: tuple[int, ...] = ()
 
 
-def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
+def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> LookupVerdict:
     """Not asked: the target's breaker is open; look again when it may close (staying where it is).
     Recorded not_sent: a lookup never asked is no lookup of the reconciler's budget (NOT_ASKED)."""
-    return Verdict(
+    return LookupVerdict(
         claim.status,
         AttemptClass.NOT_SENT,
         f"breaker for {action.target} open: lookup later",
@@ -71,11 +71,13 @@ def breaker_open(claim: Claim, action: ActionConfig, decision: Open) -> Verdict:
     )
 
 
-def limit_wait(claim: Claim, deferred: Deferred) -> Verdict:
+def limit_wait(claim: Claim, deferred: Deferred) -> LookupVerdict:
     """Not asked: a limit the target declares had no room (lookups hit the same API as the calls, so
     they count against the same limits); look again when there is room (staying where it is).
     Recorded not_sent, like breaker_open."""
-    return Verdict(claim.status, AttemptClass.NOT_SENT, f"{deferred.why}: lookup later", recheck_in_s=deferred.wait_s)
+    return LookupVerdict(
+        claim.status, AttemptClass.NOT_SENT, f"{deferred.why}: lookup later", recheck_in_s=deferred.wait_s
+    )
 
 
 def ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:

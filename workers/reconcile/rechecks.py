@@ -30,7 +30,7 @@ from outbox.evidence import rechecks
 from outbox.ledger.states import AttemptClass, Status
 from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
-from workers.reconcile.judge import DispatchAttempt, Verdict, dispatch_window
+from workers.reconcile.judge import DispatchAttempt, LookupVerdict, dispatch_window
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.reconcile.verdicts import Looked, dispatch_attempts, late
 from workers.wiring import call_events, metrics
@@ -124,14 +124,14 @@ def judge_recheck(
 
 def settle_rechecks(
     rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
-) -> dict[str, Verdict]:
+) -> dict[str, LookupVerdict]:
     """Judge and settle re-checks, each in its own transaction (they are few: hours apart)."""
     not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]
     attempts = {}
     if not_found:
         with rec.sessions() as session:
             attempts = dispatch_attempts(session, not_found)
-    out: dict[str, Verdict] = {}
+    out: dict[str, LookupVerdict] = {}
     for rng, asked in items:
         claim = asked.claim
         action = rec.actions.actions.get(claim.action)
@@ -140,7 +140,7 @@ def settle_rechecks(
             target = rec.actions.target_of(action)
             timeout_s = target.timeout_s + target.connect_timeout_s
         judged = judge_recheck(asked, action, attempts.get(claim.operation_id, []), call_timeout_s=timeout_s)
-        verdict = Verdict(judged.to or RR, judged.klass, judged.reason, reference=judged.reference)
+        verdict = LookupVerdict(judged.to or RR, judged.klass, judged.reason, reference=judged.reference)
         looked = Looked(claim, asked.found, verdict, action, asked.waited)
         report = looked.report()
         fields = claim.log_fields()

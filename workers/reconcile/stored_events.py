@@ -23,7 +23,7 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass, Status
 from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked
 
 
@@ -57,6 +57,6 @@ def answered_by_events(rec: Recorder, claims: Sequence[Claim]) -> list[Asked]:
             f"webhook {first.event_type} ({first.event_id}) from {first.target}, kept at "
             f"{first.received_at:%Y-%m-%dT%H:%M:%S} before its operation could take it, confirmed it"
         )
-        verdict = Verdict(Status.SUCCEEDED, AttemptClass.SUCCEEDED, reason, reference=first.reference)
+        verdict = LookupVerdict(Status.SUCCEEDED, AttemptClass.SUCCEEDED, reason, reference=first.reference)
         answered.append(Asked(claim, action, early=verdict, events=tuple(e.row_id for e in ours)))
     return answered

@@ -34,7 +34,7 @@ from workers.dispatch.finalize import Recorder
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
 from workers.reconcile.handoff_packet import build_packet
-from workers.reconcile.judge import DispatchAttempt, Verdict, after_not_found, dispatch_window, judge, recheck
+from workers.reconcile.judge import DispatchAttempt, LookupVerdict, after_not_found, dispatch_window, judge, recheck
 from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
 from workers.wiring import call_events, metrics
@@ -52,7 +52,7 @@ class Looked:
 
     claim: Claim
     found: LookupResult | None
-    verdict: Verdict
+    verdict: LookupVerdict
     action: ActionConfig | None = None
     waited: str | None = None  # a declared limit the lookup waited for (its event says so)
     events: tuple[int, ...] = ()  # webhook events that answered it instead (stored_events.py): marked its own
@@ -112,7 +112,7 @@ def _mark_events(session: Session, item: Looked, to: Status) -> None:
         mark_applied(session, item.events, operation_id=item.claim.operation_id, tenant=item.claim.tenant, moved_to=to)
 
 
-def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
+def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, LookupVerdict]:
     """Settle a doorbell's lookups in ONE transaction: one commit (and WAL flush) per batch, and the
     common settlements (found done, send again, look again later) as one statement each, pipelined
     in one round trip like a worker's finalize (settlement.settle_many_if_fenced). One refused
@@ -191,7 +191,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, Verdict]:
     return {item.claim.operation_id: item.verdict for item in looked}
 
 
-def _settle(rec: Recorder, item: Looked) -> Verdict:
+def _settle(rec: Recorder, item: Looked) -> LookupVerdict:
     """One operation alone (a separate evidence database: its write comes before the success)."""
     claim, verdict = item.claim, item.verdict
     report = item.report()
@@ -257,7 +257,7 @@ def _log_settled(item: Looked, applied: Status) -> None:
 
 def settle_answers(
     rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
-) -> dict[str, Verdict]:
+) -> dict[str, LookupVerdict]:
     """Judge what the provider answered (one read of the dispatch attempts for every "not found")
     and settle it all in one transaction (settle_all).
 

@@ -56,7 +56,7 @@ from outbox.ledger.states import Status
 from outbox.privacy.masking import Redactor
 from workers.dispatch.outcomes import AttemptOutcome, RetryAt, Succeeded
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import Verdict
+from workers.reconcile.judge import LookupVerdict
 from workers.wiring import event_sender
 
 PREFIX = "outbox."
@@ -96,7 +96,7 @@ class Settled(Protocol):
     @property
     def found(self) -> LookupResult | None: ...
     @property
-    def verdict(self) -> Verdict: ...
+    def verdict(self) -> LookupVerdict: ...
 
 
 # -- dispatch -----------------------------------------------------------------------------------
