@@ -336,8 +336,14 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the request's streams, place and environment, and run the module."""
     import runpy
 
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+    # The signals as a new interpreter has them: SIGPIPE and SIGXFSZ ignored (a write to a closed
+    # socket raises instead of killing the process: a worker killed by SIGPIPE when Redis restarted
+    # was how this was learnt), SIGINT raising KeyboardInterrupt, the rest (SIGCHLD: the server's
+    # reaper) at their defaults.
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     os.setpgid(0, 0)
