@@ -18,17 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.loads.procs import _children, _rss_kib  # noqa: E402
+
 FAST_FLAGS = ["--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"]
-
-
-def _rss_kib(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _smaps_kib(pid: int, field: str) -> int | None:
@@ -44,13 +39,6 @@ def _smaps_kib(pid: int, field: str) -> int | None:
     if field == "Uss":
         return rows.get("Private_Clean", 0) + rows.get("Private_Dirty", 0)
     return rows.get(field)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 @dataclass

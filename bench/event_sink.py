@@ -1,7 +1,7 @@
 """Flower's stand-in for benchmarks: a process that takes in every Celery event of the outbox's
 broker, as Flower's event receiver does (its own queue bound to the event exchange), and counts
 them by type. With it, a worker's task events are delivered to a consumer, as where Flower runs,
-not published to an exchange nobody listens to; its own CPU is counted apart (bench/cpu_split.py).
+not published to an exchange nobody listens to; its own CPU is counted apart (tests/loads/cpu_split.py).
 
     python -m bench.event_sink <ready-file> <counts-file>     # OUTBOX_* from the environment; SIGTERM ends it
 """

@@ -140,7 +140,7 @@ def statuses(db_url: str) -> dict[str, str]:
 
 
 # The provider's answer lost or garbled after it committed (the cases an outbox exists for), plus
-# refusals before commit; probabilities per request, as in bench/liveness.py's mix.
+# refusals before commit; probabilities per request, as in tests/loads/liveness.py's mix.
 FAULT_MIX: list[dict[str, Any]] = [
     {"mode": "commit_then_drop", "method": "POST", "probability": 0.10},
     {"mode": "commit_then_504", "method": "POST", "probability": 0.08},

@@ -2,7 +2,7 @@
 
 Issue 35's goal: settled throughput holds at capacity instead of swinging. Two runs on one
 PostgreSQL cluster (by default one ``initdb``'d here with stock settings, as ``bench.soak``), the same
-fleet and fault mix as the soak (``bench/reconcile_soak.py``'s ``run_soak``: two dispatch workers
+fleet and fault mix as the soak (``tests/loads/reconcile_soak.py``'s ``run_soak``: two dispatch workers
 prefork -c 2, one reconciler, the provider's first-request mix, lookups ``--lookup-latency-ms`` slow):
 
 1. **capacity**: ``--capacity-ops`` intents submitted at once, then drained; capacity is the
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.reconcile_soak import SoakResult, _p99, run_soak  # noqa: E402
+from tests.loads.reconcile_soak import SoakResult, _p99, run_soak  # noqa: E402
 from tests.pg_cluster import StockCluster  # noqa: E402
 
 GOAL_WINDOW_SHARE = 0.9

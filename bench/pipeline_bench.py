@@ -43,9 +43,9 @@ import yaml
 from sqlalchemy import text
 
 from bench.celery_workers import Workers
-from bench.cpu_split import CpuSplit
 from bench.scratch_database import ScratchDatabase
 from outbox.ledger.models import OPERATIONS
+from tests.loads.cpu_split import CpuSplit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

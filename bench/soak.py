@@ -15,7 +15,7 @@ ledger's), and what ``purge`` (arguments
 and provider responses of finished operations) brings back, after a plain VACUUM (space PostgreSQL
 reuses) and after VACUUM FULL (the files' own size).
 
-The load itself is ``bench/reconcile_soak.py``'s (its ``run_soak``): intents at ``--rate`` per
+The load itself is ``tests/loads/reconcile_soak.py``'s (its ``run_soak``): intents at ``--rate`` per
 second from one submitter, the provider's first-request fault mix (resets, 504s, stalls and
 truncated bodies after commit, 503/429, 500), lookups ``--lookup-latency-ms`` slow, two dispatch
 workers (prefork -c 2), one reconciler, a private Redis.
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.reconcile_soak import SoakResult, rss_growth, run_soak  # noqa: E402
+from tests.loads.reconcile_soak import SoakResult, rss_growth, run_soak  # noqa: E402
 from tests.pg_cluster import StockCluster  # noqa: E402
 
 GOAL_SETTLE_RATIO = 1.5

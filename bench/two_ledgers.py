@@ -48,9 +48,9 @@ import yaml  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from bench.celery_workers import Workers  # noqa: E402
-from bench.cpu_split import CpuSplit  # noqa: E402
 from bench.pipeline_bench import ARGS, REDIS_URL, actions_doc, wait_until  # noqa: E402
 from outbox.ledger.models import OPERATIONS  # noqa: E402
+from tests.loads.cpu_split import CpuSplit  # noqa: E402
 from tests.pg_cluster import StockCluster  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -6,7 +6,7 @@ succeed within its 120 s deadline and its 5-attempt budget, with one effect each
 every state true, and the broker never holding more than twice the due operations (the most due
 in the last second, plus a small slack). Every process fault is placed by progress (10% to 70%
 settled), so each still lands while thousands of intents are in flight; what the full size adds
-is only a longer run of the same. The scenario and its checks live in ``bench/liveness.py``; the
+is only a longer run of the same. The scenario and its checks live in ``tests/loads/liveness.py``; the
 benchmark (``python -m bench.liveness``) runs it at 10,000 with a clean twin for the throughput ratio.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.liveness import QUEUE_SLACK, run_liveness
 from outbox.ledger.db import make_engine, make_sessionmaker
 from tests.harness import own_pg_ledger
+from tests.loads.liveness import QUEUE_SLACK, run_liveness
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

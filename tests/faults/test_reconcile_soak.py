@@ -13,7 +13,7 @@ operation's age grow for the whole run (by ~15 operations and ~1 s of age a seco
 wait for a lookup go to a person. Asserted: the backlog and its oldest age in the last third of the run
 no higher than in the first (within a small margin), no handoff at all (every retry succeeds in
 this mix), no duplicate effect, and every state true against the sandbox's effects. The scenario
-lives in ``bench/reconcile_soak.py``; the soak for minutes belongs there (``python -m
+lives in ``tests/loads/reconcile_soak.py``; the soak for minutes belongs there (``python -m
 bench.reconcile_soak --rate 40 --duration 90 --ambiguous-scale 2 --lookup-latency-ms 100
 --deadline 30 --kill-every 40`` is this test's earlier 90 s form, with a second kill at 80 s).
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.reconcile_soak import AFTER_COMMIT, run_soak
+from tests.loads.reconcile_soak import AFTER_COMMIT, run_soak
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -1,7 +1,7 @@
 """Scale-out proof, CI-sized: 300 intents, 4 dispatch workers + 1 reconciler + the relay, a seeded
 fault mix at the sandbox, the private Redis broker SIGKILLed and restarted empty mid-run, one
 worker SIGKILLed mid-run and replaced, another frozen past its lease and thawed. The scenario and its invariant checks (FAULTS.md I1-I3, I5,
-I6) live in ``bench/scale_proof.py`` (``run_scale_proof``); the full-size run is
+I6) live in ``tests/loads/scale_proof.py`` (``run_scale_proof``); the full-size run is
 ``.venv/bin/python -m bench.scale_proof`` (3000 intents).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scale_proof import run_scale_proof
+from tests.loads.scale_proof import run_scale_proof
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -7,6 +7,7 @@
 - inside outbox/, rooms import only rooms on floors below their own (ledger first, service last);
 - the sandbox (the fake provider) imports nothing of the system it fakes;
 - docstrings cite no issue of ours and not the benchmarks' notes: history is in git.
+- the tests import nothing of bench/ (bench uses what the tests share).
 """
 
 from __future__ import annotations
@@ -207,3 +208,21 @@ def test_docstrings_say_what_is_and_leave_history_to_git():
     external = re.compile(r"\b(uvicorn|celery|kombu|redis|sqlalchemy|psycopg) issue #?\d+", re.IGNORECASE)
     ours = {n: [x for x in lines if not external.search(x)] for n, lines in found.items()}
     assert {n: lines for n, lines in ours.items() if lines} == {}
+
+
+def test_the_tests_import_nothing_of_the_benchmarks():
+    """bench/ uses what the tests share (tests/harness.py, tests/loads/, tests/pg_cluster.py), never the
+    other way round: a test must not depend on a benchmark's command."""
+    found = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            if any(n == "bench" or n.startswith("bench.") for n in names):
+                found.setdefault(str(path.relative_to(ROOT)), []).extend(names)
+    assert found == {}

@@ -28,7 +28,7 @@ def _kind(cmdline: str, pid: int) -> str | None:
     if "bench.event_sink" in cmdline:
         return "event consumer (Flower's stand-in)"
     if "bench.celery_workers" in cmdline or "celery" in cmdline:
-        # A worker on the reconcile queue alone is the reconciler (bench/liveness.py runs both).
+        # A worker on the reconcile queue alone is the reconciler (tests/loads/liveness.py runs both).
         return "reconciler" if "-Q outcome_unknown " in cmdline else "celery workers"
     if "agent-outbox" in cmdline and " relay" in cmdline:
         return "relay"
