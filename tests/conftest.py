@@ -158,12 +158,17 @@ def _ensure_template(admin: psycopg.Connection[Any]) -> None:
     admin.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
     try:
         if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (TEMPLATE,)).fetchone() is None:
-            admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
-            engine = make_engine(_url_of(TEMPLATE))
+            # Built under another name and renamed once migrated: a process that dies mid-migration
+            # (its lock goes with its connection) leaves no half-built template for the others to copy.
+            building = f"{TEMPLATE}_building"
+            admin.execute(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{building}"')
+            engine = make_engine(_url_of(building))
             try:
                 migrate.upgrade(engine, "head")
             finally:
                 engine.dispose()  # a template takes no copies while anyone is connected to it
+            admin.execute(f'ALTER DATABASE "{building}" RENAME TO "{TEMPLATE}"')
     finally:
         admin.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
 
@@ -171,7 +176,8 @@ def _ensure_template(admin: psycopg.Connection[Any]) -> None:
 def drop_template() -> None:
     try:
         with psycopg.connect(_libpq(PG_ADMIN_URL), autocommit=True, connect_timeout=3) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+            for name in (TEMPLATE, f"{TEMPLATE}_building"):
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     except psycopg.OperationalError:
         pass  # no PostgreSQL: no template was made
 

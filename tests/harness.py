@@ -137,29 +137,44 @@ def whole_log_records(log: str, *levels: str, lines: int = 40) -> str:
     return "\n".join(out)
 
 
-# What an outage of PostgreSQL or Redis raises: a loop's first failure of an outage is a WARNING with
-# its traceback (workers/relay/outage.py, OutageReport); any other exception is a bug.
-_OUTAGE = re.compile(r"OperationalError|InterfaceError|ConnectionError|server closed the connection")
+# What an outage of PostgreSQL or Redis raises, as a traceback's last line names it: a loop's first
+# failure of an outage is a WARNING with its traceback (workers/relay/outage.py, OutageReport); any
+# other exception, or one raised while handling the outage's (a session not rolled back:
+# PendingRollbackError), is a bug.
+_OUTAGE = re.compile(
+    r"^([\w.]+\.)?(OperationalError|InterfaceError|ConnectionError|ConnectionRefusedError|ConnectionResetError"
+    r"|BrokenPipeError)(:|$)"
+)
+
+
+def _raised(lines: list[str], start: int) -> str:
+    """The exception line ending the traceback that starts at ``lines[start]``."""
+    for line in lines[start + 1 :]:
+        if line.strip() and not line.startswith((" ", "\t")):
+            return line
+    return ""
 
 
 def error_lines(log: str, *, outages: bool = False) -> list[str]:
     """A worker log's ERROR lines and tracebacks: ERROR is for final failures, an outage is a WARNING.
 
-    ``outages``: for a test that cuts PostgreSQL or Redis, the traceback of a WARNING record whose
-    exception is that outage's connection error is what OutageReport says once per outage, not an error.
+    ``outages``: for a test that cuts PostgreSQL or Redis, a traceback inside a WARNING record whose
+    exception is that outage's connection error is what OutageReport says once per outage, not an
+    error. Each traceback of a chain is judged by its own last line; one printed bare after such a
+    record ("Exception in thread ...") always counts.
     """
     lines = log.splitlines()
     found: list[str] = []
-    level, block = "", ""
+    level = ""
     for i, line in enumerate(lines):
         if m := _RECORD.match(line):
             level = m.group("w") or m.group("c")
-            end = next((j for j in range(i + 1, len(lines)) if _RECORD.match(lines[j])), len(lines))
-            block = "\n".join(lines[i:end])
         if "ERROR/" in line or "/ERROR" in line:
             found.append(line)
-        elif "Traceback" in line and not (outages and level == "WARNING" and _OUTAGE.search(block)):
-            found.append(line)
+        elif "Traceback" in line:
+            bare = i > 0 and lines[i - 1].startswith(("Exception in thread", "Exception ignored"))
+            if not (outages and level == "WARNING" and not bare and _OUTAGE.match(_raised(lines, i))):
+                found.append(line)
     return found
 
 

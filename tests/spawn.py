@@ -20,6 +20,7 @@ every group it started, so no worker outlives its test run.
 from __future__ import annotations
 
 import atexit
+import errno
 import io
 import json
 import os
@@ -90,8 +91,10 @@ class Forked:
         pid: int,
         status: Path,
         streams: dict[str, IO[Any]],
+        server: subprocess.Popen[bytes] | None = None,
     ):
         self.args = args
+        self._server = server
         self.pid = pid
         self.returncode: int | None = None
         self.stdin = streams.get("in")
@@ -104,9 +107,13 @@ class Forked:
             try:
                 text = self._status.read_text()
             except FileNotFoundError:
-                return None
+                text = ""
             if text:
                 self.returncode = int(text)
+            elif self._server is not None and self._server.poll() is not None and not _exists(self.pid):
+                # The server died before it could say (it is killed with the test process's group):
+                # the child is gone too, and how it ended is not known. Say killed.
+                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -178,6 +185,16 @@ class Forked:
         self.wait()
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class _Client:
     """The test process's end of its fork server (started on first use)."""
 
@@ -186,10 +203,11 @@ class _Client:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._server: subprocess.Popen[bytes] | None = None
-        self._status = Path(tempfile.mkdtemp(prefix="outbox-spawn-"))
+        self._status: Path | None = None  # made when the server starts: nothing to clean if all run cold
         self._owner = os.getpid()
 
     def _start(self) -> socket.socket:
+        self._status = Path(tempfile.mkdtemp(prefix="outbox-spawn-"))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._server = subprocess.Popen(
             [sys.executable, "-m", "tests.spawn", str(theirs.fileno()), str(self._status)],
@@ -205,7 +223,7 @@ class _Client:
         atexit.register(self.close)
         return ours
 
-    def spawn(self, args: list[str], env: dict[str, str], cwd: str, fds: tuple[int, int, int]) -> tuple[int, Path]:
+    def spawn(self, args: list[str], env: dict[str, str], cwd: str, fds: tuple[int, int, int]) -> Forked:
         with self._lock:
             if self._sock is None:
                 self._sock = self._start()
@@ -214,7 +232,8 @@ class _Client:
             answer = json.loads(self._sock.recv(65536))
         if "error" in answer:
             raise OSError(answer["error"])
-        return int(answer["pid"]), self._status / answer["status"]
+        assert self._status is not None
+        return Forked(args, int(answer["pid"]), self._status / answer["status"], {}, self._server)
 
     def close(self) -> None:
         if self._sock is not None and os.getpid() == self._owner:
@@ -225,7 +244,8 @@ class _Client:
                     self._server.wait(10)
                 except subprocess.TimeoutExpired:
                     self._server.kill()
-            shutil.rmtree(self._status, ignore_errors=True)
+            if self._status is not None:
+                shutil.rmtree(self._status, ignore_errors=True)
 
 
 _client: _Client | None = None
@@ -288,15 +308,21 @@ def popen(
             return inherited
         return _fd(target, opened)
 
+    where = str(cwd or os.getcwd())
+    if not os.path.isdir(where):  # as Popen says it, in the caller, not in the child
+        raise FileNotFoundError(errno.ENOENT, "no such directory", where)
+    if stdin not in (None, subprocess.DEVNULL, subprocess.PIPE):
+        return subprocess.Popen(args, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=text)
     try:
         stdin_fd = stream(stdin if stdin is subprocess.PIPE else subprocess.DEVNULL, "in", 0)
         out_fd = stream(stdout, "out", 1)
         err_fd = out_fd if stderr == subprocess.STDOUT else stream(stderr, "err", 2)
-        pid, status = _client.spawn(list(args), full_env, str(cwd or os.getcwd()), (stdin_fd, out_fd, err_fd))
+        forked = _client.spawn(list(args), full_env, where, (stdin_fd, out_fd, err_fd))
     finally:
         for fd in opened:
             os.close(fd)
-    return Forked(list(args), pid, status, streams)
+    forked.stdin, forked.stdout, forked.stderr = streams.get("in"), streams.get("out"), streams.get("err")
+    return forked
 
 
 def run(
@@ -340,7 +366,7 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     # socket raises instead of killing the process: a worker killed by SIGPIPE when Redis restarted
     # was how this was learnt), SIGINT raising KeyboardInterrupt, the rest (SIGCHLD: the server's
     # reaper) at their defaults.
-    for sig in (signal.SIGCHLD, signal.SIGTERM):
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_IGN)
@@ -362,7 +388,14 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
     sys.path[0] = os.getcwd()  # as `python -m` puts the working directory first
     sys.argv = [request["module"], *request["argv"]]
-    sys.modules.pop(request["module"], None)  # run as __main__ afresh, as a cold start would (preloaded or not)
+    # What runs as __main__ runs afresh, as in a cold start, preloaded or not: the module itself, or a
+    # package's __main__ (the package stays: re-importing it would make a second copy beside its
+    # already loaded submodules).
+    import importlib.util
+
+    spec = importlib.util.find_spec(request["module"])
+    is_package = spec is not None and spec.submodule_search_locations is not None
+    sys.modules.pop(f"{request['module']}.__main__" if is_package else request["module"], None)
     code: Any = 0
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -387,10 +420,19 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
 
 
 def _serve(sock_fd: int, status_dir: str) -> None:
+    """Fork children on request until the test process closes its end (it exits, even by SIGKILL:
+    the kernel closes its socket) or SIGTERM/SIGHUP reach this process (its group was told to stop);
+    then SIGKILL each child's group and reap them."""
     import importlib
 
     sock = socket.socket(fileno=sock_fd)
     children: dict[int, str] = {}  # pid -> the name of its status file (pids are reused; names are not)
+    early: dict[int, int] = {}  # reaped before it was on the list (a SIGCHLD already pending at fork)
+
+    def write_status(name: str, code: int) -> None:
+        part = Path(status_dir) / f".{name}"
+        part.write_text(str(code))
+        part.rename(Path(status_dir) / name)
 
     def reap(*_: object, block: bool = False) -> None:
         while True:
@@ -401,10 +443,13 @@ def _serve(sock_fd: int, status_dir: str) -> None:
             if pid == 0:
                 return
             name = children.pop(pid, None)
-            if name is not None:
-                part = Path(status_dir) / f".{name}"
-                part.write_text(str(os.waitstatus_to_exitcode(status)))
-                part.rename(Path(status_dir) / name)
+            if name is None:
+                early[pid] = os.waitstatus_to_exitcode(status)
+            else:
+                write_status(name, os.waitstatus_to_exitcode(status))
+
+    def stop(*_: object) -> None:
+        raise SystemExit(0)
 
     for name in PRELOAD:
         try:
@@ -413,39 +458,50 @@ def _serve(sock_fd: int, status_dir: str) -> None:
             print(f"tests.spawn: could not preload {name}: {error}", file=sys.stderr)
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the test process; it closes the socket
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     sock.send(b"ready")
     serial = 0
-    while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
-        except OSError:
-            break
-        if not message:
-            break
-        request = json.loads(message)
-        serial += 1
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reaped only once it is on the list
-        try:
-            pid = os.fork()
-        except OSError as error:
+    try:
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            except OSError:
+                break
+            if not message:
+                break
+            request = json.loads(message)
+            serial += 1
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reaped once it is on the list
+            try:
+                pid = os.fork()
+            except OSError as error:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+                sock.send(json.dumps({"error": str(error)}).encode())
+                continue
+            if pid == 0:
+                sock.close()
+                _become(request, fds)
+            try:
+                os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists
+            except OSError:
+                pass  # already its own, or already gone
+            name = children[pid] = f"{pid}.{serial}"
+            if pid in early:
+                write_status(children.pop(pid), early.pop(pid))
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-            sock.send(json.dumps({"error": str(error)}).encode())
-            continue
-        if pid == 0:
-            sock.close()
-            _become(request, fds)
-        children[pid] = f"{pid}.{serial}"
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        for fd in fds:
-            os.close(fd)
-        sock.send(json.dumps({"pid": pid, "status": f"{pid}.{serial}"}).encode())
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for pid in list(children):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    reap(block=True)
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"pid": pid, "status": name}).encode())
+    finally:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for pid in list(children):
+            for kill, target in ((os.killpg, pid), (os.kill, pid)):
+                try:
+                    kill(target, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        reap(block=True)
 
 
 if __name__ == "__main__":

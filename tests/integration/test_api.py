@@ -317,15 +317,21 @@ def _accepted_nodelay(server_pid: int, port: int) -> dict[int, bool] | None:
     libc = ctypes.CDLL(None, use_errno=True)
     found: dict[int, bool] = {}
     for pid in [server_pid, *descendants(server_pid)]:
-        fd_dir = Path(f"/proc/{pid}/fd")
-        for fd in fd_dir.iterdir():
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue  # gone meanwhile
+        for fd in fds:
             try:
                 inode = os.readlink(fd).removeprefix("socket:[").removesuffix("]")
             except OSError:
                 continue
             if inode not in established:
                 continue
-            pidfd = os.pidfd_open(pid)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
             try:
                 dup = libc.syscall(438, pidfd, int(fd.name), 0)  # pidfd_getfd
             finally:

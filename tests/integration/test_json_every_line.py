@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests import spawn
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -50,7 +49,7 @@ def test_agent_outbox_run_writes_only_json_lines(pipe, sandbox, tmp_path):
         | {"OUTBOX_LOG_FORMAT": "json", "OUTBOX_ACTIONS_FILE": str(pipe.tmp / "actions.yaml")}
     )
     out = tmp_path / "run.out"
-    run = spawn.popen(
+    run = subprocess.Popen(
         [sys.executable, "-m", "workers.cli.main", "run", "--concurrency", "1"],
         cwd=tmp_path, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -79,7 +78,7 @@ def test_a_celery_worker_and_beat_write_only_json_lines(pipe, tmp_path):
 
     out = tmp_path / "beat.out"
     env = dict(os.environ) | pipe.env | {"OUTBOX_LOG_FORMAT": "json"}
-    beat = spawn.popen(
+    beat = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workers", "beat", "--loglevel", "INFO",
          "--schedule", str(tmp_path / "beat-schedule")],
         cwd=tmp_path, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT,

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests import spawn
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -37,12 +36,12 @@ def test_a_worker_and_the_relay_log_json_lines_with_the_operations_ids(pipe, san
     sandbox.add_fault(mode="unavailable_503", method="POST", count=1)  # a retry, then the success
     env = dict(os.environ) | pipe.env | {"OUTBOX_LOG_FORMAT": "json"}
     worker_err, relay_err = tmp_path / "worker.err", tmp_path / "relay.err"
-    worker = spawn.popen(
+    worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "solo", "-Q", "dispatch,outcome_unknown",
          "-n", f"json-{uuid.uuid4().hex[:6]}@%h", "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=worker_err.open("wb"),
     )  # fmt: skip
-    relay = spawn.popen(
+    relay = subprocess.Popen(
         [sys.executable, "-m", "workers.cli.main", "--log-level", "INFO", "relay"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=relay_err.open("wb"),
     )  # fmt: skip
@@ -77,7 +76,7 @@ def test_a_worker_and_the_relay_log_json_lines_with_the_operations_ids(pipe, san
 
 def test_a_bad_log_format_is_refused_naming_the_variable(tmp_path):
     env = dict(os.environ) | {"OUTBOX_LOG_FORMAT": "yaml", "OUTBOX_DATA_DIR": str(tmp_path)}
-    done = spawn.run(
+    done = subprocess.run(
         [sys.executable, "-m", "workers.cli.main", "ops", "list"], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
@@ -95,7 +94,7 @@ def test_the_api_servers_own_lines_are_json_too(tmp_path):
     err = tmp_path / "serve.err"
     env = dict(os.environ) | {"OUTBOX_LOG_FORMAT": "json", "OUTBOX_DATA_DIR": str(tmp_path)}
     env.pop("OUTBOX_DATABASE_URL", None)
-    serve = spawn.popen(
+    serve = subprocess.Popen(
         [sys.executable, "-m", "workers.cli.main", "serve", "--port", str(port)],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err.open("wb"),
     )  # fmt: skip

@@ -10,21 +10,30 @@ import logging
 import os
 
 TEXT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# What every LogRecord has; anything else on a record was attached by the code (extra=) and is written.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
 class JsonLines(logging.Formatter):
     """One JSON object per record, on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
-            "process": record.process,
         }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in out:
+                out[key] = value
+        out["process"] = record.process
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
