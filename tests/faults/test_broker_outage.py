@@ -144,6 +144,10 @@ def test_redis_killed_under_load_loses_nothing_and_logs_no_error(private_redis, 
         warnings = log_records(logs[w.name], "WARNING")
         lost = [r for r in warnings if "consumer: Connection to broker lost" in r]
         assert 1 <= len(lost) <= OUTAGES, (w.name, lost)
-        assert [r for r in warnings if r not in lost and "breaker storage" not in r] == [], w.name
+        # Celery's soft time limit (2 s here, the tests' pipeline) may also speak for a reconcile task
+        # of ten 100 ms lookups on a loaded machine (CI run 10 of 2026-12-06): the task's own time, not
+        # a report of the outage, and its operations go back to the reconciler as always.
+        others = [r for r in warnings if r not in lost and "breaker storage" not in r and "Soft time limit" not in r]
+        assert others == [], w.name
         assert "(the broker was unreachable for " in logs[w.name], w.name
     assert 1 <= len(log_records(logs["relay"], "WARNING")) <= OUTAGES, log_records(logs["relay"], "WARNING")
