@@ -223,7 +223,9 @@ class _Client:
         atexit.register(self.close)
         return ours
 
-    def spawn(self, args: list[str], env: dict[str, str], cwd: str, fds: tuple[int, int, int]) -> Forked:
+    def spawn(
+        self, args: list[str], env: dict[str, str], cwd: str, fds: tuple[int, int, int], streams: dict[str, IO[Any]]
+    ) -> Forked:
         with self._lock:
             if self._sock is None:
                 self._sock = self._start()
@@ -233,7 +235,7 @@ class _Client:
         if "error" in answer:
             raise OSError(answer["error"])
         assert self._status is not None
-        return Forked(args, int(answer["pid"]), self._status / answer["status"], {}, self._server)
+        return Forked(args, int(answer["pid"]), self._status / answer["status"], streams, self._server)
 
     def close(self) -> None:
         if self._sock is not None and os.getpid() == self._owner:
@@ -317,12 +319,10 @@ def popen(
         stdin_fd = stream(stdin if stdin is subprocess.PIPE else subprocess.DEVNULL, "in", 0)
         out_fd = stream(stdout, "out", 1)
         err_fd = out_fd if stderr == subprocess.STDOUT else stream(stderr, "err", 2)
-        forked = _client.spawn(list(args), full_env, where, (stdin_fd, out_fd, err_fd))
+        return _client.spawn(list(args), full_env, where, (stdin_fd, out_fd, err_fd), streams)
     finally:
         for fd in opened:
             os.close(fd)
-    forked.stdin, forked.stdout, forked.stderr = streams.get("in"), streams.get("out"), streams.get("err")
-    return forked
 
 
 def run(
