@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         "--task-events",
         choices=("off", "on", "both"),
         default="off",
-        help="each call's Celery task events (workers/wiring/call_events.py) sent, to a consumer standing in for "
+        help="each call's Celery task events (workers/engine/call_events.py) sent, to a consumer standing in for "
         "Flower (bench/event_sink.py); both: off and on in turn, --rounds times each (the order alternating), "
         "and CPU per operation of each (implies --no-profile)",
     )
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             sink = None
             if args.task_events != "off":
                 from bench.pipeline_bench import EventSink
-                from workers.wiring import event_sender
+                from workers.ground import event_sender
                 from workers.wiring.celery_app import make_app
 
                 sink = EventSink(dict(os.environ), Path(tmp)).start()
@@ -179,7 +179,7 @@ def _both(work: Any, submit_n: Any, per: int, batch: int, rounds: int) -> None:
     intents of the next turn would be taken along)."""
     import statistics
 
-    from workers.wiring import event_sender
+    from workers.ground import event_sender
 
     cpu: dict[bool, list[float]] = {False: [], True: []}
     for r in range(rounds):

@@ -42,7 +42,7 @@ ARGS = {"order_id": "ord-bench", "amount": "12.50", "currency": "EUR"}
 
 
 def _classes() -> dict[str, Any]:
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.relay.loop import Relay
 
     class RecordingDoorbell(Doorbell):

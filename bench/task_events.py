@@ -1,6 +1,6 @@
 """What each call's task events cost a worker, part by part, in-process: the hooks on the call
-threads (workers/wiring/call_events.py: three events built and queued per operation) and the
-sender's publish (workers/wiring/event_sender.py: celery.events.Dispatcher, JSON, one message per
+threads (workers/engine/call_events.py: three events built and queued per operation) and the
+sender's publish (workers/ground/event_sender.py: celery.events.Dispatcher, JSON, one message per
 batch). CPU time of this thread, so less sensitive than throughput to what else the machine runs.
 Needs Redis (OUTBOX_BENCH_REDIS_URL, default the local one); publishes under a key prefix of its own.
 
@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     from outbox.ledger.claims import Claim
     from outbox.ledger.states import AttemptKind, Status
-    from workers.dispatch.outcomes import Succeeded
-    from workers.wiring import call_events, event_sender
+    from workers.engine import call_events
+    from workers.engine.outcomes import Succeeded
+    from workers.ground import event_sender
     from workers.wiring.celery_app import make_app
 
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

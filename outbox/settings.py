@@ -25,7 +25,7 @@ WEIGHTS_FORMAT = "tenant=weight pairs separated by commas, e.g. 'acme=3,globex=1
 
 class LogFormat(StrEnum):
     TEXT = "text"  # one readable line per record (the default)
-    JSON = "json"  # one JSON object per line, every ``extra`` field kept (workers/wiring/logs.py)
+    JSON = "json"  # one JSON object per line, every ``extra`` field kept (workers/ground/logs.py)
 
 
 def log_format_from(value: str | None) -> LogFormat:
@@ -207,13 +207,13 @@ class Settings(BaseSettings):
     metrics_tenants: int = Field(default=0, ge=0, le=1000)
     # text (default) or json: one JSON object per line with every ``extra`` field (operation id,
     # tenant, action, attempt, fencing token), the trace and span ids, the event. Read by each
-    # process as it sets up logging (workers/wiring/logs.py), before Settings exist.
+    # process as it sets up logging (workers/ground/logs.py), before Settings exist.
     log_format: LogFormat = LogFormat.TEXT
     # Liveness of the processes without HTTP (relay, workers, beat): each touches this file from
-    # its own loop; `agent-outbox health --heartbeat` checks its age (workers/wiring/heartbeat.py).
+    # its own loop; `agent-outbox health --heartbeat` checks its age (workers/ground/heartbeat.py).
     heartbeat_file: str = ""
     # otel: OpenTelemetry traces (the otel extra; OTEL_* variables configure it), off: none; unset:
-    # on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set (workers/wiring/tracing.py).
+    # on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set (workers/ground/tracing.py).
     tracing: str = ""
     # ``agent-outbox purge`` removes the arguments and provider responses of terminal operations
     # older than this (outbox/privacy/retention.py). Never shorter than the longest provider key retention

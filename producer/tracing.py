@@ -2,7 +2,7 @@
 
 Installed where OpenTelemetry is importable (the ``otel`` extra): by ``producer`` on import, so an
 agent's own submit continues the agent's current trace, and by the workers' processes when tracing
-is on (workers/wiring/tracing.py configures the SDK from the standard ``OTEL_*`` variables). With
+is on (workers/ground/tracing.py configures the SDK from the standard ``OTEL_*`` variables). With
 no SDK configured the API's no-op tracer hands the caller's context through: the stored
 traceparent is the agent's current span, and nothing is recorded.
 """

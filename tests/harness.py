@@ -138,7 +138,7 @@ def whole_log_records(log: str, *levels: str, lines: int = 40) -> str:
 
 
 # What an outage of PostgreSQL or Redis raises, as a traceback's last line names it: a loop's first
-# failure of an outage is a WARNING with its traceback (workers/relay/outage.py, OutageReport); any
+# failure of an outage is a WARNING with its traceback (workers/ground/outage.py, OutageReport); any
 # other exception, or one raised while handling the outage's (a session not rolled back:
 # PendingRollbackError), is a bug.
 _OUTAGE = re.compile(
@@ -352,7 +352,7 @@ class Pipeline:
         backfills committed_evidence_degraded operations (as the real relay does when
         OUTBOX_EVIDENCE_URL is set). ``thread=False``: the relay is made, not started; the test
         runs each of its ticks (``run_once()``), so nothing is rung or advanced behind its back."""
-        from workers.relay.doorbell import Doorbell
+        from workers.engine.doorbell import Doorbell
         from workers.relay.loop import Relay
         from workers.wiring.celery_app import make_app
 

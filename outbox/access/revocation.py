@@ -8,7 +8,7 @@ transaction, takes back the intents it submitted that have not left:
   happen, as any cancel: outbox/ledger/transitions.py request_cancel);
 - otherwise: parked a few seconds (``SETTLE_S``: until every worker has read the revocation,
   outbox/ledger/authority.py), then each goes to a person at its claim ("the submitting key was
-  revoked at ...": workers/dispatch/authority.py).
+  revoked at ...": workers/engine/authority.py).
 
 What comes back to the queue later (a lookup that proves "not sent", an approval) meets the same rule
 at its claim. Lookups go on: they read, and settle what may have left. A person who resolves such a

@@ -38,7 +38,7 @@ class Grant:
     approver: str
     expires_at: dt.datetime
     # The key that approved (``key:<id>``); an approval given with a key revoked since no longer counts
-    # (workers/dispatch/authority.py). None: a person at the command line.
+    # (workers/engine/authority.py). None: a person at the command line.
     approver_identity: str | None = None
 
 

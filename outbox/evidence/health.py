@@ -12,7 +12,7 @@ while some claimed operation requires evidence. The window this leaves: a store 
 ``committed_evidence_degraded`` and backfilled (the effect is never lost, only its record late).
 
 A change is logged once per process (WARNING when the store goes down, INFO when it is back: not
-per operation) and told to ``on_change`` (the workers' gauge, workers/wiring/metrics.py).
+per operation) and told to ``on_change`` (the workers' gauge, workers/ground/metrics.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ name of the intents it submitted, and its approvals stop counting) and a subject
 (``outbox_subject_stops``: an operator's emergency stop of one agent). A process reads them all at
 once, at most every ``REFRESH_S`` per ledger, and answers every question from that snapshot: a submit
 of a stopped subject is refused (outbox/ledger/stops.py), a claimed intent whose submitting key was
-revoked or whose subject is stopped is not sent (workers/dispatch/authority.py). The hot path pays a
+revoked or whose subject is stopped is not sent (workers/engine/authority.py). The hot path pays a
 dictionary lookup, never a query per operation: "within seconds" is the promise. What the operator's
 own command finds queued is moved in its transaction (outbox/ledger/stops.py, outbox/access/revocation.py),
 so that part is exact.

@@ -5,7 +5,7 @@ holds every queued intent of the subject: not_dispatched -> not_dispatched, ``wa
 due only in ``HOLD_S`` (a bound no stop is meant to reach), so the relay rings none of them and no claim
 loops over them. What was claimed before the stop, or comes back to the queue while it lasts (a retry,
 a lookup that proves "not sent", an approval, a run's next step), is held at its claim by the workers,
-which see the stop within a second (outbox/ledger/authority.py, workers/dispatch/authority.py); calls
+which see the stop within a second (outbox/ledger/authority.py, workers/engine/authority.py); calls
 already on the wire finish and settle as usual. New intents of the subject are refused at submit
 (``refuse_if_stopped``: SubjectStopped), except a replay of one already accepted, answered as always.
 

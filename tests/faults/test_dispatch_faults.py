@@ -286,7 +286,7 @@ def test_zombie_sending_after_successor_is_refused_by_strict_fencing(pipe, sandb
 
 
 def test_doorbell_rung_ten_times_by_two_publishers_claims_once(pipe, sandbox):
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.wiring.celery_app import make_app
 
     key = "f19-doorbell"

@@ -437,7 +437,7 @@ def test_a_doorbell_that_claims_other_due_operations_asks_the_breaker_once(tmp_p
     are asked once, as for the ids a doorbell rings. Counted on a private Redis: every breaker
     decision and record is one EVALSHA."""
     from tests.harness import PrivateRedis
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.wiring.celery_app import make_app
 
     private = PrivateRedis(tmp_path).start()

@@ -58,7 +58,8 @@ def test_a_doorbell_for_a_ledger_the_worker_does_not_drain_is_dropped_with_an_er
     a, b = fleet
     op_id = a.submit("fleet-stray").operation_id
     worker = b.start_worker("both")
-    from workers.wiring.celery_app import DISPATCH_TASK, make_app
+    from workers.engine.queues import DISPATCH_TASK
+    from workers.wiring.celery_app import make_app
 
     # A relay of a fleet configured with a ledger "c" this worker was not given.
     make_app(b.settings()).send_task(DISPATCH_TASK, args=[[op_id]], kwargs={"ledger": "c"}, queue="dispatch")
@@ -92,7 +93,8 @@ def test_a_doorbell_naming_no_ledger_is_outbox_database_url_s(fleet, sandbox):
     _, b = fleet
     op_id = b.submit("fleet-unnamed").operation_id
     b.start_worker("both")
-    from workers.wiring.celery_app import DISPATCH_TASK, make_app
+    from workers.engine.queues import DISPATCH_TASK
+    from workers.wiring.celery_app import make_app
 
     make_app(b.settings()).send_task(DISPATCH_TASK, args=[[op_id]], queue="dispatch")
     b.wait_status(op_id, Status.SUCCEEDED.value, timeout_s=15)

@@ -14,7 +14,7 @@ import pytest
 
 from tests import spawn
 from tests.harness import wait_for
-from workers.wiring.heartbeat import age_s
+from workers.ground.heartbeat import age_s
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 MAX_AGE_S = 6.0  # the loops beat every 2 s

@@ -202,7 +202,7 @@ def _queued_ids(client: redis.Redis, queue: str) -> list[str]:
 
 
 def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by_its_tick(pipe):
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.relay.loop import Relay
     from workers.wiring.celery_app import make_app
 
@@ -243,7 +243,7 @@ def test_notified_ids_are_rung_once_by_the_leading_relay_and_marked_published_by
 def test_a_listening_relays_tick_leaves_fresh_rows_to_notify_and_rings_them_once_the_grace_is_over(pipe):
     """Under load the ticks used to race the listener and ring fresh ids a second time; rows due
     before the relay began leading (nobody rang them from NOTIFY) are not left waiting."""
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.relay.loop import NOTIFIED_GRACE_S, Relay
     from workers.wiring.celery_app import make_app
 

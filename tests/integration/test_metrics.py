@@ -235,7 +235,7 @@ def test_counters_are_summed_across_processes(tmp_path):
     mp.mkdir()
     env = dict(os.environ) | {"PROMETHEUS_MULTIPROC_DIR": str(mp)}
     code = (
-        "from workers.wiring.metrics import record_attempt, record_retry, record_outcome\n"
+        "from workers.ground.metrics import record_attempt, record_retry, record_outcome\n"
         "record_attempt('sandbox', 'succeeded', 0.2)\n"
         "record_attempt('sandbox', 'not_processed', 0.05)\n"
         "record_retry('sandbox', 3.0, 2.0)\n"
@@ -300,8 +300,8 @@ def test_the_api_counts_requests_by_route_template_and_status(ledger, tmp_path):
     from fastapi.testclient import TestClient
 
     from outbox.settings import Settings
+    from workers.ground.metrics import PROCESS_REGISTRY
     from workers.server.app import create_app
-    from workers.wiring.metrics import PROCESS_REGISTRY
 
     def count(labels: tuple[tuple[str, str], ...]) -> float:
         return PROCESS_REGISTRY.get_sample_value("outbox_http_requests_total", dict(labels)) or 0.0

@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from tests.harness import PrivateRedis
+from workers.ground import metrics
 from workers.pacing import Cleared, Deferred, Pacer, Rate, TargetLimits
 from workers.pacing.limits import Ask
 from workers.pacing.local import LocalPacing
 from workers.pacing.shared import KEY_PREFIX, RedisPacing
-from workers.wiring import metrics
 
 pytestmark = pytest.mark.redis
 

@@ -54,7 +54,7 @@ def test_one_doorbell_carries_a_batch(pipe, sandbox):
 
 def test_a_slow_targets_batch_is_called_concurrently_after_its_canary(pipe, sandbox):
     """A call slower than HANDOFF_S gives the calls queued behind it to threads of their own."""
-    from workers.dispatch.in_flight import HANDOFF_S
+    from workers.engine.in_flight import HANDOFF_S
 
     latency_s = 0.3
     assert latency_s > HANDOFF_S

@@ -481,7 +481,7 @@ def test_the_relay_rings_due_lookups_once_while_their_doorbells_queue(pipe, sand
 
     import redis
 
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.relay.loop import Relay
     from workers.wiring.celery_app import make_app
 

@@ -331,7 +331,7 @@ def run_liveness(
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     clean = scenario == "clean"
     from outbox.ledger.models import Attempt, Operation
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.wiring.celery_app import make_app
 
     result = LivenessResult(ScaleResult(seed=seed, intents=intents, workers=2), scenario=scenario, backlog=backlog)

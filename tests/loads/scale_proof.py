@@ -42,7 +42,7 @@ Invariants checked once quiet (each failure is one violation, described in ``vio
 - I6 at most ``max_attempts`` dispatch attempts sent per operation (ledger) and at most
   ``max_attempts`` POSTs per key (provider); ``attempt_count`` may exceed the cap by one only when
   that last claim found the budget spent and ended the operation without sending (by design,
-  ``workers/dispatch/outcomes.py`` ``before_send``; counted as ``budget_end_claims``).
+  ``workers/engine/outcomes.py`` ``before_send``; counted as ``budget_end_claims``).
 
     .venv/bin/python -m bench.scale_proof [--intents 3000] [--seed 7] [--workers 4] [--quick]
 

@@ -1,5 +1,5 @@
 """Authority re-checked at the send, as pure decisions: what a claim becomes when its submitting key was
-revoked or its subject stopped (workers/dispatch/authority.py), how a process's view of who may act is
+revoked or its subject stopped (workers/engine/authority.py), how a process's view of who may act is
 refreshed and when it is no longer trusted (outbox/ledger/authority.py), and what the model is told."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from outbox.ledger.states import WaitingFor
 from outbox.ledger.stops import HOLD_S
 from outbox.ledger.typed_outcome import with_outcome
 from tests.unit.test_outcomes import claim
-from workers.dispatch.authority import approval_lapse, is_hold, refusal
-from workers.dispatch.outcomes import Ambiguous, Cancelled, NeedsPerson, RetryAt
+from workers.engine.authority import approval_lapse, is_hold, refusal
+from workers.engine.outcomes import Ambiguous, Cancelled, NeedsPerson, RetryAt
 
 T0 = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
 REVOKED = Revocation("key:7", T0, "alice", cancels_queued=False)

@@ -16,7 +16,8 @@ from celery.events.state import State
 
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass, AttemptKind, Status, WaitingFor
-from workers.dispatch.outcomes import (
+from workers.engine import call_events
+from workers.engine.outcomes import (
     Accepted,
     Ambiguous,
     Cancelled,
@@ -25,9 +26,9 @@ from workers.dispatch.outcomes import (
     RetryAt,
     Succeeded,
 )
+from workers.ground import event_sender
 from workers.provider.lookups import LookupResult
 from workers.reconcile.judge import LookupVerdict
-from workers.wiring import call_events, event_sender
 
 OP = str(uuid.uuid4())
 CANARY = "canary-9b2e44"

@@ -61,7 +61,7 @@ def test_the_actions_file_checks_the_rule_and_the_key_retention():
 def test_workers_check_the_approval_window_with_this_deployments_reconcile_budget():
     from outbox.errors import ConfigError
     from outbox.settings import Settings
-    from workers.wiring.runtime import check_approval_windows
+    from workers.wiring.builders import check_approval_windows
 
     cfg = parse_actions(
         mutated(approval={"required": "always", "ttl_s": 3600, "policy_version": "v1"}), source="a", environ=ENV

@@ -37,8 +37,8 @@ from outbox.reads.report_summary import record_report
 from outbox.settings import Settings
 from tests.harness import REFUND_ARGS
 from workers.cli.main import build_parser, command_in
+from workers.ground.metrics import PROCESS_REGISTRY
 from workers.provider.actions import load_actions
-from workers.wiring.metrics import PROCESS_REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -8,7 +8,7 @@ import socket
 import pytest
 from celery import Celery
 
-from workers.relay.doorbell import Doorbell
+from workers.engine.doorbell import Doorbell
 
 
 def _closed_port() -> int:
@@ -34,9 +34,9 @@ def test_a_doorbell_after_commit_with_the_broker_away_is_info_not_an_exception(u
     bell = Doorbell(unreachable_broker)
     with pytest.raises(Exception):  # noqa: B017 - the plain ring still says the broker is away
         bell.ring_dispatch(["op-1"])
-    caplog.set_level(logging.INFO, logger="workers.relay.doorbell")
+    caplog.set_level(logging.INFO, logger="workers.engine.doorbell")
     bell.ring_dispatch_after_commit(["op-1", "op-2"])
-    records = [r for r in caplog.records if r.name == "workers.relay.doorbell"]
+    records = [r for r in caplog.records if r.name == "workers.engine.doorbell"]
     assert [(r.levelname, r.getMessage()) for r in records][-1][0] == "INFO"
     assert "2 operation(s) not rung" in records[-1].getMessage()
     assert records[-1].operation_ids == ["op-1", "op-2"]

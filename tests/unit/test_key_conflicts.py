@@ -11,7 +11,7 @@ import pytest
 from outbox.ledger.states import AttemptClass as A
 from outbox.ledger.states import Status
 from tests.unit.test_outcomes import ACTION, FENCED, NOT_FOUND, REPLAY, T0, attempts, claim
-from workers.dispatch.outcomes import Ambiguous, decide
+from workers.engine.outcomes import Ambiguous, decide
 from workers.provider.classify import classify_response, said_key_conflict
 from workers.reconcile.judge import DispatchAttempt, after_not_found
 

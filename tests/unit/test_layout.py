@@ -226,3 +226,56 @@ def test_the_tests_import_nothing_of_the_benchmarks():
             if any(n == "bench" or n.startswith("bench.") for n in names):
                 found.setdefault(str(path.relative_to(ROOT)), []).extend(names)
     assert found == {}
+
+
+# The workers' rooms, lowest floor first. A room imports only rooms on floors below its own; rooms
+# on one floor (dispatch, reconcile, relay, webhooks) never import each other. provider is the
+# provider contract (the actions file, connectors, classification); ground is what every process
+# uses to be seen (metrics, logs, tracing, heartbeat, outages); engine is the machinery dispatch
+# and reconcile share (the in-flight pool, room, recorder, downstream, doorbell, queue names, late
+# successes, handoff packet, outcomes); wiring is the roof of the worker processes (the Celery app,
+# tasks, runtime, builders from Settings); the operator face and the tooling stand on top. The
+# sandbox (the fake provider) is on no floor: it imports nothing of ours at all (the test above).
+WORKERS_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("provider",),
+    ("ground",),
+    ("pacing",),
+    ("engine",),
+    ("dispatch", "reconcile", "relay", "webhooks"),
+    ("wiring",),
+    ("service",),
+    ("console",),
+    ("server",),
+    ("cli",),
+    ("testkit",),
+)
+WORKERS_APART = ("sandbox",)
+
+
+def _workers_floor(module: str) -> int:
+    room = module.split(".")[1]
+    if room in WORKERS_APART:
+        return -1
+    return next(i for i, rooms in enumerate(WORKERS_FLOORS) if room in rooms)
+
+
+def test_every_workers_module_lives_in_a_known_room():
+    rooms = {r for floor in WORKERS_FLOORS for r in floor} | set(WORKERS_APART)
+    assert sorted(n for n in MODULES if n.startswith("workers.") and n.split(".")[1] not in rooms) == []
+
+
+def test_the_workers_rooms_import_only_rooms_below_them():
+    """A line in workers/dispatch/ can tell from its folder what it may touch: the engine and what is
+    under it, never reconcile, relay or the Celery wiring; no two rooms import each other."""
+    upward = sorted(
+        (name, dep)
+        for name, path in MODULES.items()
+        if name.startswith("workers.") and name.count(".") > 1
+        for dep in _imports(name, path)
+        if dep.startswith("workers.")
+        and dep.count(".") > 1
+        and dep.split(".")[1] != name.split(".")[1]
+        and dep.split(".")[1] not in WORKERS_APART
+        and _workers_floor(dep) >= _workers_floor(name)
+    )
+    assert upward == []

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from outbox.settings import Settings, parse_ledgers
-from workers.wiring.celery_app import fleet_queues, ledger_queue
+from workers.engine.queues import ledger_queue
+from workers.wiring.celery_app import fleet_queues
 
 A = "postgresql+psycopg://db1/shop"
 B = "postgresql+psycopg://db2/crm?sslmode=require"

@@ -1,4 +1,4 @@
-"""The JSON log line (workers/wiring/logs.py): fields, exceptions, and its configuration's checks."""
+"""The JSON log line (workers/ground/logs.py): fields, exceptions, and its configuration's checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from outbox.errors import ConfigError
 from outbox.settings import LogFormat, log_format_from
-from workers.wiring.logs import JsonFormatter, uvicorn_logging
+from workers.ground.logs import JsonFormatter, uvicorn_logging
 
 
 def record(msg: str, *args: object, exc: bool = False, **extra: object) -> logging.LogRecord:

@@ -21,7 +21,7 @@ from outbox.ledger.states import AttemptClass as A
 from outbox.ledger.states import Status, WaitingFor
 from outbox.ledger.typed_outcome import model_message
 from tests.unit.test_outcomes import DOC, NOT_FOUND, T0, attempts, c, claim
-from workers.dispatch.outcomes import NeedsPerson, Rejected, RetryAt, decide, evidence_wait
+from workers.engine.outcomes import NeedsPerson, Rejected, RetryAt, decide, evidence_wait
 from workers.provider.actions import load_actions, parse_actions
 from workers.provider.classify import classify_response
 from workers.reconcile.judge import after_not_found
@@ -163,7 +163,7 @@ def test_the_store_is_probed_at_most_once_a_second_and_a_change_is_logged_once(c
 
 
 def test_the_gauge_follows_what_the_process_sees():
-    from workers.wiring import metrics
+    from workers.ground import metrics
 
     store = _Store()
 

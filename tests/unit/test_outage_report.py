@@ -1,4 +1,4 @@
-"""What a loop retrying through an outage logs (workers/relay/outage.py OutageReport): one WARNING."""
+"""What a loop retrying through an outage logs (workers/ground/outage.py OutageReport): one WARNING."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 import redis.exceptions
 
-from workers.relay.outage import OutageReport
+from workers.ground.outage import OutageReport
 
 REFUSED = redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 

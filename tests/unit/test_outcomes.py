@@ -1,4 +1,4 @@
-"""The dispatch policy (workers/dispatch/outcomes.py) and the reconciler's judgement, as pure functions."""
+"""The dispatch policy (workers/engine/outcomes.py) and the reconciler's judgement, as pure functions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass as A
 from outbox.ledger.states import Status, WaitingFor
-from workers.dispatch.outcomes import (
+from workers.engine.outcomes import (
     Ambiguous,
     Cancelled,
     Rejected,

@@ -169,9 +169,10 @@ def test_an_attempt_and_a_lookup_with_no_room_are_not_sent_and_cost_nothing() ->
     from breaker import Admissions, BreakerConfig, BreakerRegistry
     from outbox.ledger.claims import Claim
     from outbox.ledger.states import AttemptClass, WaitingFor
-    from workers.dispatch.fan_out import Downstream, attempt
+    from workers.dispatch.fan_out import attempt
     from workers.dispatch.gate import SendChecks
-    from workers.dispatch.outcomes import RetryAt
+    from workers.engine.downstream import Downstream
+    from workers.engine.outcomes import RetryAt
     from workers.reconcile.lookup import ask
 
     class NoCalls:

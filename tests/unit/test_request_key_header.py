@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.unit.test_same_request import claim, go, recorded
-from workers.dispatch.outcomes import NeedsPerson
 from workers.dispatch.same_request import Resend, key_header_of
+from workers.engine.outcomes import NeedsPerson
 from workers.provider.actions import parse_actions
 
 DOC = {

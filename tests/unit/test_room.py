@@ -1,11 +1,11 @@
-"""A worker process's room (workers/dispatch/room.py): a doorbell waits for one place, not a batch's."""
+"""A worker process's room (workers/engine/room.py): a doorbell waits for one place, not a batch's."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from workers.dispatch.room import Room
+from workers.engine.room import Room
 
 
 def _room(max_ops: int) -> tuple[Room, list[int]]:

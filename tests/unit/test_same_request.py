@@ -10,8 +10,8 @@ import httpx
 from outbox.ledger.claims import Claim
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import AttemptKind
-from workers.dispatch.outcomes import NeedsPerson, Rejected
 from workers.dispatch.same_request import BUILD, Resend, route, without_action
+from workers.engine.outcomes import NeedsPerson, Rejected
 from workers.provider.http_request import request_digest
 
 BASE_URL = "https://pay.example.com/api"

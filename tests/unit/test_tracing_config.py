@@ -1,11 +1,11 @@
-"""When the outbox's processes trace (workers/wiring/tracing.py): off unless asked for."""
+"""When the outbox's processes trace (workers/ground/tracing.py): off unless asked for."""
 
 from __future__ import annotations
 
 import pytest
 
 from outbox.errors import ConfigError
-from workers.wiring.tracing import wanted
+from workers.ground.tracing import wanted
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ def check_file(path: str, *, strict: bool) -> dict[str, Any]:
         ]
         if reading.config is not None:
             from outbox.settings import load_settings
-            from workers.wiring.runtime import start_up_problems
+            from workers.wiring.builders import start_up_problems
 
             refused = start_up_problems(load_settings(), reading.config)
             problems += [("", f"workers would refuse to start: {why}") for why in refused]

@@ -12,7 +12,7 @@ from outbox.settings import load_settings
 from workers.cli import render
 from workers.cli.flags import add_log_level, log_level, operator_name
 from workers.cli.ledger import ledger, open_engine
-from workers.wiring import logs
+from workers.ground import logs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ import argparse
 import os
 
 from workers.cli.main import EXIT_INVALID
-from workers.wiring.heartbeat import ENV, age_s
+from workers.ground.heartbeat import ENV, age_s
 
 DEFAULT_MAX_AGE_S = 60.0
 

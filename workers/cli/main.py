@@ -100,10 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_INVALID
     try:
-        from workers.wiring import logs  # outbox.settings (pydantic): not for --version or --help
+        from workers.ground import logs  # outbox.settings (pydantic): not for --version or --help
 
         logs.configure(level)
-        from workers.wiring import tracing
+        from workers.ground import tracing
 
         tracing.configure()
         return int(args.func(args) or 0)
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _say(text: str) -> None:
     """An error that ends the command, on stderr: a JSON record under OUTBOX_LOG_FORMAT=json (a
     long-running command's output is a log stream), the text itself otherwise."""
-    from workers.wiring import logs
+    from workers.ground import logs
 
     logs.say(text, level=logging.ERROR, logger="agent_outbox")
 

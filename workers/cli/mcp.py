@@ -8,7 +8,7 @@ from typing import Any
 from outbox.errors import ConfigError, InvalidIntent
 from outbox.settings import load_settings
 from workers.cli.ledger import open_engine
-from workers.wiring import logs
+from workers.ground import logs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

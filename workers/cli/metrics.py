@@ -5,7 +5,7 @@ One registry combines:
   status, the outcome_unknown backlog and its age, open handoffs and their age, the last report;
 - breaker state per target from Redis (``breaker.metrics.BreakerCollector``), when
   OUTBOX_REDIS_URL and OUTBOX_ACTIONS_FILE are set;
-- the process metrics of workers and relay (``workers.wiring.metrics``) summed over
+- the process metrics of workers and relay (``workers.ground.metrics``) summed over
   ``PROMETHEUS_MULTIPROC_DIR``, when this exporter runs on the same host as them and shares the
   directory. Workers in other containers serve their own (OUTBOX_METRICS_PORT; docs/reference/metrics.md).
 
@@ -62,7 +62,7 @@ def build_registry(settings: Settings) -> CollectorRegistry:
     )
     if settings.redis_url and settings.actions_file is not None:
         from breaker.metrics import BreakerCollector
-        from workers.wiring.runtime import breaker_registry, load_actions_for
+        from workers.wiring.builders import breaker_registry, load_actions_for
 
         breakers = breaker_registry(settings, load_actions_for(settings))
         breakers.close()  # only its configuration is needed: the collector reads Redis itself
@@ -76,7 +76,7 @@ def _targets(settings: Settings) -> dict[str, str]:
     """Each action's target (the unowned handoffs' label); none without a readable actions file."""
     if settings.actions_file is None:
         return {}
-    from workers.wiring.runtime import load_actions_for
+    from workers.wiring.builders import load_actions_for
 
     try:
         return {name: action.target for name, action in load_actions_for(settings).actions.items()}

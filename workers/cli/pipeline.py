@@ -86,11 +86,11 @@ def build_relay(settings: Settings) -> Relay | RelayGroup:
 def _relay_on(settings: Settings, ledger: str | None, engine: Engine) -> Relay:
     from outbox.evidence.sinks import EvidenceSink
     from outbox.ledger.publish import traceparents
-    from workers.relay.doorbell import Doorbell
+    from workers.engine.doorbell import Doorbell
     from workers.relay.loop import Relay
+    from workers.wiring.builders import load_actions_for
     from workers.wiring.celery_app import make_app
     from workers.wiring.embedded_broker import cleanup
-    from workers.wiring.runtime import load_actions_for
 
     url = settings.resolved_broker_url
     doorbell = Doorbell(
@@ -147,7 +147,7 @@ class Pipeline:
         self._stopping = False
 
     def start(self) -> None:
-        from workers.wiring.runtime import load_actions_for
+        from workers.wiring.builders import load_actions_for
 
         load_actions_for(self.settings)  # a malformed actions file fails here, with its path
         self.relay = relay = build_relay(self.settings)
@@ -229,7 +229,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         return _relay_once(relay)
     signal.signal(signal.SIGTERM, lambda *_: relay.stop())
     if settings.metrics_port:
-        from workers.wiring import metrics
+        from workers.ground import metrics
 
         metrics.serve(settings.metrics_port)
     try:
@@ -241,8 +241,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 def _relay_once(relay: Relay | RelayGroup) -> int:
     """One tick of each ledger's relay, each reported on its own line; 1 if a ledger's failed."""
+    from workers.ground.outage import OUTAGES
     from workers.relay.fleet import RelayGroup
-    from workers.relay.outage import OUTAGES
 
     failed = 0
     for one in relay.relays if isinstance(relay, RelayGroup) else [relay]:
@@ -263,7 +263,7 @@ def _relay_once(relay: Relay | RelayGroup) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = load_settings()
-    from workers.wiring.runtime import load_actions_for
+    from workers.wiring.builders import load_actions_for
 
     load_actions_for(settings)
     cmd = worker_command(settings, concurrency=args.concurrency, queues=args.queues, loglevel=log_level(args, "INFO"))
@@ -274,7 +274,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings()
     pipeline = Pipeline(settings, concurrency=args.concurrency, loglevel=log_level(args, "INFO"))
-    from workers.wiring import logs, metrics
+    from workers.ground import logs, metrics
 
     metrics.wipe_multiproc_dir()
     pipeline.start()

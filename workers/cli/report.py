@@ -17,7 +17,7 @@ from outbox.reads.report_summary import record_report
 from outbox.settings import load_settings
 from workers.cli.ledger import ledger
 from workers.provider.listing_report import build_report, dumps
-from workers.wiring.runtime import load_actions_for
+from workers.wiring.builders import load_actions_for
 
 UTC = dt.UTC
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")

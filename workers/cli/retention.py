@@ -9,7 +9,7 @@ import sys
 from outbox.privacy.retention import PurgeResult, check_retention, purge
 from outbox.settings import load_settings
 from workers.cli.ledger import ledger
-from workers.wiring.runtime import load_actions_for
+from workers.wiring.builders import load_actions_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -26,7 +26,7 @@ from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
 from workers.dispatch.gate import Gate, SendChecks
 from workers.dispatch.in_flight import InFlight
-from workers.dispatch.outcomes import AttemptOutcome
+from workers.engine.outcomes import AttemptOutcome
 
 log = logging.getLogger(__name__)
 

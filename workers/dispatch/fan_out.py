@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 from typing import Any
-
-from sqlalchemy.orm import Session, sessionmaker
 
 from breaker import Admissions, Open, counts_as_failure
 from outbox.approvals.decisions import lapse_reason
@@ -24,9 +21,13 @@ from outbox.ledger.envelope import loads_exact
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
-from workers.dispatch.authority import Authority, approval_lapse, refusal
 from workers.dispatch.gate import SendChecks
-from workers.dispatch.outcomes import (
+from workers.dispatch.same_request import Resend, key_header_of, route, without_action
+from workers.dispatch.scope_budget import charge_before_send
+from workers.engine import call_events
+from workers.engine.authority import approval_lapse, refusal
+from workers.engine.downstream import Downstream
+from workers.engine.outcomes import (
     AttemptOutcome,
     FailedAtProvider,
     NeedsApproval,
@@ -42,54 +43,16 @@ from workers.dispatch.outcomes import (
     limit_wait,
     object_wait,
 )
-from workers.dispatch.same_request import Resend, key_header_of, route, without_action
-from workers.dispatch.scope_budget import charge_before_send
-from workers.pacing import Cleared, Deferred, Pacer
-from workers.provider.actions import ActionConfig, ActionsConfig
-from workers.provider.connectors import AttemptResult, ConnectorSet, HttpConnector
-from workers.wiring import call_events, metrics
+from workers.ground import metrics
+from workers.pacing import Deferred
+from workers.provider.actions import ActionConfig
+from workers.provider.connectors import AttemptResult, HttpConnector
 
 # Outcomes that end the operation as a failure, or hand it to a person after a refusal: their attempt
 # span's status is ERROR (and only theirs).
 FINAL_FAILURES = (Rejected, FailedAtProvider, NeedsPerson)
 
 Attempted = tuple[Claim, AttemptReport, AttemptOutcome, ActionConfig | None]
-
-
-# A call waits for a limit in its thread only while its lease still covers the call (its timeouts)
-# and this much more for the finalize after it.
-FINALIZE_MARGIN_S = 0.5
-
-
-@dataclass(frozen=True)
-class Downstream:
-    """What calling a provider takes: the actions file (targets, budgets), the connectors, the
-    pacer that holds each call to its target's declared limits (None: no limits anywhere), and the
-    ledger's sessions for a retry's charge to its conversation (None: nothing is charged)."""
-
-    actions: ActionsConfig
-    connectors: ConnectorSet
-    pacer: Pacer | None = None
-    # Who may still act (workers/dispatch/authority.py), asked before each send; None: nobody is asked.
-    authority: Authority | None = None
-    sessions: sessionmaker[Session] | None = None
-
-    def pace(self, claim: Claim, target: str, *, deadline: datetime | None = None) -> Cleared | Deferred:
-        """Whether this claimed call (or lookup) may leave now, after a short wait in this thread
-        within its lease and ``deadline``, or must go back to the ledger. No limits declared: at once."""
-        if self.pacer is None or target not in self.pacer.limits:
-            return Cleared(target)
-        cfg = self.actions.targets[target]
-        now = claim.now()
-        lease_left = (claim.lease_expires_at - now).total_seconds() - cfg.timeout_s - cfg.connect_timeout_s
-        may_wait = lease_left - FINALIZE_MARGIN_S
-        if deadline is not None:
-            may_wait = min(may_wait, (deadline - now).total_seconds())
-        return self.pacer.clear(target, claim.tenant, max_wait_s=max(0.0, may_wait))
-
-    def done(self, cleared: Cleared) -> None:
-        if self.pacer is not None:
-            self.pacer.done(cleared)
 
 
 def attempt_claimed(downstream: Downstream, admissions: Admissions, claim: Claim, checks: SendChecks) -> Attempted:

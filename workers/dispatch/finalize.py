@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from outbox.errors import StaleFence
 from outbox.evidence.handoffs import open_handoff
-from outbox.evidence.sinks import EvidenceSink, finish_with_evidence, records_for_claims
+from outbox.evidence.sinks import finish_with_evidence, records_for_claims
 from outbox.evidence.stored_events import due_now
 from outbox.ledger.claims import Claim
-from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.models import Operation
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
 from outbox.ledger.transitions import (
@@ -29,9 +27,11 @@ from outbox.ledger.transitions import (
     finalize_if_fenced,
     finalize_many_if_fenced,
 )
-from workers.dispatch.authority import hold_if_stopped, is_hold
 from workers.dispatch.fan_out import Attempted
-from workers.dispatch.outcomes import (
+from workers.engine import call_events
+from workers.engine.authority import hold_if_stopped, is_hold
+from workers.engine.handoff_packet import build_packet
+from workers.engine.outcomes import (
     Accepted,
     Ambiguous,
     AttemptOutcome,
@@ -43,38 +43,14 @@ from workers.dispatch.outcomes import (
     RetryAt,
     Succeeded,
 )
-from workers.provider.actions import ActionConfig, ActionsConfig
-from workers.reconcile.handoff_packet import build_packet
-from workers.reconcile.late import apply_late_successes
-from workers.relay.doorbell import Doorbell
-from workers.wiring import call_events, metrics
+from workers.engine.recorder import Recorder
+from workers.ground import metrics
+from workers.provider.actions import ActionConfig
 
 log = logging.getLogger(__name__)
 
 # A move made: the claim, its outcome, the status it moved to, the reason, its log fields.
 Applied = tuple[Claim, AttemptOutcome, Status, str, dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Recorder:
-    """What finalizing takes: the worker's hot-path connection and sessions, the evidence sink,
-    the doorbell for what follows, and (for late successes' handoff packets) the actions file."""
-
-    ledger: LedgerConnection
-    sessions: sessionmaker[Session]
-    evidence: EvidenceSink
-    doorbell: Doorbell
-    worker_id: str
-    actions: ActionsConfig
-
-    def late(self, attempt_results: dict[int, dict[str, Any] | None]) -> None:
-        apply_late_successes(
-            self.sessions,
-            actor=self.worker_id,
-            evidence=self.evidence,
-            actions=self.actions,
-            attempt_results=attempt_results,
-        )
 
 
 def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, dict[str, Any]]:
@@ -151,11 +127,11 @@ def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOu
         # Evidence with the successes themselves: same transaction, one query, one insert.
         rec.evidence.write_many(records_for_claims(session, succeeded), session=session)
     # A failure above rolls the batch back and raises: its leases expire into outcome_unknown and
-    # the reconciler settles them (an outage: workers/relay/outage.py logs it once).
+    # the reconciler settles them (an outage: workers/ground/outage.py logs it once).
     _after(rec, applied)
     if late:
         # Committed above as evidence; now it settles its operation (evidence wins).
-        rec.late(late)
+        rec.late_successes(attempt_results=late)
     return outcomes
 
 
@@ -204,7 +180,7 @@ def _apply_alone(
     except StaleFence as exc:
         log.info("stale fence: result kept as evidence (%s)", exc, extra=fields)
         if isinstance(outcome, Succeeded):
-            rec.late({claim.attempt_id: outcome.result})
+            rec.late_successes(attempt_results={claim.attempt_id: outcome.result})
         return outcome
     _after(rec, [(claim, outcome, to, reason, fields)])
     return outcome

@@ -32,8 +32,8 @@ from outbox.ledger.envelope import loads_exact
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.objects import Blocker, take_hold
 from outbox.ledger.waits import park_for_breaker
-from workers.dispatch.authority import Authority
-from workers.dispatch.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
+from workers.engine.authority import Authority
+from workers.engine.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
 from workers.provider.actions import ActionConfig, ActionsConfig
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class SendChecks:
     # Those whose action requires evidence while the separate evidence store is down: not sent.
     evidence_down: frozenset[str] = frozenset()
     # Those whose submitting key was revoked and whom a person resolved "not executed" since: sent in
-    # that person's name (workers/dispatch/authority.py).
+    # that person's name (workers/engine/authority.py).
     overridden: frozenset[str] = frozenset()
 
 
@@ -98,7 +98,7 @@ class Gate:
     # while a separate store is down (None: nothing requires it here).
     evidence: EvidenceSink | None = None
     evidence_required: bool = False
-    # Who may still act (workers/dispatch/authority.py); None: nobody is asked.
+    # Who may still act (workers/engine/authority.py); None: nobody is asked.
     authority: Authority | None = None
 
     def admissions(self) -> Admissions:

@@ -34,7 +34,7 @@ import httpx
 from outbox.ledger.claims import Claim
 from outbox.ledger.request_record import RequestRecord
 from outbox.ledger.states import WaitingFor
-from workers.dispatch.outcomes import NeedsPerson, Rejected
+from workers.engine.outcomes import NeedsPerson, Rejected
 from workers.provider.action_config import ActionConfig
 from workers.provider.http_request import BODY_METHODS, PreparedRequest, recorded_request, request_digest
 

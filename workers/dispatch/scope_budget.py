@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.budget_charges import STALE, Spent, charge_attempt, needs_charge
 from outbox.ledger.claims import Claim
-from workers.dispatch.outcomes import AttemptOutcome, RetryAt, spent
+from workers.engine.outcomes import AttemptOutcome, RetryAt, spent
+from workers.ground.outage import OUTAGES
 from workers.provider.actions import ActionConfig, ActionsConfig
-from workers.relay.outage import OUTAGES
 
 log = logging.getLogger(__name__)
 

@@ -50,11 +50,11 @@ from typing import Literal
 from redis.exceptions import RedisError
 
 from breaker.registry import connect
+from workers.ground import metrics
+from workers.ground.outage import OutageReport
 from workers.pacing.limits import Ask, LimitKind, PaceDecision, TargetLimits
 from workers.pacing.local import LocalPacing
 from workers.pacing.shared import Reading, RedisPacing
-from workers.relay.outage import OutageReport
-from workers.wiring import metrics
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ class TargetConfig(_Strict):
     max_in_flight: int | None = Field(default=None, ge=1)
     # Send the attempt's (or lookup's) span downstream as a W3C ``traceparent`` header, so a provider
     # that traces continues the intent's trace. Off by default: a trace id is an identifier the
-    # provider did not ask for. Only while tracing is on (workers/wiring/tracing.py).
+    # provider did not ask for. Only while tracing is on (workers/ground/tracing.py).
     propagate_trace: bool = False
     # Statuses by which this provider says it refused our authority (credentials revoked or expired,
     # a permission missing): nothing was executed, and a person must look (workers/provider/classify.py).

@@ -24,13 +24,12 @@ from breaker import Admissions, BreakerRegistry, Open
 from outbox.evidence.rechecks import claim_rechecks
 from outbox.ledger.claims import Claim, claim_unknown
 from outbox.ledger.states import AttemptClass, Status
-from workers.dispatch.finalize import Recorder
+from workers.engine.recorder import Recorder
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked, breaker_open
 from workers.reconcile.stored_events import answered_by_events
-from workers.reconcile.verdicts import late
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ class Reconciler:
         and the ledger's guard refuses "no effect" while a success is on record."""
         rng = rng or random.Random()
         rec = self.recorder
-        settled = late(rec, operation_ids=list(operation_ids)) if operation_ids else {}
+        settled = rec.late_successes(operation_ids=list(operation_ids)) if operation_ids else {}
         wanted = [op_id for op_id in operation_ids if op_id not in settled]
         size = max(fill_to, len(wanted))
         if not size:

@@ -25,7 +25,7 @@ from outbox.evidence.checks import Recheck, RecheckTerms, plan
 from outbox.ledger.claims import Claim
 from outbox.ledger.clock import as_utc
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
-from workers.dispatch.outcomes import deadline_of, effective_budget
+from workers.engine.outcomes import deadline_of, effective_budget
 from workers.provider.actions import ActionConfig
 from workers.provider.classify import said_key_conflict
 from workers.provider.lookups import LookupResult

@@ -16,12 +16,13 @@ from outbox.ledger import failpoints, tracing
 from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
-from workers.dispatch.fan_out import Downstream
+from workers.engine import call_events
+from workers.engine.downstream import Downstream
+from workers.ground import metrics
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult, verify_found
 from workers.reconcile.judge import LookupVerdict, with_recheck
-from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,13 @@ from datetime import timedelta
 
 from outbox.evidence import rechecks
 from outbox.ledger.states import AttemptClass, Status
-from workers.dispatch.finalize import Recorder
+from workers.engine import call_events
+from workers.engine.recorder import Recorder
+from workers.ground import metrics
 from workers.provider.actions import ActionConfig
 from workers.reconcile.judge import DispatchAttempt, LookupVerdict, dispatch_window
 from workers.reconcile.lookup import Asked, LookupBudget
-from workers.reconcile.verdicts import Looked, dispatch_attempts, late
-from workers.wiring import call_events, metrics
+from workers.reconcile.verdicts import Looked, dispatch_attempts
 
 log = logging.getLogger(__name__)
 RR = Status.RECONCILIATION_REQUIRED
@@ -181,9 +182,9 @@ def settle_rechecks(
         if moved is None:
             log.info("re-check refused: the case moved on meanwhile (its lookup kept as evidence)", extra=fields)
             if judged.to is Status.SUCCEEDED:
-                late(rec, attempt_results={claim.attempt_id: looked.result()})
+                rec.late_successes(attempt_results={claim.attempt_id: looked.result()})
             elif judged.to is not None:
-                late(rec, operation_ids=[claim.operation_id])
+                rec.late_successes(operation_ids=[claim.operation_id])
             continue
         if moved is RR:
             log.info("re-check: %s; the handoff stays with its person", judged.reason, extra=fields)

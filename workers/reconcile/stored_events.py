@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from outbox.evidence.stored_events import StoredSuccess, successes_for
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass, Status
-from workers.dispatch.finalize import Recorder
+from workers.engine.recorder import Recorder
 from workers.provider.actions import ActionConfig
 from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked

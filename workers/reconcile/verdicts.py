@@ -30,20 +30,16 @@ from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.states import AttemptClass, AttemptKind, Status
 from outbox.ledger.transitions import AttemptReport, commit_even_if_stale
 from outbox.ledger.writes import SETTLE_WRITES_FOR
-from workers.dispatch.finalize import Recorder
+from workers.engine import call_events
+from workers.engine.handoff_packet import build_packet
+from workers.engine.recorder import Recorder
+from workers.ground import metrics
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
-from workers.reconcile.handoff_packet import build_packet
 from workers.reconcile.judge import DispatchAttempt, LookupVerdict, after_not_found, dispatch_window, judge, recheck
-from workers.reconcile.late import apply_late_successes
 from workers.reconcile.lookup import Asked, LookupBudget
-from workers.wiring import call_events, metrics
 
 log = logging.getLogger("workers.reconcile.batch")
-
-
-def late(rec: Recorder, **which: Any) -> dict[str, Status]:
-    return apply_late_successes(rec.sessions, actor=rec.worker_id, evidence=rec.evidence, actions=rec.actions, **which)
 
 
 @dataclass(frozen=True)
@@ -175,9 +171,9 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, LookupVerdi
         log.info("stale fence: lookup kept as evidence (%s)", refusal, extra=item.fields())
     stale_successes = {i.claim.attempt_id: i.result() for i, _ in stale if i.verdict.to is Status.SUCCEEDED}
     if stale_successes:
-        late(rec, attempt_results=stale_successes)
+        rec.late_successes(attempt_results=stale_successes)
     if refused_ids:
-        late(rec, operation_ids=refused_ids)
+        rec.late_successes(operation_ids=refused_ids)
     redispatch = []
     for item, to in applied:
         _trace_settled(item, to)
@@ -212,13 +208,13 @@ def _settle(rec: Recorder, item: Looked) -> LookupVerdict:
     except StaleFence as exc:
         log.info("stale fence: lookup kept as evidence (%s)", exc, extra=item.fields())
         if verdict.to is Status.SUCCEEDED:
-            late(rec, attempt_results={claim.attempt_id: item.result()})
+            rec.late_successes(attempt_results={claim.attempt_id: item.result()})
         return verdict
     except IllegalTransition as exc:
         # "No effect" refused by the ledger's guard: a success arrived on another attempt while
         # we looked. It settles the operation instead.
         log.info("no-effect settlement refused (%s): applying the success on record", exc, extra=item.fields())
-        late(rec, operation_ids=[claim.operation_id])
+        rec.late_successes(operation_ids=[claim.operation_id])
         return verdict
     _trace_settled(item, applied)
     _log_settled(item, applied)

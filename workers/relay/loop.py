@@ -58,13 +58,13 @@ from outbox.ledger.planner_stats import PlannerStats
 from outbox.ledger.publish import count_due, mark_published, mark_published_if_due
 from outbox.ledger.states import RECONCILE_CLAIMABLE, Status
 from outbox.runs.advance import advance_due
+from workers.engine.doorbell import Doorbell
+from workers.engine.handoff_packet import packet_builder
+from workers.ground import metrics
+from workers.ground.heartbeat import Heartbeat
+from workers.ground.outage import OUTAGES, OutageReport
 from workers.provider.actions import ActionsConfig
-from workers.reconcile.handoff_packet import packet_builder
-from workers.relay.doorbell import Doorbell
 from workers.relay.gather import Gather
-from workers.relay.outage import OUTAGES, OutageReport
-from workers.wiring import metrics
-from workers.wiring.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Relay:
         self.linger_s = linger_s
         self.max_queued = max_queued
         # Liveness (OUTBOX_HEARTBEAT_FILE): touched by the ticking loop, whether a tick worked or
-        # waits out an outage (workers/wiring/heartbeat.py).
+        # waits out an outage (workers/ground/heartbeat.py).
         self.heartbeat = Heartbeat.from_env()
         self._depth: int | None = None  # dispatch doorbells in the broker, as last read (+ own since)
         self._depth_read = float("-inf")

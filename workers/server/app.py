@@ -44,10 +44,10 @@ from producer.http.problems import (
     refused_problem,
 )
 from producer.http.waiters import Waiters
+from workers.ground import metrics, tracing
 from workers.server import operators, subjects, webhooks
 from workers.server.request_metrics import RequestMetrics
 from workers.service.webhooks import WebhookReceiver
-from workers.wiring import metrics, tracing
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
 

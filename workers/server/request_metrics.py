@@ -14,7 +14,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workers.wiring import metrics
+from workers.ground import metrics
 
 UNMATCHED = "unmatched"
 

@@ -28,7 +28,7 @@ from outbox.ledger.waits import wake_breaker_waits
 from outbox.service.inputs import BY_MAX, written
 from outbox.settings import Settings
 from workers.pacing import limits_of
-from workers.wiring.runtime import breaker_registry, load_actions_for, pacer_for
+from workers.wiring.builders import breaker_registry, load_actions_for, pacer_for
 
 # How a surface opens the ledger for the wake, only once the reset is done: the server passes its
 # open sessionmaker (``opened(sessions)``), the command line opens the configured ledger then.

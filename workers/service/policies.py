@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from outbox.approvals.decisions import ApprovalPolicy
 from outbox.settings import Settings
-from workers.wiring.runtime import load_actions_for
+from workers.wiring.builders import load_actions_for
 
 
 def approval_policies(settings: Settings) -> dict[str, ApprovalPolicy]:

@@ -34,12 +34,12 @@ from outbox.errors import NotFound
 from outbox.evidence import webhooks as ledger
 from outbox.evidence.sinks import EvidenceSink
 from outbox.settings import Settings
+from workers.engine.handoff_packet import packet_builder
 from workers.provider.actions import ActionsConfig, TargetConfig
-from workers.reconcile.handoff_packet import packet_builder
 from workers.webhooks import metrics
 from workers.webhooks.events import event_type, owner_check, readings, redactor_for
 from workers.webhooks.signatures import WebhookRefused, verify
-from workers.wiring.runtime import load_actions_for
+from workers.wiring.builders import load_actions_for
 
 log = logging.getLogger(__name__)
 TENANT_MAX = 128  # the ledger's tenant column

@@ -137,7 +137,7 @@ class OutboxPipeline:
         from producer.client import Outbox
         from workers.cli.ledger import open_engine
         from workers.cli.pipeline import Pipeline
-        from workers.wiring.runtime import start_up_problems
+        from workers.wiring.builders import start_up_problems
 
         point_at(self.source, self.provider.url, self.actions_file, os.environ)
         self.actions = load_actions(self.actions_file)

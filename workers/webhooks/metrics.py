@@ -17,7 +17,7 @@ import logging
 
 from prometheus_client import Counter
 
-from workers.wiring.metrics import PROCESS_REGISTRY
+from workers.ground.metrics import PROCESS_REGISTRY
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,10 @@ from kombu.utils.objects import cached_property
 
 from outbox.errors import ConfigError
 from outbox.settings import Settings, load_settings
-from workers.wiring import broker_outage, broker_transport, celery_steps, event_sender, logs, tracing
+from workers.engine.queues import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE, ledger_queue
+from workers.ground import event_sender, logs, tracing
+from workers.wiring import broker_outage, broker_transport, celery_steps
 
-DISPATCH_QUEUE = "dispatch"
-UNKNOWN_QUEUE = "outcome_unknown"
-DISPATCH_TASK = "outbox.dispatch"
-RECONCILE_TASK = "outbox.reconcile"
 SWEEP_TASK = "outbox.sweep"
 # Beat runs the sweep this often in case no relay is running; the relay itself sweeps every second.
 SWEEP_EVERY_S = 15.0
@@ -27,14 +25,6 @@ PURGE_TASK = "outbox.purge"
 PURGE_EVERY_S = 86400.0  # retention (OUTBOX_ARGS_RETENTION_S): arguments of old terminal operations
 REPORT_TASK = "outbox.report"
 REPORT_EVERY_S = 3600.0  # the reconciliation report over the last 24 h, kept in the ledger
-
-
-def ledger_queue(kind: str, ledger: str | None) -> str:
-    """The queue of ``kind`` (DISPATCH_QUEUE or UNKNOWN_QUEUE) for one ledger of a fleet draining
-    several (OUTBOX_DATABASE_URLS): ``dispatch.<name>``; the plain queue for the one ledger. Each
-    ledger has its own, so the relay of each counts and bounds only its own doorbells (a backlog in
-    one ledger cannot take another's place in the broker) and a worker takes from each in turn."""
-    return kind if ledger is None else f"{kind}.{ledger}"
 
 
 def fleet_queues(queues: list[str], ledgers: list[str | None]) -> list[str]:

@@ -31,7 +31,7 @@ from celery.signals import beat_init
 
 from outbox.errors import ConfigError
 from outbox.settings import LogFormat
-from workers.wiring import logs
+from workers.ground import logs
 
 log = logging.getLogger("celery.apps.worker")
 beat_log = logging.getLogger("celery.beat")

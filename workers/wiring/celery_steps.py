@@ -7,7 +7,7 @@ from typing import Any
 from celery import bootsteps
 from celery.beat import PersistentScheduler
 
-from workers.wiring.heartbeat import EVERY_S, Heartbeat
+from workers.ground.heartbeat import EVERY_S, Heartbeat
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]

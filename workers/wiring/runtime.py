@@ -24,7 +24,7 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from breaker import BreakerConfig, BreakerRegistry
+from breaker import BreakerRegistry
 from outbox.errors import ConfigError
 from outbox.evidence.checks import RecheckTerms
 from outbox.evidence.sinks import EvidenceSink
@@ -32,23 +32,23 @@ from outbox.ledger.authority import board_for
 from outbox.ledger.db import FLEET_CONNECT_TIMEOUT_S, connect_timeout_args, make_engine, make_sessionmaker
 from outbox.ledger.fairness import Fairness
 from outbox.ledger.hot_path import LedgerConnection
-from outbox.privacy.retention import check_retention
 from outbox.settings import Settings, load_settings
-from workers.dispatch.authority import Authority
 from workers.dispatch.batch import Dispatcher
-from workers.dispatch.fan_out import Downstream
-from workers.dispatch.finalize import Recorder
 from workers.dispatch.gate import Gate
 from workers.dispatch.in_flight import InFlight
-from workers.pacing import Pacer, limits_of
-from workers.provider.actions import ActionsConfig, load_actions
+from workers.engine.authority import Authority
+from workers.engine.doorbell import Doorbell
+from workers.engine.downstream import Downstream
+from workers.engine.recorder import Recorder
+from workers.ground import metrics
+from workers.pacing import Pacer
+from workers.provider.actions import ActionsConfig
 from workers.provider.connectors import ConnectorSet
 from workers.reconcile.batch import Reconciler
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.lookup import LookupBudget
-from workers.relay.doorbell import Doorbell
-from workers.wiring import metrics
-from workers.wiring.celery_app import check_time_limits, make_app
+from workers.wiring.builders import breaker_registry, load_actions_for, longest_call_s, pacer_for, start_up_problems
+from workers.wiring.celery_app import make_app
 
 
 @dataclass
@@ -190,80 +190,6 @@ def close_shared(evidence: EvidenceSink, connectors: ConnectorSet, breakers: Bre
     connectors.close()
     breakers.close()
     pacer.close()
-
-
-def longest_call_s(actions: ActionsConfig) -> float:
-    return max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
-
-
-def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
-    """The actions file checked approvals against the default reconcile window; this deployment's
-    own (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) must fit too."""
-    window = settings.reconcile_max_lookups * settings.reconcile_max_delay_s
-    for name, action in actions.actions.items():
-        problem = action.approval_window_problem(window)
-        if problem:
-            raise ConfigError(
-                f"actions.{name}: {problem} (the reconcile window is this deployment's "
-                "OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S)"
-            )
-
-
-def start_up_problems(settings: Settings, actions: ActionsConfig) -> list[str]:
-    """Every reason a worker would refuse to start with this actions file under these settings
-    (``agent-outbox actions check`` reports them too)."""
-
-    def time_limits() -> None:
-        check_time_limits(settings, longest_call_s=longest_call_s(actions))
-
-    def retention() -> None:
-        check_retention(settings.args_retention_s, actions.key_retentions())
-
-    def approval_windows() -> None:
-        check_approval_windows(settings, actions)
-
-    problems = []
-    for check in (time_limits, retention, approval_windows):
-        try:
-            check()
-        except ConfigError as exc:
-            problems.append(str(exc))
-    return problems
-
-
-def load_actions_for(settings: Settings) -> ActionsConfig:
-    if settings.actions_file is None:
-        raise ConfigError(
-            "OUTBOX_ACTIONS_FILE is not set: workers need the actions/targets file (see examples/actions.yaml)"
-        )
-    return load_actions(settings.actions_file)
-
-
-def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegistry:
-    configs = {
-        name: BreakerConfig(
-            fail_max=t.breaker.fail_max,
-            reset_timeout_s=t.breaker.reset_timeout_s,
-            success_threshold=t.breaker.success_threshold,
-        )
-        for name, t in actions.targets.items()
-    }
-    # The broker key prefix doubles as the breaker namespace: one Redis, several deployments.
-    return BreakerRegistry(
-        configs, redis_url=settings.redis_url or None, namespace=settings.broker_key_prefix or "default"
-    )
-
-
-def pacer_for(settings: Settings, actions: ActionsConfig, process_id: str) -> Pacer:
-    """The process's limits: shared through OUTBOX_REDIS_URL under the deployment's namespace (the
-    breakers'), or this process's own without it."""
-    return Pacer(
-        limits_of(actions),
-        process_id=process_id,
-        redis_url=settings.redis_url or None,
-        namespace=settings.broker_key_prefix or "default",
-        fallback_processes=settings.pacing_fallback_processes,
-    )
 
 
 def build_runtime(settings: Settings | None = None, *, app: Celery | None = None) -> Runtime:

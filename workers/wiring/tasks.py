@@ -24,11 +24,11 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from workers.wiring import event_sender, logs, metrics, soft_limit, tracing
+from workers.engine.queues import DISPATCH_TASK, RECONCILE_TASK
+from workers.ground import event_sender, logs, metrics, tracing
+from workers.wiring import soft_limit
 from workers.wiring.celery_app import (
-    DISPATCH_TASK,
     PURGE_TASK,
-    RECONCILE_TASK,
     REPORT_TASK,
     SWEEP_TASK,
     fleet_queues,
@@ -136,7 +136,7 @@ def _close_runtime(**kw: object) -> None:
 def dispatch(operation_ids: str | list[str], ledger: str | None = None) -> None:
     """One doorbell: an operation id, or a batch of them (OUTBOX_DOORBELL_BATCH), of ``ledger`` (a
     fleet's: OUTBOX_DATABASE_URLS; None: the one ledger)."""
-    from workers.relay.outage import riding_out_outages
+    from workers.ground.outage import riding_out_outages
 
     ids = _ids(operation_ids)
     rt = _runtime_of(ledger, ids)
@@ -151,7 +151,7 @@ def dispatch(operation_ids: str | list[str], ledger: str | None = None) -> None:
 def reconcile(operation_ids: str | list[str], ledger: str | None = None) -> None:
     """One reconcile doorbell: an operation id, or a batch of them, topped up with whatever else is
     due; the lookups run on the process's lookup threads and the task returns at once."""
-    from workers.relay.outage import riding_out_outages
+    from workers.ground.outage import riding_out_outages
 
     ids = _ids(operation_ids)
     rt = _runtime_of(ledger, ids)
@@ -236,7 +236,7 @@ def _every_ledger(task: str, body: Callable[[Runtime], None]) -> None:
     """``body`` on each ledger's runtime in turn, inside riding_out_outages: an outage of one ledger
     is its WARNING and the next ledger's turn; any other error of one ledger its ERROR, and the next
     ledger's turn too."""
-    from workers.relay.outage import riding_out_outages
+    from workers.ground.outage import riding_out_outages
     from workers.wiring.runtime import get_fleet
 
     fleet = get_fleet(app)

@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.evidence import late as late_evidence
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.states import Status
+from workers.engine import call_events
+from workers.engine.handoff_packet import packet_builder
+from workers.ground import metrics
 from workers.provider.actions import ActionsConfig
-from workers.reconcile.handoff_packet import packet_builder
-from workers.wiring import call_events, metrics
 
 log = logging.getLogger(__name__)
 

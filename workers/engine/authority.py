@@ -34,7 +34,7 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.states import Status, WaitingFor
 from outbox.ledger.stops import HOLD_S, held_reason, still_stopped
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
-from workers.dispatch.outcomes import Ambiguous, AttemptOutcome, Cancelled, NeedsPerson, RetryAt
+from workers.engine.outcomes import Ambiguous, AttemptOutcome, Cancelled, NeedsPerson, RetryAt
 
 log = logging.getLogger(__name__)
 

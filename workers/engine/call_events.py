@@ -52,12 +52,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from outbox.ledger.claims import Claim
-from outbox.ledger.states import Status
+from outbox.ledger.states import AttemptClass, Status
 from outbox.privacy.masking import Redactor
-from workers.dispatch.outcomes import AttemptOutcome, RetryAt, Succeeded
+from workers.engine.outcomes import AttemptOutcome, RetryAt, Succeeded
+from workers.ground import event_sender
 from workers.provider.lookups import LookupResult
-from workers.reconcile.judge import LookupVerdict
-from workers.wiring import event_sender
 
 PREFIX = "outbox."
 LOOKUP_PREFIX = "outbox.lookup."
@@ -88,6 +87,19 @@ def lookup_uuid(operation_id: str, round_: int) -> str:
     return str(uuid.uuid5(NAMESPACE, f"lookup:{operation_id}:{round_}"))
 
 
+class Verdict(Protocol):
+    """What a lookup concluded, as its events tell it (workers/reconcile/judge.py's LookupVerdict)."""
+
+    @property
+    def klass(self) -> AttemptClass: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def reference(self) -> str | None: ...
+    @property
+    def recheck_in_s(self) -> float: ...
+
+
 class Settled(Protocol):
     """A looked-up operation and its verdict (workers/reconcile/verdicts.py's Looked)."""
 
@@ -96,7 +108,7 @@ class Settled(Protocol):
     @property
     def found(self) -> LookupResult | None: ...
     @property
-    def verdict(self) -> LookupVerdict: ...
+    def verdict(self) -> Verdict: ...
 
 
 # -- dispatch -----------------------------------------------------------------------------------

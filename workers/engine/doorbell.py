@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 
 from outbox.evidence.rechecks import due_rechecks
 from outbox.ledger import tracing
-from workers.relay.outage import BROKER_OUTAGES
-from workers.wiring.celery_app import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE, ledger_queue
+from workers.engine.queues import DISPATCH_QUEUE, DISPATCH_TASK, RECONCILE_TASK, UNKNOWN_QUEUE, ledger_queue
+from workers.ground.outage import BROKER_OUTAGES
 
 log = logging.getLogger(__name__)
 
