@@ -26,7 +26,7 @@ from workers.dispatch.same_request import Resend, key_header_of, route, without_
 from workers.dispatch.scope_budget import charge_before_send
 from workers.engine import call_events
 from workers.engine.authority import approval_lapse, refusal
-from workers.engine.downstream import Downstream
+from workers.engine.downstream import Downstream, addressed
 from workers.engine.outcomes import (
     AttemptOutcome,
     FailedAtProvider,
@@ -163,17 +163,9 @@ def _attempt(
         failpoints.hit("dispatch.before_send", claim.idempotency_key)
         args = loads_exact(claim.args)
         # The request on record goes again as it is; a hook connector is never handed one.
-        recorded = {"recorded": chosen.request} if isinstance(chosen, Resend) else {}
+        recorded: dict[str, Any] = {"recorded": chosen.request} if isinstance(chosen, Resend) else {}
         call_events.sending(claim)
-        result = connector.send(
-            claim.action,
-            action,
-            args=args,
-            idempotency_key=claim.provider_key,
-            tenant=claim.tenant,
-            fencing_token=claim.fencing_token,
-            **recorded,
-        )
+        result = connector.send(claim.action, action, args=args, **addressed(claim), **recorded)
     finally:
         downstream.done(paced)
     c = result.classification

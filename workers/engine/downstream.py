@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -48,3 +49,9 @@ class Downstream:
     def done(self, cleared: Cleared) -> None:
         if self.pacer is not None:
             self.pacer.done(cleared)
+
+
+def addressed(claim: Claim) -> dict[str, Any]:
+    """What every request about a claimed operation carries beside its arguments, a call or a
+    lookup alike: the key the provider sees, the tenant and the fencing token."""
+    return {"idempotency_key": claim.provider_key, "tenant": claim.tenant, "fencing_token": claim.fencing_token}

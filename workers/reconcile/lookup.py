@@ -17,7 +17,7 @@ from outbox.ledger.claims import Claim
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.states import AttemptClass
 from workers.engine import call_events
-from workers.engine.downstream import Downstream
+from workers.engine.downstream import Downstream, addressed
 from workers.ground import metrics
 from workers.pacing import Deferred
 from workers.provider.actions import ActionConfig
@@ -119,12 +119,7 @@ def _ask(downstream: Downstream, admissions: Admissions, claim: Claim) -> Asked:
         call_events.looking_up(claim)
         try:
             found = downstream.connectors.for_action(claim.action).lookup(
-                claim.action,
-                action,
-                args=args,
-                idempotency_key=claim.provider_key,
-                tenant=claim.tenant,
-                fencing_token=claim.fencing_token,
+                claim.action, action, args=args, **addressed(claim)
             )
         finally:
             downstream.done(paced)
