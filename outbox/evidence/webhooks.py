@@ -14,7 +14,7 @@ caller's transaction:
 3. applies what it says, under the row's lock, status and token guarded as every move:
    - succeeded: the provider's confirmation is written as an attempt row of its own (a lookup row,
      ``stale``: its writer never owned the operation), and applied as any late success is
-     (outbox/evidence/late.py): evidence wins. From a state that claims no outcome yet
+     (outbox/evidence/late_successes.py): evidence wins. From a state that claims no outcome yet
      (dispatching, outcome_unknown, accepted, reconciliation_required, ...) -> succeeded, the token
      bumped, an open handoff closed; from a "no effect" end -> a person reviews; already succeeded:
      nothing, and a second reference is on record for the report;
@@ -47,8 +47,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from outbox.actions.webhooks import WebhookOutcome
-from outbox.evidence.late import LateSuccess, PacketBuilder
-from outbox.evidence.late import apply as apply_late
+from outbox.evidence.late_successes import LateSuccess, PacketBuilder
+from outbox.evidence.late_successes import apply as apply_late
 from outbox.evidence.rechecks import recheck_now
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.clock import db_now

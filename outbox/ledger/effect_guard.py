@@ -5,7 +5,7 @@ refuses to enter them while any attempt of the operation says otherwise:
 
 - **confirmed**: an attempt of any kind (dispatch or lookup), stale or not, holds the provider's
   2xx. Evidence wins: a worker that lost its lease and still got the provider's confirmation
-  proves the effect happened (outbox/evidence/late.py applies it).
+  proves the effect happened (outbox/evidence/late_successes.py applies it).
 - **may still land**: a dispatch attempt that was ambiguous or never reported (its worker froze,
   crashed or lost its answer), numbered after ``proven_absent_through``. A lookup's "not found"
   proves nothing against such a request: a paused process or a provider's queue can deliver it

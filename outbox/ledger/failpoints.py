@@ -31,7 +31,7 @@ NAMES = (
     "dispatch.after_response",
     "reconcile.after_lookup",
     "sweep.after_select_before_update",  # lease expiry (outbox/ledger/leases.py)
-    "late_evidence.after_select_before_update",  # applying stale successes (outbox/evidence/late.py)
+    "late_evidence.after_select_before_update",  # applying stale successes (outbox/evidence/late_successes.py)
     "gate.after_select_before_update",  # parking for an open breaker (workers/dispatch/gate.py)
     "backfill.after_select_before_update",  # writing evidence the sink missed (outbox/evidence/sinks.py)
 )

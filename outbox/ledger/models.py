@@ -200,7 +200,7 @@ class Attempt(AttemptVersionColumn, Base):
     error: Mapped[str | None] = mapped_column(Text)
     # True when this result arrived after the worker had lost the operation (a zombie's late
     # answer): kept as evidence, never written over the operation row by its worker. A stale
-    # success still settles the operation: evidence wins (late_evidence.py).
+    # success still settles the operation: evidence wins (outbox/evidence/late_successes.py).
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
     # Bookkeeping, not evidence: when the ledger applied this stale success to its operation (or
     # handed the contradiction to a person). NULL on a stale success = not yet applied.
@@ -216,7 +216,7 @@ class Attempt(AttemptVersionColumn, Base):
         UniqueConstraint("operation_id", "kind", "attempt_number"),
         CheckConstraint(f"attempt_class IN ({CLASS_VALUES})", name="attempt_class"),
         CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
-        # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (late_evidence.py).
+        # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (outbox/evidence/late_successes.py).
         # Only those rows are indexed, so the sweep stays cheap however large the table grows.
         Index(
             f"ix_{ATTEMPTS}_unapplied_successes",

@@ -77,7 +77,7 @@ EFFECT: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.COMMITTED_EVIDEN
 
 # Terminal states that say "no effect happened". The ledger enters them only while no attempt can
 # still take effect and none is confirmed (effect_guard.py). A provider-confirmed
-# success that arrives anyway contradicts them: a person reviews (outbox/evidence/late.py).
+# success that arrives anyway contradicts them: a person reviews (outbox/evidence/late_successes.py).
 # failed_at_provider is one of them: the provider's own record of the key says it failed, which
 # proves that no attempt of this key can still take effect there.
 NO_EFFECT: frozenset[Status] = frozenset({Status.FAILED_BEFORE_COMMIT, Status.FAILED_AT_PROVIDER, Status.CANCELLED})

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
-from outbox.evidence.late import CONTRADICTION_EVENT
+from outbox.evidence.late_successes import CONTRADICTION_EVENT
 from outbox.ledger.clock import as_utc
 from outbox.ledger.effect_guard import may_still_land
 from outbox.ledger.models import OPERATIONS, UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent

@@ -241,7 +241,7 @@ def resolve_run(session: Session, run: Run, *, actor: str, note: str) -> Run:
 
 def flag_contradiction(session: Session, op: Operation, *, reason: str, actor: str) -> None:
     """A step or compensation that had said "no effect" was contradicted by the provider's late
-    confirmation (outbox/evidence/late.py): whatever its run says now rests on that, so the run goes
+    confirmation (outbox/evidence/late_successes.py): whatever its run says now rests on that, so the run goes
     to a person, also when it had ended (failed, compensated, cancelled, resolved)."""
     if not op.run_id:
         return

@@ -163,13 +163,13 @@ def test_a_persons_decision_fences_off_a_recheck_in_flight(ledger):
     assert op.status == "abandoned" and op.finished_at is not None and op.fencing_token == c.fencing_token + 1
     assert (h.resolution, h.resolved_by, h.evidence_attempt_id, h.next_check_at) == ("abandoned", "alice", None, None)
     with ledger.sessions() as s:  # the lookup's answer is kept, marked stale: the late-success sweep applies it
-        from outbox.evidence.late import unapplied
+        from outbox.evidence.late_successes import unapplied
 
         assert [u.attempt_id for u in unapplied(s, operation_ids=[op_id])] == [c.attempt_id]
 
 
 def test_abandoned_is_an_end_that_the_providers_confirmation_still_settles(ledger):
-    from outbox.evidence.late import apply_unapplied
+    from outbox.evidence.late_successes import apply_unapplied
 
     op_id, hid = _handed_over(ledger)
     advance_ledger_clock(ledger.engine, 61, operation_ids=[op_id])

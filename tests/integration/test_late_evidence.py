@@ -1,4 +1,4 @@
-"""Evidence wins (outbox/evidence/late.py), on SQLite and PostgreSQL: a success that a worker got
+"""Evidence wins (outbox/evidence/late_successes.py), on SQLite and PostgreSQL: a success that a worker got
 after losing its lease settles the operation, and a "no effect" state is never kept beside one.
 
 The processes and the provider are played by the ledger calls they make; tests/faults/
@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select, update
 
 from outbox.errors import IllegalTransition, StaleFence
-from outbox.evidence.late import CONTRADICTION_EVENT, LATE_EVIDENCE_EVENT, apply_unapplied, unapplied
+from outbox.evidence.late_successes import CONTRADICTION_EVENT, LATE_EVIDENCE_EVENT, apply_unapplied, unapplied
 from outbox.evidence.settlement import settle_if_fenced
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.claims import Claim, claim_due, claim_unknown

@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 
 from breaker import Open
 from outbox.errors import StaleFence
-from outbox.evidence.late import LATE_EVIDENCE_EVENT, apply_unapplied
+from outbox.evidence.late_successes import LATE_EVIDENCE_EVENT, apply_unapplied
 from outbox.evidence.sinks import EvidenceSink, backfill
 from outbox.ledger import failpoints
 from outbox.ledger.claims import claim_due, claim_unknown

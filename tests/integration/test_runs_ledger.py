@@ -90,7 +90,7 @@ def test_a_late_success_contradicting_a_failed_step_sends_the_ended_run_to_a_per
     the step ends failed_before_commit and the run ends failed. Then the frozen request lands: the run
     no longer says "nothing of it was done", a person decides."""
     from outbox.errors import StaleFence
-    from outbox.evidence.late import apply_unapplied
+    from outbox.evidence.late_successes import apply_unapplied
     from outbox.evidence.settlement import settle_if_fenced
     from outbox.evidence.sinks import EvidenceSink
     from outbox.ledger.claims import claim_due, claim_unknown

@@ -39,7 +39,7 @@ from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.errors import IdempotencyConflict, IllegalTransition, StaleFence
-from outbox.evidence.late import CONTRADICTION_EVENT, apply_unapplied, unapplied
+from outbox.evidence.late_successes import CONTRADICTION_EVENT, apply_unapplied, unapplied
 from outbox.evidence.settlement import evidence_backfilled, resolve_by_person, settle_if_fenced
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.claims import Claim, claim_due, claim_unknown

@@ -35,7 +35,7 @@ from sqlalchemy import inspect, select, update
 from outbox import migrate
 from outbox.actions.rules import load_intent_rules
 from outbox.errors import StaleFence
-from outbox.evidence.late import CONTRADICTION_EVENT, apply_unapplied
+from outbox.evidence.late_successes import CONTRADICTION_EVENT, apply_unapplied
 from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.claims import claim_due, claim_unknown

@@ -193,7 +193,7 @@ def test_nothing_is_sent_while_the_worker_sends_no_task_events(monkeypatch):
     call_events.claimed([c])
     call_events.sending(c)
     dispatch(c, Succeeded("re_1", None), Status.SUCCEEDED)
-    call_events.late({OP: Status.SUCCEEDED})
+    call_events.late_successes({OP: Status.SUCCEEDED})
     assert calls == []
 
 

@@ -232,7 +232,7 @@ def test_the_tests_import_nothing_of_the_benchmarks():
 # on one floor (dispatch, reconcile, relay, webhooks) never import each other. provider is the
 # provider contract (the actions file, connectors, classification); ground is what every process
 # uses to be seen (metrics, logs, tracing, heartbeat, outages); engine is the machinery dispatch
-# and reconcile share (the in-flight pool, room, recorder, downstream, doorbell, queue names, late
+# and reconcile share (the in-flight pool, room, committer, downstream, doorbell, queue names, late
 # successes, handoff packet, outcomes); wiring is the roof of the worker processes (the Celery app,
 # tasks, runtime, builders from Settings); the operator face and the tooling stand on top. The
 # sandbox (the fake provider) is on no floor: it imports nothing of ours at all (the test above).

@@ -49,7 +49,7 @@ def test_succeeded_has_no_outgoing_transitions():
 @pytest.mark.parametrize("terminal", sorted(NO_EFFECT))
 def test_a_no_effect_state_is_left_only_for_a_person_when_evidence_contradicts_it(terminal):
     # Evidence wins: a provider-confirmed success after "no effect" is never silently left as it
-    # was; the operation goes to a person (late_evidence.py), and nowhere else.
+    # was; the operation goes to a person (outbox/evidence/late_successes.py), and nowhere else.
     assert [dst for (src, dst) in ALLOWED if src is terminal] == [Status.RECONCILIATION_REQUIRED]
     # The other ends: the effect, and abandoned (a person stopped looking; it claims neither).
     assert NO_EFFECT | {Status.SUCCEEDED, Status.ABANDONED} == TERMINAL

@@ -30,6 +30,7 @@ from outbox.ledger.transitions import (
 from workers.dispatch.fan_out import Attempted
 from workers.engine import call_events
 from workers.engine.authority import hold_if_stopped, is_hold
+from workers.engine.committer import Committer
 from workers.engine.handoff_packet import build_packet
 from workers.engine.outcomes import (
     Accepted,
@@ -43,14 +44,13 @@ from workers.engine.outcomes import (
     RetryAt,
     Succeeded,
 )
-from workers.engine.recorder import Recorder
 from workers.ground import metrics
 from workers.provider.actions import ActionConfig
 
 log = logging.getLogger(__name__)
 
 # A move made: the claim, its outcome, the status it moved to, the reason, its log fields.
-Applied = tuple[Claim, AttemptOutcome, Status, str, dict[str, Any]]
+Finalized = tuple[Claim, AttemptOutcome, Status, str, dict[str, Any]]
 
 
 def _transition_of(claim: Claim, outcome: AttemptOutcome) -> tuple[Status, str, dict[str, Any]]:
@@ -89,22 +89,22 @@ def _fields(claim: Claim, report: AttemptReport, action: ActionConfig | None) ->
     }
 
 
-def apply_many(rec: Recorder, items: Sequence[Attempted]) -> dict[str, AttemptOutcome]:
+def finalize_attempts(rec: Committer, items: Sequence[Attempted]) -> dict[str, AttemptOutcome]:
     """Finalize a batch: one transaction for all (each move still guarded by its own token).
 
     A stale token refuses only its own operation (its attempt evidence is kept); a separate
     evidence database needs its own write before each success, so that case goes one by one.
     """
     if rec.evidence.separate:
-        return {c.operation_id: _apply_alone(rec, c, r, o, a) for c, r, o, a in items}
+        return {c.operation_id: _finalize_alone(rec, c, r, o, a) for c, r, o, a in items}
     # A handoff writes its packet through the ORM, a stopped subject's hold under the stop's lock
     # (rare: a refusal a person must look at, an emergency stop): alone.
     outcomes = {c.operation_id: o for c, _, o, _ in items}
     for c, r, o, a in items:
         if _alone(o):
-            outcomes[c.operation_id] = _apply_alone(rec, c, r, o, a)
+            outcomes[c.operation_id] = _finalize_alone(rec, c, r, o, a)
     items = [item for item in items if not _alone(item[2])]
-    applied: list[Applied] = []
+    applied: list[Finalized] = []
     succeeded: list[tuple[Claim, AttemptReport]] = []
     late: dict[int, dict[str, Any] | None] = {}  # refused successes: attempt id -> response body
     ends = []
@@ -139,8 +139,8 @@ def _alone(outcome: AttemptOutcome) -> bool:
     return isinstance(outcome, NeedsPerson) or is_hold(outcome)
 
 
-def _apply_alone(
-    rec: Recorder, claim: Claim, report: AttemptReport, outcome: AttemptOutcome, action: ActionConfig | None
+def _finalize_alone(
+    rec: Committer, claim: Claim, report: AttemptReport, outcome: AttemptOutcome, action: ActionConfig | None
 ) -> AttemptOutcome:
     fields = _fields(claim, report, action)
     if is_hold(outcome):
@@ -186,7 +186,7 @@ def _apply_alone(
     return outcome
 
 
-def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
+def _after(rec: Committer, applied: Sequence[Finalized]) -> None:
     """After the commit: one log line per operation, then the doorbells that follow from it.
 
     Not for what went to outcome_unknown: the relay's next tick rings the reconciler for every
@@ -214,12 +214,12 @@ def _after(rec: Recorder, applied: Sequence[Applied]) -> None:
         _events_waiting(rec, taken_up)
 
 
-def _maps_webhooks(rec: Recorder, claim: Claim) -> bool:
+def _maps_webhooks(rec: Committer, claim: Claim) -> bool:
     action = rec.actions.actions.get(claim.action)
     return action is not None and action.webhooks is not None
 
 
-def _events_waiting(rec: Recorder, operation_ids: list[str]) -> None:
+def _events_waiting(rec: Committer, operation_ids: list[str]) -> None:
     """A webhook event kept while these were in flight (a failure, or a success named by a reference
     not recorded yet: outbox/evidence/stored_events.py) makes them due now: the reconciler's next
     claim takes the event up, or looks the object up, without waiting for the settle window. One

@@ -8,7 +8,7 @@ What is dispatch's own here:
 - a call that breaks part-way is in doubt (it may have been sent): it goes to the reconciler at
   once as outcome_unknown, not minutes later through lease expiry;
 - the commit: the committer finalizes whatever has arrived in one transaction (finalize.py's
-  ``apply_many``) on its own connection; a ledger outage there is retried while the leases last (a
+  ``finalize_attempts``) on its own connection; a ledger outage there is retried while the leases last (a
   PostgreSQL restart then costs no reconciliation). Calls beyond a target's max_connections wait
   for a connection of its pool (per-target concurrency stays as configured).
 
@@ -30,13 +30,13 @@ from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
 from workers.dispatch.canary import Canaries
 from workers.dispatch.fan_out import Attempted, attempt_claimed
-from workers.dispatch.finalize import apply_many
+from workers.dispatch.finalize import finalize_attempts
 from workers.dispatch.gate import SendChecks
 from workers.engine import call_events
+from workers.engine.committer import Committer
 from workers.engine.downstream import Downstream
 from workers.engine.in_flight import Batch, InFlightPool, Lane
 from workers.engine.outcomes import Ambiguous, AttemptOutcome
-from workers.engine.recorder import Recorder
 from workers.ground import metrics
 from workers.ground.outage import OUTAGES
 
@@ -52,9 +52,9 @@ _Lane = Lane[Attempted, AttemptOutcome]
 class _Calls:
     """The pool's work: a claim is one call; results are finalized in one transaction."""
 
-    def __init__(self, downstream: Downstream, recorder: Recorder, retry_s: float) -> None:
+    def __init__(self, downstream: Downstream, committer: Committer, retry_s: float) -> None:
         self._downstream = downstream
-        self._rec = recorder
+        self._rec = committer
         self._retry_s = retry_s
         self.canaries = Canaries(downstream.actions)
         self.stopping: Callable[[], bool] = lambda: False
@@ -133,7 +133,7 @@ class _Calls:
         delay = 0.2
         while True:
             try:
-                return apply_many(self._rec, attempted)
+                return finalize_attempts(self._rec, attempted)
             except OUTAGES as exc:
                 if time.monotonic() + delay > give_up or self.stopping():
                     log.warning(
@@ -150,11 +150,11 @@ class _Calls:
 
 class InFlight:
     def __init__(
-        self, downstream: Downstream, recorder: Recorder, *, max_ops: int, lease_s: float, ledger: str | None = None
+        self, downstream: Downstream, committer: Committer, *, max_ops: int, lease_s: float, ledger: str | None = None
     ) -> None:
         """``ledger``: the fleet's ledger these calls belong to (OUTBOX_DATABASE_URLS), for the gauge."""
-        self._rec = recorder
-        self._calls = _Calls(downstream, recorder, min(FINALIZE_RETRY_S, lease_s / 2))
+        self._rec = committer
+        self._calls = _Calls(downstream, committer, min(FINALIZE_RETRY_S, lease_s / 2))
         self._pool = InFlightPool(
             self._calls, max_ops=max_ops, name="call", record=lambda held: metrics.record_in_flight(held, ledger)
         )

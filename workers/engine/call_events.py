@@ -198,7 +198,7 @@ def settled(item: Settled, to: Status) -> None:
     event_sender.send(type_, event)
 
 
-def late(moved: Mapping[str, Status]) -> None:
+def late_successes(moved: Mapping[str, Status]) -> None:
     """Operations settled by a success on record (a stale worker's answer: evidence wins)."""
     if not event_sender.on() or not moved:
         return

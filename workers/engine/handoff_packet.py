@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from outbox.evidence.late import PacketBuilder
+from outbox.evidence.late_successes import PacketBuilder
 from outbox.ledger.models import Approval, Attempt, Operation
 from outbox.ledger.states import AttemptClass, AttemptKind, WaitingFor
 from outbox.privacy.masking import MASK, masked_view

@@ -1,5 +1,5 @@
 """Late successes found by a process of the pipeline: a worker's own refused 2xx, or those the
-reconciler finds on its operation before it asks the provider. Evidence wins (outbox/evidence/late.py).
+reconciler finds on its operation before it asks the provider. Evidence wins (outbox/evidence/late_successes.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from outbox.evidence import late as late_evidence
+from outbox.evidence.late_successes import apply_unapplied
 from outbox.evidence.sinks import EvidenceSink
 from outbox.ledger.states import Status
 from workers.engine import call_events
@@ -32,7 +32,7 @@ def apply_late_successes(
     """Settle operations by late successes: the given attempts' (a worker's own, with the response
     bodies it read), or any of ``operation_ids``'. Never raises: the relay's sweep is the backstop."""
     try:
-        moved = late_evidence.apply_unapplied(
+        moved = apply_unapplied(
             sessions,
             actor=actor,
             sink=evidence,
@@ -46,5 +46,5 @@ def apply_late_successes(
         return {}
     for status in moved.values():
         metrics.record_outcome(status)
-    call_events.late(moved)
+    call_events.late_successes(moved)
     return moved

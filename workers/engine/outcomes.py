@@ -1,6 +1,6 @@
 """What one dispatch attempt leads to, as values; ``decide`` is the policy, pure and testable.
 
-Workers return an outcome, not a boolean. ``finalize.apply_many`` turns it into exactly one guarded
+Workers return an outcome, not a boolean. ``finalize.finalize_attempts`` turns it into exactly one guarded
 transition of the ledger.
 """
 

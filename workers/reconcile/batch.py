@@ -24,7 +24,7 @@ from breaker import Admissions, BreakerRegistry, Open
 from outbox.evidence.rechecks import claim_rechecks
 from outbox.ledger.claims import Claim, claim_unknown
 from outbox.ledger.states import AttemptClass, Status
-from workers.engine.recorder import Recorder
+from workers.engine.committer import Committer
 from workers.provider.actions import ActionConfig, ActionsConfig
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.judge import LookupVerdict
@@ -36,11 +36,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Reconciler:
-    """What a reconcile doorbell takes: the recorder (late successes; its sessions claim), the
+    """What a reconcile doorbell takes: the committer (late successes; its sessions claim), the
     breakers, the process's lookups in flight, and the claim's terms (OUTBOX_LEASE_S, how long a
     doorbell waits for room)."""
 
-    recorder: Recorder
+    committer: Committer
     breakers: BreakerRegistry
     lookups: LookupsInFlight
     lease_s: float
@@ -71,7 +71,7 @@ class Reconciler:
         nothing is. Those taken along get no late-success check first: a lookup finds the effect,
         and the ledger's guard refuses "no effect" while a success is on record."""
         rng = rng or random.Random()
-        rec = self.recorder
+        rec = self.committer
         settled = rec.late_successes(operation_ids=list(operation_ids)) if operation_ids else {}
         wanted = [op_id for op_id in operation_ids if op_id not in settled]
         size = max(fill_to, len(wanted))

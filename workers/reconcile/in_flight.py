@@ -30,9 +30,9 @@ from breaker import Admissions
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import Status
 from workers.engine import call_events
+from workers.engine.committer import Committer
 from workers.engine.downstream import Downstream
 from workers.engine.in_flight import Batch, InFlightPool, Lane
-from workers.engine.recorder import Recorder
 from workers.ground import metrics
 from workers.ground.outage import OUTAGES
 from workers.reconcile.judge import LookupVerdict
@@ -72,9 +72,9 @@ class LookupPace:
 class _Lookups:
     """The pool's work: a claim is one lookup; answers are judged and settled in one transaction."""
 
-    def __init__(self, downstream: Downstream, recorder: Recorder, budget: LookupBudget) -> None:
+    def __init__(self, downstream: Downstream, committer: Committer, budget: LookupBudget) -> None:
         self._downstream = downstream
-        self._rec = recorder
+        self._rec = committer
         self._budget = budget
         self.pace = LookupPace()
 
@@ -130,17 +130,17 @@ class LookupsInFlight:
     def __init__(
         self,
         downstream: Downstream,
-        recorder: Recorder,
+        committer: Committer,
         budget: LookupBudget,
         *,
         max_ops: int,
         ledger: str | None = None,
     ) -> None:
         """``ledger``: the fleet's ledger these lookups belong to (OUTBOX_DATABASE_URLS), for the gauge."""
-        self.recorder = recorder
+        self.committer = committer
         self.max_ops = max_ops
         self._pool = InFlightPool(
-            _Lookups(downstream, recorder, budget),
+            _Lookups(downstream, committer, budget),
             max_ops=max_ops,
             name="lookup",
             record=lambda held: metrics.record_lookups_in_flight(held, ledger),

@@ -29,7 +29,7 @@ from datetime import timedelta
 from outbox.evidence import rechecks
 from outbox.ledger.states import AttemptClass, Status
 from workers.engine import call_events
-from workers.engine.recorder import Recorder
+from workers.engine.committer import Committer
 from workers.ground import metrics
 from workers.provider.actions import ActionConfig
 from workers.reconcile.judge import DispatchAttempt, LookupVerdict, dispatch_window
@@ -124,7 +124,7 @@ def judge_recheck(
 
 
 def settle_rechecks(
-    rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
+    rec: Committer, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
 ) -> dict[str, LookupVerdict]:
     """Judge and settle re-checks, each in its own transaction (they are few: hours apart)."""
     not_found = [a.claim.operation_id for _, a in items if a.found is not None and a.found.outcome == "not_found"]

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from outbox.evidence.stored_events import StoredSuccess, successes_for
 from outbox.ledger.claims import Claim
 from outbox.ledger.states import AttemptClass, Status
-from workers.engine.recorder import Recorder
+from workers.engine.committer import Committer
 from workers.provider.actions import ActionConfig
 from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked
 
 
-def answered_by_events(rec: Recorder, claims: Sequence[Claim]) -> list[Asked]:
+def answered_by_events(rec: Committer, claims: Sequence[Claim]) -> list[Asked]:
     """The claims a stored success event answers (settled without a lookup), each with its event rows."""
     mapped: dict[str, tuple[Claim, ActionConfig]] = {}
     for claim in claims:

@@ -31,8 +31,8 @@ from outbox.ledger.states import AttemptClass, AttemptKind, Status
 from outbox.ledger.transitions import AttemptReport, commit_even_if_stale
 from outbox.ledger.writes import SETTLE_WRITES_FOR
 from workers.engine import call_events
+from workers.engine.committer import Committer
 from workers.engine.handoff_packet import build_packet
-from workers.engine.recorder import Recorder
 from workers.ground import metrics
 from workers.provider.actions import ActionConfig
 from workers.provider.lookups import LookupResult
@@ -79,7 +79,7 @@ class Looked:
         return self.claim.log_fields()
 
 
-def _write_settlement(rec: Recorder, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
+def _write_settlement(rec: Committer, session: Session, item: Looked, report: AttemptReport, to: Status) -> None:
     """The fenced move of one looked-up operation (and its handoff when a person must decide)."""
     verdict = item.verdict
     settle_if_fenced(
@@ -108,7 +108,7 @@ def _mark_events(session: Session, item: Looked, to: Status) -> None:
         mark_applied(session, item.events, operation_id=item.claim.operation_id, tenant=item.claim.tenant, moved_to=to)
 
 
-def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, LookupVerdict]:
+def settle_looked(rec: Committer, looked: Sequence[Looked]) -> dict[str, LookupVerdict]:
     """Settle a doorbell's lookups in ONE transaction: one commit (and WAL flush) per batch, and the
     common settlements (found done, send again, look again later) as one statement each, pipelined
     in one round trip like a worker's finalize (settlement.settle_many_if_fenced). One refused
@@ -187,7 +187,7 @@ def settle_all(rec: Recorder, looked: Sequence[Looked]) -> dict[str, LookupVerdi
     return {item.claim.operation_id: item.verdict for item in looked}
 
 
-def _settle(rec: Recorder, item: Looked) -> LookupVerdict:
+def _settle(rec: Committer, item: Looked) -> LookupVerdict:
     """One operation alone (a separate evidence database: its write comes before the success)."""
     claim, verdict = item.claim, item.verdict
     report = item.report()
@@ -252,10 +252,10 @@ def _log_settled(item: Looked, applied: Status) -> None:
 
 
 def settle_answers(
-    rec: Recorder, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
+    rec: Committer, items: Sequence[tuple[random.Random, Asked]], budget: LookupBudget
 ) -> dict[str, LookupVerdict]:
     """Judge what the provider answered (one read of the dispatch attempts for every "not found")
-    and settle it all in one transaction (settle_all).
+    and settle it all in one transaction (settle_looked).
 
     The reconciler's budget counts lookups that were sent: one sent back by a declared limit or
     parked by an open breaker is on record (not_sent) but spends nothing. Its row still takes a
@@ -285,11 +285,11 @@ def settle_answers(
         )
         for rng, a in items
     ]
-    return settle_all(rec, [replace(i, verdict=budget.with_recheck(i.verdict, i.action)) for i in looked])
+    return settle_looked(rec, [replace(i, verdict=budget.with_recheck(i.verdict, i.action)) for i in looked])
 
 
 def _judged(
-    rec: Recorder,
+    rec: Committer,
     asked: Asked,
     rng: random.Random,
     attempts: list[DispatchAttempt],
@@ -340,7 +340,7 @@ def _judged(
     return Looked(claim, found, verdict, action, asked.waited)
 
 
-def _scopes_spent(rec: Recorder, session: Session, claims: Sequence[Claim]) -> dict[str, str]:
+def _scopes_spent(rec: Committer, session: Session, claims: Sequence[Claim]) -> dict[str, str]:
     """For operations in a budget scope found absent: why their conversation has no retry left (one
     read per operation; only for those: an operation without a scope costs nothing here)."""
     out: dict[str, str] = {}

@@ -2,7 +2,7 @@
 
 Each tick (``run_once``):
 1. expired leases on ``dispatching`` -> ``outcome_unknown`` (a crashed worker may have sent), and
-   late successes a worker wrote but did not live to apply -> settled (outbox/evidence/late.py);
+   late successes a worker wrote but did not live to apply -> settled (outbox/evidence/late_successes.py);
    handoffs whose next check is due -> a reconcile doorbell when none is queued (their re-check);
 2. due ``not_dispatched`` rows never published, due again (a retry), or published longer ago than
    ``republish_after_s`` (the message was lost: broker restart, crashed consumer) -> ``dispatch``;
@@ -49,7 +49,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from outbox.evidence import late as late_evidence
+from outbox.evidence.late_successes import apply_unapplied
 from outbox.evidence.sinks import EvidenceSink, backfill
 from outbox.ledger import publish
 from outbox.ledger.db import make_sessionmaker
@@ -264,7 +264,7 @@ class Relay:
             if expired:
                 log.info("leases expired: %d operation(s) parked in outcome_unknown", expired)
             self._planner_stats.refresh_if_stale()
-            settled = late_evidence.apply_unapplied(self.sessions, actor="sweep", sink=self._sink, packet=self._packet)
+            settled = apply_unapplied(self.sessions, actor="sweep", sink=self._sink, packet=self._packet)
             if settled:
                 log.info("late evidence: %d operation(s) settled by a success their worker did not apply", len(settled))
             self.doorbell.ring_rechecks(self.engine)

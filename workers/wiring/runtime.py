@@ -37,9 +37,9 @@ from workers.dispatch.batch import Dispatcher
 from workers.dispatch.gate import Gate
 from workers.dispatch.in_flight import InFlight
 from workers.engine.authority import Authority
+from workers.engine.committer import Committer
 from workers.engine.doorbell import Doorbell
 from workers.engine.downstream import Downstream
-from workers.engine.recorder import Recorder
 from workers.ground import metrics
 from workers.pacing import Pacer
 from workers.provider.actions import ActionsConfig
@@ -86,9 +86,9 @@ class Runtime:
         """Who may still act on this ledger, as this process last read it (one board per ledger)."""
         return Authority(self.sessions, board_for(self.engine))
 
-    def recorder(self, ledger: LedgerConnection) -> Recorder:
+    def committer(self, ledger: LedgerConnection) -> Committer:
         """What finalize takes to record outcomes (on ``ledger``) and ring what follows."""
-        return Recorder(ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions)
+        return Committer(ledger, self.sessions, self.evidence, self.doorbell, self.worker_id, self.actions)
 
     @property
     def in_flight(self) -> InFlight:
@@ -98,7 +98,7 @@ class Runtime:
             if self._in_flight is None:
                 self._in_flight = InFlight(
                     self.downstream(),
-                    self.recorder(LedgerConnection(self.engine, self.sessions)),
+                    self.committer(LedgerConnection(self.engine, self.sessions)),
                     max_ops=self.settings.max_in_flight,
                     lease_s=self.settings.lease_s,
                     ledger=self.ledger_name,
@@ -108,7 +108,7 @@ class Runtime:
     @property
     def lookups(self) -> LookupsInFlight:
         """This process's lookups in flight (the reconciler's; threads started on first use). Settling
-        uses only sessions, so the recorder shares the doorbell task's (idle) hot-path connection."""
+        uses only sessions, so the committer shares the doorbell task's (idle) hot-path connection."""
         with self._in_flight_lock:
             if self._lookups is None:
                 rechecks = RecheckTerms(
@@ -121,7 +121,7 @@ class Runtime:
                 )
                 self._lookups = LookupsInFlight(
                     self.downstream(),
-                    self.recorder(self.ledger),
+                    self.committer(self.ledger),
                     budget,
                     max_ops=self.settings.max_in_flight,
                     ledger=self.ledger_name,
@@ -155,12 +155,12 @@ class Runtime:
 
     @property
     def reconciler(self) -> Reconciler:
-        """What a reconcile doorbell takes: the recorder its lookups settle with, the breakers, the
+        """What a reconcile doorbell takes: the committer its lookups settle with, the breakers, the
         lookups in flight, and the claim's terms."""
         if self._reconciler is None:
             lookups = self.lookups
             self._reconciler = Reconciler(
-                lookups.recorder, self.breakers, lookups, lease_s=self.settings.lease_s, room_wait_s=self.room_wait_s
+                lookups.committer, self.breakers, lookups, lease_s=self.settings.lease_s, room_wait_s=self.room_wait_s
             )
         return self._reconciler
 

@@ -1,6 +1,6 @@
-"""The recorder: what writing a call's or a lookup's result to the ledger takes (the worker's hot-path
+"""The committer: what writing a call's or a lookup's result to the ledger takes (the worker's hot-path
 connection and sessions, the evidence sink, the doorbell for what follows, the actions file), and
-the late successes either may find on the way (evidence wins: outbox/evidence/late.py)."""
+the late successes either may find on the way (evidence wins: outbox/evidence/late_successes.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from workers.provider.actions import ActionsConfig
 
 
 @dataclass(frozen=True)
-class Recorder:
+class Committer:
     """What writing results takes: the worker's hot-path connection and sessions, the evidence sink,
     the doorbell for what follows, and (for late successes' handoff packets) the actions file."""
 
