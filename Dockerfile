@@ -4,7 +4,7 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 # The whole checkout less .dockerignore: pyproject.toml decides which packages the install takes, so
-# a package added or moved is in the image without an edit here (tests/integration/test_image.py
+# a package added or moved is in the image without an edit here (tests/integration/packaging/test_image.py
 # replays this context and runs every compose command from it).
 COPY . .
 # Every compose service's extra; `binary`: psycopg's prebuilt implementation, as the slim image has no libpq;

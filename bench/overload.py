@@ -19,7 +19,7 @@ Judged (printed as met or not):
   its slope is stated against the ``1 - 1/factor`` a fleet settling at capacity gives;
 - intake stays responsive: the p99 of the submitter's transactions (one per 50 ms tick, in-process
   ``submit``) in the last third of the arrivals within 2x the first third's (the HTTP API's own answer
-  past a backlog, ``OUTBOX_API_MAX_BACKLOG``'s 429, is tested in tests/integration/test_api.py);
+  past a backlog, ``OUTBOX_API_MAX_BACKLOG``'s 429, is tested in tests/integration/surfaces/test_api.py);
 - once drained: 0 lost, 0 duplicate effects, 0 untrue states (scale_proof's invariants).
 
 Budgets get a deadline of ``--deadline`` (3600 s) so that nothing expires in the queue: an operation

@@ -14,7 +14,7 @@ Run it (a PostgreSQL ledger, migrated with ``agent-outbox migrate``)::
     curl -s -X POST localhost:8000/refunds -H 'Content-Type: application/json' \\
         -d '{"request_id": "req-1", "order_id": "o-17", "amount": "25.00"}'
 
-tests/integration/test_fastapi_example.py runs it offline against a database of its own.
+tests/integration/agents/test_fastapi_example.py runs it offline against a database of its own.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations at run time, and

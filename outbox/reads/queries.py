@@ -166,7 +166,7 @@ def submitted_detail(new: NewOperation, inserted: Inserted) -> OperationDetail:
     """A row this very transaction inserted, as a read of it would show it, without reading it: the row
     as submit wrote it (the driver's insert_operation), the times the database gave it, no attempt, no
     approval, one submit event. A submit over HTTP is answered from this (two reads fewer); that it
-    equals the read is tests/integration/test_submitted_answer.py's to show."""
+    equals the read is tests/integration/ledger/test_submitted_answer.py's to show."""
     op = Operation(
         id=new.id,
         tenant=new.tenant,

@@ -30,7 +30,7 @@ from outbox.ledger.states import EventKind, Status
 from tests import spawn
 from tests.faults.test_dispatch_faults import holds
 from tests.harness import CLOCK_LEASE, REFUND_ARGS, ROOT, action, actions_doc, pk, wait_for
-from tests.integration.test_tenants import _cli
+from tests.integration.surfaces.test_tenants import _cli
 from workers.provider.actions import load_actions
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

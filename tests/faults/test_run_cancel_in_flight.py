@@ -22,8 +22,8 @@ from sqlalchemy import select
 from outbox.ledger.history import HistoryEvent
 from outbox.ledger.states import EventKind, Status
 from tests.harness import CLOCK_LEASE, action, actions_doc, wait_for
-from tests.integration.test_runs import _run, _wait_run
-from tests.integration.test_tenants import _cli
+from tests.integration.runs.test_runs import _run, _wait_run
+from tests.integration.surfaces.test_tenants import _cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

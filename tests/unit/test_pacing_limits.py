@@ -1,5 +1,5 @@
 """Limits as declared and as one process keeps them: the actions file's shape, the GCRA and the slots
-on an injected clock (nothing sleeps). Shared limits in Redis: tests/integration/test_pacing_redis.py."""
+on an injected clock (nothing sleeps). Shared limits in Redis: tests/integration/dispatch/test_pacing_redis.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ Create Date: 2026-12-02
 SQLite cannot alter a CHECK constraint: the two tables are rebuilt the way SQLite documents
 (create the new table, copy, drop, rename, recreate the indexes), with foreign keys off for the
 migration (outbox/migrate.py), so no attempt or event row is cascaded away. Every row keeps its
-state: a migration of a ledger with work in flight loses nothing (tests/integration/test_upgrade.py).
+state: a migration of a ledger with work in flight loses nothing (tests/integration/ledger/test_upgrade.py).
 """
 
 from __future__ import annotations

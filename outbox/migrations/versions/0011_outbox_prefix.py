@@ -13,7 +13,7 @@ serial ids (``outbox_attempts_id_seq``). The version table already had its own n
 
 Only names change: every row stays as it is, with its id, state, lease and token, so a ledger with
 work in flight (leased, parked unknown, waiting for a person or an approval, a run between two
-steps) upgrades and settles (tests/integration/test_upgrade.py). Stop the workers, migrate, start
+steps) upgrades and settles (tests/integration/ledger/test_upgrade.py). Stop the workers, migrate, start
 the new ones, as for every migration: a process of the previous release names the old tables.
 
 PostgreSQL renames in place (one transaction; the renamed sequences stay the columns' defaults, which
