@@ -78,8 +78,8 @@ SELECT gen_random_uuid()::text, 'bench', 'due-' || g, 'refund',
 FROM generate_series(1, %(d)s) AS g
 """
 
-# The due subquery of the PostgreSQL driver's claim (outbox/ledger/drivers/pg_statements.py, dispatch kind, no
-# operation id), bound.
+# The due subquery of the PostgreSQL driver's claim (outbox/ledger/drivers/sql/claim.sql, a dispatch of due rows,
+# no operation id), bound.
 _EXPLAIN = f"""
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
 SELECT id FROM {OPERATIONS}

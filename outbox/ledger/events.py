@@ -1,8 +1,8 @@
 """The one Core spelling of an ``operation_events`` row: the history a move leaves behind.
 
 transitions.move, the breaker park/wake (waits.py) and the SQLite driver write through here; the
-PostgreSQL driver records the submit on the operation row (pg_statements.py), its claims and the
-moves of attempt results on the attempt rows (pg_moves.py), and writes a row here only for a move
+PostgreSQL driver records the submit on the operation row (drivers/sql/submit.sql), its claims and
+the moves of attempt results on the attempt rows (drivers/sql/claim.sql, moves.sql), and writes a row here only for a move
 no open attempt row can record. Read the whole history from ``outbox_history`` (history.py).
 """
 

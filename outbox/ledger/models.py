@@ -171,7 +171,7 @@ class Operation(RequestRecordColumns, RetryLinkColumns, Base):
 _DUE_ROWS = _where("status = 'not_dispatched'")
 # What is due, in claim order: only claimable rows are indexed, so the index stays small while the
 # table grows to millions of finished operations. ``due``: what is due by time (counts, ages, an
-# unfair claim); ``fair_due``: the fair claim's walk (pg_statements.py): tenants with work due, then
+# unfair claim); ``fair_due``: the fair claim's walk (drivers/sql/claim.sql): tenants with work due, then
 # each one's rows in claim order.
 Index(f"ix_{OPERATIONS}_due", Operation.next_attempt_at, **_DUE_ROWS)
 Index(f"ix_{OPERATIONS}_fair_due", Operation.tenant, Operation.priority.desc(), Operation.next_attempt_at, **_DUE_ROWS)

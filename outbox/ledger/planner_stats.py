@@ -1,7 +1,7 @@
 """Fresh planner statistics for the queue tables, on PostgreSQL.
 
 The ledger's hot statements are prepared once per connection and run on generic plans
-(drivers/pg_statements.py). PostgreSQL plans them from the statistics of the moment, and its
+(drivers/postgres.py; the statements: drivers/sql/). PostgreSQL plans them from the statistics of the moment, and its
 autovacuum refreshes those only after 10% of a table has changed, checking once a minute. A queue
 table outruns that: planned while ``outbox_operations`` was empty (a new deployment) or while the due
 set was tiny (a steady state), a doorbell's claim of ten ids scanned the whole partial index of

@@ -5,7 +5,7 @@ The point of an outbox is that the agent's own rows and its intent commit or rol
 one row: ``INSERT ... ON CONFLICT DO NOTHING`` lets exactly one win, the loser reads the winner's
 row and compares digests (same digest = the same intent, a different one = ``IdempotencyConflict``).
 On PostgreSQL the insert also queues a NOTIFY that the database delivers on commit (the driver's
-one statement, outbox/ledger/drivers/pg_statements.py).
+one statement, outbox/ledger/drivers/sql/submit.sql).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from outbox.ledger.drivers import pg_moves as moves
 from outbox.ledger.drivers import pg_statements as sql
 from outbox.ledger.drivers.base import FinalizeWrite
-from outbox.ledger.states import AttemptKind, Status
+from outbox.ledger.states import RECONCILE_CLAIMABLE, AttemptKind, Status
 from outbox.ledger.writes import SETTLE_WRITES_FOR
 
 STATEMENTS = {
@@ -36,8 +36,12 @@ SHAPES = {
         moves.finalize(to, refund, guard) for to in Status for refund in (False, True) for guard in (False, True)
     ],
     "finalize_rows": [moves.finalize_rows(to, refund) for to in Status for refund in (False, True)],
-    "settle": [moves.finalize(to, False, True, Status.OUTCOME_UNKNOWN) for to in SETTLE_WRITES_FOR],
-    "settle_rows": [moves.finalize_rows(to, False, Status.OUTCOME_UNKNOWN) for to in SETTLE_WRITES_FOR],
+    "settle": [
+        moves.finalize(to, False, False, source) for to in SETTLE_WRITES_FOR for source in sorted(RECONCILE_CLAIMABLE)
+    ],
+    "settle_rows": [
+        moves.finalize_rows(to, False, source) for to in SETTLE_WRITES_FOR for source in sorted(RECONCILE_CLAIMABLE)
+    ],
     "mark_due": [sql.mark_due(status, leased, 100) for status in Status for leased in (False, True)],
     "attempt_log": [sql.attempt_log(("id", "attempt_class"))],
 }

@@ -2,7 +2,7 @@
 
 Business code (submit, claims, transitions, evidence, the relay) says *what* to write; a driver
 says it in its database's terms. Two implement it: ``postgres.PostgresDriver`` (the catalogue of
-statements in ``pg_statements.py``, sent through psycopg, or through SQLAlchemy when an application's
+statements in ``sql/*.sql``, sent through psycopg, or through SQLAlchemy when an application's
 transaction runs on another driver) and ``sqlite.SqliteDriver`` (SQLAlchemy Core, one writer at a time). ``outbox.ledger.drivers.driver_for`` picks one; no other module asks which
 database it runs on.
 """

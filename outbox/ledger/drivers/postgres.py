@@ -145,7 +145,7 @@ class PostgresDriver:
         return nullcontext()
 
     def set_statement_timeout(self, session: Session, ms: int) -> None:
-        session.connection().exec_driver_sql(sql.STATEMENT_TIMEOUT % int(ms))
+        session.connection().exec_driver_sql(sql.statement_timeout(ms))
 
     def hot_path(self, engine: Engine, sessions: sessionmaker[Session]) -> PgHotPath:
         return PgHotPath(engine)

@@ -1,5 +1,5 @@
 """The fair claim's ranking on SQLite: which due rows a claim takes, in the PostgreSQL statement's
-order (outbox/ledger/drivers/pg_statements.py), with window functions over every due row. The
+order (outbox/ledger/drivers/sql/claim.sql), with window functions over every due row. The
 embedded default is one machine's ledger; its backlog is small enough to rank whole."""
 
 from __future__ import annotations
