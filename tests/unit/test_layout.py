@@ -5,6 +5,8 @@
 - only the ledger drivers (outbox/ledger/drivers/) ask which database they run on;
 - SQL text lives in outbox/ only; writes to the ledger's tables happen in outbox/ only.
 - inside outbox/, rooms import only rooms on floors below their own (ledger first, service last);
+- inside workers/, the same (provider, ground, pacing, engine, then dispatch/reconcile/relay/webhooks
+  side by side and never importing each other, wiring as the roof, the operator face and tooling on top);
 - the sandbox (the fake provider) imports nothing of the system it fakes;
 - docstrings cite no issue of ours and not the benchmarks' notes: history is in git.
 - the tests import nothing of bench/ (bench uses what the tests share).
