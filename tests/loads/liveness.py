@@ -91,11 +91,13 @@ FIRST_REQUEST_MIX: list[tuple[str, float, dict[str, Any]]] = [
 ]
 
 
-def first_request_rules(seed: int) -> list[dict[str, Any]]:
+def first_request_rules(
+    seed: int, mix: list[tuple[str, float, dict[str, Any]]] = FIRST_REQUEST_MIX
+) -> list[dict[str, Any]]:
     """The mix as sandbox rules. Rules are tried in order (first match wins), so each one's
     probability is its share among the requests the rules before it let through."""
     rules, left = [], 1.0
-    for n, (mode, share, extra) in enumerate(FIRST_REQUEST_MIX):
+    for n, (mode, share, extra) in enumerate(mix):
         rules.append(
             {
                 "mode": mode,

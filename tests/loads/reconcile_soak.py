@@ -47,12 +47,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.loads.cpu_split import CpuSplit  # noqa: E402
-from tests.loads.liveness import ENV, FIRST_REQUEST_MIX, MAX_ATTEMPTS, READ_TIMEOUT_S  # noqa: E402
+from tests.loads.liveness import (  # noqa: E402
+    ENV,
+    FIRST_REQUEST_MIX,
+    MAX_ATTEMPTS,
+    READ_TIMEOUT_S,
+    first_request_rules,
+)
 from tests.loads.scale_proof import (  # noqa: E402
     ACTIONS,
     NOT_QUIET,
-    SUBMIT_RETRY_S,
     ScaleResult,
+    SubmitThread,
     _check,
     _log,
     _status_counts,
@@ -81,20 +87,7 @@ def soak_rules(
     rules: list[dict[str, Any]] = []
     if lookup_latency_ms:
         rules.append({"mode": "latency", "latency_ms": lookup_latency_ms, "method": "GET", "path": "/v1/*"})
-    left = 1.0
-    for n, (mode, share, extra) in enumerate(mix):
-        rules.append(
-            {
-                "mode": mode,
-                "probability": share / left,
-                "first_per_key": True,
-                "method": "POST",
-                "path": "/v1/*",
-                "seed": seed * 100 + n,
-                **extra,
-            }
-        )
-        left -= share
+    rules += first_request_rules(seed, mix)
     if post_latency_ms:
         rules.append({"mode": "latency", "latency_ms": post_latency_ms, "method": "POST", "path": "/v1/*"})
     return rules
@@ -114,7 +107,7 @@ def soak_actions_doc(sandbox_url: str, *, deadline_s: float) -> dict[str, Any]:
 
 
 @dataclass
-class Steady:
+class Steady(SubmitThread):
     """Intents at ``rate`` per second for ``duration_s``, submitted by a thread of their own in
     one transaction per tick (as many as the rate owes since the start)."""
 
@@ -125,6 +118,8 @@ class Steady:
     keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # op id -> (action, provider key)
     errors: list[BaseException] = field(default_factory=list)
     thread: threading.Thread | None = None
+    thread_name = "steady-submit"
+    subject: str = "soak"
     submitted: int = 0
     behind_s: float = 0.0  # the most the submitter fell behind its schedule
     # (seconds since start, seconds the tick's transaction took, intents in it): intake latency
@@ -134,15 +129,6 @@ class Steady:
     def total(self) -> int:
         return int(self.rate * self.duration_s)
 
-    def start(self) -> float:
-        started = time.monotonic()
-        self.thread = threading.Thread(target=self._run, args=(started,), name="steady-submit", daemon=True)
-        self.thread.start()
-        return started
-
-    def is_alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
-
     def _run(self, started: float) -> None:
         try:
             while self.submitted < self.total:
@@ -150,39 +136,13 @@ class Steady:
                 if owed > self.submitted:
                     began = time.monotonic()
                     n = owed - self.submitted
-                    self._submit(self.submitted, owed)
+                    self._submit_batch(self.submitted, owed)
+                    self.submitted = owed
                     self.ticks.append((began - started, time.monotonic() - began, n))
                     self.behind_s = max(self.behind_s, time.monotonic() - started - self.submitted / self.rate)
                 time.sleep(0.05)
         except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
             self.errors.append(exc)
-
-    def _submit(self, first: int, end: int) -> None:
-        from sqlalchemy.exc import DBAPIError
-
-        from outbox.ledger.submit import submit
-
-        names = list(ACTIONS)
-        give_up = time.monotonic() + SUBMIT_RETRY_S
-        while True:
-            receipts: dict[str, tuple[str, str]] = {}
-            try:
-                with self.sessions.begin() as s:
-                    for i in range(first, end):
-                        name = names[i % len(names)]
-                        key = f"{self.key_prefix}-{i:06d}"
-                        r = submit(
-                            s, tenant="t1", idempotency_key=key, action=name, args=ACTIONS[name][2](i), subject="soak"
-                        )
-                        receipts[r.operation_id] = (name, r.provider_key or key)
-            except DBAPIError:
-                if time.monotonic() > give_up:
-                    raise
-                time.sleep(0.5)
-                continue
-            self.keys.update(receipts)
-            self.submitted = end
-            return
 
 
 @dataclass

@@ -236,23 +236,24 @@ def private_broker_pipeline(
 SUBMIT_RETRY_S = 60.0
 
 
-@dataclass
-class Burst:
-    """N intents over ACTIONS, 100 per transaction, submitted by a thread of their own."""
+class SubmitThread:
+    """Intents submitted by a thread of their own (a subclass's ``_run(started)``), so faults land
+    while intents still arrive."""
 
     sessions: sessionmaker[Session]
-    intents: int
     key_prefix: str
     subject: str
-    verbose: bool = False
-    keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # op id -> (action, provider key)
-    errors: list[BaseException] = field(default_factory=list)
-    thread: threading.Thread | None = None
+    keys: dict[str, tuple[str, str]]  # op id -> (action, provider key)
+    thread: threading.Thread | None
+    thread_name = "submit"
+
+    def _run(self, started: float) -> None:
+        raise NotImplementedError
 
     def start(self) -> float:
         """Start submitting; returns the monotonic start time."""
         started = time.monotonic()
-        self.thread = threading.Thread(target=self._run, args=(started,), name="burst-submit", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(started,), name=self.thread_name, daemon=True)
         self.thread.start()
         return started
 
@@ -262,14 +263,6 @@ class Burst:
     def join(self, timeout_s: float) -> None:
         if self.thread is not None:
             self.thread.join(timeout_s)
-
-    def _run(self, started: float) -> None:
-        try:
-            for first in range(0, self.intents, 100):
-                self._submit_batch(first, min(first + 100, self.intents))
-            _log(f"submitted {self.intents} in {time.monotonic() - started:.1f}s", self.verbose)
-        except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
-            self.errors.append(exc)
 
     def _submit_batch(self, first: int, end: int) -> None:
         """One transaction of intents, as an agent's producer would submit it: a ledger that goes
@@ -307,6 +300,29 @@ class Burst:
                 continue
             self.keys.update(receipts)
             return
+
+
+@dataclass
+class Burst(SubmitThread):
+    """N intents over ACTIONS, 100 per transaction, submitted by a thread of their own."""
+
+    sessions: sessionmaker[Session]
+    intents: int
+    key_prefix: str
+    subject: str
+    verbose: bool = False
+    keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # op id -> (action, provider key)
+    errors: list[BaseException] = field(default_factory=list)
+    thread: threading.Thread | None = None
+    thread_name = "burst-submit"
+
+    def _run(self, started: float) -> None:
+        try:
+            for first in range(0, self.intents, 100):
+                self._submit_batch(first, min(first + 100, self.intents))
+            _log(f"submitted {self.intents} in {time.monotonic() - started:.1f}s", self.verbose)
+        except BaseException as exc:  # noqa: BLE001 - reported as a violation by the caller
+            self.errors.append(exc)
 
 
 def run_scale_proof(

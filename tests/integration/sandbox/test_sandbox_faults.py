@@ -255,6 +255,8 @@ def test_retry_after_is_honoured_check_via_request_log(client: httpx.Client, san
 
 
 def test_every_mode_is_documented() -> None:
-    readme = open(__file__.replace("tests/integration/sandbox/test_sandbox_faults.py", "workers/sandbox/README.md")).read()
+    readme = open(
+        __file__.replace("tests/integration/sandbox/test_sandbox_faults.py", "workers/sandbox/README.md")
+    ).read()
     for mode in MODES:
         assert f"`{mode}`" in readme, mode
