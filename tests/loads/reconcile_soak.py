@@ -160,7 +160,7 @@ class Steady:
     def _submit(self, first: int, end: int) -> None:
         from sqlalchemy.exc import DBAPIError
 
-        from outbox.ledger.submit import submit
+        from producer import submit
 
         names = list(ACTIONS)
         give_up = time.monotonic() + SUBMIT_RETRY_S
