@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     "OUTBOX_DATA_DIR": str(Path(tmp) / "data"),
                 }
             )
-            from outbox.ledger.submit import submit
+            from producer import submit
             from workers.wiring.runtime import get_runtime
 
             rt = get_runtime()

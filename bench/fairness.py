@@ -44,7 +44,7 @@ def _submit_burst(ob: Outbox, tenant: str, n: int) -> None:
 
 
 def _trickle(ob: Outbox, tenant: str, seconds: float, stop: threading.Event, submitted: list[float]) -> None:
-    from outbox.ledger.submit import submit
+    from producer import submit
 
     start = time.monotonic()
     i = 0

@@ -23,8 +23,8 @@ from outbox.ledger.claims import claim_due
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, Finalize, finalize_many_if_fenced
+from producer import submit
 
 OK = AttemptReport(
     AttemptClass.SUCCEEDED,

@@ -63,7 +63,7 @@ def _intent(i: int, run: str) -> dict[str, Any]:
 def bench_submit(url: str, n: int, batch: int, run: str, pre_ping: bool = False, warmup: int = 20) -> float:
     """Intents per second, ``batch`` submits per transaction, in this process (one connection)."""
     from outbox.ledger.db import make_engine, make_sessionmaker
-    from outbox.ledger.submit import submit
+    from producer import submit
 
     engine = make_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=pre_ping)
     sessions = make_sessionmaker(engine)

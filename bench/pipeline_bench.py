@@ -158,7 +158,7 @@ class Outbox:
     def submit_all(self, tenant: str, n: int, batch: int, submitters: int = 1) -> None:
         """N intents, ``batch`` per transaction, from ``submitters`` concurrent threads (agents)."""
         batch = max(1, batch)
-        from outbox.ledger.submit import submit
+        from producer import submit
 
         def agent(k: int) -> None:
             for first in range(k * batch, n, batch * submitters):

@@ -67,7 +67,7 @@ def two_targets_doc(base_url: str, *, declared: bool) -> dict[str, Any]:
 
 
 def _submit(ob: Outbox, tenant: str, action: str, args: dict[str, Any], n: int) -> None:
-    from outbox.ledger.submit import submit
+    from producer import submit
 
     for first in range(0, n, 500):
         with ob.sessions.begin() as s:

@@ -83,8 +83,8 @@ def pct(values: list[float], p: float) -> float:
 
 def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> dict[str, Any]:
     from outbox.ledger.db import make_engine, make_sessionmaker
-    from outbox.ledger.submit import submit
     from outbox.settings import Settings
+    from producer import submit
     from workers.wiring.celery_app import make_app
 
     c = _classes()

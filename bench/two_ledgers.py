@@ -103,7 +103,7 @@ class Ledger:
         return cluster_cpu_s(self.cluster.data)
 
     def submit(self, tenant: str, n: int, batch: int = 100) -> None:
-        from outbox.ledger.submit import submit
+        from producer import submit
 
         for first in range(0, n, batch):
             with self.sessions.begin() as s:

@@ -10,6 +10,10 @@ Inside your own transaction (the point of an outbox)::
                          args={"order_id": "o-17", "amount": "25.00", "currency": "EUR"},
                          subject="agent:support-bot")
 
+The keywords are the fields of ``Intent`` (outbox/ledger/intent.py), the value the ledger takes; an
+``Intent`` built beforehand goes in their place: ``submit(session, intent)``. Building one validates
+it: a bad field raises ``InvalidIntent`` naming the field, before anything is written.
+
 A multi-step run (steps in order, each ``{run_key}:{name}``, compensations in reverse on failure)::
 
     receipt = submit_run(session, tenant="acme", run_key="po-81", subject="agent:buyer",
@@ -31,14 +35,17 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
-from outbox.ledger.submit import Receipt, submit
+from outbox.ledger.intent import Intent
+from outbox.ledger.submit import Receipt
 from outbox.runs.lifecycle import RunReceipt, submit_run
 from producer.client import Outbox
+from producer.keywords import submit
 
 if TYPE_CHECKING:
     from producer.aio import AsyncOutbox, submit_async, submit_run_async
 
 __all__ = [
+    "Intent",
     "Outbox",
     "Receipt",
     "RunReceipt",

@@ -16,7 +16,7 @@ commits. They never commit; your ``async with session.begin():`` does::
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack, overload
 
 from outbox.errors import MissingDependency
 from outbox.ledger.db import ASYNC_HINT, make_async_engine, make_async_sessionmaker
@@ -25,11 +25,13 @@ try:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 except ImportError as exc:  # SQLAlchemy's asyncio extension needs greenlet
     raise MissingDependency(f"{ASYNC_HINT} ({exc})") from exc
+from outbox.ledger.intent import Intent
 from outbox.ledger.provider_keys import KeyRules
 from outbox.ledger.submit import Receipt, submit
 from outbox.runs.lifecycle import RunReceipt, submit_run
 from outbox.settings import Settings, load_settings
 from producer.client import key_rules_for
+from producer.keywords import IntentFields, as_intent
 
 
 def _async_session(session: Any, name: str) -> AsyncSession:
@@ -39,10 +41,30 @@ def _async_session(session: Any, name: str) -> AsyncSession:
     return session
 
 
-async def submit_async(session: AsyncSession, /, **intent: Any) -> Receipt:
-    """``producer.submit`` in the caller's ``AsyncSession`` transaction: the same keywords, the
-    same receipt and errors (``IdempotencyConflict``, ``InvalidIntent``). Never commits."""
-    return await _async_session(session, "submit_async").run_sync(submit, **intent)
+@overload
+async def submit_async(session: AsyncSession, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+
+
+@overload
+async def submit_async(
+    session: AsyncSession, /, *, tenant: str, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+) -> Receipt: ...
+
+
+async def submit_async(
+    session: AsyncSession,
+    intent: Intent | None = None,
+    /,
+    *,
+    tenant: str | None = None,
+    key_rules: KeyRules | None = None,
+    **fields: Any,
+) -> Receipt:
+    """``producer.submit`` in the caller's ``AsyncSession`` transaction: an ``Intent`` or the same
+    keywords, the same receipt and errors (``IdempotencyConflict``, ``InvalidIntent``). Never commits."""
+    checked = _async_session(session, "submit_async")
+    built = as_intent(intent, tenant, fields)
+    return await checked.run_sync(submit, built, key_rules=key_rules)
 
 
 async def submit_run_async(session: AsyncSession, /, **run: Any) -> RunReceipt:
@@ -75,10 +97,29 @@ class AsyncOutbox:
             key_rules=key_rules_for(settings),
         )
 
-    async def submit(self, *, tenant: str | None = None, **intent: Any) -> Receipt:
-        intent.setdefault("key_rules", self.key_rules)
+    @overload
+    async def submit(self, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+
+    @overload
+    async def submit(
+        self, /, *, tenant: str | None = None, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+    ) -> Receipt: ...
+
+    async def submit(
+        self,
+        intent: Intent | None = None,
+        /,
+        *,
+        tenant: str | None = None,
+        key_rules: KeyRules | None = None,
+        **fields: Any,
+    ) -> Receipt:
+        """``Outbox.submit`` from asyncio: one transaction of its own per intent."""
+        if intent is None:
+            tenant = tenant or self.default_tenant
+        built = as_intent(intent, tenant, fields)
         async with self.sessions.begin() as session:
-            return await submit_async(session, tenant=tenant or self.default_tenant, **intent)
+            return await submit_async(session, built, key_rules=key_rules if key_rules is not None else self.key_rules)
 
     async def submit_run(self, *, tenant: str | None = None, **run: Any) -> RunReceipt:
         run.setdefault("key_rules", self.key_rules)

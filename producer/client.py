@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack, overload
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.db import make_engine, make_sessionmaker
+from outbox.ledger.intent import Intent
 from outbox.ledger.provider_keys import KeyRules
 from outbox.ledger.submit import Receipt, submit
 from outbox.runs.lifecycle import RunReceipt, submit_run
 from outbox.runs.spec import StepRules
 from outbox.settings import Settings, load_settings
+from producer.keywords import IntentFields, as_intent
 
 
 class Outbox:
@@ -37,10 +39,31 @@ class Outbox:
             key_rules=key_rules_for(settings),
         )
 
-    def submit(self, *, tenant: str | None = None, **intent: Any) -> Receipt:
-        intent.setdefault("key_rules", self.key_rules)
+    @overload
+    def submit(self, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+
+    @overload
+    def submit(
+        self, /, *, tenant: str | None = None, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+    ) -> Receipt: ...
+
+    def submit(
+        self,
+        intent: Intent | None = None,
+        /,
+        *,
+        tenant: str | None = None,
+        key_rules: KeyRules | None = None,
+        **fields: Any,
+    ) -> Receipt:
+        """Commit one intent in a transaction of its own: an ``Intent``, or its fields as keywords
+        (``producer.submit``'s; the tenant defaults to ``default_tenant``). ``key_rules``: the
+        outbox's unless given."""
+        if intent is None:
+            tenant = tenant or self.default_tenant
+        built = as_intent(intent, tenant, fields)  # before the transaction: a bad field costs no connection
         with self.sessions.begin() as session:
-            return submit(session, tenant=tenant or self.default_tenant, **intent)
+            return submit(session, built, key_rules=key_rules if key_rules is not None else self.key_rules)
 
     def submit_run(self, *, tenant: str | None = None, **run: Any) -> RunReceipt:
         run.setdefault("key_rules", self.key_rules)

@@ -26,8 +26,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.models import Attempt, Operation
-from outbox.ledger.submit import Receipt, submit
+from outbox.ledger.submit import Receipt
 from outbox.settings import Settings
+from producer import submit
 from tests import spawn
 
 # The tests import the sandbox's actions document from here (one copy, shared with the demo).

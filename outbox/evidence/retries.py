@@ -39,10 +39,11 @@ from outbox.evidence.handoffs import locked
 from outbox.ledger.clock import db_now
 from outbox.ledger.effect_guard import may_have_taken_effect
 from outbox.ledger.envelope import loads_exact
+from outbox.ledger.intent import MAX_KEY_LEN, Intent
 from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Handoff, Operation, core_table
 from outbox.ledger.provider_keys import KeyRules
 from outbox.ledger.states import AttemptClass, EventKind, HandoffStatus, Resolution, Status
-from outbox.ledger.submit import MAX_KEY_LEN, Receipt, submit
+from outbox.ledger.submit import Receipt, submit
 from outbox.ledger.transitions import move
 from outbox.ledger.writes import released
 
@@ -143,6 +144,20 @@ def retry_as_new_intent(
         else "on the word of the person retrying it (an earlier attempt was never proven absent)"
     )
     said = f"retried as a new intent under key {key!r} by {who}, {why}: {note}"
+    # Built (and so validated) before anything moves.
+    intent = Intent(
+        tenant=op.tenant,
+        idempotency_key=key,
+        action=op.action,
+        args=loads_exact(op.args),
+        subject=op.subject,
+        run_id=op.run_id,
+        tool_call_id=op.tool_call_id,
+        max_attempts=op.max_attempts,
+        provider_key=provider_key,
+        submitted_by=identity or op.submitted_by,
+        priority=op.priority,
+    )
     # First the old one's end: its object is free for the new one, and a re-check in flight is fenced off.
     move(
         session,
@@ -155,21 +170,7 @@ def retry_as_new_intent(
         fencing_token=_OP.c.fencing_token + 1,
         **released(),
     )
-    new = submit(
-        session,
-        tenant=op.tenant,
-        idempotency_key=key,
-        action=op.action,
-        args=loads_exact(op.args),
-        subject=op.subject,
-        run_id=op.run_id,
-        tool_call_id=op.tool_call_id,
-        max_attempts=op.max_attempts,
-        key_rules=key_rules,
-        provider_key=provider_key,
-        submitted_by=identity or op.submitted_by,
-        priority=op.priority,
-    )
+    new = submit(session, intent, key_rules=key_rules)
     if not new.new:
         raise InvalidIntent("ID", f"the derived key {key!r} already names operation {new.operation_id}")
     session.execute(update(_OP).where(_OP.c.id == op.id).values(retried_as=new.operation_id))

@@ -1,4 +1,5 @@
-"""Submit: write an intent into the outbox inside the caller's transaction.
+"""Submit: write an intent (an ``Intent``, outbox/ledger/intent.py) into the outbox inside the caller's
+transaction: ``submit(session, intent, key_rules=...)``.
 
 The point of an outbox is that the agent's own rows and its intent commit or roll back together, so
 ``submit`` never commits: the caller does. Two concurrent submits of the same (tenant, key) produce
@@ -17,23 +18,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict, ObjectBusy
+from outbox.errors import IdempotencyConflict, KeySpaceConflict, ObjectBusy
 from outbox.ledger import budget_scopes, key_uses, objects, stops, tracing
 from outbox.ledger.drivers import NewOperation, driver_for
 from outbox.ledger.drivers.base import Inserted
-from outbox.ledger.envelope import build_envelope
-from outbox.ledger.models import KEY_SPACES, Operation, core_table
+from outbox.ledger.intent import Intent
+from outbox.ledger.models import Operation, core_table
 from outbox.ledger.provider_keys import KeyRules, rule_for
 from outbox.ledger.states import Status, WaitingFor
-from outbox.ledger.tracing import validate_traceparent
-
-MAX_KEY_LEN = 255
-# Ten years: any longer is a mistake (and past what the database's interval arithmetic holds).
-MAX_SECONDS = 10 * 365 * 86400.0
-# Claim order within a tenant's share: higher is claimed sooner; 0 is everyone's default. A small
-# range keeps it a ranking among a tenant's own intents, not a second queue to manage.
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
-PRIORITY_RULE = f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, higher runs sooner"
 
 _OP = core_table(Operation)
 
@@ -92,119 +84,45 @@ class Receipt:
         return out
 
 
-def _validate_key(key: Any) -> str:
-    if not isinstance(key, str) or not key.strip():
-        raise InvalidIntent("idempotency_key", "required: a stable business key such as 'wf-81:invoice-17:refund-2:v1'")
-    if key != key.strip() or len(key) > MAX_KEY_LEN:
-        raise InvalidIntent("idempotency_key", f"must be 1-{MAX_KEY_LEN} characters without surrounding whitespace")
-    return key
-
-
-def require_storable(name: str, text: str | None) -> None:
-    """Text the database can store: no lone surrogate (\\ud800 in JSON) and no NUL character."""
-    if text is None:
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidIntent(name, "must be valid Unicode text (it holds a lone surrogate)") from None
-    if "\x00" in text:
-        raise InvalidIntent(name, "must not contain a NUL character")
-
-
-def validate_priority(priority: Any, field: str = "priority") -> int:
-    """The priority as stored; ``InvalidIntent`` naming ``field`` and the rule otherwise."""
-    if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidIntent(field, PRIORITY_RULE)
-    return priority
-
-
-def submit(
-    session: Session,
-    *,
-    tenant: str,
-    idempotency_key: str,
-    action: str,
-    args: dict[str, Any],
-    subject: str,
-    run_id: str | None = None,
-    tool_call_id: str | None = None,
-    max_attempts: int | None = None,
-    deadline_s: float | None = None,
-    delay_s: float = 0.0,
-    requires_approval: bool = False,
-    key_rules: KeyRules | None = None,
-    provider_key: str | None = None,
-    submitted_by: str | None = None,
-    key_space: str = "intent",
-    priority: int = 0,
-    traceparent: str | None = None,
-    budget_scope: str | None = None,
-) -> Receipt:
+def submit(session: Session, intent: Intent, *, key_rules: KeyRules | None = None) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
-    ``max_attempts`` / ``deadline_s`` cap this intent's retry budget; None leaves it to the
-    action's budget in the actions file. The tighter of the two applies.
+    The intent was validated when it was built (outbox/ledger/intent.py); what is left is what the
+    actions file and the ledger's own rows decide. ``key_rules``: the loaded actions file
+    (workers.provider.actions.ActionsConfig); None uses the default provider key
+    ``{tenant}:{idempotency_key}`` and no approval rule, object or budget. The key the provider will
+    see is rendered here, once, and stored with the intent, unless the intent carries one already.
 
-    ``key_rules``: where the action's ``provider_key`` template is found (the loaded actions file,
-    workers.provider.actions.ActionsConfig); None uses the default ``{tenant}:{idempotency_key}``. The key
-    the provider will see is rendered here, once, and stored with the intent. ``provider_key``: a
-    key rendered earlier, with the intent (a run's later steps: outbox/runs/lifecycle.py), used as given.
+    The submit is a span (``outbox.submit``) of the intent's trace, or of the caller's current one
+    when a tracer is installed (outbox/ledger/tracing.py); the trace is stored, not digested.
 
-    ``traceparent``: the W3C trace context the intent belongs to (an HTTP header, an MCP request's
-    meta); None: the caller's current trace, when a tracer is installed (outbox/ledger/tracing.py).
-    Stored with the intent, not digested. The submit is a span of that trace (``outbox.submit``).
-
-    ``budget_scope``: the conversation (MCP session, run context, thread id) whose budget a new intent
-    is charged to, when the actions file declares one for the action (``budget_scope:``); a refusal
-    raises BudgetExhausted and stores nothing (outbox/ledger/budget_scopes.py). An action that declares
-    its business ``object`` is rendered here; with ``when_object_busy: refuse`` a new intent on an
-    object in doubt raises ObjectBusy (outbox/ledger/objects.py). A subject an operator stopped raises
-    SubjectStopped (outbox/ledger/stops.py). None is stored by a refusal, and a replay of an intent
-    already accepted is answered as always.
+    An action whose rule asks for approval waits for a person (``awaiting_approval``). With a budget
+    scope, a new intent is charged to the conversation when the actions file declares a budget for
+    the action; a refusal raises BudgetExhausted and stores nothing (outbox/ledger/budget_scopes.py).
+    An action that declares its business ``object`` is rendered here; with ``when_object_busy:
+    refuse`` a new intent on an object in doubt raises ObjectBusy (outbox/ledger/objects.py). A
+    subject an operator stopped raises SubjectStopped (outbox/ledger/stops.py). Nothing is stored by
+    a refusal, and a replay of an intent already accepted is answered as always.
     """
-    key = _validate_key(idempotency_key)
-    priority = validate_priority(priority)
-    traceparent = validate_traceparent(traceparent)
-    env = build_envelope(tenant=tenant, action=action, args=args, subject=subject)
-    if max_attempts is not None and (
-        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
-    ):
-        raise InvalidIntent("max_attempts", "must be an integer >= 1 (or None: the action's budget)")
-    if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and 0 < deadline_s <= MAX_SECONDS):
-        raise InvalidIntent("deadline_s", f"must be a positive number of seconds up to {MAX_SECONDS:.0f} (or None)")
-    if not isinstance(delay_s, (int, float)) or not 0 <= delay_s <= MAX_SECONDS:
-        raise InvalidIntent("delay_s", f"must be >= 0 and at most {MAX_SECONDS:.0f} seconds")
-    for name, ref in (("run_id", run_id), ("tool_call_id", tool_call_id)):
-        if ref is not None and (not isinstance(ref, str) or len(ref) > 255):
-            raise InvalidIntent(name, "must be a string of at most 255 characters")
-    for name, text in (
-        ("idempotency_key", key),
-        ("tenant", env.tenant),
-        ("action", env.action),
-        ("subject", env.subject),
-        ("run_id", run_id),
-        ("tool_call_id", tool_call_id),
-        ("submitted_by", submitted_by),
-    ):
-        require_storable(name, text)
-    if submitted_by is not None and not (isinstance(submitted_by, str) and 0 < len(submitted_by) <= 255):
-        raise InvalidIntent("submitted_by", "must be a string of 1-255 characters (an identity such as 'key:12')")
-    if key_space not in KEY_SPACES:
-        raise ValueError(f"key_space must be one of {KEY_SPACES}")
-
+    if not isinstance(intent, Intent):
+        raise TypeError(
+            f"submit takes an Intent, not {type(intent).__name__}: build one (outbox.ledger.intent.Intent), "
+            "or call producer.submit with keywords"
+        )
+    env, key, run_id = intent.envelope, intent.idempotency_key, intent.run_id
     object_rule = key_rules.object_rule(env.action) if key_rules is not None else None
     object_key = object_rule.render(env.args) if object_rule is not None else None
-    budgets = key_rules.budgets_of(env.action) if key_rules is not None and budget_scope is not None else ()
-    if budget_scope is not None:
-        budget_scope = budget_scopes.validate_scope(budget_scope)
-        require_storable("budget_scope", budget_scope)
+    scope = intent.budget_scope
+    budgets = key_rules.budgets_of(env.action) if key_rules is not None and scope is not None else ()
 
     operation_id = str(uuid.uuid4())
     # The actions file's approval rule (the send checks it again: outbox/approvals/decisions.py).
-    requires_approval = requires_approval or (key_rules is not None and key_rules.needs_approval(env.action, env.args))
+    requires_approval = intent.requires_approval or (
+        key_rules is not None and key_rules.needs_approval(env.action, env.args)
+    )
     status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
+    provider_key = intent.provider_key
     if provider_key is None:
         provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
     new = NewOperation(
@@ -217,26 +135,28 @@ def submit(
         args_digest=env.digest,
         subject=env.subject,
         run_id=run_id,
-        tool_call_id=tool_call_id,
+        tool_call_id=intent.tool_call_id,
         status=status,
         waiting_for=WaitingFor.APPROVAL if requires_approval else None,
-        max_attempts=max_attempts,
-        deadline_s=None if deadline_s is None else float(deadline_s),
-        delay_s=float(delay_s),
+        max_attempts=intent.max_attempts,
+        deadline_s=intent.deadline_s,
+        delay_s=intent.delay_s,
         reason=reason,
-        submitted_by=submitted_by,
-        key_space=key_space,
-        priority=priority,
+        submitted_by=intent.submitted_by,
+        key_space=intent.key_space,
+        priority=intent.priority,
         object_key=object_key,
-        budget_scope=budget_scope if budgets else None,
+        budget_scope=scope if budgets else None,
         # The definition its requests are built from (outbox/ledger/request_record.py says why).
         action_version=key_rules.action_version(env.action) if key_rules is not None else None,
     )
-    rules = _Rules(object_rule, budgets, budget_scope)
-    if key_space == "intent":  # a run's steps are its run's: refused with the run, held at their claim
+    rules = _Rules(object_rule, budgets, scope)
+    if intent.key_space == "intent":  # a run's steps are its run's: refused with the run, held at their claim
         stops.refuse_if_stopped(session, tenant=env.tenant, subject=env.subject, replay=lambda: _known(session, new))
     with tracing.span(
-        "outbox.submit", parent=traceparent, attributes={"outbox.tenant": env.tenant, "outbox.action": env.action}
+        "outbox.submit",
+        parent=intent.traceparent,
+        attributes={"outbox.tenant": env.tenant, "outbox.action": env.action},
     ) as span:
         # Stored: this submit's span when traced (later work continues it), else the caller's.
         return _insert(session, span, replace(new, traceparent=span.traceparent), rules, env.args)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import IdempotencyConflict, InvalidIntent, KeySpaceConflict
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.envelope import loads_exact
+from outbox.ledger.intent import Intent
 from outbox.ledger.models import Operation, Run
 from outbox.ledger.run_states import ACTIVE, RunStatus
 from outbox.ledger.states import EFFECT, NO_EFFECT, AttemptClass, Status
@@ -106,8 +107,7 @@ class _Advance:
         if what.args is None:
             return f"{key}: its arguments were purged (OUTBOX_ARGS_RETENTION_S); a person must act"
         try:
-            receipt = submit(
-                self.session,
+            intent = Intent(
                 tenant=self.run.tenant,
                 idempotency_key=key,
                 action=what.action,
@@ -122,6 +122,7 @@ class _Advance:
                 provider_key=what.provider_key,
                 priority=self.run.priority,
             )
+            receipt = submit(self.session, intent)
         except KeySpaceConflict as exc:
             return f"the derived key {key!r} is already used by a plain intent (operation {exc.operation_id})"
         except IdempotencyConflict as exc:

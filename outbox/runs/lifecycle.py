@@ -24,11 +24,11 @@ from sqlalchemy.orm import Session
 from outbox.errors import InvalidIntent, KeySpaceConflict, RunConflict, RunNotFound, RunNotMovable
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.drivers import driver_for
+from outbox.ledger.intent import validate_priority
 from outbox.ledger.models import Operation, Run
 from outbox.ledger.run_states import ACTIVE, RUN_MEANING, RunStatus
 from outbox.ledger.states import Status
 from outbox.ledger.stops import refuse_if_stopped
-from outbox.ledger.submit import validate_priority
 from outbox.ledger.transitions import request_cancel
 from outbox.ledger.typed_outcome import Outcome, outcome_of
 from outbox.runs.advance import advance

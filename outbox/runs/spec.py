@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol
 
 from outbox.errors import InvalidIntent
 from outbox.ledger.envelope import build_envelope, canonical_value, digest_of, dumps_canonical, loads_exact
+from outbox.ledger.intent import MAX_KEY_LEN, MAX_SECONDS, require_storable
 from outbox.ledger.provider_keys import KeyRules, rule_for
-from outbox.ledger.submit import MAX_KEY_LEN, MAX_SECONDS, require_storable
 
 MAX_STEPS = 50
 MAX_RUN_ATTEMPTS = 10_000

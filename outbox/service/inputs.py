@@ -4,7 +4,7 @@ the length its column (and the API's documented schema) allows."""
 from __future__ import annotations
 
 from outbox.errors import InvalidIntent
-from outbox.ledger.submit import require_storable
+from outbox.ledger.intent import require_storable
 
 # The limits the API documents for the same fields (workers/server/operators.py uses these).
 BY_MAX = 200  # the approver or resolver; room left for " (api:key-<id>)" in a 255 column

@@ -15,9 +15,10 @@ from sqlalchemy.orm import Session
 
 from outbox.errors import InvalidIntent, NotFound, OperationNotFound
 from outbox.ledger.clock import as_utc
+from outbox.ledger.intent import require_storable
 from outbox.ledger.models import Operation, Run
 from outbox.ledger.states import Status
-from outbox.ledger.submit import Receipt, require_storable
+from outbox.ledger.submit import Receipt
 from outbox.ledger.transitions import request_cancel
 from outbox.ledger.typed_outcome import with_outcome
 from outbox.reads.queries import detail_of, details_of, find_operation, submitted_detail

@@ -39,7 +39,7 @@ from typing import Any
 
 from outbox.errors import InvalidIntent
 from outbox.ledger.envelope import canonical_value, dumps_canonical
-from outbox.ledger.submit import MAX_KEY_LEN
+from outbox.ledger.intent import MAX_KEY_LEN
 from producer.agents.catalog import MAX_OCCURRENCE, OCCURRENCE, OCCURRENCE_LABEL
 
 MAX_SCOPE = 128

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from outbox.actions.rules import IntentRules
 from outbox.errors import BudgetExhausted, IdempotencyConflict, InvalidIntent, ObjectBusy, OperationNotFound, Refused
 from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
+from outbox.ledger.intent import Intent
 from outbox.ledger.models import Operation
 from outbox.ledger.typed_outcome import SETTLED, Outcome, model_message, outcome_of, with_outcome
 from outbox.reads.queries import operation_json, submitted_detail
@@ -144,21 +145,23 @@ class ToolCaller:
         plain = {k: v for k, v in args.items() if k not in RESERVED}
         if args.get(RETRY_OF) is not None:
             self._check_retry(tool, args[RETRY_OF], plain, scope=scope)
+        exact_args = exact(plain)
+        intent = Intent(
+            tenant=self.tenant,
+            idempotency_key=key,
+            action=action,
+            args=exact_args,
+            subject=self.subject,
+            submitted_by=self.identity,
+            run_id=scope,
+            tool_call_id=tool_call_id,
+            requires_approval=tool.needs_approval(exact_args),
+            priority=priority,
+            traceparent=traceparent,
+            budget_scope=scope,
+        )
         try:
-            receipt = self.outbox.submit(
-                tenant=self.tenant,
-                idempotency_key=key,
-                action=action,
-                args=exact(plain),
-                subject=self.subject,
-                submitted_by=self.identity,
-                run_id=scope,
-                tool_call_id=tool_call_id,
-                requires_approval=tool.needs_approval(exact(plain)),
-                priority=priority,
-                traceparent=traceparent,
-                budget_scope=scope,
-            )
+            receipt = self.outbox.submit(intent)
         except Refused as exc:
             return refused_answer(exc, action=action, idempotency_key=key)
         except IdempotencyConflict as exc:

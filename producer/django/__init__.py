@@ -27,7 +27,7 @@ lends each. Other Django databases are refused with what to change.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack, overload
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -36,12 +36,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from outbox.errors import ConfigError, OutboxError
+from outbox.ledger.intent import Intent
 from outbox.ledger.key_uses import IN_CALLERS_TRANSACTION
+from outbox.ledger.provider_keys import KeyRules
 from outbox.ledger.submit import Receipt
 from outbox.ledger.submit import submit as ledger_submit
 from outbox.runs.lifecycle import RunReceipt
 from outbox.runs.lifecycle import submit_run as ledger_submit_run
 from producer.django.lent import DRIVERS
+from producer.keywords import IntentFields, as_intent
 
 __all__ = ["OutsideAtomicBlock", "UnsupportedDatabase", "submit", "submit_run"]
 
@@ -66,11 +69,30 @@ class UnsupportedDatabase(ConfigError, ImproperlyConfigured):  # type: ignore[mi
     """The Django database is not PostgreSQL on psycopg 3 or psycopg2; the message says what to change."""
 
 
-def submit(*, using: str = DEFAULT_DB_ALIAS, **intent: Any) -> Receipt:
+@overload
+def submit(intent: Intent, /, *, using: str = DEFAULT_DB_ALIAS, key_rules: KeyRules | None = None) -> Receipt: ...
+
+
+@overload
+def submit(
+    *, using: str = DEFAULT_DB_ALIAS, tenant: str, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+) -> Receipt: ...
+
+
+def submit(
+    intent: Intent | None = None,
+    /,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    tenant: str | None = None,
+    key_rules: KeyRules | None = None,
+    **fields: Any,
+) -> Receipt:
     """``producer.submit`` in Django's transaction on ``using`` (inside ``transaction.atomic()``).
-    Same keyword arguments (tenant, idempotency_key, action, args, subject, key_rules, ...), same
-    receipt, same errors (``IdempotencyConflict``, ``InvalidIntent``); never commits."""
-    return _in_django_transaction(using, lambda session: ledger_submit(session, **intent))
+    Same arguments (an ``Intent``, or tenant, idempotency_key, action, args, subject, ... as keywords;
+    key_rules), same receipt, same errors (``IdempotencyConflict``, ``InvalidIntent``); never commits."""
+    built = as_intent(intent, tenant, fields)
+    return _in_django_transaction(using, lambda session: ledger_submit(session, built, key_rules=key_rules))
 
 
 def submit_run(*, using: str = DEFAULT_DB_ALIAS, **run: Any) -> RunReceipt:

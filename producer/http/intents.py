@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 
 from outbox.access.keys import Caller
 from outbox.errors import IdempotencyConflict, InvalidIntent, Refused
+from outbox.ledger.intent import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY, Intent, validate_priority
 from outbox.ledger.states import Status
-from outbox.ledger.submit import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY, submit, validate_priority
+from outbox.ledger.submit import submit
 from outbox.ledger.tracing import validate_traceparent
 from outbox.ledger.typed_outcome import SETTLED, Outcome, with_outcome
 from outbox.reads.queries import operation_json
@@ -214,19 +215,19 @@ def _bounded(value: Any, field: str, what: str, *, integer: bool = False) -> Dec
     return number
 
 
-def _known_action(st: ApiState, intent: dict[str, Any], where: str = "") -> None:
+def _known_action(st: ApiState, fields: dict[str, Any], where: str = "") -> None:
     """With the actions file at hand, an unknown action is refused now, not by a worker later."""
-    action = intent.get("action")
+    action = fields.get("action")
     if st.key_rules is not None and isinstance(action, str) and st.key_rules.key_rule(action) is None:
         known = sorted(getattr(st.key_rules, "actions", {}))
         raise InvalidIntent(f"{where}action", f"unknown action {action!r}; known: {', '.join(known) or '(none)'}")
 
 
-def _submit_one(st: ApiState, session: Session, intent: dict[str, Any], caller: Caller) -> tuple[int, dict[str, Any]]:
-    refusal = st.backlog.refusal(session, caller.tenant, intent["idempotency_key"])
+def _submit_one(st: ApiState, session: Session, intent: Intent, caller: Caller) -> tuple[int, dict[str, Any]]:
+    refusal = st.backlog.refusal(session, caller.tenant, intent.idempotency_key)
     if refusal is not None:
         raise refusal
-    receipt = submit(session, **intent, key_rules=st.key_rules)
+    receipt = submit(session, intent, key_rules=st.key_rules)
     return (201 if receipt.new else 200), operations.submitted(session, receipt) | receipt.extras()
 
 
@@ -246,12 +247,13 @@ async def post_intent(
     already submitted, 409 when the key was used with other arguments. A W3C `traceparent` header
     is stored with the intent: its spans continue that trace."""
     st = state(request)
-    intent = _intent_fields(exact_json(await request.body()), idempotency_key, caller)
-    intent["traceparent"] = trace_header(request)
-    intent["budget_scope"] = budget_scope_header(request)
-    _known_action(st, intent)
+    fields = _intent_fields(exact_json(await request.body()), idempotency_key, caller)
+    fields["traceparent"] = trace_header(request)
+    fields["budget_scope"] = budget_scope_header(request)
+    _known_action(st, fields)
 
     def run() -> tuple[int, dict[str, Any]]:
+        intent = Intent(**fields)  # validated here, off the event loop: canonical args cost what parsing did
         with st.sessions.begin() as session:
             return _submit_one(st, session, intent, caller)
 
@@ -283,17 +285,15 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
         with st.sessions.begin() as session:
             for i, obj in enumerate(items):
                 try:
-                    intent = _intent_fields(obj, None, caller, where=f"intents.{i}.") | {
-                        "traceparent": traceparent,
-                        "budget_scope": scope,
-                    }
-                    _known_action(st, intent, where=f"intents.{i}.")
-                    refusal = st.backlog.refusal(session, caller.tenant, intent["idempotency_key"])
+                    fields = _intent_fields(obj, None, caller, where=f"intents.{i}.")
+                    _known_action(st, fields, where=f"intents.{i}.")
+                    intent = Intent(**fields, traceparent=traceparent, budget_scope=scope)
+                    refusal = st.backlog.refusal(session, caller.tenant, intent.idempotency_key)
                     if refusal is not None:
                         results.append({"index": i, "status": 429, "problem": refusal.body()})
                         continue
                     with session.begin_nested():  # a bad item never takes the good ones down
-                        receipt = submit(session, **intent, key_rules=st.key_rules)
+                        receipt = submit(session, intent, key_rules=st.key_rules)
                     results.append({"index": i, "status": 201 if receipt.new else 200, "operation": receipt})
                 except InvalidIntent as exc:
                     p = Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field)

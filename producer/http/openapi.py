@@ -23,7 +23,7 @@ from producer.http.problems import PROBLEM, PROBLEM_SCHEMA
 
 COMPONENTS = "#/components/schemas/"
 
-# Patterns for text the ledger stores (outbox.ledger.submit.require_storable, the envelope's rules), so the
+# Patterns for text the ledger stores (outbox.ledger.intent.require_storable, the envelope's rules), so the
 # document refuses what the server refuses: PostgreSQL text holds no NUL, keys and names are trimmed.
 # Whitespace is spelled out as Python's str.isspace() has it: ECMA-262's \s (what other tools read)
 # differs by a few characters (\x1c-\x1f, \x85, \ufeff).

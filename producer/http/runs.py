@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.access.keys import Caller
 from outbox.errors import InvalidIntent
-from outbox.ledger.submit import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY
+from outbox.ledger.intent import MAX_KEY_LEN, MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY
 from outbox.runs.lifecycle import submit_run
 from outbox.runs.spec import COMPENSATE, MAX_RUN_ATTEMPTS, MAX_STEPS
 from outbox.service import runs

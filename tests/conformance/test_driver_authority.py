@@ -20,7 +20,7 @@ from outbox.errors import SubjectStopped
 from outbox.ledger import stops
 from outbox.ledger.authority import SETTLE_S, board_for
 from outbox.ledger.states import AttemptClass, AttemptKind, EventKind, Status, WaitingFor
-from outbox.ledger.submit import submit
+from producer import submit
 from tests.conformance.conftest import EV
 
 YEAR_S = 300 * 86400.0  # "held": due no sooner than this (stops.HOLD_S is a year)

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from outbox.errors import IdempotencyConflict
 from outbox.ledger.key_uses import KeyUse
 from outbox.ledger.models import core_table
-from outbox.ledger.submit import submit
 from outbox.reads.counters import key_uses
+from producer import submit
 
 KU = core_table(KeyUse)
 ARGS = {"order_id": "o-1", "amount": "10.00"}

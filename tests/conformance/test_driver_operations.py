@@ -18,8 +18,8 @@ from outbox.ledger.drivers import driver_for
 from outbox.ledger.drivers.base import Inserted
 from outbox.ledger.models import Operation, core_table
 from outbox.ledger.states import EventKind, Status, WaitingFor
-from outbox.ledger.submit import submit
 from outbox.runs.lifecycle import submit_run
+from producer import submit
 
 OP = core_table(Operation)
 

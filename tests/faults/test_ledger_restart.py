@@ -14,7 +14,7 @@ import pytest
 
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.states import Status
-from outbox.ledger.submit import submit
+from producer import submit
 from tests.harness import REFUND_ARGS, Pipeline, error_lines, own_pg_ledger, pk, wait_for, whole_log_records
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

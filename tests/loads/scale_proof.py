@@ -273,7 +273,7 @@ class SubmitThread:
         the liveness test whose restart landed mid-submit ended its submitter on one)."""
         from sqlalchemy.exc import SQLAlchemyError
 
-        from outbox.ledger.submit import submit
+        from producer import submit
 
         names = list(ACTIONS)
         deadline = time.monotonic() + SUBMIT_RETRY_S

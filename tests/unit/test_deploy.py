@@ -30,11 +30,11 @@ from outbox.evidence.handoffs import open_handoff
 from outbox.ledger.clock import db_now
 from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.models import Handoff
-from outbox.ledger.submit import submit
 from outbox.migrate import upgrade
 from outbox.reads.metrics import LedgerCollector
 from outbox.reads.report_summary import record_report
 from outbox.settings import Settings
+from producer import submit
 from tests.harness import REFUND_ARGS
 from workers.cli.main import build_parser, command_in
 from workers.ground.metrics import PROCESS_REGISTRY

@@ -7,7 +7,7 @@ import pytest
 
 from outbox.errors import ConfigError, InvalidIntent
 from outbox.ledger.fairness import Fairness, FairnessMode
-from outbox.ledger.submit import validate_priority
+from outbox.ledger.intent import validate_priority
 from outbox.settings import load_settings, parse_weights
 
 

@@ -27,6 +27,7 @@ from rich.table import Table
 from sqlalchemy import func, select
 
 from outbox.errors import IdempotencyConflict, MissingDependency
+from outbox.ledger.intent import Intent
 from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.submit import submit
 from outbox.ledger.typed_outcome import SETTLED, outcome_of
@@ -194,11 +195,11 @@ def _play_agent(sessions, tenant: str, n: int, rng: random.Random):  # type: ign
     intents = [_intent(i, tenant, rng) for i in range(n)]
     for i, intent in enumerate(intents):
         with sessions.begin() as s:
-            ids.add(submit(s, tenant=tenant, subject="agent:support-bot", run_id=tenant, **intent).operation_id)
+            ids.add(submit(s, Intent(tenant=tenant, subject="agent:support-bot", run_id=tenant, **intent)).operation_id)
         submitted += 1
         if i % 20 == 7:  # the model calls the same tool twice: same key, same args
             with sessions.begin() as s:
-                r = submit(s, tenant=tenant, subject="agent:support-bot", **intent)
+                r = submit(s, Intent(tenant=tenant, subject="agent:support-bot", **intent))
             assert not r.new and r.operation_id in ids
             submitted += 1
             resubmits += 1
@@ -211,7 +212,7 @@ def _play_agent(sessions, tenant: str, n: int, rng: random.Random):  # type: ign
     )
     try:
         with sessions.begin() as s:
-            submit(s, tenant=tenant, subject="agent:support-bot", **changed)
+            submit(s, Intent(tenant=tenant, subject="agent:support-bot", **changed))
     except IdempotencyConflict:
         conflicts += 1
     submitted += 1

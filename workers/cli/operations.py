@@ -14,6 +14,7 @@ from sqlalchemy.exc import OperationalError
 from outbox import migrate
 from outbox.errors import ConfigError, IdempotencyConflict, InvalidIntent
 from outbox.ledger.envelope import loads_exact
+from outbox.ledger.intent import Intent
 from outbox.ledger.states import MEANING, WAITING_MEANING, Status, WaitingFor
 from outbox.ledger.submit import submit
 from outbox.reads.queries import detail_of, operation_json
@@ -151,9 +152,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if args.action or args.key or args.args:
             raise InvalidIntent("--jsonl", "cannot be combined with --action/--key/--args")
         return _submit_jsonl(args, settings)
-    intent = _intent_from_flags(args, settings.default_tenant)
+    intent = Intent(**_intent_from_flags(args, settings.default_tenant), **_budget(args))
     with ledger(settings) as sessions, sessions.begin() as session:
-        receipt = submit(session, **intent, **_budget(args), key_rules=key_rules_for(settings))
+        receipt = submit(session, intent, key_rules=key_rules_for(settings))
     print(json.dumps(receipt.as_dict(), sort_keys=True))
     return 0
 
@@ -195,12 +196,13 @@ def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
         for number, text in _lines(args.jsonl):
             out: dict[str, Any]
             try:
-                intent = _parse_line(text, args.tenant or settings.default_tenant)
+                fields = _parse_line(text, args.tenant or settings.default_tenant)
                 if args.priority is not None:
-                    intent.setdefault("priority", args.priority)
+                    fields.setdefault("priority", args.priority)
+                intent = Intent(**fields, **_budget(args))
                 # One transaction per line: a bad line never takes good ones down with it.
                 with sessions.begin() as session:
-                    out = submit(session, **intent, **_budget(args), key_rules=rules).as_dict()
+                    out = submit(session, intent, key_rules=rules).as_dict()
             except InvalidIntent as exc:
                 failed["invalid"] += 1
                 out = {"error": "invalid", "field": exc.field, "message": exc.reason}

@@ -24,6 +24,8 @@ import yaml
 
 from outbox.actions.files import read_yaml
 from outbox.errors import ConfigError
+from outbox.ledger.intent import Intent
+from outbox.ledger.provider_keys import KeyRules
 from outbox.ledger.submit import Receipt
 from outbox.settings import Settings, load_settings
 from workers.provider.actions import ActionsConfig, load_actions, read_actions_file
@@ -189,19 +191,22 @@ class OutboxPipeline:
         key: str | None = None,
         tenant: str | None = None,
         subject: str = "test:outbox-testkit",
-        **intent: Any,
+        key_rules: KeyRules | None = None,
+        **fields: Any,
     ) -> Receipt:
-        """Submit one intent (``key``: its idempotency key, default a new one each call)."""
+        """Submit one intent (``key``: its idempotency key, default a new one each call; ``fields``:
+        the rest of ``Intent``'s, such as ``priority``)."""
         if self._outbox is None:
             raise RuntimeError("the pipeline is not running")
-        receipt: Receipt = self._outbox.submit(
+        intent = Intent(
             tenant=tenant or self.tenant,
             idempotency_key=key or f"testkit-{uuid.uuid4().hex}",
             action=action,
             args=args,
             subject=subject,
-            **intent,
+            **fields,
         )
+        receipt: Receipt = self._outbox.submit(intent, key_rules=key_rules)
         return receipt
 
     def settle(self, receipt: Receipt | str, *, timeout_s: float = 60.0) -> Settled:

@@ -9,7 +9,7 @@ from decimal import Decimal
 from sqlalchemy.orm import Session
 
 from outbox.ledger.claims import claim_due
-from outbox.ledger.submit import submit
+from producer import submit
 
 
 def test_every_split_of_a_doorbells_batch_runs_one_prepared_statement(pg_ledger):

@@ -105,7 +105,7 @@ def test_a_backlog_in_one_ledger_does_not_hold_back_another_s_new_intents(fleet,
     """Ledger a holds a backlog of 1,500 intents; ledger b's 10, submitted once a is draining, settle
     while most of a's backlog still waits: b's doorbells have a queue of their own, which the
     worker takes in turn with a's (the relays bound a's queue at OUTBOX_RELAY_MAX_QUEUED)."""
-    from outbox.ledger.submit import submit
+    from producer import submit
     from tests.harness import REFUND_ARGS
 
     a, b = fleet

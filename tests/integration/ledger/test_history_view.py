@@ -19,9 +19,9 @@ from outbox.ledger.db import make_engine, make_sessionmaker
 from outbox.ledger.history import HistoryEvent
 from outbox.ledger.models import Attempt, Operation, OperationEvent
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.reads.queries import explain
+from producer import submit
 from tests.conftest import scratch_pg_database
 
 INTENT = dict(

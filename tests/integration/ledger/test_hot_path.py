@@ -22,8 +22,8 @@ from outbox.ledger.history import HistoryEvent
 from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, Finalize, finalize_if_fenced, finalize_many_if_fenced
+from producer import submit
 
 ARGS = {"order_id": "o-1", "amount": "10.00", "currency": "EUR"}
 OK = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_1")

@@ -24,9 +24,9 @@ from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import Attempt, Evidence, Handoff, Operation
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
 from outbox.reads.report import state_contradictions
+from producer import submit
 
 INTENT = dict(
     tenant="acme",

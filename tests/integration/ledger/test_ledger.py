@@ -16,10 +16,10 @@ from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import OPERATIONS, Attempt, Operation
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced, request_cancel
 from outbox.reads.queries import explain
 from outbox.testing import advance_ledger_clock
+from producer import submit
 
 INTENT = dict(
     tenant="acme",

@@ -39,10 +39,10 @@ from outbox.ledger.models import (
 from outbox.ledger.scope_models import BudgetCharge, ObjectHold, ScopeSpend
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.stop_models import SubjectStop
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.ledger.webhook_models import WebhookEvent
 from outbox.testing import advance_ledger_clock, ledger_timestamp_columns
+from producer import submit
 from tests.harness import wait_for
 
 INTENT = dict(

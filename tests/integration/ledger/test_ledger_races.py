@@ -23,9 +23,9 @@ from outbox.ledger.db import make_sessionmaker
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.testing import advance_ledger_clock
+from producer import submit
 
 ROUNDS = 20
 JOIN_TIMEOUT_S = 30.0  # far above any lock wait here; a hang must fail the test, not the run

@@ -28,8 +28,8 @@ from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import Attempt, Evidence, Operation
 from outbox.ledger.states import AttemptClass, EventKind, Status, WaitingFor
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
+from producer import submit
 from workers.dispatch.gate import park_while_open_if_due
 from workers.provider.actions import load_actions
 

@@ -17,7 +17,7 @@ from outbox.errors import ObjectBusy
 from outbox.ledger.models import Operation
 from outbox.ledger.objects import ObjectRule, release_finished, take_hold
 from outbox.ledger.states import Status
-from outbox.ledger.submit import submit
+from producer import submit
 from tests.harness import CLOCK_LEASE, action, actions_doc, pk, wait_for
 
 REFUND = "payments.refund.create"

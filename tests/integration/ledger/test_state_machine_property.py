@@ -58,8 +58,8 @@ from outbox.ledger.states import (
     Status,
     is_allowed,
 )
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, approve, finalize_if_fenced, move, request_cancel
+from producer import submit
 
 LEASE_S = 600.0  # never runs out by itself during a run: expiry is an explicit event of the machine
 TABLES = tuple(core_table(m).name for m in (Handoff, Evidence, OperationEvent, Attempt, Operation))

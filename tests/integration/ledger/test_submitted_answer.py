@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from outbox.actions.rules import load_intent_rules
-from outbox.ledger.submit import submit
 from outbox.service import operations
+from producer import submit
 from tests.harness import action, actions_doc
 
 REFUND = "payments.refund.create"

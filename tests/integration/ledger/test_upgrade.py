@@ -45,11 +45,11 @@ from outbox.ledger.history import HistoryEvent
 from outbox.ledger.leases import expire_leases
 from outbox.ledger.models import ATTEMPTS, Handoff, Operation
 from outbox.ledger.states import AttemptClass, Status, WaitingFor
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.ledger.waits import park_for_breaker, wake_breaker_waits
 from outbox.runs.advance import advance_due
 from outbox.runs.lifecycle import find_run, submit_run
+from producer import submit
 from tests.conftest import scratch_pg_database
 from tests.harness import CLOCK_LEASE, action, actions_doc, pipeline, pk, wait_for
 from tests.integration.surfaces.test_tenants import _cli

@@ -23,8 +23,8 @@ from breaker import BreakerConfig, BreakerRegistry
 from outbox.evidence.handoffs import open_handoff
 from outbox.ledger.clock import db_now
 from outbox.ledger.models import Handoff, Operation
-from outbox.ledger.submit import submit
 from outbox.reads.report_summary import record_report
+from producer import submit
 from tests import spawn
 from tests.harness import REFUND_ARGS, actions_doc, wait_for
 

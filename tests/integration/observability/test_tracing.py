@@ -139,7 +139,7 @@ def traced_env(receiver: Receiver, service: str) -> dict[str, str]:
 # -- in-process: the submit span, and what is stored -------------------------------------------------
 def test_a_submit_continues_the_callers_trace_and_stores_its_own_span(ledger, memory):
     from outbox.ledger.models import Operation
-    from outbox.ledger.submit import submit
+    from producer import submit
 
     with ledger.sessions.begin() as s:
         r = submit(
@@ -166,7 +166,7 @@ def test_a_submit_continues_the_callers_trace_and_stores_its_own_span(ledger, me
 
 def test_without_a_tracer_an_explicit_traceparent_is_stored_as_given(ledger):
     from outbox.ledger.models import Operation
-    from outbox.ledger.submit import submit
+    from producer import submit
 
     tracing.install(None)
     with ledger.sessions.begin() as s:

@@ -24,11 +24,11 @@ from outbox.ledger.claims import Claim, claim_due, claim_unknown
 from outbox.ledger.history import HistoryEvent
 from outbox.ledger.models import Handoff, Operation
 from outbox.ledger.states import AttemptClass, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.reads.metrics import LedgerCollector
 from outbox.service import handoffs
 from outbox.testing import advance_ledger_clock
+from producer import submit
 
 ACTION = "payments.refund.create"
 SINK = EvidenceSink(None)

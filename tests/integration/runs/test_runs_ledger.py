@@ -144,7 +144,7 @@ def test_a_person_resolves_a_run_held_by_a_step_waiting_for_one_and_no_other(led
 
 def test_a_plain_intent_never_becomes_a_runs_step_nor_a_step_a_plain_intent(ledger):
     from outbox.errors import KeySpaceConflict
-    from outbox.ledger.submit import submit
+    from producer import submit
 
     # A plain intent holds the key a run would derive for its first step, with the same arguments.
     with ledger.sessions.begin() as s:

@@ -9,8 +9,8 @@ import time
 from sqlalchemy import update
 
 from outbox.ledger.models import Operation
-from outbox.ledger.submit import submit
 from outbox.service import operations
+from producer import submit
 from producer.http import intake
 from producer.http.intake import BacklogGate
 

@@ -13,8 +13,8 @@ from outbox.actions.specs import ApprovalSpec
 from outbox.errors import HandoffNotFound, InvalidIntent, OperationNotFound, ReportNotFound, RunNotFound
 from outbox.evidence.handoffs import open_handoff
 from outbox.ledger.models import Operation
-from outbox.ledger.submit import submit
 from outbox.service import approvals, handoffs, operations, reports, runs, waiting
+from producer import submit
 from tests.harness import REFUND_ARGS
 
 REFUND = "payments.refund.create"

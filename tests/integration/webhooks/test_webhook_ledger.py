@@ -24,11 +24,11 @@ from outbox.ledger.claims import Claim, claim_due, claim_unknown
 from outbox.ledger.clock import as_utc, db_now
 from outbox.ledger.models import Attempt, Evidence, Handoff, Operation
 from outbox.ledger.states import AttemptClass, EventKind, Status
-from outbox.ledger.submit import submit
 from outbox.ledger.transitions import AttemptReport, finalize_if_fenced
 from outbox.ledger.webhook_models import WebhookEvent
 from outbox.reads.report import state_contradictions
 from outbox.reads.webhook_events import documents_without_record
+from producer import submit
 
 ACTION = "payments.refund.create"
 SINK = EvidenceSink(None)

@@ -1,0 +1,85 @@
+"""The keyword form of submit, for people: ``producer.submit(session, tenant=..., action=..., ...)``.
+
+The ledger takes one ``Intent`` (outbox/ledger/intent.py): ``outbox.ledger.submit.submit(session,
+intent)``. People script against keywords, so ``producer.submit`` (and ``Outbox.submit``,
+``AsyncOutbox.submit``, ``submit_async``, ``producer.django.submit``) take either the intent's
+fields as keywords, from which they build the ``Intent``, or an ``Intent`` built beforehand,
+positionally; never both. ``key_rules`` (the loaded actions file) is a keyword of its own either
+way: the ledger applies it at submit, it is not part of the intent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Required, TypedDict, Unpack, overload
+
+from sqlalchemy.orm import Session
+
+from outbox.ledger.intent import Intent
+from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.submit import Receipt
+from outbox.ledger.submit import submit as submit_intent
+
+
+class IntentFields(TypedDict, total=False):
+    """An ``Intent``'s fields but the tenant, as keywords (the tenant is a keyword of its own: the
+    ``Outbox`` clients default it)."""
+
+    idempotency_key: Required[str]
+    action: Required[str]
+    args: Required[dict[str, Any]]
+    subject: Required[str]
+    run_id: str | None
+    tool_call_id: str | None
+    max_attempts: int | None
+    deadline_s: float | None
+    delay_s: float
+    requires_approval: bool
+    provider_key: str | None
+    submitted_by: str | None
+    key_space: str
+    priority: int
+    traceparent: str | None
+    budget_scope: str | None
+
+
+def as_intent(intent: Intent | None, tenant: str | None, given: dict[str, Any]) -> Intent:
+    """``intent`` as given, or the one its fields (``tenant`` and ``given``) build; TypeError for
+    both at once or an unknown keyword; InvalidIntent, naming the field, for a bad value."""
+    if intent is None:
+        return Intent(tenant=tenant, **given)  # type: ignore[arg-type]  # no tenant: InvalidIntent names it
+    if not isinstance(intent, Intent):
+        raise TypeError(f"submit takes an Intent or keywords, not a {type(intent).__name__}")
+    if given or tenant is not None:
+        extra = sorted(given) + (["tenant"] if tenant is not None else [])
+        raise TypeError(f"submit takes an Intent or its fields as keywords, not both (got {', '.join(extra)} too)")
+    return intent
+
+
+@overload
+def submit(session: Session, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+
+
+@overload
+def submit(
+    session: Session, /, *, tenant: str, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+) -> Receipt: ...
+
+
+def submit(
+    session: Session,
+    intent: Intent | None = None,
+    /,
+    *,
+    tenant: str | None = None,
+    key_rules: KeyRules | None = None,
+    **fields: Any,
+) -> Receipt:
+    """Write one intent in the caller's transaction and return its receipt (never commits).
+
+    ``submit(session, tenant=..., idempotency_key=..., action=..., args=..., subject=..., ...)``: the
+    fields of ``Intent`` as keywords; or ``submit(session, intent)``. ``key_rules``: the loaded actions
+    file (provider key templates, approval rules, objects, budgets); None: the default provider key
+    ``{tenant}:{idempotency_key}`` and no rule. Raises ``InvalidIntent`` naming a bad field,
+    ``IdempotencyConflict`` for a key used with other arguments; a replay returns the first receipt.
+    """
+    return submit_intent(session, as_intent(intent, tenant, fields), key_rules=key_rules)
