@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 from outbox.errors import IdempotencyConflict, InvalidIntent, RunConflict
 from outbox.ledger.intent import Intent
 from outbox.ledger.submit import Receipt
-from outbox.runs.lifecycle import RunReceipt, submit_run
+from outbox.runs.lifecycle import RunReceipt
 from producer.client import Outbox
-from producer.keywords import submit
+from producer.keywords import submit, submit_run
 
 if TYPE_CHECKING:
     from producer.aio import AsyncOutbox, submit_async, submit_run_async

@@ -26,12 +26,12 @@ try:
 except ImportError as exc:  # SQLAlchemy's asyncio extension needs greenlet
     raise MissingDependency(f"{ASYNC_HINT} ({exc})") from exc
 from outbox.ledger.intent import Intent
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.ledger.submit import Receipt, submit
-from outbox.runs.lifecycle import RunReceipt, submit_run
+from outbox.runs.lifecycle import RunReceipt
 from outbox.settings import Settings, load_settings
-from producer.client import key_rules_for
-from producer.keywords import IntentFields, as_intent
+from producer.client import action_rules_for
+from producer.keywords import IntentFields, as_intent, former_rules, submit_run
 
 
 def _async_session(session: Any, name: str) -> AsyncSession:
@@ -42,12 +42,12 @@ def _async_session(session: Any, name: str) -> AsyncSession:
 
 
 @overload
-async def submit_async(session: AsyncSession, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+async def submit_async(session: AsyncSession, intent: Intent, /, *, rules: SubmitRules | None = None) -> Receipt: ...
 
 
 @overload
 async def submit_async(
-    session: AsyncSession, /, *, tenant: str, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+    session: AsyncSession, /, *, tenant: str, rules: SubmitRules | None = None, **fields: Unpack[IntentFields]
 ) -> Receipt: ...
 
 
@@ -57,14 +57,15 @@ async def submit_async(
     /,
     *,
     tenant: str | None = None,
-    key_rules: KeyRules | None = None,
+    rules: SubmitRules | None = None,
     **fields: Any,
 ) -> Receipt:
     """``producer.submit`` in the caller's ``AsyncSession`` transaction: an ``Intent`` or the same
     keywords, the same receipt and errors (``IdempotencyConflict``, ``InvalidIntent``). Never commits."""
     checked = _async_session(session, "submit_async")
+    rules = former_rules(rules, fields)
     built = as_intent(intent, tenant, fields)
-    return await checked.run_sync(submit, built, key_rules=key_rules)
+    return await checked.run_sync(submit, built, rules=rules)
 
 
 async def submit_run_async(session: AsyncSession, /, **run: Any) -> RunReceipt:
@@ -74,15 +75,17 @@ async def submit_run_async(session: AsyncSession, /, **run: Any) -> RunReceipt:
 
 class AsyncOutbox:
     """Holds an async engine on the ledger; ``await submit(...)`` commits one intent in its own
-    transaction. ``key_rules``: the actions file's rules (provider keys, approvals), as ``Outbox``."""
+    transaction. ``rules``: the actions file's rules (provider keys, approvals), as ``Outbox``."""
 
     def __init__(
-        self, engine: AsyncEngine, *, default_tenant: str = "default", key_rules: KeyRules | None = None
+        self, engine: AsyncEngine, *, default_tenant: str = "default", rules: SubmitRules | None = None, **former: Any
     ) -> None:
         self.engine = engine
         self.sessions: async_sessionmaker[AsyncSession] = make_async_sessionmaker(engine)
         self.default_tenant = default_tenant
-        self.key_rules = key_rules
+        self.rules = former_rules(rules, former)  # key_rules=: its former name
+        if former:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(former))}")
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> AsyncOutbox:
@@ -94,15 +97,15 @@ class AsyncOutbox:
         return cls(
             make_async_engine(settings.resolved_database_url),
             default_tenant=settings.default_tenant,
-            key_rules=key_rules_for(settings),
+            rules=action_rules_for(settings),
         )
 
     @overload
-    async def submit(self, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+    async def submit(self, intent: Intent, /, *, rules: SubmitRules | None = None) -> Receipt: ...
 
     @overload
     async def submit(
-        self, /, *, tenant: str | None = None, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+        self, /, *, tenant: str | None = None, rules: SubmitRules | None = None, **fields: Unpack[IntentFields]
     ) -> Receipt: ...
 
     async def submit(
@@ -111,18 +114,19 @@ class AsyncOutbox:
         /,
         *,
         tenant: str | None = None,
-        key_rules: KeyRules | None = None,
+        rules: SubmitRules | None = None,
         **fields: Any,
     ) -> Receipt:
         """``Outbox.submit`` from asyncio: one transaction of its own per intent."""
         if intent is None:
             tenant = tenant or self.default_tenant
+        rules = former_rules(rules, fields)
         built = as_intent(intent, tenant, fields)
         async with self.sessions.begin() as session:
-            return await submit_async(session, built, key_rules=key_rules if key_rules is not None else self.key_rules)
+            return await submit_async(session, built, rules=rules if rules is not None else self.rules)
 
     async def submit_run(self, *, tenant: str | None = None, **run: Any) -> RunReceipt:
-        run.setdefault("key_rules", self.key_rules)
+        run["rules"] = former_rules(run.get("rules"), run) or self.rules
         async with self.sessions.begin() as session:
             return await submit_run_async(session, tenant=tenant or self.default_tenant, **run)
 

@@ -4,20 +4,23 @@ The ledger takes one ``Intent`` (outbox/ledger/intent.py): ``outbox.ledger.submi
 intent)``. People script against keywords, so ``producer.submit`` (and ``Outbox.submit``,
 ``AsyncOutbox.submit``, ``submit_async``, ``producer.django.submit``) take either the intent's
 fields as keywords, from which they build the ``Intent``, or an ``Intent`` built beforehand,
-positionally; never both. ``key_rules`` (the loaded actions file) is a keyword of its own either
+positionally; never both. ``rules`` (the loaded actions file) is a keyword of its own either
 way: the ledger applies it at submit, it is not part of the intent.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Required, TypedDict, Unpack, overload
 
 from sqlalchemy.orm import Session
 
 from outbox.ledger.intent import Intent
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.ledger.submit import Receipt
 from outbox.ledger.submit import submit as submit_intent
+from outbox.runs.lifecycle import RunReceipt
+from outbox.runs.lifecycle import submit_run as submit_run_spec
 
 
 class IntentFields(TypedDict, total=False):
@@ -42,6 +45,18 @@ class IntentFields(TypedDict, total=False):
     budget_scope: str | None
 
 
+def former_rules(rules: SubmitRules | None, given: dict[str, Any]) -> SubmitRules | None:
+    """``rules``, or the loaded actions file a caller passed under its former name ``key_rules=``
+    (taken out of ``given``, with a DeprecationWarning); TypeError for both at once."""
+    if "key_rules" not in given:
+        return rules
+    old = given.pop("key_rules")
+    warnings.warn("key_rules= is now rules= (the same loaded actions file)", DeprecationWarning, stacklevel=3)
+    if rules is not None:
+        raise TypeError("pass the loaded actions file once, as rules= (key_rules= is its former name)")
+    return old  # type: ignore[no-any-return]
+
+
 def as_intent(intent: Intent | None, tenant: str | None, given: dict[str, Any]) -> Intent:
     """``intent`` as given, or the one its fields (``tenant`` and ``given``) build; TypeError for
     both at once or an unknown keyword; InvalidIntent, naming the field, for a bad value."""
@@ -56,12 +71,12 @@ def as_intent(intent: Intent | None, tenant: str | None, given: dict[str, Any]) 
 
 
 @overload
-def submit(session: Session, intent: Intent, /, *, key_rules: KeyRules | None = None) -> Receipt: ...
+def submit(session: Session, intent: Intent, /, *, rules: SubmitRules | None = None) -> Receipt: ...
 
 
 @overload
 def submit(
-    session: Session, /, *, tenant: str, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+    session: Session, /, *, tenant: str, rules: SubmitRules | None = None, **fields: Unpack[IntentFields]
 ) -> Receipt: ...
 
 
@@ -71,15 +86,24 @@ def submit(
     /,
     *,
     tenant: str | None = None,
-    key_rules: KeyRules | None = None,
+    rules: SubmitRules | None = None,
     **fields: Any,
 ) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
     ``submit(session, tenant=..., idempotency_key=..., action=..., args=..., subject=..., ...)``: the
-    fields of ``Intent`` as keywords; or ``submit(session, intent)``. ``key_rules``: the loaded actions
+    fields of ``Intent`` as keywords; or ``submit(session, intent)``. ``rules``: the loaded actions
     file (provider key templates, approval rules, objects, budgets); None: the default provider key
     ``{tenant}:{idempotency_key}`` and no rule. Raises ``InvalidIntent`` naming a bad field,
     ``IdempotencyConflict`` for a key used with other arguments; a replay returns the first receipt.
     """
-    return submit_intent(session, as_intent(intent, tenant, fields), key_rules=key_rules)
+    rules = former_rules(rules, fields)
+    return submit_intent(session, as_intent(intent, tenant, fields), rules=rules)
+
+
+def submit_run(session: Session, /, **run: Any) -> RunReceipt:
+    """``outbox.runs.lifecycle.submit_run`` in the caller's transaction (its keywords: tenant, run_key,
+    steps, subject, budget, rules); ``key_rules=`` is taken as ``rules=``'s former name."""
+    if "key_rules" in run:
+        run["rules"] = former_rules(run.get("rules"), run)
+    return submit_run_spec(session, **run)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from producer.agents.calls import ToolCaller
 from producer.client import Outbox
 
@@ -56,8 +56,8 @@ def offline(*, approval: dict[str, Any] | None = None, tenant: str = "demo") -> 
 
     if os.environ.get("OUTBOX_ACTIONS_FILE"):
         settings = load_settings()
-        rules = load_intent_rules(settings.actions_file)  # type: ignore[arg-type]
-        outbox = Outbox(open_engine(settings), key_rules=rules)
+        rules = load_action_rules(settings.actions_file)  # type: ignore[arg-type]
+        outbox = Outbox(open_engine(settings), rules=rules)
         try:
             yield (
                 ToolCaller(outbox, rules, tenant=os.environ.get("EXAMPLE_TENANT", "t1"), subject="agent:example"),
@@ -79,8 +79,8 @@ def offline(*, approval: dict[str, Any] | None = None, tenant: str = "demo") -> 
         actions.write_text(yaml.safe_dump(doc, sort_keys=False))
         os.environ.update({"OUTBOX_DATA_DIR": str(Path(tmp) / "data"), "OUTBOX_ACTIONS_FILE": str(actions)})
         settings = load_settings()
-        rules = load_intent_rules(actions)
-        outbox = Outbox(open_engine(settings), key_rules=rules)
+        rules = load_action_rules(actions)
+        outbox = Outbox(open_engine(settings), rules=rules)
         pipeline = Pipeline(settings, worker_output=os.open(os.devnull, os.O_WRONLY))
         pipeline.start()
         try:

@@ -29,8 +29,8 @@ from outbox.ledger.provider_keys import DEFAULT_MAX_LENGTH, DEFAULT_TEMPLATE, Ke
 
 
 @dataclass(frozen=True)
-class IntentRules:
-    """outbox.ledger.provider_keys.KeyRules for the actions of one file."""
+class ActionRules:
+    """outbox.ledger.provider_keys.SubmitRules for the actions of one file."""
 
     keys: dict[str, KeyRule]
     approvals: dict[str, ApprovalSpec]
@@ -72,7 +72,7 @@ class IntentRules:
         return action in self.irreversible
 
 
-def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> IntentRules:
+def load_action_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionRules:
     data, _ = read_yaml(path)  # keys declared twice: the workers' loader refuses the file
     actions = data.get("actions") if isinstance(data, dict) else None
     if not isinstance(actions, dict):
@@ -170,7 +170,7 @@ def load_intent_rules(path: str | os.PathLike[str], *, environ: Mapping[str, str
                 problems.append((f"{where}.approval", unruled))
     if problems:
         raise ActionsFileError(path, problems)
-    return IntentRules(keys, approvals, phases, frozenset(irreversible), tools, args, objects, budgets, versions)
+    return ActionRules(keys, approvals, phases, frozenset(irreversible), tools, args, objects, budgets, versions)
 
 
 def _budget_scope(raw: Any, where: str, problems: list[tuple[str, str]]) -> BudgetScopeSpec | None:
@@ -181,3 +181,16 @@ def _budget_scope(raw: Any, where: str, problems: list[tuple[str, str]]) -> Budg
     except ValidationError as exc:
         problems.extend((f"{where}." + ".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
         return None
+
+
+_FORMER_NAMES = {"IntentRules": "ActionRules", "load_intent_rules": "load_action_rules"}
+
+
+def __getattr__(name: str) -> Any:
+    """The former names of ActionRules and load_action_rules, kept for scripts written against them."""
+    if name in _FORMER_NAMES:
+        import warnings
+
+        warnings.warn(f"{name} is now {_FORMER_NAMES[name]}", DeprecationWarning, stacklevel=2)
+        return globals()[_FORMER_NAMES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,7 @@ from outbox.ledger.effect_guard import may_have_taken_effect
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.intent import MAX_KEY_LEN, Intent
 from outbox.ledger.models import ATTEMPTS, OPERATIONS, Attempt, Handoff, Operation, core_table
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.ledger.states import AttemptClass, EventKind, HandoffStatus, Resolution, Status
 from outbox.ledger.submit import Receipt, submit
 from outbox.ledger.transitions import move
@@ -82,7 +82,7 @@ def retry_as_new_intent(
     *,
     by: str,
     note: str,
-    key_rules: KeyRules | None,
+    rules: SubmitRules | None,
     identity: str | None = None,
 ) -> Retried:
     """The module docstring, in the caller's transaction (it commits the old one's end, the new intent
@@ -170,7 +170,7 @@ def retry_as_new_intent(
         fencing_token=_OP.c.fencing_token + 1,
         **released(),
     )
-    new = submit(session, intent, key_rules=key_rules)
+    new = submit(session, intent, rules=rules)
     if not new.new:
         raise InvalidIntent("ID", f"the derived key {key!r} already names operation {new.operation_id}")
     session.execute(update(_OP).where(_OP.c.id == op.id).values(retried_as=new.operation_id))

@@ -9,7 +9,7 @@ their canonical form (outbox/ledger/envelope.py), computed once, so a caller who
 dict afterwards changes nothing here, and the ledger writes exactly what was checked.
 
 The actions file's rules (provider key templates, approval rules, objects, budgets) are not part
-of the intent: the ledger applies them at submit (``submit(session, intent, key_rules=...)``).
+of the intent: the ledger applies them at submit (``submit(session, intent, rules=...)``).
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ class KeyRule:
         return HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()[: self.max_length - len(HASH_PREFIX)]
 
 
-class KeyRules(Protocol):
-    """What the actions file decides at submit (workers.provider.actions.ActionsConfig): the action's
+class SubmitRules(Protocol):
+    """What the actions file decides at submit (workers.provider.actions.ActionsFile): the action's
     provider key rule, and whether an intent waits for a person's approval."""
 
     def key_rule(self, action: str) -> KeyRule | None: ...
@@ -111,7 +111,7 @@ def escape_tenant(tenant: str) -> str:
 DEFAULT_RULE = KeyRule()
 
 
-def rule_for(rules: KeyRules | Mapping[str, KeyRule] | None, action: str) -> KeyRule:
+def rule_for(rules: SubmitRules | Mapping[str, KeyRule] | None, action: str) -> KeyRule:
     if rules is None:
         return DEFAULT_RULE
     found = rules.get(action) if isinstance(rules, Mapping) else rules.key_rule(action)

@@ -1,5 +1,5 @@
 """Submit: write an intent (an ``Intent``, outbox/ledger/intent.py) into the outbox inside the caller's
-transaction: ``submit(session, intent, key_rules=...)``.
+transaction: ``submit(session, intent, rules=...)``.
 
 The point of an outbox is that the agent's own rows and its intent commit or roll back together, so
 ``submit`` never commits: the caller does. Two concurrent submits of the same (tenant, key) produce
@@ -24,7 +24,7 @@ from outbox.ledger.drivers import NewOperation, driver_for
 from outbox.ledger.drivers.base import Inserted
 from outbox.ledger.intent import Intent
 from outbox.ledger.models import Operation, core_table
-from outbox.ledger.provider_keys import KeyRules, rule_for
+from outbox.ledger.provider_keys import SubmitRules, rule_for
 from outbox.ledger.states import Status, WaitingFor
 
 _OP = core_table(Operation)
@@ -84,12 +84,12 @@ class Receipt:
         return out
 
 
-def submit(session: Session, intent: Intent, *, key_rules: KeyRules | None = None) -> Receipt:
+def submit(session: Session, intent: Intent, *, rules: SubmitRules | None = None) -> Receipt:
     """Write one intent in the caller's transaction and return its receipt (never commits).
 
     The intent was validated when it was built (outbox/ledger/intent.py); what is left is what the
-    actions file and the ledger's own rows decide. ``key_rules``: the loaded actions file
-    (workers.provider.actions.ActionsConfig); None uses the default provider key
+    actions file and the ledger's own rows decide. ``rules``: the loaded actions file
+    (workers.provider.actions.ActionsFile); None uses the default provider key
     ``{tenant}:{idempotency_key}`` and no approval rule, object or budget. The key the provider will
     see is rendered here, once, and stored with the intent, unless the intent carries one already.
 
@@ -110,21 +110,19 @@ def submit(session: Session, intent: Intent, *, key_rules: KeyRules | None = Non
             "or call producer.submit with keywords"
         )
     env, key, run_id = intent.envelope, intent.idempotency_key, intent.run_id
-    object_rule = key_rules.object_rule(env.action) if key_rules is not None else None
+    object_rule = rules.object_rule(env.action) if rules is not None else None
     object_key = object_rule.render(env.args) if object_rule is not None else None
     scope = intent.budget_scope
-    budgets = key_rules.budgets_of(env.action) if key_rules is not None and scope is not None else ()
+    budgets = rules.budgets_of(env.action) if rules is not None and scope is not None else ()
 
     operation_id = str(uuid.uuid4())
     # The actions file's approval rule (the send checks it again: outbox/approvals/decisions.py).
-    requires_approval = intent.requires_approval or (
-        key_rules is not None and key_rules.needs_approval(env.action, env.args)
-    )
+    requires_approval = intent.requires_approval or (rules is not None and rules.needs_approval(env.action, env.args))
     status = Status.AWAITING_APPROVAL if requires_approval else Status.NOT_DISPATCHED
     reason = f"subject {env.subject}" + (f", run {run_id}" if run_id else "")
     provider_key = intent.provider_key
     if provider_key is None:
-        provider_key = rule_for(key_rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
+        provider_key = rule_for(rules, env.action).render(tenant=env.tenant, idempotency_key=key, action=env.action)
     new = NewOperation(
         id=operation_id,
         tenant=env.tenant,
@@ -148,9 +146,9 @@ def submit(session: Session, intent: Intent, *, key_rules: KeyRules | None = Non
         object_key=object_key,
         budget_scope=scope if budgets else None,
         # The definition its requests are built from (outbox/ledger/request_record.py says why).
-        action_version=key_rules.action_version(env.action) if key_rules is not None else None,
+        action_version=rules.action_version(env.action) if rules is not None else None,
     )
-    rules = _Rules(object_rule, budgets, scope)
+    applying = _Rules(object_rule, budgets, scope)
     if intent.key_space == "intent":  # a run's steps are its run's: refused with the run, held at their claim
         stops.refuse_if_stopped(session, tenant=env.tenant, subject=env.subject, replay=lambda: _known(session, new))
     with tracing.span(
@@ -159,7 +157,7 @@ def submit(session: Session, intent: Intent, *, key_rules: KeyRules | None = Non
         attributes={"outbox.tenant": env.tenant, "outbox.action": env.action},
     ) as span:
         # Stored: this submit's span when traced (later work continues it), else the caller's.
-        return _insert(session, span, replace(new, traceparent=span.traceparent), rules, env.args)
+        return _insert(session, span, replace(new, traceparent=span.traceparent), applying, env.args)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def submit_run(
     steps: list[dict[str, Any]],
     subject: str,
     budget: dict[str, Any] | None = None,
-    key_rules: StepRules | None = None,
+    rules: StepRules | None = None,
     submitted_by: str | None = None,
     priority: int = 0,
 ) -> RunReceipt:
@@ -72,14 +72,14 @@ def submit_run(
 
     ``steps``: ``[{name, action, args, compensate?: {action, args}}]``, run in this order; each
     step's idempotency key is ``{run_key}:{name}``. ``budget``: ``{max_attempts, deadline_s}`` that
-    all steps draw from. ``key_rules``: the actions file as a producer reads it
+    all steps draw from. ``rules``: the actions file as a producer reads it
     (outbox.actions.rules), for provider keys, approvals, ``phase`` and ``irreversible``.
     ``submitted_by``: the submitting identity (``key:<id>``), carried by every step's operation.
     ``priority`` (-100..100, default 0): every step's and compensation's operation carries it (see
     outbox/ledger/submit.py); stored, not part of the run's digest, as for an intent.
     """
     priority = validate_priority(priority)
-    spec = build_run_spec(tenant=tenant, run_key=run_key, steps=steps, subject=subject, budget=budget, rules=key_rules)
+    spec = build_run_spec(tenant=tenant, run_key=run_key, steps=steps, subject=subject, budget=budget, rules=rules)
     now = as_utc(session.execute(select(db_now())).scalar_one())
     assert now is not None
     run_id = str(uuid.uuid4())

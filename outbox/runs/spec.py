@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 from outbox.errors import InvalidIntent
 from outbox.ledger.envelope import build_envelope, canonical_value, digest_of, dumps_canonical, loads_exact
 from outbox.ledger.intent import MAX_KEY_LEN, MAX_SECONDS, require_storable
-from outbox.ledger.provider_keys import KeyRules, rule_for
+from outbox.ledger.provider_keys import SubmitRules, rule_for
 
 MAX_STEPS = 50
 MAX_RUN_ATTEMPTS = 10_000
@@ -29,8 +29,8 @@ COMPENSATE = "compensate"
 Phase = Literal["draft", "commit"]
 
 
-class StepRules(KeyRules, Protocol):
-    """What a producer knows of each action (outbox.actions.rules.IntentRules)."""
+class StepRules(SubmitRules, Protocol):
+    """What a producer knows of each action (outbox.actions.rules.ActionRules)."""
 
     def phase_of(self, action: str) -> Phase | None: ...
 

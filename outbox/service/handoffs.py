@@ -17,7 +17,7 @@ from outbox.errors import HandoffNotFound, InvalidIntent
 from outbox.evidence import handoffs, retries
 from outbox.ledger import tracing
 from outbox.ledger.models import Handoff, Operation
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.ledger.states import PERSON_RESOLUTIONS, HandoffStatus, Resolution, Status
 from outbox.service.inputs import BY_MAX, NOTE_MAX, REFERENCE_MAX, written
 
@@ -90,11 +90,11 @@ def resolve(
     by: str,
     note: str,
     reference: str | None = None,
-    key_rules: KeyRules | None = None,
+    rules: SubmitRules | None = None,
     identity: str | None = None,
 ) -> Status:
     """A person's decision on a handoff of ``tenant``; returns the operation's state after it.
-    ``retry-as-new-intent`` also submits the new intent (under ``key_rules``, the actions file's, as
+    ``retry-as-new-intent`` also submits the new intent (under ``rules``, the actions file's, as
     any submit: approvals, provider keys, objects); the handoff's operation then names it
     (``retried_as``). ``identity``: who decides, as the surface knows them (recorded beside ``by``)."""
     written("--by", by, max_len=BY_MAX)
@@ -111,9 +111,7 @@ def resolve(
         if resolution is Resolution.RETRY_AS_NEW_INTENT:
             if reference:
                 raise InvalidIntent("--reference", "only with --as succeeded")
-            retried = retries.retry_as_new_intent(
-                session, handoff, by=by, note=note, key_rules=key_rules, identity=identity
-            )
+            retried = retries.retry_as_new_intent(session, handoff, by=by, note=note, rules=rules, identity=identity)
             span.set(**{"outbox.status": Status.ABANDONED.value, "outbox.retried_as": retried.new.operation_id})
             return Status.ABANDONED
         status = handoffs.resolve(session, handoff, resolution=resolution, by=by, note=note, reference=reference)

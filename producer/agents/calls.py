@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from outbox.actions.rules import IntentRules
+from outbox.actions.rules import ActionRules
 from outbox.errors import BudgetExhausted, IdempotencyConflict, InvalidIntent, ObjectBusy, OperationNotFound, Refused
 from outbox.ledger.envelope import canonical_value, dumps_canonical, loads_exact
 from outbox.ledger.intent import Intent
@@ -112,7 +112,7 @@ class ToolCaller:
     """Submits tool calls as intents of one tenant and answers with their outcome."""
 
     def __init__(
-        self, outbox: Outbox, rules: IntentRules, *, tenant: str, subject: str, identity: str | None = None
+        self, outbox: Outbox, rules: ActionRules, *, tenant: str, subject: str, identity: str | None = None
     ) -> None:
         """``identity``: who submits, as separation of duties compares it (``key:<id>`` over MCP's HTTP
         transport); None in-process, where the host is the only one submitting."""

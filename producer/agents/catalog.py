@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.actions.rules import IntentRules
+from outbox.actions.rules import ActionRules
 from outbox.actions.specs import ApprovalSpec
 from outbox.errors import InvalidIntent
 
@@ -69,7 +69,7 @@ def _schema(declared: list[str] | None, references: list[str]) -> dict[str, Any]
     }
 
 
-def catalog(rules: IntentRules) -> dict[str, ToolView]:
+def catalog(rules: ActionRules) -> dict[str, ToolView]:
     """Every action of the file, by action name."""
     out: dict[str, ToolView] = {}
     for action in rules.keys:

@@ -38,13 +38,13 @@ from sqlalchemy.orm import Session
 from outbox.errors import ConfigError, OutboxError
 from outbox.ledger.intent import Intent
 from outbox.ledger.key_uses import IN_CALLERS_TRANSACTION
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.ledger.submit import Receipt
 from outbox.ledger.submit import submit as ledger_submit
 from outbox.runs.lifecycle import RunReceipt
-from outbox.runs.lifecycle import submit_run as ledger_submit_run
 from producer.django.lent import DRIVERS
-from producer.keywords import IntentFields, as_intent
+from producer.keywords import IntentFields, as_intent, former_rules
+from producer.keywords import submit_run as ledger_submit_run
 
 __all__ = ["OutsideAtomicBlock", "UnsupportedDatabase", "submit", "submit_run"]
 
@@ -70,12 +70,12 @@ class UnsupportedDatabase(ConfigError, ImproperlyConfigured):  # type: ignore[mi
 
 
 @overload
-def submit(intent: Intent, /, *, using: str = DEFAULT_DB_ALIAS, key_rules: KeyRules | None = None) -> Receipt: ...
+def submit(intent: Intent, /, *, using: str = DEFAULT_DB_ALIAS, rules: SubmitRules | None = None) -> Receipt: ...
 
 
 @overload
 def submit(
-    *, using: str = DEFAULT_DB_ALIAS, tenant: str, key_rules: KeyRules | None = None, **fields: Unpack[IntentFields]
+    *, using: str = DEFAULT_DB_ALIAS, tenant: str, rules: SubmitRules | None = None, **fields: Unpack[IntentFields]
 ) -> Receipt: ...
 
 
@@ -85,14 +85,15 @@ def submit(
     *,
     using: str = DEFAULT_DB_ALIAS,
     tenant: str | None = None,
-    key_rules: KeyRules | None = None,
+    rules: SubmitRules | None = None,
     **fields: Any,
 ) -> Receipt:
     """``producer.submit`` in Django's transaction on ``using`` (inside ``transaction.atomic()``).
     Same arguments (an ``Intent``, or tenant, idempotency_key, action, args, subject, ... as keywords;
-    key_rules), same receipt, same errors (``IdempotencyConflict``, ``InvalidIntent``); never commits."""
+    rules), same receipt, same errors (``IdempotencyConflict``, ``InvalidIntent``); never commits."""
+    rules = former_rules(rules, fields)
     built = as_intent(intent, tenant, fields)
-    return _in_django_transaction(using, lambda session: ledger_submit(session, built, key_rules=key_rules))
+    return _in_django_transaction(using, lambda session: ledger_submit(session, built, rules=rules))
 
 
 def submit_run(*, using: str = DEFAULT_DB_ALIAS, **run: Any) -> RunReceipt:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from outbox.access.keys import Caller, verify
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.settings import Settings
 from producer.http.intake import BacklogGate
 from producer.http.problems import Problem
@@ -63,7 +63,7 @@ class ApiState:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    key_rules: KeyRules | None
+    rules: SubmitRules | None
     waiters: Waiters
     limiter: RateLimiter
     keys: dict[str, tuple[Caller | None, float]] = field(default_factory=dict)  # presented key -> (caller, at)

@@ -218,8 +218,8 @@ def _bounded(value: Any, field: str, what: str, *, integer: bool = False) -> Dec
 def _known_action(st: ApiState, fields: dict[str, Any], where: str = "") -> None:
     """With the actions file at hand, an unknown action is refused now, not by a worker later."""
     action = fields.get("action")
-    if st.key_rules is not None and isinstance(action, str) and st.key_rules.key_rule(action) is None:
-        known = sorted(getattr(st.key_rules, "actions", {}))
+    if st.rules is not None and isinstance(action, str) and st.rules.key_rule(action) is None:
+        known = sorted(getattr(st.rules, "actions", {}))
         raise InvalidIntent(f"{where}action", f"unknown action {action!r}; known: {', '.join(known) or '(none)'}")
 
 
@@ -227,7 +227,7 @@ def _submit_one(st: ApiState, session: Session, intent: Intent, caller: Caller) 
     refusal = st.backlog.refusal(session, caller.tenant, intent.idempotency_key)
     if refusal is not None:
         raise refusal
-    receipt = submit(session, intent, key_rules=st.key_rules)
+    receipt = submit(session, intent, rules=st.rules)
     return (201 if receipt.new else 200), operations.submitted(session, receipt) | receipt.extras()
 
 
@@ -293,7 +293,7 @@ async def post_batch(request: Request, caller: Annotated[Caller, Depends(require
                         results.append({"index": i, "status": 429, "problem": refusal.body()})
                         continue
                     with session.begin_nested():  # a bad item never takes the good ones down
-                        receipt = submit(session, intent, key_rules=st.key_rules)
+                        receipt = submit(session, intent, rules=st.rules)
                     results.append({"index": i, "status": 201 if receipt.new else 200, "operation": receipt})
                 except InvalidIntent as exc:
                     p = Problem(422, "invalid", "Invalid input", exc.reason, field=exc.field)

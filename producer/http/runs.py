@@ -156,7 +156,7 @@ async def post_run(request: Request, caller: Annotated[Caller, Depends(require("
                 budget=body.get("budget"),
                 subject=subject_of(body, caller),
                 submitted_by=caller.identity,
-                key_rules=st.key_rules,  # type: ignore[arg-type]
+                rules=st.rules,  # type: ignore[arg-type]
                 priority=body.get("priority", 0),
             )
         return (201 if receipt.new else 200), receipt.run_id
@@ -196,7 +196,7 @@ async def post_cancel(
                 actor=f"api:key-{caller.key_id}",
                 compensate=bool(body.get("compensate")),
                 reason="cancel requested over the API",
-                irreversible=getattr(state(request).key_rules, "irreversible", frozenset()),
+                irreversible=getattr(state(request).rules, "irreversible", frozenset()),
             )
 
     await _threaded(run)

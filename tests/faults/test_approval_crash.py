@@ -96,7 +96,7 @@ def test_worker_killed_after_claiming_an_approved_intent(pipe, sandbox, approval
     )
     pipe.start_worker("reconciler", queues="outcome_unknown")
     pipe.start_relay()
-    op_id = pipe.submit(key, dict(BIG), key_rules=rules, subject="agent:bot").operation_id
+    op_id = pipe.submit(key, dict(BIG), rules=rules, subject="agent:bot").operation_id
     assert pipe.op(op_id).status == Status.AWAITING_APPROVAL.value
 
     _approve(pipe, op_id, "alice")
@@ -161,9 +161,9 @@ def test_relay_killed_when_the_approval_commits(pipe, sandbox):
     )
     try:
         # The relay is alive and ringing: an intent below the approval threshold goes through.
-        small = pipe.submit(f"{key}-small", dict(REFUND_ARGS), key_rules=rules, subject="agent:bot").operation_id
+        small = pipe.submit(f"{key}-small", dict(REFUND_ARGS), rules=rules, subject="agent:bot").operation_id
         pipe.wait_status(small, Status.SUCCEEDED.value, timeout_s=20)
-        op_id = pipe.submit(key, dict(BIG), key_rules=rules, subject="agent:bot").operation_id
+        op_id = pipe.submit(key, dict(BIG), rules=rules, subject="agent:bot").operation_id
         assert pipe.op(op_id).status == Status.AWAITING_APPROVAL.value
         os.kill(relay.pid, signal.SIGKILL)
         relay.wait(10)

@@ -56,7 +56,7 @@ def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_
     pipe, sandbox, where, compensate
 ):
     from outbox.runs.lifecycle import submit_run
-    from producer.client import key_rules_for
+    from producer.client import action_rules_for
 
     run_key = f"late-{where.replace('_', '-')}-{'comp' if compensate else 'keep'}"
     pipe.write_actions(
@@ -92,7 +92,7 @@ def test_a_step_in_flight_at_cancel_keeps_its_late_success_and_nothing_after_it_
             run_key=run_key,
             steps=_steps(run_key),
             subject="agent:buyer",
-            key_rules=key_rules_for(pipe.settings()),
+            rules=action_rules_for(pipe.settings()),
         ).run_id
 
     step1 = wait_for(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from workers.provider.actions import load_actions, parse_actions
 
 BASE: dict[str, Any] = {
@@ -88,7 +88,7 @@ targets:
 """
     )
     versions = {load_actions(path, environ=ENV).action_version("payouts.create") for path in (plain, reordered)} | {
-        load_intent_rules(path, environ=ENV).action_version("payouts.create") for path in (plain, reordered)
+        load_action_rules(path, environ=ENV).action_version("payouts.create") for path in (plain, reordered)
     }
     assert versions == {version(BASE)}
 
@@ -166,9 +166,9 @@ def test_the_producer_without_a_workers_variable_records_no_version(tmp_path: Pa
     doc = changed("targets.base_url", "${PAY_URL}")
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(doc))
-    assert load_intent_rules(path, environ={}).action_version("payouts.create") is None
+    assert load_action_rules(path, environ={}).action_version("payouts.create") is None
     env = {"PAY_URL": "https://pay.example.com/api"}
-    assert load_intent_rules(path, environ=env).action_version("payouts.create") == version(BASE)
+    assert load_action_rules(path, environ=env).action_version("payouts.create") == version(BASE)
     assert load_actions(path, environ=env | ENV).action_version("payouts.create") == version(BASE)
 
 

@@ -49,11 +49,11 @@ def test_another_occurrence_is_another_key_and_the_same_one_the_same():
 
 
 def test_every_tool_says_what_occurrence_is_for():
-    from outbox.actions.rules import IntentRules
+    from outbox.actions.rules import ActionRules
     from outbox.ledger.provider_keys import DEFAULT_TEMPLATE, KeyRule
 
     rule = KeyRule(DEFAULT_TEMPLATE)
-    rules = IntentRules(keys={REFUND: rule, "support.ticket.create": rule}, approvals={})
+    rules = ActionRules(keys={REFUND: rule, "support.ticket.create": rule}, approvals={})
     for view in catalog(rules).values():
         assert "only to make another one of the same call" in view.description
         described = view.input_schema["properties"][OCCURRENCE]["description"]

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from outbox.actions.files import ActionsFileError
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.evidence.health import SinkHealth
 from outbox.ledger.states import AttemptClass as A
 from outbox.ledger.states import Status, WaitingFor
@@ -116,7 +116,7 @@ def _irreversible(tmp_path: Path, **approval: Any) -> Path:
 @pytest.mark.parametrize("approval", [{}, {"required": "never"}])
 def test_an_irreversible_action_without_an_approval_rule_is_refused_at_load(tmp_path, approval):
     path = _irreversible(tmp_path, **approval)
-    for load in (load_actions, load_intent_rules):  # the workers' loader and the producer's rules
+    for load in (load_actions, load_action_rules):  # the workers' loader and the producer's rules
         with pytest.raises(ActionsFileError) as err:
             load(path, environ={})
         message = str(err.value)
@@ -128,7 +128,7 @@ def test_an_irreversible_action_without_an_approval_rule_is_refused_at_load(tmp_
 def test_an_irreversible_action_with_a_person_or_a_condition_loads(tmp_path, approval):
     path = _irreversible(tmp_path, **approval)
     assert load_actions(path, environ={}).action("refund").irreversible
-    assert load_intent_rules(path, environ={}).is_irreversible("refund")
+    assert load_action_rules(path, environ={}).is_irreversible("refund")
 
 
 # -- the evidence store's health, as one process knows it ----------------------------------------

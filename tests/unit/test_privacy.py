@@ -99,7 +99,7 @@ def test_a_sensitive_argument_cannot_be_a_tool_calls_reference(tmp_path):
     workers' loader and by the producers' (the MCP server, the API), which make the keys."""
     import yaml
 
-    from outbox.actions.rules import load_intent_rules
+    from outbox.actions.rules import load_action_rules
     from producer.agents.calls import call_key
 
     secret = "ada@example.com"
@@ -111,7 +111,7 @@ def test_a_sensitive_argument_cannot_be_a_tool_calls_reference(tmp_path):
         path = tmp_path / "actions.yaml"
         path.write_text(yaml.safe_dump(data))
         with pytest.raises(ActionsFileError) as producers:
-            load_intent_rules(path, environ=ENV)
+            load_action_rules(path, environ=ENV)
         for refused in (exc.value, producers.value):
             assert "actions.payments.refund.create.tool.reference_args" in str(refused)
             assert "['customer_email'] are sensitive" in str(refused)
@@ -120,7 +120,7 @@ def test_a_sensitive_argument_cannot_be_a_tool_calls_reference(tmp_path):
         "order_id"
     ]
     path.write_text(yaml.safe_dump(ok))
-    assert load_intent_rules(path, environ=ENV).tools["payments.refund.create"].reference_args == ["order_id"]
+    assert load_action_rules(path, environ=ENV).tools["payments.refund.create"].reference_args == ["order_id"]
 
 
 def test_beat_purges_daily():
@@ -159,13 +159,13 @@ def test_a_connector_hook_written_before_tenants_is_called_without_tenant():
 def test_a_producer_reads_its_rules_without_the_targets_secrets(tmp_path):
     import yaml
 
-    from outbox.actions.rules import load_intent_rules
+    from outbox.actions.rules import load_action_rules
     from tests.unit.test_actions import BASE
 
     doc = mutated(provider_key="{tenant}/{idempotency_key}", approval={"required": "always", "ttl_s": 60})
     assert "${TOKEN}" in str(BASE["targets"])  # a target secret the producer's environment lacks
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(doc))
-    rules = load_intent_rules(path, environ={})
+    rules = load_action_rules(path, environ={})
     assert rules.key_rule("payments.refund.create") == KeyRule("{tenant}/{idempotency_key}")
     assert rules.needs_approval("payments.refund.create", {}) and rules.key_rule("nope") is None

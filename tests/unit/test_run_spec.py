@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from outbox.actions.rules import IntentRules
+from outbox.actions.rules import ActionRules
 from outbox.errors import InvalidIntent
 from outbox.runs.spec import build_run_spec
 
@@ -71,8 +71,8 @@ def test_bad_input_names_the_field(kw, field):
     assert field_of(**kw) == field
 
 
-def _rules(**phases: str) -> IntentRules:
-    return IntentRules({}, {}, phases, frozenset({"ledger.accrual.post"}))
+def _rules(**phases: str) -> ActionRules:
+    return ActionRules({}, {}, phases, frozenset({"ledger.accrual.post"}))
 
 
 def test_the_commit_step_is_the_last_and_the_only_one():

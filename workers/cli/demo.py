@@ -32,7 +32,7 @@ from outbox.ledger.models import Attempt, Operation
 from outbox.ledger.submit import submit
 from outbox.ledger.typed_outcome import SETTLED, outcome_of
 from outbox.settings import load_settings
-from producer.client import key_rules_for
+from producer.client import action_rules_for
 from workers.cli.demo_runs import play_runs, runs_table, wait_runs
 from workers.cli.ledger import ledger, shown
 from workers.cli.pipeline import Pipeline
@@ -153,7 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             pipeline.start()
             try:
                 submitted, resubmits, conflicts, ids = _play_agent(sessions, tenant, args.intents, rng)
-                run_ids = play_runs(sessions, f"{tenant}-runs", key_rules_for(settings))
+                run_ids = play_runs(sessions, f"{tenant}-runs", action_rules_for(settings))
                 outcome = _wait(console, sessions, tenant, len(ids), args.timeout_s, pipeline)
                 runs_left = wait_runs(console, sessions, run_ids, args.timeout_s, pipeline)
                 died = pipeline.died()

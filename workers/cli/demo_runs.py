@@ -87,7 +87,7 @@ def play_runs(sessions: sessionmaker[Session], tenant: str, rules: StepRules | N
                     run_key=run_key,
                     steps=steps,
                     subject="agent:buyer",
-                    key_rules=rules,
+                    rules=rules,
                     budget={"max_attempts": 20},
                 ).run_id
             )

@@ -15,7 +15,7 @@ from outbox.evidence.sinks import EvidenceSink, backfill
 from outbox.ledger.states import PERSON_RESOLUTIONS, Resolution
 from outbox.service import handoffs
 from outbox.settings import load_settings
-from producer.client import key_rules_for
+from producer.client import action_rules_for
 from workers.cli import render
 from workers.cli.ledger import ledger
 
@@ -164,7 +164,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             by=args.by,
             note=args.note,
             reference=args.reference,
-            key_rules=key_rules_for(settings) if retry else None,
+            rules=action_rules_for(settings) if retry else None,
             identity=cli_identity(),
         )
         new = handoffs.with_operation(session, handoffs.get(session, None, args.id)).operation.retried_as

@@ -37,15 +37,15 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         raise InvalidIntent(
             "mcp", f"the MCP server needs its extra: pip install 'agent-outbox-ledger[mcp]' ({exc})"
         ) from exc
-    from outbox.actions.rules import load_intent_rules
+    from outbox.actions.rules import load_action_rules
     from producer.client import Outbox
 
     settings = load_settings()
     if settings.actions_file is None:
         raise ConfigError("OUTBOX_ACTIONS_FILE is not set: the MCP server serves the actions of that file as tools")
-    rules = load_intent_rules(settings.actions_file)
+    rules = load_action_rules(settings.actions_file)
     engine = open_engine(settings)
-    outbox = Outbox(engine, key_rules=rules)
+    outbox = Outbox(engine, rules=rules)
     tools = list(ToolCaller(outbox, rules, tenant="-", subject=args.subject).tools.values())
     try:
         if not args.http:

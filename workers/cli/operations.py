@@ -20,7 +20,7 @@ from outbox.ledger.submit import submit
 from outbox.reads.queries import detail_of, operation_json
 from outbox.service import operations
 from outbox.settings import Settings, load_settings
-from producer.client import key_rules_for
+from producer.client import action_rules_for
 from workers.cli import render
 from workers.cli.ledger import LedgerUnavailable, ledger, open_engine, shown
 
@@ -154,7 +154,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return _submit_jsonl(args, settings)
     intent = Intent(**_intent_from_flags(args, settings.default_tenant), **_budget(args))
     with ledger(settings) as sessions, sessions.begin() as session:
-        receipt = submit(session, intent, key_rules=key_rules_for(settings))
+        receipt = submit(session, intent, rules=action_rules_for(settings))
     print(json.dumps(receipt.as_dict(), sort_keys=True))
     return 0
 
@@ -190,7 +190,7 @@ def _parse_line(text: str, default_tenant: str) -> dict[str, Any]:
 
 
 def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
-    rules = key_rules_for(settings)
+    rules = action_rules_for(settings)
     failed = {"invalid": 0, "idempotency_conflict": 0}
     with ledger(settings) as sessions:
         for number, text in _lines(args.jsonl):
@@ -202,7 +202,7 @@ def _submit_jsonl(args: argparse.Namespace, settings: Settings) -> int:
                 intent = Intent(**fields, **_budget(args))
                 # One transaction per line: a bad line never takes good ones down with it.
                 with sessions.begin() as session:
-                    out = submit(session, intent, key_rules=rules).as_dict()
+                    out = submit(session, intent, rules=rules).as_dict()
             except InvalidIntent as exc:
                 failed["invalid"] += 1
                 out = {"error": "invalid", "field": exc.field, "message": exc.reason}

@@ -13,7 +13,7 @@ from outbox.ledger.envelope import loads_exact
 from outbox.runs.lifecycle import run_json, submit_run
 from outbox.service import runs
 from outbox.settings import load_settings
-from producer.client import key_rules_for
+from producer.client import action_rules_for
 from workers.cli import render
 from workers.cli.ledger import ledger
 
@@ -91,7 +91,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             steps=doc.get("steps") or [],
             budget=doc.get("budget"),
             subject=subject,
-            key_rules=key_rules_for(settings),
+            rules=action_rules_for(settings),
             priority=args.priority if args.priority is not None else doc.get("priority", 0),
         )
     print(json.dumps(receipt.as_dict(), sort_keys=True))
@@ -171,7 +171,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             actor=args.by,
             compensate=args.compensate,
             reason=args.reason,
-            irreversible=getattr(key_rules_for(settings), "irreversible", frozenset()),
+            irreversible=getattr(action_rules_for(settings), "irreversible", frozenset()),
         )
         status, reason = run.status, run.reason
     print(f"{args.run}: {status} ({reason})")

@@ -344,7 +344,7 @@ async def resolve(request: Request, handoff_id: int) -> Response:
                 by=form.get("by", ""),
                 note=form.get("note", ""),
                 reference=form.get("reference") or None,
-                key_rules=st.key_rules,
+                rules=st.rules,
                 identity=caller.identity,
             )
             op = handoff_service.with_operation(session, handoff_service.get(session, caller.tenant, handoff_id))

@@ -19,7 +19,7 @@ import time
 from breaker import Admissions
 from outbox.ledger.states import AttemptClass
 from outbox.ledger.transitions import AttemptReport
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 
 # A target's successes are told to its breaker at most this often per process (see
 # tell_success_soon): each telling is a Redis round trip.
@@ -27,7 +27,7 @@ SUCCESS_EVERY_S = 0.05
 
 
 class Canaries:
-    def __init__(self, actions: ActionsConfig) -> None:
+    def __init__(self, actions: ActionsFile) -> None:
         self._actions = actions
         # Counted failures in a row per target, as seen by this process (absent: no answer yet).
         self._failures: dict[str, int] = {}

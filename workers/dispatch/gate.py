@@ -34,7 +34,7 @@ from outbox.ledger.objects import Blocker, take_hold
 from outbox.ledger.waits import park_for_breaker
 from workers.engine.authority import Authority
 from workers.engine.outcomes import AttemptOutcome, RetryAt, breaker_wait, deadline_of
-from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.actions import ActionConfig, ActionsFile
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Gate:
 
     ledger: LedgerConnection
     sessions: sessionmaker[Session]
-    actions: ActionsConfig
+    actions: ActionsFile
     breakers: BreakerRegistry
     worker_id: str
     # The evidence store and OUTBOX_EVIDENCE_REQUIRED: an action that requires evidence is not sent

@@ -21,7 +21,7 @@ from outbox.ledger.budget_charges import STALE, Spent, charge_attempt, needs_cha
 from outbox.ledger.claims import Claim
 from workers.engine.outcomes import AttemptOutcome, RetryAt, spent
 from workers.ground.outage import OUTAGES
-from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.actions import ActionConfig, ActionsFile
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ CHARGE_RETRY_S = 2.0
 
 
 def charge_before_send(
-    sessions: sessionmaker[Session] | None, actions: ActionsConfig, claim: Claim, action: ActionConfig
+    sessions: sessionmaker[Session] | None, actions: ActionsFile, claim: Claim, action: ActionConfig
 ) -> AttemptOutcome | None:
     """None: the attempt may leave (charged, or nothing to charge); else what it leads to instead."""
     if sessions is None or claim.budget_scope is None:

@@ -14,7 +14,7 @@ from outbox.ledger.hot_path import LedgerConnection
 from outbox.ledger.states import Status
 from workers.engine.doorbell import Doorbell
 from workers.engine.late_successes import apply_late_successes
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Committer:
     evidence: EvidenceSink
     doorbell: Doorbell
     worker_id: str
-    actions: ActionsConfig
+    actions: ActionsFile
 
     def late_successes(
         self,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.ledger.claims import Claim
 from workers.engine.authority import Authority
 from workers.pacing import Cleared, Deferred, Pacer
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 from workers.provider.connectors import ConnectorSet
 
 # A call waits for a limit in its thread only while its lease still covers the call (its timeouts)
@@ -26,7 +26,7 @@ class Downstream:
     pacer that holds each call to its target's declared limits (None: no limits anywhere), and the
     ledger's sessions for a retry's charge to its conversation (None: nothing is charged)."""
 
-    actions: ActionsConfig
+    actions: ActionsFile
     connectors: ConnectorSet
     pacer: Pacer | None = None
     # Who may still act (workers/engine/authority.py), asked before each send; None: nobody is asked.

@@ -15,7 +15,7 @@ from outbox.ledger.states import AttemptClass, AttemptKind, WaitingFor
 from outbox.privacy.masking import MASK, masked_view
 from outbox.privacy.retention import PURGED
 from outbox.reads.queries import approval_json, attempt_json, provider_key_of
-from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.actions import ActionConfig, ActionsFile
 
 
 def masked_args(args_text: str | None, action: ActionConfig | None) -> Any:
@@ -30,7 +30,7 @@ def masked_args(args_text: str | None, action: ActionConfig | None) -> Any:
 
 
 def next_step(
-    op: Operation, action: ActionConfig | None, actions: ActionsConfig | None, attempts: Sequence[Attempt] = ()
+    op: Operation, action: ActionConfig | None, actions: ActionsFile | None, attempts: Sequence[Attempt] = ()
 ) -> str:
     """What the person should do: by what the operation waits for (the provider refused our
     credentials; a final failure the action hands over), else find out whether the effect exists."""
@@ -54,7 +54,7 @@ def authority_step(op: Operation) -> str:
 
 
 def credentials_step(
-    op: Operation, action: ActionConfig | None, actions: ActionsConfig | None, attempts: Sequence[Attempt]
+    op: Operation, action: ActionConfig | None, actions: ActionsFile | None, attempts: Sequence[Attempt]
 ) -> str:
     target = action.target if action is not None else "its target"
     cfg = actions.targets.get(action.target) if action is not None and actions is not None else None
@@ -92,7 +92,7 @@ def decision_step(op: Operation) -> str:
     )
 
 
-def look_up_step(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> str:
+def look_up_step(op: Operation, action: ActionConfig | None, actions: ActionsFile | None) -> str:
     where = "the provider's dashboard or API"
     if action is not None and actions is not None:
         target = actions.targets.get(action.target)
@@ -119,7 +119,7 @@ def build_packet(
     *,
     reason: str,
     action: ActionConfig | None,
-    actions: ActionsConfig | None,
+    actions: ActionsFile | None,
     candidates: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``candidates``: the references of objects at the provider that each pass the lookup's
@@ -160,7 +160,7 @@ def build_packet(
     return packet
 
 
-def request_view(op: Operation, action: ActionConfig | None, actions: ActionsConfig | None) -> dict[str, Any]:
+def request_view(op: Operation, action: ActionConfig | None, actions: ActionsFile | None) -> dict[str, Any]:
     """The action's versions (at submit, of the first request that left, now) and that request
     (outbox/ledger/request_record.py): its path and body masked as the arguments are (the action
     unknown here: masked whole), "purged" once retention took them."""
@@ -198,7 +198,7 @@ def _approval(session: Session, operation_id: str) -> dict[str, Any] | None:
     return approval_json(last) if last is not None else None
 
 
-def packet_builder(actions: ActionsConfig | None) -> PacketBuilder:
+def packet_builder(actions: ActionsFile | None) -> PacketBuilder:
     """build_packet for whatever operation comes up (late evidence), its action looked up in
     ``actions``; without an actions file every argument is masked."""
 

@@ -15,7 +15,7 @@ from outbox.ledger.states import Status
 from workers.engine import call_events
 from workers.engine.handoff_packet import packet_builder
 from workers.ground import metrics
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def apply_late_successes(
     *,
     actor: str,
     evidence: EvidenceSink,
-    actions: ActionsConfig,
+    actions: ActionsFile,
     attempt_results: dict[int, dict[str, Any] | None] | None = None,
     operation_ids: list[str] | None = None,
 ) -> dict[str, Status]:

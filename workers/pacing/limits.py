@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from outbox.actions.specs import RateLimitSpec
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 from workers.provider.targets import TargetConfig
 
 LimitKind = Literal["rate", "concurrency"]
@@ -152,7 +152,7 @@ def limits_of_target(name: str, target: TargetConfig) -> TargetLimits | None:
     return TargetLimits(name, rate, target.max_in_flight, tenant_rates, target.timeout_s + target.connect_timeout_s)
 
 
-def limits_of(actions: ActionsConfig) -> dict[str, TargetLimits]:
+def limits_of(actions: ActionsFile) -> dict[str, TargetLimits]:
     """The targets of the actions file that declare a limit (the others are absent)."""
     found = {name: limits_of_target(name, t) for name, t in actions.targets.items()}
     return {name: limits for name, limits in found.items() if limits is not None}

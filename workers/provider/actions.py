@@ -48,7 +48,7 @@ RESERVED_PLACEHOLDERS: frozenset[str] = frozenset({"idempotency_key"})
 LIST_PLACEHOLDERS: frozenset[str] = frozenset({"since", "cursor"})
 
 
-class ActionsConfig(_Strict):
+class ActionsFile(_Strict):
     targets: dict[str, TargetConfig]
     actions: dict[str, ActionConfig]
     # What one conversation may spend on every tool call together (an action's own budget_scope adds to it).
@@ -74,7 +74,7 @@ class ActionsConfig(_Strict):
         return cfg is not None and cfg.approval.applies(args)
 
     def key_rule(self, action: str) -> KeyRule | None:
-        """The action's provider key rule (outbox.ledger.provider_keys.KeyRules); None if unknown here."""
+        """The action's provider key rule (outbox.ledger.provider_keys.SubmitRules); None if unknown here."""
         cfg = self.actions.get(action)
         return cfg.key_rule if cfg is not None else None
 
@@ -115,7 +115,7 @@ class ActionsConfig(_Strict):
         return out
 
 
-def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) -> list[tuple[str, str]]:
+def _check_references(cfg: ActionsFile, declared_targets: Mapping[str, bool]) -> list[tuple[str, str]]:
     """Cross-field checks pydantic cannot see from inside one model. ``cfg`` may hold only the parts
     that are valid on their own; ``declared_targets`` names every target the file declares, each with
     whether it declares per-tenant credentials (read from the file itself: a target left out of
@@ -177,7 +177,7 @@ def _check_references(cfg: ActionsConfig, declared_targets: Mapping[str, bool]) 
     return problems
 
 
-def _webhook_problems(cfg: ActionsConfig, name: str, action: ActionConfig) -> list[tuple[str, str]]:
+def _webhook_problems(cfg: ActionsFile, name: str, action: ActionConfig) -> list[tuple[str, str]]:
     """An action's ``webhooks``: its target must say how events are signed, and an event must have
     something to find the operation by."""
     assert action.webhooks is not None
@@ -221,7 +221,7 @@ def _match_arguments_problem(action: ActionConfig, declared: set[str] | None) ->
 class ActionsReading:
     """Everything wrong with an actions file, not only the first thing."""
 
-    config: ActionsConfig | None  # None when there is any problem
+    config: ActionsFile | None  # None when there is any problem
     problems: list[tuple[str, str]]  # (dotted path, message), in the order of the file's checks
     unset: list[tuple[str, str]]  # (dotted path, VAR): ${VAR} references whose variable is not set
     declared: tuple[int, int] = (0, 0)  # actions, targets the file declares (valid or not)
@@ -233,7 +233,7 @@ def _message(error: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def _valid_parts(resolved: dict[str, Any]) -> ActionsConfig:
+def _valid_parts(resolved: dict[str, Any]) -> ActionsFile:
     """The targets and actions that are valid on their own, for the checks across them."""
     parts: dict[str, dict[str, Any]] = {"targets": {}, "actions": {}}
     for field, model in (("targets", TargetConfig), ("actions", ActionConfig)):
@@ -243,7 +243,7 @@ def _valid_parts(resolved: dict[str, Any]) -> ActionsConfig:
                 parts[field][name] = model.model_validate(part)
             except ValidationError:
                 pass  # reported by the whole file's validation
-    return ActionsConfig.model_construct(targets=parts["targets"], actions=parts["actions"])
+    return ActionsFile.model_construct(targets=parts["targets"], actions=parts["actions"])
 
 
 def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict: bool = True) -> ActionsReading:
@@ -259,7 +259,7 @@ def read_actions(data: Any, *, environ: Mapping[str, str] | None = None, strict:
         problems += [(path, unset_message(name)) for path, name in unset]
     blank = {path for path, _ in unset}
     try:
-        cfg = ActionsConfig.model_validate(resolved)
+        cfg = ActionsFile.model_validate(resolved)
     except ValidationError as exc:
         for e in exc.errors():
             path = ".".join(str(p) for p in e["loc"])
@@ -284,7 +284,7 @@ def _declares_accounts(tenants: Any) -> bool:
     return isinstance(tenants, dict) and any(isinstance(t, dict) and "headers" in t for t in tenants.values())
 
 
-def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsConfig:
+def parse_actions(data: Any, *, source: str = "<actions>", environ: Mapping[str, str] | None = None) -> ActionsFile:
     """Validate an already-parsed YAML tree; ``source`` names it in error messages, with every problem."""
     reading = read_actions(data, environ=environ)
     if reading.config is None:
@@ -301,7 +301,7 @@ def read_actions_file(
     return replace(reading, config=None if twice else reading.config, problems=twice + reading.problems)
 
 
-def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionsConfig:
+def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ActionsFile:
     """Read and validate the actions file; raises ActionsFileError naming the path and every bad field."""
     reading = read_actions_file(path, environ=environ)
     if reading.config is None:
@@ -309,7 +309,7 @@ def load_actions(path: str | os.PathLike[str], *, environ: Mapping[str, str] | N
     return reading.config
 
 
-def load_actions_from_env(environ: Mapping[str, str] | None = None) -> ActionsConfig:
+def load_actions_from_env(environ: Mapping[str, str] | None = None) -> ActionsFile:
     """Load the file named by OUTBOX_ACTIONS_FILE."""
     env = os.environ if environ is None else environ
     path = env.get(ENV_VAR)

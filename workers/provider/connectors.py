@@ -20,7 +20,7 @@ import httpx
 from outbox.errors import ConfigError
 from outbox.ledger import tracing
 from outbox.ledger.states import AttemptClass
-from workers.provider.actions import ActionConfig, ActionsConfig, TargetConfig
+from workers.provider.actions import ActionConfig, ActionsFile, TargetConfig
 from workers.provider.classify import (
     Classification,
     LocalValidationError,
@@ -95,7 +95,7 @@ class HttpConnector:
 
     def __init__(
         self,
-        config: ActionsConfig,
+        config: ActionsFile,
         *,
         transport_factory: Callable[[TargetConfig], httpx.BaseTransport] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -295,7 +295,7 @@ class HttpConnector:
 
 # --- Python-hook connectors -----------------------------------------------------------------
 
-ConnectorFactory = Callable[[ActionsConfig], Connector]
+ConnectorFactory = Callable[[ActionsFile], Connector]
 _registry: dict[str, ConnectorFactory] = {}
 _registry_lock = threading.Lock()
 
@@ -378,7 +378,7 @@ def resolve_factory(action_name: str, action_cfg: ActionConfig) -> ConnectorFact
 class ConnectorSet:
     """The connector for each action: custom hooks where declared, one shared HttpConnector otherwise."""
 
-    def __init__(self, config: ActionsConfig, http: HttpConnector | None = None) -> None:
+    def __init__(self, config: ActionsFile, http: HttpConnector | None = None) -> None:
         self._config = config
         self.http = http or HttpConnector(config)
         self._custom: dict[str, Connector] = {}

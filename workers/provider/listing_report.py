@@ -75,7 +75,7 @@ from outbox.reads import report as ledger
 from outbox.reads.counters import report_figures
 from outbox.reads.same_effect import DEFAULT_WINDOW_S
 from outbox.reads.webhook_events import documents_without_record as webhook_documents
-from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.actions import ActionConfig, ActionsFile
 from workers.provider.classify import LocalValidationError, extract
 from workers.provider.connectors import HttpConnector
 from workers.provider.http_request import prepare
@@ -121,7 +121,7 @@ class Listing:
         }
 
 
-def group_listings(actions: ActionsConfig) -> tuple[list[Listing], list[str]]:
+def group_listings(actions: ActionsFile) -> tuple[list[Listing], list[str]]:
     """Listings to read (one per distinct target + list request, and per tenant where the target
     gives each tenant its own account), and actions without a listing."""
     groups: dict[tuple[str, str, str | None], Listing] = {}
@@ -196,7 +196,7 @@ def _doc_status(action: ActionConfig, doc: dict[str, Any]) -> Any:
 
 
 def compare(
-    session: Session, actions: ActionsConfig, listing: Listing, *, since: dt.datetime, now: dt.datetime
+    session: Session, actions: ActionsFile, listing: Listing, *, since: dt.datetime, now: dt.datetime
 ) -> tuple[dict[str, list[dict[str, Any]]], int]:
     """Discrepancies between one listing and the ledger; also how many successes were too recent."""
     first = actions.action(listing.actions[0])
@@ -293,7 +293,7 @@ def compare(
     return out, too_recent
 
 
-def same_effect_rules(actions: ActionsConfig) -> dict[str, tuple[str, ...] | None]:
+def same_effect_rules(actions: ActionsFile) -> dict[str, tuple[str, ...] | None]:
     """Per action that names its business object: its ``report.same_effect_when``, or None (``object``)."""
     return {
         name: tuple(a.report.same_effect_when) if a.report is not None else None
@@ -304,7 +304,7 @@ def same_effect_rules(actions: ActionsConfig) -> dict[str, tuple[str, ...] | Non
 
 def build_report(
     session: Session,
-    actions: ActionsConfig,
+    actions: ActionsFile,
     *,
     since: dt.datetime,
     now: dt.datetime,

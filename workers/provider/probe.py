@@ -22,7 +22,7 @@ from typing import Any
 
 from outbox.errors import ConfigError, OutboxError
 from outbox.ledger.states import AttemptClass
-from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.actions import ActionConfig, ActionsFile
 from workers.provider.conformance import Check, ProbeReport, probe_key
 from workers.provider.connectors import AttemptResult, Connector, ConnectorSet
 from workers.provider.lookups import LookupResult, verify_found
@@ -75,7 +75,7 @@ class Probe:
 
     def __init__(
         self,
-        config: ActionsConfig,
+        config: ActionsFile,
         action: str,
         args: dict[str, Any],
         *,
@@ -368,7 +368,7 @@ def missing_args(cfg: ActionConfig, args: dict[str, Any]) -> list[str]:
 
 
 def run_probe(
-    config: ActionsConfig,
+    config: ActionsFile,
     action: str,
     args: dict[str, Any],
     *,

@@ -25,7 +25,7 @@ from outbox.evidence.rechecks import claim_rechecks
 from outbox.ledger.claims import Claim, claim_unknown
 from outbox.ledger.states import AttemptClass, Status
 from workers.engine.committer import Committer
-from workers.provider.actions import ActionConfig, ActionsConfig
+from workers.provider.actions import ActionConfig, ActionsFile
 from workers.reconcile.in_flight import LookupsInFlight
 from workers.reconcile.judge import LookupVerdict
 from workers.reconcile.lookup import Asked, breaker_open
@@ -136,7 +136,7 @@ def _claim(
     return claims
 
 
-def _ask_breakers_once(actions: ActionsConfig, admissions: Admissions, claims: Sequence[Claim]) -> list[Asked]:
+def _ask_breakers_once(actions: ActionsFile, admissions: Admissions, claims: Sequence[Claim]) -> list[Asked]:
     """Before the lookups leave: the claims that will not be looked up (an action unknown or
     without a lookup: a person), and the breaker asked once per target. Open: that target's claims
     are looked up later, not now. A probe is given back: the first lookup to ask takes it."""

@@ -63,7 +63,7 @@ from workers.engine.handoff_packet import packet_builder
 from workers.ground import metrics
 from workers.ground.heartbeat import Heartbeat
 from workers.ground.outage import OUTAGES, OutageReport
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 from workers.relay.gather import Gather
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Relay:
         linger_s: float = 0.0,
         embedded_broker_cleanup: Callable[[], object] | None = None,
         evidence_sink: EvidenceSink | None = None,
-        actions: ActionsConfig | None = None,
+        actions: ActionsFile | None = None,
         max_queued: int = 100,
     ) -> None:
         """``actions``: the actions file, for handoff packets (what to mask, where to look) when a

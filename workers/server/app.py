@@ -28,9 +28,9 @@ from outbox.errors import (
     SelfApproval,
 )
 from outbox.ledger.db import make_engine, make_sessionmaker, unreachable
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.settings import Settings, load_settings
-from producer.client import key_rules_for
+from producer.client import action_rules_for
 from producer.http import intents as agents
 from producer.http import openapi, runs
 from producer.http.auth import ApiState, RateLimiter
@@ -104,7 +104,7 @@ def _mount_console(app: FastAPI) -> None:
     app.mount("/console/static", pages.static, name="console-static")
 
 
-def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = None) -> FastAPI:
     settings = settings or load_settings()
     tracing.configure()  # each server process (--workers N builds the app in every one)
     engine = make_engine(settings.resolved_database_url)
@@ -113,7 +113,7 @@ def create_app(settings: Settings | None = None, *, key_rules: KeyRules | None =
         settings=settings,
         engine=engine,
         sessions=sessions,
-        key_rules=key_rules if key_rules is not None else key_rules_for(settings),
+        rules=rules if rules is not None else action_rules_for(settings),
         waiters=Waiters(sessions),
         limiter=RateLimiter(settings.api_rate_per_s, max(1.0, settings.api_rate_per_s * 2)),
         backlog=BacklogGate(settings.api_max_backlog),

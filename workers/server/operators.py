@@ -147,7 +147,7 @@ def resolve_handoff(
             by=body.by,
             note=body.note,
             reference=body.reference,
-            key_rules=st.key_rules,
+            rules=st.rules,
             identity=caller.identity,
         )
     with st.sessions() as session:

@@ -35,7 +35,7 @@ from outbox.evidence import webhooks as ledger
 from outbox.evidence.sinks import EvidenceSink
 from outbox.settings import Settings
 from workers.engine.handoff_packet import packet_builder
-from workers.provider.actions import ActionsConfig, TargetConfig
+from workers.provider.actions import ActionsFile, TargetConfig
 from workers.webhooks import metrics
 from workers.webhooks.events import event_type, owner_check, readings, redactor_for
 from workers.webhooks.signatures import WebhookRefused, verify
@@ -75,10 +75,10 @@ class WebhookReceiver:
     def __init__(self, settings: Settings, sessions: sessionmaker[Session]) -> None:
         self.settings, self.sessions = settings, sessions
         self.sink = EvidenceSink.from_url(settings.evidence_url)
-        self._actions: tuple[tuple[int, int], ActionsConfig] | None = None
+        self._actions: tuple[tuple[int, int], ActionsFile] | None = None
         self._lock = threading.Lock()
 
-    def actions(self) -> ActionsConfig:
+    def actions(self) -> ActionsFile:
         """The actions file, read again when its size or modification time changed."""
         path = self.settings.actions_file
         stat = os.stat(path) if path is not None else None

@@ -25,10 +25,10 @@ import yaml
 from outbox.actions.files import read_yaml
 from outbox.errors import ConfigError
 from outbox.ledger.intent import Intent
-from outbox.ledger.provider_keys import KeyRules
+from outbox.ledger.provider_keys import SubmitRules
 from outbox.ledger.submit import Receipt
 from outbox.settings import Settings, load_settings
-from workers.provider.actions import ActionsConfig, load_actions, read_actions_file
+from workers.provider.actions import ActionsFile, load_actions, read_actions_file
 from workers.sandbox.scenario import FAULT_MIX
 from workers.sandbox.testing import SandboxAdmin
 
@@ -132,10 +132,10 @@ class OutboxPipeline:
         self._pipeline: Any = None
         self._outbox: Any = None
         self._log: Any = None
-        self.actions: ActionsConfig | None = None
+        self.actions: ActionsFile | None = None
 
     def start(self) -> OutboxPipeline:
-        from outbox.actions.rules import load_intent_rules
+        from outbox.actions.rules import load_action_rules
         from producer.client import Outbox
         from workers.cli.ledger import open_engine
         from workers.cli.pipeline import Pipeline
@@ -160,7 +160,7 @@ class OutboxPipeline:
                 settings, concurrency=1, loglevel="INFO", env=env, worker_output=self._log.fileno()
             )
             self._pipeline.start()  # the relay migrates the embedded ledger before the worker starts
-            self._outbox = Outbox(open_engine(settings), key_rules=load_intent_rules(self.actions_file))
+            self._outbox = Outbox(open_engine(settings), rules=load_action_rules(self.actions_file))
         except BaseException:
             self.stop()
             raise
@@ -191,7 +191,7 @@ class OutboxPipeline:
         key: str | None = None,
         tenant: str | None = None,
         subject: str = "test:outbox-testkit",
-        key_rules: KeyRules | None = None,
+        rules: SubmitRules | None = None,
         **fields: Any,
     ) -> Receipt:
         """Submit one intent (``key``: its idempotency key, default a new one each call; ``fields``:
@@ -206,7 +206,7 @@ class OutboxPipeline:
             subject=subject,
             **fields,
         )
-        receipt: Receipt = self._outbox.submit(intent, key_rules=key_rules)
+        receipt: Receipt = self._outbox.submit(intent, rules=rules)
         return receipt
 
     def settle(self, receipt: Receipt | str, *, timeout_s: float = 60.0) -> Settled:

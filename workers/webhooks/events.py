@@ -16,11 +16,11 @@ from outbox.actions.matching import MissingArgument, describe, mismatches
 from outbox.evidence.webhooks import EventReading
 from outbox.ledger.envelope import loads_exact
 from outbox.ledger.models import Operation
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 from workers.provider.classify import extract
 
 
-def event_type(actions: ActionsConfig, target: str, payload: dict[str, Any]) -> str:
+def event_type(actions: ActionsFile, target: str, payload: dict[str, Any]) -> str:
     """The event's type as the target's actions read it (their ``type_field``; ``type`` by default)."""
     fields = [a.webhooks.type_field for a in actions.actions.values() if a.target == target and a.webhooks]
     for field in [*fields, "type"]:
@@ -37,7 +37,7 @@ def _scalar(value: Any) -> str | None:
     return text[:255] if text else None
 
 
-def readings(actions: ActionsConfig, target: str, payload: dict[str, Any]) -> list[EventReading]:
+def readings(actions: ActionsFile, target: str, payload: dict[str, Any]) -> list[EventReading]:
     """One reading per action of ``target`` whose ``webhooks`` maps the event's type."""
     out = []
     for name, action in sorted(actions.actions.items()):
@@ -63,7 +63,7 @@ def readings(actions: ActionsConfig, target: str, payload: dict[str, Any]) -> li
     return out
 
 
-def redactor_for(actions: ActionsConfig) -> Callable[[Operation, EventReading], dict[str, Any] | None]:
+def redactor_for(actions: ActionsFile) -> Callable[[Operation, EventReading], dict[str, Any] | None]:
     """What is kept of an event's object on its operation: masked as the action masks a provider's
     answers (its sensitive_response_fields, and the intent's sensitive argument values wherever the
     provider echoes them), as a lookup's found object is."""
@@ -79,7 +79,7 @@ def redactor_for(actions: ActionsConfig) -> Callable[[Operation, EventReading], 
     return result
 
 
-def owner_check(actions: ActionsConfig) -> Callable[[Operation, EventReading], str | None]:
+def owner_check(actions: ActionsFile) -> Callable[[Operation, EventReading], str | None]:
     """Why an operation the event names is not its own (None: it is): its action's ``webhooks.match``
     compares the event's object with the intent's arguments. Without a match: every one is."""
 

@@ -10,15 +10,15 @@ from outbox.errors import ConfigError
 from outbox.privacy.retention import check_retention
 from outbox.settings import Settings
 from workers.pacing import Pacer, limits_of
-from workers.provider.actions import ActionsConfig, load_actions
+from workers.provider.actions import ActionsFile, load_actions
 from workers.wiring.celery_app import check_time_limits
 
 
-def longest_call_s(actions: ActionsConfig) -> float:
+def longest_call_s(actions: ActionsFile) -> float:
     return max((t.timeout_s + t.connect_timeout_s for t in actions.targets.values()), default=0.0)
 
 
-def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
+def check_approval_windows(settings: Settings, actions: ActionsFile) -> None:
     """The actions file checked approvals against the default reconcile window; this deployment's
     own (OUTBOX_RECONCILE_MAX_LOOKUPS x OUTBOX_RECONCILE_MAX_DELAY_S) must fit too."""
     window = settings.reconcile_max_lookups * settings.reconcile_max_delay_s
@@ -31,7 +31,7 @@ def check_approval_windows(settings: Settings, actions: ActionsConfig) -> None:
             )
 
 
-def start_up_problems(settings: Settings, actions: ActionsConfig) -> list[str]:
+def start_up_problems(settings: Settings, actions: ActionsFile) -> list[str]:
     """Every reason a worker would refuse to start with this actions file under these settings
     (``agent-outbox actions check`` reports them too)."""
 
@@ -53,7 +53,7 @@ def start_up_problems(settings: Settings, actions: ActionsConfig) -> list[str]:
     return problems
 
 
-def load_actions_for(settings: Settings) -> ActionsConfig:
+def load_actions_for(settings: Settings) -> ActionsFile:
     if settings.actions_file is None:
         raise ConfigError(
             "OUTBOX_ACTIONS_FILE is not set: workers need the actions/targets file (see examples/actions.yaml)"
@@ -61,7 +61,7 @@ def load_actions_for(settings: Settings) -> ActionsConfig:
     return load_actions(settings.actions_file)
 
 
-def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegistry:
+def breaker_registry(settings: Settings, actions: ActionsFile) -> BreakerRegistry:
     configs = {
         name: BreakerConfig(
             fail_max=t.breaker.fail_max,
@@ -76,7 +76,7 @@ def breaker_registry(settings: Settings, actions: ActionsConfig) -> BreakerRegis
     )
 
 
-def pacer_for(settings: Settings, actions: ActionsConfig, process_id: str) -> Pacer:
+def pacer_for(settings: Settings, actions: ActionsFile, process_id: str) -> Pacer:
     """The process's limits: shared through OUTBOX_REDIS_URL under the deployment's namespace (the
     breakers'), or this process's own without it."""
     return Pacer(

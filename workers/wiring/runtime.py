@@ -42,7 +42,7 @@ from workers.engine.doorbell import Doorbell
 from workers.engine.downstream import Downstream
 from workers.ground import metrics
 from workers.pacing import Pacer
-from workers.provider.actions import ActionsConfig
+from workers.provider.actions import ActionsFile
 from workers.provider.connectors import ConnectorSet
 from workers.reconcile.batch import Reconciler
 from workers.reconcile.in_flight import LookupsInFlight
@@ -56,7 +56,7 @@ class Runtime:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    actions: ActionsConfig
+    actions: ActionsFile
     connectors: ConnectorSet
     breakers: BreakerRegistry
     pacer: Pacer

@@ -1,5 +1,5 @@
 """Every key of the actions file (``OUTBOX_ACTIONS_FILE``), walked from its pydantic models
-(workers/provider/actions.py ``ActionsConfig`` and the specs it holds): path, type, default, meaning."""
+(workers/provider/actions.py ``ActionsFile`` and the specs it holds): path, type, default, meaning."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def _walk(model: type[BaseModel], path: str, stack: tuple[type, ...], rows: list
 
 
 def render() -> str:
-    from workers.provider.actions import ActionsConfig
+    from workers.provider.actions import ActionsFile
 
     rows: list[tuple[str, ...]] = []
-    _walk(ActionsConfig, "", (ActionsConfig,), rows)
+    _walk(ActionsFile, "", (ActionsFile,), rows)
     return "\n".join([GENERATED.format(name="actions_file"), "", *table(("key", "type", "default", "meaning"), rows)])

@@ -22,16 +22,16 @@ from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_POST
 
-from outbox.actions.rules import IntentRules, load_intent_rules
+from outbox.actions.rules import ActionRules, load_action_rules
 from producer import IdempotencyConflict, InvalidIntent, Receipt
 from producer import django as outbox
 from refunds.models import RefundRequest
 
 
 @functools.cache
-def key_rules() -> IntentRules | None:
+def rules() -> ActionRules | None:
     """The actions file's provider keys and approval rules, read once (None: the defaults)."""
-    return load_intent_rules(settings.OUTBOX_ACTIONS_FILE) if settings.OUTBOX_ACTIONS_FILE else None
+    return load_action_rules(settings.OUTBOX_ACTIONS_FILE) if settings.OUTBOX_ACTIONS_FILE else None
 
 
 class CrashAfterSubmit(Exception):
@@ -62,7 +62,7 @@ def _record_and_submit(args: dict[str, Any]) -> tuple[RefundRequest, Receipt]:
         action="payments.refund.create",
         args=args,
         subject="django:refunds",
-        key_rules=key_rules(),
+        rules=rules(),
     )
     if refund.operation_id != receipt.operation_id:
         refund.operation_id = receipt.operation_id

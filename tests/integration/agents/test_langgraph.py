@@ -76,7 +76,7 @@ def test_a_resume_naming_another_operation_is_asked_again_and_approves_nothing(p
     sys.path.insert(0, str(EXAMPLE.parent))
     from langgraph_approval import build  # type: ignore[import-not-found]
 
-    from outbox.actions.rules import load_intent_rules
+    from outbox.actions.rules import load_action_rules
     from outbox.approvals import decisions as approvals
     from producer.agents.calls import ToolCaller
     from producer.client import Outbox
@@ -85,8 +85,8 @@ def test_a_resume_naming_another_operation_is_asked_again_and_approves_nothing(p
     refund["tool"] = {"reference_args": ["order_id"]}
     refund["approval"] = {"required": "always", "ttl_s": 600}
     pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
-    caller = ToolCaller(Outbox(pipe.sessions.kw["bind"], key_rules=rules), rules, tenant="t1", subject="agent:x")
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    caller = ToolCaller(Outbox(pipe.sessions.kw["bind"], rules=rules), rules, tenant="t1", subject="agent:x")
     graph, config = build(caller, InMemorySaver()), {"configurable": {"thread_id": "thread-8"}}
     first = graph.invoke({"order_id": "o-81", "amount": "12.50"}, config)
     [question] = [i.value for i in first["__interrupt__"]]

@@ -18,7 +18,7 @@ agents = pytest.importorskip("agents")
 from agents import Agent, Runner  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from outbox.actions.rules import load_intent_rules  # noqa: E402
+from outbox.actions.rules import load_action_rules  # noqa: E402
 from producer.agents.calls import ToolCaller  # noqa: E402
 from producer.agents.openai_agents import OutboxTools  # noqa: E402
 from producer.client import Outbox  # noqa: E402
@@ -39,8 +39,8 @@ def _tools(pipe: Any, sandbox: Any, **approval: Any) -> OutboxTools:
     if approval:
         refund["approval"] = approval
     pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
-    caller = ToolCaller(Outbox(pipe.sessions.kw["bind"], key_rules=rules), rules, tenant="t1", subject="agent:support")
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    caller = ToolCaller(Outbox(pipe.sessions.kw["bind"], rules=rules), rules, tenant="t1", subject="agent:support")
     return OutboxTools(caller, scope=lambda ctx: ctx.conversation_id, wait_s=20)
 
 

@@ -33,7 +33,7 @@ def _rules(pipe: Any, *, ttl_s: float = 60, policy: str = "refunds-v3") -> Any:
 
 
 def _submit(pipe: Any, key: str, rules: Any, args: dict[str, Any] = BIG) -> str:
-    return pipe.submit(key, dict(args), key_rules=rules, subject="agent:bot").operation_id
+    return pipe.submit(key, dict(args), rules=rules, subject="agent:bot").operation_id
 
 
 def test_approve_then_dispatch_makes_one_effect_and_says_who(pipe, sandbox):
@@ -68,7 +68,7 @@ def test_an_intent_submitted_without_the_rules_is_still_never_sent_unapproved(pi
     _rules(pipe)
     pipe.start_worker()
     pipe.start_relay()
-    bare = pipe.submit("ap-bare", dict(BIG), subject="agent:bot").operation_id  # no key_rules: not_dispatched
+    bare = pipe.submit("ap-bare", dict(BIG), subject="agent:bot").operation_id  # no rules: not_dispatched
     wait_for(lambda: pipe.op(bare).status == "awaiting_approval", 20, what="parked for approval at the send")
     assert "none is on record" in pipe.op(bare).reason and pipe.op(bare).attempt_count == 0
     assert sandbox.requests(method="POST") == []

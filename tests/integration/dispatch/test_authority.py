@@ -158,7 +158,7 @@ def test_an_approval_given_with_a_key_revoked_since_does_not_count(pipe, sandbox
     pipe.write_actions(actions_doc(sandbox.url, actions={"payments.refund.create": refund}))
     rules = load_actions(pipe.env["OUTBOX_ACTIONS_FILE"])
     approver, other = _new_key(pipe, ["approve"]), _new_key(pipe, ["approve"])
-    big = pipe.submit("ar-1", dict(REFUND_ARGS, amount="900.00"), key_rules=rules, subject="agent:x").operation_id
+    big = pipe.submit("ar-1", dict(REFUND_ARGS, amount="900.00"), rules=rules, subject="agent:x").operation_id
     policies = approval_policies(pipe.settings())
 
     def approve(key_id: int, by: str) -> None:

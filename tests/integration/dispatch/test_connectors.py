@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from outbox.ledger.states import AttemptClass
-from workers.provider.actions import ActionsConfig, parse_actions
+from workers.provider.actions import ActionsFile, parse_actions
 from workers.provider.connectors import (
     ConnectorSet,
     HttpConnector,
@@ -130,7 +130,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config(base_url: str, **action: Any) -> ActionsConfig:
+def config(base_url: str, **action: Any) -> ActionsFile:
     base = {
         "target": "payments",
         "request": {"method": "POST", "path": "/v1/ok/{order_id}"},
@@ -164,7 +164,7 @@ def config(base_url: str, **action: Any) -> ActionsConfig:
 ARGS = {"order_id": "ord/7 a", "amount": "12.50", "currency": "eur", "customer_email": "a@example.com"}
 
 
-def send(cfg: ActionsConfig, args: dict[str, Any] = ARGS, token: int = 3):  # type: ignore[no-untyped-def]
+def send(cfg: ActionsFile, args: dict[str, Any] = ARGS, token: int = 3):  # type: ignore[no-untyped-def]
     with HttpConnector(cfg) as conn:
         return conn.send(
             "payments.refund.create",
@@ -325,7 +325,7 @@ def test_one_pooled_client_per_target_closed_on_close(server: str) -> None:
 
 
 class FakeConnector:
-    def __init__(self, cfg: ActionsConfig) -> None:
+    def __init__(self, cfg: ActionsFile) -> None:
         self.cfg, self.closed = cfg, False
 
     def send(self, *a: Any, **kw: Any) -> Any:
@@ -338,7 +338,7 @@ class FakeConnector:
         self.closed = True
 
 
-def make_fake(cfg: ActionsConfig) -> FakeConnector:
+def make_fake(cfg: ActionsFile) -> FakeConnector:
     return FakeConnector(cfg)
 
 

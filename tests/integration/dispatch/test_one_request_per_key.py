@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.evidence.handoffs import resolve
 from outbox.ledger.models import Handoff, Operation
 from tests import spawn
@@ -43,8 +43,8 @@ def _doc(sandbox: Any, *, deployed: bool, **over: Any) -> dict[str, Any]:
 
 def _submit(pipe: Any, key: str) -> tuple[str, str]:
     """Submitted as a producer with the actions file does (its version recorded at submit)."""
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
-    receipt = pipe.submit(key, dict(ARGS), action="orders.place", key_rules=rules)
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    receipt = pipe.submit(key, dict(ARGS), action="orders.place", rules=rules)
     version = rules.action_version("orders.place")
     assert version is not None
     return receipt.operation_id, version

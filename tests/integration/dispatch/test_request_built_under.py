@@ -22,7 +22,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.evidence.handoffs import resolve
 from outbox.ledger.models import Handoff
 from tests.harness import action, actions_doc, pk, wait_for
@@ -92,7 +92,7 @@ def test_without_a_version_at_submit_a_lost_first_request_is_not_rebuilt_under_a
     pipe.write_actions(_doc(sandbox, deployed=False))
     old = _version(pipe.env["OUTBOX_ACTIONS_FILE"])
     sandbox.add_fault(mode="fail_before_commit", method="POST", path=ORDERS, count=1)
-    op_id = pipe.submit(key, dict(ARGS), action=ACTION).operation_id  # producer.submit without key_rules
+    op_id = pipe.submit(key, dict(ARGS), action=ACTION).operation_id  # producer.submit without rules
     assert pipe.op(op_id).action_version is None
     _killed_after_the_send(pipe, sandbox, key)
 
@@ -117,11 +117,11 @@ def test_in_a_rolling_deploy_a_lost_first_request_is_not_rebuilt_under_the_produ
     key = "k-built-under-rolling"
     new_file = Path(pipe.tmp) / "actions-new.yaml"
     new_file.write_text(yaml.safe_dump(_doc(sandbox, deployed=True), sort_keys=False))
-    rules = load_intent_rules(str(new_file))
+    rules = load_action_rules(str(new_file))
     pipe.write_actions(_doc(sandbox, deployed=False))  # the workers' file: still the old one
     old = _version(pipe.env["OUTBOX_ACTIONS_FILE"])
     sandbox.add_fault(mode="fail_before_commit", method="POST", path=ORDERS, count=1)
-    op_id = pipe.submit(key, dict(ARGS), action=ACTION, key_rules=rules).operation_id
+    op_id = pipe.submit(key, dict(ARGS), action=ACTION, rules=rules).operation_id
     submitted = pipe.op(op_id).action_version
     assert submitted == _version(str(new_file)) != old
     _killed_after_the_send(pipe, sandbox, key)
@@ -154,8 +154,8 @@ def test_a_worker_frozen_past_its_lease_still_records_what_it_sent_and_the_retry
     slow_lookup = {"settle_s": 30}  # the lookup waits for the test's clock before it proves anything
     pipe.write_actions(_doc(sandbox, deployed=False, **slow_lookup))
     sandbox.add_fault(mode="fail_before_commit", method="POST", path=ORDERS, count=1)
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
-    op_id = pipe.submit(key, dict(ARGS), action=ACTION, key_rules=rules).operation_id
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    op_id = pipe.submit(key, dict(ARGS), action=ACTION, rules=rules).operation_id
     pipe.start_worker(extra_env={"OUTBOX_FAILPOINTS": f"dispatch.after_response=sleep:6@{key}"})
     pipe.start_relay()
     wait_for(lambda: len(_posts(sandbox, key)) == 1, 20, what="the first request")

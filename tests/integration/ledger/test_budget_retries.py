@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.ledger.scope_models import BudgetCharge, ScopeSpend
 from producer.agents.calls import ToolCaller
 from producer.client import Outbox
@@ -29,8 +29,8 @@ def _setup(pipe: Any, sandbox: Any, scope_budget: dict[str, Any], settle_s: floa
     doc = actions_doc(sandbox.url, actions={REFUND: refund})
     doc["budget_scope"] = scope_budget
     pipe.write_actions(doc)
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
-    return ToolCaller(Outbox(pipe.sessions.kw["bind"], key_rules=rules), rules, tenant="t1", subject="agent:x")
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    return ToolCaller(Outbox(pipe.sessions.kw["bind"], rules=rules), rules, tenant="t1", subject="agent:x")
 
 
 def _refund(order: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from sqlalchemy import update
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.ledger.models import Operation
 from outbox.ledger.scope_models import ScopeSpend
 from producer.agents.calls import ToolCaller
@@ -35,7 +35,7 @@ def _doc(base_url: str, *, own: dict[str, Any], every: dict[str, Any] | None = N
 
 
 def _caller(sessions: Any, rules: Any) -> ToolCaller:
-    return ToolCaller(Outbox(sessions.kw["bind"], key_rules=rules), rules, tenant="t1", subject="agent:x")
+    return ToolCaller(Outbox(sessions.kw["bind"], rules=rules), rules, tenant="t1", subject="agent:x")
 
 
 def _refund(order: str, amount: str) -> dict[str, Any]:
@@ -49,7 +49,7 @@ CAP = {"max_calls": 20, "max_amount": {"arg": "amount", "limit": 50, "currency":
 @pytest.mark.redis
 def test_parallel_calls_on_the_last_unit_of_the_money_cap_make_one_effect(pipe, sandbox):
     pipe.write_actions(_doc(sandbox.url, own=CAP))
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
     caller = _caller(pipe.sessions, rules)
     pipe.start_worker()
     pipe.start_relay()
@@ -88,7 +88,7 @@ def test_parallel_calls_on_the_last_unit_of_the_money_cap_make_one_effect(pipe, 
 def _rules(tmp_path: Any, **doc: Any) -> Any:
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(_doc("http://127.0.0.1:9", **doc)))
-    return load_intent_rules(path)
+    return load_action_rules(path)
 
 
 def test_every_answer_says_what_is_left_and_a_replay_costs_nothing(ledger, tmp_path):
@@ -153,7 +153,7 @@ def test_budget_scopes_are_checked_when_the_file_is_read(tmp_path):
         path.write_text(yaml.safe_dump(_doc("http://127.0.0.1:9", **doc)))
         if said != "not in args":  # the producer's reader does not compare against args for amounts
             with pytest.raises(ActionsFileError, match=said):
-                load_intent_rules(path)
+                load_action_rules(path)
 
 
 @pytest.mark.postgres

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.errors import IdempotencyConflict, InvalidIntent
 from outbox.ledger.db import make_async_engine
 from outbox.ledger.intent import Intent
@@ -55,7 +55,7 @@ def rules(tmp_path):
     )
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(doc))
-    return load_intent_rules(path)
+    return load_action_rules(path)
 
 
 def _row(ledger, operation_id):
@@ -66,9 +66,9 @@ def _row(ledger, operation_id):
 
 def test_an_intent_and_the_keywords_write_the_same_row(ledger, rules):
     with ledger.sessions.begin() as s:
-        by_intent = ledger_submit(s, Intent(tenant="acme", idempotency_key="k-intent", **FIELDS), key_rules=rules)
-        by_keywords = submit(s, tenant="acme", idempotency_key="k-keywords", **FIELDS, key_rules=rules)
-        positional = submit(s, Intent(tenant="acme", idempotency_key="k-positional", **FIELDS), key_rules=rules)
+        by_intent = ledger_submit(s, Intent(tenant="acme", idempotency_key="k-intent", **FIELDS), rules=rules)
+        by_keywords = submit(s, tenant="acme", idempotency_key="k-keywords", **FIELDS, rules=rules)
+        positional = submit(s, Intent(tenant="acme", idempotency_key="k-positional", **FIELDS), rules=rules)
     rows = [_row(ledger, r.operation_id) for r in (by_intent, by_keywords, positional)]
     same = [{k: v for k, v in row.items() if k not in PER_ROW} for row in rows]
     assert same[0] == same[1] == same[2]
@@ -103,7 +103,7 @@ def test_a_bad_field_is_refused_before_anything_is_written(ledger):
 
 
 def test_the_clients_take_an_intent_or_keywords(ledger, rules):
-    outbox = Outbox(ledger.engine, default_tenant="acme", key_rules=rules)
+    outbox = Outbox(ledger.engine, default_tenant="acme", rules=rules)
     by_keywords = outbox.submit(idempotency_key="k-client", **FIELDS)
     by_intent = outbox.submit(Intent(tenant="acme", idempotency_key="k-client", **FIELDS))
     assert by_intent.operation_id == by_keywords.operation_id and by_keywords.status == "awaiting_approval"
@@ -112,7 +112,7 @@ def test_the_clients_take_an_intent_or_keywords(ledger, rules):
     async def from_asyncio() -> list[str]:
         engine = make_async_engine(ledger.url)
         try:
-            aio = AsyncOutbox(engine, default_tenant="acme", key_rules=rules)
+            aio = AsyncOutbox(engine, default_tenant="acme", rules=rules)
             seen = [(await aio.submit(idempotency_key="k-client", **FIELDS)).operation_id]
             seen.append((await aio.submit(Intent(tenant="acme", idempotency_key="k-client", **FIELDS))).operation_id)
             async with aio.sessions.begin() as session:

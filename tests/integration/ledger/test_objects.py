@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.errors import ObjectBusy
 from outbox.ledger.models import Operation
 from outbox.ledger.objects import ObjectRule, release_finished, take_hold
@@ -33,20 +33,20 @@ def _refund(order: str, amount: str) -> dict[str, Any]:
 def test_a_second_refund_on_an_order_with_an_unknown_first_makes_no_effect_until_it_is_settled(pipe, sandbox):
     refund = action("/v1/refunds", decimal_args=["amount"], args=ARGS, object="order:{order_id}")
     pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund}))
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
     sandbox.add_fault(mode="commit_then_drop", method="POST", count=1)  # the first refund's answer is lost
     down = sandbox.add_fault(mode="unavailable_503", method="GET", path="/v1/refunds")  # and cannot be looked up
     pipe.env.update(CLOCK_LEASE)
     pipe.start_worker()
     pipe.start_relay()
 
-    first = pipe.submit("obj-1", _refund("o-81", "10.00"), key_rules=rules)
+    first = pipe.submit("obj-1", _refund("o-81", "10.00"), rules=rules)
     pipe.wait_status(first.operation_id, "outcome_unknown")
     assert len(sandbox.effects(key=pk("obj-1"))) == 1  # it did happen; we do not know it yet
 
-    second = pipe.submit("obj-2", _refund("o-81", "20.00"), key_rules=rules)
+    second = pipe.submit("obj-2", _refund("o-81", "20.00"), rules=rules)
     assert second.waiting_on is not None and second.waiting_on.operation_id == first.operation_id
-    other = pipe.submit("obj-3", _refund("o-82", "30.00"), key_rules=rules)
+    other = pipe.submit("obj-3", _refund("o-82", "30.00"), rules=rules)
     pipe.wait_status(other.operation_id, "succeeded")  # another order flows
 
     held = wait_for(
@@ -76,12 +76,12 @@ def _rules(tmp_path: Any, busy: str = "wait", approval: bool = False) -> Any:
         refund["approval"] = {"required": "when", "when": "amount > 100"}
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(actions_doc("http://127.0.0.1:9", actions={REFUND: refund})))
-    return load_intent_rules(path)
+    return load_action_rules(path)
 
 
 def _submit(ledger: Any, key: str, args: dict[str, Any], rules: Any) -> Any:
     with ledger.sessions.begin() as s:
-        return submit(s, tenant="t1", idempotency_key=key, action=REFUND, args=args, subject="t", key_rules=rules)
+        return submit(s, tenant="t1", idempotency_key=key, action=REFUND, args=args, subject="t", rules=rules)
 
 
 def _set_status(ledger: Any, operation_id: str, status: Status) -> None:
@@ -155,7 +155,7 @@ def test_object_templates_are_checked_when_the_file_is_read(tmp_path):
         path = tmp_path / "a.yaml"
         path.write_text(yaml.safe_dump(doc))
         with pytest.raises(ActionsFileError, match=said):
-            load_intent_rules(path)
+            load_action_rules(path)
     assert ObjectRule("order:{order_id}").render({"order_id": 81}) == "order:81"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.service import operations
 from producer import submit
 from tests.harness import action, actions_doc
@@ -29,7 +29,7 @@ def _rules(tmp_path: Any) -> Any:
     )
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(actions_doc("http://127.0.0.1:9", actions={REFUND: refund}), sort_keys=False))
-    return load_intent_rules(path)
+    return load_action_rules(path)
 
 
 def test_a_new_intents_answer_is_what_reading_it_back_shows(ledger, tmp_path):
@@ -39,8 +39,8 @@ def test_a_new_intents_answer_is_what_reading_it_back_shows(ledger, tmp_path):
         {"deadline_s": 600.5, "max_attempts": 3, "priority": 7},
         {"delay_s": 30.0, "run_id": "run-1", "tool_call_id": "call-1", "submitted_by": "api:key-1"},
         {"traceparent": TRACE},
-        {"key_rules": rules, "budget_scope": "conv-1"},  # an object, a budget
-        {"key_rules": rules, "args": ARGS | {"amount": Decimal("250.00")}},  # awaiting approval
+        {"rules": rules, "budget_scope": "conv-1"},  # an object, a budget
+        {"rules": rules, "args": ARGS | {"amount": Decimal("250.00")}},  # awaiting approval
         {"requires_approval": True, "provider_key": "given-key"},
     ]
     answered: dict[str, dict[str, Any]] = {}

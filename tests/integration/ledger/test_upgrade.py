@@ -33,7 +33,7 @@ import pytest
 from sqlalchemy import inspect, select, update
 
 from outbox import migrate
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.errors import StaleFence
 from outbox.evidence.late_successes import CONTRADICTION_EVENT, apply_unapplied
 from outbox.evidence.settlement import resolve_by_person, settle_if_fenced
@@ -326,7 +326,7 @@ def test_a_ledger_of_4cd0727_with_work_in_flight_upgrades_and_real_workers_settl
                 "shop.stock.reserve": action("/v1/reservations"),
             }
             p.write_actions(actions_doc(sandbox.url, actions=actions))
-            rules = load_intent_rules(p.env["OUTBOX_ACTIONS_FILE"])
+            rules = load_action_rules(p.env["OUTBOX_ACTIONS_FILE"])
             # The provider commits and the answer is lost: a lookup (unknown) or a person (person) settles it.
             sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern=pk("unknown"), count=1)
             sandbox.add_fault(mode="commit_then_drop", method="POST", key_pattern=pk("person"), count=1)
@@ -334,7 +334,7 @@ def test_a_ledger_of_4cd0727_with_work_in_flight_upgrades_and_real_workers_settl
             # Waiting for a person: the action declares no lookup, so the reconciler hands it over.
             with_reconciler = p.start_worker("old-1")
             person = p.submit("person", {"subject": "refund", "customer_id": "c-1"}, action="support.ticket.create")
-            approval = p.submit("approval", dict(BIG_REFUND), key_rules=rules, subject="agent:bot").operation_id
+            approval = p.submit("approval", dict(BIG_REFUND), rules=rules, subject="agent:bot").operation_id
             _tick_until(relay, lambda: p.op(person.operation_id).status == "reconciliation_required", "a handoff")
             with_reconciler.stop()
             # Parked unknown, with no reconciler left to look it up; then a worker dies mid-call,
@@ -342,9 +342,9 @@ def test_a_ledger_of_4cd0727_with_work_in_flight_upgrades_and_real_workers_settl
             doomed = p.start_worker(
                 "old-2", queues="dispatch", extra_env={"OUTBOX_FAILPOINTS": "dispatch.after_response=exit@leased"}
             )
-            unknown = p.submit("unknown", key_rules=rules).operation_id
+            unknown = p.submit("unknown", rules=rules).operation_id
             _tick_until(relay, lambda: p.op(unknown).status == "outcome_unknown", "unknown parked")
-            leased = p.submit("leased", key_rules=rules).operation_id
+            leased = p.submit("leased", rules=rules).operation_id
             _tick_until(relay, lambda: doomed.proc.poll() is not None, "the worker dead mid-call")
             # A run between two steps: its first step succeeded, its second is due and never sent.
             p.start_worker("old-3", queues="dispatch")
@@ -354,7 +354,7 @@ def test_a_ledger_of_4cd0727_with_work_in_flight_upgrades_and_real_workers_settl
                     {"name": "reserve", "action": "shop.stock.reserve", "args": {"sku": "A-1", "qty": 2}},
                 ]
                 run_id = submit_run(
-                    s, tenant="t1", run_key="mid", steps=steps, subject="agent:buyer", key_rules=rules
+                    s, tenant="t1", run_key="mid", steps=steps, subject="agent:buyer", rules=rules
                 ).run_id
             _tick_until(relay, lambda: _by_key(p, "mid:order").status == "succeeded", "the run's first step")
             advance_due(p.sessions)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from outbox.actions.rules import load_intent_rules
+from outbox.actions.rules import load_action_rules
 from outbox.errors import IdempotencyConflict
 from outbox.ledger.models import Handoff
 from outbox.ledger.states import Resolution
@@ -49,7 +49,7 @@ def test_the_articles_figures_on_a_known_mix(pipe, sandbox):
         "/v1/tickets", args=["order_id", "subject", "customer_id"], report={"same_effect_when": ["order_id"]}
     )
     pipe.write_actions(actions_doc(sandbox.url, actions={REFUND: refund, TICKET: ticket}))
-    outbox = Outbox(pipe.sessions.kw["bind"], key_rules=load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"]))
+    outbox = Outbox(pipe.sessions.kw["bind"], rules=load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"]))
     sandbox.add_fault(mode="unavailable_503", method="POST", key_pattern=pk("r-4"), count=1)  # a second attempt
     sandbox.add_fault(mode="reject_422", method="POST", key_pattern=pk("r-5"))  # failed, at a status code
     sandbox.add_fault(mode="refuse_credentials", method="POST", key_pattern=pk("r-6"), count=1)  # a person

@@ -42,9 +42,9 @@ def _actions(pipe: Any, sandbox: Any) -> None:
 
 
 def _rules(pipe: Any) -> Any:
-    from producer.client import key_rules_for
+    from producer.client import action_rules_for
 
-    return key_rules_for(pipe.settings())
+    return action_rules_for(pipe.settings())
 
 
 def _order_steps(run_key: str, *, accrual_irreversible: bool = False) -> list[dict[str, Any]]:
@@ -70,7 +70,7 @@ def _order_steps(run_key: str, *, accrual_irreversible: bool = False) -> list[di
 def _submit(pipe: Any, run_key: str, steps: list[dict[str, Any]], **kw: Any) -> str:
     with pipe.sessions.begin() as s:
         return submit_run(
-            s, tenant="t1", run_key=run_key, steps=steps, subject="agent:buyer", key_rules=_rules(pipe), **kw
+            s, tenant="t1", run_key=run_key, steps=steps, subject="agent:buyer", rules=_rules(pipe), **kw
         ).run_id
 
 

@@ -70,10 +70,8 @@ def test_an_operator_settles_what_automation_cannot(pipe, sandbox, chromium):
     pipe.start_worker()
     pipe.start_relay()
     lost = pipe.submit("c-lost", dict(SMALL)).operation_id
-    big = pipe.submit("c-big", dict(BIG), key_rules=_rules(pipe), subject="agent:bot").operation_id
-    bigger = pipe.submit(
-        "c-bigger", dict(BIG, order_id="o-10"), key_rules=_rules(pipe), subject="agent:bot"
-    ).operation_id
+    big = pipe.submit("c-big", dict(BIG), rules=_rules(pipe), subject="agent:bot").operation_id
+    bigger = pipe.submit("c-bigger", dict(BIG, order_id="o-10"), rules=_rules(pipe), subject="agent:bot").operation_id
     pipe.wait_status(lost, "reconciliation_required")
     other = pipe.submit("c-other", dict(SMALL), tenant="t2").operation_id
 

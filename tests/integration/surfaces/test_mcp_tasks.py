@@ -39,12 +39,12 @@ def _actions(pipe: Any, sandbox: Any) -> None:
 
 
 def _approver(pipe: Any, tenant: str) -> Any:
-    from outbox.actions.rules import load_intent_rules
+    from outbox.actions.rules import load_action_rules
     from producer.agents.calls import ToolCaller
     from producer.client import Outbox
 
-    rules = load_intent_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
-    return ToolCaller(Outbox(pipe.sessions.kw["bind"], key_rules=rules), rules, tenant=tenant, subject="console")
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    return ToolCaller(Outbox(pipe.sessions.kw["bind"], rules=rules), rules, tenant=tenant, subject="console")
 
 
 async def call_task(client: Any, args: dict[str, Any]) -> dict[str, Any]:

@@ -121,16 +121,16 @@ def test_the_console_shows_who_stopped_a_subject_and_when_and_stops_and_resumes_
 
 def test_an_agents_tool_call_of_a_stopped_subject_gets_a_typed_refusal_and_a_held_one_says_on_hold(ledger, tmp_path):
     """The agent surfaces (MCP, the Agents SDK and LangGraph helpers) share ToolCaller's answers."""
-    from outbox.actions.rules import load_intent_rules
+    from outbox.actions.rules import load_action_rules
     from outbox.ledger import stops
     from producer.agents.calls import ToolCaller
     from producer.client import Outbox
 
     path = tmp_path / "actions.yaml"
     path.write_text(yaml.safe_dump(actions_doc("http://127.0.0.1:9")))
-    rules = load_intent_rules(path)
+    rules = load_action_rules(path)
     board_for(ledger.engine).forget()
-    caller = ToolCaller(Outbox(ledger.engine, key_rules=rules), rules, tenant="t1", subject="agent:tool")
+    caller = ToolCaller(Outbox(ledger.engine, rules=rules), rules, tenant="t1", subject="agent:tool")
     args = {"order_id": "o-1", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
     first = caller.call("payments.refund.create", args, scope="conv-1")
     with ledger.sessions.begin() as s:

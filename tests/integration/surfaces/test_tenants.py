@@ -81,7 +81,7 @@ def test_per_tenant_credentials_never_lend_one_tenants_account_to_another(pipe, 
     rules = load_actions(pipe.env["OUTBOX_ACTIONS_FILE"], environ=pipe.env)
     pipe.start_worker()
     pipe.start_relay()
-    ids = {t: pipe.submit("refund-1", dict(REFUND_ARGS), tenant=t, key_rules=rules).operation_id for t in "abc"}
+    ids = {t: pipe.submit("refund-1", dict(REFUND_ARGS), tenant=t, rules=rules).operation_id for t in "abc"}
     _settled(pipe, list(ids.values()))
     assert pipe.op(ids["a"]).status == pipe.op(ids["b"]).status == "succeeded"
     # Each effect in its own tenant's account (the sandbox scopes by the API key).
@@ -257,7 +257,7 @@ def test_the_report_maps_each_document_to_its_tenant_never_anothers_record(pipe,
     rules = load_actions(pipe.env["OUTBOX_ACTIONS_FILE"])
     pipe.start_worker()
     pipe.start_relay()
-    op = pipe.submit("refund-9", dict(REFUND_ARGS), tenant="a", key_rules=rules).operation_id
+    op = pipe.submit("refund-9", dict(REFUND_ARGS), tenant="a", rules=rules).operation_id
     _settled(pipe, [op])
     assert pipe.op(op).status == "succeeded"
     # Someone creates the same key in tenant b's account, outside the outbox.
