@@ -358,19 +358,26 @@ def run(
 # -- the server ---------------------------------------------------------------------------------
 
 
+# The signals the server found ignored when it started (the test process's): its children keep them so.
+_INHERITED_IGNORED: set[int] = set()
+
+
 def _become(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the request's streams, place and environment, and run the module."""
     import runpy
 
-    # The signals as a new interpreter has them: SIGPIPE and SIGXFSZ ignored (a write to a closed
-    # socket raises instead of killing the process: a worker killed by SIGPIPE when Redis restarted
-    # was how this was learnt), SIGINT raising KeyboardInterrupt, the rest (SIGCHLD: the server's
-    # reaper) at their defaults.
+    # The signals as a new interpreter started by the test process has them: SIGPIPE and SIGXFSZ
+    # ignored (a write to a closed socket raises instead of killing the process: a worker killed by
+    # SIGPIPE when Redis restarted was how this was learnt), SIGINT raising KeyboardInterrupt, the
+    # rest (SIGCHLD: the server's reaper) at their defaults; but what the test process ignores (and
+    # so the server inherited ignored) stays ignored, as across an exec: a suite started in the
+    # background of a shell ignores SIGINT, and its cold children do too.
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+        signal.signal(sig, signal.SIG_IGN if sig in _INHERITED_IGNORED else signal.SIG_DFL)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    inherited_int = signal.SIG_IGN if signal.SIGINT in _INHERITED_IGNORED else signal.default_int_handler
+    signal.signal(signal.SIGINT, inherited_int)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     os.setpgid(0, 0)
     for target, fd in enumerate(fds):
@@ -456,6 +463,11 @@ def _serve(sock_fd: int, status_dir: str) -> None:
             importlib.import_module(name)
         except ImportError as error:  # renamed or gone: the children import what they need themselves
             print(f"tests.spawn: could not preload {name}: {error}", file=sys.stderr)
+    _INHERITED_IGNORED.update(
+        s
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+        if signal.getsignal(s) == signal.SIG_IGN
+    )
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the test process; it closes the socket
     signal.signal(signal.SIGTERM, stop)
