@@ -15,6 +15,10 @@ and max, also counted only over B's intents submitted while A's backlog was stil
 effect per intent at the sandbox, no duplicate key. Writes bench/results/fairness-<date>.json.
 
     .venv/bin/python -m bench.fairness [--burst 20000] [--trickle-s 60] [--workers 2] [--quick]
+
+Behind a limited target (``--rate-limit 50``: the target declares 50/s, burst 50), A's burst takes
+burst/50 seconds whatever the fleet, and B's latency says whether the limiter shares its turns by
+tenant: ``--burst 1500 --trickle-s 20 --rate-limit 50``.
 """
 
 from __future__ import annotations
@@ -140,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="prefork children of one worker")
     parser.add_argument("--quick", action="store_true", help="2,000 intents, 15 s of trickle")
     parser.add_argument("--label", default="", help="a word for the results file (e.g. the commit)")
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=None,
+        help="the target declares this rate (per second, burst the same): B behind A's backlog at a limit",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.burst, args.trickle_s = 2000, 15.0
@@ -155,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     with SandboxProcess() as sandbox:
         for scenario in ("alone", "shared"):
             with ScratchDatabase() as db, tempfile.TemporaryDirectory(prefix="fairness-") as tmp:
-                ob = Outbox(db.url, sandbox.url, Path(tmp), f"bench-fair-{uuid.uuid4().hex[:6]}:")
+                limit = (
+                    {"rate_limit": {"per_s": args.rate_limit, "burst": int(args.rate_limit)}} if args.rate_limit else {}
+                )
+                ob = Outbox(db.url, sandbox.url, Path(tmp), f"bench-fair-{uuid.uuid4().hex[:6]}:", limit)
                 try:
                     ob.start_relay()
                     with Workers(
@@ -176,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     result["expected_effects"] = 2 * args.burst + result["shared"]["b_submitted"]
     result["a_shared_over_alone"] = round(result["shared"]["a_ops_per_s"] / result["alone"]["a_ops_per_s"], 3)
     result |= {"burst": args.burst, "trickle_s": args.trickle_s, "workers": args.workers, "label": args.label}
+    result["rate_limit"] = args.rate_limit
     print(json.dumps(result, indent=2))
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"fairness-{time.strftime('%Y-%m-%d-%H%M')}{'-' + args.label if args.label else ''}.json"

@@ -105,11 +105,16 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, interval_s: float = 0
 class Outbox:
     """Sandbox + database + relay process for the whole run; workers per measurement."""
 
-    def __init__(self, db_url: str, sandbox_url: str, tmp: Path, prefix: str) -> None:
+    def __init__(
+        self, db_url: str, sandbox_url: str, tmp: Path, prefix: str, target: dict[str, Any] | None = None
+    ) -> None:
+        """``target``: settings added to the sandbox target's (a rate limit, say)."""
         from outbox.ledger.db import make_engine, make_sessionmaker
 
+        doc = actions_doc(sandbox_url)
+        doc["targets"]["sandbox"].update(target or {})
         actions = tmp / "actions.yaml"
-        actions.write_text(yaml.safe_dump(actions_doc(sandbox_url), sort_keys=False))
+        actions.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.env = {
             "OUTBOX_DATABASE_URL": db_url,
             "OUTBOX_BROKER_URL": REDIS_URL,

@@ -131,6 +131,23 @@ def test_a_wait_longer_than_allowed_goes_back_to_the_ledger_naming_the_limit() -
     assert isinstance(p.clear("payments", "beta", max_wait_s=0.0), Cleared)
 
 
+def test_calls_sent_back_take_their_place_in_their_tenants_line_so_tenants_share_the_turns() -> None:
+    clock = Clock()
+    doc = copy.deepcopy(DOC)
+    del doc["targets"]["payments"]["max_in_flight"]
+    p = pacer(clock, doc)
+    # big's backlog: five go (the burst), fifty are sent back one turn (20 ms at 50/s) after another.
+    big = [p.clear("payments", "big", max_wait_s=0.0) for _ in range(55)]
+    waits = [c.wait_s for c in big if isinstance(c, Deferred)]
+    assert len(waits) == 50 and waits[0] == pytest.approx(0.02) and waits[-1] == pytest.approx(1.0)
+    # small's call comes back at the rate's first free turn, not behind big's whole line...
+    small = p.clear("payments", "small", max_wait_s=0.0)
+    assert isinstance(small, Deferred) and small.wait_s == pytest.approx(0.02)
+    # ...and big's next ones stay in big's own line.
+    after = [p.clear("payments", "big", max_wait_s=0.0) for _ in range(2)]
+    assert [c.wait_s for c in after] == pytest.approx([1.02, 1.04])  # type: ignore[union-attr]
+
+
 def test_no_free_slot_waits_briefly_then_goes_back_and_a_slot_given_back_serves_the_next() -> None:
     clock = Clock()
     p = pacer(clock)

@@ -114,7 +114,7 @@ class Ask:
     """One call asking to go: the rates it is held to, the concurrency slots of its target (None:
     no concurrency limit), the slot's holder id and lease, and how long it may wait in its thread.
     ``not_before_s``: no rate gives a turn sooner than this from now (a switch of limiter lets the
-    turns the other one handed out pass first)."""
+    turns the other one handed out pass first). ``tenant``: whose call it is."""
 
     target: str
     scopes: list[RateScope]
@@ -123,6 +123,7 @@ class Ask:
     max_wait_s: float
     slot_lease_s: float
     not_before_s: float = 0.0
+    tenant: str = ""  # whose call: a call sent back takes its place in its tenant's line
 
 
 @dataclass(frozen=True)

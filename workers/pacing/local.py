@@ -21,7 +21,8 @@ class LocalPacing:
         self._clock = clock
         self._lock = threading.Lock()
         self._tats: dict[tuple[str, str], float] = {}  # (target, rate key) -> theoretical arrival time
-        self._queue: dict[tuple[str, str], float] = {}  # (target, rate key) -> the last call sent back's return
+        # (target, rate key) -> tenant -> when its last call sent back returns (shared.py's lines)
+        self._lines: dict[tuple[str, str], dict[str, float]] = {}
         self._slots: dict[str, dict[str, float]] = {}  # target -> holder -> lease end
         self._not_before = float("-inf")  # no rate gives a turn before this (see forget)
 
@@ -39,11 +40,15 @@ class LocalPacing:
                 tats.append(tat)
             if wait > ask.max_wait_s:
                 assert held_by is not None
-                # Back to the ledger at its place in the queue of calls sent back (shared.py says why).
-                key = (ask.target, held_by.key)
-                back = max(self._queue.get(key, now) + held_by.rate.interval_s, now + wait)
-                self._queue[key] = back
-                return PaceDecision(False, max(back - now, wait), "rate", held_by)
+                # Back to the ledger at its place in its tenant's line (shared.py says why).
+                lines = self._lines.setdefault((ask.target, held_by.key), {})
+                for tenant in [tenant for tenant, back in lines.items() if back <= now]:
+                    del lines[tenant]
+                back = now + wait
+                if (mine := lines.get(ask.tenant)) is not None:
+                    back = max(mine + held_by.rate.interval_s, back)
+                lines[ask.tenant] = back
+                return PaceDecision(False, back - now, "rate", held_by)
             if ask.slots is not None:
                 holders = self._slots.setdefault(ask.target, {})
                 for holder in [h for h, until in holders.items() if until <= now]:
@@ -70,6 +75,6 @@ class LocalPacing:
         from an earlier one, and the turns Redis handed out, up to ``hold_s`` ahead, are still to go)."""
         with self._lock:
             self._tats.clear()
-            self._queue.clear()
+            self._lines.clear()
             self._slots.clear()
             self._not_before = self._clock() + hold_s

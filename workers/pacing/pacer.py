@@ -230,7 +230,7 @@ class Pacer:
         if share > 1:
             scopes = [scope.shared_by(share) for scope in scopes]
         lease = max_wait_s + limits.call_s + SLOT_MARGIN_S
-        return Ask(limits.target, scopes, limits.slots(share), holder, max_wait_s, lease)
+        return Ask(limits.target, scopes, limits.slots(share), holder, max_wait_s, lease, tenant=tenant)
 
     def _share(self) -> int:
         """How many processes this one shares each limit with, without a common counter."""

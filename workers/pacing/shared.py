@@ -7,6 +7,7 @@ Key layout (one deployment's namespace, one target)::
     agent-outbox:pacing:{namespace}:{target}:tenant:{t}:rate   string: the same, for one tenant at the target
     agent-outbox:pacing:{namespace}:{target}:slots             zset: holder -> lease expiry (us)
     agent-outbox:pacing:{namespace}:{target}:admitted          hash: calls admitted this second and the last
+    agent-outbox:pacing:{namespace}:{target}:rate:lines        zset: tenant -> when its last call sent back returns (us)
 
 Rates are GCRA: a key holds one time, the "theoretical arrival time" (TAT) of the next call; a
 call conforms when TAT - tolerance <= now, and moves TAT one interval on. Nothing is held, so a
@@ -35,7 +36,7 @@ from workers.pacing.limits import Ask, PaceDecision
 KEY_PREFIX = "agent-outbox:pacing"
 
 # KEYS: processes, admitted, slots, rate keys... ARGV: process id, heartbeat ttl ms, max wait us,
-# slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, then
+# slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, tenant, then
 # (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
 _ACQUIRE = """
 local t = redis.call('TIME')
@@ -49,7 +50,7 @@ local live = redis.call('ZCARD', KEYS[1])
 local wait, which, tats = 0, 0, {}
 local floor = tonumber(ARGV[7])
 for i = 4, #KEYS do
-  local j = 8 + (i - 4) * 2
+  local j = 9 + (i - 4) * 2
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   local w = math.max(tat - tonumber(ARGV[j + 1]) - now, floor)
@@ -58,15 +59,25 @@ for i = 4, #KEYS do
 end
 local max_wait = tonumber(ARGV[3])
 if wait > max_wait then
-  -- Sent back to the ledger: it comes back at its place in the queue of calls sent back before it
-  -- (one interval after the last of them, none before its turn could come: now + wait, which the
-  -- floor may set past the rate's own turn), so a backlog returns at the rate it can be sent
-  -- instead of all at once, to be sent back again.
+  -- Sent back to the ledger: it comes back at its place in its tenant's line of calls sent back
+  -- (none before its turn could come: now + wait, which the floor may set past the rate's own
+  -- turn), so a backlog returns at the rate it can be sent instead of all at once, to be sent back
+  -- again. One line per tenant: a tenant's calls come back one interval apart from each other, and
+  -- not behind another tenant's line, so one tenant's backlog delays another's call by about an
+  -- interval, not by the whole backlog. Lines of several tenants together may bring back more calls
+  -- than the rate has turns: those without a turn go back to the end of their own line (every turn
+  -- is used; a line stepping by one interval per tenant waiting left turns unused once the other
+  -- tenant's call had gone: 38/s of a 50/s limit in bench.fairness).
   local k = KEYS[which + 3]
-  local j = 8 + (which - 1) * 2
-  local q = tonumber(redis.call('GET', k .. ':queue') or '0')
-  q = math.max(q + tonumber(ARGV[j]), now + wait)
-  redis.call('SET', k .. ':queue', string.format('%.0f', q), 'PX', math.ceil((q - now) / 1000) + 1)
+  local j = 9 + (which - 1) * 2
+  local lines = k .. ':lines'
+  redis.call('ZREMRANGEBYSCORE', lines, '-inf', string.format('%.0f', now))
+  local mine = tonumber(redis.call('ZSCORE', lines, ARGV[8]))
+  local q = now + wait
+  if mine then q = math.max(mine + tonumber(ARGV[j]), q) end
+  redis.call('ZADD', lines, string.format('%.0f', q), ARGV[8])
+  local last = redis.call('ZRANGE', lines, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', lines, math.ceil((tonumber(last[2]) - now) / 1000) + 1)
   return {1, math.ceil(q - now), which, live}
 end
 local slots = tonumber(ARGV[4])
@@ -82,7 +93,7 @@ if slots > 0 then
 end
 local send = now + wait
 for i = 4, #KEYS do
-  local j = 8 + (i - 4) * 2
+  local j = 9 + (i - 4) * 2
   local tat = math.max(tats[i], send) + tonumber(ARGV[j])
   redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
 end
@@ -154,6 +165,7 @@ class RedisPacing:
             ask.holder,
             _us(ask.slot_lease_s),
             _us(ask.not_before_s),
+            ask.tenant,
         ]
         for scope in ask.scopes:
             keys.append(self.key(ask.target, scope.key))
