@@ -148,6 +148,24 @@ def test_calls_sent_back_take_their_place_in_their_tenants_line_so_tenants_share
     assert [c.wait_s for c in after] == pytest.approx([1.02, 1.04])  # type: ignore[union-attr]
 
 
+def test_while_another_tenant_waits_in_line_a_call_waits_in_its_thread_only_for_its_share() -> None:
+    doc = copy.deepcopy(DOC)
+    del doc["targets"]["payments"]["max_in_flight"]
+    answers = []
+    for small_in_line in (False, True):
+        clock = Clock()
+        p = pacer(clock, doc)
+        for _ in range(5):  # the burst: the next turn is 20 ms away
+            assert isinstance(p.clear("payments", "big", max_wait_s=1.0), Cleared)
+        if small_in_line:
+            assert isinstance(p.clear("payments", "small", max_wait_s=0.0), Deferred)
+        # big may wait 30 ms: alone it waits the 20 ms for its turn; with small in line its share
+        # is 15 ms (two tenants), so it goes back to its own line and the turn stays free for small.
+        answers.append(p.clear("payments", "big", max_wait_s=0.03))
+    assert isinstance(answers[0], Cleared) and isinstance(answers[1], Deferred)
+    assert answers[1].wait_s == pytest.approx(0.02)
+
+
 def test_no_free_slot_waits_briefly_then_goes_back_and_a_slot_given_back_serves_the_next() -> None:
     clock = Clock()
     p = pacer(clock)

@@ -38,12 +38,18 @@ class LocalPacing:
                 if w > wait:
                     wait, held_by = w, scope
                 tats.append(tat)
-            if wait > ask.max_wait_s:
+            # While other tenants wait in line, a call waits in its thread only for its share of
+            # the turns ahead (shared.py says why).
+            others = 0
+            for scope in ask.scopes:
+                lines = self._lines.get((ask.target, scope.key), {})
+                for tenant in [tenant for tenant, back in lines.items() if back <= now]:
+                    del lines[tenant]
+                others = max(others, len(lines) - (ask.tenant in lines))
+            if wait > ask.max_wait_s / (1 + others):
                 assert held_by is not None
                 # Back to the ledger at its place in its tenant's line (shared.py says why).
                 lines = self._lines.setdefault((ask.target, held_by.key), {})
-                for tenant in [tenant for tenant, back in lines.items() if back <= now]:
-                    del lines[tenant]
                 back = now + wait
                 if (mine := lines.get(ask.tenant)) is not None:
                     back = max(mine + held_by.rate.interval_s, back)

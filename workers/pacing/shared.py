@@ -58,7 +58,20 @@ for i = 4, #KEYS do
   tats[i] = tat
 end
 local max_wait = tonumber(ARGV[3])
-if wait > max_wait then
+-- While other tenants have calls sent back in line, a call waits in its thread only for its share
+-- of the turns ahead (max_wait over the tenants waiting, itself included): a backlog cannot keep
+-- every turn of the next second taken, so a call that comes back from another tenant's line finds
+-- its turn free.
+local others = 0
+for i = 4, #KEYS do
+  local lines = KEYS[i] .. ':lines'
+  redis.call('ZREMRANGEBYSCORE', lines, '-inf', string.format('%.0f', now))
+  local n = redis.call('ZCARD', lines)
+  if redis.call('ZSCORE', lines, ARGV[8]) then n = n - 1 end
+  if n > others then others = n end
+end
+local may_wait = max_wait / (1 + others)
+if wait > may_wait then
   -- Sent back to the ledger: it comes back at its place in its tenant's line of calls sent back
   -- (none before its turn could come: now + wait, which the floor may set past the rate's own
   -- turn), so a backlog returns at the rate it can be sent instead of all at once, to be sent back

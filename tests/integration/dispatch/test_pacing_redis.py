@@ -259,3 +259,27 @@ def test_calls_sent_back_wait_in_their_tenants_line_not_behind_another_tenants_b
     assert isinstance(small, Deferred) and small.wait_s == pytest.approx(0.1, abs=0.03)
     nxt = pacers[0].clear("pay", "big", max_wait_s=0.0)
     assert isinstance(nxt, Deferred) and nxt.wait_s == pytest.approx(waits[-1] + 0.1, abs=0.03)
+
+
+def test_while_another_tenant_waits_in_line_a_call_waits_in_its_thread_only_for_its_share(
+    redis_url: str, namespace: str
+) -> None:
+    # 10/s, a burst of 2: big's next turn is 0.1 s away. Allowed 0.15 s, big waits for it alone; with
+    # small in line its share is 0.075 s (two tenants): back to its own line, the turn left for small.
+    answers = []
+    for small_in_line in (False, True):
+        pacer = Pacer(
+            limits(rate=Rate(10, 2)),
+            process_id="p1",
+            redis_url=redis_url,
+            namespace=f"{namespace}:{small_in_line}",  # under the fixture's namespace: cleaned up with it
+            sleep=Sleeps(),
+            rng=lambda: 0.0,
+        )
+        for _ in range(2):
+            assert isinstance(pacer.clear("pay", "big", max_wait_s=1.0), Cleared)
+        if small_in_line:
+            assert isinstance(pacer.clear("pay", "small", max_wait_s=0.0), Deferred)
+        answers.append(pacer.clear("pay", "big", max_wait_s=0.15))
+        pacer.close()
+    assert isinstance(answers[0], Cleared) and isinstance(answers[1], Deferred), answers
