@@ -81,7 +81,7 @@ def submit(
 
 
 def submit(
-    session: Session,
+    session: Session | None = None,
     intent: Intent | None = None,
     /,
     *,
@@ -97,6 +97,10 @@ def submit(
     ``{tenant}:{idempotency_key}`` and no rule. Raises ``InvalidIntent`` naming a bad field,
     ``IdempotencyConflict`` for a key used with other arguments; a replay returns the first receipt.
     """
+    if session is None:  # submit(session=..., ...), as scripts called it before it took an Intent
+        session = fields.pop("session", None)
+        if session is None:
+            raise TypeError("submit needs the caller's session: submit(session, ...)")
     rules = former_rules(rules, fields)
     return submit_intent(session, as_intent(intent, tenant, fields), rules=rules)
 

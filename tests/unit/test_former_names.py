@@ -41,3 +41,20 @@ def test_the_former_class_and_loader_names_resolve_to_the_new_ones():
         assert rules_module.load_intent_rules is rules_module.load_action_rules
     with pytest.raises(AttributeError):
         rules_module.NoSuchName  # noqa: B018
+
+
+def test_submit_takes_its_session_as_a_keyword_too():
+    from sqlalchemy.orm import Session
+
+    from outbox.ledger.models import Base
+    from producer import submit
+
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    args = {"tenant": "t", "idempotency_key": "k-1", "action": "a.b", "args": {"x": 1}, "subject": "s"}
+    with Session(engine) as session, session.begin():
+        by_keyword = submit(session=session, **args)
+        by_position = submit(session, **args)
+    assert by_keyword.new and not by_position.new and by_keyword.operation_id == by_position.operation_id
+    with pytest.raises(TypeError, match="session"):
+        submit(**args)  # type: ignore[call-overload]

@@ -207,7 +207,10 @@ class InFlightPool(Generic[R, V]):
                     self._results.put(None)
                     break
                 items.append(more)
-            self._commit([(batch, result) for batch, results in items for result in results])
+            try:
+                self._commit([(batch, result) for batch, results in items for result in results])
+            except Exception:  # noqa: BLE001 - a bug: logged; the committer must outlive it, or nothing commits again
+                log.exception("%s committer: unexpected error after a commit", self._name)
 
     def _commit(self, arrived: list[tuple[Batch[R, V], R]]) -> None:
         written: dict[str, V] = {}
@@ -230,8 +233,17 @@ class InFlightPool(Generic[R, V]):
                     batch.results[operation_id] = value
                 batch.waiting -= 1
                 if batch.waiting == 0:
-                    batch.admissions.tell_successes()
-                    batch.done.set_result(batch.results)
+                    self._complete(batch)
+
+    def _complete(self, batch: Batch[R, V]) -> None:
+        """A doorbell's every claim committed: its breakers told, its future done, whatever the
+        telling raises (one batch's trouble must not leave another's future unfinished)."""
+        try:
+            batch.admissions.tell_successes()
+        except Exception:  # noqa: BLE001 - the breakers' own outage handling failed: logged, the batch still ends
+            log.exception("%s committer: telling the breakers a doorbell's successes failed", self._name)
+        finally:
+            batch.done.set_result(batch.results)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self, timeout_s: float) -> None:

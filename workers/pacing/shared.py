@@ -8,6 +8,7 @@ Key layout (one deployment's namespace, one target)::
     agent-outbox:pacing:{namespace}:{target}:slots             zset: holder -> lease expiry (us)
     agent-outbox:pacing:{namespace}:{target}:admitted          hash: calls admitted this second and the last
     agent-outbox:pacing:{namespace}:{target}:rate:lines        zset: tenant -> when its last call sent back returns (us)
+    agent-outbox:pacing:{namespace}:{target}:tenant:{t}:rate:lines   the same, for one tenant's own rate
 
 Rates are GCRA: a key holds one time, the "theoretical arrival time" (TAT) of the next call; a
 call conforms when TAT - tolerance <= now, and moves TAT one interval on. Nothing is held, so a
