@@ -65,10 +65,12 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
     # 2 s plus 500 ms of transit jitter (45 seen on a two-core machine running the suite's 4 processes
     # at once, 47 in a later CI run: calls cleared on time, held up on their way by a stalled process,
     # arrive together), where two workers each keeping the rate alone would put 80; in the first
-    # second, at most five over (20-24 seen there on a loaded two-core machine: first arrivals 200 ms
-    # late), where an undeclared burst (20) would put 40.
+    # second, at most eight over (20-24 seen there on a loaded two-core machine: first arrivals 200 ms
+    # late; 26 in a CI run that took 10 minutes instead of 8), where an undeclared burst (20) would
+    # put 40. Arrivals are never earlier than their turns, only later: a window over its turns holds
+    # calls a stalled process held up.
     assert max_in_any_window(times, 2.0, after_s=1.0) <= RATE * (2.0 + 0.5) + 1, sorted(times)
-    assert max_in_any_window(times, 1.0) <= RATE + 5, sorted(times)
+    assert max_in_any_window(times, 1.0) <= RATE + 8, sorted(times)
     assert span >= (n - 1) / RATE * 0.95  # the limit, not something slower, set the pace ...
     # ... and the fleet reached it: its busiest 2 s held at least 80% of the rate's sends. The whole
     # span is only bounded loosely (2x): on a loaded two-core CI machine a late stall (a sent-back
