@@ -85,7 +85,6 @@ if wait > may_wait then
   local k = KEYS[which + 3]
   local j = 9 + (which - 1) * 2
   local lines = k .. ':lines'
-  redis.call('ZREMRANGEBYSCORE', lines, '-inf', string.format('%.0f', now))
   local mine = tonumber(redis.call('ZSCORE', lines, ARGV[8]))
   local q = now + wait
   if mine then q = math.max(mine + tonumber(ARGV[j]), q) end
