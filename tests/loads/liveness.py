@@ -58,6 +58,7 @@ from tests.loads.scale_proof import (  # noqa: E402
     ACTIONS,
     NOT_QUIET,
     Burst,
+    QuietHold,
     ScaleResult,
     _check,
     _log,
@@ -367,6 +368,7 @@ def run_liveness(
         outage_rule: int | None = None
         ends: dict[str, float] = {}  # fault -> monotonic time it ends
         last_print = 0.0
+        quiet = QuietHold()
         while True:
             now = time.monotonic()
             try:
@@ -441,7 +443,8 @@ def run_liveness(
                 result.faults_done_at = max(ends.values()) - started
             if result.submit_s is None and not submitter.is_alive():
                 result.submit_s = now - started
-            if busy == 0 and not submitter.is_alive() and faults_over and settled >= intents:
+            done = not submitter.is_alive() and faults_over and settled >= intents
+            if quiet.held(sessions, busy=busy if done else 1, now=now):
                 break
             if submitter.errors:
                 break
@@ -452,7 +455,7 @@ def run_liveness(
                 last_print = now
                 _log(f"{dict(counts)} due={due} queued={queued}", verbose)
             time.sleep(SAMPLE_S)
-        result.scale.wall_s = time.monotonic() - started
+        result.scale.wall_s = (quiet.since or time.monotonic()) - started  # quiet from when it began to hold
         cpu.__exit__()
         result.cpu_s = cpu.seconds
         result.redis_calls = _redis_calls(redis.url)
