@@ -77,6 +77,56 @@ def _latencies(ob: Outbox, tenant: str, before: dt.datetime | None = None) -> li
         return sorted(float(r[0]) for r in c.execute(text(sql), {"t": tenant, "before": before}))
 
 
+def _slowest_timelines(ob: Outbox, tenant: str, n: int = 3) -> list[dict[str, Any]]:
+    """The tenant's ``n`` slowest intents, each with its attempts as seconds after its submit: when
+    claimed, when over, and how (a call sent back by the limit is a ``not_sent`` attempt)."""
+    from outbox.ledger.models import ATTEMPTS
+
+    out: list[dict[str, Any]] = []
+    with ob.engine.connect() as c:
+        slow = c.execute(
+            text(
+                f"SELECT id, extract(epoch FROM updated_at - created_at), created_at FROM {OPERATIONS} "
+                "WHERE tenant = :t AND status = 'succeeded' ORDER BY updated_at - created_at DESC LIMIT :n"
+            ),
+            {"t": tenant, "n": n},
+        ).all()
+        for op_id, took, created in slow:
+            rows = c.execute(
+                text(
+                    f"SELECT extract(epoch FROM started_at - :c), extract(epoch FROM ended_at - :c), "
+                    f"attempt_class, left(coalesce(error, ''), 80) FROM {ATTEMPTS} "
+                    "WHERE operation_id = :id ORDER BY id"
+                ),
+                {"id": op_id, "c": created},
+            ).all()
+            out.append(
+                {
+                    "took_s": round(float(took), 3),
+                    "attempts": [
+                        [round(float(a), 3), None if b is None else round(float(b), 3), k, e] for a, b, k, e in rows
+                    ],
+                }
+            )
+    return out
+
+
+def _sent_back(ob: Outbox, tenant: str) -> int:
+    """The tenant's calls sent back by a limit (attempts not sent): each one a trip through the ledger."""
+    from outbox.ledger.models import ATTEMPTS
+
+    with ob.engine.connect() as c:
+        return int(
+            c.execute(
+                text(
+                    f"SELECT count(*) FROM {ATTEMPTS} a JOIN {OPERATIONS} o ON o.id = a.operation_id "
+                    "WHERE o.tenant = :t AND a.attempt_class = 'not_sent'"
+                ),
+                {"t": tenant},
+            ).scalar_one()
+        )
+
+
 def _last_settled(ob: Outbox, tenant: str) -> dt.datetime:
     with ob.engine.connect() as c:
         return c.execute(
@@ -106,7 +156,11 @@ def run_alone(ob: Outbox, *, burst: int, timeout_s: float, log: Any) -> dict[str
     _submit_burst(ob, a, burst)
     log(f"alone: {burst} submitted in {time.perf_counter() - started:.1f}s")
     ended = wait_until(lambda: ob.count(a) >= burst, timeout_s, 0.05, "tenant A alone settled")
-    out = {"a_ops_per_s": round(burst / (ended - started), 1), "a_seconds": round(ended - started, 2)}
+    out = {
+        "a_ops_per_s": round(burst / (ended - started), 1),
+        "a_seconds": round(ended - started, 2),
+        "a_sent_back": _sent_back(ob, a),
+    }
     log(f"alone: {out}")
     return out
 
@@ -129,9 +183,11 @@ def run_shared(ob: Outbox, *, burst: int, trickle_s: float, timeout_s: float, lo
     out = {
         "a_ops_per_s": round(burst / (ended - started), 1),
         "a_seconds": round(ended - started, 2),
+        "a_sent_back": _sent_back(ob, a),
         "b_submitted": len(submitted),
         "b_all": _summary(_latencies(ob, b)),
         "b_during_a_backlog": _summary(_latencies(ob, b, before=a_done_at)),
+        "b_slowest": _slowest_timelines(ob, b),
     }
     log(f"shared: {out}")
     return out

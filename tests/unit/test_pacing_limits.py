@@ -148,22 +148,25 @@ def test_calls_sent_back_take_their_place_in_their_tenants_line_so_tenants_share
     assert [c.wait_s for c in after] == pytest.approx([1.02, 1.04])  # type: ignore[union-attr]
 
 
-def test_while_another_tenant_waits_in_line_a_call_waits_in_its_thread_only_for_its_share() -> None:
+def test_a_tenant_holds_only_its_share_of_the_turns_ahead_so_another_is_not_sent_back() -> None:
     doc = copy.deepcopy(DOC)
     del doc["targets"]["payments"]["max_in_flight"]
-    answers = []
-    for small_in_line in (False, True):
-        clock = Clock()
-        p = pacer(clock, doc)
-        for _ in range(5):  # the burst: the next turn is 20 ms away
-            assert isinstance(p.clear("payments", "big", max_wait_s=1.0), Cleared)
-        if small_in_line:
-            assert isinstance(p.clear("payments", "small", max_wait_s=0.0), Deferred)
-        # big may wait 30 ms: alone it waits the 20 ms for its turn; with small in line its share
-        # is 15 ms (two tenants), so it goes back to its own line and the turn stays free for small.
-        answers.append(p.clear("payments", "big", max_wait_s=0.03))
-    assert isinstance(answers[0], Cleared) and isinstance(answers[1], Deferred)
-    assert answers[1].wait_s == pytest.approx(0.02)
+    clock = Clock()
+    # The calls sleep in threads of their own: time does not move while they hold their turns.
+    slept: list[float] = []
+    p = Pacer(limits_of(parse_actions(doc)), process_id="p1", sleep=slept.append, clock=clock, rng=lambda: 0.0)
+    # 50/s, a burst of five: big alone holds the next half second's turns (SHARE_HORIZON_S: 25 of
+    # 20 ms), each in a thread waiting for it; its next call, though allowed to wait a second, goes
+    # back to its line.
+    big = [p.clear("payments", "big", max_wait_s=1.0) for _ in range(31)]
+    assert all(isinstance(c, Cleared) for c in big[:30])
+    assert isinstance(big[30], Deferred) and big[30].wait_s == pytest.approx(0.52)
+    # small arrives behind those turns: it holds none, so it takes the next one (0.52 s away) in its
+    # thread instead of being sent back for the second big's backlog would otherwise keep taken.
+    small = p.clear("payments", "small", max_wait_s=1.0)
+    assert isinstance(small, Cleared) and slept[-1] == pytest.approx(0.52)
+    # Two tenants active: big's share is 13 turns; it holds 25, so its next call is sent back too.
+    assert isinstance(p.clear("payments", "big", max_wait_s=1.0), Deferred)
 
 
 def test_no_free_slot_waits_briefly_then_goes_back_and_a_slot_given_back_serves_the_next() -> None:

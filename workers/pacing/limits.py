@@ -16,6 +16,13 @@ from workers.provider.targets import TargetConfig
 
 LimitKind = Literal["rate", "concurrency"]
 
+# A tenant holds at most its share of this long's turns ahead, shared by the tenants holding turns
+# or waiting in line at the target (shared.py): alone, a tenant's calls wait in their threads for
+# up to this many seconds' turns (fewer trips through the ledger); a tenant arriving behind another's
+# turns finds its own within it, less than a call may wait in its thread (pacer.py SHORT_WAIT_S),
+# so its first call is not sent back.
+SHARE_HORIZON_S = 0.5
+
 
 @dataclass(frozen=True)
 class Rate:
@@ -114,7 +121,8 @@ class Ask:
     """One call asking to go: the rates it is held to, the concurrency slots of its target (None:
     no concurrency limit), the slot's holder id and lease, and how long it may wait in its thread.
     ``not_before_s``: no rate gives a turn sooner than this from now (a switch of limiter lets the
-    turns the other one handed out pass first). ``tenant``: whose call it is."""
+    turns the other one handed out pass first). ``tenant``: whose call it is; ``horizon_s``: a tenant
+    holds at most its share of this long's turns ahead."""
 
     target: str
     scopes: list[RateScope]
@@ -124,6 +132,7 @@ class Ask:
     slot_lease_s: float
     not_before_s: float = 0.0
     tenant: str = ""  # whose call: a call sent back takes its place in its tenant's line
+    horizon_s: float = SHARE_HORIZON_S
 
 
 @dataclass(frozen=True)

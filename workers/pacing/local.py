@@ -5,8 +5,10 @@ waits)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from workers.pacing.limits import Ask, PaceDecision
@@ -23,6 +25,10 @@ class LocalPacing:
         self._tats: dict[tuple[str, str], float] = {}  # (target, rate key) -> theoretical arrival time
         # (target, rate key) -> tenant -> when its last call sent back returns (shared.py's lines)
         self._lines: dict[tuple[str, str], dict[str, float]] = {}
+        # (target, rate key) -> tenant -> until when it holds a turn ahead or waits in line
+        self._active: dict[tuple[str, str], dict[str, float]] = {}
+        # (target, rate key, tenant) -> when each turn it holds comes, in order
+        self._held: dict[tuple[str, str, str], deque[float]] = {}
         self._slots: dict[str, dict[str, float]] = {}  # target -> holder -> lease end
         self._not_before = float("-inf")  # no rate gives a turn before this (see forget)
 
@@ -38,22 +44,29 @@ class LocalPacing:
                 if w > wait:
                     wait, held_by = w, scope
                 tats.append(tat)
-            # While other tenants wait in line, a call waits in its thread only for its share of
-            # the turns ahead (shared.py says why).
+            # A tenant holds at most its share of the turns ahead (shared.py says why).
+            over = False
             others = 0
             for scope in ask.scopes:
-                lines = self._lines.get((ask.target, scope.key), {})
-                for tenant in [tenant for tenant, back in lines.items() if back <= now]:
-                    del lines[tenant]
-                others = max(others, len(lines) - (ask.tenant in lines))
-            if wait > ask.max_wait_s / (1 + others):
+                active = self._active.get((ask.target, scope.key), {})
+                for tenant in [tenant for tenant, until in active.items() if until <= now]:
+                    del active[tenant]
+                others = max(others, len(active) - (ask.tenant in active))
+            for scope in ask.scopes:
+                held = self._held.get((ask.target, scope.key, ask.tenant))
+                while held and held[0] <= now:
+                    held.popleft()
+                share = max(1, math.ceil(ask.horizon_s / scope.rate.interval_s / (1 + others)))
+                over = over or len(held or ()) >= share
+            if wait > ask.max_wait_s or (wait > 0 and over):
                 assert held_by is not None
                 # Back to the ledger at its place in its tenant's line (shared.py says why).
                 lines = self._lines.setdefault((ask.target, held_by.key), {})
                 back = now + wait
-                if (mine := lines.get(ask.tenant)) is not None:
+                if (mine := lines.get(ask.tenant)) is not None and mine > now:
                     back = max(mine + held_by.rate.interval_s, back)
                 lines[ask.tenant] = back
+                self._mark_active(ask.target, held_by.key, ask.tenant, back)
                 return PaceDecision(False, back - now, "rate", held_by)
             if ask.slots is not None:
                 holders = self._slots.setdefault(ask.target, {})
@@ -65,7 +78,14 @@ class LocalPacing:
             send = now + wait
             for scope, tat in zip(ask.scopes, tats):
                 self._tats[(ask.target, scope.key)] = max(tat, send) + scope.rate.interval_s
+                if wait > 0:  # a turn ahead, held by this tenant until it comes
+                    self._held.setdefault((ask.target, scope.key, ask.tenant), deque()).append(send)
+                    self._mark_active(ask.target, scope.key, ask.tenant, send)
             return PaceDecision(True, wait, scope=held_by)
+
+    def _mark_active(self, target: str, key: str, tenant: str, until: float) -> None:
+        active = self._active.setdefault((target, key), {})
+        active[tenant] = max(active.get(tenant, until), until)
 
     def release(self, target: str, holder: str) -> None:
         with self._lock:
@@ -82,5 +102,7 @@ class LocalPacing:
         with self._lock:
             self._tats.clear()
             self._lines.clear()
+            self._active.clear()
+            self._held.clear()
             self._slots.clear()
             self._not_before = self._clock() + hold_s

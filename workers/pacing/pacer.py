@@ -52,7 +52,7 @@ from redis.exceptions import RedisError
 from breaker.registry import connect
 from workers.ground import metrics
 from workers.ground.outage import OutageReport
-from workers.pacing.limits import Ask, LimitKind, PaceDecision, TargetLimits
+from workers.pacing.limits import SHARE_HORIZON_S, Ask, LimitKind, PaceDecision, TargetLimits
 from workers.pacing.local import LocalPacing
 from workers.pacing.shared import Reading, RedisPacing
 
@@ -65,6 +65,7 @@ _STORAGE_ERRORS = (RedisError, OSError)
 # ledger (where it is visible and fair), long enough that a call one turn behind never pays a trip
 # through the ledger (a claim and a finalize) to wait 50 ms.
 SHORT_WAIT_S = 1.0
+assert SHARE_HORIZON_S < SHORT_WAIT_S  # a tenant behind another's turns ahead waits for them in its thread
 # A concurrency slot is leased for the call's timeouts plus this: the finalize after the answer
 # needs no slot, but a call's answer may come a little after its read timeout.
 SLOT_MARGIN_S = 2.0

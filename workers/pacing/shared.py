@@ -8,6 +8,8 @@ Key layout (one deployment's namespace, one target)::
     agent-outbox:pacing:{namespace}:{target}:slots             zset: holder -> lease expiry (us)
     agent-outbox:pacing:{namespace}:{target}:admitted          hash: calls admitted this second and the last
     agent-outbox:pacing:{namespace}:{target}:rate:lines        zset: tenant -> when its last call sent back returns (us)
+    agent-outbox:pacing:{namespace}:{target}:rate:active       zset: tenant -> until when it holds a turn or waits in line (us)
+    agent-outbox:pacing:{namespace}:{target}:rate:held:{t}     zset: the turns ahead tenant t holds (score: when each comes)
     agent-outbox:pacing:{namespace}:{target}:tenant:{t}:rate:lines   the same, for one tenant's own rate
 
 Rates are GCRA: a key holds one time, the "theoretical arrival time" (TAT) of the next call; a
@@ -15,6 +17,9 @@ call conforms when TAT - tolerance <= now, and moves TAT one interval on. Nothin
 worker that dies leaks nothing, and a key that expires (PX until its TAT) is the same as a full
 burst. A call that would conform within ``max_wait`` reserves its turn (TAT moves now) and sleeps
 until it, instead of asking again: one round trip per call, and callers never race for a turn.
+A tenant holds at most its share of the turns ahead (the next ``horizon``'s turns over the tenants
+active at the key), so a tenant arriving behind another's backlog finds its turn within the horizon;
+a call sent back waits in its tenant's line, not behind other tenants' calls.
 
 Concurrency is a sorted set of holders scored by their lease's end: expired holders are dropped
 before counting, so a worker killed while holding a slot leaks it only until its lease ends.
@@ -37,8 +42,8 @@ from workers.pacing.limits import Ask, PaceDecision
 KEY_PREFIX = "agent-outbox:pacing"
 
 # KEYS: processes, admitted, slots, rate keys... ARGV: process id, heartbeat ttl ms, max wait us,
-# slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, tenant, then
-# (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
+# slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, tenant,
+# share horizon us, then (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -51,7 +56,7 @@ local live = redis.call('ZCARD', KEYS[1])
 local wait, which, tats = 0, 0, {}
 local floor = tonumber(ARGV[7])
 for i = 4, #KEYS do
-  local j = 9 + (i - 4) * 2
+  local j = 10 + (i - 4) * 2
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   local w = math.max(tat - tonumber(ARGV[j + 1]) - now, floor)
@@ -59,20 +64,37 @@ for i = 4, #KEYS do
   tats[i] = tat
 end
 local max_wait = tonumber(ARGV[3])
--- While other tenants have calls sent back in line, a call waits in its thread only for its share
--- of the turns ahead (max_wait over the tenants waiting, itself included): a backlog cannot keep
--- every turn of the next second taken, so a call that comes back from another tenant's line finds
--- its turn free.
+local me = ARGV[8]
+local horizon = tonumber(ARGV[9])
+local nows = string.format('%.0f', now)
+-- Each tenant holds at most its share of the turns ahead: the turns of the next ``horizon`` over the
+-- tenants active at the key (holding turns ahead or waiting in line), itself included, at least one.
+-- A tenant alone holds the horizon's turns; a tenant arriving behind its backlog holds none, so its
+-- call takes the turn right after them (at most ``horizon`` away) instead of being sent back while
+-- the backlog keeps every turn of the next second taken.
 local others = 0
 for i = 4, #KEYS do
-  local lines = KEYS[i] .. ':lines'
-  redis.call('ZREMRANGEBYSCORE', lines, '-inf', string.format('%.0f', now))
-  local n = redis.call('ZCARD', lines)
-  if redis.call('ZSCORE', lines, ARGV[8]) then n = n - 1 end
+  local active = KEYS[i] .. ':active'
+  redis.call('ZREMRANGEBYSCORE', active, '-inf', nows)
+  local n = redis.call('ZCARD', active)
+  if redis.call('ZSCORE', active, me) then n = n - 1 end
   if n > others then others = n end
 end
-local may_wait = max_wait / (1 + others)
-if wait > may_wait then
+local over = false
+for i = 4, #KEYS do
+  local j = 10 + (i - 4) * 2
+  local held = KEYS[i] .. ':held:' .. me
+  redis.call('ZREMRANGEBYSCORE', held, '-inf', nows)
+  local share = math.max(1, math.ceil(horizon / tonumber(ARGV[j]) / (1 + others)))
+  if redis.call('ZCARD', held) >= share then over = true end
+end
+local function mark_active(key, untilt)
+  local active = key .. ':active'
+  redis.call('ZADD', active, 'GT', string.format('%.0f', untilt), me)
+  local last = redis.call('ZRANGE', active, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', active, math.ceil((tonumber(last[2]) - now) / 1000) + 1)
+end
+if wait > max_wait or (wait > 0 and over) then
   -- Sent back to the ledger: it comes back at its place in its tenant's line of calls sent back
   -- (none before its turn could come: now + wait, which the floor may set past the rate's own
   -- turn), so a backlog returns at the rate it can be sent instead of all at once, to be sent back
@@ -83,14 +105,16 @@ if wait > may_wait then
   -- is used; a line stepping by one interval per tenant waiting left turns unused once the other
   -- tenant's call had gone: 38/s of a 50/s limit in bench.fairness).
   local k = KEYS[which + 3]
-  local j = 9 + (which - 1) * 2
+  local j = 10 + (which - 1) * 2
   local lines = k .. ':lines'
-  local mine = tonumber(redis.call('ZSCORE', lines, ARGV[8]))
+  redis.call('ZREMRANGEBYSCORE', lines, '-inf', nows)
+  local mine = tonumber(redis.call('ZSCORE', lines, me))
   local q = now + wait
   if mine then q = math.max(mine + tonumber(ARGV[j]), q) end
-  redis.call('ZADD', lines, string.format('%.0f', q), ARGV[8])
+  redis.call('ZADD', lines, string.format('%.0f', q), me)
   local last = redis.call('ZRANGE', lines, -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', lines, math.ceil((tonumber(last[2]) - now) / 1000) + 1)
+  mark_active(k, q)
   return {1, math.ceil(q - now), which, live}
 end
 local slots = tonumber(ARGV[4])
@@ -106,9 +130,16 @@ if slots > 0 then
 end
 local send = now + wait
 for i = 4, #KEYS do
-  local j = 9 + (i - 4) * 2
+  local j = 10 + (i - 4) * 2
   local tat = math.max(tats[i], send) + tonumber(ARGV[j])
-  redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  local ttl = math.ceil((tat - now) / 1000) + 1
+  redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', ttl)
+  if wait > 0 then  -- a turn ahead, held by this tenant until it comes (the member: the turn's TAT, unique)
+    local held = KEYS[i] .. ':held:' .. me
+    redis.call('ZADD', held, string.format('%.0f', send), string.format('%.0f', tat))
+    redis.call('PEXPIRE', held, ttl)
+    mark_active(KEYS[i], send)
+  end
 end
 local sec = math.floor(now / 1000000)
 local seen = redis.call('HMGET', KEYS[2], 'sec', 'n')
@@ -179,6 +210,7 @@ class RedisPacing:
             _us(ask.slot_lease_s),
             _us(ask.not_before_s),
             ask.tenant,
+            _us(ask.horizon_s),
         ]
         for scope in ask.scopes:
             keys.append(self.key(ask.target, scope.key))

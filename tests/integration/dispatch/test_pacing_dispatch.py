@@ -16,6 +16,7 @@ from outbox.ledger.models import Operation
 from outbox.ledger.states import Status
 from tests.harness import REFUND_ARGS, actions_doc, max_in_any_window, pk, wait_for
 from workers.cli.main import main
+from workers.pacing.limits import SHARE_HORIZON_S
 from workers.service.breakers import board
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -96,3 +97,32 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
     assert main(["ops", "show", sent_back[0], "--tenant", "t1", "--json"]) == 0
     history = [e["reason"] for e in json.loads(capsys.readouterr().out)["history"]]
     assert any(r.startswith("attempt 1 not_sent: rate limit of target sandbox: 20/s") for r in history), history
+
+
+def test_another_tenant_is_not_put_behind_one_tenants_backlog_at_a_limited_target(pipe, sandbox):
+    # 50/s (burst 50), two workers: big's 300 intents are six seconds of turns, and big holds the
+    # turns of the next half second (SHARE_HORIZON_S), each in a call's thread. Two seconds in, small
+    # submits one. Its call takes the turn right after the ones big holds, not one behind a second of
+    # them or behind big's line of calls sent back: at the provider, at most the horizon's 25 of big's
+    # calls (and 10 for calls in flight and arrival jitter) arrive between small's submit and its call.
+    # The judge is the order of arrivals, not a time, so a slow machine cannot fail it; while big
+    # could hold a whole second's turns, 46-50 arrived in between, and with one line of calls sent back
+    # for every tenant, small waited behind the whole backlog (bench.fairness: 18-20 s behind 1,500).
+    rate = 50
+    pipe.write_actions(limited(sandbox.url, rate_limit={"per_s": rate, "burst": rate}))
+    pipe.start_worker("w1")
+    pipe.start_worker("w2")
+    pipe.start_relay()
+    big = [pipe.submit(f"big-{i:03d}", dict(REFUND_ARGS, order_id=f"b-{i}"), tenant="big") for i in range(300)]
+    wait_for(lambda: len(sandbox.requests(path="/v1/refunds", method="POST")) >= 2 * rate, 20, what="big's 2 s")
+    before = len(sandbox.requests(path="/v1/refunds", method="POST"))
+    small = pipe.submit("small-1", dict(REFUND_ARGS, order_id="s-1"), tenant="small")
+    wait_for(lambda: pipe.statuses([small.operation_id]) == {small.operation_id: "succeeded"}, 30, what="small")
+    keys = [r["idempotency_key"] for r in sandbox.requests(path="/v1/refunds", method="POST")]
+    between = keys.index(pk("small-1", "small")) - before
+    print(f"{between} of big's calls arrived between small's submit and its call")
+    assert between <= SHARE_HORIZON_S * rate + 10, f"{between} of big's calls went before small's"
+    wait_for(lambda: pipe.count(Status.SUCCEEDED.value) == len(big) + 1, 30, what="everything settled")
+    assert sorted(e["idempotency_key"] for e in sandbox.effects()) == sorted(
+        [pk(f"big-{i:03d}", "big") for i in range(300)] + [pk("small-1", "small")]
+    )

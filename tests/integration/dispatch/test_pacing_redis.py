@@ -261,25 +261,28 @@ def test_calls_sent_back_wait_in_their_tenants_line_not_behind_another_tenants_b
     assert isinstance(nxt, Deferred) and nxt.wait_s == pytest.approx(waits[-1] + 0.1, abs=0.03)
 
 
-def test_while_another_tenant_waits_in_line_a_call_waits_in_its_thread_only_for_its_share(
-    redis_url: str, namespace: str
-) -> None:
-    # 10/s, a burst of 2: big's next turn is 0.1 s away. Allowed 0.15 s, big waits for it alone; with
-    # small in line its share is 0.075 s (two tenants): back to its own line, the turn left for small.
-    answers = []
-    for small_in_line in (False, True):
-        pacer = Pacer(
+def test_a_tenant_holds_only_its_share_of_the_turns_ahead_across_processes(redis_url: str, namespace: str) -> None:
+    # 10/s, a burst of 2; the calls "sleep" without sleeping, so each holds its turn. big alone holds
+    # the next half second's turns (5 of 0.1 s) across two processes; its next call goes back to its
+    # line though it may wait a second. small, holding none, takes the next turn in its thread; then
+    # big's share is 3 of the 5 and its next call is sent back too.
+    sleeps = [Sleeps(), Sleeps()]
+    pacers = [
+        Pacer(
             limits(rate=Rate(10, 2)),
-            process_id="p1",
+            process_id=f"p{i}",
             redis_url=redis_url,
-            namespace=f"{namespace}:{small_in_line}",  # under the fixture's namespace: cleaned up with it
-            sleep=Sleeps(),
+            namespace=namespace,
+            sleep=sleeps[i],
             rng=lambda: 0.0,
         )
-        for _ in range(2):
-            assert isinstance(pacer.clear("pay", "big", max_wait_s=1.0), Cleared)
-        if small_in_line:
-            assert isinstance(pacer.clear("pay", "small", max_wait_s=0.0), Deferred)
-        answers.append(pacer.clear("pay", "big", max_wait_s=0.15))
-        pacer.close()
-    assert isinstance(answers[0], Cleared) and isinstance(answers[1], Deferred), answers
+        for i in (0, 1)
+    ]
+    big = [pacers[i % 2].clear("pay", "big", max_wait_s=1.0) for i in range(8)]
+    assert [isinstance(c, Cleared) for c in big] == [True] * 7 + [False], big
+    assert big[7].wait_s == pytest.approx(0.6, abs=0.05)
+    assert isinstance(pacers[1].clear("pay", "small", max_wait_s=1.0), Cleared)
+    assert sleeps[1].slept[-1] == pytest.approx(0.6, abs=0.05)
+    assert isinstance(pacers[0].clear("pay", "big", max_wait_s=1.0), Deferred)
+    for p in pacers:
+        p.close()
