@@ -92,6 +92,7 @@ SLOW = (
     "tests/integration/surfaces/test_mcp_tasks.py::test_tasks_over_streamable_http",
     "tests/integration/dispatch/test_one_request_per_key.py::test_a_purged_request_is_not_rebuilt_under_another_definition",
     "tests/integration/dispatch/test_one_request_per_key.py::test_a_retry_after_a_deploy_sends_the_first_request_again",
+    "tests/integration/dispatch/test_pacing_dispatch.py::test_another_tenant_is_not_put_behind_one_tenants_backlog_at_a_limited_target",
     "tests/integration/reconcile/test_reconcile.py::test_worker_killed_after_the_provider_committed",
     "tests/integration/reconcile/test_report.py::test_report_finds_planted_duplicate_and_orphan",
     "tests/integration/runs/test_runs.py::test_runs_submit_from_a_file_names_bad_fields_and_resubmits_the_same_run",
