@@ -246,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     result["a_shared_over_alone"] = round(result["shared"]["a_ops_per_s"] / result["alone"]["a_ops_per_s"], 3)
     result |= {"burst": args.burst, "trickle_s": args.trickle_s, "workers": args.workers, "label": args.label}
     result["rate_limit"] = args.rate_limit
+    if args.rate_limit:
+        # Issue 56's goal: behind the limit, B's p99 within 2 s plus one interval of the rate.
+        goal_s = 2.0 + 1.0 / args.rate_limit
+        p99 = result["shared"]["b_during_a_backlog"]["p99_s"]
+        result["goal"] = {"b_p99_at_most_s": round(goal_s, 3), "met": p99 <= goal_s}
     print(json.dumps(result, indent=2))
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"fairness-{time.strftime('%Y-%m-%d-%H%M')}{'-' + args.label if args.label else ''}.json"

@@ -23,8 +23,10 @@ process faults), claim latency at 10k and 1M finished rows, the HTTP API beside
 ``producer.submit`` (one and two server processes), the 10-minute soak (``bench.soak``, on a
 PostgreSQL cluster of its own with stock settings), overload at twice the fleet's capacity under
 the fault mix for 5 minutes (``bench.overload``), PostgreSQL's statements per operation
-(``bench.pg_statements``) and one fleet draining two ledgers, each in a cluster of its own, with
-the CPU per operation of each database (``bench.two_ledgers``).
+(``bench.pg_statements``), one fleet draining two ledgers, each in a cluster of its own, with
+the CPU per operation of each database (``bench.two_ledgers``), another tenant's latency behind one
+tenant's backlog at a 50/s target (``bench.fairness --rate-limit 50``) and a declared limit as the
+provider sees it (``bench.rate_limits``).
 
 Exits non-zero if any benchmark does. Figures: bench/README.md.
 """
@@ -89,6 +91,10 @@ FULL = [
     [sys.executable, "-m", "bench.overload"],
     [sys.executable, "-m", "bench.pg_statements"],
     [sys.executable, "-m", "bench.two_ledgers"],
+    # Fair behind a limit: one tenant's 1,500 behind a 50/s target, another's one a second; and the
+    # provider's view of a declared limit (never more than the rate plus its burst in a window).
+    [sys.executable, "-m", "bench.fairness", "--burst", "1500", "--trickle-s", "20", "--rate-limit", "50"],
+    [sys.executable, "-m", "bench.rate_limits"],
 ]
 
 
