@@ -155,18 +155,20 @@ def test_a_tenant_holds_only_its_share_of_the_turns_ahead_so_another_is_not_sent
     # The calls sleep in threads of their own: time does not move while they hold their turns.
     slept: list[float] = []
     p = Pacer(limits_of(parse_actions(doc)), process_id="p1", sleep=slept.append, clock=clock, rng=lambda: 0.0)
-    # 50/s, a burst of five: big alone holds the next half second's turns (SHARE_HORIZON_S: 25 of
-    # 20 ms), each in a thread waiting for it; its next call, though allowed to wait a second, goes
-    # back to its line.
-    big = [p.clear("payments", "big", max_wait_s=1.0) for _ in range(31)]
-    assert all(isinstance(c, Cleared) for c in big[:30])
-    assert isinstance(big[30], Deferred) and big[30].wait_s == pytest.approx(0.52)
-    # small arrives behind those turns: it holds none, so it takes the next one (0.52 s away) in its
-    # thread instead of being sent back for the second big's backlog would otherwise keep taken.
-    small = p.clear("payments", "small", max_wait_s=1.0)
-    assert isinstance(small, Cleared) and slept[-1] == pytest.approx(0.52)
-    # Two tenants active: big's share is 13 turns; it holds 25, so its next call is sent back too.
-    assert isinstance(p.clear("payments", "big", max_wait_s=1.0), Deferred)
+    # 50/s, a burst of five: big alone holds the next second's turns (SHARE_HORIZON_S: 50 of 20 ms),
+    # each in a thread waiting for it; its next call, though allowed to wait two seconds, goes back
+    # to its line.
+    big = [p.clear("payments", "big", max_wait_s=2.0) for _ in range(56)]
+    assert all(isinstance(c, Cleared) for c in big[:55])
+    assert isinstance(big[55], Deferred) and big[55].wait_s == pytest.approx(1.02)
+    # small arrives behind those turns: it holds none, so it takes the next one (1.02 s away, within
+    # REACH_S) in its thread instead of being sent back for the turns big keeps taken.
+    small = p.clear("payments", "small", max_wait_s=2.0)
+    assert isinstance(small, Cleared) and slept[-1] == pytest.approx(1.02)
+    # Two tenants active: big's share is 25 turns; it holds 50, so its next call is sent back too...
+    assert isinstance(p.clear("payments", "big", max_wait_s=2.0), Deferred)
+    # ... and small's next, holding one turn already, may wait only SHORT_WAIT_S: back to its line.
+    assert isinstance(p.clear("payments", "small", max_wait_s=2.0), Deferred)
 
 
 def test_no_free_slot_waits_briefly_then_goes_back_and_a_slot_given_back_serves_the_next() -> None:

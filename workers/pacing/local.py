@@ -52,13 +52,16 @@ class LocalPacing:
                 for tenant in [tenant for tenant, until in active.items() if until <= now]:
                     del active[tenant]
                 others = max(others, len(active) - (ask.tenant in active))
+            holds = False
             for scope in ask.scopes:
                 held = self._held.get((ask.target, scope.key, ask.tenant))
                 while held and held[0] <= now:
                     held.popleft()
                 share = max(1, math.ceil(ask.horizon_s / scope.rate.interval_s / (1 + others)))
                 over = over or len(held or ()) >= share
-            if wait > ask.max_wait_s or (wait > 0 and over):
+                holds = holds or bool(held)
+            may_wait = ask.max_wait_s if holds or wait <= floor else max(ask.max_wait_s, ask.reach_s)
+            if wait > may_wait or (wait > 0 and over):
                 assert held_by is not None
                 # Back to the ledger at its place in its tenant's line (shared.py says why).
                 lines = self._lines.setdefault((ask.target, held_by.key), {})

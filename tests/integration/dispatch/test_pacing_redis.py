@@ -263,9 +263,9 @@ def test_calls_sent_back_wait_in_their_tenants_line_not_behind_another_tenants_b
 
 def test_a_tenant_holds_only_its_share_of_the_turns_ahead_across_processes(redis_url: str, namespace: str) -> None:
     # 10/s, a burst of 2; the calls "sleep" without sleeping, so each holds its turn. big alone holds
-    # the next half second's turns (5 of 0.1 s) across two processes; its next call goes back to its
-    # line though it may wait a second. small, holding none, takes the next turn in its thread; then
-    # big's share is 3 of the 5 and its next call is sent back too.
+    # the next second's turns (10 of 0.1 s) across two processes; its next call goes back to its
+    # line though it may wait two seconds. small, holding none, takes the next turn in its thread;
+    # then big's share is 5 of the 10 and its next call is sent back too.
     sleeps = [Sleeps(), Sleeps()]
     pacers = [
         Pacer(
@@ -278,11 +278,11 @@ def test_a_tenant_holds_only_its_share_of_the_turns_ahead_across_processes(redis
         )
         for i in (0, 1)
     ]
-    big = [pacers[i % 2].clear("pay", "big", max_wait_s=1.0) for i in range(8)]
-    assert [isinstance(c, Cleared) for c in big] == [True] * 7 + [False], big
-    assert big[7].wait_s == pytest.approx(0.6, abs=0.05)
-    assert isinstance(pacers[1].clear("pay", "small", max_wait_s=1.0), Cleared)
-    assert sleeps[1].slept[-1] == pytest.approx(0.6, abs=0.05)
-    assert isinstance(pacers[0].clear("pay", "big", max_wait_s=1.0), Deferred)
+    big = [pacers[i % 2].clear("pay", "big", max_wait_s=2.0) for i in range(13)]
+    assert [isinstance(c, Cleared) for c in big] == [True] * 12 + [False], big
+    assert big[12].wait_s == pytest.approx(1.1, abs=0.05)
+    assert isinstance(pacers[1].clear("pay", "small", max_wait_s=2.0), Cleared)
+    assert sleeps[1].slept[-1] == pytest.approx(1.1, abs=0.05)
+    assert isinstance(pacers[0].clear("pay", "big", max_wait_s=2.0), Deferred)
     for p in pacers:
         p.close()
