@@ -446,8 +446,21 @@ class Pipeline:
         return wait_for(
             lambda: (op := self.op(operation_id)).status in statuses and op,
             timeout_s,
-            what=f"{operation_id} in {statuses} (now {self.op(operation_id).status})",
+            # Asked at the timeout (a string would say the status the wait began with).
+            what=lambda: f"{operation_id} in {statuses} ({self.story(operation_id)})",
         )
+
+    def story(self, operation_id: str) -> str:
+        """Where the operation is now and what each of its attempts came to, for a failure's message
+        (what the ledger says, or why it could not be read: a fault test's database may be down)."""
+        try:
+            said = [
+                f"{a.kind} {a.attempt_number} {a.attempt_class}" + (f" ({a.error[:160]})" if a.error else "")
+                for a in self.attempts(operation_id)
+            ]
+            return f"now {self.op(operation_id).status}; attempts: " + ("; ".join(said) or "none")
+        except Exception as exc:  # noqa: BLE001 - a message must not hide the timeout it explains
+            return f"the ledger could not be read: {type(exc).__name__}"
 
     # -- time as an input -----------------------------------------------------------------
     @property

@@ -31,6 +31,19 @@ ARGS = {"order_ref": "o-17", "amount_cents": 500, "note": "first"}
 # A replay's backoff long enough for the test to stop the fleet and deploy before it is due (the
 # test then moves the ledger's clock to it).
 SLOW_RETRY = {"max_attempts": 4, "deadline_s": 3600, "base_delay_s": 600, "max_delay_s": 600}
+# The sandbox is a thread of this test process; on a loaded machine it can answer a request more
+# than the default 1 s read timeout late. A retry timed out is ambiguous, and the action replays it
+# up to SLOW_RETRY's 600 s later: the operation stays not_dispatched (a CI failure, the same as a
+# 2 s stall of the sandbox's loop gives). These tests are about which request is sent under a key,
+# not about timeouts: 5 s to answer, and the time limits a worker then requires (its soft limit
+# above timeout + connect timeout; soft < hard < lease).
+ANSWER_S = 5.0
+ROOM_TO_ANSWER = {"OUTBOX_SOFT_TIME_LIMIT_S": "10", "OUTBOX_TIME_LIMIT_S": "12", "OUTBOX_LEASE_S": "30"}
+
+
+@pytest.fixture(autouse=True)
+def _room_to_answer(pipe: Any) -> None:
+    pipe.env.update(ROOM_TO_ANSWER)
 
 
 def _doc(sandbox: Any, *, deployed: bool, **over: Any) -> dict[str, Any]:
@@ -38,7 +51,7 @@ def _doc(sandbox: Any, *, deployed: bool, **over: Any) -> dict[str, Any]:
     built differently from the same arguments."""
     changed = {"decimal_args": ["amount_cents"], "request": {"method": "POST", "path": ORDERS, "query": {"v": "2"}}}
     orders = action(ORDERS, args=list(ARGS), **over, **(changed if deployed else {}))
-    return actions_doc(sandbox.url, actions={"orders.place": orders})
+    return actions_doc(sandbox.url, timeout_s=ANSWER_S, actions={"orders.place": orders})
 
 
 def _submit(pipe: Any, key: str) -> tuple[str, str]:
