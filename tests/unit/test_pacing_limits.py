@@ -152,23 +152,24 @@ def test_a_tenant_holds_only_its_share_of_the_turns_ahead_so_another_is_not_sent
     doc = copy.deepcopy(DOC)
     del doc["targets"]["payments"]["max_in_flight"]
     clock = Clock()
-    # The calls sleep in threads of their own: time does not move while they hold their turns.
+    # The calls sleep in threads of their own: time moves only when the test moves it.
     slept: list[float] = []
     p = Pacer(limits_of(parse_actions(doc)), process_id="p1", sleep=slept.append, clock=clock, rng=lambda: 0.0)
-    # 50/s, a burst of five: big alone holds the next second's turns (SHARE_HORIZON_S: 50 of 20 ms),
-    # each in a thread waiting for it; its next call, though allowed to wait two seconds, goes back
-    # to its line.
-    big = [p.clear("payments", "big", max_wait_s=2.0) for _ in range(56)]
-    assert all(isinstance(c, Cleared) for c in big[:55])
-    assert isinstance(big[55], Deferred) and big[55].wait_s == pytest.approx(1.02)
-    # small arrives behind those turns: it holds none, so it takes the next one (1.02 s away, within
-    # REACH_S) in its thread instead of being sent back for the turns big keeps taken.
-    small = p.clear("payments", "small", max_wait_s=2.0)
-    assert isinstance(small, Cleared) and slept[-1] == pytest.approx(1.02)
-    # Two tenants active: big's share is 25 turns; it holds 50, so its next call is sent back too...
-    assert isinstance(p.clear("payments", "big", max_wait_s=2.0), Deferred)
-    # ... and small's next, holding one turn already, may wait only SHORT_WAIT_S: back to its line.
-    assert isinstance(p.clear("payments", "small", max_wait_s=2.0), Deferred)
+    # 50/s, a burst of five: big alone holds the next 0.8 s's turns (SHARE_HORIZON_S: 40 of 20 ms),
+    # each in a thread waiting for it; its next call, though its turn (0.82 s) is within the second
+    # it may wait, goes back to its line.
+    big = [p.clear("payments", "big", max_wait_s=1.0) for _ in range(46)]
+    assert all(isinstance(c, Cleared) for c in big[:45])
+    assert isinstance(big[45], Deferred) and big[45].wait_s == pytest.approx(0.82)
+    # small arrives behind those turns: it holds none, so it takes the next one (0.82 s away) in its
+    # thread instead of being sent back for the turns big keeps taken.
+    small = p.clear("payments", "small", max_wait_s=1.0)
+    assert isinstance(small, Cleared) and slept[-1] == pytest.approx(0.82)
+    # Two tenants active: big's share is 20 turns. 0.3 s on, it still holds 25 (its next turn 0.54 s
+    # away, well within its wait): sent back all the same, the turns left for others.
+    clock.now += 0.3
+    later = p.clear("payments", "big", max_wait_s=1.0)
+    assert isinstance(later, Deferred) and later.wait_s == pytest.approx(0.84 - 0.3)
 
 
 def test_no_free_slot_waits_briefly_then_goes_back_and_a_slot_given_back_serves_the_next() -> None:

@@ -17,10 +17,12 @@ from workers.provider.targets import TargetConfig
 LimitKind = Literal["rate", "concurrency"]
 
 # A tenant holds at most its share of this long's turns ahead, shared by the tenants holding turns
-# or waiting in line at the target (shared.py): alone, a tenant's calls wait in their threads for
-# up to this many seconds' turns (fewer trips through the ledger; shorter left turns unused when
-# calls sent back return in clumps, one per relay tick: 33/s of a 50/s limit with half a second).
-SHARE_HORIZON_S = 1.0
+# or waiting in line at the target (shared.py). Alone, a tenant's calls wait in their threads for up
+# to this many seconds' turns: fewer trips through the ledger, and enough turns to cover the gaps
+# while calls sent back return in clumps, one per relay tick (half a second gave a single tenant
+# 33/s of a 50/s limit). A tenant arriving behind another's held turns finds its own next turn
+# within a call's wait in its thread (pacer.py SHORT_WAIT_S, 1 s): it is not sent back for them.
+SHARE_HORIZON_S = 0.8
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Ask:
     no concurrency limit), the slot's holder id and lease, and how long it may wait in its thread.
     ``not_before_s``: no rate gives a turn sooner than this from now (a switch of limiter lets the
     turns the other one handed out pass first). ``tenant``: whose call it is; ``horizon_s``: a tenant
-    holds at most its share of this long's turns ahead; ``reach_s``: see below."""
+    holds at most its share of this long's turns ahead."""
 
     target: str
     scopes: list[RateScope]
@@ -132,9 +134,6 @@ class Ask:
     not_before_s: float = 0.0
     tenant: str = ""  # whose call: a call sent back takes its place in its tenant's line
     horizon_s: float = SHARE_HORIZON_S
-    # A call of a tenant holding no turn ahead may wait this long for a rate's turn (at least
-    # max_wait_s): a tenant arriving behind another's held turns takes the next one in its thread.
-    reach_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,10 @@ from collections.abc import Callable
 from workers.pacing.limits import Ask, PaceDecision
 
 
+def _us(seconds: float) -> int:
+    return max(0, round(seconds * 1_000_000))
+
+
 class LocalPacing:
     """One process's limiters, by the same key names as the shared ones."""
 
@@ -44,29 +48,28 @@ class LocalPacing:
                 if w > wait:
                     wait, held_by = w, scope
                 tats.append(tat)
-            # A tenant holds at most its share of the turns ahead (shared.py says why).
+            # A tenant holds at most its share of each key's turns ahead (shared.py says why).
             over = False
-            others = 0
             for scope in ask.scopes:
                 active = self._active.get((ask.target, scope.key), {})
                 for tenant in [tenant for tenant, until in active.items() if until <= now]:
                     del active[tenant]
-                others = max(others, len(active) - (ask.tenant in active))
-            holds = False
-            for scope in ask.scopes:
+                others = len(active) - (ask.tenant in active)
                 held = self._held.get((ask.target, scope.key, ask.tenant))
                 while held and held[0] <= now:
                     held.popleft()
-                share = max(1, math.ceil(ask.horizon_s / scope.rate.interval_s / (1 + others)))
+                # In whole microseconds, as Redis divides (shared.py): the same share on both.
+                turns = _us(ask.horizon_s) / max(1, _us(scope.rate.interval_s))
+                share = max(1, math.ceil(turns / (1 + others)))
                 over = over or len(held or ()) >= share
-                holds = holds or bool(held)
-            may_wait = ask.max_wait_s if holds or wait <= floor else max(ask.max_wait_s, ask.reach_s)
-            if wait > may_wait or (wait > 0 and over):
+            if wait > ask.max_wait_s or (wait > 0 and over):
                 assert held_by is not None
                 # Back to the ledger at its place in its tenant's line (shared.py says why).
                 lines = self._lines.setdefault((ask.target, held_by.key), {})
+                for tenant in [tenant for tenant, back in lines.items() if back <= now]:
+                    del lines[tenant]
                 back = now + wait
-                if (mine := lines.get(ask.tenant)) is not None and mine > now:
+                if (mine := lines.get(ask.tenant)) is not None:
                     back = max(mine + held_by.rate.interval_s, back)
                 lines[ask.tenant] = back
                 self._mark_active(ask.target, held_by.key, ask.tenant, back)
@@ -81,9 +84,12 @@ class LocalPacing:
             send = now + wait
             for scope, tat in zip(ask.scopes, tats):
                 self._tats[(ask.target, scope.key)] = max(tat, send) + scope.rate.interval_s
+                held_key = (ask.target, scope.key, ask.tenant)
                 if wait > 0:  # a turn ahead, held by this tenant until it comes
-                    self._held.setdefault((ask.target, scope.key, ask.tenant), deque()).append(send)
+                    self._held.setdefault(held_key, deque()).append(send)
                     self._mark_active(ask.target, scope.key, ask.tenant, send)
+                elif not self._held.get(held_key, True):
+                    del self._held[held_key]  # every turn it held has come: the tenant is forgotten
             return PaceDecision(True, wait, scope=held_by)
 
     def _mark_active(self, target: str, key: str, tenant: str, until: float) -> None:

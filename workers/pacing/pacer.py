@@ -9,9 +9,9 @@
 
 A call over a limit waits in its thread when its turn comes within ``max_wait_s`` (its turn is
 reserved, so it never asks twice for a rate); a longer wait is the caller's to schedule in the
-ledger. A tenant holds at most its share of the next SHARE_HORIZON_S's turns (shared.py), and a call
-of a tenant holding none may wait up to REACH_S, so a tenant behind another's backlog is not sent
-back for the turns that backlog holds. A target without limits costs nothing: no lock, no Redis.
+ledger. A tenant holds at most its share of the next SHARE_HORIZON_S's turns (shared.py), less than
+SHORT_WAIT_S, so a tenant behind another's backlog is not sent back for the turns that backlog holds.
+A target without limits costs nothing: no lock, no Redis.
 
 Where the limits are counted:
 
@@ -25,7 +25,7 @@ Where the limits are counted:
   short, so the processes come back within that of each other, each still on its share meanwhile).
 
 A switch either way lets the turns the other limiter handed out go first: those are at most
-SHORT_WAIT_S ahead (and one per tenant up to REACH_S), so for SHORT_WAIT_S after Redis is found away the local limiter gives no rate
+SHORT_WAIT_S ahead, so for SHORT_WAIT_S after Redis is found away the local limiter gives no rate
 turn. Coming back, Redis gives none for SHORT_WAIT_S + ``redis_retry_s``: the process back first is
 ahead of the others by up to ``redis_retry_s`` (each finds Redis back on its own next try; a try that
 fails by timing out, not by a refused connection, adds its connect timeout), and each of them hands
@@ -67,10 +67,7 @@ _STORAGE_ERRORS = (RedisError, OSError)
 # ledger (where it is visible and fair), long enough that a call one turn behind never pays a trip
 # through the ledger (a claim and a finalize) to wait 50 ms.
 SHORT_WAIT_S = 1.0
-# A call of a tenant that holds no turn ahead may wait this long for a rate's turn: behind another
-# tenant's held turns (at most SHARE_HORIZON_S of them) it takes the next one in its thread instead
-# of a trip through the ledger. One such turn per tenant lies beyond SHORT_WAIT_S.
-REACH_S = SHORT_WAIT_S + SHARE_HORIZON_S
+assert SHARE_HORIZON_S < SHORT_WAIT_S  # a tenant behind another's turns ahead waits for them in its thread
 # A concurrency slot is leased for the call's timeouts plus this: the finalize after the answer
 # needs no slot, but a call's answer may come a little after its read timeout.
 SLOT_MARGIN_S = 2.0
@@ -152,14 +149,12 @@ class Pacer:
         if limits is None:
             return Cleared(target)
         budget = max(0.0, min(max_wait_s, SHORT_WAIT_S))
-        reach = max(budget, min(max_wait_s, REACH_S))
         start = self._clock()
         holder = uuid.uuid4().hex if limits.max_in_flight is not None else None
         polled = False  # waited for a free slot
         while True:
-            elapsed = self._clock() - start
-            left = max(0.0, budget - elapsed)
-            decision, storage, pause_s = self._ask(limits, tenant, holder or "", left, max(0.0, reach - elapsed))
+            left = max(0.0, budget - (self._clock() - start))
+            decision, storage, pause_s = self._ask(limits, tenant, holder or "", left)
             if decision.go:
                 if decision.wait_s > 0:
                     self._sleep(decision.wait_s)
@@ -214,7 +209,7 @@ class Pacer:
 
     # -- internals ---------------------------------------------------------------------------
     def _ask(
-        self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float, reach_s: float
+        self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float
     ) -> tuple[PaceDecision, Literal["redis", "local"], float]:
         """The decision, where it was asked, and the pause after Redis came back still ahead then."""
         if self._shared is not None and self._use_shared():
@@ -222,7 +217,7 @@ class Pacer:
                 # Coming back (or just back): the local turns handed out go first, this process's and
                 # those of the others still on their shares (module docstring).
                 back_at = self._clock() if self._degraded else self._back_at
-                ask = self._asking(limits, tenant, holder, max_wait_s, reach_s, 1)
+                ask = self._asking(limits, tenant, holder, max_wait_s, 1)
                 ask = replace(ask, not_before_s=max(0.0, back_at + self._return_hold_s - self._clock()))
                 decision = self._shared.acquire(ask)
             except _STORAGE_ERRORS as exc:
@@ -231,19 +226,14 @@ class Pacer:
                 self._seen_live = decision.live or self._seen_live
                 self._leave_degraded()
                 return decision, "redis", ask.not_before_s
-        ask = self._asking(limits, tenant, holder, max_wait_s, reach_s, self._share())
-        return self._local.acquire(ask), "local", 0.0
+        return self._local.acquire(self._asking(limits, tenant, holder, max_wait_s, self._share())), "local", 0.0
 
-    def _asking(
-        self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float, reach_s: float, share: int
-    ) -> Ask:
+    def _asking(self, limits: TargetLimits, tenant: str, holder: str, max_wait_s: float, share: int) -> Ask:
         scopes = limits.scopes_for(tenant)
         if share > 1:
             scopes = [scope.shared_by(share) for scope in scopes]
-        lease = max(max_wait_s, reach_s) + limits.call_s + SLOT_MARGIN_S
-        return Ask(
-            limits.target, scopes, limits.slots(share), holder, max_wait_s, lease, tenant=tenant, reach_s=reach_s
-        )
+        lease = max_wait_s + limits.call_s + SLOT_MARGIN_S
+        return Ask(limits.target, scopes, limits.slots(share), holder, max_wait_s, lease, tenant=tenant)
 
     def _share(self) -> int:
         """How many processes this one shares each limit with, without a common counter."""

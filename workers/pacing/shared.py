@@ -43,7 +43,7 @@ KEY_PREFIX = "agent-outbox:pacing"
 
 # KEYS: processes, admitted, slots, rate keys... ARGV: process id, heartbeat ttl ms, max wait us,
 # slots (0: no concurrency limit), holder, slot lease us, no turn before this many us from now, tenant,
-# share horizon us, reach us (the wait allowed to a tenant holding no turn), then (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
+# share horizon us, then (interval us, tolerance us) per rate key -> {code (0 go, 1 rate, 2 concurrency), wait us, the rate that set the wait (1-based; 0 none), live}
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -56,7 +56,7 @@ local live = redis.call('ZCARD', KEYS[1])
 local wait, which, tats = 0, 0, {}
 local floor = tonumber(ARGV[7])
 for i = 4, #KEYS do
-  local j = 11 + (i - 4) * 2
+  local j = 10 + (i - 4) * 2
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   local w = math.max(tat - tonumber(ARGV[j + 1]) - now, floor)
@@ -67,40 +67,31 @@ local max_wait = tonumber(ARGV[3])
 local me = ARGV[8]
 local horizon = tonumber(ARGV[9])
 local nows = string.format('%.0f', now)
--- Each tenant holds at most its share of the turns ahead: the turns of the next ``horizon`` over the
--- tenants active at the key (holding turns ahead or waiting in line), itself included, at least one.
--- A tenant alone holds the horizon's turns; a tenant arriving behind its backlog holds none, so its
--- call takes the turn right after them (``reach`` covers the horizon) instead of being sent back
--- while the backlog keeps every turn of the next second taken.
-local others = 0
+-- Each tenant holds at most its share of a key's turns ahead: the turns of the next ``horizon`` over
+-- the tenants active at that key (holding turns ahead or waiting in line), itself included, at
+-- least one. A tenant alone holds the horizon's turns; a tenant arriving behind its backlog holds
+-- none, so its call takes the turn right after them, within its wait in its thread (the horizon is
+-- shorter), instead of being sent back while the backlog keeps every turn of the next second taken.
+local over = false
 for i = 4, #KEYS do
+  local j = 10 + (i - 4) * 2
   local active = KEYS[i] .. ':active'
   redis.call('ZREMRANGEBYSCORE', active, '-inf', nows)
-  local n = redis.call('ZCARD', active)
-  if redis.call('ZSCORE', active, me) then n = n - 1 end
-  if n > others then others = n end
-end
-local over, holds = false, false
-for i = 4, #KEYS do
-  local j = 11 + (i - 4) * 2
+  local others = redis.call('ZCARD', active)
+  if redis.call('ZSCORE', active, me) then others = others - 1 end
   local held = KEYS[i] .. ':held:' .. me
   redis.call('ZREMRANGEBYSCORE', held, '-inf', nows)
   local share = math.max(1, math.ceil(horizon / tonumber(ARGV[j]) / (1 + others)))
-  local n = redis.call('ZCARD', held)
-  if n >= share then over = true end
-  if n > 0 then holds = true end
+  if redis.call('ZCARD', held) >= share then over = true end
 end
--- A tenant holding no turn may wait up to ``reach`` for a rate's turn (not for the floor: the turns
--- another limiter handed out still pass first, from the ledger).
-local may_wait = max_wait
-if not holds and wait > floor then may_wait = math.max(max_wait, tonumber(ARGV[10])) end
 local function mark_active(key, untilt)
   local active = key .. ':active'
-  redis.call('ZADD', active, 'GT', string.format('%.0f', untilt), me)
+  local was = tonumber(redis.call('ZSCORE', active, me))
+  if not was or untilt > was then redis.call('ZADD', active, string.format('%.0f', untilt), me) end
   local last = redis.call('ZRANGE', active, -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', active, math.ceil((tonumber(last[2]) - now) / 1000) + 1)
 end
-if wait > may_wait or (wait > 0 and over) then
+if wait > max_wait or (wait > 0 and over) then
   -- Sent back to the ledger: it comes back at its place in its tenant's line of calls sent back
   -- (none before its turn could come: now + wait, which the floor may set past the rate's own
   -- turn), so a backlog returns at the rate it can be sent instead of all at once, to be sent back
@@ -111,7 +102,7 @@ if wait > may_wait or (wait > 0 and over) then
   -- is used; a line stepping by one interval per tenant waiting left turns unused once the other
   -- tenant's call had gone: 38/s of a 50/s limit in bench.fairness).
   local k = KEYS[which + 3]
-  local j = 11 + (which - 1) * 2
+  local j = 10 + (which - 1) * 2
   local lines = k .. ':lines'
   redis.call('ZREMRANGEBYSCORE', lines, '-inf', nows)
   local mine = tonumber(redis.call('ZSCORE', lines, me))
@@ -136,7 +127,7 @@ if slots > 0 then
 end
 local send = now + wait
 for i = 4, #KEYS do
-  local j = 11 + (i - 4) * 2
+  local j = 10 + (i - 4) * 2
   local tat = math.max(tats[i], send) + tonumber(ARGV[j])
   local ttl = math.ceil((tat - now) / 1000) + 1
   redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', ttl)
@@ -217,7 +208,6 @@ class RedisPacing:
             _us(ask.not_before_s),
             ask.tenant,
             _us(ask.horizon_s),
-            _us(ask.reach_s),
         ]
         for scope in ask.scopes:
             keys.append(self.key(ask.target, scope.key))

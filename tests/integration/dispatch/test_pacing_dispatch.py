@@ -101,14 +101,12 @@ def test_two_workers_keep_to_a_targets_rate_together(pipe, sandbox, monkeypatch,
 
 def test_another_tenant_is_not_put_behind_one_tenants_backlog_at_a_limited_target(pipe, sandbox):
     # 50/s (burst 50), two workers: big's 300 intents are six seconds of turns, and big holds the
-    # turns of the next second (SHARE_HORIZON_S), each in a call's thread. Two seconds in, small
-    # submits one. Its call takes the turn right after the ones big holds, in its thread (it holds
-    # none: REACH_S), never sent back to wait behind big's line of calls sent back: at the provider,
-    # at most the horizon's 50 of big's calls (and 10 for calls in flight and arrival jitter) arrive
-    # between small's submit and its call. The judge is the order of arrivals, not a time, so a slow
-    # machine cannot fail it. (With one line of calls sent back for every tenant, small's call, sent
-    # back whenever big held more than a second, waited behind the whole backlog: bench.fairness,
-    # 18-20 s behind 1,500. The unit and Redis tests of the share are the ones that fail without it.)
+    # turns of the next 0.8 s (SHARE_HORIZON_S), each in a call's thread. Two seconds in, small
+    # submits one. Its call takes the turn right after the ones big holds, in its thread: never sent
+    # back to wait in the ledger (with one line for every tenant, a call sent back waited behind the
+    # whole backlog: bench.fairness, 18-20 s behind 1,500). At the provider, the calls of big's that
+    # arrive between small's submit and its call are the ones big held, plus those cleared while
+    # small's intent went from the submit to its claim (50/s of that latency): bounded loosely.
     rate = 50
     pipe.write_actions(limited(sandbox.url, rate_limit={"per_s": rate, "burst": rate}))
     pipe.start_worker("w1")
@@ -122,8 +120,8 @@ def test_another_tenant_is_not_put_behind_one_tenants_backlog_at_a_limited_targe
     keys = [r["idempotency_key"] for r in sandbox.requests(path="/v1/refunds", method="POST")]
     between = keys.index(pk("small-1", "small")) - before
     print(f"{between} of big's calls arrived between small's submit and its call")
-    assert between <= SHARE_HORIZON_S * rate + 10, f"{between} of big's calls went before small's"
     assert [a.attempt_class for a in pipe.attempts(small.operation_id)] == ["succeeded"]  # never sent back
+    assert between <= SHARE_HORIZON_S * rate + 30, f"{between} of big's calls went before small's"
     wait_for(lambda: pipe.count(Status.SUCCEEDED.value) == len(big) + 1, 30, what="everything settled")
     assert sorted(e["idempotency_key"] for e in sandbox.effects()) == sorted(
         [pk(f"big-{i:03d}", "big") for i in range(300)] + [pk("small-1", "small")]
