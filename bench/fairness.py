@@ -143,8 +143,8 @@ def _pct(xs: list[float], p: float) -> float:
 def _summary(xs: list[float]) -> dict[str, Any]:
     return {
         "n": len(xs),
-        "p50_s": round(_pct(xs, 50), 3),
-        "p99_s": round(_pct(xs, 99), 3),
+        "p50_s": round(_pct(xs, 50), 3) if xs else None,
+        "p99_s": round(_pct(xs, 99), 3) if xs else None,
         "max_s": round(max(xs), 3) if xs else None,
         "mean_s": round(statistics.fmean(xs), 3) if xs else None,
     }
@@ -249,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate_limit:
         # Issue 56's goal: behind the limit, B's p99 within 2 s plus one interval of the rate.
         goal_s = 2.0 + 1.0 / args.rate_limit
-        p99 = result["shared"]["b_during_a_backlog"]["p99_s"]
-        result["goal"] = {"b_p99_at_most_s": round(goal_s, 3), "met": p99 <= goal_s}
+        during = result["shared"]["b_during_a_backlog"]
+        # None: none of B's intents came while A's backlog was there (the run says nothing).
+        met = None if not during["n"] else during["p99_s"] <= goal_s
+        result["goal"] = {"b_p99_at_most_s": round(goal_s, 3), "met": met}
     print(json.dumps(result, indent=2))
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"fairness-{time.strftime('%Y-%m-%d-%H%M')}{'-' + args.label if args.label else ''}.json"

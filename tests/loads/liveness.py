@@ -455,7 +455,7 @@ def run_liveness(
                 last_print = now
                 _log(f"{dict(counts)} due={due} queued={queued}", verbose)
             time.sleep(SAMPLE_S)
-        result.scale.wall_s = (quiet.since or time.monotonic()) - started  # quiet from when it began to hold
+        result.scale.wall_s = (quiet.began or time.monotonic()) - started  # to when the quiet that held began
         cpu.__exit__()
         result.cpu_s = cpu.seconds
         result.redis_calls = _redis_calls(redis.url)

@@ -221,13 +221,21 @@ class QuietHold:
     between the check's two reads."""
 
     since: float | None = None
+    began: float | None = None  # when the quiet that held began (None: it never held)
 
     def held(self, sessions: sessionmaker[Session], *, busy: int, now: float) -> bool:
-        if busy or _unapplied_late_successes(sessions):
+        try:
+            unquiet = busy or _unapplied_late_successes(sessions)
+        except Exception:  # noqa: BLE001 - the ledger is restarting: not quiet yet
+            unquiet = True
+        if unquiet:
             self.since = None
             return False
         self.since = now if self.since is None else self.since
-        return now - self.since >= QUIET_HOLD_S
+        if now - self.since < QUIET_HOLD_S:
+            return False
+        self.began = self.since
+        return True
 
 
 def _log(msg: str, verbose: bool) -> None:
@@ -436,7 +444,7 @@ def run_scale_proof(
                 last_print = now
                 _log(f"{dict(counts)}", verbose)
             time.sleep(0.1)
-        result.wall_s = (quiet.since or time.monotonic()) - started  # quiet from when it began to hold
+        result.wall_s = (quiet.began or time.monotonic()) - started  # to when the quiet that held began
         submitter.join(30)
         if submitter.errors:
             result.violations.append(f"submit failed: {submitter.errors[0]!r}")
