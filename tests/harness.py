@@ -234,6 +234,8 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 # For tests that move the ledger's clock (Pipeline.advance_ledger_clock) to run leases out: a
 # lease that never runs out by itself while a test lasts, so only the move can have expired it.
 CLOCK_LEASE = {"OUTBOX_LEASE_S": "60"}
+# A reconciler that looks operations up within a second and is not short of lookups.
+FAST_LOOKUPS = {"OUTBOX_RECONCILE_MAX_DELAY_S": "1", "OUTBOX_RECONCILE_MAX_LOOKUPS": "200"}
 
 REFUND_ARGS = {"order_id": "o-1", "amount": "12.50", "currency": "EUR", "reason": "damaged"}
 

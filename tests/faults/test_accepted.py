@@ -18,13 +18,12 @@ from collections import Counter
 import pytest
 
 from tests.faults.test_dispatch_faults import error_lines, holds
-from tests.harness import CLOCK_LEASE, REFUND_ARGS, action, actions_doc, pk, wait_for
+from tests.harness import CLOCK_LEASE, FAST_LOOKUPS, REFUND_ARGS, action, actions_doc, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 N = 12
 PROCESSING_S = 300  # the sandbox's clock is moved past it; nothing finishes by waiting
-FAST_LOOKUPS = {"OUTBOX_RECONCILE_MAX_DELAY_S": "1", "OUTBOX_RECONCILE_MAX_LOOKUPS": "200"}
 
 
 def _keys() -> list[str]:

@@ -19,12 +19,11 @@ from collections import Counter
 import pytest
 
 from outbox.reads.report import state_contradictions
-from tests.harness import CLOCK_LEASE, REFUND_ARGS, pk, wait_for
+from tests.harness import CLOCK_LEASE, FAST_LOOKUPS, REFUND_ARGS, pk, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 N = 30  # three doorbells of ten (the default doorbell_batch)
-FAST_LOOKUPS = {"OUTBOX_RECONCILE_MAX_DELAY_S": "1", "OUTBOX_RECONCILE_MAX_LOOKUPS": "200"}
 
 
 def test_a_worker_killed_with_completions_pending_loses_and_doubles_nothing(pipe, sandbox):

@@ -47,6 +47,13 @@ class Clock:
         self.now += seconds
 
 
+def rate_only() -> dict[str, Any]:
+    """DOC with payments held to its rates alone (no concurrency limit)."""
+    doc = copy.deepcopy(DOC)
+    del doc["targets"]["payments"]["max_in_flight"]
+    return doc
+
+
 def pacer(clock: Clock, doc: dict[str, Any] = DOC) -> Pacer:
     return Pacer(limits_of(parse_actions(doc)), process_id="p1", sleep=clock.sleep, clock=clock, rng=lambda: 0.0)
 
@@ -98,8 +105,7 @@ def test_actions_check_reports_a_bad_limit(tmp_path: Path, capsys: pytest.Captur
 
 def test_a_burst_goes_at_once_then_one_interval_apart_each_turn_reserved() -> None:
     clock = Clock()
-    doc = copy.deepcopy(DOC)
-    del doc["targets"]["payments"]["max_in_flight"]
+    doc = rate_only()
     p = pacer(clock, doc)
     # Five at once (the burst); each next one is given the turn one interval (20 ms at 50/s) after
     # the last, and sleeps to it: it never asks twice.
@@ -133,8 +139,7 @@ def test_a_wait_longer_than_allowed_goes_back_to_the_ledger_naming_the_limit() -
 
 def test_calls_sent_back_take_their_place_in_their_tenants_line_so_tenants_share_the_turns() -> None:
     clock = Clock()
-    doc = copy.deepcopy(DOC)
-    del doc["targets"]["payments"]["max_in_flight"]
+    doc = rate_only()
     p = pacer(clock, doc)
     # big's backlog: five go (the burst), fifty are sent back one turn (20 ms at 50/s) after another.
     big = [p.clear("payments", "big", max_wait_s=0.0) for _ in range(55)]
@@ -149,8 +154,7 @@ def test_calls_sent_back_take_their_place_in_their_tenants_line_so_tenants_share
 
 
 def test_a_tenant_holds_only_its_share_of_the_turns_ahead_so_another_is_not_sent_back() -> None:
-    doc = copy.deepcopy(DOC)
-    del doc["targets"]["payments"]["max_in_flight"]
+    doc = rate_only()
     clock = Clock()
     # The calls sleep in threads of their own: time moves only when the test moves it.
     slept: list[float] = []

@@ -25,6 +25,11 @@ LimitKind = Literal["rate", "concurrency"]
 SHARE_HORIZON_S = 0.8
 
 
+def whole_us(seconds: float) -> int:
+    """Seconds as whole microseconds, as both limiters count time (Redis's script takes integers)."""
+    return max(0, round(seconds * 1_000_000))
+
+
 @dataclass(frozen=True)
 class Rate:
     """``per_s`` requests a second, up to ``burst`` at once (GCRA: emission interval 1/per_s, and a

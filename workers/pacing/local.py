@@ -11,11 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from workers.pacing.limits import Ask, PaceDecision
-
-
-def _us(seconds: float) -> int:
-    return max(0, round(seconds * 1_000_000))
+from workers.pacing.limits import Ask, PaceDecision, whole_us
 
 
 class LocalPacing:
@@ -59,7 +55,7 @@ class LocalPacing:
                 while held and held[0] <= now:
                     held.popleft()
                 # In whole microseconds, as Redis divides (shared.py): the same share on both.
-                turns = _us(ask.horizon_s) / max(1, _us(scope.rate.interval_s))
+                turns = whole_us(ask.horizon_s) / max(1, whole_us(scope.rate.interval_s))
                 share = max(1, math.ceil(turns / (1 + others)))
                 over = over or len(held or ()) >= share
             if wait > ask.max_wait_s or (wait > 0 and over):

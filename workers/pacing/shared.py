@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import redis
 
-from workers.pacing.limits import Ask, PaceDecision
+from workers.pacing.limits import Ask, PaceDecision, whole_us
 
 KEY_PREFIX = "agent-outbox:pacing"
 
@@ -177,10 +177,6 @@ class Reading:
     in_flight: int
 
 
-def _us(seconds: float) -> int:
-    return max(0, round(seconds * 1_000_000))
-
-
 class RedisPacing:
     """The fleet's limits in one Redis, under one deployment's namespace."""
 
@@ -201,17 +197,17 @@ class RedisPacing:
         args: list[str | int] = [
             self._process_id,
             round(HEARTBEAT_S * 1000),
-            _us(ask.max_wait_s),
+            whole_us(ask.max_wait_s),
             ask.slots or 0,
             ask.holder,
-            _us(ask.slot_lease_s),
-            _us(ask.not_before_s),
+            whole_us(ask.slot_lease_s),
+            whole_us(ask.not_before_s),
             ask.tenant,
-            _us(ask.horizon_s),
+            whole_us(ask.horizon_s),
         ]
         for scope in ask.scopes:
             keys.append(self.key(ask.target, scope.key))
-            args += [_us(scope.rate.interval_s), _us(scope.rate.tolerance_s)]
+            args += [whole_us(scope.rate.interval_s), whole_us(scope.rate.tolerance_s)]
         code, wait_us, which, live = self._acquire(keys=keys, args=args)
         wait_s, live = int(wait_us) / 1_000_000, int(live)
         held_by = ask.scopes[int(which) - 1] if int(which) > 0 else None

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.harness import action, actions_doc, wait_for
+from tests.harness import FAST_LOOKUPS, action, actions_doc, wait_for
 from tests.integration.surfaces.test_mcp import _stdio
 from tests.integration.surfaces.test_mcp_tasks import call_task, get_task, task_result
 
@@ -28,7 +28,6 @@ REFUND = "payments.refund.create"
 ARGS = {"order_id": "o-81", "amount": "5.00", "currency": "EUR", "reason": "damaged"}
 SCOPE = "conv-7"
 # The tasks helpers (test_mcp_tasks.py) send this conversation's scope.
-FAST_LOOKUPS = {"OUTBOX_RECONCILE_MAX_DELAY_S": "1", "OUTBOX_RECONCILE_MAX_LOOKUPS": "200"}
 
 
 def _actions(pipe: Any, sandbox: Any) -> None:
