@@ -33,7 +33,7 @@ TOP = """
 SELECT calls, rows, total_exec_time, mean_exec_time, plans, total_plan_time,
        regexp_replace(query, '\\s+', ' ', 'g') AS query
 FROM pg_stat_statements
-WHERE calls >= %(min_calls)s AND query NOT ILIKE '%%pg_stat_statements%%'
+WHERE (calls >= %(min_calls)s OR rows >= %(min_calls)s) AND query NOT ILIKE '%%pg_stat_statements%%'
 ORDER BY total_exec_time DESC
 """
 
@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive", "--tag", "pg-statements"]
         cmd += ["--submit-batch", str(a.submit_batch)] if a.submit_batch != 1 else []
         print("$", " ".join(cmd[1:]), flush=True)
-        done = subprocess.run(cmd, cwd=ROOT, env=os.environ | {"OUTBOX_BENCH_PG_URL": admin}, text=True)
+        stats = ROOT / "bench" / "results" / f".table-stats-{os.getpid()}.jsonl"
+        stats.unlink(missing_ok=True)
+        env = os.environ | {"OUTBOX_BENCH_PG_URL": admin, "OUTBOX_BENCH_TABLE_STATS": str(stats)}
+        done = subprocess.run(cmd, cwd=ROOT, env=env, text=True)
         if done.returncode != 0:
             return done.returncode
         operations = a.ops + 4  # and the warm-up's 2 per worker
@@ -95,6 +98,22 @@ def main(argv: list[str] | None = None) -> int:
                 "query": query,
             }
         )
+    tables = _table_writes(stats)
+    print(f"\n{'table':<28} {'inserts/op':>10} {'updates/op':>10} {'of them HOT':>11} {'deletes/op':>10}")
+    writes = []
+    for relname, ins, upd, hot, dels in tables:
+        print(
+            f"{relname:<28} {ins / operations:10.2f} {upd / operations:10.2f} {hot / operations:11.2f} {dels / operations:10.2f}"
+        )
+        writes.append(
+            {
+                "table": relname,
+                "inserts_per_op": round(ins / operations, 3),
+                "updates_per_op": round(upd / operations, 3),
+                "hot_updates_per_op": round(hot / operations, 3),
+                "deletes_per_op": round(dels / operations, 3),
+            }
+        )
     path = ROOT / "bench" / "results" / f"pg-statements-{dt.date.today().isoformat()}.json"
     path.write_text(
         json.dumps(
@@ -105,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 "analyze_calls": analyzes,
                 "analyze_ms_per_op": analyze_ms / operations,
                 "statements": out,
+                "row_writes": writes,
             },
             indent=2,
         )
@@ -112,6 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"written: {path.relative_to(ROOT)}")
     return 0
+
+
+def _table_writes(path: Path) -> list[tuple[str, int, int, int, int]]:
+    """The outbox run's row writes per table, as its scratch database recorded them before it was
+    dropped (bench/scratch_database.py); summed if there were several."""
+    sums: dict[str, list[int]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            for relname, *counts in json.loads(line)["tables"]:
+                sums[relname] = [a + b for a, b in zip(sums.get(relname, [0, 0, 0, 0]), counts, strict=True)]
+        path.unlink()
+    return [(name, *counts) for name, counts in sorted(sums.items())]  # type: ignore[misc]
 
 
 if __name__ == "__main__":

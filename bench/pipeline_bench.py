@@ -319,6 +319,7 @@ def _run_outbox(
         "duplicates": len(dups),
         "rss_kib": rss,
         "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
+        "postgres_cpu_ms_per_op_by_role": {k: round(v * 1000 / n, 3) for k, v in split.postgres.items()},
     }
 
 
@@ -657,7 +658,8 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                                     + ": "
                                     f"{res['ops_per_s']:.0f} ops/s (submit {res['submit_s']:.2f}s of "
                                     f"{res['seconds']:.2f}s; effects {res['effects']}, dups {res['duplicates']}; "
-                                    f"RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                    f"RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}; "
+                                    f"PostgreSQL's by role {res['postgres_cpu_ms_per_op_by_role']}",
                                     flush=True,
                                 )
                             res = run_bare(bare_env, tmp, pool, w, n, args.timeout)

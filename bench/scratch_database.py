@@ -7,6 +7,7 @@ SIGTERM, so an interrupted run leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
@@ -17,6 +18,12 @@ from sqlalchemy.engine import make_url
 
 from outbox import migrate
 from outbox.ledger.db import make_engine
+
+# Row writes per table (PostgreSQL 15 flushes a backend's counters at its exit or within a second).
+TABLE_STATS = """
+SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables
+WHERE n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY relname
+"""
 
 ADMIN_URL = os.environ.get("OUTBOX_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -57,8 +64,23 @@ class ScratchDatabase:
         return self
 
     def drop(self) -> None:
+        self._write_table_stats()
         with self.admin() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def _write_table_stats(self) -> None:
+        """OUTBOX_BENCH_TABLE_STATS=<file>: append this database's row writes per table (one JSON line)
+        before it is dropped (bench/pg_statements.py reads them: the counters go with the database)."""
+        path = os.environ.get("OUTBOX_BENCH_TABLE_STATS")
+        if not path:
+            return
+        try:
+            with psycopg.connect(libpq(self.url), autocommit=True, connect_timeout=5) as conn:
+                rows = conn.execute(TABLE_STATS).fetchall()
+        except psycopg.Error:
+            return  # never created, or gone: nothing to count
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"database": self.name, "tables": [list(r) for r in rows]}) + "\n")
 
     def __exit__(
         self,

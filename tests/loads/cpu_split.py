@@ -6,6 +6,12 @@ throughput of a pipeline is bounded by total CPU per operation; this says which 
     with CpuSplit() as split:
         ...  # the measured span
     split.seconds  # {"postgres": 3.1, "celery workers": 2.4, ...}
+    split.postgres  # {"client backends": 2.2, "autovacuum": 0.3, "wal writer": 0.1, ...}
+
+PostgreSQL's share counts its processes by role (their process titles), and the children that
+exited during the span through their postmaster's reaped-children times (an autovacuum worker
+lives for one table and is gone before the span ends; so is a client's backend when it
+disconnects): "exited" in ``split.postgres``.
 """
 
 from __future__ import annotations
@@ -16,10 +22,35 @@ from pathlib import Path
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+# A PostgreSQL process's title (``postgres: <role> ...``) -> the role reported.
+_PG_ROLES = {
+    "autovacuum": "autovacuum",
+    "walwriter": "wal writer",
+    "checkpointer": "checkpointer",
+    "background writer": "background writer",
+    "logical replication": "other",
+    "stats": "other",
+    "archiver": "other",
+}
+
+
+def _postmaster(cmdline: str) -> bool:
+    argv0 = cmdline.split(" ", 1)[0]
+    return argv0.rsplit("/", 1)[-1] == "postgres" and " -D " in f" {cmdline} "
+
+
+def _pg_role(cmdline: str) -> str:
+    title = cmdline.removeprefix("postgres: ")
+    for prefix, role in _PG_ROLES.items():
+        if title.startswith(prefix):
+            return role
+    return "client backends"
+
+
 def _kind(cmdline: str, pid: int) -> str | None:
     if pid == os.getpid():
         return "bench process (submitters)"
-    if cmdline.startswith("postgres"):
+    if cmdline.startswith("postgres") or _postmaster(cmdline):
         return "postgres"
     if "redis-server" in cmdline:
         return "redis"
@@ -35,7 +66,9 @@ def _kind(cmdline: str, pid: int) -> str | None:
     return None
 
 
-def snapshot() -> dict[int, tuple[str, float]]:
+def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]]:
+    """{pid: (kind, CPU seconds)}; ``roles``, when given, gets each PostgreSQL process's role. A
+    postmaster counts its own time and its reaped children's (role "exited")."""
     out: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -49,13 +82,19 @@ def snapshot() -> dict[int, tuple[str, float]]:
         if kind is None:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(entry.name)] = (kind, (int(fields[11]) + int(fields[12])) / _TICK)  # utime + stime
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        if kind == "postgres" and _postmaster(cmdline):
+            ticks += int(fields[13]) + int(fields[14])  # cutime + cstime: children it has reaped
+        out[int(entry.name)] = (kind, ticks / _TICK)
+        if roles is not None and kind == "postgres":
+            roles[int(entry.name)] = "exited" if _postmaster(cmdline) else _pg_role(cmdline)
     return out
 
 
 class CpuSplit:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.postgres: dict[str, float] = {}  # PostgreSQL's seconds by role (module docstring)
         self._before: dict[int, tuple[str, float]] = {}
 
     def __enter__(self) -> CpuSplit:
@@ -63,9 +102,14 @@ class CpuSplit:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        after = snapshot()
+        roles: dict[int, str] = {}
+        after = snapshot(roles)
         totals: dict[str, float] = {}
+        parts: dict[str, float] = {}
         for pid, (kind, cpu) in after.items():
-            start = self._before.get(pid, (kind, 0.0))[1]
-            totals[kind] = totals.get(kind, 0.0) + cpu - start
+            spent = cpu - self._before.get(pid, (kind, 0.0))[1]
+            totals[kind] = totals.get(kind, 0.0) + spent
+            if pid in roles:
+                parts[roles[pid]] = parts.get(roles[pid], 0.0) + spent
         self.seconds = {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+        self.postgres = {k: round(v, 2) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
