@@ -87,7 +87,7 @@ def unapplied(
     Every success that did not settle its operation is stale: a success written under the
     current token moves its operation in the same statement.
     """
-    # Spelled as the partial index ix_outbox_attempts_unapplied_successes is, so the planner uses it.
+    # Implies the partial index ix_outbox_attempts_unapplied_successes's condition (models.STALE_UNAPPLIED): the planner reads it.
     stmt = (
         select(
             _AT.c.operation_id,

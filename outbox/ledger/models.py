@@ -78,8 +78,11 @@ KEY_SPACE_VALUES = ", ".join(f"'{k}'" for k in KEY_SPACES)
 # What the reconciler claims (states.RECONCILE_CLAIMABLE), spelled once for the partial index and the claims.
 RECONCILE_DUE = "status IN (" + ", ".join(f"'{s.value}'" for s in sorted(RECONCILE_CLAIMABLE)) + ")"
 TS = DateTime(timezone=True)
-# The partial index's condition, spelled the same way by the query that must use it.
+# The late successes not yet applied, as the sweep's query spells them; they imply the partial
+# index's condition (STALE_UNAPPLIED), which leaves out what a finalize changes (attempt_class), so
+# a finalize can rewrite its attempt row in place (migration 0023).
 UNAPPLIED_SUCCESS = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
+STALE_UNAPPLIED = "stale AND applied_at IS NULL"
 # BIGINT on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
 BIGID = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -216,14 +219,11 @@ class Attempt(AttemptVersionColumn, Base):
         UniqueConstraint("operation_id", "kind", "attempt_number"),
         CheckConstraint(f"attempt_class IN ({CLASS_VALUES})", name="attempt_class"),
         CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
-        # Late successes (a zombie's 2xx) not yet applied: the sweep applies them (outbox/evidence/late_successes.py).
-        # Only those rows are indexed, so the sweep stays cheap however large the table grows.
-        Index(
-            f"ix_{ATTEMPTS}_unapplied_successes",
-            "id",
-            postgresql_where=text(UNAPPLIED_SUCCESS),
-            sqlite_where=text(UNAPPLIED_SUCCESS),
-        ),
+        # Late results (a zombie's answer) not yet applied; the sweep applies the successes
+        # (outbox/evidence/late_successes.py). Only those rows are indexed, so the sweep stays cheap
+        # however large the table grows. PostgreSQL: fillfactor 90 (migration 0023), room on the page
+        # for the finalize that rewrites a claim's row in place.
+        Index(f"ix_{ATTEMPTS}_unapplied_successes", "id", **_where(STALE_UNAPPLIED)),
     )
 
 

@@ -193,6 +193,29 @@ def test_the_worker_connection_commits_each_statement_and_reconnects_after_losin
         link.close()
 
 
+def test_a_finalize_rewrites_its_attempt_row_in_place(pg_ledger):
+    """A finalize changes no column an index of the attempts reads (migration 0023), and the claims
+    leave room on the page: PostgreSQL rewrites the row in place (HOT), with no new index entry."""
+    _submit_many(pg_ledger, 10, prefix="hot")
+    link = LedgerConnection(pg_ledger.engine)
+    try:
+        with link.one_statement() as conn:
+            claims = claim_due(conn, worker="w", lease_s=30, limit=10)
+        assert len(claims) == 10
+        with link.transaction() as conn:
+            assert (
+                finalize_many_if_fenced(conn, [Finalize(c, OK, Status.SUCCEEDED, "ok") for c in claims]) == [None] * 10
+            )
+            # This transaction's own counts, before the statistics are flushed anywhere.
+            updated, hot = conn.execute(
+                "SELECT pg_stat_get_xact_tuples_updated(CAST('outbox_attempts' AS regclass)),"
+                " pg_stat_get_xact_tuples_hot_updated(CAST('outbox_attempts' AS regclass))"
+            ).fetchone()
+        assert (updated, hot) == (10, 10), "every attempt row finalized in place"
+    finally:
+        link.close()
+
+
 def _queued_ids(client: redis.Redis, queue: str) -> list[str]:
     ids: list[str] = []
     for raw in client.lrange(queue, 0, -1):
