@@ -95,6 +95,8 @@ FULL = [
     # provider's view of a declared limit (never more than the rate plus its burst in a window).
     [sys.executable, "-m", "bench.fairness", "--burst", "1500", "--trickle-s", "20", "--rate-limit", "50"],
     [sys.executable, "-m", "bench.rate_limits"],
+    # The unit costs the end-to-end model is made of (bench/README.md, "where the rest of the gap is").
+    [sys.executable, "-m", "bench.unit_costs"],
 ]
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from outbox.evidence.sinks import attempt_log_digests, records_for_claims
-from outbox.ledger.drivers import driver_for
 from outbox.ledger.claims import claim_due
+from outbox.ledger.drivers import driver_for
 from outbox.ledger.states import AttemptClass, Status
 from outbox.ledger.transitions import AttemptReport, Finalize, finalize_many_if_fenced
 from producer import submit
@@ -44,7 +44,9 @@ def _success(n: int) -> AttemptReport:
 def test_a_first_attempts_evidence_digests_its_log_without_reading_it(ledger, monkeypatch):
     with ledger.sessions.begin() as s:
         ids = [
-            submit(s, tenant="t", idempotency_key=f"k-{i}", action="payments.refund.create", args=ARGS, subject="a").operation_id
+            submit(
+                s, tenant="t", idempotency_key=f"k-{i}", action="payments.refund.create", args=ARGS, subject="a"
+            ).operation_id
             for i in range(3)
         ]
     # The third needs a second attempt: its first was refused before it was sent.
