@@ -34,6 +34,18 @@ def test_mark_due_marks_due_rows_published_in_its_own_transaction_and_says_how_l
     assert marked(case) == set(), "published: not rung again inside republish_after_s"
 
 
+def test_mark_due_without_writing_answers_the_same_rows_in_order_and_marks_none(case):
+    """``write=False``: what a relay ringing by count reads (workers/relay/loop.py): the rows a
+    marking call would take, oldest first, up to the batch, with nothing written."""
+    old, fresh, later = case.submit(delay_s=-30), case.submit(), case.submit(delay_s=60)
+    rows = mark(case, write=False)
+    assert [r[0] for r in rows] == [old, fresh], "a row not due yet is left alone; the oldest first"
+    assert 29 < rows[0][1] < 35
+    assert [r[0] for r in mark(case, write=False, batch=1)] == [old]
+    assert all(case.op(i).published_at is None for i in (old, fresh, later)), "nothing marked"
+    assert marked(case) == {old, fresh}, "so a marking call still takes them"
+
+
 def test_mark_due_rings_again_a_row_due_again_since_and_one_rung_too_long_ago(case):
     retried, lost, rung = case.submit(), case.submit(), case.submit()
     assert marked(case) == {retried, lost, rung}

@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from sqlalchemy import func, select
 
-from outbox.ledger.models import Operation
 from outbox.ledger.states import Status
 from tests.harness import pk, wait_for
 
@@ -36,12 +34,10 @@ def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe,
     # One doorbell carries up to OUTBOX_DOORBELL_BATCH ids.
     messages = -(-N // pipe.settings().doorbell_batch)
 
+    # The relay rings by count (it reads the queue's depth), so nothing marks the rows: what shows
+    # the doorbells rung is the queue itself.
     def published() -> bool:
-        with pipe.sessions() as s:
-            n = s.execute(
-                select(func.count()).select_from(Operation).where(Operation.published_at.is_not(None))
-            ).scalar_one()
-        return n == N and private_redis.client().llen(queue) >= messages
+        return private_redis.client().llen(queue) >= messages
 
     wait_for(published, 10, what=f"{N} intents' doorbells ({messages} messages) queued in the private Redis")
 

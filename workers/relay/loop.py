@@ -15,11 +15,12 @@ relays do not publish the same row in the same window; duplicates would be harml
 
 On PostgreSQL it also LISTENs: submit notifies on commit with the operation id as payload, and the
 relay rings the doorbell for those ids as they arrive, with no query and no write of its own (one
-relay per deployment does this: the holder of an advisory lock; others only poll). Their
-``published_at`` is written in bulk by the next tick, for the ids still waiting, so the tick
-does not ring them again. While a relay listens, its ticks also leave never-published rows alone
-for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung but not yet
-marked): without that, under load the ticks race the listener and ring many ids twice.
+relay per deployment does this: the holder of an advisory lock; others only poll). While the
+broker's depth cannot be read, their ``published_at`` is written in bulk by the next tick, for the
+ids still waiting, so the tick does not ring them again; with the depth known the tick rings by
+count (below) and writes nothing. While a relay listens, its ticks also leave never-published rows
+alone for their first ``NOTIFIED_GRACE_S`` (their notification is on its way or already rung):
+without that, under load the ticks race the listener and ring many ids twice.
 The leading relay's ticks ring rows that came due before it began leading at
 once: nobody rang those from NOTIFY (submitted while no relay led, or while this one took over).
 The ticks (every ``poll_s``) are the backstop for everything else: retries coming due, doorbells
@@ -32,8 +33,9 @@ counts the due rows, and rings only the doorbells missing: one per ``doorbell_ba
 never more than ``max_queued`` in the broker (the NOTIFY path checks the same room). Nothing is
 re-published because it "looks lost" while the broker still holds enough doorbells: otherwise a
 backlog grows a queue of more doorbells than operations waiting, each re-published one looking
-lost in turn behind the others. ``republish_after_s`` is used only where the
-depth cannot be read.
+lost in turn behind the others. Ringing by count, a tick reads the due rows its doorbells name and
+marks none (a mark was one more rewrite of each operation row in a backlog). ``republish_after_s``
+and the marks are used only where the depth cannot be read.
 """
 
 from __future__ import annotations
@@ -172,9 +174,10 @@ class Relay:
             self._depth += messages
 
     def _mark_due(self, status: Status, *, leased_ok: bool, limit: int = BATCH, queued: int | None = None) -> list[str]:
-        """Mark up to ``limit`` due rows published and return their ids (one statement; see the
-        module docstring). ``queued``: None, rows rung more than republish_after_s ago count as
-        lost; 0: any row rung before counts (the caller knows its doorbell is not queued)."""
+        """Up to ``limit`` due rows' ids (one statement; see the module docstring). ``queued``: None
+        (the depth unknown), rows rung more than republish_after_s ago count as lost, and the rows
+        returned are marked published; 0 (ringing by count), any row rung before counts and
+        nothing is written."""
         # While listening, never-published rows get a grace: the NOTIFY path rings them.
         grace = self.listening and status is Status.NOT_DISPATCHED
         rows = mark_published_if_due(
@@ -185,6 +188,7 @@ class Relay:
             republish_after_s=self.republish_after_s if queued is None else 0.0,
             fresh_grace_s=NOTIFIED_GRACE_S if grace else 0.0,
             leading_since=self.leading_since,
+            write=queued is None,
         )
         if status is Status.NOT_DISPATCHED:
             # Relay lag: from the moment a row became due (commit, or retry time) to its doorbell.
@@ -192,10 +196,11 @@ class Relay:
         return [row[0] for row in rows]
 
     def _mark_rung(self) -> None:
-        """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement)."""
+        """published_at for the ids rung from NOTIFY that nobody has claimed yet (one statement),
+        only while the broker's depth is unknown: with it, the ticks ring by count, not by mark."""
         with self._rung_lock:
             rung, self._rung = list(self._rung), set()
-        if not rung:
+        if not rung or self._depth_seen is not None:
             return
         mark_published(self.engine, rung)
 

@@ -247,6 +247,7 @@ class LedgerDriver(Protocol):
         republish_after_s: float,
         fresh_grace_s: float,
         leading_since: dt.datetime | None,
+        write: bool = True,
     ) -> Sequence[Any]: ...
 
     def mark_rung(self, engine: Engine, operation_ids: Sequence[str]) -> None: ...

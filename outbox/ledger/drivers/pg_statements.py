@@ -166,18 +166,39 @@ EVIDENCE_COLUMNS = (
 
 
 # -- relay (relay.sql) ------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
-def mark_due(status: Status, leased_ok: bool, batch: int) -> str:
+@functools.lru_cache(maxsize=8)
+def mark_due(status: Status, leased_ok: bool, batch: int, write: bool = True) -> str:
     """Mark up to ``batch`` due rows of ``status`` published; returns (id, seconds since due).
 
     not_dispatched rows are rung in the claim's order, walking the tenants; others by time.
-    ``leased_ok``: rows under a live lease count too.
+    ``leased_ok``: rows under a live lease count too. ``write`` False: the same rows, read only
+    (``_read_only``).
     """
     if status is Status.NOT_DISPATCHED:
         by_tenant = QUERIES["mark_due_by_tenant"] if leased_ok else QUERIES["mark_due_by_tenant_lease_free"]
-        return fill(by_tenant, batch=int(batch))
-    by_time = QUERIES["mark_due"] if leased_ok else QUERIES["mark_due_lease_free"]
-    return fill(by_time, status=status.value, batch=int(batch))
+        text, order = fill(by_tenant, batch=int(batch)), "o.priority DESC, o.next_attempt_at"
+    else:
+        by_time = QUERIES["mark_due"] if leased_ok else QUERIES["mark_due_lease_free"]
+        text, order = fill(by_time, status=status.value, batch=int(batch)), "o.next_attempt_at"
+    return text if write else _read_only(text, order)
+
+
+_MARK = (
+    "UPDATE outbox_operations o SET published_at = clock_timestamp() FROM due WHERE o.id = due.id\n"
+    "RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8"
+)
+_LOCK = re.compile(r"\s*FOR UPDATE SKIP LOCKED")
+
+
+def _read_only(marking: str, order: str) -> str:
+    """A mark_due query that writes nothing: the same rows answered in ``order``, no published_at
+    written and no row locked (a lock is a write of the row's header too). The relay rings by count
+    while it can read the broker's depth: which rows a doorbell names does not matter then."""
+    if marking.count(_MARK) != 1 or not _LOCK.search(marking):
+        raise ValueError("relay.sql: a mark_due query no longer ends as _read_only expects")
+    read = "SELECT o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float8\n"
+    read += f"FROM outbox_operations o JOIN due ON o.id = due.id ORDER BY {order}"
+    return _LOCK.sub("", marking.replace(_MARK, read))
 
 
 MARK_RUNG = QUERIES["mark_rung"]

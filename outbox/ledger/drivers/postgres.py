@@ -275,6 +275,7 @@ class PostgresDriver:
         republish_after_s: float,
         fresh_grace_s: float,
         leading_since: dt.datetime | None,
+        write: bool = True,
     ) -> list[Any]:
         with engine.begin() as conn:
             params = {
@@ -282,7 +283,7 @@ class PostgresDriver:
                 "fresh_grace_s": float(fresh_grace_s),
                 "leading_since": leading_since,
             }
-            return _rows(conn, sql.mark_due(status, leased_ok, batch), params)
+            return _rows(conn, sql.mark_due(status, leased_ok, batch, write), params)
 
     def mark_rung(self, engine: Engine, operation_ids: Sequence[str]) -> None:
         with engine.begin() as conn:

@@ -328,8 +328,10 @@ class SqliteDriver:
         republish_after_s: float,
         fresh_grace_s: float,
         leading_since: dt.datetime | None,
+        write: bool = True,
     ) -> list[Any]:
-        """Select due rows and mark them published in one UPDATE (no NOTIFY path: no grace)."""
+        """Select due rows and mark them published in one UPDATE (no NOTIFY path: no grace);
+        ``write`` False: the same rows, read only."""
         conds = [
             _OP.c.status == status.value,
             _OP.c.next_attempt_at <= db_now(),
@@ -348,6 +350,10 @@ class SqliteDriver:
             else (_OP.c.next_attempt_at,)
         )
         due = select(_OP.c.id).where(*conds).order_by(*order).limit(batch)
+        if not write:
+            with engine.begin() as conn:
+                picked = select(_OP.c.id, db_age_s(_OP.c.next_attempt_at)).where(*conds).order_by(*order).limit(batch)
+                return list(conn.execute(picked).all())
         stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery()))
         with engine.begin() as conn:
             return list(
