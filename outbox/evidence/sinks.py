@@ -27,7 +27,7 @@ from outbox.ledger.clock import db_now
 from outbox.ledger.db import connect_timeout_args, make_engine
 from outbox.ledger.drivers import driver_for
 from outbox.ledger.models import Evidence, Operation, core_table
-from outbox.ledger.states import AttemptKind, Status
+from outbox.ledger.states import Status
 from outbox.ledger.transitions import AttemptReport, commit_even_if_stale
 
 log = logging.getLogger(__name__)
@@ -74,44 +74,35 @@ def attempt_log_digests(
     rows = driver_for(session).attempt_log(session, operation_ids, _LOG_COLUMNS)
     logs: dict[str, list[dict[str, Any]]] = {op_id: [] for op_id in operation_ids}
     for a in rows:
-        r = current.get(a.id) if current else None
-        if r is None:
-            item = _log_item(a.attempt_number, a.kind, a.fencing_token, a.attempt_class, a.status_code,
-                             a.request_digest, a.response_digest, a.provider_reference)  # fmt: skip
-        else:
-            item = _log_item(a.attempt_number, a.kind, a.fencing_token, r.klass.value, r.status_code,
-                             r.request_digest, r.response_digest, r.provider_reference)  # fmt: skip
+        item = dict(
+            n=a.attempt_number,
+            kind=a.kind,
+            token=a.fencing_token,
+            cls=a.attempt_class,
+            status=a.status_code,
+            sent=a.request_digest,
+            got=a.response_digest,
+            ref=a.provider_reference,
+        )
+        if current and a.id in current:
+            r = current[a.id]
+            item.update(
+                cls=r.klass.value,
+                status=r.status_code,
+                sent=r.request_digest,
+                got=r.response_digest,
+                ref=r.provider_reference,
+            )
         logs[a.operation_id].append(item)
-    return {op_id: _digest(items) for op_id, items in logs.items()}
-
-
-def _log_item(
-    n: int, kind: str, token: int, cls: str, status: int | None, sent: str | None, got: str | None, ref: str | None
-) -> dict[str, Any]:
-    return dict(n=n, kind=kind, token=token, cls=cls, status=status, sent=sent, got=got, ref=ref)
-
-
-def _digest(items: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _whole_log(claim: Claim, report: AttemptReport) -> str | None:
-    """The attempt log's digest without reading it, when this attempt is the whole log: the first
-    dispatch attempt of its operation (a lookup comes only after a dispatch), whose result was just
-    written under its fence in this transaction (the move holds the row: no other attempt can
-    begin before it commits). None: read the log."""
-    if claim.kind is not AttemptKind.DISPATCH or claim.attempt_number != 1:
-        return None
-    item = _log_item(1, claim.kind.value, claim.fencing_token, report.klass.value, report.status_code,
-                     report.request_digest, report.response_digest, report.provider_reference)  # fmt: skip
-    return _digest([item])
+    return {
+        op_id: hashlib.sha256(json.dumps(items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        for op_id, items in logs.items()
+    }
 
 
 def records_for_claims(session: Session, finished: Sequence[tuple[Claim, AttemptReport]]) -> list[EvidenceRecord]:
-    """Evidence for claims whose success was just written in ``session`` under their fence (one
-    query for all; none when each is its operation's first attempt: ``_whole_log``)."""
-    digests = {c.operation_id: d for c, r in finished if (d := _whole_log(c, r)) is not None}
-    digests.update(attempt_log_digests(session, [c.operation_id for c, _ in finished if c.operation_id not in digests]))
+    """Evidence for claims whose success was just written in ``session`` (one query for all)."""
+    digests = attempt_log_digests(session, [c.operation_id for c, _ in finished])
     return [
         EvidenceRecord(
             c.operation_id,
