@@ -22,6 +22,9 @@ A worker applies its own late success right after committing the stale attempt r
 transaction, so the evidence is committed first); the relay's sweep applies any a worker did not
 live to apply (``apply_unapplied``). Applying stamps the attempt's ``applied_at``: each late
 success is applied once, and a person's later decision is not overridden by evidence they saw.
+A stale result that is not a success (a zombie's late failure or timeout, a refused lookup) has
+nothing to apply: the sweep stamps it too (``retire_stale_results``), so the index of late results
+not yet applied, whose condition cannot read the class (migration 0023), holds only what is waiting.
 """
 
 from __future__ import annotations
@@ -38,8 +41,16 @@ from outbox.evidence.handoffs import close_by_evidence, open_handoff
 from outbox.evidence.sinks import EvidenceSink, record_for
 from outbox.ledger import failpoints
 from outbox.ledger.clock import db_now
-from outbox.ledger.models import UNAPPLIED_SUCCESS, Attempt, Handoff, Operation, OperationEvent, core_table
-from outbox.ledger.states import EFFECT, NO_EFFECT, EventKind, HandoffStatus, Resolution, Status
+from outbox.ledger.models import (
+    STALE_UNAPPLIED,
+    UNAPPLIED_SUCCESS,
+    Attempt,
+    Handoff,
+    Operation,
+    OperationEvent,
+    core_table,
+)
+from outbox.ledger.states import EFFECT, NO_EFFECT, AttemptClass, EventKind, HandoffStatus, Resolution, Status
 from outbox.ledger.transitions import move
 from outbox.ledger.writes import released, success_values
 from outbox.runs.lifecycle import flag_contradiction
@@ -243,6 +254,25 @@ def _contradiction(
     return Status.RECONCILIATION_REQUIRED
 
 
+# Results that may still become a success (a stale attempt not answered yet) or are one: never retired.
+_KEPT = (AttemptClass.SUCCEEDED.value, AttemptClass.PENDING.value)
+
+
+def retire_stale_results(session: Session, *, limit: int = 1000) -> int:
+    """Stamp ``applied_at`` on stale results that are not successes (nothing to apply; they stay as
+    evidence), up to ``limit``, oldest first; returns how many. Read through the partial index of
+    stale results not yet applied, which would otherwise keep every one of them for good."""
+    ids = (
+        select(_AT.c.id)
+        .where(text(STALE_UNAPPLIED), _AT.c.attempt_class.not_in(_KEPT))
+        .order_by(_AT.c.id)
+        .limit(limit)
+        .scalar_subquery()
+    )
+    retired = session.execute(update(_AT).where(_AT.c.id.in_(ids)).values(applied_at=db_now()))
+    return int(getattr(retired, "rowcount", 0) or 0)
+
+
 def apply_unapplied(
     sessions: sessionmaker[Session],
     *,
@@ -256,6 +286,9 @@ def apply_unapplied(
     """Apply every unapplied late success (only those of ``attempt_ids`` / ``operation_ids`` if
     given), one transaction each, so one that fails does not hold back the others. Returns
     operation id -> the status it moved to."""
+    if attempt_ids is None and operation_ids is None:  # the sweep
+        with sessions.begin() as session:
+            retire_stale_results(session)
     with sessions() as session:
         found = unapplied(session, attempt_ids=attempt_ids, operation_ids=operation_ids)
     failpoints.hit("late_evidence.after_select_before_update")

@@ -83,6 +83,7 @@ TS = DateTime(timezone=True)
 # a finalize can rewrite its attempt row in place (migration 0023).
 UNAPPLIED_SUCCESS = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
 STALE_UNAPPLIED = "stale AND applied_at IS NULL"
+ATTEMPTS_FILLFACTOR = 90
 # BIGINT on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
 BIGID = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -206,7 +207,8 @@ class Attempt(AttemptVersionColumn, Base):
     # success still settles the operation: evidence wins (outbox/evidence/late_successes.py).
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
     # Bookkeeping, not evidence: when the ledger applied this stale success to its operation (or
-    # handed the contradiction to a person). NULL on a stale success = not yet applied.
+    # handed the contradiction to a person). NULL on a stale success = not yet applied. On a stale
+    # result that is not a success: when the sweep retired it (nothing to apply: late_successes.py).
     applied_at: Mapped[dt.datetime | None] = mapped_column(TS)
     # The claim, and the move its result made, recorded here, not as event rows: ledger/history.py.
     claim_event_id: Mapped[int | None] = mapped_column(BigInteger)
@@ -219,11 +221,13 @@ class Attempt(AttemptVersionColumn, Base):
         UniqueConstraint("operation_id", "kind", "attempt_number"),
         CheckConstraint(f"attempt_class IN ({CLASS_VALUES})", name="attempt_class"),
         CheckConstraint("kind IN ('dispatch', 'lookup')", name="kind"),
-        # Late results (a zombie's answer) not yet applied; the sweep applies the successes
-        # (outbox/evidence/late_successes.py). Only those rows are indexed, so the sweep stays cheap
-        # however large the table grows. PostgreSQL: fillfactor 90 (migration 0023), room on the page
-        # for the finalize that rewrites a claim's row in place.
+        # Late results (a zombie's answer) not yet applied; the sweep applies the successes and
+        # retires the rest (outbox/evidence/late_successes.py). Only those rows are indexed, so the
+        # sweep stays cheap however large the table grows.
         Index(f"ix_{ATTEMPTS}_unapplied_successes", "id", **_where(STALE_UNAPPLIED)),
+        # PostgreSQL: a tenth of each page left free for the finalize that rewrites a claim's row in
+        # place (migration 0023 on ledgers made before it).
+        {"postgresql_with": {"fillfactor": ATTEMPTS_FILLFACTOR}},
     )
 
 

@@ -17,6 +17,7 @@ disconnects): "exited" in ``split.postgres``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -35,15 +36,22 @@ _PG_ROLES = {
 
 
 def _postmaster(cmdline: str) -> bool:
+    """The postmaster keeps the command line it was started with; its children retitle themselves
+    ``postgres: ...``."""
     argv0 = cmdline.split(" ", 1)[0]
-    return argv0.rsplit("/", 1)[-1] == "postgres" and " -D " in f" {cmdline} "
+    return argv0.rsplit("/", 1)[-1] == "postgres" and not cmdline.startswith("postgres:")
+
+
+# A cluster with a cluster_name (Debian's: "15/main") titles its processes "postgres: 15/main: <role>".
+_CLUSTER = re.compile(r"^\S+: ")
 
 
 def _pg_role(cmdline: str) -> str:
     title = cmdline.removeprefix("postgres: ")
-    for prefix, role in _PG_ROLES.items():
-        if title.startswith(prefix):
-            return role
+    for candidate in (title, _CLUSTER.sub("", title, count=1)):
+        for prefix, role in _PG_ROLES.items():
+            if candidate.startswith(prefix):
+                return role
     return "client backends"
 
 

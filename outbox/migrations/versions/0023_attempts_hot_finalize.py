@@ -35,7 +35,7 @@ depends_on = None
 INDEX = 'ix_outbox_attempts_unapplied_successes'
 OLD_CONDITION = "stale AND attempt_class = 'succeeded' AND applied_at IS NULL"
 NEW_CONDITION = "stale AND applied_at IS NULL"
-FILLFACTOR = 90
+FILLFACTOR = 90  # models.ATTEMPTS_FILLFACTOR (a new ledger gets it from the models)
 
 
 def _index(condition: str) -> None:

@@ -108,6 +108,34 @@ def test_a_late_success_settles_an_operation_waiting_to_be_sent_again(ledger):
         assert claim_due(s, worker="w2", lease_s=30) == []  # nothing is sent again
 
 
+def test_the_sweep_retires_stale_results_that_are_not_successes_and_keeps_what_may_still_be_one(ledger):
+    """The index of late results not yet applied cannot read the class (a finalize changes it:
+    migration 0023), so a zombie's late failure would stay in it for good, read by the sweep every
+    second; the sweep stamps it instead. A stale attempt not answered yet may still be a success."""
+    failed_id, failed = _zombie(ledger)
+    _lookup(ledger, failed_id, Status.NOT_DISPATCHED)
+    _thaw(ledger, failed, AttemptReport(AttemptClass.AMBIGUOUS, status_code=504))
+    with ledger.sessions.begin() as s:
+        pending_id = submit(s, **(INTENT | {"idempotency_key": "wf-2:refund:v1"})).operation_id
+    with ledger.sessions.begin() as s:
+        [waiting] = claim_due(s, worker="zombie-2", lease_s=30, operation_id=pending_id)
+        s.execute(update(Attempt).where(Attempt.id == waiting.attempt_id).values(stale=True))  # marked, no answer yet
+
+    assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {}
+    with ledger.sessions() as s:
+        assert s.get(Attempt, failed.attempt_id).applied_at is not None, "retired: nothing to apply"
+        assert s.get(Attempt, waiting.attempt_id).applied_at is None, "may still be a success"
+    assert _op(ledger, failed_id).status == "not_dispatched", "retiring moves no operation"
+    # The answer comes: a success, applied by the next sweep as any other.
+    with ledger.sessions.begin() as s:
+        s.execute(
+            update(Attempt)
+            .where(Attempt.id == waiting.attempt_id)
+            .values(attempt_class=AttemptClass.SUCCEEDED.value, provider_reference="re_2", response_digest="d2")
+        )
+    assert apply_unapplied(ledger.sessions, actor="sweep", sink=SINK, packet=packet) == {pending_id: Status.SUCCEEDED}
+
+
 def test_a_late_success_takes_the_operation_from_the_worker_sending_it_again(ledger):
     op_id, c1 = _zombie(ledger)
     _lookup(ledger, op_id, Status.NOT_DISPATCHED)

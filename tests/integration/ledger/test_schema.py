@@ -19,7 +19,16 @@ from sqlalchemy import Engine, inspect
 
 from outbox import migrate
 from outbox.ledger.db import make_engine
-from outbox.ledger.models import ATTEMPTS, CLASS_VALUES, HISTORY, OPERATIONS, PREFIX, STATUS_VALUES, Base
+from outbox.ledger.models import (
+    ATTEMPTS,
+    ATTEMPTS_FILLFACTOR,
+    CLASS_VALUES,
+    HISTORY,
+    OPERATIONS,
+    PREFIX,
+    STATUS_VALUES,
+    Base,
+)
 from outbox.ledger.states import AttemptClass, Status
 from tests.conftest import scratch_pg_database
 
@@ -65,6 +74,17 @@ def test_migrated_schema_matches_the_models(upgraded):
     # Alembic does not compare CHECK constraints at all (checked separately below) and reports
     # nothing it cannot reflect; every difference it does report is a real drift.
     assert diffs == [], "\n".join(map(repr, diffs))
+
+
+def test_the_attempts_table_keeps_room_for_its_finalizes_however_the_ledger_was_made(made):
+    """Storage settings are not compared by alembic: a new ledger (created from the models) and an
+    upgraded one (migration 0023) must both leave a tenth of each attempts page free."""
+    for how, engine in made.items():
+        if engine.dialect.name != "postgresql":
+            return
+        with engine.connect() as conn:
+            options = conn.exec_driver_sql(f"SELECT reloptions FROM pg_class WHERE relname = '{ATTEMPTS}'").scalar_one()
+        assert options == [f"fillfactor={ATTEMPTS_FILLFACTOR}"], (how, options)
 
 
 def test_migration_is_at_head(ledger):
