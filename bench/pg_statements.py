@@ -8,7 +8,7 @@ at least once per 20 operations: calls per operation, rows per call, mean execut
 share of the database's execution time; and the database's CPU per operation as the pipeline bench
 measured it (/proc, every ``postgres`` process).
 
-    .venv/bin/python -m bench.pg_statements [--ops 2000] [--submit-batch N]
+    .venv/bin/python -m bench.pg_statements [--ops 2000] [--submit-batch N] [--presubmit]
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=2000)
     p.add_argument("--submit-batch", type=int, default=1, help="intents per submit transaction (pipeline_bench's)")
+    p.add_argument(
+        "--presubmit",
+        action="store_true",
+        help="a backlog: every intent written before the relay starts (pipeline_bench's)",
+    )
     a = p.parse_args(argv)
     with StockCluster(
         "shared_preload_libraries=pg_stat_statements",
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "bench.pipeline_bench", "--ops", str(a.ops), "--workers", "2"]
         cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive", "--tag", "pg-statements"]
         cmd += ["--submit-batch", str(a.submit_batch)] if a.submit_batch != 1 else []
+        cmd += ["--presubmit"] if a.presubmit else []
         print("$", " ".join(cmd[1:]), flush=True)
         stats = ROOT / "bench" / "results" / f".table-stats-{os.getpid()}.jsonl"
         stats.unlink(missing_ok=True)

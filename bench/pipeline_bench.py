@@ -196,6 +196,21 @@ class Outbox:
                 ).scalar_one()
             )
 
+    def unfinished(self, tenant: str) -> bool:
+        """Whether any of the tenant's operations is still on its way, asked through the partial
+        indexes of those states (each EXISTS stops at its first row): the wait polls this every 10 ms,
+        and a count(*) of the tenant's succeeded rows cost the database ~1.5 ms a poll at 5,000 rows,
+        ~0.15 ms per operation charged to the outbox's side of the comparison (bench/README.md)."""
+        exists = " OR ".join(
+            f"EXISTS (SELECT 1 FROM {OPERATIONS} WHERE status = '{status}' AND tenant = :t)"
+            for status in ("not_dispatched", "dispatching", "outcome_unknown", "accepted")
+        )
+        with self.engine.connect() as c:
+            # Statistics taken while every row was due make a scan look cheaper than the index,
+            # and the scan reads the whole table once nothing is left.
+            c.execute(text("SET LOCAL enable_seqscan = off"))
+            return bool(c.execute(text(f"SELECT {exists}"), {"t": tenant}).scalar_one())
+
     def statuses(self, tenant: str) -> dict[str, int]:
         with self.engine.connect() as c:
             rows = c.execute(
@@ -295,9 +310,11 @@ def _run_outbox(
             ob.submit_all(tenant, n, batch, submitters)
         submitted = time.perf_counter()
         try:
-            ended = wait_until(lambda: ob.count(tenant) >= n, timeout_s, 0.01, "all succeeded")
+            ended = wait_until(lambda: not ob.unfinished(tenant), timeout_s, 0.01, "all finished")
         except TimeoutError:
             raise RuntimeError(f"not all succeeded: {ob.statuses(tenant)}") from None
+        if ob.count(tenant) < n:
+            raise RuntimeError(f"not all succeeded: {ob.statuses(tenant)}")
         split.__exit__()
         rss = workers.rss_kib()
     effects = sandbox.effects()

@@ -9,8 +9,9 @@
 
     .venv/bin/python -m bench.unit_costs [--n 5000] [--rounds 3]
 
-Needs the machine's PostgreSQL and Redis (OUTBOX_BENCH_PG_URL, OUTBOX_BENCH_REDIS_URL); a throwaway
-database and Redis database 14 are used and cleaned up. Results: bench/results/unit-costs-<date>.json.
+Needs the machine's PostgreSQL and Redis (OUTBOX_BENCH_PG_URL; OUTBOX_UNIT_COSTS_REDIS_URL, Redis
+database 14 unless set); a throwaway database and queues of a name of their own are used and
+removed. Results: bench/results/unit-costs-<date>.json.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ if str(ROOT) not in sys.path:
 from bench.scratch_database import ADMIN_URL, libpq  # noqa: E402
 from tests.loads.cpu_split import CpuSplit  # noqa: E402
 
-REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+# Its own variable: the other benches' OUTBOX_BENCH_REDIS_URL may name a database in use.
+REDIS_URL = os.environ.get("OUTBOX_UNIT_COSTS_REDIS_URL", "redis://127.0.0.1:6379/14")
 INSERT = "WITH ins AS (INSERT INTO t (id, body) VALUES (%s, %s) RETURNING id) SELECT {tail} FROM ins"
 
 
@@ -125,7 +127,8 @@ def publish_costs(n: int, rounds: int) -> dict[str, list[float]]:
     from workers.wiring.celery_app import make_app
 
     app = make_app()
-    doorbell = Doorbell(app, batch=8, ledger=f"unit{uuid.uuid4().hex[:6]}")
+    ledger = f"unit{uuid.uuid4().hex[:6]}"  # its queue names carry it: only those keys are deleted
+    doorbell = Doorbell(app, batch=8, ledger=ledger)
     ids = [str(uuid.uuid4()) for _ in range(8)]
     send = app.send_task
 
@@ -140,7 +143,9 @@ def publish_costs(n: int, rounds: int) -> dict[str, list[float]]:
                 out[name].append(_per_call_us(lambda: doorbell.ring_dispatch(ids), n))
     finally:
         app.send_task = send
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(match=f"*{ledger}*"):
+            client.delete(key)
     return out
 
 
