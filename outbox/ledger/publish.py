@@ -1,10 +1,10 @@
 """Publish marks: the ledger's record of which doorbells the relay rang, and when.
 
-``published_at`` lets any number of relays share the work without a coordinator: a row is rung
-when it is due and was never rung, came due again (a retry), or was rung longer ago than
-``republish_after_s`` (the message was lost). Marking and selecting happen in one statement, so two
-relays never ring the same row in the same window (duplicates would be harmless anyway: the claim
-decides). Where the database notifies on commit (PostgreSQL), ``listener`` hands the relay the
+``published_at`` lets any number of relays share the work without a coordinator when they cannot
+read the broker's depth: a row is rung when it is due and was never rung, came due again (a retry),
+or was rung longer ago than ``republish_after_s`` (the message was lost). Marking and selecting
+happen in one statement, so two relays never ring the same row in the same window (duplicates would
+be harmless anyway: the claim decides). Where the database notifies on commit (PostgreSQL), ``listener`` hands the relay the
 notified ids so it can ring them without a query.
 
 The marks are needed only while the relay cannot read the broker's depth. With it, the relay rings

@@ -88,6 +88,11 @@ def test_mark_due_leaves_fresh_rows_to_the_notify_path_where_the_database_notifi
         return
     assert marked(case, fresh_grace_s=10.0) == {old}
     assert marked(case, fresh_grace_s=10.0, leading_since=case.db_time()) == {fresh}
+    # A retry coming due was claimed before: no NOTIFY announces it, so no grace holds it back.
+    retried = case.submit()
+    case.finalize(case.write(case.claim_one(retried), Status.NOT_DISPATCHED, AttemptClass.NOT_SENT))
+    assert case.op(retried).published_at is None
+    assert marked(case, fresh_grace_s=10.0, write=False) == {retried}
 
 
 def test_mark_rung_marks_never_published_not_dispatched_rows_only(case):

@@ -42,7 +42,12 @@ SHAPES = {
     "settle_rows": [
         moves.finalize_rows(to, False, source) for to in SETTLE_WRITES_FOR for source in sorted(RECONCILE_CLAIMABLE)
     ],
-    "mark_due": [sql.mark_due(status, leased, 100) for status in Status for leased in (False, True)],
+    "mark_due": [
+        sql.mark_due(status, leased, 100, write)
+        for status in Status
+        for leased in (False, True)
+        for write in (True, False)
+    ],
     "attempt_log": [sql.attempt_log(("id", "attempt_class"))],
 }
 

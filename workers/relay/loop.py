@@ -10,8 +10,9 @@ Each tick (``run_once``):
    compensated, or the run ends (outbox/runs/advance.py);
 4. the same for due lookups (``RECONCILE_CLAIMABLE`` rows no reconciler holds) -> ``outcome_unknown``
    queue (the reconciler), with the same backpressure.
-Marking ``published_at`` and selecting happen in one statement (SKIP LOCKED on PostgreSQL), so two
-relays do not publish the same row in the same window; duplicates would be harmless anyway.
+Where the relay marks ``published_at`` (the broker's depth unknown), marking and selecting happen
+in one statement (SKIP LOCKED on PostgreSQL), so two relays do not publish the same row in the same
+window; ringing by count, two relays may name the same rows, which is harmless (the claim decides).
 
 On PostgreSQL it also LISTENs: submit notifies on commit with the operation id as payload, and the
 relay rings the doorbell for those ids as they arrive, with no query and no write of its own (one
@@ -142,7 +143,8 @@ class Relay:
         self._last_backfill = 0.0
         self._planner_stats = PlannerStats(engine)  # a backlog must not run on an empty table's plans
         self.stop_event = threading.Event()
-        # Ids rung straight from NOTIFY since the last tick; the tick marks them published.
+        # Ids rung straight from NOTIFY since the last tick; the tick marks them published while the
+        # broker's depth is unknown (with it, the ticks ring by count and mark nothing).
         self._rung: set[str] = set()
         self._rung_lock = threading.Lock()
         self.leader = False  # holds the NOTIFY-leader lock: rings doorbells from notifications

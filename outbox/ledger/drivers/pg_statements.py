@@ -201,6 +201,12 @@ def _read_only(marking: str, order: str) -> str:
     return _LOCK.sub("", marking.replace(_MARK, read))
 
 
+# Every read-only shape is made once here, so a relay.sql that no longer reads as _read_only expects
+# fails at import, not in a relay's tick (where it would stop the sweep behind the dispatch ring).
+for _status in (Status.NOT_DISPATCHED, Status.OUTCOME_UNKNOWN):
+    for _leased_ok in (False, True):
+        _read_only(mark_due(_status, _leased_ok, 1), "o.next_attempt_at")
+
 MARK_RUNG = QUERIES["mark_rung"]
 LISTEN = QUERIES["listen"]
 TRY_LEAD = QUERIES["try_lead"]

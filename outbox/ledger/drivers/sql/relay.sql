@@ -6,10 +6,14 @@
 --   {status}  the status whose due rows are marked (outcome_unknown or accepted), a literal.
 --
 -- The mark_due queries mark up to {batch} due rows published and answer (id, seconds since due),
--- in their own transaction; SKIP LOCKED: two relays never mark the same rows in the same window.
+-- in their own transaction; SKIP LOCKED: two marking relays never mark the same rows in the same
+-- window. A relay that can read the broker's depth rings by count and sends them read only
+-- (pg_statements._read_only: the same rows, no mark, no lock; two relays may then name the same
+-- rows, which is harmless: the claim decides).
 -- A row is rung when it was never published and is older than %(fresh_grace_s)s (younger ones are
 -- left to the NOTIFY path) unless it was due before %(leading_since)s (NULL unless this relay
--- leads the NOTIFY path); when it is due again since it was published (a retry); or when it was
+-- leads the NOTIFY path) or was claimed before (fencing_token > 0: a retry coming due, which no
+-- NOTIFY announces); when it is due again since it was published (a retry); or when it was
 -- published longer than %(republish_after_s)s ago (the broker may have lost it).
 -- The *_lease_free queries also leave out rows under a live lease.
 
@@ -41,7 +45,7 @@ walk_on(tenant, n) AS (
     SELECT d.id FROM walk t CROSS JOIN LATERAL (
         SELECT id, priority, next_attempt_at FROM outbox_operations
         WHERE tenant = t.tenant AND status = 'not_dispatched' AND next_attempt_at <= statement_timestamp()
-          AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
+          AND ((published_at IS NULL AND (fencing_token > 0 OR next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                           OR next_attempt_at < CAST(%(leading_since)s AS timestamptz)))
                OR published_at < next_attempt_at
                OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
@@ -79,7 +83,7 @@ walk_on(tenant, n) AS (
     SELECT d.id FROM walk t CROSS JOIN LATERAL (
         SELECT id, priority, next_attempt_at FROM outbox_operations
         WHERE tenant = t.tenant AND status = 'not_dispatched' AND next_attempt_at <= statement_timestamp()
-          AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
+          AND ((published_at IS NULL AND (fencing_token > 0 OR next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                           OR next_attempt_at < CAST(%(leading_since)s AS timestamptz)))
                OR published_at < next_attempt_at
                OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
@@ -99,7 +103,7 @@ RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float
 WITH due AS (
     SELECT id FROM outbox_operations
     WHERE status = '{status}' AND next_attempt_at <= statement_timestamp()
-      AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
+      AND ((published_at IS NULL AND (fencing_token > 0 OR next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                       OR next_attempt_at < CAST(%(leading_since)s AS timestamptz)))
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
@@ -117,7 +121,7 @@ RETURNING o.id, EXTRACT(EPOCH FROM clock_timestamp() - o.next_attempt_at)::float
 WITH due AS (
     SELECT id FROM outbox_operations
     WHERE status = '{status}' AND next_attempt_at <= statement_timestamp()
-      AND ((published_at IS NULL AND (next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
+      AND ((published_at IS NULL AND (fencing_token > 0 OR next_attempt_at <= clock_timestamp() - make_interval(secs => %(fresh_grace_s)s)
                                       OR next_attempt_at < CAST(%(leading_since)s AS timestamptz)))
            OR published_at < next_attempt_at
            OR published_at < clock_timestamp() - make_interval(secs => %(republish_after_s)s))
