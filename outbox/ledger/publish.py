@@ -10,8 +10,7 @@ notified ids so it can ring them without a query.
 The marks are needed only while the relay cannot read the broker's depth. With it, the relay rings
 by count (the doorbells the due rows need, less those queued: workers/relay/loop.py), whichever
 rows they name, so it reads the due rows without writing them (``write=False``): in a backlog the
-marks were one more rewrite of every operation row (3.00 updates per operation instead of 2.00,
-bench/README.md).
+marks were one more rewrite of every operation row (3.00 updates per operation instead of 2.00).
 """
 
 from __future__ import annotations

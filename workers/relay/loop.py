@@ -143,8 +143,7 @@ class Relay:
         self._last_backfill = 0.0
         self._planner_stats = PlannerStats(engine)  # a backlog must not run on an empty table's plans
         self.stop_event = threading.Event()
-        # Ids rung straight from NOTIFY since the last tick; the tick marks them published while the
-        # broker's depth is unknown (with it, the ticks ring by count and mark nothing).
+        # Ids rung straight from NOTIFY since the last tick; marked by it only if the depth is unknown.
         self._rung: set[str] = set()
         self._rung_lock = threading.Lock()
         self.leader = False  # holds the NOTIFY-leader lock: rings doorbells from notifications
