@@ -54,7 +54,7 @@ def test_accepted_waits_for_the_provider_and_ends_as_the_provider_says(pipe, san
     wait_for(
         lambda: Counter(pipe.op(op).status for op in ops.values()) == Counter({"accepted": N}),
         30,
-        what=f"all accepted (now {Counter(pipe.op(op).status for op in ops.values())})",
+        what=lambda: f"all accepted (now {Counter(pipe.op(op).status for op in ops.values())})",
     )
     for key, op_id in ops.items():
         op = pipe.op(op_id)
@@ -74,7 +74,7 @@ def test_accepted_waits_for_the_provider_and_ends_as_the_provider_says(pipe, san
     wait_for(
         lambda: all(pipe.op(op).status in ("succeeded", "failed_at_provider") for op in ops.values()),
         30,
-        what=f"settled (now {Counter(pipe.op(op).status for op in ops.values())})",
+        what=lambda: f"settled (now {Counter(pipe.op(op).status for op in ops.values())})",
     )
     for key, op_id in ops.items():
         effects = sandbox.effects(key=pk(key))

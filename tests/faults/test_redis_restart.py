@@ -55,7 +55,7 @@ def test_redis_killed_with_doorbells_queued_loses_no_intent(private_redis, pipe,
     wait_for(
         lambda: pipe.count(Status.SUCCEEDED.value) == N,
         30,
-        what=f"all {N} intents succeeded (now {pipe.count(Status.SUCCEEDED.value)})",
+        what=lambda: f"all {N} intents succeeded (now {pipe.count(Status.SUCCEEDED.value)})",
     )
 
     assert {pipe.op(i).status for i in op_ids} == {Status.SUCCEEDED.value}

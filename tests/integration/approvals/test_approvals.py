@@ -132,7 +132,7 @@ def test_a_worker_that_claimed_just_before_the_expiry_rechecks_under_its_token(p
     wait_for(
         lambda: pipe.op(op).status == "awaiting_approval",
         20,
-        what=f"back to awaiting approval at the send (now {pipe.op(op).status}: {pipe.op(op).reason})",
+        what=lambda: f"back to awaiting approval at the send (now {pipe.op(op).status}: {pipe.op(op).reason})",
     )
     assert "expired" in pipe.op(op).reason and pipe.op(op).attempt_count == 0
     assert sandbox.requests(method="POST") == []
