@@ -45,6 +45,7 @@ from sqlalchemy import text
 from bench.celery_workers import Workers
 from bench.scratch_database import ScratchDatabase
 from outbox.ledger.models import OPERATIONS
+from outbox.ledger.states import DISPATCH_CLAIMABLE, RECONCILE_CLAIMABLE, Status
 from tests.loads.cpu_split import CpuSplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,7 +204,7 @@ class Outbox:
         ~0.15 ms per operation charged to the outbox's side of the comparison (bench/README.md)."""
         exists = " OR ".join(
             f"EXISTS (SELECT 1 FROM {OPERATIONS} WHERE status = '{status}' AND tenant = :t)"
-            for status in ("not_dispatched", "dispatching", "outcome_unknown", "accepted")
+            for status in sorted(s.value for s in (*DISPATCH_CLAIMABLE, Status.DISPATCHING, *RECONCILE_CLAIMABLE))
         )
         with self.engine.connect() as c:
             # Statistics taken while every row was due make a scan look cheaper than the index,

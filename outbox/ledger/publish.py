@@ -4,8 +4,8 @@
 read the broker's depth: a row is rung when it is due and was never rung, came due again (a retry),
 or was rung longer ago than ``republish_after_s`` (the message was lost). Marking and selecting
 happen in one statement, so two relays never ring the same row in the same window (duplicates would
-be harmless anyway: the claim decides). Where the database notifies on commit (PostgreSQL), ``listener`` hands the relay the
-notified ids so it can ring them without a query.
+be harmless anyway: the claim decides). Where the database notifies on commit (PostgreSQL),
+``listener`` hands the relay the notified ids so it can ring them without a query.
 
 The marks are needed only while the relay cannot read the broker's depth. With it, the relay rings
 by count (the doorbells the due rows need, less those queued: workers/relay/loop.py), whichever

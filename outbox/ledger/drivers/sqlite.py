@@ -349,11 +349,11 @@ class SqliteDriver:
             if status is Status.NOT_DISPATCHED
             else (_OP.c.next_attempt_at,)
         )
-        due = select(_OP.c.id).where(*conds).order_by(*order).limit(batch)
         if not write:
             with engine.begin() as conn:
                 picked = select(_OP.c.id, db_age_s(_OP.c.next_attempt_at)).where(*conds).order_by(*order).limit(batch)
                 return list(conn.execute(picked).all())
+        due = select(_OP.c.id).where(*conds).order_by(*order).limit(batch)
         stmt = update(_OP).where(_OP.c.id.in_(due.scalar_subquery()))
         with engine.begin() as conn:
             return list(
