@@ -261,8 +261,14 @@ def test_notified_ids_are_rung_once_by_the_leading_relay_and_its_tick_neither_ri
         leader.doorbell.queued_dispatch = lambda: None  # type: ignore[method-assign]
         leader.dispatch_room()
         more = [pipe.submit(f"k-notify-more-{i}").operation_id for i in range(3)]
+
+        def rung() -> bool:  # published, then noted for the tick: wait for both
+            with leader._rung_lock:
+                noted = set(more) <= leader._rung
+            return noted and len(_queued_ids(client, queue)) >= 15
+
         deadline = time.monotonic() + 10
-        while len(_queued_ids(client, queue)) < 15 and time.monotonic() < deadline:
+        while not rung() and time.monotonic() < deadline:
             time.sleep(0.02)
         leader.run_once()
         with pipe.sessions() as s:
