@@ -49,7 +49,9 @@ def test_mark_due_without_writing_answers_the_same_rows_in_order_and_marks_none(
 def test_mark_due_rings_again_a_row_due_again_since_and_one_rung_too_long_ago(case):
     retried, lost, rung = case.submit(), case.submit(), case.submit()
     assert marked(case) == {retried, lost, rung}
-    case.set(retried, next_attempt_at=db_now(0.001))  # due again after its doorbell (a retry)
+    # Due again after its doorbell (a retry), both in the past: SQLite's clock counts milliseconds,
+    # and a retry due 1 ms ahead was not due yet when the next call came within that millisecond.
+    case.set(retried, published_at=db_now(-1), next_attempt_at=db_now(-0.5))
     case.set(lost, published_at=db_now(-120))  # its message was lost
     assert marked(case, republish_after_s=60.0) == {retried, lost}
 
