@@ -25,6 +25,17 @@ indexes key or filter on (id, key, status, due time, ...), which is what the pla
 ANALYZE leaves PostgreSQL's own count of changes since the last analysis as it was, so autovacuum
 still analyzes every column on its own schedule, and this relay counts its changes from its own
 mark (the driver's ``seen``).
+
+A young table (fewer than ``YOUNG_ROWS`` rows when last analyzed, or never) is analyzed also each
+time it has doubled since, from ``YOUNG_FIRST_ROWS`` rows, and looked at every sweep, not every
+``MIN_INTERVAL_S``: a new ledger's first claims are planned on a table of a few rows, and until an
+ANALYZE makes them re-plan they keep that plan while the table grows (issue 56: a claim's update
+read every operation row, a finalize every attempt row, for the first ~1,500 operations of a
+benchmark, the first ANALYZE coming ~4 s in). The driver prices the hot path's page reads so that
+plans made at ~100 rows already use the keys (drivers/sql/housekeeping.sql, generic_plans); the
+doubling re-plans what was made before that. Its cost is bounded, once per ledger: a dozen analyses
+by 10,000 rows, most of the searched columns (``bench.pg_statements --ops 3000``: 7-12 ANALYZE
+statements, 97-145 ms in all, against 4 and 44-84 ms before).
 """
 
 from __future__ import annotations
@@ -46,6 +57,10 @@ TABLES = (OPERATIONS, ATTEMPTS)
 MIN_CHANGED_ROWS = 1000
 MIN_CHANGED_SHARE = 0.2
 MIN_INTERVAL_S = 5.0
+# Young tables: analyzed when doubled since their last analysis (from YOUNG_FIRST_ROWS rows), and
+# looked at every sweep while any queue table is young.
+YOUNG_ROWS = 10_000
+YOUNG_FIRST_ROWS = 250
 ALL_COLUMNS_EVERY_S = 600.0
 INSUFFICIENT_PRIVILEGE = "42501"  # SQLSTATE (psycopg.errors.InsufficientPrivilege)
 
@@ -61,12 +76,14 @@ class PlannerStats:
         self._last = float("-inf")
         self._all_columns_at = float("-inf")
         self._seen: dict[str, int] = {}  # each table's count of changes when analyzed here last
+        self._young: set[str] = set(TABLES)  # the tables young at the last look (all, before the first)
         self.analyzed: list[str] = []  # every table analyzed here, in order (for tests and logs)
 
     def refresh_if_stale(self) -> list[str]:
         """ANALYZE the queue tables that changed enough; returns the tables analyzed."""
         now = time.monotonic()
-        if not self.enabled or now - self._last < self.min_interval_s:
+        interval = 0.0 if self._young else self.min_interval_s
+        if not self.enabled or now - self._last < interval:
             return []
         self._last = now
         if now - self._all_columns_at >= ALL_COLUMNS_EVERY_S:  # forget the marks: every column again
@@ -79,7 +96,14 @@ class PlannerStats:
         try:
             with self.engine.connect() as conn:
                 stale = driver_for(self.engine).analyze_stale(
-                    conn, TABLES, min_rows=MIN_CHANGED_ROWS, share=MIN_CHANGED_SHARE, seen=self._seen
+                    conn,
+                    TABLES,
+                    min_rows=MIN_CHANGED_ROWS,
+                    share=MIN_CHANGED_SHARE,
+                    seen=self._seen,
+                    young_rows=YOUNG_ROWS,
+                    young_first=YOUNG_FIRST_ROWS,
+                    young=self._young,
                 )
                 conn.commit()
         except (DBAPIError, dbapi_error) as exc:

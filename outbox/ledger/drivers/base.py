@@ -219,13 +219,21 @@ class LedgerDriver(Protocol):
         min_rows: int,
         share: float,
         seen: dict[str, int] | None = None,
+        young_rows: int | None = None,
+        young_first: int = 0,
+        young: set[str] | None = None,
     ) -> list[str]:
         """Refresh the planner statistics of those ``tables`` changed by at least ``min_rows`` rows
         and ``share`` of their rows since their last analysis; returns the tables analyzed.
 
         ``seen``: the caller's memory, kept here (a table's count of changes when it last analyzed
         it). A table not in it gets statistics for every column; one in it, for the columns its
-        indexes key or filter on, at a third of the price (planner_stats.py says why)."""
+        indexes key or filter on, at a third of the price (planner_stats.py says why).
+
+        ``young_rows``: a table with fewer rows than that at its last analysis (or never analyzed)
+        is young, and is analyzed too once it has twice the rows it had then, and ``young_first`` at
+        least, however few changed. ``young``: filled with the tables found young (where the
+        database keeps statistics; else emptied)."""
         ...
 
     def upsert(self, table: Any) -> Any:

@@ -244,16 +244,36 @@ class PostgresDriver:
                 raw.execute(sql.INSERT_EVIDENCE_ROWS, {"rows": doc})
 
     def analyze_stale(
-        self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float, seen: dict[str, int] | None = None
+        self,
+        conn: Any,
+        tables: Sequence[str],
+        *,
+        min_rows: int,
+        share: float,
+        seen: dict[str, int] | None = None,
+        young_rows: int | None = None,
+        young_first: int = 0,
+        young: set[str] | None = None,
     ) -> list[str]:
         seen = {} if seen is None else seen  # without a caller's memory, every analysis is a first one
-        params = {"tables": list(tables), "marks": [seen.get(t) for t in tables], "min_rows": min_rows, "share": share}
-        stale = [row for row in _rows(conn, sql.STALE_STATISTICS, params) if row[0] in tables]
-        for table, changes, searched in stale:  # names the caller gave, as PostgreSQL returned them
-            some = table in seen and searched  # all columns the first time, then the searched ones
-            conn.exec_driver_sql(f"ANALYZE {table} ({searched})" if some else f"ANALYZE {table}")
-            seen[table] = changes
-        return [row[0] for row in stale]
+        params = {
+            "tables": list(tables),
+            "marks": [seen.get(t) for t in tables],
+            "min_rows": min_rows,
+            "share": share,
+            "young_rows": -2 if young_rows is None else young_rows,  # reltuples is -1 at least: none young
+            "young_first": young_first,
+        }
+        found = [row for row in _rows(conn, sql.STALE_STATISTICS, params) if row[0] in tables]
+        if young is not None:
+            young.clear()
+            young.update(row[0] for row in found if row.young)
+        stale = [row for row in found if row.stale]
+        for row in stale:  # names the caller gave, as PostgreSQL returned them
+            some = row.relname in seen and row.searched  # all columns the first time, then the searched ones
+            conn.exec_driver_sql(f"ANALYZE {row.relname} ({row.searched})" if some else f"ANALYZE {row.relname}")
+            seen[row.relname] = row.changes
+        return [row.relname for row in stale]
 
     def upsert(self, table: Any) -> Any:
         from sqlalchemy.dialects.postgresql import insert as dialect_insert

@@ -304,10 +304,21 @@ class SqliteDriver:
             session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
 
     def analyze_stale(
-        self, conn: Any, tables: Sequence[str], *, min_rows: int, share: float, seen: dict[str, int] | None = None
+        self,
+        conn: Any,
+        tables: Sequence[str],
+        *,
+        min_rows: int,
+        share: float,
+        seen: dict[str, int] | None = None,
+        young_rows: int | None = None,
+        young_first: int = 0,
+        young: set[str] | None = None,
     ) -> list[str]:
         # SQLite plans every statement on its own (no cached generic plans), from sqlite_stat1
         # that nothing here writes: without it the planner prefers the primary key for ids.
+        if young is not None:
+            young.clear()
         return []
 
     def upsert(self, table: Any) -> Any:

@@ -770,6 +770,125 @@ def lone_pg_ledger():
         engine.dispose()
 
 
+def _grow(ledger, first: int, n: int, *, attempts: bool = False) -> None:
+    """``n`` finished operations (``bulk-<first>``...), with an attempt each if ``attempts``, in one
+    statement each; counted in the activity statistics when this backend next goes idle."""
+    from outbox.ledger.models import ATTEMPTS
+
+    span = {"a": first, "b": first + n - 1}
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, action, args, args_digest, subject, status,"
+                " reason, fencing_token, attempt_count, max_attempts, next_attempt_at, cancel_requested,"
+                " proven_absent_through, created_at, updated_at)"
+                " SELECT 'bulk-' || g, 't', 'bulk-' || g, 'refund', '{}', md5(g::text), 's', 'succeeded', 'r', 1, 1,"
+                " 5, now(), false, 0, now(), now() FROM generate_series(CAST(:a AS int), CAST(:b AS int)) AS g"
+            ),
+            span,
+        )
+        if attempts:
+            conn.execute(
+                text(
+                    f"INSERT INTO {ATTEMPTS} (operation_id, attempt_number, kind, fencing_token, worker, started_at,"
+                    " attempt_class, stale) SELECT 'bulk-' || g, 1, 'dispatch', 1, 'w', now(), 'succeeded', false"
+                    " FROM generate_series(CAST(:a AS int), CAST(:b AS int)) AS g"
+                ),
+                span,
+            )
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+
+
+def test_a_young_ledgers_claims_and_finalizes_keep_finding_rows_by_key_as_its_tables_grow(lone_pg_ledger):
+    """Issue 56: the hot path runs on generic plans made at its first executions, on a new ledger's
+    tables of a few hundred rows. Priced with PostgreSQL's default random page cost, ten probes of
+    the primary key looked dearer than reading such a table whole: the claim's update read every
+    operation row and the finalize every attempt row, and kept doing so as the tables grew, until an
+    ANALYZE made them re-plan (0.5 ms a claim at 1,000 rows; the first ~1,500 operations of a
+    benchmark). Planned at 300 operations and 100 attempts, they must read neither table whole
+    once each holds 20,000 more."""
+    from outbox.ledger.db import make_engine, make_sessionmaker
+    from outbox.ledger.models import ATTEMPTS
+    from outbox.ledger.transitions import Finalize, finalize_many_if_fenced
+
+    ledger = lone_pg_ledger
+    with ledger.sessions.begin() as s:
+        for n in range(300):
+            submit(s, **(INTENT | {"idempotency_key": f"young-{n}"}))
+    engine = make_engine(ledger.url, pool_size=1, max_overflow=0)  # one connection: its prepared statements
+    sessions = make_sessionmaker(engine)
+    report = AttemptReport(AttemptClass.SUCCEEDED, status_code=200, provider_reference="re_1")
+    count = text(
+        f"SELECT pg_stat_get_xact_numscans('{OPERATIONS}'::regclass), pg_stat_get_xact_numscans('{ATTEMPTS}'::regclass)"
+    )
+    try:
+
+        def claim_and_finalize() -> list[tuple[int, int]]:
+            """The whole-table reads (sequential scans) of each table by a claim of two, then by their
+            finalize (this backend's counts not yet flushed to the shared statistics, before and after)."""
+            with sessions.begin() as s:
+                before = s.execute(count).one()
+                claims = claim_due(s, worker="w", lease_s=30.0, limit=2)
+                assert len(claims) == 2
+                claimed = s.execute(count).one()
+            with sessions.begin() as s:
+                finalize_many_if_fenced(s, [Finalize(c, report, Status.SUCCEEDED, "done") for c in claims])
+                finalized = s.execute(count).one()
+            return [tuple(b - a for a, b in zip(x, y)) for x, y in ((before, claimed), (claimed, finalized))]
+
+        for _ in range(50):  # 100 attempts
+            claim_and_finalize()
+        with ledger.engine.begin() as conn:  # a young ledger's statistics, as the relay's first ANALYZE leaves them
+            conn.execute(text(f"ANALYZE {OPERATIONS}"))
+            conn.execute(text(f"ANALYZE {ATTEMPTS}"))
+        for _ in range(2):  # the generic plans made again, at 300 operations and 104 attempts
+            claim_and_finalize()
+        _grow(ledger, 0, 20_000, attempts=True)
+        assert claim_and_finalize() == [(0, 0), (0, 0)]
+    finally:
+        engine.dispose()
+
+
+def test_a_young_table_is_analyzed_each_time_it_doubles_and_looked_at_every_sweep_until_grown(
+    lone_pg_ledger, monkeypatch
+):
+    """Issue 56: the relay analyzed a queue table once 1,000 of its rows and a fifth had changed, and
+    looked every 5 s: a new ledger's first ANALYZE came ~4 s into a benchmark, its claims planned on
+    an empty table until then. A young table (under YOUNG_ROWS rows when last analyzed) is analyzed
+    each time it has doubled since, however few rows changed, and looked at every sweep; once both
+    tables are grown, the interval holds again."""
+    import time
+
+    from outbox.ledger import planner_stats
+    from outbox.ledger.models import ATTEMPTS
+    from outbox.ledger.planner_stats import PlannerStats
+
+    monkeypatch.setattr(planner_stats, "YOUNG_FIRST_ROWS", 100)
+    monkeypatch.setattr(planner_stats, "YOUNG_ROWS", 1_000)
+    stats = PlannerStats(lone_pg_ledger.engine, min_interval_s=3600)  # the interval alone: one look an hour
+    assert stats.refresh_if_stale() == []  # empty: nothing to analyze
+    _grow(lone_pg_ledger, 0, 150)
+    assert OPERATIONS in wait_for_stats(stats, OPERATIONS)  # 150 rows changed, not 1,000: young
+    _grow(lone_pg_ledger, 150, 100)  # 250 < twice 150
+    assert OPERATIONS not in stats.refresh_if_stale()
+
+    def analyzed_both() -> None:
+        since = len(stats.analyzed)
+        deadline = time.monotonic() + 10  # the activity counters arrive within about a second
+        while not {OPERATIONS, ATTEMPTS} <= set(stats.analyzed[since:]) and time.monotonic() < deadline:
+            stats.refresh_if_stale()
+            time.sleep(0.2)
+        assert {OPERATIONS, ATTEMPTS} <= set(stats.analyzed[since:]), stats.analyzed[since:]
+
+    _grow(lone_pg_ledger, 250, 100, attempts=True)  # 350 >= twice 150; the attempts table's first 100
+    analyzed_both()
+    _grow(lone_pg_ledger, 350, 1_500, attempts=True)  # both past YOUNG_ROWS once analyzed: grown up
+    analyzed_both()
+    _grow(lone_pg_ledger, 1_850, 5_000, attempts=True)  # stale by any rule, but the interval holds now
+    time.sleep(1.5)
+    assert stats.refresh_if_stale() == []
+
+
 def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg_ledger):
     """Issue 14: every claim moves its rows out of the partial index of due rows, and their
     entries stay until VACUUM. Bounded by clock_timestamp() (VOLATILE: no index condition), a claim
