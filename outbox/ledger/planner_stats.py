@@ -27,15 +27,16 @@ still analyzes every column on its own schedule, and this relay counts its chang
 mark (the driver's ``seen``).
 
 A young table (fewer than ``YOUNG_ROWS`` rows when last analyzed, or never) is analyzed also each
-time it has doubled since, from ``YOUNG_FIRST_ROWS`` rows, and looked at every sweep, not every
-``MIN_INTERVAL_S``: a new ledger's first claims are planned on a table of a few rows, and until an
-ANALYZE makes them re-plan they keep that plan while the table grows (issue 56: a claim's update
-read every operation row, a finalize every attempt row, for the first ~1,500 operations of a
-benchmark, the first ANALYZE coming ~4 s in). The driver prices the hot path's page reads so that
-plans made at ~100 rows already use the keys (drivers/sql/housekeeping.sql, generic_plans); the
-doubling re-plans what was made before that. Its cost is bounded, once per ledger: a dozen analyses
-by 10,000 rows, most of the searched columns (``bench.pg_statements --ops 3000``: 7-12 ANALYZE
-statements, 97-145 ms in all, against 4 and 44-84 ms before).
+time it has doubled since, from ``YOUNG_FIRST_ROWS`` rows, and that rule alone is looked at every
+sweep while a table is young (the others every ``MIN_INTERVAL_S``): a new ledger's first claims are
+planned on tables of a few rows, and keep that plan while the tables grow until an ANALYZE makes
+them re-plan (a claim's update read every operation row, a finalize every attempt row, for the
+first ~1,500 operations of a benchmark, the first ANALYZE coming ~4 s in). The driver prices the hot
+path's page reads so that plans made at ~100 rows already use the keys (drivers/sql/housekeeping.sql,
+generic_plans); the doubling re-plans what was made before that. Its analyses are a dozen by 10,000
+rows, most of the searched columns, once per ledger (``bench.pg_statements --ops 3000``: 7-12
+ANALYZE statements, 83-145 ms in all, against 4 and 44-84 ms before); a ledger that stays small is
+looked at every sweep (~0.5 ms), analyzed only by the rules.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from outbox.ledger.drivers import driver_for
+from outbox.ledger.drivers.base import StaleRules
 from outbox.ledger.models import ATTEMPTS, OPERATIONS
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ MIN_INTERVAL_S = 5.0
 # looked at every sweep while any queue table is young.
 YOUNG_ROWS = 10_000
 YOUNG_FIRST_ROWS = 250
+NEVER = 2**62  # MIN_CHANGED_ROWS between the MIN_INTERVAL_S looks: only the young tables' rule
 ALL_COLUMNS_EVERY_S = 600.0
 INSUFFICIENT_PRIVILEGE = "42501"  # SQLSTATE (psycopg.errors.InsufficientPrivilege)
 
@@ -73,7 +76,7 @@ class PlannerStats:
         self.engine = engine
         self.enabled = True
         self.min_interval_s = min_interval_s
-        self._last = float("-inf")
+        self._last = float("-inf")  # the last look by every rule
         self._all_columns_at = float("-inf")
         self._seen: dict[str, int] = {}  # each table's count of changes when analyzed here last
         self._young: set[str] = set(TABLES)  # the tables young at the last look (all, before the first)
@@ -82,10 +85,11 @@ class PlannerStats:
     def refresh_if_stale(self) -> list[str]:
         """ANALYZE the queue tables that changed enough; returns the tables analyzed."""
         now = time.monotonic()
-        interval = 0.0 if self._young else self.min_interval_s
-        if not self.enabled or now - self._last < interval:
+        every_rule = now - self._last >= self.min_interval_s  # else the young tables' rule alone
+        if not self.enabled or not (every_rule or self._young):
             return []
-        self._last = now
+        if every_rule:
+            self._last = now
         if now - self._all_columns_at >= ALL_COLUMNS_EVERY_S:  # forget the marks: every column again
             self._all_columns_at = now
             self._seen.clear()
@@ -95,20 +99,15 @@ class PlannerStats:
         dbapi_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
         try:
             with self.engine.connect() as conn:
-                stale = driver_for(self.engine).analyze_stale(
-                    conn,
-                    TABLES,
-                    min_rows=MIN_CHANGED_ROWS,
-                    share=MIN_CHANGED_SHARE,
-                    seen=self._seen,
-                    young_rows=YOUNG_ROWS,
-                    young_first=YOUNG_FIRST_ROWS,
-                    young=self._young,
-                )
+                min_rows = MIN_CHANGED_ROWS if every_rule else NEVER
+                rules = StaleRules(min_rows, MIN_CHANGED_SHARE, YOUNG_ROWS, YOUNG_FIRST_ROWS)
+                stale = driver_for(self.engine).analyze_stale(conn, TABLES, rules, seen=self._seen)
                 conn.commit()
+                self._young = rules.young
         except (DBAPIError, dbapi_error) as exc:
             cause = exc.orig if isinstance(exc, DBAPIError) else exc
             self._seen.clear()  # marks of analyses rolled back with it: every column next time
+            self._young = set(TABLES)  # and the young tables' counts with them: look again next sweep
             if getattr(cause, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
                 log.warning("planner statistics left to autovacuum: %s", str(cause).strip())
                 self.enabled = False

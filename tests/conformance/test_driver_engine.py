@@ -13,6 +13,7 @@ from sqlalchemy import exc, select, text
 from sqlalchemy.engine import make_url
 
 from outbox.ledger.drivers import driver_for
+from outbox.ledger.drivers.base import StaleRules
 from outbox.ledger.models import Attempt, Operation, core_table
 from outbox.ledger.states import AttemptClass, AttemptKind
 
@@ -214,8 +215,9 @@ def test_analyze_stale_refreshes_changed_tables_where_the_database_keeps_statist
         case.submit()
 
     def analyze(**kw: Any) -> list[str]:
+        given = kw.pop("tables", tables)
         with case.engine.connect() as conn:
-            done = case.driver.analyze_stale(conn, kw.pop("tables", tables), **({"min_rows": 1, "share": 0.0} | kw))
+            done = case.driver.analyze_stale(conn, given, StaleRules(**({"min_rows": 1, "share": 0.0} | kw)))
             conn.commit()
         return done
 

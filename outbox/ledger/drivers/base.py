@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, Engine
@@ -24,6 +24,21 @@ from outbox.ledger.writes import WriteSet, finalize_writes, settle_writes
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+@dataclass
+class StaleRules:
+    """When ``analyze_stale`` refreshes a table's planner statistics: once ``min_rows`` of its rows
+    and ``share`` of them changed since its last analysis; or, a young table (fewer than
+    ``young_rows`` rows when last analyzed, or never analyzed), once it has twice the rows it had
+    then and ``young_first`` at least, however few changed. ``young``: the tables still young after
+    the driver's look, set by it (empty where the database keeps no statistics)."""
+
+    min_rows: int
+    share: float
+    young_rows: int = -2  # reltuples is -1 at least: no table young
+    young_first: int = 0
+    young: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -212,28 +227,14 @@ class LedgerDriver(Protocol):
     def insert_evidence(self, session: Any, records: Sequence[dict[str, Any]]) -> None: ...
 
     def analyze_stale(
-        self,
-        conn: Connection,
-        tables: Sequence[str],
-        *,
-        min_rows: int,
-        share: float,
-        seen: dict[str, int] | None = None,
-        young_rows: int | None = None,
-        young_first: int = 0,
-        young: set[str] | None = None,
+        self, conn: Connection, tables: Sequence[str], rules: StaleRules, seen: dict[str, int] | None = None
     ) -> list[str]:
-        """Refresh the planner statistics of those ``tables`` changed by at least ``min_rows`` rows
-        and ``share`` of their rows since their last analysis; returns the tables analyzed.
+        """Refresh the planner statistics of those ``tables`` stale by the ``rules``; returns the
+        tables analyzed, and sets ``rules.young``.
 
         ``seen``: the caller's memory, kept here (a table's count of changes when it last analyzed
         it). A table not in it gets statistics for every column; one in it, for the columns its
-        indexes key or filter on, at a third of the price (planner_stats.py says why).
-
-        ``young_rows``: a table with fewer rows than that at its last analysis (or never analyzed)
-        is young, and is analyzed too once it has twice the rows it had then, and ``young_first`` at
-        least, however few changed. ``young``: filled with the tables found young (where the
-        database keeps statistics; else emptied)."""
+        indexes key or filter on, at a third of the price (planner_stats.py says why)."""
         ...
 
     def upsert(self, table: Any) -> Any:

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from outbox.errors import MissingDependency
 from outbox.ledger.drivers import pg_moves as moves
 from outbox.ledger.drivers import pg_statements as sql
-from outbox.ledger.drivers.base import FinalizeWrite, Inserted, NewOperation
+from outbox.ledger.drivers.base import FinalizeWrite, Inserted, NewOperation, StaleRules
 from outbox.ledger.fairness import Fairness, FairnessMode
 from outbox.ledger.models import Run, core_table
 from outbox.ledger.states import AttemptKind, Status
@@ -244,30 +244,12 @@ class PostgresDriver:
                 raw.execute(sql.INSERT_EVIDENCE_ROWS, {"rows": doc})
 
     def analyze_stale(
-        self,
-        conn: Any,
-        tables: Sequence[str],
-        *,
-        min_rows: int,
-        share: float,
-        seen: dict[str, int] | None = None,
-        young_rows: int | None = None,
-        young_first: int = 0,
-        young: set[str] | None = None,
+        self, conn: Any, tables: Sequence[str], rules: StaleRules, seen: dict[str, int] | None = None
     ) -> list[str]:
         seen = {} if seen is None else seen  # without a caller's memory, every analysis is a first one
-        params = {
-            "tables": list(tables),
-            "marks": [seen.get(t) for t in tables],
-            "min_rows": min_rows,
-            "share": share,
-            "young_rows": -2 if young_rows is None else young_rows,  # reltuples is -1 at least: none young
-            "young_first": young_first,
-        }
-        found = [row for row in _rows(conn, sql.STALE_STATISTICS, params) if row[0] in tables]
-        if young is not None:
-            young.clear()
-            young.update(row[0] for row in found if row.young)
+        params = vars(rules) | {"tables": list(tables), "marks": [seen.get(t) for t in tables]}
+        found = [row for row in _rows(conn, sql.STALE_STATISTICS, params) if row.relname in tables]
+        rules.young = {row.relname for row in found if row.young}
         stale = [row for row in found if row.stale]
         for row in stale:  # names the caller gave, as PostgreSQL returned them
             some = row.relname in seen and row.searched  # all columns the first time, then the searched ones

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox.ledger.clock import db_age_s, db_now
 from outbox.ledger.drivers import sqlite_engine
-from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, Inserted, NewOperation
+from outbox.ledger.drivers.base import ClaimedRow, FinalizeWrite, Inserted, NewOperation, StaleRules
 from outbox.ledger.drivers.sqlite_ranking import fair_order
 from outbox.ledger.effect_guard import may_have_taken_effect, no_effect_possible
 from outbox.ledger.events import record_events
@@ -304,21 +304,11 @@ class SqliteDriver:
             session.execute(insert(core_table(Evidence)).values([dict(r, recorded_at=db_now()) for r in records]))
 
     def analyze_stale(
-        self,
-        conn: Any,
-        tables: Sequence[str],
-        *,
-        min_rows: int,
-        share: float,
-        seen: dict[str, int] | None = None,
-        young_rows: int | None = None,
-        young_first: int = 0,
-        young: set[str] | None = None,
+        self, conn: Any, tables: Sequence[str], rules: StaleRules, seen: dict[str, int] | None = None
     ) -> list[str]:
         # SQLite plans every statement on its own (no cached generic plans), from sqlite_stat1
         # that nothing here writes: without it the planner prefers the primary key for ids.
-        if young is not None:
-            young.clear()
+        rules.young = set()
         return []
 
     def upsert(self, table: Any) -> Any:

@@ -676,10 +676,12 @@ def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_a
                 claims = claim_due(s, worker="w", lease_s=30.0, limit=2)
                 assert len(claims) == 2
                 assert s.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
+                assert s.execute(text("SHOW random_page_cost")).scalar_one() == "4"
             with sessions.begin() as s:
                 items = [Finalize(c, report, Status.SUCCEEDED, "done") for c in claims]
                 assert finalize_many_if_fenced(s, items) == [None, None]
                 assert s.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
+                assert s.execute(text("SHOW random_page_cost")).scalar_one() == "4"
         with sessions() as s:
             plans = s.execute(
                 text(
@@ -720,6 +722,7 @@ def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quie
                 driver_for(conn).attempt_log(conn, ids, ("id", "operation_id"))  # the evidence's read
         with ledger.one_statement() as conn:
             assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+            assert conn.execute("SHOW random_page_cost").fetchone() == ("4",)
             plans = conn.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                 f" WHERE statement LIKE '%UPDATE {OPERATIONS} o SET%' OR statement LIKE '%= ANY(%'"
@@ -728,8 +731,10 @@ def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quie
         assert all(custom == 0 and generic >= 1 for generic, custom in plans), plans
         with ledger.transaction() as conn:
             conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            conn.execute("SET LOCAL random_page_cost = 2.5")
             assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
             assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
+            assert conn.execute("SHOW random_page_cost").fetchone() == ("2.5",)
     finally:
         ledger.close()
     assert notices == []
@@ -768,6 +773,14 @@ def lone_pg_ledger():
         yield Ledger("postgres", url, engine, make_sessionmaker(engine))
         record_moves(engine)
         engine.dispose()
+
+
+def _no_autovacuum(ledger) -> None:
+    from outbox.ledger.models import ATTEMPTS
+
+    with ledger.engine.begin() as conn:
+        for table in (OPERATIONS, ATTEMPTS):
+            conn.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = off)"))
 
 
 def _grow(ledger, first: int, n: int, *, attempts: bool = False) -> None:
@@ -812,6 +825,7 @@ def test_a_young_ledgers_claims_and_finalizes_keep_finding_rows_by_key_as_its_ta
     from outbox.ledger.transitions import Finalize, finalize_many_if_fenced
 
     ledger = lone_pg_ledger
+    _no_autovacuum(ledger)  # no ANALYZE but the test's (a compose PostgreSQL runs autovacuum)
     with ledger.sessions.begin() as s:
         for n in range(300):
             submit(s, **(INTENT | {"idempotency_key": f"young-{n}"}))
@@ -865,11 +879,17 @@ def test_a_young_table_is_analyzed_each_time_it_doubles_and_looked_at_every_swee
 
     monkeypatch.setattr(planner_stats, "YOUNG_FIRST_ROWS", 100)
     monkeypatch.setattr(planner_stats, "YOUNG_ROWS", 1_000)
+    _no_autovacuum(lone_pg_ledger)
     stats = PlannerStats(lone_pg_ledger.engine, min_interval_s=3600)  # the interval alone: one look an hour
     assert stats.refresh_if_stale() == []  # empty: nothing to analyze
     _grow(lone_pg_ledger, 0, 150)
     assert OPERATIONS in wait_for_stats(stats, OPERATIONS)  # 150 rows changed, not 1,000: young
     _grow(lone_pg_ledger, 150, 100)  # 250 < twice 150
+    with lone_pg_ledger.engine.begin() as conn:  # 1,000 rows changed: the other rules' looks wait their interval
+        for _ in range(4):
+            conn.execute(text(f"UPDATE {OPERATIONS} SET updated_at = now()"))
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+    time.sleep(1.5)
     assert OPERATIONS not in stats.refresh_if_stale()
 
     def analyzed_both() -> None:

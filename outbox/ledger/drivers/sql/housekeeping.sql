@@ -50,10 +50,15 @@ SET LOCAL statement_timeout = {ms}
 -- hundred rows whole, and the generic plan made while a new ledger's table was that small (the
 -- first claims) kept the whole-table read while it grew: a claim's update read every operation row
 -- (0.5 ms at 1,000 rows) and a finalize every attempt row until the relay's first ANALYZE made
--- them re-plan. At 1.1 the probes win from ~100 rows (bench/README.md, issue 56). A generic plan is
--- made with the settings of the execution that makes it, so these hold for it as long as it lives.
+-- them re-plan. At 1.1 the probes win from ~100 rows. A generic plan is made with
+-- the settings of the execution that makes it, so these hold for it as long as it lives. The price
+-- is kept as text (numeric, not float: exact whatever extra_float_digits says). A tablespace's own
+-- random_page_cost, where set, takes precedence over this (docs/how-to/deploy.md).
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
-       set_config('random_page_cost', LEAST(CAST(current_setting('random_page_cost') AS float8), 1.1)::text, true)
+       set_config('random_page_cost', CASE
+           WHEN CAST(current_setting('random_page_cost') AS numeric) < 1.1 * CAST(current_setting('seq_page_cost') AS numeric)
+           THEN current_setting('random_page_cost')
+           ELSE CAST(1.1 * CAST(current_setting('seq_page_cost') AS numeric) AS text) END, true)
 FROM (SELECT set_config('agent_outbox.plan_cache_mode', current_setting('plan_cache_mode'), true),
              set_config('agent_outbox.random_page_cost', current_setting('random_page_cost'), true)) AS kept
 
