@@ -618,26 +618,8 @@ def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg
     from outbox.ledger.drivers import pg_moves
     from outbox.ledger.models import ATTEMPTS
 
-    n = 20_000
+    _grow(pg_ledger, 1, 20_000, attempts=True, status="dispatching", attempt_class="pending")
     with pg_ledger.engine.begin() as conn:
-        conn.execute(
-            text(
-                f"INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, action, args, args_digest, subject, status,"
-                " reason, fencing_token, attempt_count, max_attempts, next_attempt_at, cancel_requested,"
-                " proven_absent_through, created_at, updated_at)"
-                " SELECT 'plan-' || g, 't', 'plan-' || g, 'refund', '{}', md5(g::text), 's', 'dispatching', 'r', 1, 1,"
-                " 5, now(), false, 0, now(), now() FROM generate_series(1, :n) AS g"
-            ),
-            {"n": n},
-        )
-        conn.execute(
-            text(
-                f"INSERT INTO {ATTEMPTS} (operation_id, attempt_number, kind, fencing_token, worker, started_at, attempt_class,"
-                " stale)"
-                " SELECT 'plan-' || g, 1, 'dispatch', 1, 'w', now(), 'pending', false FROM generate_series(1, :n) AS g"
-            ),
-            {"n": n},
-        )
         conn.execute(text(f"ANALYZE {OPERATIONS}"))
         conn.execute(text(f"ANALYZE {ATTEMPTS}"))
     url = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -783,19 +765,22 @@ def _no_autovacuum(ledger) -> None:
             conn.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = off)"))
 
 
-def _grow(ledger, first: int, n: int, *, attempts: bool = False) -> None:
-    """``n`` finished operations (``bulk-<first>``...), with an attempt each if ``attempts``, in one
-    statement each; counted in the activity statistics when this backend next goes idle."""
+def _grow(
+    ledger, first: int, n: int, *, attempts: bool = False, status: str = "succeeded", attempt_class: str = "succeeded"
+) -> None:
+    """``n`` operations (``bulk-<first>``...) in ``status``, token 1, with an attempt each of
+    ``attempt_class`` if ``attempts``, in one statement each; counted in the activity statistics
+    when this backend next goes idle."""
     from outbox.ledger.models import ATTEMPTS
 
-    span = {"a": first, "b": first + n - 1}
+    span = {"a": first, "b": first + n - 1, "status": status, "class": attempt_class}
     with ledger.engine.begin() as conn:
         conn.execute(
             text(
                 f"INSERT INTO {OPERATIONS} (id, tenant, idempotency_key, action, args, args_digest, subject, status,"
                 " reason, fencing_token, attempt_count, max_attempts, next_attempt_at, cancel_requested,"
                 " proven_absent_through, created_at, updated_at)"
-                " SELECT 'bulk-' || g, 't', 'bulk-' || g, 'refund', '{}', md5(g::text), 's', 'succeeded', 'r', 1, 1,"
+                " SELECT 'bulk-' || g, 't', 'bulk-' || g, 'refund', '{}', md5(g::text), 's', :status, 'r', 1, 1,"
                 " 5, now(), false, 0, now(), now() FROM generate_series(CAST(:a AS int), CAST(:b AS int)) AS g"
             ),
             span,
@@ -804,7 +789,7 @@ def _grow(ledger, first: int, n: int, *, attempts: bool = False) -> None:
             conn.execute(
                 text(
                     f"INSERT INTO {ATTEMPTS} (operation_id, attempt_number, kind, fencing_token, worker, started_at,"
-                    " attempt_class, stale) SELECT 'bulk-' || g, 1, 'dispatch', 1, 'w', now(), 'succeeded', false"
+                    " attempt_class, stale) SELECT 'bulk-' || g, 1, 'dispatch', 1, 'w', now(), :class, false"
                     " FROM generate_series(CAST(:a AS int), CAST(:b AS int)) AS g"
                 ),
                 span,
