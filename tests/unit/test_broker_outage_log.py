@@ -173,6 +173,28 @@ def test_a_task_cancelled_on_the_loss_is_info_and_so_is_its_stale_soft_limit():
     assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.dispatch", "t-2"))[0] == "WARNING"
 
 
+def test_the_hard_limit_of_a_task_cancelled_on_the_loss_is_info_and_of_a_task_at_work_one_error():
+    """A task Celery cancelled on the loss whose process was still draining its calls out at the hard
+    limit (CI, 2026-12-07): its hard limit is part of the outage. Celery says every hard limit twice;
+    the record without the task's name is INFO, the one with it keeps the event's level."""
+    from billiard.exceptions import TimeLimitExceeded
+    from celery.worker.consumer.consumer import TERMINATING_TASK_ON_RESTART_AFTER_A_CONNECTION_LOSS as CANCEL
+
+    log = BrokerOutageLog(Clock())
+    passed(log, lost())
+    passed(log, record(CONSUMER_LOGGER, logging.WARNING, CANCEL, Request("t-1")))
+    soft = "Soft time limit (%ss) exceeded for %s[%s]"
+    hard = "Hard time limit (%ss) exceeded for %s[%s]"
+    handler = "Task handler raised error: %r"
+    assert passed(log, record(REQUEST_LOGGER, logging.WARNING, soft, 2.0, "outbox.reconcile", "t-1"))[0] == "INFO"
+    assert passed(log, record(REQUEST_LOGGER, logging.ERROR, handler, TimeLimitExceeded(2.5)))[0] == "INFO"
+    assert passed(log, record(REQUEST_LOGGER, logging.ERROR, hard, 2.5, "outbox.reconcile", "t-1"))[0] == "INFO"
+    # A task at work, or the same task run again: its hard limit is news, said once at ERROR.
+    assert passed(log, record(REQUEST_LOGGER, logging.ERROR, handler, TimeLimitExceeded(2.5)))[0] == "INFO"
+    assert passed(log, record(REQUEST_LOGGER, logging.ERROR, hard, 2.5, "outbox.reconcile", "t-1"))[0] == "ERROR"
+    assert passed(log, record(REQUEST_LOGGER, logging.ERROR, hard, 2.5, "outbox.dispatch", "t-2"))[0] == "ERROR"
+
+
 def _cut_reset(exc: BaseException) -> logging.LogRecord:
     try:
         raise exc

@@ -17,13 +17,20 @@ no retry limit). Celery logs it as if it were final:
   ("Task ... cannot be acknowledged after a connection loss ... Terminating it instead"), then,
   as it leaves their soft time limits armed, "Soft time limit (2.0s) exceeded for ..." at WARNING
   for a task that has ended, and ``Pool process <...Worker...> error: SoftTimeLimitExceeded()`` at
-  ERROR when the limit's signal reaches the process while it leaves. The operations come back
-  through their leases. Such stale signals no longer raise in a pool process
+  ERROR when the limit's signal reaches the process while it leaves; and when the leaving process
+  is still draining its calls out at the hard limit (a reconcile task's lookups on a loaded
+  machine), ``Hard time limit (2.5s) exceeded for ...`` at ERROR, and billiard kills it. The
+  operations come back through their leases. Such stale signals no longer raise in a pool process
   (workers/wiring/soft_limit.py); the SIGTERM itself, when it lands while a connection goes back to
   its pool, makes SQLAlchemy's ``Exception during reset or similar`` at ERROR (SystemExit): the
   process is leaving and the connection with it. At INFO it is dropped unless SQLAlchemy's pool
   logger is set to INFO (SQLAlchemy sets its loggers to WARNING);
 - beat's ``beat: Connection error: ... Trying again in N seconds...`` at ERROR, per attempt.
+
+Celery says every hard time limit twice at ERROR: ``Task handler raised error: TimeLimitExceeded(...)``
+(no task named; billiard's traceback of its own timer) and, at once after it, ``Hard time limit
+(...) exceeded for <task>[<id>]``. The first is said at INFO: the second is the event's one record,
+at ERROR for a task at work and at INFO for one cancelled on the loss, as above.
 
 ``BrokerOutageLog`` keeps those records and sets their level: the first record of an outage is its
 one WARNING, the rest INFO without traceback (retried, intermediate failures are INFO, STYLE.md),
@@ -45,7 +52,7 @@ from typing import Any
 
 import kombu.exceptions
 import redis.exceptions
-from billiard.exceptions import SoftTimeLimitExceeded
+from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from workers.wiring import soft_limit
 
@@ -71,7 +78,9 @@ SQLALCHEMY_POOL_LOGGERS = tuple(
 LOGGERS = (CONSUMER_LOGGER, CONNECTION_LOGGER, REQUEST_LOGGER, POOL_LOGGER, BEAT_LOGGER, *SQLALCHEMY_POOL_LOGGERS)
 
 _SOFT_LIMIT = "Soft time limit (%ss) exceeded for %s[%s]"
-_CANCELLED_KEPT = 1000  # ids of cancelled tasks remembered for their stale soft limits
+_HARD_LIMIT = "Hard time limit (%ss) exceeded for %s[%s]"
+_HANDLER_ERROR = "Task handler raised error: %r"
+_CANCELLED_KEPT = 1000  # ids of cancelled tasks remembered for their stale time limits
 _BEAT_RETRIES = ("beat: Connection error: ", "beat pidbox: Connection error: ")
 _ACK_FAILURES = ("Couldn't ack %r, reason:%r", "Couldn't reject %r, reason:%r")
 _RESET_FAILED = "Exception during reset or similar"
@@ -86,7 +95,8 @@ class BrokerOutageLog(logging.Filter):
         self._leaving = leaving
         self._lock = threading.Lock()
         self.unreachable_since: float | None = None
-        self._cancelled: dict[str, None] = {}  # task ids, oldest first
+        # Ids of tasks cancelled on a loss, oldest first -> whether their stale soft limit was said.
+        self._cancelled: dict[str, bool] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if _is_lost(record):
@@ -104,16 +114,25 @@ class BrokerOutageLog(logging.Filter):
             return _relevel(record, logging.WARNING if first else logging.INFO)
         if (cancelled := _cancelled_task(record)) is not None:
             with self._lock:
-                self._cancelled[cancelled] = None
+                self._cancelled[cancelled] = False
                 while len(self._cancelled) > _CANCELLED_KEPT:
                     del self._cancelled[next(iter(self._cancelled))]
             return _relevel(record, logging.INFO)
-        if _is_soft_limit(record):
-            # Only for a task cancelled on the loss: a live task's soft limit is news.
+        if _is_time_limit(record, _SOFT_LIMIT):
+            # Only for a task cancelled on the loss, once: a live task's soft limit is news.
             with self._lock:
-                stale = _args(record)[2] in self._cancelled
-                self._cancelled.pop(_args(record)[2], None)
+                stale = self._cancelled.get(_args(record)[2]) is False
+                if stale:
+                    self._cancelled[_args(record)[2]] = True
             return _relevel(record, logging.INFO) if stale else True
+        if _is_time_limit(record, _HARD_LIMIT):
+            # The same: its process still draining its calls out when the hard limit came.
+            with self._lock:
+                stale = self._cancelled.pop(_args(record)[2], None) is not None
+            return _relevel(record, logging.INFO) if stale else True
+        if _is_hard_limit_handler_error(record):
+            # Said again, with the task named, by the next record (module docstring).
+            return _relevel(record, logging.INFO)
         if _is_ack_failure(record) or _is_stale_soft_limit(record):
             # Side effects of a loss the consumer reports once (above).
             return _relevel(record, logging.INFO)
@@ -162,8 +181,18 @@ def _cancelled_task(record: logging.LogRecord) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
-def _is_soft_limit(record: logging.LogRecord) -> bool:
-    return record.name == REQUEST_LOGGER and record.msg == _SOFT_LIMIT and len(_args(record)) == 3
+def _is_time_limit(record: logging.LogRecord, template: str) -> bool:
+    return record.name == REQUEST_LOGGER and record.msg == template and len(_args(record)) == 3
+
+
+def _is_hard_limit_handler_error(record: logging.LogRecord) -> bool:
+    args = _args(record)
+    return (
+        record.name == REQUEST_LOGGER
+        and record.msg == _HANDLER_ERROR
+        and len(args) == 1
+        and isinstance(args[0], TimeLimitExceeded)
+    )
 
 
 def _is_ack_failure(record: logging.LogRecord) -> bool:
