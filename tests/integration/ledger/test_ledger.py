@@ -898,6 +898,17 @@ def test_a_young_table_is_analyzed_each_time_it_doubles_and_looked_at_every_swee
     assert stats.refresh_if_stale() == []
 
 
+def _older_than(conn, xid: int) -> list[tuple[object, ...]]:
+    """The server's sessions whose transaction began before ``xid`` (database, pid, state, query)."""
+    rows = conn.execute(
+        "SELECT datname, pid, state, left(query, 80) FROM pg_stat_activity"
+        " WHERE backend_xid::text::bigint < %(x)s OR backend_xmin::text::bigint < %(x)s",
+        {"x": xid},
+    ).fetchall()
+    conn.commit()
+    return rows
+
+
 def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg_ledger):
     """Issue 14: every claim moves its rows out of the partial index of due rows, and their
     entries stay until VACUUM. Bounded by clock_timestamp() (VOLATILE: no index condition), a claim
@@ -912,6 +923,7 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg
 
     from outbox.ledger.drivers import pg_statements as sql
     from outbox.ledger.states import AttemptKind
+    from tests.harness import wait_for
 
     with lone_pg_ledger.sessions.begin() as s:
         for n in range(2000):
@@ -926,6 +938,24 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg
     params = {"worker": "probe", "lease_s": 30, "after_tenant": "", "weight_tenants": [], "weights": []}
     params["versions"] = None  # the workers' versions of the actions, for the attempt rows
     with psycopg.connect(url) as conn:
+        # Marking waits until the claims' dead versions are older than every snapshot, and a snapshot's
+        # horizon is the oldest transaction running anywhere on the server: another test process's
+        # long transaction, in a database of its own, holds the marking back for its whole life (CI,
+        # 2026-12-07: 108 pages on every try). Measured once every transaction older than the claims
+        # has ended (said when one outlives the wait: that is a server the test cannot measure on).
+        (after_claims,) = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        conn.commit()
+
+        def oldest_running() -> int:
+            (xmin,) = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()
+            conn.commit()
+            return int(xmin)
+
+        wait_for(
+            lambda: oldest_running() > after_claims,
+            120,
+            what=lambda: f"every transaction older than the claims ended: {_older_than(conn, after_claims)}",
+        )
 
         def heap_pages_read() -> int:
             """Shared buffers the claim's scans of due rows touched (rolled back: nothing claimed)."""
