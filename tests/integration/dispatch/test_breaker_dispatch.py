@@ -434,15 +434,15 @@ def test_a_doorbell_that_claims_other_due_operations_asks_the_breaker_once(tmp_p
     """Issue 14: a doorbell whose own ids another claim took still claims whatever is due, and
     those operations had no breaker answer: each call asked Redis for itself (under the fault mix
     1.2 admissions per operation, two thirds of all claims being such fills). The claim's targets
-    are asked once, as for the ids a doorbell rings. Counted on a private Redis: every breaker
-    decision and record is one EVALSHA."""
+    are asked once, as for the ids a doorbell rings. Counted on a private Redis that holds the
+    breakers alone: every breaker decision and record is one EVALSHA (the broker's Redis transport
+    runs scripts of its own, for its bindings: on the same Redis they made 6 and 7 under load)."""
     from tests.harness import PrivateRedis
     from workers.engine.doorbell import Doorbell
     from workers.wiring.celery_app import make_app
 
     private = PrivateRedis(tmp_path).start()
     try:
-        pipe.env["OUTBOX_BROKER_URL"] = private.url
         pipe.env["OUTBOX_REDIS_URL"] = private.url
         doorbell = Doorbell(make_app(pipe.settings()))
         pipe.start_worker("w1")
@@ -455,8 +455,9 @@ def test_a_doorbell_that_claims_other_due_operations_asks_the_breaker_once(tmp_p
         wait_for(lambda: {pipe.op(o).status for o in ops} == {"succeeded"}, 20, what="the fill's 10 succeeded")
         calls = int(private.client().info("commandstats")["cmdstat_evalsha"]["calls"]) - before
         assert len(sandbox.effects()) == 11
-        # One admission for the target, one success told when the batch ends (was 10 + 1); on a loaded
-        # machine the batch may be claimed in two (4 seen in a parallel run). Asking per call is 11.
+        # One admission for the target, one success told when the batch ends (was 10 + 1), and the
+        # warm-up's success when its batch's end came after its commit was seen; on a loaded machine
+        # the batch may be claimed in two. Asking per call is 11.
         assert calls <= 5, calls
     finally:
         pipe.stop()
