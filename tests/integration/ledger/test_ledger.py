@@ -938,10 +938,10 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg
     params = {"worker": "probe", "lease_s": 30, "after_tenant": "", "weight_tenants": [], "weights": []}
     params["versions"] = None  # the workers' versions of the actions, for the attempt rows
     with psycopg.connect(url) as conn:
-        # Marking waits until the claims' dead versions are older than every snapshot, and a snapshot's
-        # horizon is the oldest transaction running anywhere on the server: another test process's
-        # long transaction, in a database of its own, holds the marking back for its whole life (CI,
-        # 2026-12-07: 108 pages on every try). Measured once every transaction older than the claims
+        # Marking waits until the claims' dead versions are older than every snapshot, and a snapshot
+        # starts from the oldest running transaction that has written, in any database of the server:
+        # another test process's long transaction, in a database of its own, holds the marking back
+        # for its whole life (CI, 2026-12-07: 108 pages on every try; docs/how-to/deploy.md). Measured once every transaction older than the claims
         # has ended (said when one outlives the wait: that is a server the test cannot measure on).
         (after_claims,) = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
         conn.commit()
