@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -101,16 +102,37 @@ def _normal_decimal(value: Decimal) -> int | Decimal:
         raise InvalidIntent("args", f"cannot normalise {value}") from exc
 
 
+# What json.dumps(text, ensure_ascii=False) writes for a string (its C encoder where there is one),
+# without building a JSONEncoder per call: an intent's canonical text is written on every submit.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def dumps_canonical(value: Any) -> str:
-    """Canonical JSON: sorted keys, no whitespace, UTF-8 text, decimals written exactly."""
+    """Canonical JSON: sorted keys, no whitespace, UTF-8 text, decimals written exactly. Byte for
+    byte what json.dumps(..., ensure_ascii=False) writes for each scalar (stored digests depend on it:
+    tests/unit/test_envelope.py pins one)."""
+    if isinstance(value, str):
+        return _json_string(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
     if isinstance(value, Decimal):
         return format(value, "f")
     if isinstance(value, dict):
         items = sorted(value.items())
-        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + dumps_canonical(v) for k, v in items) + "}"
+        return "{" + ",".join(_json_key(k) + ":" + dumps_canonical(v) for k, v in items) + "}"
     if isinstance(value, list):
         return "[" + ",".join(dumps_canonical(v) for v in value) + "]"
     return json.dumps(value, ensure_ascii=False)
+
+
+def _json_key(key: Any) -> str:
+    return _json_string(key) if isinstance(key, str) else json.dumps(key, ensure_ascii=False)
 
 
 def _require_text(field: str, value: Any, max_len: int) -> str:
@@ -140,7 +162,12 @@ def build_envelope(*, tenant: Any, action: Any, args: Any, subject: Any) -> Enve
         raise InvalidIntent("args", "must be valid Unicode text (a string or key holds a lone surrogate)") from None
     if size > MAX_ARGS_BYTES:
         raise InvalidIntent("args", f"larger than {MAX_ARGS_BYTES} bytes once canonicalised")
-    whole = dumps_canonical({"tenant": tenant, "action": action, "args": canonical, "subject": subject})
+    # dumps_canonical({"tenant": ..., "action": ..., "args": canonical, "subject": ...}), its keys in
+    # order, around the args' text already written.
+    whole = (
+        f'{{"action":{_json_string(action)},"args":{canonical_args},'
+        f'"subject":{_json_string(subject)},"tenant":{_json_string(tenant)}}}'
+    )
     digest = hashlib.sha256(whole.encode()).hexdigest()
     return Envelope(tenant, action, canonical, subject, canonical_args, digest)
 

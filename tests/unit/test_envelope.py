@@ -202,3 +202,30 @@ def test_absurdly_long_numbers_are_refused_quickly(number):
 
 def test_zero_with_any_exponent_is_zero():
     assert digest(loads_exact('{"n": 0E+100000000}')) == digest({"n": 0})
+
+
+def test_the_canonical_text_and_digest_of_a_stored_intent_never_change():
+    """Ledgers keep the digest of every intent, and a resubmit under the same key is compared with it:
+    a different byte anywhere in the canonical text would make a faithful retry an idempotency
+    conflict. Pinned (2026-12-07) before the encoder was made faster: every kind of value, escapes,
+    characters outside ASCII and outside the BMP, keys that sort by code point."""
+    args = {
+        "amount": Decimal("12.50"),
+        "n": 100,
+        "big": 12345678901234567890,
+        "neg": Decimal("-0.000100"),
+        "e": Decimal("1E+3"),
+        "none": None,
+        "yes": True,
+        "no": False,
+        "text": 'Zoë \u00e9 \u2603 \U0001f600 "quoted" back\\slash\nnew\ttab \u0001 \u2028 </script>',
+        "list": [1, "two", [Decimal("3.0")], {"z": 1, "a": [], "m": {}}],
+        "ключ": {"b": "x", "a": "y", "A": "z", "é": "w", "": "empty"},
+    }
+    env = build_envelope(tenant="acme ünïcode", action="payments.refund.create", args=args, subject="agent:bot \u2603")
+    assert env.canonical_args == (
+        '{"amount":12.5,"big":12345678901234567890,"e":1000,"list":[1,"two",[3],{"a":[],"m":{},"z":1}],'
+        '"n":100,"neg":-0.0001,"no":false,"none":null,"text":"Zoë é ☃ \U0001f600 \\"quoted\\" back\\\\slash'
+        '\\nnew\\ttab \\u0001 \u2028 </script>","yes":true,"ключ":{"":"empty","A":"z","a":"y","b":"x","é":"w"}}'
+    )
+    assert env.digest == "1d135ea0c61f3060c13ee2c44bc36bfd2dc642a5c881939d21125b0b23fd6595"
