@@ -62,6 +62,7 @@ BAD = [
     ("idempotency_key", {"idempotency_key": "k" * (MAX_KEY_LEN + 1)}, f"must be 1-{MAX_KEY_LEN} characters"),
     ("idempotency_key", {"idempotency_key": "k\ud800"}, "must be valid Unicode text"),
     ("action", {"action": "pay ments"}, "must not contain whitespace"),
+    ("action", {"action": "pay\u2003ments"}, "must not contain whitespace"),  # an em space
     ("subject", {"subject": 7}, "required: a non-empty string"),
     ("args", {"args": [1]}, "must be a JSON object, got list"),
     ("args.amount", {"args": {"amount": 0.1}}, "binary float 0.1 cannot carry an exact amount"),
