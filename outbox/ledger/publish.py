@@ -16,6 +16,7 @@ marks were one more rewrite of every operation row (3.00 updates per operation i
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,9 +64,15 @@ def count_due(engine: Engine, *, cap: int, lookups: bool = False) -> int:
     to ``cap`` (a range of the status's partial next_attempt_at index, never a scan of the
     backlog). A lookup under way keeps its row due until it is settled: only the rows no
     reconciler holds count."""
-    due = select(Operation.id).where(due_condition(lookups=lookups)).limit(cap).subquery()
     with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(due)).scalar_one())
+        return int(conn.execute(_count_due_statement(cap, lookups)).scalar_one())
+
+
+@functools.lru_cache(maxsize=16)
+def _count_due_statement(cap: int, lookups: bool) -> Any:
+    """Built once: the relay asks every tick, and building it was most of an idle tick's Python work."""
+    due = select(Operation.id).where(due_condition(lookups=lookups)).limit(cap).subquery()
+    return select(func.count()).select_from(due)
 
 
 def due_condition(*, lookups: bool) -> Any:

@@ -21,7 +21,9 @@ creating a step twice is impossible anyway (the key is unique).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.exc import OperationalError
@@ -287,8 +289,14 @@ def advance(session: Session, run: Run, *, actor: str = "advance", irreversible:
 
 def due_run_ids(session: Session, *, limit: int = ADVANCE_BATCH) -> list[str]:
     """Moving runs whose advance can do something: no current operation, or it has settled."""
+    return list(session.execute(_due_runs_statement(limit)).scalars())
+
+
+@functools.lru_cache(maxsize=8)
+def _due_runs_statement(limit: int) -> Any:
+    """Built once: the relay asks every tick, runs or none."""
     current = Operation.__table__.alias("current")
-    stmt = (
+    return (
         select(Run.id)
         .outerjoin(current, current.c.id == Run.current_op_id)
         .where(
@@ -298,7 +306,6 @@ def due_run_ids(session: Session, *, limit: int = ADVANCE_BATCH) -> list[str]:
         .order_by(Run.updated_at)
         .limit(limit)
     )
-    return list(session.execute(stmt).scalars())
 
 
 def advance_due(
