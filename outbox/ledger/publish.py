@@ -70,7 +70,7 @@ def count_due(engine: Engine, *, cap: int, lookups: bool = False) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _count_due_statement(cap: int, lookups: bool) -> Any:
-    """Built once: the relay asks every tick, and building it was most of an idle tick's Python work."""
+    """Built once: the relay asks every tick, and building it was a good part of an idle tick's work."""
     due = select(Operation.id).where(due_condition(lookups=lookups)).limit(cap).subquery()
     return select(func.count()).select_from(due)
 

@@ -948,8 +948,9 @@ def test_a_claim_of_any_due_rows_skips_the_entries_its_predecessors_left(lone_pg
         # Marking waits until the claims' dead versions are older than every snapshot, and a snapshot
         # starts from the oldest running transaction that has written, in any database of the server:
         # another test process's long transaction, in a database of its own, holds the marking back
-        # for its whole life (CI, 2026-12-07: 108 pages on every try; docs/how-to/deploy.md). Measured once every transaction older than the claims
-        # has ended (said when one outlives the wait: that is a server the test cannot measure on).
+        # for its whole life (CI, 2026-12-07: 108 pages on every try; docs/how-to/deploy.md). Measured
+        # once every transaction older than the claims has ended (said when one outlives the wait:
+        # that is a server the test cannot measure on).
         (after_claims,) = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
         conn.commit()
 
