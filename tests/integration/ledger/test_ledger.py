@@ -862,6 +862,7 @@ def test_a_young_table_is_analyzed_each_time_it_doubles_and_looked_at_every_swee
     from outbox.ledger import planner_stats
     from outbox.ledger.models import ATTEMPTS
     from outbox.ledger.planner_stats import PlannerStats
+    from tests.harness import wait_for
 
     monkeypatch.setattr(planner_stats, "YOUNG_FIRST_ROWS", 100)
     monkeypatch.setattr(planner_stats, "YOUNG_ROWS", 1_000)
@@ -880,11 +881,13 @@ def test_a_young_table_is_analyzed_each_time_it_doubles_and_looked_at_every_swee
 
     def analyzed_both() -> None:
         since = len(stats.analyzed)
-        deadline = time.monotonic() + 10  # the activity counters arrive within about a second
-        while not {OPERATIONS, ATTEMPTS} <= set(stats.analyzed[since:]) and time.monotonic() < deadline:
+
+        def both() -> bool:
             stats.refresh_if_stale()
-            time.sleep(0.2)
-        assert {OPERATIONS, ATTEMPTS} <= set(stats.analyzed[since:]), stats.analyzed[since:]
+            return {OPERATIONS, ATTEMPTS} <= set(stats.analyzed[since:])
+
+        # The activity counters arrive within about a second.
+        wait_for(both, 10, interval_s=0.2, what=lambda: f"both tables analyzed: {stats.analyzed[since:]}")
 
     _grow(lone_pg_ledger, 250, 100, attempts=True)  # 350 >= twice 150; the attempts table's first 100
     analyzed_both()
