@@ -120,10 +120,11 @@ class BrokerOutageLog(logging.Filter):
             return _relevel(record, logging.INFO)
         if _is_time_limit(record, _SOFT_LIMIT):
             # Only for a task cancelled on the loss, once: a live task's soft limit is news.
+            task_id = _args(record)[2]
             with self._lock:
-                stale = self._cancelled.get(_args(record)[2]) is False
+                stale = self._cancelled.get(task_id) is False
                 if stale:
-                    self._cancelled[_args(record)[2]] = True
+                    self._cancelled[task_id] = True
             return _relevel(record, logging.INFO) if stale else True
         if _is_time_limit(record, _HARD_LIMIT):
             # The same: its process still draining its calls out when the hard limit came.
