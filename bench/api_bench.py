@@ -10,6 +10,12 @@ In a throwaway PostgreSQL database (created, migrated, dropped even on Ctrl-C), 
     .venv/bin/python -m bench.api_bench [--intents 2000] [--clients 1 8] [--server-workers 1 2] [--tag T]
 
 Prints a table and writes bench/results/api-<date>.json.
+
+With several server processes, each line also says how the clients' keep-alive connections were
+spread over them (Linux, read from /proc while the clients run): uvicorn's processes accept from
+one shared socket, and a burst of new connections often lands on one process, which then serves
+every request while the other idles. "8 client(s), 2 server processes" is bimodal for that reason
+(8/0: about the one-process figure; 4/4: up to 1.7x it), so compare runs of one split.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -112,19 +120,71 @@ def bench_producer(db_url: str, n: int, tag: str = "") -> float:
         outbox.close()
 
 
-def bench_single(url: str, key: str, n: int, clients: int, tag: str = "") -> float:
+def bench_single(
+    url: str, key: str, n: int, clients: int, tag: str = "", server: Any = None, processes: int = 1
+) -> tuple[float, list[int]]:
+    """Intents/s through single POSTs, and how the clients' connections were spread over the
+    server's ``processes`` (``server``: its Popen; [] when not read)."""
     headers = {"Authorization": f"Bearer {key}"}
     run = f"single-{clients}{tag}"
+    done = threading.Event()
+    spread: list[int] = []
 
     def part(offset: int) -> None:
         with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
             for i in range(offset, n, clients):
                 c.post("/v1/intents", json=_intent(run, i)).raise_for_status()
 
+    def watch() -> None:  # the fullest of a few samples: every client connected
+        while not done.wait(0.2):
+            now = connections_per_process(server.pid, int(url.rsplit(":", 1)[1]), processes)
+            if sum(now) > sum(spread):
+                spread[:] = now
+
+    watcher = threading.Thread(target=watch, daemon=True) if server is not None else None
     started = time.perf_counter()
+    if watcher is not None:
+        watcher.start()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(part, range(clients)))
-    return n / (time.perf_counter() - started)
+    rate = n / (time.perf_counter() - started)
+    done.set()
+    if watcher is not None:
+        watcher.join()
+    return rate, spread
+
+
+def connections_per_process(parent: int, port: int, processes: int) -> list[int]:
+    """Established connections to ``port`` held by each of ``parent``'s ``processes`` serving
+    children, most first (Linux's /proc; [] elsewhere)."""
+    try:
+        table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return []
+    inodes = set()
+    for line in table:
+        f = line.split()
+        if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "01":  # local port, ESTABLISHED
+            inodes.add(f[9])
+    counts = []
+    for pid in pids:
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except (OSError, ValueError, IndexError):
+            continue
+        n = 0
+        for fd in fds:
+            try:
+                m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+            n += bool(m and m.group(1) in inodes)
+        counts.append(n)
+    held = sorted((c for c in counts if c), reverse=True)  # children that serve nothing: 0 (padded)
+    return held + [0] * (processes - len(held)) if counts else []
 
 
 def bench_batch(url: str, key: str, n: int, tag: str = "") -> float:
@@ -169,10 +229,17 @@ def main(argv: list[str] | None = None) -> int:
             where = f"{workers} server process{'es' if workers > 1 else ''}"
             try:
                 for clients in a.clients:
-                    rate = round(bench_single(url, key, a.intents, clients, tag=f"w{workers}"), 1)
+                    raw, spread = bench_single(
+                        url, key, a.intents, clients, tag=f"w{workers}", server=proc, processes=workers
+                    )
+                    rate = round(raw, 1)
                     best = max(best, rate)
                     results[f"POST /v1/intents, {clients} client(s), {where}"] = rate
-                    print(f"POST /v1/intents, {clients} client(s), {where:18} {rate:8.1f} intents/s", flush=True)
+                    shown = ""
+                    if workers > 1 and spread:
+                        results[f"connections per server process, {clients} client(s), {where}"] = spread
+                        shown = f"  (connections per process: {'/'.join(map(str, spread))})"
+                    print(f"POST /v1/intents, {clients} client(s), {where:18} {rate:8.1f} intents/s{shown}", flush=True)
                 rate = round(bench_batch(url, key, a.intents, tag=f"w{workers}"), 1)
                 results[f"POST /v1/intents:batch (500 per request), {where}"] = rate
                 print(f"POST /v1/intents:batch (500 per request), {where:18} {rate:8.1f} intents/s", flush=True)
