@@ -47,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a backlog: every intent written before the relay starts (pipeline_bench's)",
     )
+    p.add_argument(
+        "--cpu-quota",
+        type=float,
+        default=0.0,
+        help="pipeline_bench under a cgroup CPU quota of this many CPUs (its --cpu-quota; the cluster stays outside)",
+    )
+    p.add_argument("--tag", default="", help="appended to the results file's name (runs of one day)")
     a = p.parse_args(argv)
     with StockCluster(
         "shared_preload_libraries=pg_stat_statements",
@@ -58,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("CREATE EXTENSION pg_stat_statements")
             conn.execute("SELECT pg_stat_statements_reset()")
         cmd = [sys.executable, "-m", "bench.pipeline_bench", "--ops", str(a.ops), "--workers", "2"]
-        cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive", "--tag", "pg-statements"]
+        tag = "pg-statements" + (f"-{a.tag}" if a.tag else "")
+        cmd += ["--pools", "prefork", "--repeats", "1", "--no-naive", "--tag", tag]
         cmd += ["--submit-batch", str(a.submit_batch)] if a.submit_batch != 1 else []
         cmd += ["--presubmit"] if a.presubmit else []
+        cmd += ["--cpu-quota", f"{a.cpu_quota:g}"] if a.cpu_quota else []
         print("$", " ".join(cmd[1:]), flush=True)
         stats = ROOT / "bench" / "results" / f".table-stats-{os.getpid()}.jsonl"
         stats.unlink(missing_ok=True)
@@ -120,11 +129,15 @@ def main(argv: list[str] | None = None) -> int:
                 "deletes_per_op": round(dels / operations, 3),
             }
         )
-    path = ROOT / "bench" / "results" / f"pg-statements-{dt.date.today().isoformat()}.json"
+    path = (
+        ROOT / "bench" / "results" / f"pg-statements-{dt.date.today().isoformat()}{'-' + a.tag if a.tag else ''}.json"
+    )
     path.write_text(
         json.dumps(
             {
                 "ops": a.ops,
+                "cpu_quota": a.cpu_quota or None,
+                "presubmit": a.presubmit,
                 "exec_ms_per_op": total_ms / operations,
                 "plan_ms_per_op": plan_ms / operations,
                 "analyze_calls": analyzes,
