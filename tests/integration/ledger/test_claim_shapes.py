@@ -43,3 +43,35 @@ def test_every_split_of_a_doorbells_batch_runs_one_prepared_statement(pg_ledger)
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%walk_on%%'"
         ).scalar_one()
     assert prepared == 1
+
+
+def test_a_workers_hot_path_prepares_each_claim_text_at_its_first_run(pg_ledger):
+    """On a worker's own connection (LedgerConnection, PgHotPath) a statement is prepared the first
+    time it runs, not at psycopg's fifth: until then PostgreSQL plans it on every run, and a claim
+    costs more to plan (1.3-2.5 ms) than to run. Under a CPU quota, with doorbells of every size,
+    up to 45% of claims were planned (issue 56; bench/README.md)."""
+    from outbox.ledger.hot_path import LedgerConnection
+
+    with pg_ledger.sessions.begin() as s:
+        for n in range(6):
+            submit(
+                s,
+                tenant="acme",
+                idempotency_key=f"first-{n}",
+                action="payments.refund.create",
+                args={"order_id": f"o-{n}", "amount": Decimal("1.00"), "currency": "EUR"},
+                subject="agent:bot",
+            )
+    ledger = LedgerConnection(pg_ledger.engine, pg_ledger.sessions)
+    try:
+        for limit in (1, 2, 3):  # three texts (the limit is a literal), each run once
+            with ledger.one_statement() as conn:
+                assert len(claim_due(conn, worker="w", lease_s=30.0, limit=limit)) == limit
+        with ledger.one_statement() as conn:
+            prepared = conn.execute(  # this read is prepared too (its text names walk_on): not counted
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%walk_on%%'"
+                " AND statement NOT LIKE '%%pg_prepared_statements%%'"
+            ).fetchone()[0]
+    finally:
+        ledger.close()
+    assert prepared == 3
