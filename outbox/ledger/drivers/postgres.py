@@ -360,8 +360,7 @@ class PgHotPath:
             # Prepared at the first execution, not psycopg's fifth: until a statement is prepared,
             # PostgreSQL plans it on every execution, and a claim's text (its limits are literals:
             # pg_statements.py) costs 1.3-2.5 ms to plan, more than to run. Under a CPU quota the
-            # doorbells vary more, each text ran fewer times, and up to 45% of claims were planned
-            # (bench/README.md, issue 56: planning 0.13-0.18 -> 0.075 ms per operation).
+            # doorbells vary more, each text ran fewer times, and up to 45% of claims were planned.
             conn.prepare_threshold = 0
             self._conn = conn
         return self._conn
