@@ -104,10 +104,19 @@ def _mount_console(app: FastAPI) -> None:
     app.mount("/console/static", pages.static, name="console-static")
 
 
+def _pool(settings: Settings) -> dict[str, int]:
+    """The engine's pool on a server database (SQLite's own pool is left as it is)."""
+    if not settings.resolved_database_url.startswith("postgresql"):
+        return {}
+    return {"pool_size": settings.api_db_connections, "max_overflow": 0}
+
+
 def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = None) -> FastAPI:
     settings = settings or load_settings()
     tracing.configure()  # each server process (--workers N builds the app in every one)
-    engine = make_engine(settings.resolved_database_url)
+    # As many connections kept as the process may use at once (OUTBOX_API_DB_CONNECTIONS), none
+    # opened and closed per request (settings.py says why).
+    engine = make_engine(settings.resolved_database_url, **_pool(settings))
     sessions = make_sessionmaker(engine)
     api_state = ApiState(
         settings=settings,
