@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -104,11 +105,16 @@ def _mount_console(app: FastAPI) -> None:
     app.mount("/console/static", pages.static, name="console-static")
 
 
-def _pool(settings: Settings) -> dict[str, int]:
+# How long a request waits for one of the process's connections before it is answered 503 busy
+# (SQLAlchemy's default).
+POOL_WAIT_S = 30.0
+
+
+def _pool(settings: Settings) -> dict[str, Any]:
     """The engine's pool on a server database (SQLite's own pool is left as it is)."""
     if not settings.resolved_database_url.startswith("postgresql"):
         return {}
-    return {"pool_size": settings.api_db_connections, "max_overflow": 0}
+    return {"pool_size": settings.api_db_connections, "max_overflow": 0, "pool_timeout": POOL_WAIT_S}
 
 
 def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = None) -> FastAPI:
@@ -213,6 +219,18 @@ def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = 
     @app.exception_handler(ConfigError)
     async def _unconfigured(request: Request, exc: ConfigError) -> JSONResponse:
         return problem_response(Problem(503, "not-configured", "Not configured", str(exc)))
+
+    @app.exception_handler(PoolTimeout)
+    async def _busy(request: Request, exc: PoolTimeout) -> JSONResponse:
+        # Every connection this process keeps (OUTBOX_API_DB_CONNECTIONS) stayed in use for the whole
+        # wait (POOL_WAIT_S): the request's transaction never began. Asking again is safe (an intent's
+        # resubmit is answered as any resubmit).
+        detail = (
+            f"all {settings.api_db_connections} database connections of this server process stayed busy for "
+            f"{POOL_WAIT_S:g} s and the request was not carried out: ask again, or raise OUTBOX_API_DB_CONNECTIONS "
+            "(or run more server processes)"
+        )
+        return problem_response(Problem(503, "busy", "Busy", detail, headers={"Retry-After": "1"}))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

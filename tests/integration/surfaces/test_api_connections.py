@@ -59,3 +59,33 @@ def test_eight_clients_at_once_are_served_on_connections_opened_once(pg_ledger: 
     with pg_ledger.engine.connect() as conn:
         stored = conn.exec_driver_sql("SELECT count(*) FROM outbox_operations").scalar_one()
     assert stored == 800
+
+
+def test_a_request_that_finds_every_connection_busy_is_answered_503_busy_and_not_carried_out(
+    pg_ledger: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    """OUTBOX_API_DB_CONNECTIONS=1 and that one connection held: the request waits the pool's time
+    (shortened here) and is answered 503 ``busy`` with Retry-After; nothing stored. Asked again once
+    a connection is free, it is carried out."""
+    from workers.server import app as server
+
+    monkeypatch.setattr(server, "POOL_WAIT_S", 0.3)
+    with pg_ledger.sessions.begin() as s:
+        key = create_key(s, tenant="t1", scopes=["submit"])[0]
+    settings = Settings(database_url=pg_ledger.url, data_dir=tmp_path, api_db_connections=1)
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"action": "payments.refund.create", "idempotency_key": "busy-1", "args": REFUND_ARGS}
+    app = create_app(settings)
+    with TestClient(app, base_url="http://localhost") as client:
+        held = app.state.api.engine.connect()  # the process's only connection
+        try:
+            answered = client.post("/v1/intents", json=body, headers=headers)
+        finally:
+            held.close()
+        assert answered.status_code == 503, answered.text
+        assert answered.json()["type"].endswith("/busy") and answered.headers["Retry-After"] == "1"
+        assert "OUTBOX_API_DB_CONNECTIONS" in answered.json()["detail"]
+        with pg_ledger.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM outbox_operations").scalar_one() == 0
+        again = client.post("/v1/intents", json=body, headers=headers)
+        assert again.status_code == 201, again.text
