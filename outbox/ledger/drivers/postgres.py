@@ -357,11 +357,12 @@ class PgHotPath:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
             conn.autocommit = True
-            # Prepared at the first execution, not psycopg's fifth: until a statement is prepared,
-            # PostgreSQL plans it on every execution, and a claim's text (its limits are literals:
-            # pg_statements.py) costs 1.3-2.5 ms to plan, more than to run. Under a CPU quota the
-            # doorbells vary more, each text ran fewer times, and up to 45% of claims were planned.
-            conn.prepare_threshold = 0
+            # Prepared at the first run, not psycopg's fifth: until then PostgreSQL plans a statement
+            # every run, and a claim (its limits literals: pg_statements.py) costs more to plan than
+            # to run. None (no prepared statements: an old PgBouncer) stays None. ~65 texts at the
+            # default doorbell batch fit psycopg's cache of 100; near batch 100 the rarest re-prepare.
+            if conn.prepare_threshold is not None:
+                conn.prepare_threshold = 0
             self._conn = conn
         return self._conn
 

@@ -638,15 +638,16 @@ def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg
     assert f"Seq Scan on {OPERATIONS}" not in plan, plan
 
 
-def test_a_workers_claims_never_read_a_queue_table_whole_however_old_its_statistics(lone_pg_ledger):
+@pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed-while-attempts-empty"])
+def test_a_workers_claims_never_read_a_queue_table_whole_however_old_its_statistics(lone_pg_ledger, analyzed):
     """Issue 56: a worker prepares its claim at the first run and keeps that generic plan, made on the
-    statistics of the moment. Planned on an empty attempt table, the claim's two reads of each
-    claimed operation's attempts were whole-table scans, kept until an ANALYZE made it re-plan (the
-    relay's, or autovacuum's a minute later; never, for a relay without the right to ANALYZE): one
-    worker alone draining 3,000 due rows spent 1.2 -> 3.4 ms of database CPU a claim as the table
-    grew. The hot path plans with sequential scans off (drivers/sql/housekeeping.sql, generic_plans):
-    every read of its statements is keyed. Counted by PostgreSQL: no sequential scan of either table
-    while the claims add 400 attempt rows to an empty table."""
+    statistics of the moment, until an ANALYZE makes it re-plan (the relay's, or autovacuum's a
+    minute later; never, for a relay without the right to ANALYZE). Planned before any ANALYZE, each
+    claim read the operation table whole; planned after one taken while the attempt table was
+    empty, it read the attempt table whole twice per claimed row (one worker alone draining 3,000
+    due rows: 1.2 -> 3.4 ms of database CPU a claim as that table grew). The hot path plans with
+    sequential scans off (drivers/sql/housekeeping.sql, generic_plans). Counted by PostgreSQL: no
+    sequential scan of either table while the claims add 400 attempt rows to an empty table."""
     from outbox.ledger.hot_path import LedgerConnection
     from outbox.ledger.models import ATTEMPTS
     from tests.harness import wait_for
@@ -654,6 +655,10 @@ def test_a_workers_claims_never_read_a_queue_table_whole_however_old_its_statist
     pg_ledger = lone_pg_ledger
     _no_autovacuum(pg_ledger)  # no ANALYZE to re-plan the claim (a compose PostgreSQL runs autovacuum)
     _grow(pg_ledger, 1, 500, status="not_dispatched")
+    if analyzed:
+        with pg_ledger.engine.begin() as conn:
+            conn.execute(text(f"ANALYZE {OPERATIONS}"))
+            conn.execute(text(f"ANALYZE {ATTEMPTS}"))
     ledger = LedgerConnection(pg_ledger.engine, pg_ledger.sessions)
 
     def counted() -> tuple[int, int, int]:  # seq scans of both tables, attempt rows inserted
