@@ -15,7 +15,7 @@ With several server processes, each line also says how the clients' keep-alive c
 spread over them (Linux, read from /proc while the clients run): uvicorn's processes accept from
 one shared socket, and a burst of new connections often lands on one process, which then serves
 every request while the other idles. "8 client(s), 2 server processes" is bimodal for that reason
-(8/0: about the one-process figure; 4/4: up to 1.7x it), so compare runs of one split.
+(8/0: about the one-process figure; 4/4: up to 1.8x it), so compare runs of one split.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ def bench_single(
             if sum(now) > sum(spread):
                 spread[:] = now
 
-    watcher = threading.Thread(target=watch, daemon=True) if server is not None else None
+    # Only with several processes: its reads of /proc every 0.2 s would cost the one-process line CPU.
+    watcher = threading.Thread(target=watch, daemon=True) if server is not None and processes > 1 else None
     started = time.perf_counter()
     if watcher is not None:
         watcher.start()

@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                 "deletes_per_op": round(dels / operations, 3),
             }
         )
-    path = (
-        ROOT / "bench" / "results" / f"pg-statements-{dt.date.today().isoformat()}{'-' + a.tag if a.tag else ''}.json"
-    )
+    mode = ("-presubmit" if a.presubmit else "") + (f"-quota{a.cpu_quota:g}" if a.cpu_quota else "")
+    name = f"pg-statements-{dt.date.today().isoformat()}{mode}{'-' + a.tag if a.tag else ''}.json"
+    path = ROOT / "bench" / "results" / name
     path.write_text(
         json.dumps(
             {
