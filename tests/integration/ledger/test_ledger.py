@@ -638,61 +638,6 @@ def test_a_doorbells_finalize_finds_its_attempt_rows_by_key_at_any_table_size(pg
     assert f"Seq Scan on {OPERATIONS}" not in plan, plan
 
 
-@pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed-while-attempts-empty"])
-def test_a_workers_claims_never_read_a_queue_table_whole_however_old_its_statistics(lone_pg_ledger, analyzed):
-    """Issue 56: a worker prepares its claim at the first run and keeps that generic plan, made on the
-    statistics of the moment, until an ANALYZE makes it re-plan (the relay's, or autovacuum's a
-    minute later; never, for a relay without the right to ANALYZE). Planned before any ANALYZE, each
-    claim read the operation table whole; planned after one taken while the attempt table was
-    empty, it read the attempt table whole twice per claimed row (one worker alone draining 3,000
-    due rows: 1.2 -> 3.4 ms of database CPU a claim as that table grew). The hot path plans with
-    sequential scans off (drivers/sql/housekeeping.sql, generic_plans). Counted by PostgreSQL: no
-    sequential scan of either table while the claims add 400 attempt rows to an empty table."""
-    from outbox.ledger.hot_path import LedgerConnection
-    from outbox.ledger.models import ATTEMPTS
-    from tests.harness import wait_for
-
-    pg_ledger = lone_pg_ledger
-    _no_autovacuum(pg_ledger)  # no ANALYZE to re-plan the claim (a compose PostgreSQL runs autovacuum)
-    _grow(pg_ledger, 1, 500, status="not_dispatched")
-    if analyzed:
-        with pg_ledger.engine.begin() as conn:
-            conn.execute(text(f"ANALYZE {OPERATIONS}"))
-            conn.execute(text(f"ANALYZE {ATTEMPTS}"))
-    ledger = LedgerConnection(pg_ledger.engine, pg_ledger.sessions)
-
-    def counted() -> tuple[int, int, int]:  # seq scans of both tables, attempt rows inserted
-        with pg_ledger.engine.connect() as conn:
-            row = conn.execute(
-                text(
-                    "SELECT sum(seq_scan) FILTER (WHERE relname = :o), sum(seq_scan) FILTER (WHERE relname = :a),"
-                    " sum(n_tup_ins) FILTER (WHERE relname = :a) FROM pg_stat_user_tables"
-                    " WHERE relname IN (:o, :a) AND schemaname = current_schema()"
-                ),
-                {"o": OPERATIONS, "a": ATTEMPTS},
-            ).one()
-        return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
-
-    def flushed(inserted: int) -> tuple[int, int, int]:
-        with ledger.one_statement() as conn:  # this backend's counters, now (PostgreSQL 15: at its next idle)
-            conn.execute("SELECT pg_stat_force_next_flush()")
-        return wait_for(
-            lambda: (now := counted())[2] >= inserted and now, 10, interval_s=0.1, what=lambda: f"{counted()}"
-        )
-
-    try:
-        with ledger.one_statement() as conn:  # planned now, on an empty attempt table
-            assert len(claim_due(conn, worker="w", lease_s=30.0, limit=10)) == 10
-        before = flushed(0)
-        for _ in range(40):
-            with ledger.one_statement() as conn:
-                assert len(claim_due(conn, worker="w", lease_s=30.0, limit=10)) == 10
-        after = flushed(before[2] + 400)
-    finally:
-        ledger.close()
-    assert (after[0] - before[0], after[1] - before[1]) == (0, 0), (before, after)
-
-
 def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_as_it_was(pg_ledger):
     """Issue 35: planning a claim costs more than running it, and PostgreSQL, left to choose, planned
     it (and the doorbell's multi-row finalize) afresh for most calls in some runs. The driver runs
@@ -714,13 +659,11 @@ def test_claims_and_finalizes_run_on_their_generic_plans_and_leave_the_setting_a
                 assert len(claims) == 2
                 assert s.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
                 assert s.execute(text("SHOW random_page_cost")).scalar_one() == "4"
-                assert s.execute(text("SHOW enable_seqscan")).scalar_one() == "on"
             with sessions.begin() as s:
                 items = [Finalize(c, report, Status.SUCCEEDED, "done") for c in claims]
                 assert finalize_many_if_fenced(s, items) == [None, None]
                 assert s.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
                 assert s.execute(text("SHOW random_page_cost")).scalar_one() == "4"
-                assert s.execute(text("SHOW enable_seqscan")).scalar_one() == "on"
         with sessions() as s:
             plans = s.execute(
                 text(
@@ -762,7 +705,6 @@ def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quie
         with ledger.one_statement() as conn:
             assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
             assert conn.execute("SHOW random_page_cost").fetchone() == ("4",)
-            assert conn.execute("SHOW enable_seqscan").fetchone() == ("on",)
             plans = conn.execute(  # this read is prepared at once too, and its text matches: not counted
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                 f" WHERE (statement LIKE '%UPDATE {OPERATIONS} o SET%' OR statement LIKE '%= ANY(%')"
@@ -773,11 +715,9 @@ def test_a_claim_on_the_workers_autocommit_connection_plans_generically_and_quie
         with ledger.transaction() as conn:
             conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
             conn.execute("SET LOCAL random_page_cost = 2.5")
-            conn.execute("SET LOCAL enable_seqscan = off")
             assert len(claim_due(conn, worker="w", lease_s=30.0, limit=1)) == 1
             assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
             assert conn.execute("SHOW random_page_cost").fetchone() == ("2.5",)
-            assert conn.execute("SHOW enable_seqscan").fetchone() == ("off",)
     finally:
         ledger.close()
     assert notices == []

@@ -54,30 +54,19 @@ SET LOCAL statement_timeout = {ms}
 -- the settings of the execution that makes it, so these hold for it as long as it lives. The price
 -- is kept as text (numeric, not float: exact whatever extra_float_digits says). A tablespace's own
 -- random_page_cost, where set, takes precedence over this (docs/how-to/deploy.md).
--- And no sequential scans: every read of the hot path's statements has an index that answers it
--- (a primary key, the attempts' (operation, kind, number), the partial indexes of due rows), so a
--- whole-table read is never what they need, however small the table looked when the plan was
--- made. A claim planned on young statistics read the operation table whole, or the attempt table
--- twice per claimed row, and kept doing so until an ANALYZE made it re-plan (one worker draining
--- 3,000 due rows: 1.2 -> 3.4 ms of database CPU a claim as the attempt table grew; with seq scans
--- off, 0.6-1.0 throughout), and the relay is not always allowed to ANALYZE. (This rules out the
--- sequential scan only: a plan could still walk a whole index; the tests check the plans.)
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('random_page_cost', CASE
            WHEN CAST(current_setting('random_page_cost') AS numeric) < 1.1 * CAST(current_setting('seq_page_cost') AS numeric)
            THEN current_setting('random_page_cost')
-           ELSE CAST(1.1 * CAST(current_setting('seq_page_cost') AS numeric) AS text) END, true),
-       set_config('enable_seqscan', 'off', true)
+           ELSE CAST(1.1 * CAST(current_setting('seq_page_cost') AS numeric) AS text) END, true)
 FROM (SELECT set_config('agent_outbox.plan_cache_mode', current_setting('plan_cache_mode'), true),
-             set_config('agent_outbox.random_page_cost', current_setting('random_page_cost'), true),
-             set_config('agent_outbox.enable_seqscan', current_setting('enable_seqscan'), true)) AS kept
+             set_config('agent_outbox.random_page_cost', current_setting('random_page_cost'), true)) AS kept
 
 
 -- name: plans_as_before
 -- After a hot-path statement: the plan settings the transaction had (generic_plans kept them).
 SELECT set_config('plan_cache_mode', current_setting('agent_outbox.plan_cache_mode'), true),
-       set_config('random_page_cost', current_setting('agent_outbox.random_page_cost'), true),
-       set_config('enable_seqscan', current_setting('agent_outbox.enable_seqscan'), true)
+       set_config('random_page_cost', current_setting('agent_outbox.random_page_cost'), true)
 
 
 -- name: migration_lock
