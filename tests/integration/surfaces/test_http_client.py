@@ -95,6 +95,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_url: str, sandbox_ser
                 "operator": ["read", "approve", "operate"],
                 "reader": ["read"],
                 "greedy": ["read"],
+                # Used once, by the lost cancel below: its answer must be the server's act, never a
+                # 429 of a bucket (10/s, bursts of 20) the agent key's earlier requests emptied.
+                "canceller": ["submit", "read"],
             }
             keys = {}
             with sessions.begin() as session:
@@ -267,7 +270,7 @@ def test_a_lost_answer_is_asked_again_with_the_same_key_and_stores_one_operation
         big = outbox.submit(REFUND, BIG, idempotency_key="cl-lost-cancel")
     proxy = DroppingProxy(served.url, drop=1)
     try:
-        with OutboxClient(proxy.url, served.keys["agent"]) as outbox, pytest.raises(OutboxUnreachable) as lost:
+        with OutboxClient(proxy.url, served.keys["canceller"]) as outbox, pytest.raises(OutboxUnreachable) as lost:
             outbox.cancel(big.operation_id)
         assert lost.value.reached_server and proxy.seen.decode().count("POST /v1/operations/") == 1
     finally:
