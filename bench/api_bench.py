@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.scratch_database import ScratchDatabase  # noqa: E402
+from tests.loads.procs import _children  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 ARGS = {"order_id": "o-1", "amount": "12.50", "currency": "EUR"}
@@ -160,7 +161,6 @@ def connections_per_process(parent: int, port: int, processes: int) -> list[int]
     children, most first (Linux's /proc; [] elsewhere)."""
     try:
         table = Path("/proc/net/tcp").read_text().splitlines()[1:]
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
     except OSError:
         return []
     inodes = set()
@@ -169,12 +169,10 @@ def connections_per_process(parent: int, port: int, processes: int) -> list[int]
         if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "01":  # local port, ESTABLISHED
             inodes.add(f[9])
     counts = []
-    for pid in pids:
+    for pid in _children(parent):
         try:
-            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) != parent:
-                continue
             fds = os.listdir(f"/proc/{pid}/fd")
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
         n = 0
         for fd in fds:
