@@ -45,6 +45,21 @@ def connect_timeout_args(url: str, seconds: int) -> dict[str, Any]:
     return {"connect_args": {"connect_timeout": seconds}}
 
 
+# How long a server process's request waits for one of its kept connections (SQLAlchemy's default).
+SERVER_POOL_WAIT_S = 30.0
+
+
+def kept_pool_args(url: str, connections: int, wait_s: float) -> dict[str, Any]:
+    """make_engine's keyword arguments for a server process's pool on PostgreSQL: up to
+    ``connections`` opened as requests need them and then kept, a request beyond them waiting up to
+    ``wait_s`` for one (then SQLAlchemy's pool TimeoutError). SQLAlchemy's default pool keeps five
+    and closes every other connection on its return: under more concurrent requests than five, a
+    new PostgreSQL backend and a new connect every few requests. SQLite's own pool is left as it is."""
+    if not url.startswith("postgresql"):
+        return {}
+    return {"pool_size": connections, "max_overflow": 0, "pool_timeout": wait_s}
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
 

@@ -13,7 +13,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from outbox import migrate
 from outbox.errors import OutboxError
-from outbox.ledger.db import FLEET_CONNECT_TIMEOUT_S, connect_timeout_args, make_engine, make_sessionmaker
+from outbox.ledger.db import (
+    FLEET_CONNECT_TIMEOUT_S,
+    SERVER_POOL_WAIT_S,
+    connect_timeout_args,
+    kept_pool_args,
+    make_engine,
+    make_sessionmaker,
+)
 from outbox.settings import Settings, load_settings
 
 
@@ -25,12 +32,18 @@ class LedgerUnreachable(LedgerUnavailable):
     """The ledger database cannot be reached (its schema is unknown, not wrong)."""
 
 
-def open_engine(settings: Settings, *, ensure_schema: bool = True, ledger: str | None = None) -> Engine:
+def open_engine(
+    settings: Settings, *, ensure_schema: bool = True, ledger: str | None = None, serving: bool = False
+) -> Engine:
     """Engine on the configured ledger (``ledger``: that one of OUTBOX_DATABASE_URLS instead). The
-    embedded default migrates itself; a server does not."""
+    embedded default migrates itself; a server does not. ``serving``: a server process's pool, its
+    OUTBOX_API_DB_CONNECTIONS opened as requests need them and kept (db.py kept_pool_args)."""
     named = ledger is not None
     url = settings.ledger_urls[ledger] if named else settings.resolved_database_url
-    engine = make_engine(url, **(connect_timeout_args(url, FLEET_CONNECT_TIMEOUT_S) if named else {}))
+    args = connect_timeout_args(url, FLEET_CONNECT_TIMEOUT_S) if named else {}
+    if serving:
+        args |= kept_pool_args(url, settings.api_db_connections, SERVER_POOL_WAIT_S)
+    engine = make_engine(url, **args)
     if not ensure_schema:
         return engine
     try:

@@ -44,7 +44,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if settings.actions_file is None:
         raise ConfigError("OUTBOX_ACTIONS_FILE is not set: the MCP server serves the actions of that file as tools")
     rules = load_action_rules(settings.actions_file)
-    engine = open_engine(settings)
+    # Over HTTP, agents call at once: the API server's kept connections, not a new backend every few calls.
+    engine = open_engine(settings, serving=args.http)
     outbox = Outbox(engine, rules=rules)
     tools = list(ToolCaller(outbox, rules, tenant="-", subject=args.subject).tools.values())
     try:

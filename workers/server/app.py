@@ -28,7 +28,7 @@ from outbox.errors import (
     RunNotMovable,
     SelfApproval,
 )
-from outbox.ledger.db import make_engine, make_sessionmaker, unreachable
+from outbox.ledger.db import SERVER_POOL_WAIT_S, kept_pool_args, make_engine, make_sessionmaker, unreachable
 from outbox.ledger.provider_keys import SubmitRules
 from outbox.settings import Settings, load_settings
 from producer.client import action_rules_for
@@ -105,16 +105,13 @@ def _mount_console(app: FastAPI) -> None:
     app.mount("/console/static", pages.static, name="console-static")
 
 
-# How long a request waits for one of the process's connections before it is answered 503 busy
-# (SQLAlchemy's default).
-POOL_WAIT_S = 30.0
+# How long a request waits for one of the process's connections before it is answered 503 busy.
+POOL_WAIT_S = SERVER_POOL_WAIT_S
 
 
 def _pool(settings: Settings) -> dict[str, Any]:
     """The engine's pool on a server database (SQLite's own pool is left as it is)."""
-    if not settings.resolved_database_url.startswith("postgresql"):
-        return {}
-    return {"pool_size": settings.api_db_connections, "max_overflow": 0, "pool_timeout": POOL_WAIT_S}
+    return kept_pool_args(settings.resolved_database_url, settings.api_db_connections, POOL_WAIT_S)
 
 
 def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = None) -> FastAPI:

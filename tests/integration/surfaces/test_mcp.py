@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from sqlalchemy import text
 
 from tests import spawn
 from tests.harness import action, actions_doc, wait_for
@@ -274,3 +275,43 @@ def test_a_conversations_budget_over_mcp_refused_with_what_is_left_and_nothing_s
 
     anyio.run(session)
     assert len(sandbox.effects()) == 2  # the refused call made none
+
+
+def test_http_serves_eight_sessions_at_once_on_database_connections_opened_once(pipe, sandbox):
+    """``mcp --http`` keeps its database connections as the HTTP API does (OUTBOX_API_DB_CONNECTIONS):
+    eight agents calling tools at once are served on connections opened once. With SQLAlchemy's
+    default pool (five kept, the rest closed on their return) the same calls opened dozens of
+    PostgreSQL sessions, each a new backend and a new connect."""
+    import time
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from tests.integration.surfaces.test_api_connections import _sessions
+
+    _actions(pipe, sandbox)
+    key = _key(pipe.env, "acme", "submit,read")
+    database = pipe.env["OUTBOX_DATABASE_URL"]
+    with _http_server(pipe) as url:
+
+        async def agent(k: int) -> None:
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+                async with Client(streamable_http_client(url, http_client=http)) as client:
+                    for i in range(25):
+                        called = await _call(client, REFUND, ARGS | {"order_id": f"o-{k}-{i}"}, scope=f"chat-{k}")
+                        assert not called.is_error, called.content
+
+        async def agents() -> None:
+            async with anyio.create_task_group() as group:
+                for k in range(8):
+                    group.start_soon(agent, k)
+
+        time.sleep(1.1)  # the server's start-up connections counted (a backend counts at its first transaction)
+        before = _sessions(database)
+        anyio.run(agents)
+        time.sleep(1.1)
+        opened = _sessions(database) - before
+    with pipe.sessions() as s:
+        stored = s.execute(text("SELECT count(*) FROM outbox_operations WHERE tenant = 'acme'")).scalar_one()
+    assert stored == 200
+    assert opened <= 12, opened  # at most about one per agent at once; the default pool opened dozens
