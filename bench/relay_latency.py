@@ -48,8 +48,8 @@ def _classes() -> dict[str, Any]:
     class RecordingDoorbell(Doorbell):
         """Notes when each operation id has been published (after send_task returned)."""
 
-        def __init__(self, app: Any) -> None:
-            super().__init__(app)
+        def __init__(self, app: Any, batch: int) -> None:
+            super().__init__(app, batch=batch)
             self.published: dict[str, float] = {}
             self.rings: list[float] = []
 
@@ -81,7 +81,9 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
 
 
-def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> dict[str, Any]:
+def measure(
+    db_url: str, prefix: str, mode: str, samples: int, gap_s: float, batch: int = 1, linger_s: float | None = None
+) -> dict[str, Any]:
     from outbox.ledger.db import make_engine, make_sessionmaker
     from outbox.settings import Settings
     from producer import submit
@@ -89,11 +91,12 @@ def measure(db_url: str, prefix: str, mode: str, samples: int, gap_s: float) -> 
 
     c = _classes()
     settings = Settings(database_url=db_url, broker_url=REDIS_URL, broker_key_prefix=prefix)
-    doorbell = c["RecordingDoorbell"](make_app(settings))
+    doorbell = c["RecordingDoorbell"](make_app(settings), batch)
     relay_engine = make_engine(db_url)
     cls = {"listen": c["Relay"], "poll-0.5": c["PollingRelay"], "poll-0.05": c["PollingRelay"]}[mode]
     poll_s = 0.05 if mode == "poll-0.05" else 0.5
-    relay = cls(relay_engine, doorbell, poll_s=poll_s, linger_s=settings.relay_linger_s)
+    linger = settings.relay_linger_s if linger_s is None else linger_s
+    relay = cls(relay_engine, doorbell, poll_s=poll_s, linger_s=linger)
     thread = threading.Thread(target=relay.run_forever, name="relay", daemon=True)
     engine = make_engine(db_url, pool_size=1)
     sessions = make_sessionmaker(engine)
@@ -158,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--gap-ms", type=float, default=15)
     p.add_argument("--modes", default=None)
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="ids per doorbell (default 1: every id published alone, the linger never holds one; "
+        "deployed, OUTBOX_DOORBELL_BATCH, 10: ids notified within the linger are gathered)",
+    )
+    p.add_argument("--linger-ms", type=float, default=None, help="the relay's linger (default OUTBOX_RELAY_LINGER_S's)")
     args = p.parse_args(argv)
     samples = args.samples or (60 if args.quick else 300)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -179,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                     # A queue of its own per run: nothing consumes the doorbells, and the relay rings
                     # no more once the broker holds OUTBOX_RELAY_MAX_QUEUED (a later mode on the same
                     # queue measured nothing).
-                    res = measure(db.url, f"{prefix}{mode}-{rep}:", mode, samples, args.gap_ms / 1000)
+                    linger = None if args.linger_ms is None else args.linger_ms / 1000
+                    res = measure(
+                        db.url, f"{prefix}{mode}-{rep}:", mode, samples, args.gap_ms / 1000, args.batch, linger
+                    )
                     runs.append(res)
                     print(
                         f"[{rep + 1}/{repeats}] {mode:18} p50 {res['p50_ms']:7.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
@@ -212,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         "samples": samples,
         "repeats": repeats,
         "gap_ms": args.gap_ms,
+        "batch": args.batch,
+        "linger_ms": args.linger_ms,
         "environment": env,
         "summary": summary,
         "runs": runs,
