@@ -167,7 +167,7 @@ class Settings(BaseSettings):
     # relay gathers the ids of this window into doorbells of up to doorbell_batch ids (fewer broker
     # messages, claims and finalizes per operation, at most this much added latency). 0 = publish
     # every wake-up at once. At 0.01 a stream slowed by scarce CPU came in doorbells of a few ids,
-    # and per-doorbell costs grew per operation: the fleet's CPU per operation rose a third.
+    # and per-doorbell costs grew per operation: the workers' CPU per operation rose a third.
     relay_linger_s: float = Field(default=0.03, ge=0, le=1)
     # A published doorbell not acted on for this long is assumed lost and published again, but
     # only while the broker holds no dispatch doorbell (queued is not lost: workers/relay/loop.py).

@@ -97,14 +97,24 @@ class Doorbell:
         known = self.traces(operation_ids) if traced and self.traces is not None else {}
         # Only a fleet's doorbells name their ledger: the one ledger's look as they always did.
         kwargs = {"ledger": self.ledger} if self.ledger is not None else None
-        shown = {"kwargsrepr": _shown(kwargs or {})}
+        kwargs_shown = _shown(kwargs or {})
         with self.app.producer_or_acquire() as producer:
+
+            def send(arg: str | list[str]) -> None:
+                self.app.send_task(
+                    task,
+                    args=[arg],
+                    kwargs=kwargs,
+                    queue=queue,
+                    producer=producer,
+                    argsrepr=_shown([arg]),
+                    kwargsrepr=kwargs_shown,
+                )
+
             for chunk in chunks:
                 arg: str | list[str] = chunk[0] if len(chunk) == 1 else chunk
                 if not traced:
-                    self.app.send_task(
-                        task, args=[arg], kwargs=kwargs, queue=queue, producer=producer, argsrepr=_shown([arg]), **shown
-                    )
+                    send(arg)
                     continue
                 # One operation: a span of its trace; several: a span of its own, linked to each.
                 mine = [known[i] for i in chunk if i in known]
@@ -113,9 +123,7 @@ class Doorbell:
                 with tracing.span(
                     "outbox.relay.publish", parent=parent, links=[] if parent else mine, attributes=attributes
                 ):
-                    self.app.send_task(
-                        task, args=[arg], kwargs=kwargs, queue=queue, producer=producer, argsrepr=_shown([arg]), **shown
-                    )
+                    send(arg)
         return len(chunks)
 
 
