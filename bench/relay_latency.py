@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from bench.scratch_database import ScratchDatabase
+from outbox.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -170,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--linger-ms", type=float, default=None, help="the relay's linger (default OUTBOX_RELAY_LINGER_S's)")
     args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error("--batch: at least 1 id per doorbell")
+    if args.linger_ms is not None and args.linger_ms < 0:
+        p.error("--linger-ms: 0 or more")
     samples = args.samples or (60 if args.quick else 300)
     repeats = args.repeats or (1 if args.quick else 3)
     modes = (
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats,
         "gap_ms": args.gap_ms,
         "batch": args.batch,
-        "linger_ms": args.linger_ms,
+        "linger_ms": args.linger_ms if args.linger_ms is not None else Settings().relay_linger_s * 1000,
         "environment": env,
         "summary": summary,
         "runs": runs,

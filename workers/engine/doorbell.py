@@ -128,8 +128,8 @@ class Doorbell:
 
 
 # Celery writes each message's arguments as text for Flower and the worker's log, through saferepr
-# unless given: ids and a ledger's name need none of its care, and it cost the relay ~40 us of its
-# ~265 a doorbell (bench/unit_costs.py). Cut at Celery's own length for that text.
+# unless given: ids and a ledger's name need none of its care, and it costs the relay a sizeable part
+# of a publish. Cut at Celery's own length for that text.
 _SHOWN_MAX = 1024
 
 
