@@ -653,3 +653,17 @@ class PrivateRedis:
         import redis
 
         return redis.Redis.from_url(self.url)
+
+
+def database_sessions(url: str) -> int:
+    """Sessions ever opened to a PostgreSQL database (pg_stat_database; each backend counts at its
+    first transaction, and the statistics reach the view within a second): how many connections a
+    server process opened, whatever its pool says."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    admin = parsed.set(drivername="postgresql", database="postgres").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (parsed.database,)).fetchone()
+    return int(row[0]) if row else 0

@@ -12,26 +12,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.engine import make_url
 
 from outbox.access.keys import create_key
 from outbox.settings import Settings
-from tests.harness import REFUND_ARGS
+from tests.harness import REFUND_ARGS, database_sessions
 from workers.server.app import create_app
 
 pytestmark = pytest.mark.postgres
-
-
-def _sessions(url: str) -> int:
-    """Sessions ever opened to the ledger's database (each backend counts at its first transaction)."""
-    parsed = make_url(url)
-    admin = parsed.set(drivername="postgresql", database="postgres").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        row = conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (parsed.database,)).fetchone()
-    return int(row[0]) if row else 0
 
 
 def test_eight_clients_at_once_are_served_on_connections_opened_once(pg_ledger: Any, tmp_path: Any) -> None:
@@ -49,11 +38,11 @@ def test_eight_clients_at_once_are_served_on_connections_opened_once(pg_ledger: 
                 assert answered.status_code == 201, answered.text
 
         time.sleep(1.1)  # the app's own start-up connections counted (a backend counts at its first transaction)
-        before = _sessions(pg_ledger.url)
+        before = database_sessions(pg_ledger.url)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(post, [f"c{k}" for k in range(8)], [100] * 8))
         time.sleep(1.1)
-        opened = _sessions(pg_ledger.url) - before
+        opened = database_sessions(pg_ledger.url) - before
     # At most one per client at once (the pool keeps up to 15); SQLAlchemy's default pool opened dozens.
     assert opened <= 10, opened
     with pg_ledger.engine.connect() as conn:

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from tests import spawn
-from tests.harness import action, actions_doc, wait_for
+from tests.harness import action, actions_doc, database_sessions, wait_for
 from tests.integration.surfaces.test_api import _key
 
 mcp = pytest.importorskip("mcp")
@@ -287,8 +287,6 @@ def test_http_serves_eight_sessions_at_once_on_database_connections_opened_once(
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
-    from tests.integration.surfaces.test_api_connections import _sessions
-
     _actions(pipe, sandbox)
     key = _key(pipe.env, "acme", "submit,read")
     database = pipe.env["OUTBOX_DATABASE_URL"]
@@ -307,10 +305,10 @@ def test_http_serves_eight_sessions_at_once_on_database_connections_opened_once(
                     group.start_soon(agent, k)
 
         time.sleep(1.1)  # the server's start-up connections counted (a backend counts at its first transaction)
-        before = _sessions(database)
+        before = database_sessions(database)
         anyio.run(agents)
         time.sleep(1.1)
-        opened = _sessions(database) - before
+        opened = database_sessions(database) - before
     with pipe.sessions() as s:
         stored = s.execute(text("SELECT count(*) FROM outbox_operations WHERE tenant = 'acme'")).scalar_one()
     assert stored == 200
