@@ -234,8 +234,9 @@ class Settings(BaseSettings):
     # Database connections each API server process (and each `mcp --http`) holds at most, opened as
     # requests need them and then kept: a connection opened and closed per request costs PostgreSQL a
     # new backend each time (SQLAlchemy's default pool kept 5 and closed the rest on return: with 8
-    # clients, one new connection per 9 requests). Requests beyond it wait for one, up to 30 s, then
-    # are answered 503 ``busy`` with Retry-After (the request not carried out).
+    # clients, one new connection per 9 requests). Requests beyond it wait for one, up to 30 s: then
+    # the HTTP API answers 503 ``busy`` with Retry-After (the request not carried out), and
+    # `mcp --http` fails the tool call with the pool's timeout.
     api_db_connections: int = Field(default=15, ge=1, le=1000)
     # Signs the console's session cookies (and their CSRF tokens). Unset: a random secret per server
     # process (sessions end when it restarts; set it when serving with several processes).
