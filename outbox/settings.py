@@ -236,7 +236,7 @@ class Settings(BaseSettings):
     # new backend each time (SQLAlchemy's default pool kept 5 and closed the rest on return: with 8
     # clients, one new connection per 9 requests). Requests beyond it wait for one, up to 30 s: then
     # the HTTP API answers 503 ``busy`` with Retry-After (the request not carried out), and
-    # `mcp --http` fails the tool call with the pool's timeout.
+    # `mcp --http` answers the tool call "Busy" (an error result: call again).
     api_db_connections: int = Field(default=15, ge=1, le=1000)
     # Signs the console's session cookies (and their CSRF tokens). Unset: a random secret per server
     # process (sessions end when it restarts; set it when serving with several processes).

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import Server
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from outbox.errors import OutboxError
@@ -124,6 +125,17 @@ def refused(exc: OutboxError) -> types.CallToolResult:
     )
 
 
+def busy() -> types.CallToolResult:
+    """Every database connection of this server process stayed in use for the pool's whole wait
+    (OUTBOX_API_DB_CONNECTIONS): the call may not have reached the ledger. The same call again is
+    safe: a call already made is found under its key, not made twice."""
+    text = (
+        "Busy: every database connection of this server stayed in use, and the call may not have been "
+        "made. Call again with the same arguments: one that was made is answered, never made twice."
+    )
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
 def dispatch(
     caller: ToolCaller,
     name: str,
@@ -139,6 +151,8 @@ def dispatch(
         return answered(caller.call(name, dict(arguments), scope=scope, priority=priority, traceparent=traceparent))
     except OutboxError as exc:
         return refused(exc)
+    except PoolTimeout:
+        return busy()
 
 
 async def wait_for_outcome(caller: ToolCaller, arguments: Mapping[str, Any]) -> types.CallToolResult:
@@ -155,6 +169,8 @@ async def wait_for_outcome(caller: ToolCaller, arguments: Mapping[str, Any]) -> 
         return answered(await anyio.to_thread.run_sync(caller.get, operation_id))
     except OutboxError as exc:
         return refused(exc)
+    except PoolTimeout:
+        return busy()
 
 
 def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str, tools: list[ToolView]) -> Server[Any]:

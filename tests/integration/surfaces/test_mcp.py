@@ -313,3 +313,36 @@ def test_http_serves_eight_sessions_at_once_on_database_connections_opened_once(
         stored = s.execute(text("SELECT count(*) FROM outbox_operations WHERE tenant = 'acme'")).scalar_one()
     assert stored == 200
     assert opened <= 12, opened  # at most about one per agent at once; the default pool opened dozens
+
+
+def test_a_call_that_finds_every_connection_busy_is_a_busy_result_and_the_same_call_again_is_made_once(pipe, sandbox):
+    """A server whose OUTBOX_API_DB_CONNECTIONS all stay in use for the pool's wait answers the tool
+    call "Busy", an error result that says to call again (it was an unhandled exception). Called again
+    once a connection is free, the call is made, and a third time it is found under its key."""
+    from outbox.actions.rules import load_action_rules
+    from outbox.ledger.db import kept_pool_args, make_engine
+    from producer.agents.calls import ToolCaller
+    from producer.agents.mcp_server import dispatch
+    from producer.client import Outbox
+
+    _actions(pipe, sandbox)
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    url = pipe.env["OUTBOX_DATABASE_URL"]
+    engine = make_engine(url, **kept_pool_args(url, 1, 0.3))  # one connection, a short wait
+    caller = ToolCaller(Outbox(engine, rules=rules), rules, tenant="t1", subject="agent:x")
+    try:
+        held = engine.connect()  # the process's only connection
+        try:
+            busy = dispatch(caller, REFUND, ARGS, "chat-1")
+        finally:
+            held.close()
+        assert busy.is_error and busy.content[0].text.startswith("Busy"), busy.content
+        with pipe.sessions() as s:
+            assert s.execute(text("SELECT count(*) FROM outbox_operations")).scalar_one() == 0
+        made = dispatch(caller, REFUND, ARGS, "chat-1")
+        again = dispatch(caller, REFUND, ARGS, "chat-1")
+    finally:
+        engine.dispose()
+    assert not made.is_error and made.structured_content["new"] is True, made.content
+    assert again.structured_content["operation_id"] == made.structured_content["operation_id"]
+    assert again.structured_content["new"] is False
