@@ -8,6 +8,7 @@ down" cases run in seconds with the reconciler's real back-off.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -380,15 +381,21 @@ def test_a_reconcile_doorbell_fills_its_batch_and_settles_it_in_one_transaction(
     pipe._relay_thread.join(10)
 
     stolen: list[str] = []
+    steal_once = threading.Lock()  # lookups run on threads of their own, each hitting the failpoint
 
     def steal_another(_key: str | None) -> None:
         # Between the first lookup and the settle, someone else (the sweep, another reconciler)
-        # takes a second operation of the batch: its token moves on.
-        with pipe.sessions.begin() as s:
+        # takes a second operation of the batch: its token moves on. Once, and never one whose
+        # settle is under way: the committer settles whatever lookups have arrived, so by the time
+        # a lookup thread gets here another may be committing (CI: the steal waited on its row lock
+        # and bumped a token already settled, leaving a lookup that was not stale).
+        with steal_once, pipe.sessions.begin() as s:
+            if stolen:
+                return
             victim = s.execute(
-                select(Operation.id).where(
-                    Operation.id.in_(ids), Operation.lease_owner.is_not(None), Operation.status == "outcome_unknown"
-                )
+                select(Operation.id)
+                .where(Operation.id.in_(ids), Operation.lease_owner.is_not(None), Operation.status == "outcome_unknown")
+                .with_for_update(skip_locked=True)
             ).scalars()
             other = next(v for v in victim if v != ids[0])
             s.execute(update(Operation).where(Operation.id == other).values(fencing_token=Operation.fencing_token + 1))
