@@ -3,8 +3,10 @@
 Throwaway database + ``python -m workers.sandbox`` subprocess; N intents submitted first, then each is
 dispatched in this process exactly as a worker's task body would (``get_runtime().dispatcher`` +
 ``dispatch``, ``--batch`` ids per doorbell). Prints wall time per operation and the top functions by cumulative time.
+``--threads``: every thread profiled (the calls run on threads of their own, the finalize on the
+committer's), each timed by its own CPU, so the figures are CPU per function, not waits.
 
-    .venv/bin/python -m bench.dispatch_profile [--ops 200]
+    .venv/bin/python -m bench.dispatch_profile [--ops 200] [--threads [--callers REGEX]]
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import pstats
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -55,9 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         "and CPU per operation of each (implies --no-profile)",
     )
     p.add_argument("--rounds", type=int, default=6, help="with --task-events both: rounds of off and on")
+    p.add_argument(
+        "--threads",
+        action="store_true",
+        help="profile every thread (the call threads and the committer too), timed by each thread's CPU "
+        "(time.thread_time), not the wall clock: where the CPU per operation goes",
+    )
+    p.add_argument("--callers", help="also print who calls the functions matching this regular expression")
     args = p.parse_args(argv)
     if args.task_events == "both":
         args.no_profile = True
+    profiles: list[cProfile.Profile] = []
+    if args.threads and not args.no_profile:
+        _profile_threads(profiles)
     from bench.pipeline_bench import REDIS_URL, actions_doc
     from bench.scratch_database import ScratchDatabase
     from workers.sandbox.testing import SandboxProcess
@@ -134,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 if sink is not None:
                     print(f"events taken in by the consumer: {sink.stop()}")
                 return 0
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.thread_time) if args.threads else cProfile.Profile()
             started, cpu_started = time.perf_counter(), time.process_time()
             if not args.no_profile:
                 prof.enable()
@@ -158,9 +171,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"({done / wall:.0f}/s in one process), CPU {cpu / done * 1000:.2f} ms each; "
                 f"effects {len(sandbox.effects())}"
             )
-            if not args.no_profile:
-                pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.top)
             rt.close()
+            if not args.no_profile:
+                stats = pstats.Stats(prof)
+                for other in profiles:  # the threads', complete once rt.close() has ended them
+                    stats.add(other)
+                stats.sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.top)
+                if args.callers:
+                    stats.print_callers(args.callers)
             if sink is not None:
                 print(f"events taken in by the consumer: {sink.stop()}")
     finally:
@@ -170,6 +188,22 @@ def main(argv: list[str] | None = None) -> int:
         if keys:
             r.delete(*keys)
     return 0
+
+
+def _profile_threads(profiles: list[cProfile.Profile]) -> None:
+    """Every thread started from here on runs under a profiler of its own, timed by its CPU."""
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profiles.append(prof)
+        prof.enable()
+        try:
+            run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
 
 
 def _both(work: Any, submit_n: Any, per: int, batch: int, rounds: int) -> None:
