@@ -142,8 +142,11 @@ class Settings(BaseSettings):
     # Operation ids per dispatch doorbell. More = fewer messages and commits per operation (the
     # batch is claimed in one statement, called concurrently, finalized in one transaction); the
     # cost: a worker that crashes mid-batch sends the whole batch through lease expiry and
-    # reconciliation instead of one operation.
-    doorbell_batch: int = Field(default=10, ge=1, le=100)
+    # reconciliation instead of one operation. 20, half of max_in_flight: a process holds two
+    # doorbells' worth. At 10 a stream of ~650 intents/s filled every doorbell before the relay's
+    # linger ended (20 ids per 30 ms window), so the batch, not the linger, set the messages,
+    # claims and finalizes per operation (docs/how-to/tune.md has the figures).
+    doorbell_batch: int = Field(default=20, ge=1, le=100)
     # Operations claimed and not yet finalized, per worker process. Calls run off the doorbell
     # task's thread (workers/dispatch/in_flight.py), so a slow call holds only itself; this bounds how many
     # a process holds at once. A full process takes no doorbell until room frees up (backpressure).

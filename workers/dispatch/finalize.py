@@ -190,7 +190,7 @@ def _after(rec: Committer, applied: Sequence[Finalized]) -> None:
     """After the commit: one log line per operation, then the doorbells that follow from it.
 
     Not for what went to outcome_unknown: the relay's next tick rings the reconciler for every
-    due lookup at once, ten ids a doorbell, from one process (workers/relay/loop.py). Rung from
+    due lookup at once, OUTBOX_DOORBELL_BATCH ids a doorbell, from one process (workers/relay/loop.py). Rung from
     here, each finalize would ring for its own one or two ambiguous calls and the relay for the
     same ids again: a reconcile task per one or two lookups, each paying a Celery message, a
     late-success query, a claim and a commit, and a Celery publish in the worker's finalizer.
