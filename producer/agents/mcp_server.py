@@ -12,15 +12,18 @@ makes them, scope ``submit``); its tenant is the tenant of every call.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import mcp_types as types
 from mcp.server import Server
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from outbox.access.keys import verify
+from outbox.actions.rules import ActionRules
 from outbox.errors import OutboxError
 from outbox.ledger.typed_outcome import Outcome, Stage
 from outbox.service import waiting
@@ -28,6 +31,7 @@ from outbox.service.waiting import MAX_WAIT_S
 from producer.agents.calls import ToolAnswer, ToolCaller
 from producer.agents.catalog import ToolView
 from producer.agents.mcp_tasks import TasksExtension, install
+from producer.client import Outbox
 
 SCOPE_META = "agent-outbox/scope"  # a host's conversation or run id, in a request's _meta
 # The host's priority for a call (-100..100, higher is claimed sooner), in a request's _meta. Not a
@@ -209,7 +213,8 @@ def build_server(caller_for: Callable[[Any], ToolCaller], *, default_scope: str,
 
 class BearerKeys:
     """ASGI middleware: every request carries an agent-outbox API key with scope ``submit``; the
-    ToolCaller of its tenant rides in the ASGI scope for the handlers."""
+    ToolCaller of its tenant rides in the ASGI scope for the handlers. A key that cannot be checked
+    because the ledger did not answer is 503 with Retry-After (never 401: the key may be good)."""
 
     def __init__(self, app: ASGIApp, verify: Callable[[str], ToolCaller | None]) -> None:
         self.app, self.verify = app, verify
@@ -222,26 +227,52 @@ class BearerKeys:
             await send({"type": "websocket.close", "code": 1008})
             return
         if scope.get("path") == "/healthz":  # liveness, for compose and load balancers: no key needed
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
-            )
-            await send({"type": "http.response.body", "body": b'{"status": "ok"}'})
+            await _answer(send, 200, {"status": "ok"})
             return
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        caller = await anyio.to_thread.run_sync(self.verify, token) if token else None
+        try:
+            caller = await anyio.to_thread.run_sync(self.verify, token) if token else None
+        except PoolTimeout:
+            detail = (
+                "every database connection of this server stayed in use and the key could not be checked; "
+                "nothing was done: send the request again (or raise OUTBOX_API_DB_CONNECTIONS)"
+            )
+            await _answer(send, 503, {"error": "busy", "detail": detail}, [(b"retry-after", b"1")])
+            return
+        except OperationalError:
+            detail = "the ledger's database did not answer and the key could not be checked; nothing was done"
+            await _answer(send, 503, {"error": "unavailable", "detail": detail}, [(b"retry-after", b"5")])
+            return
         if caller is None:
-            body = json.dumps(
-                {"error": "unauthorized", "detail": "send Authorization: Bearer <an API key with scope submit>"}
-            )
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body.encode()})
+            detail = "send Authorization: Bearer <an API key with scope submit>"
+            await _answer(send, 401, {"error": "unauthorized", "detail": detail}, [(b"www-authenticate", b"Bearer")])
             return
         scope[CALLER_KEY] = caller
         await self.app(scope, receive, send)
+
+
+async def _answer(send: Send, status: int, body: dict[str, str], headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), *headers]}
+    )
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+def key_callers(outbox: Outbox, rules: ActionRules) -> Callable[[str], ToolCaller | None]:
+    """For BearerKeys: an API key's ToolCaller (its tenant, the key as subject), or None when the key
+    is unknown, revoked or lacks scope ``submit``. One ToolCaller per key, kept."""
+    callers: dict[int, ToolCaller] = {}
+
+    def by_key(token: str) -> ToolCaller | None:
+        with outbox.sessions() as session:
+            who = verify(session, token)
+        if who is None or "submit" not in who.scopes:
+            return None
+        if who.key_id not in callers:  # per key: the key is who asks (and may not approve its own)
+            callers[who.key_id] = ToolCaller(
+                outbox, rules, tenant=who.tenant, subject=f"api:key-{who.key_id}", identity=who.identity
+            )
+        return callers[who.key_id]
+
+    return by_key

@@ -32,7 +32,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         from mcp.server.stdio import stdio_server
 
         from producer.agents.calls import ToolCaller
-        from producer.agents.mcp_server import CALLER_KEY, BearerKeys, build_server
+        from producer.agents.mcp_server import CALLER_KEY, BearerKeys, build_server, key_callers
     except ImportError as exc:
         raise InvalidIntent(
             "mcp", f"the MCP server needs its extra: pip install 'agent-outbox-ledger[mcp]' ({exc})"
@@ -61,21 +61,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             return 0
         import uvicorn
 
-        from outbox.access.keys import verify
-
-        callers: dict[int, ToolCaller] = {}
-
-        def by_key(token: str) -> ToolCaller | None:
-            with outbox.sessions() as session:
-                who = verify(session, token)
-            if who is None or "submit" not in who.scopes:
-                return None
-            if who.key_id not in callers:  # per key: the key is who asks (and may not approve its own)
-                callers[who.key_id] = ToolCaller(
-                    outbox, rules, tenant=who.tenant, subject=f"api:key-{who.key_id}", identity=who.identity
-                )
-            return callers[who.key_id]
-
         def caller_for(ctx: Any) -> ToolCaller:
             found = ctx.request.scope.get(CALLER_KEY) if ctx.request is not None else None
             if found is None:
@@ -83,7 +68,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             return found  # type: ignore[no-any-return]
 
         server = build_server(caller_for, default_scope=args.scope, tools=tools)
-        app = BearerKeys(server.streamable_http_app(host=args.host), by_key)
+        app = BearerKeys(server.streamable_http_app(host=args.host), key_callers(outbox, rules))
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **logs.uvicorn_logging())
         return 0
     finally:

@@ -315,6 +315,79 @@ def test_http_serves_eight_sessions_at_once_on_database_connections_opened_once(
     assert opened <= 12, opened  # at most about one per agent at once; the default pool opened dozens
 
 
+def _keyed_post(app: Any, key: str) -> httpx.Response:
+    """One POST /mcp with ``key`` through ``app`` in-process (its ASGI, no server)."""
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://mcp") as client:
+            return await client.post("/mcp", headers={"Authorization": f"Bearer {key}"})
+
+    return anyio.run(post)
+
+
+def test_a_key_that_cannot_be_checked_for_want_of_a_connection_is_503_busy_then_served(pipe, sandbox):
+    """``mcp --http`` checks every request's key in the ledger (key_callers, as the CLI wires it).
+    With every database connection of the server in use for the pool's whole wait the answer is 503
+    busy with Retry-After, not a 500 (the pool's TimeoutError escaped the key check) nor a 401 (the
+    key may be good); with a connection free again the same key passes as its tenant."""
+    from outbox.actions.rules import load_action_rules
+    from outbox.ledger.db import kept_pool_args, make_engine
+    from producer.agents.mcp_server import CALLER_KEY, BearerKeys, key_callers
+    from producer.client import Outbox
+
+    _actions(pipe, sandbox)
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    key = _key(pipe.env, "acme", "submit")
+    url = pipe.env["OUTBOX_DATABASE_URL"]
+    engine = make_engine(url, **kept_pool_args(url, 1, 0.3))  # one connection, a short wait
+    tenants: list[str] = []
+
+    async def tools(scope: Any, receive: Any, send: Any) -> None:  # stands in for the MCP app behind
+        tenants.append(scope[CALLER_KEY].tenant)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = BearerKeys(tools, key_callers(Outbox(engine, rules=rules), rules))
+    try:
+        held = engine.connect()  # the process's only connection
+        try:
+            busy = _keyed_post(app, key)
+        finally:
+            held.close()
+        served = _keyed_post(app, key)
+    finally:
+        engine.dispose()
+    assert busy.status_code == 503, busy.text
+    assert busy.headers["retry-after"] == "1" and busy.json()["error"] == "busy", busy.text
+    assert served.status_code == 204 and tenants == ["acme"], served.text
+
+
+def test_a_key_that_cannot_be_checked_with_the_ledger_down_is_503_unavailable(pipe, sandbox):
+    """The ledger's database unreachable (nothing listens on its port): 503 unavailable with
+    Retry-After, not a 500 and not a 401."""
+    from outbox.actions.rules import load_action_rules
+    from outbox.ledger.db import make_engine
+    from producer.agents.mcp_server import BearerKeys, key_callers
+    from producer.client import Outbox
+
+    _actions(pipe, sandbox)
+    rules = load_action_rules(pipe.env["OUTBOX_ACTIONS_FILE"])
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+
+    async def tools(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("reached the tools without a checked key")
+
+    try:
+        down = _keyed_post(BearerKeys(tools, key_callers(Outbox(engine, rules=rules), rules)), "ao_" + "x" * 40)
+    finally:
+        engine.dispose()
+    assert down.status_code == 503, down.text
+    assert down.headers["retry-after"] == "5" and down.json()["error"] == "unavailable", down.text
+
+
 def test_a_call_that_finds_every_connection_busy_is_a_busy_result_and_the_same_call_again_is_made_once(pipe, sandbox):
     """A server whose OUTBOX_API_DB_CONNECTIONS all stay in use for the pool's wait answers the tool
     call "Busy", an error result that says to call again (it was an unhandled exception). Called again
