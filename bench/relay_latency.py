@@ -86,7 +86,6 @@ def measure(
     db_url: str, prefix: str, mode: str, samples: int, gap_s: float, batch: int = 1, linger_s: float | None = None
 ) -> dict[str, Any]:
     from outbox.ledger.db import make_engine, make_sessionmaker
-    from outbox.settings import Settings
     from producer import submit
     from workers.wiring.celery_app import make_app
 
@@ -167,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="ids per doorbell (default 1: every id published alone, the linger never holds one; "
-        "deployed, OUTBOX_DOORBELL_BATCH, 10: ids notified within the linger are gathered)",
+        f"deployed, OUTBOX_DOORBELL_BATCH, {Settings.model_fields['doorbell_batch'].default}: "
+        "ids notified within the linger are gathered)",
     )
     p.add_argument("--linger-ms", type=float, default=None, help="the relay's linger (default OUTBOX_RELAY_LINGER_S's)")
     args = p.parse_args(argv)
