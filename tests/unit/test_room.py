@@ -1,4 +1,5 @@
-"""A worker process's room (workers/engine/room.py): a doorbell waits for one place, not a batch's."""
+"""A worker process's room (workers/engine/room.py): a doorbell waits for one place, not a batch's,
+then gathers for a moment (bounded) so that a starved process does not claim one operation at a time."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import time
 from workers.engine.room import Room
 
 
-def _room(max_ops: int) -> tuple[Room, list[int]]:
+def _room(max_ops: int, gather_s: float = 0.02) -> tuple[Room, list[int]]:
     seen: list[int] = []
-    return Room(max_ops, seen.append), seen
+    return Room(max_ops, seen.append, gather_s=gather_s), seen
 
 
 def test_an_empty_process_takes_the_whole_batch_even_past_max_ops() -> None:
@@ -35,6 +36,28 @@ def test_a_full_process_waits_for_one_place_then_takes_it() -> None:
     began = time.monotonic()
     assert room.take(5, timeout_s=5) == 1
     assert time.monotonic() - began < 4
+
+
+def test_a_full_process_gathers_half_its_room_when_places_free_up_one_by_one() -> None:
+    room, _ = _room(40, gather_s=30)  # a long moment, so the test does not race the timer
+    assert room.take(40, timeout_s=0) == 40
+    room.give_back(1)  # the committer finalized one call...
+    threading.Timer(0.05, room.give_back, args=(19,)).start()  # ...then the rest of a batch
+    assert room.take(20, timeout_s=60) == 20  # one claim of 20, not one of 1 and another of 19
+    assert room.held == 40
+
+
+def test_the_gathering_is_bounded_and_a_small_doorbell_does_not_gather() -> None:
+    room, _ = _room(40, gather_s=0.05)
+    assert room.take(40, timeout_s=0) == 40
+    room.give_back(3)
+    began = time.monotonic()
+    assert room.take(20, timeout_s=60) == 3  # nothing more freed: what fits once the moment is over
+    assert 0.04 <= time.monotonic() - began < 30
+    room.give_back(3)
+    began = time.monotonic()
+    assert room.take(3, timeout_s=60) == 3  # the doorbell asks no more than fits: no wait
+    assert time.monotonic() - began < 0.04
 
 
 def test_close_lets_a_waiter_go_with_nothing_and_wait_empty_says_what_is_left() -> None:
