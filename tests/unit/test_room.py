@@ -62,6 +62,21 @@ def test_the_gathering_is_bounded_and_a_small_doorbell_does_not_gather() -> None
     assert time.monotonic() - began < 10
 
 
+def test_a_doorbell_whose_room_another_took_while_it_gathered_waits_for_a_place_again() -> None:
+    room, _ = _room(4, gather_s=1.0)
+    assert room.take(4, timeout_s=0) == 4
+    room.give_back(1)
+    got: list[int] = []
+    gatherer = threading.Thread(target=lambda: got.append(room.take(4, timeout_s=30)))
+    gatherer.start()  # one place free, two wanted: it gathers
+    time.sleep(0.05)
+    assert room.take(1, timeout_s=0) == 1  # another doorbell (a threads pool) takes that place
+    time.sleep(1.3)  # the gathering is over with the room full: it must not go with nothing
+    room.give_back(1)
+    gatherer.join(10)
+    assert got == [1]
+
+
 def test_close_lets_a_waiter_go_with_nothing_and_wait_empty_says_what_is_left() -> None:
     room, _ = _room(1)
     room.take(1, timeout_s=0)

@@ -44,13 +44,16 @@ class Room:
         the room or ``n`` fits; take as many of ``n`` as fit then (all ``n`` in an empty process).
         0 on timeout or once closed."""
         deadline = time.monotonic() + timeout_s
+        want = min(n, max(1, self.max_ops // 2))
         with self._cond:
-            if not self._wait(lambda: self._held < self.max_ops, deadline):
-                return 0
-            want = min(n, max(1, self.max_ops // 2))
-            self._wait(lambda: self.max_ops - self._held >= want, min(deadline, time.monotonic() + self.gather_s))
-            if self._closed:
-                return 0
+            while True:
+                if not self._wait(lambda: self._held < self.max_ops, deadline):
+                    return 0
+                self._wait(lambda: self.max_ops - self._held >= want, min(deadline, time.monotonic() + self.gather_s))
+                if self._closed:
+                    return 0
+                if self._held < self.max_ops or not self._held:
+                    break  # else another doorbell took the room while this one gathered: wait again
             granted = min(n, self.max_ops - self._held) if self._held else n
             self._held += granted
             self._record(self._held)
