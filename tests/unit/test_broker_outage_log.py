@@ -217,6 +217,25 @@ def test_a_connection_reset_cut_by_the_process_leaving_is_info_and_otherwise_new
     assert passed(leaving, _cut_reset(OSError("connection reset")))[0] == "ERROR"
 
 
+def _failed_after(signal_exit: BaseException) -> BaseException:
+    """What the reset raises when the signal cut a statement first (CI, 2026-12-07: SIGTERM inside a
+    psycopg pipeline's exit, then the pool's rollback failed with the SystemExit as its context)."""
+    try:
+        try:
+            raise signal_exit
+        except BaseException:  # noqa: BLE001 - as SQLAlchemy's reset runs while it propagates
+            raise OSError("the pipeline was cut")  # noqa: B904 - the context is the point
+    except OSError as failed:
+        return failed
+
+
+def test_a_reset_that_failed_because_the_signal_cut_its_statement_is_info_when_leaving():
+    leaving = BrokerOutageLog(Clock(), leaving=lambda: True)
+    assert passed(leaving, _cut_reset(_failed_after(SystemExit(-241))))[0] == "INFO"
+    at_work = BrokerOutageLog(Clock(), leaving=lambda: False)
+    assert passed(at_work, _cut_reset(_failed_after(SystemExit(-241))))[0] == "ERROR"
+
+
 def test_a_cut_reset_relevelled_to_info_is_dropped_at_sqlalchemys_own_level():
     pool_logger = logging.getLogger(SQLALCHEMY_POOL_LOGGERS[0])
     before = pool_logger.level

@@ -22,8 +22,9 @@ no retry limit). Celery logs it as if it were final:
   machine), ``Hard time limit (2.5s) exceeded for ...`` at ERROR, and billiard kills it. The
   operations come back through their leases. Such stale signals no longer raise in a pool process
   (workers/wiring/soft_limit.py); the SIGTERM itself, when it lands while a connection goes back to
-  its pool, makes SQLAlchemy's ``Exception during reset or similar`` at ERROR (SystemExit): the
-  process is leaving and the connection with it. At INFO it is dropped unless SQLAlchemy's pool
+  its pool, or inside a statement whose connection then fails its reset, makes SQLAlchemy's
+  ``Exception during reset or similar`` at ERROR (the SystemExit, or the reset's own error raised
+  while it propagated): the process is leaving and the connection with it. At INFO it is dropped unless SQLAlchemy's pool
   logger is set to INFO (SQLAlchemy sets its loggers to WARNING);
 - beat's ``beat: Connection error: ... Trying again in N seconds...`` at ERROR, per attempt.
 
@@ -220,12 +221,16 @@ def _is_stale_soft_limit(record: logging.LogRecord) -> bool:
 
 
 def _is_cut_reset(record: logging.LogRecord) -> bool:
+    """The signal cut the reset itself, or cut a statement whose connection then failed its reset
+    (SIGTERM inside a psycopg pipeline: the rollback that follows fails, the SystemExit its context)."""
     exc = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
-    return (
-        record.name in SQLALCHEMY_POOL_LOGGERS
-        and record.msg == _RESET_FAILED
-        and isinstance(exc, SystemExit | SoftTimeLimitExceeded)
-    )
+    if record.name not in SQLALCHEMY_POOL_LOGGERS or record.msg != _RESET_FAILED:
+        return False
+    for _ in range(3):  # the exception, what it was raised while handling, and that one's
+        if exc is None or isinstance(exc, SystemExit | SoftTimeLimitExceeded):
+            return exc is not None
+        exc = exc.__context__
+    return False
 
 
 def _is_connected(record: logging.LogRecord) -> bool:
