@@ -24,8 +24,8 @@ no retry limit). Celery logs it as if it were final:
   (workers/wiring/soft_limit.py); the SIGTERM itself, when it lands while a connection goes back to
   its pool, or inside a statement whose connection then fails its reset, makes SQLAlchemy's
   ``Exception during reset or similar`` at ERROR (the SystemExit, or the reset's own error raised
-  while it propagated): the process is leaving and the connection with it. At INFO it is dropped unless SQLAlchemy's pool
-  logger is set to INFO (SQLAlchemy sets its loggers to WARNING);
+  while it propagated): the process is leaving and the connection with it. At INFO it is dropped
+  unless SQLAlchemy's pool logger is set to INFO (SQLAlchemy sets its loggers to WARNING);
 - beat's ``beat: Connection error: ... Trying again in N seconds...`` at ERROR, per attempt.
 
 Celery says every hard time limit twice at ERROR: ``Task handler raised error: TimeLimitExceeded(...)``
