@@ -100,6 +100,20 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, interval_s: float = 0
     return time.perf_counter()
 
 
+def machine_per_op(split: CpuSplit, n: int) -> dict[str, float]:
+    """The whole machine's per operation (tests/loads/cpu_split.py): context switches, and the ms of
+    steal, busy and idle CPU. A slow run with steal was a taken machine; with more switches per
+    operation, a run that handed work between processes more often."""
+    m = split.machine
+    return {
+        "context_switches": round(m.get("context_switches", 0.0) / n, 1),
+        "steal_ms": round(m.get("steal_s", 0.0) * 1000 / n, 3),
+        "busy_ms": round(m.get("busy_s", 0.0) * 1000 / n, 3),
+        "idle_ms": round(m.get("idle_s", 0.0) * 1000 / n, 3),
+        "switches_by_kind": {k: round(v / n, 1) for k, v in split.switches.items()},
+    }
+
+
 # ---- the outbox pipeline ------------------------------------------------------------------------
 
 
@@ -353,6 +367,7 @@ def _run_outbox(
         "rss_kib": rss,
         "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
         "postgres_cpu_ms_per_op_by_role": {k: round(v * 1000 / n, 3) for k, v in split.postgres.items()},
+        "machine_per_op": machine_per_op(split, n),
     }
 
 
@@ -394,6 +409,7 @@ def run_bare(env: dict[str, str], tmp: Path, pool: str, w: int, n: int, timeout_
         "executed": int(r.get(key) or 0),
         "rss_kib": rss,
         "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
+        "machine_per_op": machine_per_op(split, n),
     }
 
 
@@ -425,6 +441,7 @@ def run_naive(env: dict[str, str], dsn: str, tmp: Path, pool: str, w: int, n: in
         "submit_s": submitted - started,
         "rss_kib": rss,
         "cpu_ms_per_op": {k: round(v * 1000 / n, 2) for k, v in split.seconds.items()},
+        "machine_per_op": machine_per_op(split, n),
     }
 
 
@@ -692,14 +709,15 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                                     f"{res['ops_per_s']:.0f} ops/s (submit {res['submit_s']:.2f}s of "
                                     f"{res['seconds']:.2f}s; effects {res['effects']}, dups {res['duplicates']}; "
                                     f"RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}; "
-                                    f"PostgreSQL's by role {res['postgres_cpu_ms_per_op_by_role']}",
+                                    f"PostgreSQL's by role {res['postgres_cpu_ms_per_op_by_role']}; machine {res['machine_per_op']}",
                                     flush=True,
                                 )
                             res = run_bare(bare_env, tmp, pool, w, n, args.timeout)
                             runs.append(res)
                             print(
                                 f"[{rep + 1}/{repeats}] bare   {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
-                                f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                f"(publish {res['publish_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}; "
+                                f"machine {res['machine_per_op']}",
                                 flush=True,
                             )
                             if not args.no_naive:
@@ -707,7 +725,8 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                                 runs.append(res)
                                 print(
                                     f"[{rep + 1}/{repeats}] naive  {pool} W={w}: {res['ops_per_s']:.0f} ops/s "
-                                    f"(submit {res['submit_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}",
+                                    f"(submit {res['submit_s']:.2f}s; RSS {res['rss_kib']}); CPU ms/op {res['cpu_ms_per_op']}; "
+                                    f"machine {res['machine_per_op']}",
                                     flush=True,
                                 )
             finally:

@@ -7,11 +7,20 @@ throughput of a pipeline is bounded by total CPU per operation; this says which 
         ...  # the measured span
     split.seconds  # {"postgres": 3.1, "celery workers": 2.4, ...}
     split.postgres  # {"client backends": 2.2, "autovacuum": 0.3, "wal writer": 0.1, ...}
+    split.machine  # {"context_switches": 81234, "steal_s": 0.4, "busy_s": 9.6, "idle_s": 0.3}
+    split.switches  # {"postgres": 24300, "celery workers": 18300, ...}
 
 PostgreSQL's share counts its processes by role (their process titles), and the children that
 exited during the span through their postmaster's reaped-children times (an autovacuum worker
 lives for one table and is gone before the span ends; so is a client's backend when it
 disconnects): "exited" in ``split.postgres``.
+
+``split.machine`` is the whole machine's over the span (``/proc/stat``): its context switches, the
+time the hypervisor gave this VM's vCPUs to others (steal), and its cores' busy and idle seconds. The
+same code's CPU per operation moves by half between runs minutes apart on a shared VM; these say
+whether a slow run's machine was taken (steal) or switched more (context switches per operation).
+``split.switches`` splits the switches by kind of process, as ``seconds`` does (threads that ended
+during the span take theirs with them).
 """
 
 from __future__ import annotations
@@ -99,19 +108,74 @@ def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]
     return out
 
 
+def machine() -> dict[str, float]:
+    """The machine's counters since boot (``/proc/stat``): context switches; steal, busy and idle seconds."""
+    out = {"context_switches": 0.0, "steal_s": 0.0, "busy_s": 0.0, "idle_s": 0.0}
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name == "ctxt":
+            out["context_switches"] = float(rest)
+        elif name == "cpu":
+            # user nice system idle iowait irq softirq steal (guest time is inside user already)
+            t = [int(v) / _TICK for v in rest.split()[:8]]
+            out["busy_s"] = t[0] + t[1] + t[2] + t[5] + t[6]
+            out["idle_s"] = t[3] + t[4]
+            out["steal_s"] = t[7]
+    return out
+
+
+def switches() -> dict[int, tuple[str, int]]:
+    """{pid: (kind, context switches of all its live threads)}, voluntary and not (/proc/PID/task/*/status)."""
+    out: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            kind = _kind(cmdline, int(entry.name))
+            if kind is None:
+                continue
+            count = 0
+            for task in (entry / "task").iterdir():
+                for line in (task / "status").read_text().splitlines():
+                    if "ctxt_switches:" in line:
+                        count += int(line.split(":", 1)[1])
+        except (OSError, ValueError):
+            continue
+        out[int(entry.name)] = (kind, count)
+    return out
+
+
 class CpuSplit:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.postgres: dict[str, float] = {}  # PostgreSQL's seconds by role (module docstring)
+        self.machine: dict[str, float] = {}  # the whole machine's (module docstring)
         self._before: dict[int, tuple[str, float]] = {}
+        self._machine_before: dict[str, float] = {}
+        self.switches: dict[str, int] = {}  # context switches by kind of process (its live threads')
+        self._switches_before: dict[int, tuple[str, int]] = {}
 
     def __enter__(self) -> CpuSplit:
         self._before = snapshot()
+        self._machine_before = machine()
+        self._switches_before = switches()
         return self
 
     def __exit__(self, *exc: object) -> None:
         roles: dict[int, str] = {}
         after = snapshot(roles)
+        now = machine()
+        by_kind: dict[str, int] = {}
+        for pid, (kind, count) in switches().items():
+            spent = count - self._switches_before.get(pid, (kind, 0))[1]
+            by_kind[kind] = by_kind.get(kind, 0) + max(0, spent)  # < 0: a thread of it ended
+        self.switches = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+        self.machine = {k: round(now[k] - self._machine_before.get(k, 0.0), 2) for k in now}
         totals: dict[str, float] = {}
         parts: dict[str, float] = {}
         for pid, (kind, cpu) in after.items():
