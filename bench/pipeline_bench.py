@@ -100,7 +100,7 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, interval_s: float = 0
     return time.perf_counter()
 
 
-def machine_per_op(split: CpuSplit, n: int) -> dict[str, float]:
+def machine_per_op(split: CpuSplit, n: int) -> dict[str, Any]:
     """The whole machine's per operation (tests/loads/cpu_split.py): context switches, and the ms of
     steal, busy and idle CPU. A slow run with steal was a taken machine; with more switches per
     operation, a run that handed work between processes more often."""

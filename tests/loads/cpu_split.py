@@ -19,8 +19,9 @@ disconnects): "exited" in ``split.postgres``.
 time the hypervisor gave this VM's vCPUs to others (steal), and its cores' busy and idle seconds. The
 same code's CPU per operation moves by half between runs minutes apart on a shared VM; these say
 whether a slow run's machine was taken (steal) or switched more (context switches per operation).
-``split.switches`` splits the switches by kind of process, as ``seconds`` does (threads that ended
-during the span take theirs with them).
+``split.switches`` splits the switches by kind of process, as ``seconds`` does. Threads and
+processes that ended during the span take theirs with them (a disconnected backend's, the threads of
+``--submitters``), so a kind's figure is a floor.
 """
 
 from __future__ import annotations
@@ -108,45 +109,56 @@ def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]
     return out
 
 
-def machine() -> dict[str, float]:
-    """The machine's counters since boot (``/proc/stat``): context switches; steal, busy and idle seconds."""
+def parse_proc_stat(text: str) -> dict[str, float]:
+    """Context switches; steal, busy and idle seconds, from the text of ``/proc/stat``."""
     out = {"context_switches": 0.0, "steal_s": 0.0, "busy_s": 0.0, "idle_s": 0.0}
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in text.splitlines():
         name, _, rest = line.partition(" ")
         if name == "ctxt":
             out["context_switches"] = float(rest)
         elif name == "cpu":
-            # user nice system idle iowait irq softirq steal (guest time is inside user already)
-            t = [int(v) / _TICK for v in rest.split()[:8]]
+            # user nice system idle iowait irq softirq steal [guest guest_nice: inside user and nice already]
+            t = [int(v) / _TICK for v in rest.split()[:8]] + [0.0] * 8
             out["busy_s"] = t[0] + t[1] + t[2] + t[5] + t[6]
             out["idle_s"] = t[3] + t[4]
             out["steal_s"] = t[7]
     return out
 
 
-def switches() -> dict[int, tuple[str, int]]:
-    """{pid: (kind, context switches of all its live threads)}, voluntary and not (/proc/PID/task/*/status)."""
-    out: dict[int, tuple[str, int]] = {}
+def machine() -> dict[str, float]:
+    """The machine's counters since boot (``/proc/stat``; in a container, the host's)."""
+    try:
+        return parse_proc_stat(Path("/proc/stat").read_text())
+    except OSError:
+        return parse_proc_stat("")
+
+
+def switches() -> dict[tuple[int, str], tuple[str, int]]:
+    """{(pid, start time): (kind, context switches of its live threads)}, voluntary and not
+    (/proc/PID/task/*/status). Keyed by start time too, so a process first seen at the end of a span
+    is new (all its switches in the span), not one missed at its start."""
+    out: dict[tuple[int, str], tuple[str, int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            kind = _kind(cmdline, int(entry.name))
-            if kind is None:
-                continue
-            count = 0
-            for task in (entry / "task").iterdir():
-                for line in (task / "status").read_text().splitlines():
-                    if "ctxt_switches:" in line:
-                        count += int(line.split(":", 1)[1])
-        except (OSError, ValueError):
+            stat = (entry / "stat").read_text()
+            tasks = list((entry / "task").iterdir())
+        except OSError:
+            continue  # gone
+        kind = _kind(cmdline, int(entry.name))
+        if kind is None:
             continue
-        out[int(entry.name)] = (kind, count)
+        count = 0
+        for task in tasks:
+            try:
+                status = (task / "status").read_text()
+            except OSError:
+                continue  # a thread that ended while we read
+            count += sum(int(line.split(":", 1)[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+        started = stat[stat.rindex(")") + 2 :].split()[19]  # field 22: start time, in ticks since boot
+        out[(int(entry.name), started)] = (kind, count)
     return out
 
 
@@ -158,12 +170,13 @@ class CpuSplit:
         self._before: dict[int, tuple[str, float]] = {}
         self._machine_before: dict[str, float] = {}
         self.switches: dict[str, int] = {}  # context switches by kind of process (its live threads')
-        self._switches_before: dict[int, tuple[str, int]] = {}
+        self._switches_before: dict[tuple[int, str], tuple[str, int]] = {}
 
     def __enter__(self) -> CpuSplit:
-        self._before = snapshot()
-        self._machine_before = machine()
+        # The process scan first: its CPU is this process's, and must not count in the span.
         self._switches_before = switches()
+        self._machine_before = machine()
+        self._before = snapshot()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -171,8 +184,8 @@ class CpuSplit:
         after = snapshot(roles)
         now = machine()
         by_kind: dict[str, int] = {}
-        for pid, (kind, count) in switches().items():
-            spent = count - self._switches_before.get(pid, (kind, 0))[1]
+        for key, (kind, count) in switches().items():
+            spent = count - self._switches_before.get(key, (kind, 0))[1]
             by_kind[kind] = by_kind.get(kind, 0) + max(0, spent)  # < 0: a thread of it ended
         self.switches = dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
         self.machine = {k: round(now[k] - self._machine_before.get(k, 0.0), 2) for k in now}
