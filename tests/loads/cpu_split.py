@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -84,10 +85,8 @@ def _kind(cmdline: str, pid: int) -> str | None:
     return None
 
 
-def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]]:
-    """{pid: (kind, CPU seconds)}; ``roles``, when given, gets each PostgreSQL process's role. A
-    postmaster counts its own time and its reaped children's (role "exited")."""
-    out: dict[int, tuple[str, float]] = {}
+def _processes() -> Iterator[tuple[Path, str, str, str]]:
+    """Each process of a kind we count: its /proc entry, command line, stat line and kind."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -95,10 +94,17 @@ def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             stat = (entry / "stat").read_text()
         except OSError:
-            continue
+            continue  # gone
         kind = _kind(cmdline, int(entry.name))
-        if kind is None:
-            continue
+        if kind is not None:
+            yield entry, cmdline, stat, kind
+
+
+def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]]:
+    """{pid: (kind, CPU seconds)}; ``roles``, when given, gets each PostgreSQL process's role. A
+    postmaster counts its own time and its reaped children's (role "exited")."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry, cmdline, stat, kind in _processes():
         fields = stat[stat.rindex(")") + 2 :].split()
         ticks = int(fields[11]) + int(fields[12])  # utime + stime
         if kind == "postgres" and _postmaster(cmdline):
@@ -138,18 +144,11 @@ def switches() -> dict[tuple[int, str], tuple[str, int]]:
     (/proc/PID/task/*/status). Keyed by start time too, so a process first seen at the end of a span
     is new (all its switches in the span), not one missed at its start."""
     out: dict[tuple[int, str], tuple[str, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry, _cmdline, stat, kind in _processes():
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            stat = (entry / "stat").read_text()
             tasks = list((entry / "task").iterdir())
         except OSError:
             continue  # gone
-        kind = _kind(cmdline, int(entry.name))
-        if kind is None:
-            continue
         count = 0
         for task in tasks:
             try:
