@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
@@ -103,6 +104,15 @@ def _mount_console(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(stops_page.router)
     app.mount("/console/static", pages.static, name="console-static")
+
+
+def _psycopg() -> Any:
+    """psycopg, when installed (a SQLite ledger needs none)."""
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    return psycopg
 
 
 # How long a request waits for one of the process's connections before it is answered 503 busy.
@@ -228,6 +238,22 @@ def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = 
             "(or run more server processes)"
         )
         return problem_response(Problem(503, "busy", "Busy", detail, headers={"Retry-After": "1"}))
+
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The ledger's database did not answer (down, restarting, a connection it cut) or refused for
+        # now (a statement timeout, a serialization failure). Whether a write under way committed
+        # need not be known here: asked again, an intent is found under its key, never made twice.
+        cause = getattr(exc, "orig", None) or exc
+        detail = (
+            f"the ledger's database did not carry out the request ({type(cause).__name__}); ask again in a few "
+            "seconds with the same idempotency key: an intent already stored is answered as it is, never made twice"
+        )
+        return problem_response(Problem(503, "unavailable", "Unavailable", detail, headers={"Retry-After": "5"}))
+
+    # SQLAlchemy's (a checkout, a session's statement) and psycopg's own (the hot path's raw connection).
+    app.add_exception_handler(OperationalError, _unavailable)
+    if (psycopg := _psycopg()) is not None:
+        app.add_exception_handler(psycopg.OperationalError, _unavailable)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -78,3 +78,42 @@ def test_a_request_that_finds_every_connection_busy_is_answered_503_busy_and_not
             assert conn.exec_driver_sql("SELECT count(*) FROM outbox_operations").scalar_one() == 0
         again = client.post("/v1/intents", json=body, headers=headers)
         assert again.status_code == 201, again.text
+
+
+def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_asked_again_made_once(
+    pg_ledger: Any, tmp_path: Any
+) -> None:
+    """PostgreSQL cuts every connection of the ledger (pg_terminate_backend: a restart, a failover, a
+    proxy's idle timeout). The next request runs on a dead connection: it is answered 503
+    ``unavailable`` with Retry-After, not a 500 (which says "our bug" and invites no retry). Asked
+    again with the same key, the intent is made, once; asked a third time, it is found."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    libpq = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with pg_ledger.sessions.begin() as s:
+        key = create_key(s, tenant="t1", scopes=["submit"])[0]
+    settings = Settings(database_url=pg_ledger.url, data_dir=tmp_path)
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"action": "payments.refund.create", "idempotency_key": "cut-1", "args": REFUND_ARGS}
+    warm = {**body, "idempotency_key": "warm-1"}
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
+        assert client.post("/v1/intents", json=warm, headers=headers).status_code == 201
+        with psycopg.connect(libpq, autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).fetchone()
+        assert cut is not None and cut[0] >= 1
+        pg_ledger.engine.dispose()  # the fixture's own connections were cut too: its teardown opens new ones
+        answered = client.post("/v1/intents", json=body, headers=headers)
+        assert answered.status_code == 503, answered.text
+        assert answered.json()["type"].endswith("/unavailable") and answered.headers["Retry-After"] == "5"
+        assert "same idempotency key" in answered.json()["detail"]
+        again = client.post("/v1/intents", json=body, headers=headers)
+        third = client.post("/v1/intents", json=body, headers=headers)
+    assert again.status_code == 201, again.text
+    assert third.status_code == 200 and third.json()["operation_id"] == again.json()["operation_id"], third.text
+    with psycopg.connect(libpq) as conn:
+        stored = conn.execute("SELECT count(*) FROM outbox_operations WHERE idempotency_key = 'cut-1'").fetchone()
+    assert stored == (1,)
