@@ -91,9 +91,12 @@ def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_aske
     from sqlalchemy.engine import make_url
 
     libpq = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
+    # The server's connections by name: only they are cut (this process's other tests share the database).
+    name = "api-cut-test"
+    url = make_url(pg_ledger.url).update_query_dict({"application_name": name}).render_as_string(hide_password=False)
     with pg_ledger.sessions.begin() as s:
         key = create_key(s, tenant="t1", scopes=["submit"])[0]
-    settings = Settings(database_url=pg_ledger.url, data_dir=tmp_path)
+    settings = Settings(database_url=url, data_dir=tmp_path)
     headers = {"Authorization": f"Bearer {key}"}
     body = {"action": "payments.refund.create", "idempotency_key": "cut-1", "args": REFUND_ARGS}
     warm = {**body, "idempotency_key": "warm-1"}
@@ -101,11 +104,9 @@ def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_aske
         assert client.post("/v1/intents", json=warm, headers=headers).status_code == 201
         with psycopg.connect(libpq, autocommit=True) as admin:
             cut = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (name,)
             ).fetchone()
         assert cut is not None and cut[0] >= 1
-        pg_ledger.engine.dispose()  # the fixture's own connections were cut too: its teardown opens new ones
         answered = client.post("/v1/intents", json=body, headers=headers)
         assert answered.status_code == 503, answered.text
         assert answered.json()["type"].endswith("/unavailable") and answered.headers["Retry-After"] == "5"
