@@ -246,7 +246,7 @@ def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = 
         cause = getattr(exc, "orig", None) or exc
         detail = (
             f"the ledger's database did not carry out the request ({type(cause).__name__}); ask again in a few "
-            "seconds with the same idempotency key: an intent already stored is answered as it is, never made twice"
+            "seconds: an intent asked again with the same idempotency key is answered as it is, never made twice"
         )
         return problem_response(Problem(503, "unavailable", "Unavailable", detail, headers={"Retry-After": "5"}))
 

@@ -83,8 +83,8 @@ def test_a_request_that_finds_every_connection_busy_is_answered_503_busy_and_not
 def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_asked_again_made_once(
     pg_ledger: Any, tmp_path: Any
 ) -> None:
-    """PostgreSQL cuts every connection of the ledger (pg_terminate_backend: a restart, a failover, a
-    proxy's idle timeout). The next request runs on a dead connection: it is answered 503
+    """PostgreSQL cuts the server's connections to the ledger (pg_terminate_backend: as a restart, a
+    failover or a proxy's idle timeout would). The next request runs on a dead connection: it is answered 503
     ``unavailable`` with Retry-After, not a 500 (which says "our bug" and invites no retry). Asked
     again with the same key, the intent is made, once; asked a third time, it is found."""
     import psycopg
