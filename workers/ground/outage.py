@@ -41,12 +41,13 @@ BROKER_OUTAGES: tuple[type[BaseException], ...] = (
     redis.exceptions.TimeoutError,
     kombu.exceptions.OperationalError,
 )
-OUTAGES: tuple[type[BaseException], ...] = (
+# The ledger's database away or refusing for now.
+LEDGER_OUTAGES: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,  # connection refused or lost, "the database system is shutting down"
     sqlalchemy.exc.InterfaceError,  # a connection that was already closed
     *_psycopg_outages(),  # the same, on a worker's own autocommit connection
-    *BROKER_OUTAGES,
 )
+OUTAGES: tuple[type[BaseException], ...] = (*LEDGER_OUTAGES, *BROKER_OUTAGES)
 
 
 @contextmanager

@@ -11,7 +11,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
@@ -47,6 +46,7 @@ from producer.http.problems import (
 )
 from producer.http.waiters import Waiters
 from workers.ground import metrics, tracing
+from workers.ground.outage import LEDGER_OUTAGES
 from workers.server import operators, subjects, webhooks
 from workers.server.request_metrics import RequestMetrics
 from workers.service.webhooks import WebhookReceiver
@@ -104,15 +104,6 @@ def _mount_console(app: FastAPI) -> None:
     app.include_router(pages.router)
     app.include_router(stops_page.router)
     app.mount("/console/static", pages.static, name="console-static")
-
-
-def _psycopg() -> Any:
-    """psycopg, when installed (a SQLite ledger needs none)."""
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    return psycopg
 
 
 # How long a request waits for one of the process's connections before it is answered 503 busy.
@@ -251,9 +242,8 @@ def create_app(settings: Settings | None = None, *, rules: SubmitRules | None = 
         return problem_response(Problem(503, "unavailable", "Unavailable", detail, headers={"Retry-After": "5"}))
 
     # SQLAlchemy's (a checkout, a session's statement) and psycopg's own (the hot path's raw connection).
-    app.add_exception_handler(OperationalError, _unavailable)
-    if (psycopg := _psycopg()) is not None:
-        app.add_exception_handler(psycopg.OperationalError, _unavailable)
+    for outage in LEDGER_OUTAGES:
+        app.add_exception_handler(outage, _unavailable)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
