@@ -85,8 +85,9 @@ def _kind(cmdline: str, pid: int) -> str | None:
     return None
 
 
-def _processes() -> Iterator[tuple[Path, str, str, str]]:
-    """Each process of a kind we count: its /proc entry, command line, stat line and kind."""
+def _processes() -> Iterator[tuple[Path, str, list[str], str]]:
+    """Each process of a kind we count: its /proc entry, command line, kind, and the fields of its
+    stat line after the command's name (fields[0] is the stat line's third)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -97,15 +98,14 @@ def _processes() -> Iterator[tuple[Path, str, str, str]]:
             continue  # gone
         kind = _kind(cmdline, int(entry.name))
         if kind is not None:
-            yield entry, cmdline, stat, kind
+            yield entry, cmdline, stat[stat.rindex(")") + 2 :].split(), kind
 
 
 def snapshot(roles: dict[int, str] | None = None) -> dict[int, tuple[str, float]]:
     """{pid: (kind, CPU seconds)}; ``roles``, when given, gets each PostgreSQL process's role. A
     postmaster counts its own time and its reaped children's (role "exited")."""
     out: dict[int, tuple[str, float]] = {}
-    for entry, cmdline, stat, kind in _processes():
-        fields = stat[stat.rindex(")") + 2 :].split()
+    for entry, cmdline, fields, kind in _processes():
         ticks = int(fields[11]) + int(fields[12])  # utime + stime
         if kind == "postgres" and _postmaster(cmdline):
             ticks += int(fields[13]) + int(fields[14])  # cutime + cstime: children it has reaped
@@ -144,7 +144,7 @@ def switches() -> dict[tuple[int, str], tuple[str, int]]:
     (/proc/PID/task/*/status). Keyed by start time too, so a process first seen at the end of a span
     is new (all its switches in the span), not one missed at its start."""
     out: dict[tuple[int, str], tuple[str, int]] = {}
-    for entry, _cmdline, stat, kind in _processes():
+    for entry, _cmdline, fields, kind in _processes():
         try:
             tasks = list((entry / "task").iterdir())
         except OSError:
@@ -156,7 +156,7 @@ def switches() -> dict[tuple[int, str], tuple[str, int]]:
             except OSError:
                 continue  # a thread that ended while we read
             count += sum(int(line.split(":", 1)[1]) for line in status.splitlines() if "ctxt_switches:" in line)
-        started = stat[stat.rindex(")") + 2 :].split()[19]  # field 22: start time, in ticks since boot
+        started = fields[19]  # the stat line's 22nd: start time, in ticks since boot
         out[(int(entry.name), started)] = (kind, count)
     return out
 

@@ -87,10 +87,8 @@ def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_aske
     failover or a proxy's idle timeout would). The next request runs on a dead connection: it is answered 503
     ``unavailable`` with Retry-After, not a 500 (which says "our bug" and invites no retry). Asked
     again with the same key, the intent is made, once; asked a third time, it is found."""
-    import psycopg
     from sqlalchemy.engine import make_url
 
-    libpq = make_url(pg_ledger.url).set(drivername="postgresql").render_as_string(hide_password=False)
     # The server's connections by name: only they are cut (this process's other tests share the database).
     name = "api-cut-test"
     url = make_url(pg_ledger.url).update_query_dict({"application_name": name}).render_as_string(hide_password=False)
@@ -102,11 +100,11 @@ def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_aske
     warm = {**body, "idempotency_key": "warm-1"}
     with TestClient(create_app(settings), base_url="http://localhost") as client:
         assert client.post("/v1/intents", json=warm, headers=headers).status_code == 201
-        with psycopg.connect(libpq, autocommit=True) as admin:
-            cut = admin.execute(
+        with pg_ledger.engine.connect() as admin:
+            cut = admin.exec_driver_sql(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (name,)
-            ).fetchone()
-        assert cut is not None and cut[0] >= 1
+            ).scalar_one()
+        assert cut >= 1
         answered = client.post("/v1/intents", json=body, headers=headers)
         assert answered.status_code == 503, answered.text
         assert answered.json()["type"].endswith("/unavailable") and answered.headers["Retry-After"] == "5"
@@ -115,6 +113,6 @@ def test_a_request_whose_database_connection_was_cut_is_503_unavailable_and_aske
         third = client.post("/v1/intents", json=body, headers=headers)
     assert again.status_code == 201, again.text
     assert third.status_code == 200 and third.json()["operation_id"] == again.json()["operation_id"], third.text
-    with psycopg.connect(libpq) as conn:
-        stored = conn.execute("SELECT count(*) FROM outbox_operations WHERE idempotency_key = 'cut-1'").fetchone()
-    assert stored == (1,)
+    with pg_ledger.engine.connect() as conn:
+        stored = conn.exec_driver_sql("SELECT count(*) FROM outbox_operations WHERE idempotency_key = 'cut-1'")
+        assert stored.scalar_one() == 1
