@@ -25,7 +25,7 @@ import sqlalchemy.exc
 log = logging.getLogger(__name__)
 
 
-def _psycopg_outages() -> tuple[type[BaseException], ...]:
+def _psycopg_outages() -> tuple[type[Exception], ...]:
     """A worker's own autocommit connection (outbox/ledger/hot_path.py) raises psycopg's errors
     unwrapped. Without a psycopg implementation the ledger is SQLite, and there is no such connection."""
     try:
@@ -42,7 +42,7 @@ BROKER_OUTAGES: tuple[type[BaseException], ...] = (
     kombu.exceptions.OperationalError,
 )
 # The ledger's database away or refusing for now.
-LEDGER_OUTAGES: tuple[type[BaseException], ...] = (
+LEDGER_OUTAGES: tuple[type[Exception], ...] = (
     sqlalchemy.exc.OperationalError,  # connection refused or lost, "the database system is shutting down"
     sqlalchemy.exc.InterfaceError,  # a connection that was already closed
     *_psycopg_outages(),  # the same, on a worker's own autocommit connection
